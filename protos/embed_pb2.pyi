@@ -1,0 +1,81 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENCODING_FLOAT32: _ClassVar[Encoding]
+    ENCODING_INT8: _ClassVar[Encoding]
+    ENCODING_BINARY: _ClassVar[Encoding]
+ENCODING_FLOAT32: Encoding
+ENCODING_INT8: Encoding
+ENCODING_BINARY: Encoding
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("token_ids", "seq_lens", "spans", "dimensions", "normalize", "encoding", "request_id")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LENS_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    token_ids: bytes
+    seq_lens: bytes
+    spans: bytes
+    dimensions: int
+    normalize: bool
+    encoding: Encoding
+    request_id: str
+    def __init__(self, token_ids: _Optional[bytes] = ..., seq_lens: _Optional[bytes] = ..., spans: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("embeddings", "rows", "dimensions", "encoding", "tokens")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    embeddings: bytes
+    rows: int
+    dimensions: int
+    encoding: Encoding
+    tokens: int
+    def __init__(self, embeddings: _Optional[bytes] = ..., rows: _Optional[int] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("model_id", "family", "max_length", "dimensions", "pooling", "tokenizer_fingerprint", "native_dtype", "normalized", "max_batch_tokens", "max_batch_seqs", "attention_backend", "device", "version")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZED_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SEQS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    family: str
+    max_length: int
+    dimensions: int
+    pooling: str
+    tokenizer_fingerprint: str
+    native_dtype: str
+    normalized: bool
+    max_batch_tokens: int
+    max_batch_seqs: int
+    attention_backend: str
+    device: str
+    version: str
+    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[str] = ..., max_length: _Optional[int] = ..., dimensions: _Optional[int] = ..., pooling: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., native_dtype: _Optional[str] = ..., normalized: _Optional[bool] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_seqs: _Optional[int] = ..., attention_backend: _Optional[str] = ..., device: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
