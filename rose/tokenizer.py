@@ -1,0 +1,126 @@
+"""The model folder's tokenizer (torch-free: the gateway tokenizes, replicas only check the fingerprint).
+
+tokenizer.json through Hugging Face `tokenizers`, or a SentencePiece `.model` through `sentencepiece`
+(XLM-R style folders without tokenizer.json, with fairseq's id offset). Truncation keeps the special
+tokens: the content is cut to max_length minus the specials, then the post-processor adds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from rose.spec import ModelFolderError, ModelSpec, load_spec
+
+_SPM_NAMES = ("sentencepiece.bpe.model", "spiece.model", "tokenizer.model")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    ids: list[int]
+    original_length: int  # tokens before truncation, specials included
+    truncated: bool
+
+
+class Tokenizer:
+    """Batch encode with per-call truncation; thread-safe (no per-call state on the shared tokenizer)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.max_length = spec.max_length
+        tok_json = spec.model_dir / "tokenizer.json"
+        if tok_json.is_file():
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._hf = HFTokenizer.from_file(str(tok_json))
+            self._hf.no_truncation()
+            self._hf.no_padding()
+            self._spm = None
+            self._files = [tok_json]
+            self.num_special = self._hf.num_special_tokens_to_add(False)
+            self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
+        else:
+            spm_file = next((spec.model_dir / n for n in _SPM_NAMES if (spec.model_dir / n).is_file()), None)
+            if spm_file is None:
+                raise ModelFolderError(
+                    f"{spec.model_dir}: no tokenizer.json and no SentencePiece model ({', '.join(_SPM_NAMES)})")
+            self._hf = None
+            self._spm = _SentencePiece(spm_file, fairseq=spec.family in ("xlm-roberta", "roberta"))
+            self._files = [spm_file]
+            self.num_special = 2
+            self.vocab_size = self._spm.vocab_size
+        digest = hashlib.sha256()
+        for path in self._files:
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+        self.fingerprint = digest.hexdigest()
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
+        return cls(load_spec(model_dir))
+
+    def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right") -> list[Encoded]:
+        """Tokenize with the model's special tokens; cut to `max_length` (default: the model's) from `side`."""
+        limit = self.max_length if max_length is None else max_length
+        keep = max(limit - self.num_special, 1)
+        if self._spm is not None:
+            return [self._spm.encode(t, keep, side) for t in texts]
+        out = []
+        for enc in self._hf.encode_batch(list(texts), add_special_tokens=False):
+            n = len(enc.ids)
+            if n > keep:
+                enc.truncate(keep, direction=side)
+            full = self._hf.post_process(enc, None, True)
+            out.append(Encoded(ids=list(full.ids), original_length=n + self.num_special, truncated=n > keep))
+        return out
+
+    def encode(self, text: str, max_length: int | None = None, side: str = "right") -> Encoded:
+        return self.encode_batch([text], max_length, side)[0]
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        if self._spm is not None:
+            return [len(self._spm.piece_ids(t)) + self.num_special for t in texts]
+        return [len(e.ids) + self.num_special for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def token_id(self, token: str) -> int | None:
+        if self._spm is not None:
+            return self._spm.token_id(token)
+        return self._hf.token_to_id(token)
+
+
+class _SentencePiece:
+    """SentencePiece with XLM-R's fairseq layout: <s>=0 <pad>=1 </s>=2 <unk>=3, piece ids shifted by 1."""
+
+    def __init__(self, path: Path, fairseq: bool) -> None:
+        import sentencepiece as spm
+
+        self._sp = spm.SentencePieceProcessor(model_file=str(path))
+        self.fairseq = fairseq
+        if fairseq:
+            self.bos, self.eos, self.offset = 0, 2, 1
+            self.vocab_size = self._sp.get_piece_size() + 1 + 1  # + fairseq offset + <mask>
+        else:
+            self.bos, self.eos, self.offset = self._sp.bos_id(), self._sp.eos_id(), 0
+            self.vocab_size = self._sp.get_piece_size()
+
+    def piece_ids(self, text: str) -> list[int]:
+        ids = self._sp.encode(text)
+        if self.fairseq:
+            unk = self._sp.unk_id()
+            return [3 if i == unk else i + self.offset for i in ids]
+        return ids
+
+    def encode(self, text: str, keep: int, side: str) -> Encoded:
+        ids = self.piece_ids(text)
+        n = len(ids)
+        if n > keep:
+            ids = ids[:keep] if side == "right" else ids[n - keep:]
+        return Encoded(ids=[self.bos, *ids, self.eos], original_length=n + 2, truncated=n > keep)
+
+    def token_id(self, token: str) -> int | None:
+        if self.fairseq and token in ("<s>", "<pad>", "</s>", "<unk>"):
+            return {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}[token]
+        i = self._sp.piece_to_id(token)
+        return None if i == self._sp.unk_id() and token != "<unk>" else i + self.offset
