@@ -77,7 +77,7 @@ def config_from_args(cls: type[T], args: argparse.Namespace | Mapping[str, Any] 
         raw = given.get(f.name)
         source = "--" + f.name.replace("_", "-")
         if raw is None:
-            raw = environ.get(env_name(prefix, f.name))
+            raw = environ.get(env_name(prefix, f.name)) or None  # an empty variable counts as unset
             source = env_name(prefix, f.name)
         if raw is None:
             continue

@@ -1,0 +1,101 @@
+"""HF model folders for benchmarks: the real configs with random weights, saved where ROSE and the peers load them.
+
+Nothing is downloaded: the Qwen3 configs are written out here (the published Qwen3-0.6B / Qwen3-4B
+shapes), weights are random (seeded) in the requested dtype, and the tokenizer is a small word-level
+tokenizer.json (benchmarks feed token ids; Ivy's benchmarks tokenize real text with it). MiniLM is the
+bundled all-MiniLM-L6-v2 with its real weights.
+
+    python -m benchmarks.model_zoo qwen3-0.6b /tmp/models/qwen3-0.6b [--dtype bfloat16] [--family pplx]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+QWEN3_CONFIGS = {
+    "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072, vocab_size=151669, max_position_embeddings=32768,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "qwen3-4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=9728, vocab_size=151665, max_position_embeddings=32768,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+}
+MODELS = (*QWEN3_CONFIGS, "minilm-l6")
+
+
+def _word_tokenizer(path: Path, vocab_size: int, eos: str = "<|endoftext|>") -> None:
+    """A word-level tokenizer.json over the first words of a fixed list, eos appended (Qwen3-Embedding style)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = [f"w{i}" for i in range(min(vocab_size - 2, 30000))]
+    vocab = {"<unk>": 0, eos: 1, **{w: i + 2 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", special_tokens=[(eos, 1)])
+    tok.save(str(path))
+
+
+def make_qwen3_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qwen3", seed: int = 0) -> Path:
+    """family: qwen3 (Qwen3-Embedding: causal, last token, normalized) or pplx (bidirectional, mean, int8)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3Model
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = dict(QWEN3_CONFIGS[name])
+    torch.manual_seed(seed)
+    config = Qwen3Config(**cfg, torch_dtype=dtype)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen3Model(config).to(getattr(torch, dtype))
+    for p in model.parameters():  # HF's init leaves norms at 1 and biases 0: fine; scale weights like a trained model
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.02)
+    model.save_pretrained(out, safe_serialization=True)
+    config_json = json.loads((out / "config.json").read_text())
+    config_json["rope_theta"] = cfg["rope_theta"]
+    if family == "pplx":
+        config_json.update(model_type="bidirectional_pplx_qwen3", architectures=["PPLXQwen3Model"],
+                           use_bidirectional_attention=True)
+        pooling = {"pooling_mode_mean_tokens": True}
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    else:
+        pooling = {"pooling_mode_lasttoken": True}
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                   {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (out / "config.json").write_text(json.dumps(config_json, indent=2))
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": cfg["hidden_size"], **pooling}))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32768}))
+    _word_tokenizer(out / "tokenizer.json", cfg["vocab_size"])
+    del model
+    return out
+
+
+def make_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qwen3") -> Path:
+    if name == "minilm-l6":
+        from rose.spec import bundled_model_dir
+
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(bundled_model_dir(), out)
+        return out
+    return make_qwen3_folder(name, out, dtype, family)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", choices=MODELS)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--family", default="qwen3", choices=["qwen3", "pplx"])
+    args = parser.parse_args()
+    print(make_folder(args.name, args.out, args.dtype, args.family))
+
+
+if __name__ == "__main__":
+    main()
