@@ -1,7 +1,7 @@
 """HF model folders for benchmarks: the real configs with random weights, saved where ROSE and the peers load them.
 
 Nothing is downloaded: the Qwen3 configs are written out here (the published Qwen3-0.6B / Qwen3-4B
-shapes), weights are random (seeded) in the requested dtype, and the tokenizer is a small word-level
+shapes), weights are random (seeded) in the requested dtype, and the tokenizer is MiniLM's WordPiece
 tokenizer.json (benchmarks feed token ids; Ivy's benchmarks tokenize real text with it). MiniLM is the
 bundled all-MiniLM-L6-v2 with its real weights.
 
@@ -26,16 +26,15 @@ QWEN3_CONFIGS = {
 MODELS = (*QWEN3_CONFIGS, "minilm-l6")
 
 
-def _word_tokenizer(path: Path, vocab_size: int, eos: str = "<|endoftext|>") -> None:
-    """A word-level tokenizer.json over the first words of a fixed list, eos appended (Qwen3-Embedding style)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+def _copy_tokenizer(path: Path) -> None:
+    """MiniLM's WordPiece tokenizer.json: real text becomes real ids (all < 30522, inside Qwen3's vocabulary),
+    [CLS] ... [SEP] around each text, so last-token pooling reads [SEP] as Qwen3-Embedding reads its EOS."""
+    from rose.spec import bundled_model_dir
 
-    words = [f"w{i}" for i in range(min(vocab_size - 2, 30000))]
-    vocab = {"<unk>": 0, eos: 1, **{w: i + 2 for i, w in enumerate(words)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", special_tokens=[(eos, 1)])
-    tok.save(str(path))
+    data = json.loads((bundled_model_dir() / "tokenizer.json").read_text())
+    data["truncation"] = None
+    data["padding"] = None
+    path.write_text(json.dumps(data))
 
 
 def make_qwen3_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qwen3", seed: int = 0) -> Path:
@@ -71,7 +70,7 @@ def make_qwen3_folder(name: str, out: Path, dtype: str = "bfloat16", family: str
     (out / "1_Pooling").mkdir(exist_ok=True)
     (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": cfg["hidden_size"], **pooling}))
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32768}))
-    _word_tokenizer(out / "tokenizer.json", cfg["vocab_size"])
+    _copy_tokenizer(out / "tokenizer.json")
     del model
     return out
 
