@@ -1,0 +1,112 @@
+"""torch scaled_dot_product_attention over a ragged batch, in one of three layouts chosen per batch.
+
+- CUDA (and any run without host metadata, e.g. inside a graph): the whole packed batch at once with a
+  block-diagonal (and causal) boolean mask built from seq_ids on the device. Quadratic in the batch's
+  tokens, but capturable in a CUDA graph. The portable reference; varlen is the fast path on CUDA.
+- CPU, similar lengths: the sequences gathered into a padded [S, Lmax] block with a key-padding mask, one
+  SDPA call per layer (CPU runs are never captured, so the host may plan the gather).
+- CPU, very uneven lengths: one SDPA call per sequence, so the padding does not cost Lmax^2 per sequence.
+Per-call overhead dominates short sequences on a CPU, hence the padded block when it wastes little.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rose.attention.base import AttentionBackend
+from rose.meta import ForwardMeta
+
+LOOP_CALL_COST = 64 * 64  # one SDPA call's overhead, in units of score-matrix entries (rough, CPU)
+
+
+@dataclass
+class _BlockMask:
+    mask: torch.Tensor  # bool [1, 1, T, T]
+
+
+@dataclass
+class _Padded:
+    gather: torch.Tensor  # int64 [S, Lmax] token index (0 where padded)
+    scatter: torch.Tensor  # int64 [T] position of each token in the flattened [S * Lmax] block
+    mask: torch.Tensor  # bool [S, 1, Lmax, Lmax]
+
+
+@dataclass
+class _Loop:
+    bounds: list[tuple[int, int]]
+
+
+class SdpaBackend(AttentionBackend):
+    name = "sdpa"
+
+    def __init__(self, device: torch.device) -> None:
+        self.host_planned = device.type != "cuda"
+        self.graph_safe = not self.host_planned
+
+    def prepare(self, meta: ForwardMeta, causal: bool) -> Any:
+        if self.host_planned and meta.host is not None:
+            return _plan_cpu(meta.host.cu_seqlens, causal)
+        ids = meta.seq_ids
+        mask = ids[:, None] == ids[None, :]
+        if causal:
+            pos = torch.arange(ids.shape[0], device=ids.device)
+            mask = mask & (pos[:, None] >= pos[None, :])
+        return _BlockMask(mask[None, None])
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMeta,
+                causal: bool, scale: float, state: Any = None) -> torch.Tensor:
+        gqa = k.shape[1] != q.shape[1]
+        if isinstance(state, _Loop):
+            return _per_sequence(q, k, v, state.bounds, causal, scale, gqa)
+        if isinstance(state, _Padded):
+            s, width = state.gather.shape
+            o = F.scaled_dot_product_attention(
+                q[state.gather].transpose(1, 2), k[state.gather].transpose(1, 2), v[state.gather].transpose(1, 2),
+                attn_mask=state.mask, scale=scale, enable_gqa=gqa)
+            return o.transpose(1, 2).reshape(s * width, q.shape[1], q.shape[2])[state.scatter]
+        if gqa:  # the masked CUDA kernels take no enable_gqa: repeat the K/V heads
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=state.mask, scale=scale)
+        return out[0].transpose(0, 1)
+
+
+def _plan_cpu(cu_seqlens: np.ndarray, causal: bool) -> _Loop | _Padded:
+    cu = cu_seqlens.astype(np.int64)
+    starts, lens = cu[:-1], np.diff(cu)
+    keep = lens > 0
+    starts, lens = starts[keep], lens[keep]
+    s, width = len(lens), int(lens.max())
+    if s == 1 or s * width * width > 2 * (int((lens * lens).sum()) + s * LOOP_CALL_COST):
+        return _Loop([(int(a), int(a + n)) for a, n in zip(starts, lens)])
+    cols = np.arange(width, dtype=np.int64)
+    valid = cols[None, :] < lens[:, None]
+    gather = np.where(valid, starts[:, None] + cols[None, :], 0)
+    scatter = (np.arange(s, dtype=np.int64)[:, None] * width + cols[None, :])[valid]
+    mask = np.broadcast_to(valid[:, None, None, :], (s, 1, width, width))
+    if causal:
+        mask = mask & np.tril(np.ones((width, width), dtype=bool))[None, None]
+    return _Padded(torch.from_numpy(gather), torch.from_numpy(scatter), torch.from_numpy(np.ascontiguousarray(mask)))
+
+
+def _per_sequence(q, k, v, bounds: list[tuple[int, int]], causal: bool, scale: float, gqa: bool) -> torch.Tensor:
+    def attend(a: int, b: int) -> torch.Tensor:
+        # 4-D inputs: torch's fused CPU flash kernel takes them; 3-D ones fall back to the math path.
+        o = F.scaled_dot_product_attention(
+            q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None],
+            is_causal=causal, scale=scale, enable_gqa=gqa)
+        return o[0].transpose(0, 1)
+
+    if len(bounds) == 1:
+        return attend(*bounds[0])
+    out = torch.empty_like(q)
+    for a, b in bounds:
+        out[a:b] = attend(a, b)
+    return out

@@ -1,0 +1,177 @@
+"""ROSE's public facade: load a model folder, step ragged batches, embed token-id lists.
+
+    engine = Engine.from_pretrained("/models/all-MiniLM-L6-v2")      # device and dtype chosen for you
+    ids = [e.ids for e in engine.tokenizer.encode_batch(["hello", "world"])]
+    vectors = engine.embed(ids)                                       # float32 [2, 384], as sentence-transformers
+    lazy = engine.step(rose.Batch.from_sequences(ids))               # native rows, async on a GPU
+    rows = lazy.result()
+
+Everything device-side lives in rose.runner.ModelRunner; this file only wires and documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rose.batch import Batch
+from rose.head import OutputOptions, apply_head
+from rose.lazy import LazyTensor, PinnedPool
+from rose.runner import ModelRunner
+from rose.spec import ModelSpec, load_spec
+from rose.tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about this many tokens
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model_id: str
+    family: str
+    max_length: int
+    dimensions: int
+    pooling: str
+    tokenizer_fingerprint: str
+    native_int8: bool
+    normalize_default: bool
+    attention_backend: str
+    device: str
+    dtype: str
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"unsupported device {device!r}; expected cpu, cuda or cuda:N")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}") from None
+
+
+class Engine:
+    def __init__(self, spec: ModelSpec, tokenizer: Tokenizer, runner: ModelRunner) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self._runner = runner
+        self.info = EngineInfo(
+            model_id=spec.model_id, family=spec.family, max_length=spec.max_length,
+            dimensions=spec.dimensions, pooling=spec.pooling, tokenizer_fingerprint=tokenizer.fingerprint,
+            native_int8=spec.native_int8, normalize_default=spec.normalize,
+            attention_backend=runner.backend.name, device=str(runner.device),
+            dtype=str(runner.dtype).removeprefix("torch."))
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device: str | torch.device | None = None,
+                        dtype: str | torch.dtype | None = None, attention: str = "auto",
+                        pinned_cap_bytes: int = 256 << 20, pinned_timeout_s: float = 30.0,
+                        model_id: str | None = None) -> Engine:
+        """Load a Hugging Face model folder. device None = CUDA when available; dtype None = float32 on
+        a CPU, bfloat16 on CUDA; attention "auto" = varlen on CUDA (half precision), else SDPA."""
+        spec = load_spec(model_dir, model_id)
+        tokenizer = Tokenizer(spec)
+        dev = resolve_device(device)
+        pool = PinnedPool(pinned_cap_bytes, pinned_timeout_s, pin=dev.type == "cuda")
+        runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool)
+        return cls(spec, tokenizer, runner)
+
+    @property
+    def runner(self) -> ModelRunner:
+        if self._runner is None:
+            raise RuntimeError("engine is closed")
+        return self._runner
+
+    def step(self, batch: Batch) -> LazyTensor:
+        """Native rows float32 [batch.num_rows, dimensions]: pooled hidden states, not normalized (for
+        pplx-embed round(127*tanh(x))). Returns at once on a GPU; waits (or raises PinnedPoolExhausted)
+        while the pinned pool is at its cap."""
+        return self.runner.step(batch)
+
+    def embed(self, sequences: Sequence[Sequence[int]], pooling: str | None = None,
+              spans: Sequence[tuple[int, int, int]] | None = None,
+              options: OutputOptions | None = None) -> np.ndarray:
+        """What sentence-transformers returns for these token ids (pplx-embed: the int8 values as float32).
+        `spans` are (sequence index, start, end) rows instead of one row per sequence."""
+        pooling = pooling or self.spec.pooling
+        rows = self._native_rows([list(s) if not isinstance(s, np.ndarray) else s for s in sequences],
+                                 pooling, spans)
+        return apply_head(rows, options or OutputOptions(), native_int8=self.spec.native_int8,
+                          default_normalize=self.spec.normalize)
+
+    def _native_rows(self, sequences: list, pooling: str, spans) -> np.ndarray:
+        """Step in chunks of about EMBED_CHUNK_TOKENS tokens; rows come back in input order."""
+        all_spans = spans if spans is not None else [(i, None, None) for i in range(len(sequences))]
+        out = np.zeros((len(all_spans), self.spec.dimensions), dtype=np.float32)
+        by_seq: dict[int, list[int]] = {}
+        for row, (seq, _, _) in enumerate(all_spans):
+            if not 0 <= seq < len(sequences):
+                raise ValueError(f"span {row} names sequence {seq}; there are {len(sequences)}")
+            by_seq.setdefault(seq, []).append(row)
+        chunks, current, tokens = [], [], 0
+        for i, seq in enumerate(sequences):
+            if current and tokens + len(seq) > EMBED_CHUNK_TOKENS:
+                chunks.append(current)
+                current, tokens = [], 0
+            current.append(i)
+            tokens += len(seq)
+        if current:
+            chunks.append(current)
+        for chunk in chunks:
+            local = {seq: j for j, seq in enumerate(chunk)}
+            rows = [r for seq in chunk for r in by_seq.get(seq, [])]
+            if not rows:
+                continue
+            if spans is None:
+                batch = Batch.from_sequences([sequences[i] for i in chunk], pooling)
+                rows = list(chunk)
+            else:
+                batch = Batch.from_sequences([sequences[i] for i in chunk],
+                                             spans=[(local[spans[r][0]], spans[r][1], spans[r][2]) for r in rows])
+            out[rows] = self.step(batch).result()
+        return out
+
+    def warmup(self) -> None:
+        """Run a probe batch end to end (issue 4 adds graph prewarm and graph-vs-eager verification)."""
+        n = max(1, min(16, self.spec.max_length))
+        probe = [[(7 * i + j) % self.runner.vocab_size for j in range(max(1, n - 3 * i))] for i in range(3)]
+        rows = self.step(Batch.from_sequences(probe, self.spec.pooling)).result()
+        if not np.isfinite(rows).all():
+            raise RuntimeError("warm-up produced non-finite embeddings")
+
+    def stats(self) -> dict:
+        r = self.runner
+        pool = r.pool.stats()
+        return {"pinned_bytes_in_use": pool["bytes_in_use"], "pinned_bytes_cap": pool["cap_bytes"],
+                "pinned_bytes_allocated": pool["bytes_allocated"], "graphs_captured": 0,
+                "graph_capture_seconds": 0.0, "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last}
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,18 @@
+"""Reusable layer math shared by the model files (which only compose these)."""
+
+from rose.layers.activations import get_activation
+from rose.layers.linear import MergedLinear
+from rose.layers.norms import LayerNorm, RMSNorm
+from rose.layers.pooling import output_transform, segment_mean
+from rose.layers.rotary import RotaryEmbedding, apply_rotary
+
+__all__ = [
+           "LayerNorm",
+           "MergedLinear",
+           "RMSNorm",
+           "RotaryEmbedding",
+           "apply_rotary",
+           "get_activation",
+           "output_transform",
+           "segment_mean",
+]

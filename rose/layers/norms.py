@@ -1,0 +1,26 @@
+"""LayerNorm (BERT family) and RMSNorm (Qwen3), numerically as Hugging Face computes them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch's LayerNorm; weight/bias names match HF checkpoints."""
+
+
+class RMSNorm(nn.Module):
+    """Qwen3's RMSNorm: statistics in float32, then `weight * x.to(input dtype)` (the same rounding as HF)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+

@@ -1,0 +1,226 @@
+"""Page-locked host buffers with a byte cap (PinnedPool) and the result handle of a step (LazyTensor).
+
+Why pinned: a device-to-host copy is only asynchronous into page-locked memory, and the async copy is
+what lets the caller pack batch n+1 while the GPU still works on batch n. Why a cap: pinned memory is
+taken from the OS and cannot be swapped, so an unbounded pool under a burst would starve the host.
+At the cap, `acquire()` waits for a release (backpressure) and raises `PinnedPoolExhausted` after the
+timeout; it never allocates past the cap. Buffers come in power-of-two size classes (torch's own host
+allocator rounds the same way) and are reused through per-class free lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+MIN_CLASS_BYTES = 4096
+
+
+class PinnedPoolExhausted(RuntimeError):
+    """No pinned buffer of the requested size could be had within the timeout (or ever, if above the cap)."""
+
+    def __init__(self, requested: int, cap: int, in_use: int, timeout_s: float) -> None:
+        self.requested, self.cap, self.in_use, self.timeout_s = requested, cap, in_use, timeout_s
+        super().__init__(
+            f"pinned pool exhausted: need {requested} bytes, cap {cap} bytes, {in_use} bytes in use, "
+            f"waited {timeout_s:.3f} s")
+
+
+class LazyTensorReleased(RuntimeError):
+    """The LazyTensor's buffer went back to the pool; its data is gone."""
+
+
+def size_class(nbytes: int) -> int:
+    """The power of two (at least 4 KiB) that a request of `nbytes` is served from."""
+    return max(MIN_CLASS_BYTES, 1 << max(0, int(nbytes) - 1).bit_length())
+
+
+@dataclass(eq=False)
+class PinnedBuffer:
+    tensor: torch.Tensor  # uint8 [nbytes], pinned when the pool pins
+    nbytes: int  # the size class, what counts against the cap
+
+
+class PinnedPool:
+    """A byte-capped pool of (optionally page-locked) host buffers; thread-safe."""
+
+    def __init__(self, cap_bytes: int, timeout_s: float = 30.0, pin: bool | None = None) -> None:
+        if cap_bytes < MIN_CLASS_BYTES:
+            raise ValueError(f"pinned_cap_bytes must be at least {MIN_CLASS_BYTES}, got {cap_bytes}")
+        self.cap_bytes = int(cap_bytes)
+        self.timeout_s = float(timeout_s)
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self._cond = threading.Condition()
+        self._free: dict[int, list[PinnedBuffer]] = defaultdict(list)
+        self._pending: list[tuple[PinnedBuffer, Any]] = []  # released, waiting for their event
+        self.bytes_in_use = 0  # handed out and not yet back (pending releases count)
+        self.bytes_allocated = 0  # in use + cached free buffers; never above cap_bytes
+        self.peak_bytes_allocated = 0
+
+    def acquire(self, nbytes: int, timeout_s: float | None = None) -> PinnedBuffer:
+        """A buffer of at least `nbytes`; waits while the pool is at its cap, then raises."""
+        size = size_class(nbytes)
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        if size > self.cap_bytes:
+            raise PinnedPoolExhausted(size, self.cap_bytes, self.bytes_in_use, 0.0)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._reclaim_locked()
+                free = self._free[size]
+                if free:
+                    buf = free.pop()
+                    self.bytes_in_use += size
+                    return buf
+                over = self.bytes_allocated + size - self.cap_bytes
+                if over > 0 and self.bytes_in_use + size <= self.cap_bytes:
+                    self._evict_locked(over)  # cached buffers of other sizes make room
+                if self.bytes_allocated + size <= self.cap_bytes:
+                    self.bytes_allocated += size  # reserve; allocate outside the lock
+                    self.bytes_in_use += size
+                    self.peak_bytes_allocated = max(self.peak_bytes_allocated, self.bytes_allocated)
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PinnedPoolExhausted(size, self.cap_bytes, self.bytes_in_use, timeout)
+                # Pending releases complete without a notify (a GPU event), so poll them briefly.
+                self._cond.wait(min(remaining, 0.001) if self._pending else remaining)
+        try:
+            tensor = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+        except BaseException:
+            with self._cond:
+                self.bytes_allocated -= size
+                self.bytes_in_use -= size
+                self._cond.notify_all()
+            raise
+        return PinnedBuffer(tensor=tensor, nbytes=size)
+
+    def release(self, buf: PinnedBuffer, after: Any = None) -> None:
+        """Give `buf` back; with `after` (a CUDA event), only once that event has completed."""
+        with self._cond:
+            if after is not None and not after.query():
+                self._pending.append((buf, after))
+                return
+            self._free[buf.nbytes].append(buf)
+            self.bytes_in_use -= buf.nbytes
+            self._cond.notify_all()
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            self._reclaim_locked()
+            return {"bytes_in_use": self.bytes_in_use, "bytes_allocated": self.bytes_allocated,
+                    "peak_bytes_allocated": self.peak_bytes_allocated, "cap_bytes": self.cap_bytes}
+
+    def _reclaim_locked(self) -> None:
+        if not self._pending:
+            return
+        still = []
+        for buf, event in self._pending:
+            if event.query():
+                self._free[buf.nbytes].append(buf)
+                self.bytes_in_use -= buf.nbytes
+            else:
+                still.append((buf, event))
+        self._pending = still
+
+    def _evict_locked(self, need: int) -> None:
+        """Drop cached free buffers of other sizes until `need` bytes are freed (or none are left)."""
+        freed = 0
+        for size in sorted(self._free, reverse=True):
+            bucket = self._free[size]
+            while bucket and freed < need:
+                bucket.pop()
+                self.bytes_allocated -= size
+                freed += size
+        if freed and self.pin and hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()  # hand the dropped blocks back instead of keeping them cached
+
+
+class LazyTensor:
+    """The result of `Engine.step()`: a host buffer that a non-blocking device-to-host copy fills.
+
+    `ready()` polls the CUDA event recorded after the copy; `wait()` blocks on it and returns a numpy view
+    (valid until `release()`); `result()` copies and releases; `await lazy` polls without blocking the
+    event loop. On a CPU the data is complete when the LazyTensor is returned.
+    """
+
+    def __init__(self, pool: PinnedPool | None, buffer: PinnedBuffer | None, shape: tuple[int, ...],
+                 event: Any = None, offset: int = 0) -> None:
+        self._pool, self._buffer, self._event = pool, buffer, event
+        self.shape = tuple(int(s) for s in shape)
+        self._offset = offset
+        self._lock = threading.Lock()
+        self._released = False
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * 4
+        if buffer is None:
+            self._array = np.zeros(self.shape, dtype=np.float32)
+        else:
+            raw = buffer.tensor.numpy()[offset: offset + nbytes]
+            self._array = raw.view(np.float32).reshape(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._array.nbytes)
+
+    def ready(self) -> bool:
+        return self._released or self._event is None or bool(self._event.query())
+
+    def wait(self, timeout: float | None = None) -> np.ndarray:
+        """Block until the copy is complete; a float32 numpy view of the rows, valid until release()."""
+        if self._released:
+            raise LazyTensorReleased("LazyTensor was released")
+        if self._event is not None and not self._event.query():
+            if timeout is None:
+                self._event.synchronize()
+            else:
+                deadline = time.monotonic() + timeout
+                while not self._event.query():
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"LazyTensor not ready after {timeout} s")
+                    time.sleep(0.0002)
+        return self._array
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        """A copy of the rows; releases the buffer."""
+        out = np.array(self.wait(timeout), copy=True)
+        self.release()
+        return out
+
+    def release(self) -> None:
+        """Give the buffer back to the pool (idempotent). Safe before the copy completes: the pool
+        reuses the buffer only once the event has passed."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        if self._pool is not None and self._buffer is not None:
+            self._pool.release(self._buffer, after=self._event)
+        self._buffer = None
+        self._array = None  # type: ignore[assignment]
+
+    def __await__(self):
+        return self._await_ready().__await__()
+
+    async def _await_ready(self) -> np.ndarray:
+        delay = 0.0
+        while not self.ready():
+            await asyncio.sleep(delay)
+            delay = min(0.001, delay * 2 if delay else 0.00005)
+        return self.wait()
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: the pool may be gone already
+            pass
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else ("ready" if self.ready() else "pending")
+        return f"LazyTensor(shape={self.shape}, {state})"

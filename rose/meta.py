@@ -1,0 +1,158 @@
+"""Per-batch metadata: packed on the host (numpy) into one int64 array, viewed on the device as ForwardMeta.
+
+Why one array: one pinned staging buffer, one host-to-device copy, and (for CUDA graphs) one static
+device buffer per bucket whose views never move: a graph runner copies the next batch's packed array
+into the same buffer and replays.
+
+Layout for buckets (Tb tokens, Sb sequences, Pb rows), in int64 words:
+  input_ids [Tb] | positions [Tb] | seq_ids [Tb] | span_index [Tb] | cu_seqlens int32 [Sb+1] | span_count f32 [Pb]
+Padding goes only at the end: tokens T..Tb-1 have id `pad_id`, position 0 and form their own
+pseudo-sequence (seq id S; cu_seqlens gets Tb after T, and every further entry repeats Tb). Tokens in no
+span pool into the dummy row Pb, which the pooler drops. Rows P..Pb-1 have count 1 (no division by 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rose.batch import Batch
+
+
+class BatchError(ValueError):
+    """The batch cannot run: a token id outside the vocabulary, a sequence too long, bad spans."""
+
+
+@dataclass(frozen=True)
+class MetaLayout:
+    tokens: int  # Tb
+    seqs: int  # Sb (cu_seqlens has Sb + 1 entries)
+    rows: int  # Pb
+
+    @property
+    def cu_words(self) -> int:
+        return (self.seqs + 2) // 2  # int32 [Sb + 1] packed two per word
+
+    @property
+    def count_words(self) -> int:
+        return (self.rows + 1) // 2
+
+    @property
+    def words(self) -> int:
+        return 4 * self.tokens + self.cu_words + self.count_words
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * self.words
+
+    def fits(self, num_tokens: int, num_seqs: int, num_rows: int) -> bool:
+        pad_seq = 1 if self.tokens > num_tokens else 0
+        return num_tokens <= self.tokens and num_seqs + pad_seq <= self.seqs and num_rows <= self.rows
+
+
+@dataclass(frozen=True)
+class HostMeta:
+    """What the host knows about a packed batch (backends that plan on the host read it)."""
+
+    layout: MetaLayout
+    packed: np.ndarray  # int64 [layout.words]
+    num_tokens: int
+    num_seqs: int
+    num_rows: int
+    max_seqlen: int  # longest (pseudo-)sequence in the packed array
+    cu_seqlens: np.ndarray  # int32 [Sb + 1], the same values as on the device
+
+
+@dataclass
+class ForwardMeta:
+    """Device views of one packed batch: the only per-batch input of a model forward."""
+
+    input_ids: torch.Tensor  # int64 [Tb]
+    positions: torch.Tensor  # int64 [Tb], position within its own sequence
+    seq_ids: torch.Tensor  # int64 [Tb], padding tokens get id S
+    span_index: torch.Tensor  # int64 [Tb], output row the token pools into; Pb = none
+    cu_seqlens: torch.Tensor  # int32 [Sb + 1]
+    span_count: torch.Tensor  # float32 [Pb], tokens per row
+    max_seqlen: int  # host int; a graph bakes it in, so graphs pass an upper bound (e.g. Tb)
+    layout: MetaLayout
+    host: HostMeta | None = None  # present in eager runs; a captured graph must not read it
+
+    @classmethod
+    def from_buffer(cls, buf: torch.Tensor, layout: MetaLayout, max_seqlen: int,
+                    host: HostMeta | None = None) -> ForwardMeta:
+        """Views into `buf` (int64 [>= layout.words], on the device); no copies, no kernels."""
+        t = layout.tokens
+        cu_at = 4 * t
+        count_at = cu_at + layout.cu_words
+        return cls(
+            input_ids=buf[0:t],
+            positions=buf[t:2 * t],
+            seq_ids=buf[2 * t:3 * t],
+            span_index=buf[3 * t:4 * t],
+            cu_seqlens=buf[cu_at:count_at].view(torch.int32)[: layout.seqs + 1],
+            span_count=buf[count_at:count_at + layout.count_words].view(torch.float32)[: layout.rows],
+            max_seqlen=int(max_seqlen),
+            layout=layout,
+            host=host,
+        )
+
+
+def pack_batch(batch: Batch, layout: MetaLayout | None = None, *, pad_id: int = 0,
+               max_length: int | None = None, vocab_size: int | None = None) -> HostMeta:
+    """Validate `batch` and pack it for `layout` (default: exact sizes, plus nothing)."""
+    t, s, p = batch.num_tokens, batch.num_seqs, batch.num_rows
+    layout = layout or MetaLayout(t, s, p)
+    if not layout.fits(t, s, p):
+        raise BatchError(f"batch of {t} tokens, {s} sequences, {p} rows does not fit {layout}")
+    ids = batch.token_ids
+    if t and vocab_size is not None and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
+        raise BatchError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    longest = int(batch.seq_lens.max()) if s else 0
+    if max_length is not None and longest > max_length:
+        raise BatchError(f"a sequence has {longest} tokens; the model takes at most {max_length}")
+    seq_ids = np.repeat(np.arange(s, dtype=np.int64), batch.seq_lens)
+    span_index = _span_index(batch.spans, seq_ids, t, layout)
+
+    packed = np.zeros(layout.words, dtype=np.int64)
+    tb = layout.tokens
+    packed[0:t] = ids
+    packed[t:tb] = pad_id
+    packed[tb:tb + t] = batch.positions  # padding positions stay 0: always a valid embedding row
+    packed[2 * tb:2 * tb + t] = seq_ids
+    packed[2 * tb + t:3 * tb] = s
+    packed[3 * tb:4 * tb] = span_index
+    cu_at = 4 * tb
+    count_at = cu_at + layout.cu_words
+    cu = packed[cu_at:count_at].view(np.int32)[: layout.seqs + 1]
+    cu[: s + 1] = batch.cu_seqlens
+    cu[s + 1:] = tb
+    counts = packed[count_at:count_at + layout.count_words].view(np.float32)[: layout.rows]
+    counts[:] = 1.0
+    if p:
+        counts[:p] = batch.spans[:, 1] - batch.spans[:, 0]
+    return HostMeta(layout=layout, packed=packed, num_tokens=t, num_seqs=s, num_rows=p,
+                    max_seqlen=max(longest, tb - t), cu_seqlens=cu.copy())
+
+
+def _span_index(spans: np.ndarray, seq_ids: np.ndarray, t: int, layout: MetaLayout) -> np.ndarray:
+    """int64 [Tb]: the row each token pools into (layout.rows for none). Spans must be non-empty, lie
+    inside one sequence, and not overlap (a token feeds at most one row)."""
+    out = np.full(layout.tokens, layout.rows, dtype=np.int64)
+    if spans.shape[0] == 0:
+        return out
+    starts, ends = spans[:, 0].astype(np.int64), spans[:, 1].astype(np.int64)
+    if int(starts.min()) < 0 or int(ends.max()) > t or bool(np.any(ends <= starts)):
+        raise BatchError(f"spans must be non-empty [start, end) ranges within the batch's {t} tokens")
+    if bool(np.any(seq_ids[starts] != seq_ids[ends - 1])):
+        raise BatchError("a span crosses a sequence boundary")
+    order = np.argsort(starts, kind="stable")
+    if bool(np.any(starts[order][1:] < ends[order][:-1])):
+        raise BatchError("spans overlap: each token may pool into at most one output row")
+    lengths = ends - starts
+    rows = np.repeat(np.arange(spans.shape[0], dtype=np.int64), lengths)
+    offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[np.repeat(starts, lengths) + offsets] = rows
+    return out

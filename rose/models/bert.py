@@ -1,0 +1,114 @@
+"""BERT, RoBERTa and XLM-RoBERTa encoders: absolute positions, token type 0, post-LN, GELU.
+
+Module paths mirror Hugging Face's, so loading is a name map; the only difference is the fused
+`attention.self.qkv_proj` (query, key and value concatenated at load). RoBERTa/XLM-R positions start
+after the padding index (fairseq): `position_offset = pad_token_id + 1`. (HF derives positions from the
+ids and gives any pad-id token inside a sequence the padding position; real inputs hold no pad ids.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from rose.attention.base import AttentionBackend, AttentionContext
+from rose.layers import LayerNorm, MergedLinear, get_activation
+from rose.meta import ForwardMeta
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: dict[str, Any], hidden: int) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden)
+        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], hidden)
+        self.token_type_embeddings = nn.Embedding(max(1, cfg.get("type_vocab_size", 2)), hidden)
+        self.LayerNorm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
+        x = x + self.position_embeddings(positions)
+        return self.LayerNorm(x)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.qkv_proj = MergedLinear(hidden, (hidden, hidden, hidden), bias=True)
+
+
+class BertDenseNorm(nn.Module):
+    """`dense` then LayerNorm(dense(x) + residual): HF's BertSelfOutput and BertOutput."""
+
+    def __init__(self, d_in: int, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_in, hidden)
+        self.LayerNorm = LayerNorm(hidden, eps=eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dense(x) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.add_module("self", BertSelfAttention(hidden))  # HF's name; `self` is not a Python attribute here
+        self.output = BertDenseNorm(hidden, hidden, eps)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, inner)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12)
+        self.num_heads = cfg["num_attention_heads"]
+        self.head_dim = hidden // self.num_heads
+        self.attention = BertAttention(hidden, eps)
+        self.intermediate = BertIntermediate(hidden, cfg["intermediate_size"])
+        self.output = BertDenseNorm(cfg["intermediate_size"], hidden, eps)
+        self.act = get_activation(cfg.get("hidden_act", "gelu"))
+
+    def forward(self, x: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.attention._modules["self"].qkv_proj.forward_split(x)
+        shape = (t, self.num_heads, self.head_dim)
+        a = attn(q.view(shape), k.view(shape), v.view(shape)).reshape(t, -1)
+        x = self.attention.output(a, x)
+        return self.output(self.act(self.intermediate.dense(x)), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+
+
+class BertModel(nn.Module):
+    """The encoder without pooler: forward(meta, backend) -> last hidden states [Tb, hidden]."""
+
+    FUSED = {"attention.self.qkv_proj": ("attention.self.query", "attention.self.key", "attention.self.value")}
+
+    def __init__(self, cfg: dict[str, Any], position_offset: int = 0) -> None:
+        super().__init__()
+        if cfg.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"unsupported position_embedding_type {cfg['position_embedding_type']!r}")
+        if cfg["hidden_size"] % cfg["num_attention_heads"]:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        self.position_offset = position_offset
+        self.scale = (cfg["hidden_size"] // cfg["num_attention_heads"]) ** -0.5
+        self.embeddings = BertEmbeddings(cfg, cfg["hidden_size"])
+        self.encoder = BertEncoder(cfg)
+
+    def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
+        positions = meta.positions + self.position_offset if self.position_offset else meta.positions
+        x = self.embeddings(meta.input_ids, positions)
+        attn = AttentionContext.build(backend, meta, causal=False, scale=self.scale)
+        for layer in self.encoder.layer:
+            x = layer(x, attn)
+        return x

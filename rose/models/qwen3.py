@@ -1,0 +1,105 @@
+"""Qwen3 as an embedding model: RMSNorm, QK-norm, RoPE, GQA, SwiGLU; no lm_head, no KV cache.
+
+Causal (Qwen3-Embedding, last-token pooling) or bidirectional (pplx-embed: every layer non-causal),
+per the spec. Module paths mirror Hugging Face's Qwen3Model; `self_attn.qkv_proj` and `mlp.gate_up_proj`
+are fused at load from q/k/v_proj and gate/up_proj.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from rose.attention.base import AttentionBackend, AttentionContext
+from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding, apply_rotary, get_activation
+from rose.meta import ForwardMeta
+
+
+def rope_theta(cfg: dict[str, Any]) -> float:
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise ValueError(f"unsupported rope type {kind!r} (only the default RoPE)")
+    return float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, cfg: dict[str, Any], head_dim: int) -> None:
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.num_heads = cfg["num_attention_heads"]
+        self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
+        self.head_dim = head_dim
+        bias = bool(cfg.get("attention_bias", False))
+        q_size, kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        self.qkv_proj = MergedLinear(hidden, (q_size, kv_size, kv_size), bias=bias)
+        self.o_proj = nn.Linear(q_size, hidden, bias=bias)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj.forward_split(x)
+        q = apply_rotary(self.q_norm(q.view(t, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rotary(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), cos, sin)
+        out = attn(q, k, v.view(t, self.num_kv_heads, self.head_dim))
+        return self.o_proj(out.reshape(t, -1))
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden, inner = cfg["hidden_size"], cfg["intermediate_size"]
+        self.gate_up_proj = MergedLinear(hidden, (inner, inner), bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.act = get_activation(cfg.get("hidden_act", "silu"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj.forward_split(x)
+        return self.down_proj(self.act(gate) * up)
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any], head_dim: int) -> None:
+        super().__init__()
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.self_attn = Qwen3Attention(cfg, head_dim)
+        self.mlp = Qwen3MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg["hidden_size"], eps)
+        self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3Model(nn.Module):
+    """forward(meta, backend) -> final-normed hidden states [Tb, hidden]."""
+
+    FUSED = {
+        "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    }
+
+    def __init__(self, cfg: dict[str, Any], causal: bool) -> None:
+        super().__init__()
+        if cfg.get("use_sliding_window"):
+            raise ValueError("sliding-window attention is not supported")
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        self.causal = causal
+        self.scale = head_dim ** -0.5
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, head_dim) for _ in range(cfg["num_hidden_layers"]))
+        self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
+        self.rotary = RotaryEmbedding(head_dim, rope_theta(cfg))
+
+    def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
+        x = self.embed_tokens(meta.input_ids)
+        cos, sin = self.rotary(meta.positions, x.dtype)
+        attn = AttentionContext.build(backend, meta, causal=self.causal, scale=self.scale)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn)
+        return self.norm(x)

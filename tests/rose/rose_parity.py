@@ -1,0 +1,71 @@
+"""Reference embeddings from `transformers` hidden states, pooled by hand, and the comparison metrics.
+
+Shared by the CPU tests, the GPU tests and gpu_report.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from rose_tiny_models import TinyModel
+
+
+@torch.no_grad()
+def hf_hidden(tiny: TinyModel, seqs: Sequence[Sequence[int]], device: str = "cpu",
+              dtype: torch.dtype = torch.float32) -> list[np.ndarray]:
+    """Last hidden states per sequence (float64 [L_i, H]) from one right-padded batch with its mask."""
+    # A lower-precision reference gets its own copy: casting the shared model would lose its weights.
+    model = tiny.hf.to(device) if dtype == torch.float32 else copy.deepcopy(tiny.hf).to(device=device, dtype=dtype)
+    lens = [len(s) for s in seqs]
+    width = max(lens)
+    ids = torch.full((len(seqs), width), tiny.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    if tiny.bidirectional_mask:
+        # Non-causal Qwen3: a ready 4D additive mask is used as is (transformers skips its causal mask).
+        full = torch.zeros((len(seqs), 1, width, width), dtype=dtype)
+        full.masked_fill_(mask[:, None, None, :] == 0, torch.finfo(dtype).min)
+        attn = full.to(device)
+    else:
+        attn = mask.to(device)
+    out = model(input_ids=ids.to(device), attention_mask=attn).last_hidden_state
+    rows = [out[i, :n].double().cpu().numpy() for i, n in enumerate(lens)]
+    tiny.hf.to("cpu")
+    return rows
+
+
+def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
+    if pooling == "mean":
+        return hidden.mean(axis=0)
+    if pooling == "cls":
+        return hidden[0]
+    if pooling == "last":
+        return hidden[-1]
+    raise ValueError(pooling)
+
+
+def reference_rows(tiny: TinyModel, seqs, pooling: str | None = None, device: str = "cpu",
+                   dtype: torch.dtype = torch.float32, hidden=None) -> np.ndarray:
+    """What Engine.embed must return: pooled, pplx-transformed, normalized as the model's default."""
+    hidden = hidden if hidden is not None else hf_hidden(tiny, seqs, device, dtype)
+    rows = np.stack([pool(h, pooling or tiny.pooling) for h in hidden])
+    if tiny.native_int8:
+        rows = np.round(127.0 * np.tanh(rows))
+    if tiny.normalize:
+        rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def random_seqs(tiny: TinyModel, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [tiny.random_ids(rng, n) for n in lengths]

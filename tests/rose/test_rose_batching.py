@@ -1,0 +1,126 @@
+"""Ragged batches: batch invariance, span pooling (late chunking), bucket padding, batch validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import FAMILIES
+from rose_parity import cosine, hf_hidden, random_seqs
+
+from rose import Batch
+from rose.meta import BatchError, ForwardMeta, MetaLayout, pack_batch
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_sequence_embeds_the_same_alone_and_packed(name, tiny_models, engine_for):
+    tiny, engine = tiny_models[name], engine_for(name)
+    target, *others = random_seqs(tiny, [13, 1, 40, 5, 27], seed=21)
+    alone = engine.embed([target])[0]
+    for packed in ([others[0], target, others[1]], [*others, target], [target, *others]):
+        row = engine.embed(packed)[packed.index(target)]
+        assert np.allclose(row, alone, atol=1e-5, rtol=1e-4), name
+
+
+def _hand_span_means(tiny, seqs, spans):
+    hidden = hf_hidden(tiny, seqs)
+    return np.stack([hidden[s][a:b].mean(0) for s, a, b in spans])
+
+
+@pytest.mark.parametrize("name", ["bert", "qwen3", "pplx-qwen3"])
+def test_span_pooling_equals_mean_of_the_same_tokens(name, tiny_models, engine_for):
+    tiny, engine = tiny_models[name], engine_for(name)
+    seqs = random_seqs(tiny, [30, 9], seed=4)
+    spans = [(0, 0, 1), (0, 1, 11), (0, 11, 30), (1, 2, 9), (1, 0, 2)]  # any order, gaps allowed
+    native = engine.step(Batch.from_sequences(seqs, spans=spans)).result()
+    expected = _hand_span_means(tiny, seqs, spans)
+    if tiny.native_int8:
+        expected = np.round(127.0 * np.tanh(expected))
+        assert np.abs(native - expected).max() <= 1.0
+    else:
+        assert np.allclose(native, expected, atol=1e-5, rtol=1e-4)
+    assert cosine(native, expected).min() >= 0.9999
+
+
+def test_late_chunking_on_a_contextual_pplx_folder(tiny_pplx_context):
+    """pplx-embed-context: a document's chunks in one sequence, one row per chunk span."""
+    from rose.engine import Engine
+
+    engine = Engine.from_pretrained(tiny_pplx_context.path, device="cpu")
+    assert engine.spec.is_contextual
+    doc = random_seqs(tiny_pplx_context, [40], seed=8)[0]
+    chunks = [(0, 0, 12), (0, 12, 25), (0, 25, 40)]
+    rows = engine.embed([doc], spans=chunks)
+    expected = np.round(127.0 * np.tanh(_hand_span_means(tiny_pplx_context, [doc], chunks)))
+    assert rows.shape == (3, 64) and np.abs(rows - expected).max() <= 1.0
+    engine.close()
+
+
+@pytest.mark.parametrize("name", ["bert", "xlm-roberta", "qwen3", "pplx-qwen3"])
+@pytest.mark.parametrize("masked", [False, True], ids=["per-sequence", "block-mask"])
+def test_bucket_padding_does_not_change_rows(name, masked, engine_for, tiny_models):
+    """Padded to a (Tb, Sb, Pb) bucket as a CUDA graph would run it: the real rows are unchanged. The
+    block-mask variant is the graph-safe SDPA path CUDA uses, run here on the CPU."""
+    engine = engine_for(name)
+    runner = engine.runner
+    seqs = random_seqs(tiny_models[name], [6, 17, 3], seed=2)
+    batch = Batch.from_sequences(seqs, engine.spec.pooling)
+    exact = engine.step(batch).result()
+    host = runner.pack(batch, MetaLayout(tokens=40, seqs=6, rows=5))
+    meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, max_seqlen=40,
+                                   host=None if masked else host)
+    with torch.inference_mode():
+        out = runner.forward(meta)
+    assert out.shape == (5, 64) and torch.isfinite(out).all()
+    assert np.allclose(out[:3].numpy(), exact, atol=1e-5, rtol=1e-4)
+
+
+def test_pack_batch_layout():
+    batch = Batch.from_sequences([[5, 6, 7], [8, 9]], spans=[(0, 1, 3), (1, 0, 2)])
+    host = pack_batch(batch, MetaLayout(tokens=8, seqs=4, rows=3), pad_id=0)
+    meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, host.max_seqlen, host)
+    assert meta.input_ids.tolist() == [5, 6, 7, 8, 9, 0, 0, 0]
+    assert meta.positions.tolist() == [0, 1, 2, 0, 1, 0, 0, 0]
+    assert meta.seq_ids.tolist() == [0, 0, 0, 1, 1, 2, 2, 2]  # padding is its own pseudo-sequence
+    assert meta.cu_seqlens.tolist() == [0, 3, 5, 8, 8] and meta.cu_seqlens.dtype == torch.int32
+    assert meta.span_index.tolist() == [3, 0, 0, 1, 1, 3, 3, 3]  # 3 = dummy row Pb
+    assert meta.span_count.tolist() == [2.0, 2.0, 1.0] and meta.span_count.dtype == torch.float32
+    assert host.max_seqlen == 3
+
+
+def test_bad_spans_are_rejected(engine_for):
+    engine = engine_for("bert")
+    with pytest.raises(BatchError, match="overlap"):
+        engine.embed([[5, 6, 7, 8], [9, 10]], spans=[(0, 0, 3), (0, 2, 4)])
+    with pytest.raises(ValueError, match="outside"):
+        engine.embed([[5, 6, 7, 8], [9, 10]], spans=[(0, 0, 6)])
+
+
+def test_overlapping_and_crossing_absolute_spans_are_rejected():
+    ids, lens = np.arange(6, dtype=np.int32), np.array([4, 2], dtype=np.int32)
+    with pytest.raises(BatchError, match="overlap"):
+        pack_batch(Batch(ids, lens, np.array([[0, 3], [1, 2]], dtype=np.int32)))
+    with pytest.raises(BatchError, match="crosses"):
+        pack_batch(Batch(ids, lens, np.array([[2, 5]], dtype=np.int32)))
+
+
+def test_token_ids_and_lengths_are_checked_before_the_device(engine_for):
+    engine = engine_for("bert")
+    with pytest.raises(BatchError, match="outside the vocabulary"):
+        engine.embed([[1, 2, 256]])
+    with pytest.raises(BatchError, match="at most 64"):
+        engine.embed([[5] * 65])
+    assert engine.stats()["pinned_bytes_in_use"] == 0
+
+
+def test_embed_chunks_large_inputs_and_keeps_order(engine_for, tiny_models, monkeypatch):
+    import rose.engine
+
+    engine = engine_for("qwen3")
+    seqs = random_seqs(tiny_models["qwen3"], [30, 5, 60, 12, 44, 2], seed=6)
+    spans = [(2, 0, 10), (0, 3, 30), (5, 0, 2), (2, 10, 60)]
+    whole, whole_spans = engine.embed(seqs), engine.embed(seqs, spans=spans)
+    monkeypatch.setattr(rose.engine, "EMBED_CHUNK_TOKENS", 50)
+    assert np.allclose(engine.embed(seqs), whole, atol=1e-5)
+    assert np.allclose(engine.embed(seqs, spans=spans), whole_spans, atol=1e-5)
+    assert engine.embed([]).shape == (0, 64)

@@ -1,0 +1,129 @@
+"""PinnedPool (byte cap, reuse, backpressure, typed timeout) and LazyTensor (view, result, release, await)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from rose_parity import random_seqs
+
+from rose import Batch
+from rose.lazy import LazyTensor, LazyTensorReleased, PinnedPool, PinnedPoolExhausted, size_class
+
+
+def test_size_classes_are_powers_of_two():
+    assert size_class(1) == 4096 and size_class(4096) == 4096 and size_class(4097) == 8192
+    assert size_class(3 << 20) == 4 << 20
+
+
+def test_buffers_are_reused_and_accounted():
+    pool = PinnedPool(64 << 10, timeout_s=1.0)
+    a = pool.acquire(5000)
+    assert a.nbytes == 8192 and pool.bytes_in_use == 8192
+    pool.release(a)
+    assert pool.bytes_in_use == 0 and pool.bytes_allocated == 8192
+    b = pool.acquire(6000)
+    assert b is a  # same size class: the cached buffer comes back
+    pool.release(b)
+
+
+def test_at_the_cap_acquire_waits_for_a_release():
+    pool = PinnedPool(16 << 10, timeout_s=10.0)
+    held = [pool.acquire(8192), pool.acquire(8192)]
+    got, started = [], threading.Event()
+
+    def waiter():
+        started.set()
+        got.append(pool.acquire(8192))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    started.wait()
+    thread.join(0.05)
+    assert thread.is_alive() and not got  # blocked at the cap
+    pool.release(held.pop())
+    thread.join(5.0)
+    assert got and pool.bytes_in_use == 16 << 10 and pool.peak_bytes_allocated <= 16 << 10
+
+
+def test_timeout_raises_the_typed_error_and_never_allocates_past_the_cap():
+    pool = PinnedPool(16 << 10, timeout_s=0.02)
+    a = pool.acquire(16 << 10)
+    with pytest.raises(PinnedPoolExhausted) as info:
+        pool.acquire(4096)
+    assert info.value.cap == 16 << 10 and info.value.requested == 4096
+    with pytest.raises(PinnedPoolExhausted):
+        pool.acquire(1 << 20)  # larger than the cap: fails at once
+    pool.release(a)
+    small = pool.acquire(4096)  # the free 16 KiB buffer is evicted to make room
+    assert pool.bytes_allocated == 4096
+    pool.release(small)
+
+
+def test_lazy_tensor_view_result_and_release():
+    pool = PinnedPool(1 << 20)
+    buf = pool.acquire(2 * 3 * 4)
+    lazy = LazyTensor(pool, buf, (2, 3))
+    assert lazy.ready()
+    lazy.wait()[:] = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = lazy.result()
+    assert out.tolist() == [[0, 1, 2], [3, 4, 5]] and pool.bytes_in_use == 0
+    lazy.release()  # idempotent
+    assert pool.bytes_in_use == 0
+    with pytest.raises(LazyTensorReleased):
+        lazy.wait()
+
+
+def test_lazy_tensor_is_awaitable_and_released_on_gc(engine_for):
+    engine = engine_for("bert")
+    lazy = engine.step(Batch.from_sequences([[5, 6, 7], [8, 9]]))
+    rows = asyncio.run(_await(lazy))
+    assert rows.shape == (2, 64) and engine.stats()["pinned_bytes_in_use"] > 0
+    del lazy, rows
+    assert engine.stats()["pinned_bytes_in_use"] == 0
+
+
+async def _await(lazy):
+    return await lazy
+
+
+def test_engine_steps_hold_the_cap_under_concurrency(tiny_models):
+    from rose.engine import Engine
+
+    cap = 16 << 10  # four 4 KiB outputs at a time
+    engine = Engine.from_pretrained(tiny_models["bert"].path, device="cpu", pinned_cap_bytes=cap, pinned_timeout_s=20)
+    seqs = random_seqs(tiny_models["bert"], [3, 5, 8, 2], seed=1)
+    expected = engine.embed(seqs)
+    peak = []
+
+    def work(i):
+        lazy = engine.step(Batch.from_sequences(seqs))
+        peak.append(engine.runner.pool.bytes_in_use)
+        rows = lazy.wait().copy()
+        lazy.release()
+        return rows
+
+    with ThreadPoolExecutor(max_workers=12) as ex:
+        results = list(ex.map(work, range(48)))
+    assert max(peak) <= cap and engine.runner.pool.peak_bytes_allocated <= cap
+    assert engine.stats()["pinned_bytes_in_use"] == 0
+    for rows in results:
+        assert np.allclose(rows / np.linalg.norm(rows, axis=1, keepdims=True), expected, atol=1e-5)
+    stats = engine.stats()
+    assert sum(stats["runs"].values()) >= 48 and stats["graphs_captured"] == 0
+    engine.close()
+
+
+def test_step_raises_when_the_cap_stays_full(tiny_models):
+    from rose.engine import Engine
+
+    engine = Engine.from_pretrained(tiny_models["bert"].path, device="cpu", pinned_cap_bytes=4096, pinned_timeout_s=0.05)
+    held = engine.step(Batch.from_sequences([[5, 6]]))
+    with pytest.raises(PinnedPoolExhausted):
+        engine.step(Batch.from_sequences([[7, 8]]))
+    held.release()
+    assert engine.step(Batch.from_sequences([[7, 8]])).result().shape == (1, 64)
+    engine.close()
