@@ -3,7 +3,7 @@
     rose info MODEL_DIR                 the EngineInfo as JSON
     rose embed MODEL_DIR "text" ...     embeddings as JSON (default options of the model)
 
-Engine options are flags and ROSE_* environment variables (rose.flags). Issue 4 adds `rose smoke`.
+Engine options are flags and ROSE_* environment variables (rose.flags).     rose smoke MODEL_DIR [KEYS]         graph replay vs eager on this GPU; exit 1 on failure (deploy gate)
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rose.flags import add_config_arguments, config_from_args
+from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS, parse_layouts
 
 PREFIX = "ROSE"
 
@@ -28,12 +29,48 @@ class EngineConfig:
     pinned_cap_bytes: int = field(default=256 << 20, metadata={"help": "cap on page-locked output buffers, bytes"})
     pinned_timeout_s: float = field(default=30.0, metadata={"help": "seconds a step waits at the pinned cap before failing"})
     model_id: str | None = field(default=None, metadata={"help": "model name to report; empty = the folder's"})
+    cuda_graphs: bool | None = field(default=None, metadata={"help": "whole-model CUDA graphs; empty = on when on CUDA"})
+    token_buckets: tuple[int, ...] = field(default=DEFAULT_TOKEN_BUCKETS, metadata={"help": "padded token-count bucket edges of the CUDA graphs (comma list)"})
+    seq_buckets: tuple[int, ...] = field(default=DEFAULT_SEQ_BUCKETS, metadata={"help": "sequence-count bucket edges of the CUDA graphs (comma list)"})
+    prewarm: str = field(default="128x1,512x1,2048x8", metadata={"help": "TOKENSxSEQS keys whose graphs are captured and verified before ready"})
+    graph_manifest: str | None = field(default="auto", metadata={"help": "hot-layout manifest file to prewarm from and record to; auto = beside the model; empty = off"})
 
 
 def load_engine(model_dir: str, cfg: EngineConfig):
     from rose.engine import Engine
 
-    return Engine.from_pretrained(model_dir, **dataclasses.asdict(cfg))
+    kwargs = dataclasses.asdict(cfg)
+    kwargs["prewarm"] = parse_layouts(cfg.prewarm)
+    return Engine.from_pretrained(model_dir, **kwargs)
+
+
+def cmd_smoke(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """Deploy gate for a new driver or GPU: capture graphs, replay them, compare with eager; exit 1 on failure."""
+    import torch
+
+    from rose.graphs import GraphVerificationError, layout_label
+
+    if not torch.cuda.is_available():
+        print("rose smoke: no CUDA device; graph replay cannot be checked here", file=sys.stderr)
+        return 1
+    keys = args.keys or cfg.prewarm
+    cfg = dataclasses.replace(cfg, cuda_graphs=True, prewarm=keys, graph_manifest=None)
+    try:
+        engine = load_engine(args.model_dir, cfg)
+        verified = engine.warmup()
+    except GraphVerificationError as exc:
+        print(f"rose smoke: FAIL: {exc}", file=sys.stderr)
+        return 1
+    if not verified:
+        print(f"rose smoke: FAIL: none of the keys {keys!r} gave a graph to verify", file=sys.stderr)
+        return 1
+    print(f"{'graph':22s} {'divergence':>12s} {'capture s':>10s}")
+    for v in verified:
+        print(f"{layout_label(v.layout):22s} {v.max_divergence:12.2e} {v.capture_s:10.3f}")
+    print(f"rose smoke: OK, {len(verified)} graphs replayed and matched eager on {torch.cuda.get_device_name()} "
+          f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+    engine.close()
+    return 0
 
 
 def cmd_info(args: argparse.Namespace, cfg: EngineConfig) -> int:
@@ -72,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="print the engine info of a model folder")
     info.add_argument("model_dir")
     info.set_defaults(func=cmd_info)
+    smoke = sub.add_parser("smoke", help="graph-replay smoke test for a new driver or GPU (exit 1 on failure)")
+    smoke.add_argument("model_dir")
+    smoke.add_argument("keys", nargs="?", default=None, help="TOKENSxSEQS keys, comma separated (default: --prewarm)")
+    smoke.set_defaults(func=cmd_smoke)
     embed = sub.add_parser("embed", help="embed texts (arguments, or stdin lines) and print JSON lines")
     embed.add_argument("model_dir")
     embed.add_argument("texts", nargs="*")

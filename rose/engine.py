@@ -24,6 +24,8 @@ from rose.lazy import LazyTensor, PinnedPool
 from rose.runner import ModelRunner
 from rose.spec import ModelSpec, load_spec
 from rose.tokenizer import Tokenizer
+from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS
+from rose.warmup import DEFAULT_PREWARM, VerifiedLayout, default_manifest_path, prewarm_and_verify, prewarm_layouts
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about this many tokens
@@ -85,15 +87,28 @@ class Engine:
     def from_pretrained(cls, model_dir: str | Path, device: str | torch.device | None = None,
                         dtype: str | torch.dtype | None = None, attention: str = "auto",
                         pinned_cap_bytes: int = 256 << 20, pinned_timeout_s: float = 30.0,
-                        model_id: str | None = None) -> Engine:
+                        model_id: str | None = None, cuda_graphs: bool | None = None,
+                        token_buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
+                        seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS,
+                        prewarm: Sequence[tuple[int, int]] = DEFAULT_PREWARM,
+                        graph_manifest: str | Path | None = "auto") -> Engine:
         """Load a Hugging Face model folder. device None = CUDA when available; dtype None = float32 on
-        a CPU, bfloat16 on CUDA; attention "auto" = varlen on CUDA (half precision), else SDPA."""
+        a CPU, bfloat16 on CUDA; attention "auto" = varlen on CUDA (half precision), else SDPA.
+        cuda_graphs None = on when the device is CUDA: whole-model graphs per bucket layout, captured
+        lazily (2nd occurrence); `prewarm` (tokens, sequences) keys and the manifest's hot layouts are
+        captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off."""
         spec = load_spec(model_dir, model_id)
         tokenizer = Tokenizer(spec)
         dev = resolve_device(device)
         pool = PinnedPool(pinned_cap_bytes, pinned_timeout_s, pin=dev.type == "cuda")
-        runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool)
-        return cls(spec, tokenizer, runner)
+        use_graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
+        graphs = {"token_buckets": token_buckets, "seq_buckets": seq_buckets} if use_graphs else None
+        runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool, graphs)
+        engine = cls(spec, tokenizer, runner)
+        engine.prewarm = tuple(prewarm)
+        engine.graph_manifest = (default_manifest_path(spec.model_dir) if graph_manifest == "auto"
+                                 else Path(graph_manifest) if graph_manifest else None)
+        return engine
 
     @property
     def runner(self) -> ModelRunner:
@@ -150,23 +165,41 @@ class Engine:
             out[rows] = self.step(batch).result()
         return out
 
-    def warmup(self) -> None:
-        """Run a probe batch end to end (issue 4 adds graph prewarm and graph-vs-eager verification)."""
+    def warmup(self) -> list[VerifiedLayout]:
+        """Run a probe batch end to end, then (with CUDA graphs) capture the prewarm keys and the
+        manifest's hot layouts and verify each replay against the eager forward (GraphVerificationError)."""
         n = max(1, min(16, self.spec.max_length))
         probe = [[(7 * i + j) % self.runner.vocab_size for j in range(max(1, n - 3 * i))] for i in range(3)]
         rows = self.step(Batch.from_sequences(probe, self.spec.pooling)).result()
         if not np.isfinite(rows).all():
             raise RuntimeError("warm-up produced non-finite embeddings")
+        if self.runner.graphs is None:
+            return []
+        layouts = prewarm_layouts(self.runner, self.prewarm, self.graph_manifest)
+        return prewarm_and_verify(self.runner, layouts, self.spec.pooling)
+
+    def save_graph_manifest(self) -> Path | None:
+        """Record the layouts seen in traffic, hottest first, for the next start's prewarm."""
+        graphs = self._runner.graphs if self._runner is not None else None
+        if graphs is None or self.graph_manifest is None or not graphs.seen:
+            return None
+        try:
+            graphs.save_manifest(self.graph_manifest)
+        except OSError:
+            return None
+        return self.graph_manifest
 
     def stats(self) -> dict:
         r = self.runner
         pool = r.pool.stats()
         return {"pinned_bytes_in_use": pool["bytes_in_use"], "pinned_bytes_cap": pool["cap_bytes"],
-                "pinned_bytes_allocated": pool["bytes_allocated"], "graphs_captured": 0,
-                "graph_capture_seconds": 0.0, "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last}
+                "pinned_bytes_allocated": pool["bytes_allocated"],
+                "graphs_captured": len(r.graphs.graphs) if r.graphs else 0,
+                "graph_capture_seconds": r.graphs.capture_seconds if r.graphs else 0.0, "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last}
 
     def close(self) -> None:
         if self._runner is not None:
+            self.save_graph_manifest()
             self._runner.close()
             self._runner = None
 

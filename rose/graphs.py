@@ -5,14 +5,10 @@ ragged batches are padded at the end up to the smallest bucket that fits (rose.m
 padding). Lazy capture: a layout's first batch runs eagerly at the padded shape (the warm-up: cuBLAS
 handles, kernel autotuning, allocator growth), its second is captured and replayed, later ones replay.
 All graphs draw from one memory pool; batches above the largest bucket run eagerly.
-
-Why default buckets are not only powers of two: padding is paid on every layer, so the steps grow by
-at most 1.25-1.33x (average waste about 12 %, worst 25 %) while the count of keys stays near 25 x 10.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import threading
@@ -25,11 +21,9 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS, choose_layout
 from rose.meta import ForwardMeta, HostMeta, MetaLayout
 
-DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, 1280, 1536,
-                         2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 16384)
-DEFAULT_SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 VERIFY_MAX_DIVERGENCE = 1e-3  # cosine divergence (1 - cos) between graph and eager output, per row
 
 
@@ -70,16 +64,8 @@ class CudaGraphs:
     # -- bucket choice (host only) ---------------------------------------------------------------
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int) -> MetaLayout | None:
         """The smallest bucket layout that fits, or None above the largest bucket (run eagerly)."""
-        ti = bisect.bisect_left(self.token_buckets, num_tokens)
-        if ti == len(self.token_buckets):
-            return None
-        tb = self.token_buckets[ti]
-        seqs_needed = num_seqs + (1 if tb > num_tokens else 0)  # padding tokens form one pseudo-sequence
-        si = bisect.bisect_left(self.seq_buckets, seqs_needed)
-        pi = bisect.bisect_left(self.seq_buckets, num_rows)
-        if si == len(self.seq_buckets) or pi == len(self.seq_buckets):
-            return None
-        return MetaLayout(tb, self.seq_buckets[si], self.seq_buckets[pi])
+        found = choose_layout(self.token_buckets, self.seq_buckets, num_tokens, num_seqs, num_rows)
+        return None if found is None else MetaLayout(*found)
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, host: HostMeta, staged: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -141,15 +127,6 @@ class CudaGraphs:
 def load_manifest(path: Path) -> list[MetaLayout]:
     data = json.loads(Path(path).read_text())
     return [MetaLayout(int(t), int(s), int(p)) for t, s, p, *_ in data.get("layouts", [])]
-
-
-def parse_layouts(text: str) -> list[tuple[int, int]]:
-    """'128x1,512x1,4096x4' -> [(128, 1), (512, 1), (4096, 4)]: (tokens, sequences) keys to prewarm."""
-    out = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        tokens, _, seqs = part.partition("x")
-        out.append((int(tokens), int(seqs or 1)))
-    return out
 
 
 def probe_sequences(layout: MetaLayout, vocab_size: int, max_length: int, seed: int = 0) -> list[np.ndarray] | None:

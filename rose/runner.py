@@ -32,6 +32,7 @@ import torch
 
 from rose.attention import make_backend
 from rose.batch import Batch
+from rose.graphs import CudaGraphs, layout_label
 from rose.layers import output_transform, segment_mean
 from rose.lazy import LazyTensor, PinnedPool
 from rose.loader import load_model
@@ -46,7 +47,8 @@ def token_bucket_label(num_tokens: int) -> str:
 
 class ModelRunner:
     def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype, attention: str,
-                 pool: PinnedPool) -> None:
+                 pool: PinnedPool, graphs: dict | None = None) -> None:
+        """graphs: None = eager only; else CudaGraphs keyword arguments (token_buckets, seq_buckets)."""
         self.spec, self.device, self.dtype, self.pool = spec, device, dtype, pool
         self.model = load_model(spec, device, dtype)
         self.backend = make_backend(attention, device, dtype, spec)
@@ -57,6 +59,9 @@ class ModelRunner:
         self.runs: Counter[tuple[str, str]] = Counter()
         self.step_seconds_last = 0.0
         self._lock = threading.Lock()  # one batch at a time through the device-side sequence
+        self.graphs: CudaGraphs | None = None
+        if graphs is not None and device.type == "cuda" and self.backend.graph_safe:
+            self.graphs = CudaGraphs(self.forward, self.backend.plan, device, **graphs)
 
     # -- the capturable part --------------------------------------------------------------------
     def forward(self, meta: ForwardMeta) -> torch.Tensor:
@@ -70,9 +75,12 @@ class ModelRunner:
         return pack_batch(batch, layout, pad_id=self.pad_id, max_length=self.spec.max_length,
                           vocab_size=self.vocab_size)
 
-    def step(self, batch: Batch) -> LazyTensor:
+    def step(self, batch: Batch, use_graphs: bool = True) -> LazyTensor:
         start = time.perf_counter()
-        host = self.pack(batch)
+        layout = None
+        if use_graphs and self.graphs is not None:
+            layout = self.graphs.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows)
+        host = self.pack(batch, layout)
         out_bytes = host.num_rows * self.dimensions * 4
         if host.num_rows == 0:
             return LazyTensor(None, None, (0, self.dimensions))
@@ -81,22 +89,26 @@ class ModelRunner:
         buf = self.pool.acquire(staging_at + host.layout.nbytes if on_cuda else out_bytes)
         try:
             with self._lock, torch.inference_mode(), _device_scope(self.device):
+                staged = None
                 if on_cuda:
                     staged = buf.tensor[staging_at: staging_at + host.layout.nbytes].view(torch.int64)
                     staged.numpy()[:] = host.packed
-                    dev = staged.to(self.device, non_blocking=True)
+                if layout is not None:
+                    out, how = self.graphs.run(host, staged)
+                    label = layout_label(layout)
                 else:
-                    dev = torch.from_numpy(host.packed)
-                meta = ForwardMeta.from_buffer(dev, host.layout, host.max_seqlen, host)
-                self.backend.plan(meta)
-                out = self.forward(meta)[: host.num_rows]
+                    dev = staged.to(self.device, non_blocking=True) if on_cuda else torch.from_numpy(host.packed)
+                    meta = ForwardMeta.from_buffer(dev, host.layout, host.max_seqlen, host)
+                    self.backend.plan(meta)
+                    out, how, label = self.forward(meta), "eager", token_bucket_label(host.num_tokens)
+                out = out[: host.num_rows]
                 rows = buf.tensor[:out_bytes].view(torch.float32).view(host.num_rows, self.dimensions)
                 rows.copy_(out, non_blocking=on_cuda)
                 event = None
                 if on_cuda:
                     event = torch.cuda.Event()
                     event.record()
-                self.runs[(token_bucket_label(host.num_tokens), "eager")] += 1
+                self.runs[(label, how)] += 1
         except BaseException:
             if on_cuda:  # work already enqueued may still write into the buffer: let it drain first
                 torch.cuda.synchronize(self.device)
