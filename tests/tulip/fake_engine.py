@@ -1,0 +1,178 @@
+"""A fake ROSE engine for Tulip's tests: same interface, a "device" thread instead of a GPU.
+
+Each output row is the mean over its span of an integer-valued function of (token id, position within
+its own sequence, dimension), so a row depends only on its own sequence's tokens and is exactly equal
+(bit for bit) whatever batch it runs in: packing, offset or span bugs change the numbers.
+
+`step()` returns at once and the work runs on one device thread in launch order, like a CUDA stream.
+Options: `step_seconds` (simulated device time per batch), `gated` (each batch waits for
+`release(n)`; lets tests hold batches in flight deterministically), `fail_when(batch)` (True or an
+exception instance: that batch fails).
+Loaded by path (tulip.engine_loader.load_object) both in tests and in `tulip serve --engine-factory`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rose.batch import Batch
+
+
+@dataclass(frozen=True)
+class FakeInfo:
+    model_id: str = "fake-model"
+    family: str = "bert"
+    max_length: int = 128
+    dimensions: int = 16
+    pooling: str = "mean"
+    tokenizer_fingerprint: str = "sha256:fake"
+    native_int8: bool = False
+    normalize_default: bool = True
+    attention_backend: str = "fake"
+    device: str = "cpu"
+    vocab_size: int = 1000
+
+
+def token_features(token_ids: np.ndarray, positions: np.ndarray, dims: int) -> np.ndarray:
+    """float64 [T, dims], integer-valued (sums are exact in float64, so rows are batch-invariant)."""
+    k = np.arange(dims, dtype=np.int64)
+    x = token_ids.astype(np.int64)[:, None] * 31 + positions.astype(np.int64)[:, None] * 7 + k[None, :] * 13
+    return (x % 97 - 48).astype(np.float64)
+
+
+def reference_rows(batch: Batch, dims: int) -> np.ndarray:
+    feats = token_features(batch.token_ids, batch.positions, dims)
+    out = np.empty((batch.num_rows, dims), dtype=np.float32)
+    for i, (start, end) in enumerate(batch.spans.tolist()):
+        out[i] = feats[start:end].sum(axis=0) / (end - start)
+    return out
+
+
+class FakeLazy:
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._rows: np.ndarray | None = None
+        self._error: BaseException | None = None
+        self.released = False
+        self.padded_tokens: int | None = None
+
+    def _set(self, rows: np.ndarray | None, error: BaseException | None = None) -> None:
+        self._rows, self._error = rows, error
+        self._done.set()
+
+    def ready(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> np.ndarray:
+        if not self._done.wait(timeout):
+            raise TimeoutError("fake LazyTensor not ready")
+        if self._error is not None:
+            raise self._error
+        return self._rows
+
+    def result(self) -> np.ndarray:
+        rows = self.wait().copy()
+        self.release()
+        return rows
+
+    def release(self) -> None:
+        self.released = True
+
+    def __await__(self):
+        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
+
+
+class FakeEngine:
+    def __init__(self, info: FakeInfo | None = None, *, step_seconds: float = 0.0, gated: bool = False,
+                 fail_when: Callable[[Batch], bool] | None = None) -> None:
+        self.info = info or FakeInfo()
+        self.step_seconds = step_seconds
+        self.fail_when = fail_when
+        self._gate = threading.Semaphore(0) if gated else None
+        self._lock = threading.Lock()
+        self.batches: list[Batch] = []  # in launch order
+        self.launched = 0
+        self.completed = 0
+        self.max_outstanding = 0
+        self.launched_while_busy = 0  # launches that found an earlier batch still on the "device"
+        self.warmed_up = False
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._device_loop, name="fake-device", daemon=True).start()
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str, device: str = "cpu", dtype=None, attention: str = "auto",
+                        pinned_cap_bytes: int = 0) -> FakeEngine:
+        """The factory `tulip serve --engine-factory` calls; FAKE_ENGINE_STEP_SECONDS sets device time."""
+        return cls(step_seconds=float(os.environ.get("FAKE_ENGINE_STEP_SECONDS", "0")))
+
+    def warmup(self) -> None:
+        self.warmed_up = True
+
+    def step(self, batch: Batch) -> FakeLazy:
+        lazy = FakeLazy()
+        lazy.padded_tokens = -(-batch.num_tokens // 64) * 64
+        with self._lock:
+            outstanding = self.launched - self.completed
+            if outstanding:
+                self.launched_while_busy += 1
+            self.launched += 1
+            self.max_outstanding = max(self.max_outstanding, outstanding + 1)
+            self.batches.append(batch)
+        self._work.put((batch, lazy))
+        return lazy
+
+    def release(self, n: int = 1) -> None:
+        """Let n gated batches run."""
+        assert self._gate is not None, "engine is not gated"
+        self._gate.release(n)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"pinned_bytes_in_use": 0, "pinned_bytes_cap": 1 << 20, "graphs_captured": 0,
+                    "runs": {("t64", "eager"): self.launched}, "step_seconds_last": self.step_seconds}
+
+    def seen_sequences(self) -> list[np.ndarray]:
+        """Every sequence the engine was given, in launch order."""
+        with self._lock:
+            batches = list(self.batches)
+        out = []
+        for b in batches:
+            out.extend(np.split(b.token_ids, b.cu_seqlens[1:-1]))
+        return out
+
+    def _device_loop(self) -> None:
+        while True:
+            batch, lazy = self._work.get()
+            if self._gate is not None:
+                self._gate.acquire()
+            if self.step_seconds:
+                threading.Event().wait(self.step_seconds)  # simulated device time
+            try:
+                failure = self.fail_when(batch) if self.fail_when is not None else None
+                if isinstance(failure, BaseException):
+                    raise failure
+                if failure:
+                    raise RuntimeError("fake engine failure")
+                rows = reference_rows(batch, self.info.dimensions)
+                error = None
+            except Exception as exc:  # noqa: BLE001 - handed to the waiter, like a device error
+                rows, error = None, exc
+            with self._lock:
+                self.completed += 1
+            lazy._set(rows, error)
+
+
+class PinnedPoolExhausted(RuntimeError):
+    """Named like rose.lazy's error: Tulip recognises it by name as an overload."""
+
+
+def broken_factory(model_dir: str, **kwargs) -> FakeEngine:
+    """A factory whose model cannot load: `tulip serve` must exit non-zero with this error."""
+    raise RuntimeError(f"no weights in {model_dir}")

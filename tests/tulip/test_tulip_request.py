@@ -1,0 +1,70 @@
+"""Request validation: every bad field gets INVALID_ARGUMENT naming the field and the limit."""
+
+import numpy as np
+import pytest
+
+from protos import embed_pb2
+from rose.head import Encoding
+from tulip.errors import InvalidRequest, ResponseTooLarge
+from tulip.request import RequestLimits, parse_embed_request
+
+LIMITS = RequestLimits(max_length=16, dimensions=8, pooling="mean", vocab_size=100, max_response_bytes=10_000)
+
+
+def i32(*values) -> bytes:
+    return np.asarray(values, dtype="<i4").tobytes()
+
+
+def req(ids=(1, 2, 3), lens=(3,), **kw) -> embed_pb2.EmbedRequest:
+    return embed_pb2.EmbedRequest(token_ids=i32(*ids), seq_lens=i32(*lens), **kw)
+
+
+@pytest.mark.parametrize("request_, message", [
+    (embed_pb2.EmbedRequest(token_ids=b"\x01\x00\x00", seq_lens=i32(1)), r"token_ids has 3 bytes"),
+    (req(ids=(), lens=()), r"seq_lens is empty"),
+    (req(lens=(3, 0)), r"seq_lens\[1\] = 0"),
+    (req(ids=tuple(range(17)), lens=(17,)), r"seq_lens\[0\] = 17 exceeds the model's max_length 16"),
+    (req(lens=(2,)), r"sum\(seq_lens\) = 2 but token_ids holds 3 ids"),
+    (req(ids=(1, 100, 3)), r"token_ids\[1\] is outside the vocabulary \[0, 100\)"),
+    (req(ids=(1, -5, 3)), r"token_ids\[1\] is outside"),
+    (req(dimensions=9), r"dimensions = 9 exceeds the model's 8"),
+    (req(encoding=7), r"encoding = 7 is not one of"),
+    (req(spans=i32(0, 0)), r"spans has 8 bytes; expected a multiple of 12"),
+    (req(spans=i32(1, 0, 1)), r"spans\[0\] names sequence 1; the request has 1"),
+    (req(spans=i32(0, 0, 2, 0, 2, 2)), r"spans\[1\] = \[2, 2\) is not a non-empty range inside sequence 0 of length 3"),
+    (req(spans=i32(0, 1, 4)), r"spans\[0\] = \[1, 4\)"),
+])
+def test_invalid_requests_name_the_field_and_limit(request_, message) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse_embed_request(request_, LIMITS)
+
+
+def test_response_size_is_checked_before_any_work() -> None:
+    limits = RequestLimits(max_length=16, dimensions=8, pooling="mean", max_response_bytes=200)
+    many = req(ids=tuple(range(10)), lens=(1,) * 10)
+    with pytest.raises(ResponseTooLarge, match=r"10 rows.*max_message_mb"):
+        parse_embed_request(many, limits)
+    # The same rows fit as int8 (8 bytes a row) or binary.
+    parse_embed_request(req(ids=tuple(range(10)), lens=(1,) * 10, encoding=Encoding.INT8), limits)
+
+
+def test_spans_are_grouped_by_sequence_and_keep_response_order() -> None:
+    r = req(ids=(1, 2, 3, 4, 5), lens=(2, 3), spans=i32(1, 0, 3, 0, 0, 1, 1, 1, 2, 0, 1, 2))
+    p = parse_embed_request(r, LIMITS)
+    assert p.num_rows == 4 and p.num_tokens == 5
+    assert [s.tolist() for s in p.spans] == [[[0, 1], [1, 2]], [[0, 3], [1, 2]]]
+    assert [r.tolist() for r in p.rows] == [[1, 3], [0, 2]]
+
+
+def test_sequence_without_span_is_not_embedded() -> None:
+    p = parse_embed_request(req(ids=(1, 2, 3), lens=(1, 2), spans=i32(1, 0, 2)), LIMITS)
+    assert len(p.sequences) == 1 and p.sequences[0].tolist() == [2, 3] and p.num_tokens == 2
+
+
+def test_plain_request_uses_model_pooling() -> None:
+    cls_limits = RequestLimits(max_length=16, dimensions=8, pooling="cls")
+    p = parse_embed_request(req(ids=(1, 2, 3, 4), lens=(3, 1)), cls_limits)
+    assert [s.tolist() for s in p.spans] == [[[0, 1]], [[0, 1]]]
+    assert p.options.normalize is None and p.options.dimensions == 0
+    p = parse_embed_request(req(normalize=False, dimensions=4), LIMITS)
+    assert p.options.normalize is False and p.options.dimensions == 4

@@ -1,0 +1,96 @@
+"""Tulip's one frozen configuration: every field is a `--flag` and a `TULIP_*` environment variable.
+
+Batching defaults and why:
+- ``max_batch_tokens`` 0 = by device. On a GPU 16384 (as text-embeddings-inference). The seed reports
+  that a sub-1B embedding model saturates the GPU near 512 tokens per forward: past that, a step's time
+  grows with its token count, so a larger budget buys no throughput per token, only fewer launches, and
+  it costs head-of-line latency for whoever arrives behind the batch. 16384 tokens is ~20 ms of H200 work
+  for the 0.6B model (0.94 GFLOP/token at ~770 TFLOP/s); lower it for latency-first replicas of large
+  models. On a CPU 2048: all-MiniLM-L6-v2 on 2 cores went 168 -> 511 -> 886 -> 1317 -> 1435 tokens/s at
+  128 / 512 / 1024 / 2048 / 4096 tokens per batch (ROSE, 2026-11-29), so 2048 is near saturation while
+  a batch still takes about a second rather than ten.
+- ``max_batch_seqs`` 256: the sequence-count bucket bounds cu_seqlens-shaped graph keys; 256 short queries
+  of 64 tokens already fill the token budget.
+- ``max_queue_tokens`` 262144 = 16 full batches: on an H200 about half a second of backlog for the 0.6B
+  model. Beyond it callers get RESOURCE_EXHAUSTED at once (Ivy turns it into 429 / another replica) rather
+  than an unbounded queue that hides overload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ENV_PREFIX = "TULIP"
+GPU_BATCH_TOKENS = 16384
+CPU_BATCH_TOKENS = 2048
+_WARMUP_CHOICES = {"auto", "true", "false", "1", "0", "yes", "no", "on", "off"}
+
+
+def _f(default, help_text: str):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass(frozen=True)
+class TulipConfig:
+    host: str = _f("127.0.0.1", "address the gRPC server binds (0.0.0.0 for every interface)")
+    port: int = _f(50051, "gRPC port; 0 picks a free one (the bound address is logged)")
+    model: str = _f("", "Hugging Face model folder to serve; empty = the bundled all-MiniLM-L6-v2")
+    served_model_name: str = _f("", "model id reported by the Info RPC (Ivy matches it); empty = the engine's")
+    device: str = _f("auto", "cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU, else cpu)")
+    dtype: str = _f("", "float32, bfloat16 or float16; empty = ROSE's default for the device")
+    attention: str = _f("auto", "attention backend for ROSE (auto = its measured choice per model)")
+    max_batch_tokens: int = _f(
+        0, "token budget of one batch; a longer sequence runs alone; 0 = by device: 16384 on a GPU, 2048 on a CPU")
+    max_batch_seqs: int = _f(256, "most sequences in one batch")
+    max_queue_tokens: int = _f(262144, "most tokens waiting in the queue; beyond it RESOURCE_EXHAUSTED")
+    max_inflight_batches: int = _f(2, "batches launched on the engine and not yet delivered (2 = overlap)")
+    pinned_cap_mb: int = _f(256, "cap on ROSE's page-locked host memory for results, in MiB")
+    metrics_port: int = _f(0, "Prometheus /metrics port on its own HTTP server; 0 = off")
+    metrics_host: str = _f("127.0.0.1", "address the metrics server binds")
+    shutdown_timeout_s: float = _f(30.0, "on SIGTERM, most seconds to finish accepted work before exiting")
+    max_message_mb: int = _f(16, "largest gRPC message received or sent, in MiB; over it RESOURCE_EXHAUSTED")
+    keepalive_time_s: float = _f(60.0, "server pings an idle connection after this many seconds")
+    keepalive_timeout_s: float = _f(20.0, "closes a connection whose ping is unanswered this long")
+    min_client_ping_interval_s: float = _f(
+        10.0, "shortest client ping interval tolerated without data; clients must ping less often")
+    warmup_full_batch: str = _f(
+        "auto", "before ready, run one batch at the full token budget so a budget the device cannot hold "
+                "fails at start-up: auto (on a GPU only), true or false")
+    engine_factory: str = _f(
+        "", "callable building the engine, 'module:attr' or 'file.py:attr' (tests, other engines); "
+            "empty = rose.Engine.from_pretrained")
+    log_level: str = _f("info", "debug, info, warning or error; logs never contain token ids")
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_seqs", "max_queue_tokens", "max_inflight_batches", "max_message_mb",
+                     "pinned_cap_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_batch_tokens < 0:
+            raise ValueError(f"max_batch_tokens must be 0 (by device) or positive, got {self.max_batch_tokens}")
+        if str(self.warmup_full_batch).lower() not in _WARMUP_CHOICES:
+            raise ValueError(f"warmup_full_batch must be one of {sorted(_WARMUP_CHOICES)}, "
+                             f"got {self.warmup_full_batch!r}")
+        if self.max_queue_tokens < self.max_batch_tokens:
+            raise ValueError(f"max_queue_tokens ({self.max_queue_tokens}) must be at least "
+                             f"max_batch_tokens ({self.max_batch_tokens})")
+        if not 0 <= self.port < 65536 or not 0 <= self.metrics_port < 65536:
+            raise ValueError("ports must be in 0..65535")
+        if self.shutdown_timeout_s < 0:
+            raise ValueError("shutdown_timeout_s must not be negative")
+
+    def batch_tokens_for(self, device: str) -> int:
+        """The token budget on `device` ("cpu", "cuda", "cuda:1"...)."""
+        if self.max_batch_tokens:
+            return self.max_batch_tokens
+        return GPU_BATCH_TOKENS if str(device).startswith("cuda") else CPU_BATCH_TOKENS
+
+    def probe_full_batch_on(self, device: str) -> bool:
+        choice = str(self.warmup_full_batch).lower()
+        if choice == "auto":
+            return str(device).startswith("cuda")
+        return choice in ("true", "1", "yes", "on")
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self.max_message_mb * 1024 * 1024

@@ -1,0 +1,91 @@
+"""Tulip's typed errors. Each class names the gRPC status it maps to: this file is the one table.
+
+The names are grpc.StatusCode member names, so this module imports no grpc and the queue and request
+parsing stay pure logic. Messages name the field and the limit, and never contain token ids. `reason`
+travels as the trailing metadata key "tulip-reason", so a client can tell apart errors that share a
+status (RESOURCE_EXHAUSTED: queue_full -> retry elsewhere / 429; response_too_large -> 413).
+"""
+
+from __future__ import annotations
+
+
+class TulipError(Exception):
+    status = "INTERNAL"
+    reason = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(TulipError):
+    """The request breaks the wire contract or a model limit (bad lengths, spans, dimensions...)."""
+
+    status = "INVALID_ARGUMENT"
+    reason = "invalid_argument"
+
+
+class QueueFull(TulipError):
+    """Admitting the request would put more tokens in the queue than max_queue_tokens."""
+
+    status = "RESOURCE_EXHAUSTED"
+    reason = "queue_full"
+
+
+class ResponseTooLarge(TulipError):
+    """The response would exceed the message size limit; caught before any work is done."""
+
+    status = "RESOURCE_EXHAUSTED"
+    reason = "response_too_large"
+
+
+class DeadlineExpired(TulipError):
+    """The request's deadline passed while it waited; its sequences never reached the engine."""
+
+    status = "DEADLINE_EXCEEDED"
+    reason = "deadline_exceeded"
+
+
+class NotReady(TulipError):
+    """The model is still loading or warming up."""
+
+    status = "UNAVAILABLE"
+    reason = "not_ready"
+
+
+class ShuttingDown(TulipError):
+    """The replica is draining after SIGTERM; the caller should retry on another replica."""
+
+    status = "UNAVAILABLE"
+    reason = "shutting_down"
+
+
+class QueueClosed(ShuttingDown):
+    """Raised by the queue once closed; same meaning as ShuttingDown."""
+
+
+class EngineFailed(TulipError):
+    """The engine raised on this request's batch; other batches and the replica are unaffected."""
+
+    status = "INTERNAL"
+    reason = "engine_failed"
+
+
+class EngineOverloaded(TulipError):
+    """The engine ran out of memory (pinned pool at its cap past its timeout, or device OOM) on this
+    request's batch; the replica stays up and the caller may retry."""
+
+    status = "RESOURCE_EXHAUSTED"
+    reason = "engine_overloaded"
+
+
+# Engine exceptions recognised by class name, so Tulip need not import torch or rose.lazy to catch them.
+OVERLOAD_EXCEPTION_NAMES = frozenset({"PinnedPoolExhausted", "OutOfMemoryError"})
+
+
+def engine_error(exc: BaseException) -> TulipError:
+    """The caller-facing error for an exception raised by engine.step() or LazyTensor.wait()."""
+    if type(exc).__name__ in OVERLOAD_EXCEPTION_NAMES:
+        return EngineOverloaded(f"the engine ran out of memory on this request's batch ({type(exc).__name__}); "
+                                "retry, or send fewer tokens per request")
+    return EngineFailed(f"engine failed on this request's batch: {type(exc).__name__}")

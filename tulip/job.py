@@ -1,0 +1,93 @@
+"""One accepted Embed call while it is in Tulip: its sequences' rows are gathered here until all are back.
+
+Threads: the event loop creates the Job and awaits `future`; the worker's completer thread is the only one
+that writes rows and settles the job (finish / fail), handing the result to the loop with
+call_soon_threadsafe. `cancelled`/`expired` (from Ticket) belong to the queue's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+
+from rose.head import OutputOptions, apply_head
+from tulip.errors import TulipError
+from tulip.request import ParsedRequest
+from tulip.scheduler import QueuedSequence, Ticket
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    embeddings: bytes
+    rows: int
+    dimensions: int
+    encoding: int
+    tokens: int
+
+
+class Job(Ticket):
+    def __init__(self, parsed: ParsedRequest, *, native_dimensions: int, loop: asyncio.AbstractEventLoop,
+                 deadline: float | None = None, request_id: str = "") -> None:
+        super().__init__(deadline)
+        self.request_id = request_id
+        self.options: OutputOptions = parsed.options
+        self.num_tokens = parsed.num_tokens
+        self.loop = loop
+        self.future: asyncio.Future[EmbedResult] = loop.create_future()
+        self.sequences = [QueuedSequence(ticket=self, tokens=t, spans=s, rows=r)
+                          for t, s, r in zip(parsed.sequences, parsed.spans, parsed.rows)]
+        self._out = np.empty((parsed.num_rows, native_dimensions), dtype=np.float32)
+        self._pending = len(self.sequences)
+        self.settled = False
+
+    # -- completer thread ----------------------------------------------------------------------
+
+    def receive(self, seq: QueuedSequence, rows: np.ndarray) -> bool:
+        """Store one sequence's pooled rows; True when this was the job's last outstanding sequence."""
+        if self.settled:
+            return False
+        self._out[seq.rows] = rows
+        self._pending -= 1
+        return self._pending == 0
+
+    def finish(self, *, native_int8: bool, default_normalize: bool) -> None:
+        """Apply the request's output head (off the event loop) and hand the bytes to the caller."""
+        if self.settled:
+            return
+        try:
+            out = apply_head(self._out, self.options, native_int8=native_int8, default_normalize=default_normalize)
+        except ValueError as exc:  # validated at admission; here only if the engine's width changed
+            self.fail(TulipError(f"output head failed: {exc}"))
+            return
+        if out.dtype.byteorder == ">":
+            out = out.astype(out.dtype.newbyteorder("<"))
+        dims = self.options.dimensions or self._out.shape[1]
+        result = EmbedResult(embeddings=out.tobytes(), rows=int(out.shape[0]), dimensions=int(dims),
+                             encoding=int(self.options.encoding), tokens=self.num_tokens)
+        self.settled = True
+        self._out = None  # type: ignore[assignment]
+        self._hand_over(result, None)
+
+    def fail(self, error: BaseException) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        self._out = None  # type: ignore[assignment]
+        self._hand_over(None, error)
+
+    def _hand_over(self, result, error) -> None:
+        try:
+            self.loop.call_soon_threadsafe(_settle, self.future, result, error)
+        except RuntimeError:  # the event loop is already closed: nobody is waiting any more
+            pass
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():  # the handler was cancelled (client gone, deadline) before the result came
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,155 @@
+"""Prometheus metrics for one Tulip replica, on their own registry and HTTP port.
+
+Hot-path metrics (histograms, counters) are observed by the worker and the handlers; gauges that mirror
+state (queue depth, batches in flight, readiness) and everything ROSE reports in `engine.stats()` are read
+at scrape time by a custom collector, so they cost nothing between scrapes.
+
+Names (all exported by `TulipMetrics`):
+  tulip_queue_sequences, tulip_queue_tokens          gauges: waiting work
+  tulip_batches_in_flight, tulip_ready               gauges
+  tulip_queue_wait_seconds                           histogram: enqueue -> packed into a batch, per sequence
+  tulip_batch_sequences, tulip_batch_tokens          histograms: per launched batch (real tokens)
+  tulip_batch_padded_tokens                          histogram: when the engine reports its padded bucket
+  tulip_engine_launch_seconds                        histogram: time inside engine.step() (host side)
+  tulip_batch_seconds                                histogram: launch -> rows on the host (step latency)
+  tulip_requests_total{status}                       counter: Embed calls by gRPC status name
+  tulip_request_seconds                              histogram: Embed handler latency
+  tulip_tokens_total                                 counter: tokens embedded for answered requests
+  tulip_skipped_sequences_total                      counter: cancelled/expired sequences that never ran
+  rose_pinned_bytes_in_use, rose_pinned_bytes_cap, rose_graphs_captured, rose_graph_capture_seconds,
+  rose_step_seconds_last, rose_runs_total{bucket,mode}, and rose_<key> for any other numeric stat
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger("tulip.metrics")
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                    2.5, 5.0, 10.0, 30.0)
+_SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+class TulipMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.queue_wait = Histogram("tulip_queue_wait_seconds", "Time a sequence waited in the FCFS queue",
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch_sequences = Histogram("tulip_batch_sequences", "Sequences per launched batch",
+                                         buckets=_SEQ_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("tulip_batch_tokens", "Real tokens per launched batch",
+                                      buckets=_TOKEN_BUCKETS, registry=r)
+        self.batch_padded_tokens = Histogram("tulip_batch_padded_tokens",
+                                             "Tokens per batch after padding to the engine's bucket",
+                                             buckets=_TOKEN_BUCKETS, registry=r)
+        self.engine_launch = Histogram("tulip_engine_launch_seconds", "Host time inside engine.step()",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch_latency = Histogram("tulip_batch_seconds", "Batch launch until its rows are on the host",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("tulip_requests", "Embed calls by final gRPC status", ["status"], registry=r)
+        self.request_latency = Histogram("tulip_request_seconds", "Embed call latency inside Tulip",
+                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("tulip_tokens", "Tokens embedded for answered requests", registry=r)
+        self.skipped = Counter("tulip_skipped_sequences",
+                               "Sequences of cancelled or expired requests removed from the queue unrun",
+                               registry=r)
+        self._http = None
+
+    # -- hot path -------------------------------------------------------------------------------
+
+    def observe_launch(self, packed, batch, launch_seconds: float, lazy: Any) -> None:
+        taken = packed.taken_at
+        for seq in packed.sequences:
+            self.queue_wait.observe(max(0.0, taken - seq.enqueued_at))
+        self.batch_sequences.observe(batch.num_seqs)
+        self.batch_tokens.observe(batch.num_tokens)
+        padded = getattr(lazy, "padded_tokens", None)
+        if isinstance(padded, int):
+            self.batch_padded_tokens.observe(padded)
+        self.engine_launch.observe(launch_seconds)
+
+    def observe_skipped(self, count: int) -> None:
+        if count:
+            self.skipped.inc(count)
+
+    def observe_delivery(self, seconds: float) -> None:
+        self.batch_latency.observe(seconds)
+
+    def observe_request(self, status: str, seconds: float, tokens: int = 0) -> None:
+        self.requests.labels(status=status).inc()
+        self.request_latency.observe(seconds)
+        if tokens:
+            self.tokens.inc(tokens)
+
+    # -- scrape-time state ----------------------------------------------------------------------
+
+    def bind_state(self, *, queue_depth: Callable[[], tuple[int, int]], inflight: Callable[[], int],
+                   ready: Callable[[], bool], engine_stats: Callable[[], dict] | None) -> None:
+        self.registry.register(_StateCollector(queue_depth, inflight, ready, engine_stats))
+
+    def serve(self, host: str, port: int) -> None:
+        """Start the /metrics HTTP server (a daemon thread); port 0 leaves metrics off."""
+        if port:
+            self._http = start_http_server(port, addr=host, registry=self.registry)
+            log.info("metrics on http://%s:%d/metrics", host, port)
+
+    def shutdown(self) -> None:
+        if isinstance(self._http, tuple):
+            self._http[0].shutdown()
+
+
+class _StateCollector:
+    def __init__(self, queue_depth, inflight, ready, engine_stats) -> None:
+        self._queue_depth, self._inflight, self._ready, self._engine_stats = queue_depth, inflight, ready, engine_stats
+
+    def describe(self):
+        return []  # state is dynamic; skip registry-time collision checks
+
+    def collect(self):
+        seqs, tokens = self._queue_depth()
+        yield GaugeMetricFamily("tulip_queue_sequences", "Sequences waiting in the queue", value=seqs)
+        yield GaugeMetricFamily("tulip_queue_tokens", "Tokens waiting in the queue", value=tokens)
+        yield GaugeMetricFamily("tulip_batches_in_flight", "Batches launched, not yet delivered",
+                                value=self._inflight())
+        yield GaugeMetricFamily("tulip_ready", "1 once the model is loaded, warmed up and verified",
+                                value=1.0 if self._ready() else 0.0)
+        if self._engine_stats is not None:
+            yield from engine_stat_families(self._engine_stats)
+
+
+_KNOWN = {
+    "pinned_bytes_in_use": "Page-locked host bytes held by LazyTensors",
+    "pinned_bytes_cap": "Cap on page-locked host bytes",
+    "graphs_captured": "CUDA graphs captured",
+    "graph_capture_seconds": "Seconds spent capturing CUDA graphs",
+    "step_seconds_last": "Duration of the engine's last step",
+}
+
+
+def engine_stat_families(stats_fn: Callable[[], dict]):
+    """ROSE's engine.stats() as metric families; missing keys are skipped, a failing call logs once."""
+    try:
+        stats = stats_fn() or {}
+    except Exception:
+        log.debug("engine.stats() failed", exc_info=True)
+        return
+    for key, value in stats.items():
+        if key == "runs" and isinstance(value, dict):
+            runs = CounterMetricFamily("rose_runs", "Engine forward passes by bucket and mode",
+                                       labels=["bucket", "mode"])
+            for label, count in value.items():
+                bucket, mode = (label if isinstance(label, tuple) and len(label) == 2 else (label, ""))
+                runs.add_metric([str(bucket), str(mode)], float(count))
+            yield runs
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            name = "rose_" + re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
+            yield GaugeMetricFamily(name, _KNOWN.get(key, f"ROSE engine stat {key}"), value=float(value))

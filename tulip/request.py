@@ -1,0 +1,128 @@
+"""From the wire to work: validate an EmbedRequest and split it into sequences with their spans.
+
+The one place where protos' packed bytes become numpy arrays (views, no copies). Every check raises
+InvalidRequest naming the field and the limit, or ResponseTooLarge before any work is queued. Error
+messages carry positions and counts, never token ids' values beyond the offending one's range check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rose.batch import sequence_spans
+from rose.head import Encoding, OutputOptions
+from tulip.errors import InvalidRequest, ResponseTooLarge
+
+_RESPONSE_OVERHEAD_BYTES = 64  # proto framing of the scalar fields around the embeddings bytes
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_length: int  # longest sequence the model takes
+    dimensions: int  # native embedding width
+    pooling: str  # the model's pooling when a request has no spans
+    vocab_size: int = 0  # ids must be < vocab_size; 0 = unknown, unchecked
+    max_response_bytes: int = 0  # 0 = unchecked
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    sequences: list[np.ndarray]  # int32 ids of each sequence to embed
+    spans: list[np.ndarray]  # int32 [k, 2] relative spans per sequence
+    rows: list[np.ndarray]  # int64 [k] output row of each span
+    num_rows: int
+    num_tokens: int  # tokens of the sequences that are embedded
+    options: OutputOptions
+
+
+def _int32_field(data: bytes, name: str, width: int = 4) -> np.ndarray:
+    if len(data) % width:
+        raise InvalidRequest(f"{name} has {len(data)} bytes; expected a multiple of {width} (int32 little-endian)")
+    return np.frombuffer(data, dtype="<i4")
+
+
+def bytes_per_row(dimensions: int, encoding: Encoding) -> int:
+    if encoding == Encoding.INT8:
+        return dimensions
+    if encoding == Encoding.BINARY:
+        return (dimensions + 7) // 8
+    return dimensions * 4
+
+
+def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
+    ids = _int32_field(request.token_ids, "token_ids")
+    lens = _int32_field(request.seq_lens, "seq_lens")
+    if lens.size == 0:
+        raise InvalidRequest("seq_lens is empty: send at least one sequence")
+    bad = np.flatnonzero(lens < 1)
+    if bad.size:
+        raise InvalidRequest(f"seq_lens[{bad[0]}] = {lens[bad[0]]}; every sequence needs at least one token")
+    too_long = np.flatnonzero(lens > limits.max_length)
+    if too_long.size:
+        i = too_long[0]
+        raise InvalidRequest(f"seq_lens[{i}] = {lens[i]} exceeds the model's max_length {limits.max_length}")
+    total = int(lens.sum(dtype=np.int64))
+    if total != ids.size:
+        raise InvalidRequest(f"sum(seq_lens) = {total} but token_ids holds {ids.size} ids")
+    if limits.vocab_size and ids.size:
+        out_of_range = np.flatnonzero((ids < 0) | (ids >= limits.vocab_size))
+        if out_of_range.size:
+            raise InvalidRequest(f"token_ids[{out_of_range[0]}] is outside the vocabulary [0, {limits.vocab_size})")
+
+    try:
+        encoding = Encoding(request.encoding)
+    except ValueError:
+        raise InvalidRequest(f"encoding = {request.encoding} is not one of "
+                             f"{[e.value for e in Encoding]}") from None
+    dims = int(request.dimensions)
+    if dims > limits.dimensions:
+        raise InvalidRequest(f"dimensions = {dims} exceeds the model's {limits.dimensions}")
+    normalize = request.normalize if request.HasField("normalize") else None
+    options = OutputOptions(dimensions=dims, normalize=normalize, encoding=encoding)
+
+    starts = np.zeros(lens.size, dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    sequences = [ids[s:s + n] for s, n in zip(starts.tolist(), lens.tolist())]
+
+    if request.spans:
+        triples = _int32_field(request.spans, "spans", width=12).reshape(-1, 3)
+        if triples.shape[0] == 0:
+            raise InvalidRequest("spans is empty")
+        seq, begin, end = triples[:, 0], triples[:, 1], triples[:, 2]
+        seq_ok = (seq >= 0) & (seq < lens.size)
+        seq_len = np.where(seq_ok, lens[np.clip(seq, 0, lens.size - 1)], 0)
+        bad = np.flatnonzero(~seq_ok | (begin < 0) | (begin >= end) | (end > seq_len))
+        if bad.size:
+            i = bad[0]
+            if not seq_ok[i]:
+                raise InvalidRequest(f"spans[{i}] names sequence {seq[i]}; the request has {lens.size}")
+            raise InvalidRequest(f"spans[{i}] = [{begin[i]}, {end[i]}) is not a non-empty range "
+                                 f"inside sequence {seq[i]} of length {seq_len[i]}")
+        order = np.argsort(seq, kind="stable")  # rows grouped by sequence, span order kept within one
+        counts = np.bincount(seq, minlength=lens.size)
+        groups = np.split(order, np.cumsum(counts)[:-1])
+        pairs = triples[:, 1:].astype(np.int32)
+        keep = [i for i in range(lens.size) if counts[i]]  # a sequence without a span is not embedded
+        parsed_seqs = [sequences[i] for i in keep]
+        parsed_spans = [pairs[groups[i]] for i in keep]
+        parsed_rows = [groups[i].astype(np.int64) for i in keep]
+        num_rows = int(triples.shape[0])
+        num_tokens = int(lens[keep].sum(dtype=np.int64))
+    else:
+        rel = sequence_spans(np.zeros(lens.size, dtype=np.int64), lens, limits.pooling)
+        parsed_seqs = sequences
+        parsed_spans = [rel[i:i + 1] for i in range(lens.size)]
+        parsed_rows = [np.array([i], dtype=np.int64) for i in range(lens.size)]
+        num_rows = int(lens.size)
+        num_tokens = total
+
+    if limits.max_response_bytes:
+        size = num_rows * bytes_per_row(dims or limits.dimensions, encoding) + _RESPONSE_OVERHEAD_BYTES
+        if size > limits.max_response_bytes:
+            raise ResponseTooLarge(
+                f"the response would be {size} bytes ({num_rows} rows); the message limit is "
+                f"{limits.max_response_bytes} bytes (max_message_mb): send fewer sequences per request")
+    return ParsedRequest(sequences=parsed_seqs, spans=parsed_spans, rows=parsed_rows,
+                         num_rows=num_rows, num_tokens=num_tokens, options=options)

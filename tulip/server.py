@@ -1,0 +1,272 @@
+"""Tulip's gRPC server (grpc.aio): Embed, Info and grpc.health.v1 over one FCFS queue and one worker.
+
+Life cycle: bind and report NOT_SERVING -> load the model, warm up, verify -> SERVING -> on SIGTERM:
+NOT_SERVING at once, new Embed calls refused with UNAVAILABLE, every accepted call answered, then stop
+(bounded by shutdown_timeout_s). The event loop only validates, enqueues and awaits futures; packing and
+engine work run on the worker's threads.
+
+Channel options. The server sets (from TulipConfig): max send/receive message = max_message_mb;
+keepalive ping every keepalive_time_s; keepalive_permit_without_calls=1; and it tolerates client pings
+without data every min_client_ping_interval_s (10 s) or slower; faster ones earn ping strikes and, after
+two, a GOAWAY "too_many_pings". Clients (Ivy) should use CLIENT_CHANNEL_OPTIONS below (mirror them;
+Ivy does not import tulip): a 30 s keepalive is 3x the server's floor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from protos import embed_pb2, embed_pb2_grpc
+from tulip.config import TulipConfig
+from tulip.engine_loader import build_engine, probe_full_budget, vocab_size
+from tulip.errors import DeadlineExpired, NotReady, QueueFull, ShuttingDown, TulipError
+from tulip.job import Job
+from tulip.metrics import TulipMetrics
+from tulip.request import RequestLimits, parse_embed_request
+from tulip.scheduler import SequenceQueue
+from tulip.version import __version__
+from tulip.worker import Worker
+
+log = logging.getLogger("tulip.server")
+
+SERVICE_NAME = embed_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name  # "tulip.v1.Embedder"
+MIB = 1024 * 1024
+
+CLIENT_CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_send_message_length", 16 * MIB),  # = the server's max_message_mb (default 16)
+    ("grpc.max_receive_message_length", 16 * MIB),
+    ("grpc.keepalive_time_ms", 30_000),  # >= the server's min_client_ping_interval_s (10 s)
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),  # the server permits pings without calls too
+    ("grpc.http2.max_pings_without_data", 0),  # keep pinging idle channels
+]
+
+
+def server_options(config: TulipConfig) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.keepalive_time_ms", int(config.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_client_ping_interval_s * 1000)),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.so_reuseport", 0),  # a second replica on the same port must fail to bind, not share it
+    ]
+
+
+class TulipServer:
+    def __init__(self, config: TulipConfig, engine: Any = None, metrics: TulipMetrics | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.metrics = metrics or TulipMetrics()
+        self.health = health_aio.HealthServicer()
+        self.ready = False
+        self.draining = False
+        self.port: int | None = None
+        self.queue: SequenceQueue | None = None
+        self.worker: Worker | None = None
+        self.limits: RequestLimits | None = None
+        self.batch_tokens = 0  # the effective token budget, known once the engine's device is
+        self._grpc: grpc.aio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._active = 0  # accepted Embed calls not yet answered
+        self._idle: asyncio.Event | None = None
+        self.metrics.bind_state(
+            queue_depth=lambda: self.queue.depth() if self.queue else (0, 0),
+            inflight=lambda: self.worker.inflight if self.worker else 0,
+            ready=lambda: self.ready,
+            engine_stats=self._engine_stats)
+
+    def _engine_stats(self) -> dict:
+        stats = getattr(self.engine, "stats", None)
+        return stats() if callable(stats) else {}
+
+    async def start(self) -> None:
+        await self.start_listening()
+        await self.load()
+
+    async def start_listening(self) -> None:
+        """Bind and answer health NOT_SERVING while the model loads (probes see a live process)."""
+        self._loop = asyncio.get_running_loop()
+        self._idle = asyncio.Event()
+        server = grpc.aio.server(options=server_options(self.config))
+        embed_pb2_grpc.add_EmbedderServicer_to_server(_EmbedderServicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{self.config.host}:{self.config.port}"
+        self.port = server.add_insecure_port(address)  # raises RuntimeError when the port is taken
+        await server.start()
+        self._grpc = server
+        self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+        log.info("tulip listening on %s:%d", self.config.host, self.port)
+
+    async def load(self) -> None:
+        """Load (unless an engine was given), warm up, probe the full budget, start the worker, SERVING."""
+        config = self.config
+        folder = config.model
+        if self.engine is None:
+            self.engine, folder = await run_in_daemon_thread(build_engine, config)
+        info = self.engine.info
+        vocab = vocab_size(self.engine, folder)
+        self.batch_tokens = config.batch_tokens_for(str(info.device))
+        self.limits = RequestLimits(max_length=int(info.max_length), dimensions=int(info.dimensions),
+                                    pooling=info.pooling, vocab_size=vocab,
+                                    max_response_bytes=config.max_message_bytes)
+        if config.probe_full_batch_on(str(info.device)):
+            await run_in_daemon_thread(probe_full_budget, self.engine, self.batch_tokens,
+                                       config.max_batch_seqs, int(info.max_length), vocab)
+        queue_tokens = max(config.max_queue_tokens, self.batch_tokens)
+        self.queue = SequenceQueue(self.batch_tokens, config.max_batch_seqs, queue_tokens)
+        self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
+                             metrics=self.metrics)
+        self.worker.start()
+        self.ready = True
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("tulip ready: model %s (%s, %d dims, max_length %d) on %s, attention %s, "
+                 "max_batch_tokens %d", self.model_id, info.family, info.dimensions, info.max_length,
+                 info.device, getattr(info, "attention_backend", "?"), self.batch_tokens)
+
+    @property
+    def model_id(self) -> str:
+        return self.config.served_model_name or (self.engine.info.model_id if self.engine else "")
+
+    async def drain(self) -> bool:
+        """Graceful shutdown: NOT_SERVING, refuse new work, answer everything accepted, stop.
+        True when all accepted work was answered within shutdown_timeout_s."""
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        self.draining = True
+        self.ready = False
+        await self.health.enter_graceful_shutdown()
+        log.info("draining: %d calls in progress", self._active)
+        if self.queue is not None:
+            self.queue.close()
+        drained = True
+        if self._active:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout=max(0.0, deadline - time.monotonic() - 0.5))
+            except TimeoutError:
+                drained = False
+                log.warning("shutdown timeout: %d accepted calls were not answered", self._active)
+        await self._shutdown(grace=max(0.1, min(1.0, deadline - time.monotonic())))
+        log.info("tulip stopped")
+        return drained
+
+    async def stop(self) -> None:
+        """Immediate stop (start-up failure, tests)."""
+        self.draining = True
+        self.ready = False
+        if self.queue is not None:
+            self.queue.close()
+        await self._shutdown(grace=0)
+
+    async def _shutdown(self, grace: float) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+        if self.worker is not None:
+            await asyncio.to_thread(self.worker.stop, 2.0)
+        self.metrics.shutdown()
+
+    # -- RPCs -----------------------------------------------------------------------------------
+
+    async def embed(self, request: embed_pb2.EmbedRequest, context: grpc.aio.ServicerContext):
+        started = time.perf_counter()
+        status, tokens, accepted, deadline = "OK", 0, False, None
+        try:
+            if self.draining:
+                raise ShuttingDown("tulip is shutting down and takes no new work; retry on another replica")
+            if not self.ready:
+                raise NotReady("the model is still loading; retry when health reports SERVING")
+            parsed = parse_embed_request(request, self.limits)
+            remaining = context.time_remaining()
+            if remaining is not None:
+                if remaining <= 0:
+                    raise DeadlineExpired("deadline exceeded before the request was queued")
+                deadline = time.monotonic() + remaining
+            job = Job(parsed, native_dimensions=self.limits.dimensions, loop=self._loop, deadline=deadline,
+                      request_id=request.request_id)
+            self.queue.push(job, job.sequences)
+            accepted = True
+            self._active += 1
+            try:
+                result = await job.future
+            except asyncio.CancelledError:  # client cancelled or its deadline passed: drop queued work
+                self.queue.cancel(job)
+                expired = deadline is not None and time.monotonic() >= deadline
+                status = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
+                raise
+            tokens = result.tokens
+            return embed_pb2.EmbedResponse(embeddings=result.embeddings, rows=result.rows,
+                                           dimensions=result.dimensions, encoding=result.encoding,
+                                           tokens=result.tokens)
+        except TulipError as exc:
+            status = exc.status
+            quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull))  # counted in metrics; no log flood
+            log.log(logging.DEBUG if quiet else logging.INFO, "Embed %s rejected: %s: %s",
+                    request.request_id or "-", exc.status, exc.message)
+            await context.abort(grpc.StatusCode[exc.status], exc.message,
+                                trailing_metadata=(("tulip-reason", exc.reason),))
+        finally:
+            if accepted:
+                self._active -= 1
+                if self.draining and self._active == 0:
+                    self._idle.set()
+            self.metrics.observe_request(status, time.perf_counter() - started, tokens)
+
+    async def info(self, request: embed_pb2.InfoRequest, context: grpc.aio.ServicerContext):
+        if self.engine is None or self.limits is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading")
+        info = self.engine.info
+        return embed_pb2.InfoResponse(
+            model_id=self.model_id, family=info.family, max_length=int(info.max_length),
+            dimensions=int(info.dimensions), pooling=info.pooling,
+            tokenizer_fingerprint=info.tokenizer_fingerprint,
+            native_dtype="int8" if info.native_int8 else "float32", normalized=bool(info.normalize_default),
+            max_batch_tokens=self.batch_tokens, max_batch_seqs=self.config.max_batch_seqs,
+            attention_backend=str(getattr(info, "attention_backend", "")), device=str(info.device),
+            version=__version__)
+
+
+class _EmbedderServicer(embed_pb2_grpc.EmbedderServicer):
+    def __init__(self, server: TulipServer) -> None:
+        self._server = server
+
+    async def Embed(self, request, context):
+        return await self._server.embed(request, context)
+
+    async def Info(self, request, context):
+        return await self._server.info(request, context)
+
+
+def run_in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """Run blocking start-up work (model load, warm-up) off the loop, in a daemon thread so that a
+    SIGTERM during loading can exit without waiting for it (asyncio.to_thread's pool would be joined)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def target() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=target, name=f"tulip-{getattr(fn, '__name__', 'task')}", daemon=True).start()
+    return future

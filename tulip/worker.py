@@ -1,0 +1,190 @@
+"""The worker: drives the engine with up to two batches in flight, off the gRPC event loop.
+
+Two threads, joined by a FIFO of launched batches:
+- the launcher takes a free in-flight slot, packs the next FCFS batch from the queue and calls
+  `engine.step(batch)`, which returns a LazyTensor at once on a GPU; so while batch n runs on the device,
+  batch n+1 is packed and queued behind it, and the device never waits on host packing;
+- the completer waits for the oldest LazyTensor, copies each sequence's rows to its request, releases the
+  pinned buffer and the slot, then applies each finished request's output head and hands the bytes to the
+  event loop (call_soon_threadsafe).
+Only the completer touches Job state, so a Job needs no lock. Engine errors fail only that batch's jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as stdlib_queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rose.batch import Batch
+from tulip.errors import DeadlineExpired, engine_error
+from tulip.scheduler import PackedBatch, QueuedSequence, SequenceQueue
+
+log = logging.getLogger("tulip.worker")
+
+
+def build_batch(sequences: list[QueuedSequence]) -> tuple[Batch, np.ndarray]:
+    """Pack sequences back to back into a rose.Batch; returns it and each sequence's first output row."""
+    lens = np.fromiter((s.num_tokens for s in sequences), dtype=np.int32, count=len(sequences))
+    starts = np.zeros(len(sequences), dtype=np.int32)
+    np.cumsum(lens[:-1], out=starts[1:])
+    spans = np.concatenate([s.spans + start for s, start in zip(sequences, starts.tolist())]).astype(np.int32)
+    row_counts = np.fromiter((s.spans.shape[0] for s in sequences), dtype=np.int64, count=len(sequences))
+    row_starts = np.zeros(len(sequences), dtype=np.int64)
+    np.cumsum(row_counts[:-1], out=row_starts[1:])
+    token_ids = np.concatenate([s.tokens for s in sequences]).astype(np.int32, copy=False)
+    return Batch(token_ids=token_ids, seq_lens=lens, spans=spans.reshape(-1, 2)), row_starts
+
+
+@dataclass
+class _Launched:
+    packed: PackedBatch
+    row_starts: np.ndarray
+    lazy: Any
+    launched_at: float
+
+
+@dataclass
+class _Failed:
+    jobs: list
+    error: BaseException
+
+
+_STOP = object()
+
+
+class Worker:
+    def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None) -> None:
+        self.engine = engine
+        self.queue = queue
+        self.max_inflight = max_inflight
+        self.metrics = metrics
+        info = engine.info
+        self._native_int8 = bool(info.native_int8)
+        self._default_normalize = bool(info.normalize_default)
+        self._slots = threading.Semaphore(max_inflight)
+        self._launched: stdlib_queue.SimpleQueue = stdlib_queue.SimpleQueue()
+        self._inflight = 0  # launched, not yet delivered (read by metrics; written under _count_lock)
+        self._count_lock = threading.Lock()
+        self.batches_launched = 0
+        self._threads = [threading.Thread(target=self._launch_loop, name="tulip-launcher", daemon=True),
+                         threading.Thread(target=self._complete_loop, name="tulip-completer", daemon=True)]
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Close the queue, let queued work finish, join. True when both threads exited in time."""
+        self.queue.close()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    # -- launcher -------------------------------------------------------------------------------
+
+    def _launch_loop(self) -> None:
+        while True:
+            self._slots.acquire()
+            packed = self.queue.next_batch()
+            if packed is None:  # closed and drained
+                self._launched.put(_STOP)
+                return
+            if self.metrics is not None:
+                self.metrics.observe_skipped(packed.skipped)
+            if packed.expired:
+                self._launched.put(_Failed(packed.expired, DeadlineExpired(
+                    "deadline exceeded while queued; the request never reached the engine")))
+            if not packed.sequences:
+                self._slots.release()
+                continue
+            try:
+                self._launch(packed)
+            except Exception as exc:  # a failing batch must not take the replica down
+                log.exception("engine.step failed on a batch of %d sequences / %d tokens",
+                              len(packed.sequences), packed.tokens)
+                self._launched.put(_Failed(_jobs_of(packed.sequences), engine_error(exc)))
+                self._slots.release()
+
+    def _launch(self, packed: PackedBatch) -> None:
+        batch, row_starts = build_batch(packed.sequences)
+        t0 = time.perf_counter()
+        lazy = self.engine.step(batch)
+        t1 = time.perf_counter()
+        with self._count_lock:
+            self._inflight += 1
+            self.batches_launched += 1
+        self._launched.put(_Launched(packed, row_starts, lazy, t0))
+        if self.metrics is not None:
+            try:
+                self.metrics.observe_launch(packed, batch, t1 - t0, lazy)
+            except Exception:
+                log.debug("metrics failed", exc_info=True)
+
+    # -- completer ------------------------------------------------------------------------------
+
+    def _complete_loop(self) -> None:
+        while True:
+            item = self._launched.get()
+            if item is _STOP:
+                return
+            if isinstance(item, _Failed):
+                for job in item.jobs:
+                    job.fail(item.error)
+                continue
+            self._deliver(item)
+
+    def _deliver(self, item: _Launched) -> None:
+        finished = []
+        try:
+            rows = item.lazy.wait()
+            for seq, r0 in zip(item.packed.sequences, item.row_starts.tolist()):
+                if seq.ticket.cancelled:
+                    continue  # caller gone or deadline hit after launch: its rows are discarded
+                if seq.ticket.receive(seq, rows[r0:r0 + seq.spans.shape[0]]):
+                    finished.append(seq.ticket)
+        except Exception as exc:
+            log.exception("a batch of %d sequences failed on the engine", len(item.packed.sequences))
+            error = engine_error(exc)
+            for job in _jobs_of(item.packed.sequences):
+                job.fail(error)
+            finished = []
+        finally:
+            _release(item.lazy)
+            with self._count_lock:
+                self._inflight -= 1
+            self._slots.release()
+        if self.metrics is not None:
+            self.metrics.observe_delivery(time.perf_counter() - item.launched_at)
+        for job in finished:
+            try:
+                job.finish(native_int8=self._native_int8, default_normalize=self._default_normalize)
+            except Exception as exc:  # keep the completer alive whatever one request's head does
+                log.exception("output head failed for request %s", getattr(job, "request_id", "-"))
+                job.fail(engine_error(exc))
+
+
+def _jobs_of(sequences: list[QueuedSequence]) -> list:
+    seen: dict[int, Any] = {}
+    for s in sequences:
+        seen.setdefault(id(s.ticket), s.ticket)
+    return list(seen.values())
+
+
+def _release(lazy: Any) -> None:
+    release = getattr(lazy, "release", None)
+    if callable(release):
+        try:
+            release()
+        except Exception:  # releasing twice or after a failure must not kill the completer
+            log.debug("LazyTensor.release raised", exc_info=True)
