@@ -2,8 +2,8 @@
 
 Nothing is downloaded: the Qwen3 configs are written out here (the published Qwen3-0.6B / Qwen3-4B
 shapes), weights are random (seeded) in the requested dtype, and the tokenizer is MiniLM's WordPiece
-tokenizer.json (benchmarks feed token ids; Ivy's benchmarks tokenize real text with it). MiniLM is the
-bundled all-MiniLM-L6-v2 with its real weights.
+tokenizer.json (benchmarks feed token ids; Ivy's benchmarks tokenize real text with it). MiniLM is
+all-MiniLM-L6-v2's folder (benchmarks/assets) with random weights.
 
     python -m benchmarks.model_zoo qwen3-0.6b /tmp/models/qwen3-0.6b [--dtype bfloat16] [--family pplx]
 """
@@ -26,12 +26,13 @@ QWEN3_CONFIGS = {
 MODELS = (*QWEN3_CONFIGS, "minilm-l6")
 
 
+MINILM_SKELETON = Path(__file__).resolve().parent / "assets" / "minilm-l6"  # its files without the weights
+
+
 def _copy_tokenizer(path: Path) -> None:
     """MiniLM's WordPiece tokenizer.json: real text becomes real ids (all < 30522, inside Qwen3's vocabulary),
     [CLS] ... [SEP] around each text, so last-token pooling reads [SEP] as Qwen3-Embedding reads its EOS."""
-    from rose.spec import bundled_model_dir
-
-    data = json.loads((bundled_model_dir() / "tokenizer.json").read_text())
+    data = json.loads((MINILM_SKELETON / "tokenizer.json").read_text())
     data["truncation"] = None
     data["padding"] = None
     path.write_text(json.dumps(data))
@@ -75,14 +76,24 @@ def make_qwen3_folder(name: str, out: Path, dtype: str = "bfloat16", family: str
     return out
 
 
+def make_minilm_folder(out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """all-MiniLM-L6-v2's config, tokenizer and sentence-transformers files with random weights (the
+    real weights are 91 MB, more than travels to the GPU machine; speed does not depend on them)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(MINILM_SKELETON, out)
+    torch.manual_seed(seed)
+    model = BertModel(BertConfig.from_pretrained(out), add_pooling_layer=False).to(getattr(torch, dtype))
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
 def make_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qwen3") -> Path:
     if name == "minilm-l6":
-        from rose.spec import bundled_model_dir
-
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.copytree(bundled_model_dir(), out)
-        return out
+        return make_minilm_folder(out, dtype)
     return make_qwen3_folder(name, out, dtype, family)
 
 

@@ -156,6 +156,7 @@ class LazyTensor:
         self._pool, self._buffer, self._event = pool, buffer, event
         self.shape = tuple(int(s) for s in shape)
         self._offset = offset
+        self.padded_tokens: int | None = None  # tokens the device ran (the bucket), set by the runner
         self._lock = threading.Lock()
         self._released = False
         nbytes = int(np.prod(self.shape, dtype=np.int64)) * 4

@@ -115,7 +115,9 @@ class ModelRunner:
             self.pool.release(buf)
             raise
         self.step_seconds_last = time.perf_counter() - start
-        return LazyTensor(self.pool, buf, (host.num_rows, self.dimensions), event)
+        lazy = LazyTensor(self.pool, buf, (host.num_rows, self.dimensions), event)
+        lazy.padded_tokens = host.layout.tokens
+        return lazy
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]

@@ -44,6 +44,11 @@ class TulipConfig:
     max_batch_seqs: int = _f(256, "most sequences in one batch")
     max_queue_tokens: int = _f(262144, "most tokens waiting in the queue; beyond it RESOURCE_EXHAUSTED")
     max_inflight_batches: int = _f(2, "batches launched on the engine and not yet delivered (2 = overlap)")
+    cuda_graphs: str = _f("auto", "whole-model CUDA graphs with lazy capture: auto (on when on a GPU), true or false")
+    prewarm: str = _f("128x1,512x1,2048x8", "TOKENSxSEQS keys whose CUDA graphs are captured and verified "
+                                              "(replay vs eager) before the replica reports SERVING")
+    graph_manifest: str = _f("auto", "file of hot graph layouts recorded from traffic and prewarmed at the next "
+                                     "start; auto = rose_graphs.json beside the model (or ~/.cache/rose); off = none")
     pinned_cap_mb: int = _f(256, "cap on ROSE's page-locked host memory for results, in MiB")
     metrics_port: int = _f(0, "Prometheus /metrics port on its own HTTP server; 0 = off")
     metrics_host: str = _f("127.0.0.1", "address the metrics server binds")
@@ -68,6 +73,8 @@ class TulipConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_batch_tokens < 0:
             raise ValueError(f"max_batch_tokens must be 0 (by device) or positive, got {self.max_batch_tokens}")
+        if str(self.cuda_graphs).lower() not in _WARMUP_CHOICES:
+            raise ValueError(f"cuda_graphs must be one of {sorted(_WARMUP_CHOICES)}, got {self.cuda_graphs!r}")
         if str(self.warmup_full_batch).lower() not in _WARMUP_CHOICES:
             raise ValueError(f"warmup_full_batch must be one of {sorted(_WARMUP_CHOICES)}, "
                              f"got {self.warmup_full_batch!r}")

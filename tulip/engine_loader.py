@@ -90,8 +90,16 @@ def build_engine(config: TulipConfig) -> tuple[Any, str]:
         factory = rose.Engine.from_pretrained
     device = resolve_device(config.device)
     log.info("loading model from %s on %s", folder, device)
+    kwargs: dict[str, Any] = {}
+    if not config.engine_factory:  # ROSE's CUDA-graph options; other factories take the common ones only
+        from rose.buckets import parse_layouts
+
+        graphs = str(config.cuda_graphs).lower()
+        kwargs = {"cuda_graphs": None if graphs == "auto" else graphs in ("true", "1", "yes", "on"),
+                  "prewarm": parse_layouts(config.prewarm),
+                  "graph_manifest": None if config.graph_manifest in ("", "off") else config.graph_manifest}
     engine = factory(folder, device=device, dtype=config.dtype or None, attention=config.attention,
-                     pinned_cap_bytes=config.pinned_cap_mb * 1024 * 1024)
+                     pinned_cap_bytes=config.pinned_cap_mb * 1024 * 1024, **kwargs)
     warmup = getattr(engine, "warmup", None)
     if callable(warmup):
         log.info("warming up")

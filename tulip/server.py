@@ -177,6 +177,12 @@ class TulipServer:
             await self._grpc.stop(grace)
         if self.worker is not None:
             await asyncio.to_thread(self.worker.stop, 2.0)
+        close = getattr(self.engine, "close", None)
+        if callable(close):  # ROSE records its hot graph layouts (the prewarm manifest) on close
+            try:
+                await asyncio.to_thread(close)
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                log.exception("engine close failed")
         self.metrics.shutdown()
 
     # -- RPCs -----------------------------------------------------------------------------------

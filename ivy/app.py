@@ -1,0 +1,105 @@
+"""The FastAPI application: routes, error handlers, CORS, metrics, and the Gateway's lifetime.
+
+`create_app(config)` builds one app; `app_from_env()` is the factory uvicorn workers call (the config
+travels to them as IVY_* environment variables). Nothing here imports torch, tulip or rose.engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ivy import __version__, metrics, routes_embeddings, routes_scoring
+from ivy.config import ENV_PREFIX, IvyConfig
+from ivy.errors import IvyError, Problem, from_validation_errors
+from ivy.gateway import Gateway
+from ivy.web import gateway_of, json_response
+from ivy.schemas import ModelList
+from rose.flags import config_from_args
+
+log = logging.getLogger("ivy")
+
+
+def create_app(config: IvyConfig) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        gateway = Gateway(config)
+        await gateway.start()
+        app.state.gateway = gateway
+        log.info("ivy serving %s; replicas: %s", gateway.model_name,
+                 ", ".join(f"{r['address']} ({r['state']})" for r in gateway.pool.describe()))
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    app = FastAPI(title="Ivy", version=__version__, lifespan=lifespan,
+                  description="HTTP gateway of the Ivy -> Tulip -> ROSE embedding stack.")
+    app.include_router(routes_embeddings.router)
+    app.include_router(routes_scoring.router)
+    _add_ops_routes(app)
+    _add_error_handlers(app)
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "Content-Encoding", "X-Request-Timeout"])
+    app.add_middleware(metrics.RequestMetrics)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory: the config from IVY_* environment variables (set by `ivy serve`)."""
+    return create_app(config_from_args(IvyConfig, {}, ENV_PREFIX))
+
+
+def _add_ops_routes(app: FastAPI) -> None:
+    @app.get("/v1/models", response_model=ModelList)
+    async def list_models(request: Request) -> Response:
+        gw = gateway_of(request)
+        gw.authorize(request.headers.get("authorization"))
+        card = {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ivy",
+                "max_model_len": gw.spec.max_length, "dimensions": gw.spec.dimensions}
+        return json_response({"object": "list", "data": [card]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        """Alive: 200 as soon as the process serves HTTP, whatever the replicas do."""
+        return json_response({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready(request: Request) -> Response:
+        """200 only when every configured replica is SERVING the model and tokenizer Ivy tokenizes for."""
+        gw = gateway_of(request)
+        await gw.pool.refresh()
+        ok = gw.pool.ready()
+        body = {"status": "ready" if ok else "not_ready", "model": gw.model_name, "replicas": gw.pool.describe()}
+        return json_response(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        data, content_type = metrics.render()
+        return Response(data, media_type=content_type)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(IvyError)
+    async def ivy_error(request: Request, exc: IvyError) -> Response:
+        if exc.status >= 500:
+            log.warning("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.problem.value)
+        return exc.to_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return from_validation_errors(exc.errors()).to_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        problem = {404: Problem.NOT_FOUND, 405: Problem.METHOD_NOT_ALLOWED}.get(exc.status_code, Problem.INVALID_JSON)
+        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return IvyError(problem, message.get(exc.status_code, str(exc.detail))).to_response()

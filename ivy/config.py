@@ -1,0 +1,80 @@
+"""Ivy's configuration: one frozen dataclass, every field a `--flag` and an `IVY_*` environment variable.
+
+Built with rose.flags (flag > env > default). Runtime state (channels, tokenizer, counters) lives in
+`ivy.gateway.Gateway`, never here, so the config can be handed to uvicorn workers as env vars.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+ENV_PREFIX = "IVY"
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class IvyConfig:
+    host: str = field(default="127.0.0.1", metadata=_help("Address the HTTP server binds."))
+    port: int = field(default=8080, metadata=_help("HTTP port."))
+    replicas: tuple[str, ...] = field(
+        default=("127.0.0.1:50051",), metadata=_help("Tulip replicas as host:port, comma separated."))
+    model: str = field(default="", metadata=_help(
+        "Model folder whose tokenizer Ivy uses (must be the one Tulip serves); empty = the bundled all-MiniLM-L6-v2."))
+    served_model_name: str = field(default="", metadata=_help(
+        "Name clients send as `model`; empty = the model's id (folder name or hub id)."))
+    workers: int = field(default=1, metadata=_help("uvicorn worker processes (tokenization scales with them)."))
+    api_key: str = field(default="", metadata=_help(
+        "Bearer token required on every /v1 route when set; health, readiness and metrics stay open."))
+    cors_origins: tuple[str, ...] = field(default=(), metadata=_help(
+        "Origins allowed by CORS, comma separated; empty = no CORS headers at all."))
+    max_inputs_per_request: int = field(default=2048, metadata=_help(
+        "Most inputs (or documents, or rerank documents) in one request; more gets 422."))
+    max_chunks_per_request: int = field(default=16000, metadata=_help(
+        "Most chunks over all documents of one contextualized-embeddings request."))
+    max_chars_per_input: int = field(default=0, metadata=_help(
+        "Character cap applied before tokenization; 0 = 16 characters per model token (at least 4096)."))
+    payload_limit_bytes: int = field(default=2 * 1024 * 1024, metadata=_help(
+        "Largest request body in bytes, after decompression; larger gets 413 before JSON parsing."))
+    max_concurrent_requests: int = field(default=512, metadata=_help(
+        "Requests in flight over all workers (split evenly); over it: 429 with Retry-After."))
+    chunk_max_tokens: int = field(default=8192, metadata=_help(
+        "Token budget of one gRPC chunk; a request is split into chunks sent concurrently to replicas."))
+    chunk_max_seqs: int = field(default=64, metadata=_help("Most sequences in one gRPC chunk."))
+    request_timeout_s: float = field(default=30.0, metadata=_help(
+        "Deadline of a request; the time left becomes each gRPC call's timeout (504 when it passes)."))
+    truncate: bool = field(default=False, metadata=_help(
+        "Default of the request's `truncate`: cut over-long inputs instead of answering 422."))
+    tokenizer_threads: int = field(default=0, metadata=_help(
+        "Threads per worker for templating and tokenization, off the event loop; 0 = min(4, CPUs)."))
+    health_interval_s: float = field(default=2.0, metadata=_help(
+        "Seconds between health and Info probes of each replica."))
+    query_prefix: str = field(default="", metadata=_help(
+        "Text prepended for input_type=query when the model has no `query` prompt."))
+    document_prefix: str = field(default="", metadata=_help(
+        "Text prepended for input_type=document when the model has no `document` prompt."))
+    grpc_max_message_bytes: int = field(default=64 * 1024 * 1024, metadata=_help(
+        "Largest gRPC message Ivy sends or receives; a larger one is answered 413."))
+    log_level: str = field(default="info", metadata=_help("Log level: debug, info, warning, error."))
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            raise SystemExit("ivy: --replicas needs at least one host:port")
+        for name in ("port", "workers", "max_inputs_per_request", "max_chunks_per_request", "payload_limit_bytes",
+                     "max_concurrent_requests", "chunk_max_tokens", "chunk_max_seqs", "grpc_max_message_bytes"):
+            if getattr(self, name) < 1:
+                raise SystemExit(f"ivy: --{name.replace('_', '-')} must be at least 1")
+        if self.request_timeout_s <= 0 or self.health_interval_s <= 0:
+            raise SystemExit("ivy: --request-timeout-s and --health-interval-s must be positive")
+
+    def tokenizer_thread_count(self) -> int:
+        return self.tokenizer_threads or min(4, os.cpu_count() or 1)
+
+    def char_cap(self, max_length: int) -> int:
+        return self.max_chars_per_input or max(16 * max_length, 4096)
+
+    def per_worker_concurrency(self) -> int:
+        return max(1, -(-self.max_concurrent_requests // self.workers))

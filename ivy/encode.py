@@ -1,0 +1,56 @@
+"""Output encodings: which wire encoding to ask Tulip for, and how each row goes into the JSON body.
+
+float -> a JSON list of float32 values; base64 -> little-endian float32 bytes (what the openai client
+decodes); base64_int8 -> signed int8 bytes; base64_binary -> 1 bit per dimension, least significant bit
+first (Perplexity's layout). Tulip already applied Matryoshka truncation, normalization and quantization
+(rose.head), so Ivy only reshapes bytes here.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from protos import embed_pb2
+from rose.head import Encoding
+
+WIRE_ENCODING = {
+    "float": Encoding.FLOAT32,
+    "base64": Encoding.FLOAT32,
+    "base64_int8": Encoding.INT8,
+    "base64_binary": Encoding.BINARY,
+}
+
+
+def default_format(native_int8: bool) -> str:
+    """float, except for models whose native output is int8 (pplx-embed), which Perplexity serves as base64_int8."""
+    return "base64_int8" if native_int8 else "float"
+
+
+def decode_rows(response: embed_pb2.EmbedResponse) -> np.ndarray:
+    """The response's rows as float32 [rows, d], int8 [rows, d] or uint8 [rows, ceil(d/8)]."""
+    rows, dims = int(response.rows), int(response.dimensions)
+    enc = Encoding(response.encoding)
+    if enc == Encoding.FLOAT32:
+        arr = np.frombuffer(response.embeddings, dtype="<f4").astype(np.float32, copy=False)
+        width = dims
+    elif enc == Encoding.INT8:
+        arr = np.frombuffer(response.embeddings, dtype=np.int8)
+        width = dims
+    else:
+        arr = np.frombuffer(response.embeddings, dtype=np.uint8)
+        width = (dims + 7) // 8
+    if arr.size != rows * width:
+        raise ValueError(f"replica sent {arr.size} values for {rows} rows of width {width}")
+    return arr.reshape(rows, width)
+
+
+def row_value(row: np.ndarray, fmt: str) -> Any:
+    """One row as its JSON value (orjson serializes the numpy float32 array as a list)."""
+    if fmt == "float":
+        return row if row.dtype == np.float32 else row.astype(np.float32)
+    if fmt == "base64":
+        return base64.b64encode(np.ascontiguousarray(row, dtype="<f4").tobytes()).decode("ascii")
+    return base64.b64encode(np.ascontiguousarray(row).tobytes()).decode("ascii")

@@ -1,0 +1,196 @@
+"""The gateway's runtime state and its one inference path, shared by every route (no HTTP in here).
+
+`Gateway.embed` takes already-tokenized sequences (and optional late-chunking spans), splits them into
+chunks by token budget and sequence count, sends the chunks concurrently through the ReplicaPool, and
+reassembles the rows in input order. Admission (the concurrency cap), auth, model-name checks and the
+request deadline live here too so that every route applies them the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ivy import metrics
+from ivy.config import IvyConfig
+from ivy.encode import decode_rows
+from ivy.errors import IvyError, Problem
+from ivy.replicas import Expected, ReplicaPool
+from ivy.tokenization import InputEncoder
+from protos import embed_pb2
+from rose.head import Encoding
+from rose.spec import bundled_model_dir, load_spec
+from rose.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A contiguous run of sequences sent as one EmbedRequest; `rows` output rows come back."""
+
+    first: int  # index of the first sequence
+    count: int
+    tokens: int
+    rows: int
+
+
+def plan_chunks(lengths: Sequence[int], rows_per_seq: Sequence[int], max_tokens: int, max_seqs: int) -> list[Chunk]:
+    """Greedy split in input order: a chunk takes sequences while its tokens fit `max_tokens` and its
+    sequences `max_seqs`; a sequence longer than the budget goes alone."""
+    chunks: list[Chunk] = []
+    first, tokens, rows = 0, 0, 0
+    for i, n in enumerate(lengths):
+        count = i - first
+        if count and (tokens + n > max_tokens or count >= max_seqs):
+            chunks.append(Chunk(first, count, tokens, rows))
+            first, tokens, rows = i, 0, 0
+        tokens += n
+        rows += rows_per_seq[i]
+    if len(lengths) > first:
+        chunks.append(Chunk(first, len(lengths) - first, tokens, rows))
+    return chunks
+
+
+class Gateway:
+    def __init__(self, config: IvyConfig) -> None:
+        self.config = config
+        model_dir = Path(config.model) if config.model else bundled_model_dir()
+        self.spec = load_spec(model_dir)
+        self.tokenizer = Tokenizer(self.spec)
+        self.model_name = config.served_model_name or self.spec.model_id
+        # Accepted `model` values: the served name, the model id, and the id without its hub owner.
+        self.model_names = {self.model_name, self.spec.model_id, self.spec.model_id.rsplit("/", 1)[-1]}
+        self.encoder = InputEncoder(
+            self.spec, self.tokenizer, threads=config.tokenizer_thread_count(),
+            char_cap=config.char_cap(self.spec.max_length), query_prefix=config.query_prefix,
+            document_prefix=config.document_prefix, observe=metrics.TOKENIZE_SECONDS.observe)
+        expected = Expected(model_ids=frozenset(self.model_names), fingerprint=self.tokenizer.fingerprint,
+                            dimensions=self.spec.dimensions, max_length=self.spec.max_length)
+        self.pool = ReplicaPool(config.replicas, expected, health_interval_s=config.health_interval_s,
+                                max_message_bytes=config.grpc_max_message_bytes)
+        self.max_in_flight = config.per_worker_concurrency()
+        self.in_flight = 0
+        self.created = int(time.time())
+
+    async def start(self) -> None:
+        await self.pool.start()
+
+    async def close(self) -> None:
+        await self.pool.close()
+        self.encoder.close()
+
+    # ---- per-request checks ----
+
+    def authorize(self, authorization: str | None) -> None:
+        """Bearer auth with a constant-time compare; the key is never logged or echoed."""
+        key = self.config.api_key
+        if not key:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise IvyError(Problem.UNAUTHORIZED, "missing or invalid API key; send Authorization: Bearer <key>")
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.model_names:
+            raise IvyError(Problem.MODEL_NOT_FOUND, f"model {model!r} is not served here; this server serves "
+                           f"{self.model_name!r}", param="model")
+
+    def check_count(self, n: int, limit: int, param: str = "input") -> None:
+        if n > limit:
+            raise IvyError(Problem.TOO_MANY_INPUTS, f"{param} has {n} items; at most {limit} are allowed per request",
+                           param=param, limit=limit)
+
+    def check_dimensions(self, dimensions: int | None) -> int:
+        if dimensions is None:
+            return 0
+        if not 1 <= dimensions <= self.spec.dimensions:
+            raise IvyError(Problem.INVALID_PARAMETER, f"dimensions must be between 1 and {self.spec.dimensions} "
+                           f"for this model, got {dimensions}", param="dimensions", limit=self.spec.dimensions)
+        return dimensions
+
+    def deadline(self, header: str | None) -> float:
+        """Monotonic deadline: the server's request timeout, shortened by an `X-Request-Timeout` header (s)."""
+        timeout = self.config.request_timeout_s
+        if header:
+            try:
+                timeout = min(timeout, max(0.001, float(header)))
+            except ValueError:
+                raise IvyError(Problem.INVALID_PARAMETER, "X-Request-Timeout must be a number of seconds",
+                               param="x-request-timeout") from None
+        return time.monotonic() + timeout
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        """The concurrency cap: over it a request is refused at once with 429 and Retry-After."""
+        if self.in_flight >= self.max_in_flight:
+            raise IvyError(Problem.OVERLOADED, f"the server is at its limit of {self.config.max_concurrent_requests} "
+                           "concurrent requests; retry later", limit=self.config.max_concurrent_requests)
+        self.in_flight += 1
+        metrics.IN_FLIGHT.inc()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            metrics.IN_FLIGHT.dec()
+
+    # ---- the inference path ----
+
+    async def embed(self, sequences: Sequence[Sequence[int]], *, deadline: float, dimensions: int = 0,
+                    normalize: bool | None = None, encoding: Encoding = Encoding.FLOAT32,
+                    spans: Sequence[Sequence[tuple[int, int]]] | None = None) -> np.ndarray:
+        """Rows for `sequences` in input order (one per sequence, or one per span of each sequence)."""
+        lengths = [len(s) for s in sequences]
+        rows_per_seq = [len(s) for s in spans] if spans is not None else [1] * len(sequences)
+        chunks = plan_chunks(lengths, rows_per_seq, self.config.chunk_max_tokens, self.config.chunk_max_seqs)
+        if not self.pool.any_serving():
+            raise IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
+        request_id = uuid.uuid4().hex[:16]
+        requests = [self._chunk_request(sequences, spans, c, dimensions, normalize, encoding, request_id)
+                    for c in chunks]
+        if len(chunks) == 1:
+            results = [await self.pool.call(requests[0], chunks[0].tokens, deadline)]
+        else:
+            results = await _gather_or_fail(self.pool.call(r, c.tokens, deadline) for r, c in zip(requests, chunks))
+        parts = []
+        for c, response in zip(chunks, results):
+            rows = decode_rows(response)
+            if rows.shape[0] != c.rows:
+                raise IvyError(Problem.BACKEND_ERROR, f"a replica returned {rows.shape[0]} rows for {c.rows}")
+            parts.append(rows)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+    @staticmethod
+    def _chunk_request(sequences, spans, chunk: Chunk, dimensions: int, normalize: bool | None,
+                       encoding: Encoding, request_id: str) -> embed_pb2.EmbedRequest:
+        seqs = sequences[chunk.first: chunk.first + chunk.count]
+        ids = np.fromiter((t for s in seqs for t in s), dtype="<i4", count=chunk.tokens)
+        lens = np.fromiter((len(s) for s in seqs), dtype="<i4", count=chunk.count)
+        req = embed_pb2.EmbedRequest(token_ids=ids.tobytes(), seq_lens=lens.tobytes(), dimensions=dimensions,
+                                     encoding=int(encoding), request_id=request_id)
+        if normalize is not None:
+            req.normalize = normalize
+        if spans is not None:
+            triples = [(k, start, end) for k, doc in enumerate(spans[chunk.first: chunk.first + chunk.count])
+                       for start, end in doc]
+            req.spans = np.asarray(triples, dtype="<i4").reshape(-1).tobytes()
+        return req
+
+
+async def _gather_or_fail(coros) -> list:
+    """Run all chunk calls concurrently; on the first failure cancel the rest and raise that failure."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,92 @@
+"""Prometheus metrics, and the outermost ASGI layer that records every request and hides crashes.
+
+With several uvicorn workers `ivy serve` points PROMETHEUS_MULTIPROC_DIR at a fresh folder before the
+workers start, so /metrics (answered by any worker) aggregates all of them (prometheus-client's
+multiprocess mode). Labels are route templates and status codes only: no request content.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("ivy")
+
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+REQUESTS = Counter("ivy_requests", "HTTP requests by route and status", ["route", "status"])
+REQUEST_SECONDS = Histogram("ivy_request_seconds", "HTTP request latency", ["route"], buckets=_LATENCY)
+IN_FLIGHT = Gauge("ivy_requests_in_flight", "Inference requests admitted and not finished",
+                  multiprocess_mode="livesum")
+INPUTS = Counter("ivy_inputs", "Inputs (texts, id lists, chunks, documents) embedded", ["route"])
+TOKENS = Counter("ivy_tokens", "Tokens sent to replicas (what usage reports)", ["route"])
+TOKENIZE_SECONDS = Histogram("ivy_tokenize_seconds", "Templating + tokenization time per request", buckets=_LATENCY)
+GRPC_SECONDS = Histogram("ivy_grpc_seconds", "Embed RPC latency per chunk", ["replica"], buckets=_LATENCY)
+CHUNKS = Counter("ivy_chunks", "gRPC chunks sent, by replica", ["replica"])
+RETRIES = Counter("ivy_chunk_retries", "Chunks retried on another replica", ["reason"])
+REPLICA_UP = Gauge("ivy_replica_up", "1 when the replica is SERVING the expected model", ["replica"],
+                   multiprocess_mode="livemax")
+OUTSTANDING = Gauge("ivy_replica_outstanding_tokens", "Tokens sent to a replica and not answered", ["replica"],
+                    multiprocess_mode="livesum")
+
+KNOWN_ROUTES = {"/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v2/rerank", "/v1/models",
+                "/health", "/ready", "/metrics"}
+
+
+def render() -> tuple[bytes, str]:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+class RequestMetrics:
+    """Pure ASGI middleware: counts and times requests; turns an unexpected exception into the OpenAI 500 body
+    and logs its traceback without the exception message (which could quote request text)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        route = path if path in KNOWN_ROUTES else "other"
+        status = 500
+        started = False
+        start = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception as exc:  # noqa: BLE001 - last line of defence; never leak details
+            log.error("unhandled %s on %s:\n%s", type(exc).__name__, route,
+                      "".join(traceback.format_tb(exc.__traceback__)))
+            if not started:
+                body = orjson.dumps({"error": {"message": "internal error", "type": "server_error",
+                                               "param": None, "code": "internal_error"}})
+                await send({"type": "http.response.start", "status": 500,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+            status = 500
+        finally:
+            REQUESTS.labels(route, str(status)).inc()
+            REQUEST_SECONDS.labels(route).observe(time.perf_counter() - start)

@@ -1,0 +1,228 @@
+"""The Tulip replicas one Ivy worker talks to: channels, health, model checks, least-outstanding-tokens picking.
+
+Each replica is probed every `health_interval_s` (grpc.health.v1 Check, then Info): it takes traffic only
+while it is SERVING and its Info matches Ivy's tokenizer (fingerprint, dimensions, max length, model id).
+A call that fails with UNAVAILABLE marks the replica down at once; the next probe brings it back.
+`call` sends one chunk to the replica with the fewest outstanding tokens and retries a chunk that failed
+with UNAVAILABLE (or a full queue) on another replica while the request's deadline allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ivy import metrics
+from ivy.errors import IvyError, Problem, from_grpc
+from protos import embed_pb2, embed_pb2_grpc
+
+log = logging.getLogger("ivy.replicas")
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Client options, set deliberately: message caps both ways, and keepalive pings that Tulip's server
+    options permit (min ping interval <= 30 s, pings without calls allowed) so idle channels are kept, not
+    GOAWAY'd for too_many_pings. Reconnect backoff is capped so a restarted replica is found within seconds."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30000),
+        ("grpc.keepalive_timeout_ms", 10000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+    ]
+
+
+class State(enum.Enum):
+    UNKNOWN = "unknown"
+    SERVING = "serving"
+    NOT_SERVING = "not_serving"  # loading, warming up or draining
+    MISMATCH = "model_mismatch"  # serves another model or tokenizer
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What every replica must serve: Ivy's own tokenizer and model."""
+
+    model_ids: frozenset[str]
+    fingerprint: str
+    dimensions: int
+    max_length: int
+
+    def mismatch(self, info: embed_pb2.InfoResponse) -> str | None:
+        if info.tokenizer_fingerprint != self.fingerprint:
+            return "tokenizer fingerprint differs"
+        if info.dimensions != self.dimensions:
+            return f"dimensions {info.dimensions} != {self.dimensions}"
+        if info.max_length != self.max_length:
+            return f"max_length {info.max_length} != {self.max_length}"
+        if info.model_id not in self.model_ids:
+            return f"model {info.model_id!r} is not {sorted(self.model_ids)}"
+        return None
+
+
+class Replica:
+    def __init__(self, address: str, options: list[tuple[str, int]]) -> None:
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.embedder = embed_pb2_grpc.EmbedderStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.state = State.UNKNOWN
+        self.detail = ""
+        self.info: embed_pb2.InfoResponse | None = None
+        self.outstanding_tokens = 0
+
+    def set_state(self, state: State, detail: str = "") -> None:
+        if state != self.state:
+            log.info("replica %s: %s -> %s %s", self.address, self.state.value, state.value, detail)
+        self.state, self.detail = state, detail
+        metrics.REPLICA_UP.labels(self.address).set(1 if state is State.SERVING else 0)
+
+    def describe(self) -> dict:
+        out = {"address": self.address, "state": self.state.value, "outstanding_tokens": self.outstanding_tokens}
+        if self.detail:
+            out["detail"] = self.detail
+        if self.info is not None:
+            out["model"] = self.info.model_id
+            out["device"] = self.info.device
+        return out
+
+
+class ReplicaPool:
+    def __init__(self, addresses: tuple[str, ...], expected: Expected, *, health_interval_s: float,
+                 max_message_bytes: int) -> None:
+        options = channel_options(max_message_bytes)
+        self.replicas = [Replica(a, options) for a in addresses]
+        self.expected = expected
+        self.interval = health_interval_s
+        self._probe_timeout = max(0.2, min(2.0, health_interval_s))
+        self._tiebreak = itertools.count()
+        self._task: asyncio.Task | None = None
+        self._refresh: asyncio.Task | None = None
+        self._last_probe = 0.0
+
+    async def start(self) -> None:
+        await self.probe_all()
+        self._task = asyncio.create_task(self._watch(), name="ivy-replica-health")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.gather(*(r.channel.close() for r in self.replicas), return_exceptions=True)
+
+    # ---- health ----
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.probe_all()
+            except Exception:  # noqa: BLE001 - the watcher must outlive any single probe failure
+                log.exception("replica probe round failed")
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(r) for r in self.replicas))
+        self._last_probe = time.monotonic()
+
+    async def refresh(self, max_age_s: float = 0.5) -> None:
+        """Probe now unless a probe finished within `max_age_s`; concurrent callers share one probe."""
+        if time.monotonic() - self._last_probe <= max_age_s:
+            return
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.create_task(self.probe_all())
+        await asyncio.shield(self._refresh)
+
+    async def _probe(self, r: Replica) -> None:
+        try:
+            status = await r.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._probe_timeout)
+            if status.status != health_pb2.HealthCheckResponse.SERVING:
+                r.set_state(State.NOT_SERVING, health_pb2.HealthCheckResponse.ServingStatus.Name(status.status))
+                return
+            info = await r.embedder.Info(embed_pb2.InfoRequest(), timeout=self._probe_timeout)
+        except grpc.aio.AioRpcError as exc:
+            r.set_state(State.UNREACHABLE, exc.code().name)
+            return
+        r.info = info
+        problem = self.expected.mismatch(info)
+        if problem:
+            if r.state is not State.MISMATCH:
+                log.error("replica %s serves a different model: %s; not routing to it", r.address, problem)
+            r.set_state(State.MISMATCH, problem)
+        else:
+            r.set_state(State.SERVING)
+
+    def ready(self) -> bool:
+        return all(r.state is State.SERVING for r in self.replicas)
+
+    def any_serving(self) -> bool:
+        return any(r.state is State.SERVING for r in self.replicas)
+
+    # ---- routing ----
+
+    def pick(self, exclude: set[Replica]) -> Replica | None:
+        """The SERVING replica with the fewest outstanding tokens (ties rotate), skipping `exclude`."""
+        best, best_key = None, None
+        turn = next(self._tiebreak)
+        n = len(self.replicas)
+        for i, r in enumerate(self.replicas):
+            if r.state is not State.SERVING or r in exclude:
+                continue
+            key = (r.outstanding_tokens, (i - turn) % n)
+            if best_key is None or key < best_key:
+                best, best_key = r, key
+        return best
+
+    async def call(self, request: embed_pb2.EmbedRequest, tokens: int, deadline: float) -> embed_pb2.EmbedResponse:
+        tried: set[Replica] = set()
+        last: IvyError | None = None
+        while True:
+            replica = self.pick(tried)
+            if replica is None:
+                raise last or IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")
+            replica.outstanding_tokens += tokens
+            metrics.OUTSTANDING.labels(replica.address).inc(tokens)
+            metrics.CHUNKS.labels(replica.address).inc()
+            start = time.perf_counter()
+            try:
+                return await replica.embedder.Embed(request, timeout=remaining)
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                error = from_grpc(code, exc.details(), replica.address, _reason(exc))
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    replica.set_state(State.UNREACHABLE, "Embed failed: UNAVAILABLE")
+                elif error.problem is not Problem.REPLICA_BUSY:
+                    raise error from None
+                log.warning("chunk of %d tokens failed on %s with %s; trying another replica",
+                            tokens, replica.address, code.name)
+                metrics.RETRIES.labels(code.name).inc()
+                tried.add(replica)
+                last = error
+            finally:
+                replica.outstanding_tokens -= tokens
+                metrics.OUTSTANDING.labels(replica.address).dec(tokens)
+                metrics.GRPC_SECONDS.labels(replica.address).observe(time.perf_counter() - start)
+
+    def describe(self) -> list[dict]:
+        return [r.describe() for r in self.replicas]
+
+
+def _reason(exc: grpc.aio.AioRpcError) -> str:
+    """Tulip's "tulip-reason" trailing metadata (queue_full, response_too_large, shutting_down, ...)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == "tulip-reason":
+            return value if isinstance(value, str) else value.decode()
+    return ""

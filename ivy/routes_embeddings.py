@@ -1,0 +1,79 @@
+"""POST /v1/embeddings (OpenAI-compatible) and POST /v1/contextualizedembeddings (Perplexity-compatible).
+
+Both follow one path: auth -> admission -> bounded body -> schema -> model/limit checks -> tokenize off the
+loop -> Gateway.embed (chunks over replicas) -> encode rows. Usage counts the tokens actually sent.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ivy import metrics
+from ivy.body import read_model
+from ivy.encode import WIRE_ENCODING, default_format, row_value
+from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
+from ivy.schemas import (ContextualizedEmbeddingsRequest, ContextualizedEmbeddingsResponse, EmbeddingsRequest,
+                         EmbeddingsResponse)
+
+router = APIRouter()
+
+
+@router.post("/v1/embeddings", openapi_extra=request_body(EmbeddingsRequest),
+             responses={200: {"model": EmbeddingsResponse}})
+async def create_embeddings(request: Request) -> Response:
+    gw = gateway_of(request)
+    gw.authorize(request.headers.get("authorization"))
+    with gw.admit():
+        deadline = gw.deadline(request.headers.get("x-request-timeout"))
+        body = await read_model(request, EmbeddingsRequest, gw.config.payload_limit_bytes)
+        gw.check_model(body.model)
+        gw.check_count(len(body.input), gw.config.max_inputs_per_request)
+        dimensions = gw.check_dimensions(body.dimensions)
+        fmt = body.encoding_format or default_format(gw.spec.native_int8)
+        truncate = gw.config.truncate if body.truncate is None else body.truncate
+        if body.input.texts is not None:
+            prompt = gw.encoder.prompt_for(body.input_type, body.prompt_name)
+            seqs = await gw.encoder.encode_texts(body.input.texts, truncate=truncate, side=body.truncation_side,
+                                                 prompt=prompt)
+        else:
+            seqs = await gw.encoder.check_ids(body.input.ids, truncate=truncate, side=body.truncation_side)
+        rows = await unless_disconnected(request, gw.embed(
+            seqs, deadline=deadline, dimensions=dimensions, normalize=body.normalize, encoding=WIRE_ENCODING[fmt]))
+        tokens = sum(map(len, seqs))
+        metrics.INPUTS.labels("/v1/embeddings").inc(len(seqs))
+        metrics.TOKENS.labels("/v1/embeddings").inc(tokens)
+        data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt)} for i in range(len(seqs))]
+        return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})
+
+
+@router.post("/v1/contextualizedembeddings", openapi_extra=request_body(ContextualizedEmbeddingsRequest),
+             responses={200: {"model": ContextualizedEmbeddingsResponse}})
+async def create_contextualized_embeddings(request: Request) -> Response:
+    """One embedding per chunk, computed with its whole document as context: the document's chunks are
+    joined into one sequence and each chunk's token span is mean-pooled (late chunking)."""
+    gw = gateway_of(request)
+    gw.authorize(request.headers.get("authorization"))
+    with gw.admit():
+        deadline = gw.deadline(request.headers.get("x-request-timeout"))
+        body = await read_model(request, ContextualizedEmbeddingsRequest, gw.config.payload_limit_bytes)
+        gw.check_model(body.model)
+        gw.check_count(len(body.input), gw.config.max_inputs_per_request)
+        gw.check_count(sum(map(len, body.input)), gw.config.max_chunks_per_request, "input chunks")
+        dimensions = gw.check_dimensions(body.dimensions)
+        fmt = body.encoding_format or default_format(gw.spec.native_int8)
+        docs = await gw.encoder.encode_documents(body.input)
+        rows = await unless_disconnected(request, gw.embed(
+            docs.sequences, spans=docs.spans, deadline=deadline, dimensions=dimensions, normalize=body.normalize,
+            encoding=WIRE_ENCODING[fmt]))
+        tokens = sum(map(len, docs.sequences))
+        metrics.INPUTS.labels("/v1/contextualizedembeddings").inc(len(rows))
+        metrics.TOKENS.labels("/v1/contextualizedembeddings").inc(tokens)
+        data, row = [], 0
+        for i, doc_spans in enumerate(docs.spans):
+            chunks = [{"object": "embedding", "index": j, "embedding": row_value(rows[row + j], fmt)}
+                      for j in range(len(doc_spans))]
+            row += len(doc_spans)
+            data.append({"object": "list", "index": i, "data": chunks})
+        return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})

@@ -1,0 +1,91 @@
+"""POST /v1/score (vLLM's shape) and POST /v1/rerank (Cohere's and Jina's shape): cosine scores.
+
+Queries are templated as queries and documents as documents (the model's prompts, when it has them);
+everything is embedded in one batch with normalize=true, so a score is a dot product of unit vectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import numpy as np
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ivy import metrics
+from ivy.body import read_model
+from ivy.errors import IvyError, Problem
+from ivy.gateway import Gateway
+from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
+from ivy.schemas import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
+
+router = APIRouter()
+
+
+async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: list[str], *, truncate: bool | None,
+                      side: str, deadline: float, names: tuple[str, str]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Unit vectors for queries and documents (one Gateway.embed call), and the tokens used."""
+    cut = gw.config.truncate if truncate is None else truncate
+    q_seqs, d_seqs = await asyncio.gather(
+        gw.encoder.encode_texts(queries, truncate=cut, side=side, prompt=gw.encoder.prompt_for("query", None),
+                                param=names[0]),
+        gw.encoder.encode_texts(docs, truncate=cut, side=side, prompt=gw.encoder.prompt_for("document", None),
+                                param=names[1]))
+    rows = await unless_disconnected(request, gw.embed(q_seqs + d_seqs, deadline=deadline, normalize=True))
+    return rows[: len(q_seqs)], rows[len(q_seqs):], sum(map(len, q_seqs)) + sum(map(len, d_seqs))
+
+
+@router.post("/v1/score", openapi_extra=request_body(ScoreRequest), responses={200: {"model": ScoreResponse}})
+async def score(request: Request) -> Response:
+    """text_1 (one text) against every text_2, or text_1[i] against text_2[i] when both have the same length."""
+    gw = gateway_of(request)
+    gw.authorize(request.headers.get("authorization"))
+    with gw.admit():
+        deadline = gw.deadline(request.headers.get("x-request-timeout"))
+        body = await read_model(request, ScoreRequest, gw.config.payload_limit_bytes)
+        gw.check_model(body.model)
+        gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
+        if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
+            raise IvyError(Problem.INVALID_PARAMETER, f"text_1 has {len(body.text_1)} texts; it needs 1 or as many "
+                           f"as text_2 ({len(body.text_2)})", param="text_1")
+        q, d, tokens = await _embed_pair(request, gw, body.text_1, body.text_2, truncate=body.truncate,
+                                         side=body.truncation_side, deadline=deadline, names=("text_1", "text_2"))
+        scores = d @ q[0] if len(q) == 1 else np.einsum("ij,ij->i", q, d)
+        metrics.INPUTS.labels("/v1/score").inc(len(q) + len(d))
+        metrics.TOKENS.labels("/v1/score").inc(tokens)
+        data = [{"object": "score", "index": i, "score": float(s)} for i, s in enumerate(scores)]
+        return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "model": gw.model_name,
+                              "data": data, "usage": usage(tokens)})
+
+
+@router.post("/v1/rerank", openapi_extra=request_body(RerankRequest), responses={200: {"model": RerankResponse}})
+@router.post("/v2/rerank", openapi_extra=request_body(RerankRequest), responses={200: {"model": RerankResponse}},
+             include_in_schema=False)  # where Cohere's v2 client posts; same body and answer
+async def rerank(request: Request) -> Response:
+    """Documents ordered by cosine relevance to the query; `top_n` keeps the best n; `return_documents`
+    echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
+    gw = gateway_of(request)
+    gw.authorize(request.headers.get("authorization"))
+    with gw.admit():
+        deadline = gw.deadline(request.headers.get("x-request-timeout"))
+        body = await read_model(request, RerankRequest, gw.config.payload_limit_bytes)
+        gw.check_model(body.model)
+        gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")
+        q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,
+                                         side=body.truncation_side, deadline=deadline, names=("query", "documents"))
+        scores = d @ q[0]
+        order = np.argsort(-scores, kind="stable")
+        if body.top_n is not None:
+            order = order[: body.top_n]
+        results = []
+        for i in order:
+            item = {"index": int(i), "relevance_score": float(scores[i])}
+            if body.return_documents:
+                item["document"] = {"text": body.documents[i]}
+            results.append(item)
+        metrics.INPUTS.labels("/v1/rerank").inc(1 + len(d))
+        metrics.TOKENS.labels("/v1/rerank").inc(tokens)
+        return json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": gw.model_name, "results": results,
+                              "usage": usage(tokens)})

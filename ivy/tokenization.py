@@ -1,0 +1,190 @@
+"""Templating, the character cap, tokenization and truncation, off the event loop.
+
+One `InputEncoder` per worker owns a small thread pool; each request's whole batch is one job there
+(HF `tokenizers` releases the GIL in encode_batch), so the event loop only parses JSON and moves bytes.
+Token counts returned here are the ones sent to Tulip, so `usage` is exact. Errors name the input index
+and the limit and never quote the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence, TypeVar
+
+import numpy as np
+
+from ivy.errors import IvyError, Problem
+from rose.spec import ModelSpec
+from rose.tokenizer import Tokenizer
+
+T = TypeVar("T")
+
+_QUERY_TYPES = {"query": "query", "search_query": "query", "document": "document",
+                "search_document": "document", "passage": "document"}
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Late-chunking input: one sequence per document and, per document, each chunk's (start, end)."""
+
+    sequences: list[list[int]]
+    spans: list[list[tuple[int, int]]]
+
+
+def too_long(param: str, n: int, limit: int) -> IvyError:
+    return IvyError(Problem.INPUT_TOO_LONG, f"{param} has {n} tokens; the model takes at most {limit} "
+                    "(send truncate=true to cut it)", param=param, limit=limit)
+
+
+class InputEncoder:
+    def __init__(self, spec: ModelSpec, tokenizer: Tokenizer, *, threads: int, char_cap: int,
+                 query_prefix: str = "", document_prefix: str = "",
+                 observe: Callable[[float], None] | None = None) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.max_length = spec.max_length
+        self.char_cap = char_cap
+        self._prefixes = {"query": query_prefix, "document": document_prefix}
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ivy-tokenize")
+        self._observe = observe
+        self._prefix_ids, self._suffix_ids = self._special_layout()
+        sep = spec.chunk_separator
+        self._separator_ids = self._content_ids([sep])[0] if sep else []
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, fn: Callable[..., T], *args) -> T:
+        start = time.perf_counter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        finally:
+            if self._observe is not None:
+                self._observe(time.perf_counter() - start)
+
+    # ---- templating ----
+
+    def prompt_for(self, input_type: str | None, prompt_name: str | None) -> str:
+        """The text prepended to every input: a named prompt, a query/document prompt, or the model default."""
+        prompts = self.spec.prompts
+        if prompt_name is not None:
+            if prompt_name not in prompts:
+                known = ", ".join(sorted(prompts)) or "none"
+                raise IvyError(Problem.INVALID_PARAMETER, f"prompt_name {prompt_name!r} is not one of the "
+                               f"model's prompts ({known})", param="prompt_name")
+            return prompts[prompt_name]
+        if input_type is not None:
+            kind = _QUERY_TYPES[input_type]
+            names = ("query",) if kind == "query" else ("document", "passage")
+            for name in names:
+                if name in prompts:
+                    return prompts[name]
+            return self._prefixes[kind]
+        if self.spec.default_prompt_name and self.spec.default_prompt_name in prompts:
+            return prompts[self.spec.default_prompt_name]
+        return ""
+
+    # ---- texts ----
+
+    async def encode_texts(self, texts: Sequence[str], *, truncate: bool, side: str, prompt: str = "",
+                           param: str = "input") -> list[list[int]]:
+        return await self._run(self._encode_texts, texts, truncate, side, prompt, param)
+
+    def _encode_texts(self, texts: Sequence[str], truncate: bool, side: str, prompt: str,
+                      param: str) -> list[list[int]]:
+        cap = self.char_cap
+        capped = []
+        for i, text in enumerate(texts):
+            if len(text) > cap:
+                if not truncate:
+                    raise IvyError(Problem.INPUT_TOO_LONG, f"{param}[{i}] has {len(text)} characters; the limit "
+                                   f"is {cap} (send truncate=true to cut it)", param=f"{param}[{i}]", limit=cap)
+                text = text[:cap] if side == "right" else text[-cap:]
+            capped.append(prompt + text if prompt else text)
+        encoded = self.tokenizer.encode_batch(capped, self.max_length, side)
+        if not truncate:
+            for i, enc in enumerate(encoded):
+                if enc.truncated:
+                    raise too_long(f"{param}[{i}]", enc.original_length, self.max_length)
+        return [enc.ids for enc in encoded]
+
+    # ---- token ids ----
+
+    async def check_ids(self, seqs: list[list[int]], *, truncate: bool, side: str) -> list[list[int]]:
+        return await self._run(self._check_ids, seqs, truncate, side)
+
+    def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str) -> list[list[int]]:
+        vocab = self.tokenizer.vocab_size
+        out = []
+        for i, seq in enumerate(seqs):
+            try:
+                arr = np.asarray(seq, dtype=np.int64)
+                bad = np.flatnonzero((arr < 0) | (arr >= vocab))
+                j = int(bad[0]) if bad.size else -1
+            except OverflowError:  # beyond int64: find it the slow way
+                j = next(k for k, t in enumerate(seq) if not 0 <= t < vocab)
+            if j >= 0:
+                raise IvyError(Problem.INVALID_PARAMETER, f"input[{i}][{j}] is token id {seq[j]}, outside the "
+                               f"model's vocabulary (0..{vocab - 1})", param=f"input[{i}][{j}]", limit=vocab - 1)
+            if len(seq) > self.max_length:
+                if not truncate:
+                    raise too_long(f"input[{i}]", len(seq), self.max_length)
+                seq = seq[: self.max_length] if side == "right" else seq[-self.max_length:]
+            out.append(seq)
+        return out
+
+    # ---- documents of chunks (late chunking) ----
+
+    async def encode_documents(self, docs: list[list[str]]) -> Documents:
+        return await self._run(self._encode_documents, docs)
+
+    def _encode_documents(self, docs: list[list[str]]) -> Documents:
+        """Each document's chunks joined into one sequence (separator tokens between them, the model's
+        special tokens around), each chunk's token span recorded for span pooling."""
+        cap = self.char_cap
+        for i, doc in enumerate(docs):
+            chars = sum(map(len, doc))
+            if chars > cap:
+                raise IvyError(Problem.INPUT_TOO_LONG, f"input[{i}] has {chars} characters; the limit is {cap}",
+                               param=f"input[{i}]", limit=cap)
+        flat = [chunk for doc in docs for chunk in doc]
+        pieces = iter(self._content_ids(flat))
+        sequences, spans = [], []
+        for i, doc in enumerate(docs):
+            seq = list(self._prefix_ids)
+            doc_spans = []
+            for j in range(len(doc)):
+                ids = next(pieces)
+                if not ids:
+                    raise IvyError(Problem.EMPTY_INPUT, f"input[{i}][{j}] has no tokens", param=f"input[{i}][{j}]")
+                if j:
+                    seq.extend(self._separator_ids)
+                doc_spans.append((len(seq), len(seq) + len(ids)))
+                seq.extend(ids)
+            seq.extend(self._suffix_ids)
+            if len(seq) > self.max_length:
+                raise too_long(f"input[{i}]", len(seq), self.max_length)
+            sequences.append(seq)
+            spans.append(doc_spans)
+        return Documents(sequences, spans)
+
+    def _content_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids without the special tokens the tokenizer's post-processor adds."""
+        head, tail = len(self._prefix_ids), len(self._suffix_ids)
+        huge = 1 << 30
+        return [e.ids[head: len(e.ids) - tail] for e in self.tokenizer.encode_batch(list(texts), huge)]
+
+    def _special_layout(self) -> tuple[list[int], list[int]]:
+        """(prefix, suffix) special ids around content, read off an empty and a probe encoding."""
+        empty = self.tokenizer.encode("", 1 << 30).ids
+        probe = self.tokenizer.encode("hello world", 1 << 30).ids
+        k = 0
+        while k < len(empty) and k < len(probe) and probe[k] == empty[k]:
+            k += 1
+        prefix, suffix = empty[:k], empty[k:]
+        if suffix and probe[len(probe) - len(suffix):] != suffix:
+            suffix = []
+        return list(prefix), list(suffix)

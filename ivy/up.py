@@ -1,0 +1,217 @@
+"""`ivy up`: the local stack in one command — Tulip replicas and the gateway as supervised child processes.
+
+One `tulip serve` per visible GPU (CUDA_VISIBLE_DEVICES set per child, consecutive ports), or one on a CPU
+machine; then `ivy serve` pointed at all of them, with the same model. Ready means every Tulip answers
+grpc.health.v1 SERVING and the gateway's /ready is 200 (which also checks the model and tokenizer match).
+Children's output is relayed to stderr with a prefix; if a child exits during startup its last lines are
+printed and `ivy up` exits 1. Ctrl-C or SIGTERM stops the gateway first, then the Tulips (they drain).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ivy.config import ENV_PREFIX, IvyConfig
+from rose.flags import config_to_env
+
+UP_ENV_PREFIX = "IVY_UP"
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    tulip_port: int = field(default=0, metadata={"help": "Port of the first Tulip; replica k listens on it + k. "
+                                                 "0 = $TULIP_PORT, else 50051."})
+    gpus: str = field(default="all", metadata={"help": "GPUs to start one Tulip on each: all (every visible GPU; "
+                                               "one CPU Tulip when there is none), none (one CPU Tulip), or a comma "
+                                               "list of device ids, e.g. 0,1."})
+    tulips_per_gpu: int = field(default=1, metadata={"help": "Tulip replicas per GPU (they share the device)."})
+    startup_timeout_s: float = field(default=900.0, metadata={"help": "Most seconds to wait for every process "
+                                                              "to be ready before giving up."})
+
+
+class Child:
+    """A supervised child process whose merged output is relayed with a prefix and kept as a short tail."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.tail: deque[str] = deque(maxlen=60)
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self._pump = threading.Thread(target=self._relay, daemon=True, name=f"relay-{name}")
+        self._pump.start()
+
+    def _relay(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.tail.append(line)
+            print(f"[{self.name}] {line}", file=sys.stderr, flush=True)
+
+    def exited(self) -> int | None:
+        return self.proc.poll()
+
+    def failure(self, when: str) -> str:
+        self._pump.join(timeout=2)
+        lines = "\n".join(f"  {line}" for line in self.tail) or "  (no output)"
+        return f"ivy up: {self.name} exited with code {self.proc.returncode} {when}; its last output:\n{lines}"
+
+    def stop(self, timeout: float) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._pump.join(timeout=2)
+
+
+def visible_gpus(spec: str) -> list[str | None]:
+    """Device ids for CUDA_VISIBLE_DEVICES, one per Tulip; [None] = a single Tulip, device left alone."""
+    spec = spec.strip().lower()
+    if spec in ("none", "cpu"):
+        return [None]
+    if spec != "all":
+        ids = [g.strip() for g in spec.split(",") if g.strip()]
+        if not ids:
+            raise SystemExit("ivy up: --gpus needs all, none or a comma list of device ids")
+        return ids
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
+        return ids or [None]
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [None]
+    try:
+        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return [None]
+    ids = [line.strip() for line in out.splitlines() if line.strip()]
+    return ids or [None]
+
+
+def _tulip_connect_host() -> str:
+    host = os.environ.get("TULIP_HOST", "127.0.0.1")
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
+
+
+def _tulip_serving(address: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _ivy_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/ready", timeout=2.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _resolve_model(config: IvyConfig) -> str:
+    if config.model:
+        return str(Path(config.model).expanduser().resolve())
+    if os.environ.get("TULIP_MODEL"):
+        return str(Path(os.environ["TULIP_MODEL"]).expanduser().resolve())
+    from rose.spec import bundled_model_dir
+
+    return str(bundled_model_dir())
+
+
+def run_stack(config: IvyConfig, up: UpConfig) -> int:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    model = _resolve_model(config)
+    first_port = up.tulip_port or int(os.environ.get("TULIP_PORT") or 50051)
+    host = _tulip_connect_host()
+    devices = [d for d in visible_gpus(up.gpus) for _ in range(max(1, up.tulips_per_gpu))]
+    tulips: list[Child] = []
+    addresses: list[str] = []
+    for k, device in enumerate(devices):
+        port = first_port + k
+        env = dict(os.environ)
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device
+        argv = [sys.executable, "-m", "tulip", "serve", "--model", model, "--port", str(port)]
+        if config.served_model_name:
+            argv += ["--served-model-name", config.served_model_name]
+        tulips.append(Child(f"tulip:{port}" + (f" gpu {device}" if device is not None else ""), argv, env))
+        addresses.append(f"{host}:{port}")
+    gateway_config = replace(config, model=model, replicas=tuple(addresses))
+    ivy_env = {**os.environ, **config_to_env(gateway_config, ENV_PREFIX)}
+    gateway = Child("ivy", [sys.executable, "-m", "ivy", "serve"], ivy_env)
+    children = [*tulips, gateway]
+    url_host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    url = f"http://{url_host}:{config.port}"
+
+    def shutdown() -> None:
+        gateway.stop(timeout=15)
+        for tulip in tulips:  # signal all first so they drain in parallel
+            if tulip.exited() is None:
+                tulip.proc.send_signal(signal.SIGTERM)
+        for tulip in tulips:
+            tulip.stop(timeout=60)
+
+    deadline = time.monotonic() + up.startup_timeout_s
+    serving: set[str] = set()
+    while True:
+        for child in children:
+            if child.exited() is not None:
+                print(child.failure("during startup"), file=sys.stderr, flush=True)
+                shutdown()
+                return 1
+        if stop.is_set():
+            shutdown()
+            return 130
+        serving |= {a for a in addresses if a not in serving and _tulip_serving(a)}
+        if len(serving) == len(addresses) and _ivy_ready(url):
+            break
+        if time.monotonic() > deadline:
+            print(f"ivy up: not ready after {up.startup_timeout_s:.0f} s (Tulips serving: {len(serving)}/"
+                  f"{len(addresses)}); stopping", file=sys.stderr, flush=True)
+            shutdown()
+            return 1
+        stop.wait(0.25)
+
+    _print_banner(url, config, addresses)
+    while not stop.wait(0.5):
+        for child in children:
+            if child.exited() is not None:
+                print(child.failure("unexpectedly"), file=sys.stderr, flush=True)
+                shutdown()
+                return 1
+    print("ivy up: stopping", file=sys.stderr, flush=True)
+    shutdown()
+    return 0
+
+
+def _print_banner(url: str, config: IvyConfig, addresses: list[str]) -> None:
+    from rose.spec import load_spec
+
+    name = config.served_model_name or load_spec(_resolve_model(config)).model_id
+    auth = ' -H "Authorization: Bearer $IVY_API_KEY"' if config.api_key else ""
+    print(f"Ivy is ready at {url} (model {name}; Tulip replicas: {', '.join(addresses)})\n"
+          f"  curl {url}/v1/embeddings -H 'Content-Type: application/json'{auth} \\\n"
+          f"    -d '{{\"model\": \"{name}\", \"input\": [\"hello world\"]}}'\n"
+          f"Press Ctrl-C to stop.", flush=True)

@@ -1,0 +1,184 @@
+"""A small Tulip stand-in for Ivy's tests: the real gRPC contract (Embedder + grpc.health.v1), fake math.
+
+Embeddings are deterministic and torch-free: each token id maps to a fixed pseudo-random vector, a row is
+the mean over its span (rose.batch decides the spans, rose.head applies dimensions/normalize/encoding),
+so span pooling, order and Matryoshka behave like the real thing. Knobs let a test make it fail
+(`fail_with`), stall (`delay_s`), report NOT_SERVING, or claim another model; `calls` records every Embed.
+It runs its own event loop in a background thread so tests can drive Ivy from theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos import embed_pb2, embed_pb2_grpc
+from rose.batch import Batch
+from rose.head import Encoding, OutputOptions, apply_head
+from rose.spec import bundled_model_dir, load_spec
+from rose.tokenizer import Tokenizer
+
+
+def token_vector(token_id: int, dims: int) -> np.ndarray:
+    return np.random.default_rng(token_id).standard_normal(dims).astype(np.float32)
+
+
+def fake_rows(sequences: list[list[int]], dims: int, pooling: str = "mean",
+              spans: list[tuple[int, int, int]] | None = None) -> np.ndarray:
+    """The fake model's native rows (before the head), for tests to compute expectations."""
+    batch = Batch.from_sequences(sequences, pooling=pooling, spans=spans)
+    table = np.stack([token_vector(int(t), dims) for t in batch.token_ids])
+    return np.stack([table[s:e].mean(axis=0) for s, e in batch.spans])
+
+
+@dataclass
+class Call:
+    seqs: int
+    tokens: int
+    rows: int
+    dimensions: int
+    encoding: int
+
+
+@dataclass
+class FakeTulip:
+    model_dir: Path | None = None
+    model_id: str | None = None
+    fingerprint: str | None = None
+    port: int = 0
+    fail_with: grpc.StatusCode | None = None
+    fail_details: str = "injected failure"
+    fail_reason: str = ""  # sent as Tulip's "tulip-reason" trailing metadata when set
+    fail_times: int = -1  # how many Embed calls fail (-1 = all while fail_with is set)
+    delay_s: float = 0.0
+    serving: bool = True
+    gate: threading.Event | None = None  # when set on the fake, Embed waits until the event is set
+    waiting: int = 0  # Embed calls currently held at the gate
+    calls: list[Call] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        spec = load_spec(self.model_dir or bundled_model_dir())
+        self.spec = spec
+        self.model_id = self.model_id or spec.model_id
+        self.fingerprint = self.fingerprint or Tokenizer(spec).fingerprint
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="fake-tulip")
+        self._server: grpc.aio.Server | None = None
+        self.address = ""
+
+    # ---- lifecycle ----
+
+    def start(self) -> "FakeTulip":
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    async def _start(self) -> None:
+        self._server = grpc.aio.server(options=[
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10000),
+        ])
+        embed_pb2_grpc.add_EmbedderServicer_to_server(_Embedder(self), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(_Health(self), self._server)
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{self.port}")
+        self.address = f"127.0.0.1:{self.port}"
+        await self._server.start()
+
+    def stop(self) -> None:
+        """Stop serving (connections are closed, in-flight calls cancelled): like a killed replica."""
+        if self._server is not None:
+            asyncio.run_coroutine_threadsafe(self._server.stop(grace=None), self._loop).result(timeout=10)
+            self._server = None
+
+    def restart(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+
+    def close(self) -> None:
+        self.stop()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeTulip":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def tokens_served(self) -> int:
+        return sum(c.tokens for c in self.calls)
+
+
+class _Embedder(embed_pb2_grpc.EmbedderServicer):
+    def __init__(self, fake: FakeTulip) -> None:
+        self.fake = fake
+
+    async def Embed(self, request, context):
+        fake = self.fake
+        if fake.delay_s:
+            await asyncio.sleep(fake.delay_s)
+        if fake.gate is not None:
+            fake.waiting += 1
+            try:
+                while not fake.gate.is_set():
+                    await asyncio.sleep(0.005)
+            finally:
+                fake.waiting -= 1
+        if fake.fail_with is not None and fake.fail_times != 0:
+            if fake.fail_times > 0:
+                fake.fail_times -= 1
+            metadata = (("tulip-reason", fake.fail_reason),) if fake.fail_reason else ()
+            await context.abort(fake.fail_with, fake.fail_details, trailing_metadata=metadata)
+        ids = np.frombuffer(request.token_ids, dtype="<i4")
+        lens = np.frombuffer(request.seq_lens, dtype="<i4")
+        offsets = np.concatenate([[0], np.cumsum(lens)])
+        seqs = [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(lens))]
+        spans = None
+        if request.spans:
+            spans = [tuple(t) for t in np.frombuffer(request.spans, dtype="<i4").reshape(-1, 3).tolist()]
+        native = fake_rows(seqs, fake.spec.dimensions, fake.spec.pooling, spans)
+        if fake.spec.native_int8:  # pplx-embed's native output: round(127 * tanh(x)) as floats
+            native = np.round(127 * np.tanh(4 * native)).astype(np.float32)
+        options = OutputOptions(dimensions=request.dimensions,
+                                normalize=request.normalize if request.HasField("normalize") else None,
+                                encoding=Encoding(request.encoding))
+        out = apply_head(native, options, native_int8=fake.spec.native_int8, default_normalize=fake.spec.normalize)
+        dims = request.dimensions or fake.spec.dimensions
+        fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding))
+        return embed_pb2.EmbedResponse(embeddings=out.astype(out.dtype.newbyteorder("<")).tobytes(),
+                                       rows=out.shape[0], dimensions=dims, encoding=request.encoding,
+                                       tokens=int(lens.sum()))
+
+    async def Info(self, request, context):
+        fake = self.fake
+        return embed_pb2.InfoResponse(
+            model_id=fake.model_id, family=fake.spec.family, max_length=fake.spec.max_length,
+            dimensions=fake.spec.dimensions, pooling=fake.spec.pooling, tokenizer_fingerprint=fake.fingerprint,
+            native_dtype="int8" if fake.spec.native_int8 else "float32", normalized=fake.spec.normalize,
+            max_batch_tokens=16384, max_batch_seqs=256, attention_backend="fake", device="cpu", version="fake")
+
+
+class _Health(health_pb2_grpc.HealthServicer):
+    def __init__(self, fake: FakeTulip) -> None:
+        self.fake = fake
+
+    async def Check(self, request, context):
+        status = health_pb2.HealthCheckResponse.SERVING if self.fake.serving else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> None:
+    """Poll a condition (for state changes driven by background probes); fails the test on timeout."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval)

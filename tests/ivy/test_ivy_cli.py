@@ -1,0 +1,117 @@
+"""`ivy serve` / `ivy up`: flags and env vars, GPU discovery, several workers, and a failing child."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from ivy_testkit import model_copy
+from fake_tulip import FakeTulip
+from ivy import up
+from ivy.config import IvyConfig
+from rose.flags import config_from_args, env_name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _help(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "ivy", *args, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return " ".join(out.stdout.split())
+
+
+def test_help_documents_every_flag_with_its_env_var() -> None:
+    serve, stack = _help("serve"), _help("up")
+    for f in dataclasses.fields(IvyConfig):
+        assert f"--{f.name.replace('_', '-')}" in serve and env_name("IVY", f.name) in serve
+        assert env_name("IVY", f.name) in stack
+    for f in dataclasses.fields(up.UpConfig):
+        assert f"--{f.name.replace('_', '-')}" in stack and env_name("IVY_UP", f.name) in stack
+
+
+def test_config_from_env_and_flags() -> None:
+    env = {"IVY_PORT": "9001", "IVY_REPLICAS": "10.0.0.1:50051, 10.0.0.2:50051", "IVY_TRUNCATE": "true",
+           "IVY_CORS_ORIGINS": "https://a.example"}
+    config = config_from_args(IvyConfig, {"port": "9002"}, "IVY", environ=env)
+    assert config.port == 9002 and config.truncate is True
+    assert config.replicas == ("10.0.0.1:50051", "10.0.0.2:50051") and config.cors_origins == ("https://a.example",)
+    with pytest.raises(SystemExit):
+        IvyConfig(replicas=())
+    assert IvyConfig(max_concurrent_requests=10, workers=4).per_worker_concurrency() == 3
+
+
+def test_visible_gpus(monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert up.visible_gpus("all") == ["0", "1"]
+    assert up.visible_gpus("none") == [None]
+    assert up.visible_gpus("2,3") == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert up.visible_gpus("all") == [None]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(up.shutil, "which", lambda name: None)
+    assert up.visible_gpus("all") == [None]
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
+@pytest.mark.slow
+def test_serve_with_two_workers_and_aggregated_metrics() -> None:
+    port = free_port()
+    with FakeTulip() as fake:
+        env = {**os.environ, "IVY_REPLICAS": fake.address, "IVY_PORT": str(port), "IVY_WORKERS": "2"}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        proc = subprocess.Popen([sys.executable, "-m", "ivy", "serve"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while _get(f"{base}/ready")[0] != 200:
+                assert proc.poll() is None, proc.stderr.read().decode()
+                assert time.monotonic() < deadline, "ivy serve never became ready"
+                time.sleep(0.2)
+            body = json.dumps({"input": ["hello", "world"]}).encode()
+            for _ in range(6):
+                request = urllib.request.Request(f"{base}/v1/embeddings", data=body,
+                                                 headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=10) as r:
+                    assert r.status == 200 and len(json.loads(r.read())["data"]) == 2
+            status, text = _get(f"{base}/metrics")
+            assert status == 200
+            line = next(l for l in text.decode().splitlines()
+                        if l.startswith('ivy_requests_total{route="/v1/embeddings",status="200"}'))
+            assert float(line.split()[-1]) == 6.0  # summed over both workers
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_up_exits_nonzero_with_the_failing_childs_output(tmp_path) -> None:
+    broken = model_copy(tmp_path, "no-weights")  # tokenizer present, safetensors missing: Tulip cannot load
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-m", "ivy", "up", "--model", str(broken), "--port", str(free_port()),
+                          "--tulip-port", str(free_port()), "--startup-timeout-s", "240"],
+                         env=env, capture_output=True, text=True, timeout=280)
+    assert out.returncode != 0
+    assert "exited with code" in out.stderr and "tulip" in out.stderr
+    assert "Ivy is ready" not in out.stdout

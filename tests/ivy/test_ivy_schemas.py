@@ -1,0 +1,60 @@
+"""Request parsing: the input shapes OpenAI and Perplexity accept, and errors that name the element."""
+
+import pytest
+
+from ivy.errors import IvyError, Problem, field_path
+from ivy.schemas import EmbeddingsRequest, parse_documents_of_chunks, parse_inputs, parse_texts
+
+
+def test_input_shapes() -> None:
+    assert parse_inputs("hi").texts == ["hi"]
+    assert parse_inputs(["a", "b"]).texts == ["a", "b"]
+    assert parse_inputs([1, 2, 3]).ids == [[1, 2, 3]]
+    assert parse_inputs([[1], [2, 3]]).ids == [[1], [2, 3]]
+    assert len(parse_inputs([[1], [2, 3]])) == 2
+
+
+@pytest.mark.parametrize("value, problem, param", [
+    ([], Problem.EMPTY_INPUT, "input"),
+    ("", Problem.EMPTY_INPUT, "input"),
+    (["a", ""], Problem.EMPTY_INPUT, "input[1]"),
+    ([[1], []], Problem.EMPTY_INPUT, "input[1]"),
+    (["a", 3], Problem.INVALID_PARAMETER, "input[1]"),
+    ([1, True], Problem.INVALID_PARAMETER, "input[1]"),
+    ([1, 2.5], Problem.INVALID_PARAMETER, "input[1]"),
+    ([[1, "x"]], Problem.INVALID_PARAMETER, "input[0][1]"),
+    ([{"a": 1}], Problem.INVALID_PARAMETER, "input[0]"),
+    (7, Problem.INVALID_PARAMETER, "input"),
+    (None, Problem.INVALID_PARAMETER, "input"),
+])
+def test_bad_inputs_name_the_element(value, problem, param) -> None:
+    with pytest.raises(IvyError) as info:
+        parse_inputs(value)
+    assert info.value.problem is problem and info.value.param == param
+    assert param in info.value.message
+
+
+def test_documents_of_chunks_and_rerank_documents() -> None:
+    assert parse_documents_of_chunks([["a", "b"], ["c"]]) == [["a", "b"], ["c"]]
+    with pytest.raises(IvyError) as info:
+        parse_documents_of_chunks([["a"], ["b", ""]])
+    assert info.value.param == "input[1][1]" and info.value.status == 400
+    with pytest.raises(IvyError) as info:
+        parse_documents_of_chunks([["a"], []])
+    assert info.value.param == "input[1]"
+    assert parse_texts(["a", {"text": "b", "id": 3}], "documents") == ["a", "b"]
+    with pytest.raises(IvyError) as info:
+        parse_texts(["a", {"txt": "b"}], "documents")
+    assert info.value.param == "documents[1]"
+
+
+def test_strict_types_and_ignored_extras() -> None:
+    body = EmbeddingsRequest.model_validate({"input": "a", "dimensions": 8, "unknown_field": 1})
+    assert body.dimensions == 8 and body.truncation_side == "right"
+    with pytest.raises(Exception):
+        EmbeddingsRequest.model_validate({"input": "a", "dimensions": "8"})
+
+
+def test_field_path() -> None:
+    assert field_path(("input", 0, "text")) == "input[0].text"
+    assert field_path(()) == "body"

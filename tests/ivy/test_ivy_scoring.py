@@ -1,0 +1,63 @@
+"""POST /v1/score and POST /v1/rerank: cosine scores, ordering, top_n, documents echoed, client shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ivy_testkit import MODEL
+from fake_tulip import fake_rows
+from rose.spec import bundled_model_dir, load_spec
+from rose.tokenizer import Tokenizer
+
+TOKENIZER = Tokenizer(load_spec(bundled_model_dir()))
+QUERY = "where do cats sleep"
+DOCS = ["cats sleep on the sofa", "stock prices fell today", "cats and dogs", "where do birds fly"]
+
+
+def _cosines(query: str, docs: list[str]) -> np.ndarray:
+    rows = fake_rows([e.ids for e in TOKENIZER.encode_batch([query, *docs])], 384)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows[1:] @ rows[0]
+
+
+def test_rerank_sorted_by_cosine_with_documents(client) -> None:
+    r = client.post("/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS, "return_documents": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    expected = _cosines(QUERY, DOCS)
+    assert [x["index"] for x in body["results"]] == list(np.argsort(-expected))
+    for item in body["results"]:
+        assert abs(item["relevance_score"] - expected[item["index"]]) < 1e-5
+        assert item["document"] == {"text": DOCS[item["index"]]}
+    tokens = sum(len(e.ids) for e in TOKENIZER.encode_batch([QUERY, *DOCS]))
+    assert body["usage"]["total_tokens"] == tokens and body["model"] == MODEL and body["id"]
+
+
+def test_rerank_top_n_objects_and_no_documents_by_default(client) -> None:
+    docs = [{"text": d} for d in DOCS]
+    body = client.post("/v1/rerank", json={"query": QUERY, "documents": docs, "top_n": 2}).json()
+    assert len(body["results"]) == 2 and "document" not in body["results"][0]
+    scores = [x["relevance_score"] for x in body["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert client.post("/v1/rerank", json={"query": "", "documents": DOCS}).status_code == 400
+    assert client.post("/v1/rerank", json={"query": QUERY, "documents": []}).status_code == 400
+    assert client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 0}).status_code == 422
+
+
+def test_score_one_against_many_and_pairwise(client) -> None:
+    body = client.post("/v1/score", json={"text_1": QUERY, "text_2": DOCS}).json()
+    assert [d["index"] for d in body["data"]] == [0, 1, 2, 3]
+    np.testing.assert_allclose([d["score"] for d in body["data"]], _cosines(QUERY, DOCS), atol=1e-5)
+    pairs = client.post("/v1/score", json={"text_1": DOCS[:2], "text_2": DOCS[2:]}).json()
+    np.testing.assert_allclose([d["score"] for d in pairs["data"]],
+                               [_cosines(DOCS[0], [DOCS[2]])[0], _cosines(DOCS[1], [DOCS[3]])[0]], atol=1e-5)
+    r = client.post("/v1/score", json={"text_1": DOCS[:2], "text_2": DOCS})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "text_1"
+
+
+def test_cohere_v2_path_and_openapi(client) -> None:
+    r = client.post("/v2/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS, "top_n": 1})
+    assert r.status_code == 200 and len(r.json()["results"]) == 1
+    paths = client.get("/openapi.json").json()["paths"]
+    for route in ("/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v1/models"):
+        assert route in paths
