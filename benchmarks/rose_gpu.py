@@ -119,7 +119,8 @@ def time_overlap(engine, inputs, iters: int, warmup: int) -> tuple[list[float], 
     return lat, time.perf_counter() - t_start
 
 
-def bench_model(name: str, root: Path, quick: bool, records: list, saturation: list) -> None:
+def bench_model(name: str, root: Path, quick: bool, records: list, saturation: list,
+                compile_suites: list[str]) -> None:
     model_dir = make_folder(name, root / name, "bfloat16")
     from rose.spec import load_spec
 
@@ -145,7 +146,7 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
         run = hf_runner(model_dir, spec.pooling, compile_mode)
         variant = "hf-compile" if compile_mode else "hf-eager"
         for suite, batches in inputs.items():
-            if compile_mode and suite not in ("bs1-128", "bs1-512"):
+            if compile_mode and suite not in compile_suites:
                 continue
             tc = time.perf_counter()
             run(batches[0])
@@ -216,15 +217,18 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("/tmp/rose-models"))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--tag", default="", help="suffix for the output file names")
+    parser.add_argument("--compile-suites", default="bs1-128,bs1-512",
+                        help="suites timed with HF + torch.compile (each new shape recompiles: ~50 s each)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     records: list = []
     saturation: list = []
+    env = gpu_env.collect()
     for name in args.models.split(","):
         print(f"== {name}", flush=True)
-        bench_model(name, args.root, args.quick, records, saturation)
-    result = {"env": gpu_env.collect(), "records": records, "saturation": saturation}
-    (args.out / f"rose_gpu{args.tag}.json").write_text(json.dumps(result, indent=1))
+        bench_model(name, args.root, args.quick, records, saturation, args.compile_suites.split(","))
+        result = {"env": env, "records": records, "saturation": saturation}  # written after each model
+        (args.out / f"rose_gpu{args.tag}.json").write_text(json.dumps(result, indent=1))
     if saturation:
         plot_saturation(saturation, args.out / f"saturation{args.tag}.png")
     print(f"\n{'model':11s} {'suite':13s} {'variant':20s} {'p50 ms':>9s} {'p99 ms':>9s} {'k tok/s':>9s}")
