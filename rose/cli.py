@@ -4,6 +4,7 @@
     rose embed MODEL_DIR "text" ...     embeddings as JSON (default options of the model)
 
 Engine options are flags and ROSE_* environment variables (rose.flags).     rose smoke MODEL_DIR [KEYS]         graph replay vs eager on this GPU; exit 1 on failure (deploy gate)
+    rose build-kernels MODEL_DIR [--backends B,..] [--cache-dir DIR]   compile JIT attention kernels ahead
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ PREFIX = "ROSE"
 class EngineConfig:
     device: str | None = field(default=None, metadata={"help": "cpu, cuda or cuda:N; empty = CUDA when available"})
     dtype: str | None = field(default=None, metadata={"help": "float32, bfloat16 or float16; empty = float32 on CPU, bfloat16 on CUDA"})
-    attention: str = field(default="auto", metadata={"help": "attention backend: auto, sdpa or varlen"})
+    attention: str = field(default="auto", metadata={"help": "attention backend: auto (the serving profile beside the model, else varlen on CUDA, sdpa on CPU), sdpa, varlen, flashinfer-fa2, flashinfer-fa3 or fa4"})
     pinned_cap_bytes: int = field(default=256 << 20, metadata={"help": "cap on page-locked output buffers, bytes"})
     pinned_timeout_s: float = field(default=30.0, metadata={"help": "seconds a step waits at the pinned cap before failing"})
     model_id: str | None = field(default=None, metadata={"help": "model name to report; empty = the folder's"})
@@ -103,6 +104,37 @@ def cmd_embed(args: argparse.Namespace, cfg: EngineConfig) -> int:
     return 0
 
 
+def cmd_build_kernels(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """Image build step: compile FlashInfer / FA4 kernels for this model's shape into --cache-dir, so a
+    replica started with ROSE_KERNEL_CACHE_DIR=DIR loads them instead of compiling at start."""
+    from rose.attention.kernels import JIT_BACKENDS, use_kernel_cache
+
+    cache = use_kernel_cache(args.cache_dir)  # before flashinfer / flash_attn are imported
+    import torch
+
+    from rose.attention import AttentionShape, ServingProfile, profile_path
+    from rose.attention.kernels import build_kernels
+    from rose.engine import resolve_dtype
+    from rose.spec import load_spec
+
+    if not torch.cuda.is_available():
+        print("rose build-kernels: no CUDA device; the kernels compile for the GPU they run on", file=sys.stderr)
+        return 1
+    spec = load_spec(args.model_dir)
+    named = args.backends not in (None, "", "profile")
+    backends = args.backends.split(",") if named else list(JIT_BACKENDS)
+    if not named and profile_path(spec.model_dir).is_file():
+        named = True
+        backends = sorted(set(ServingProfile.load(profile_path(spec.model_dir)).attention.values()) & set(JIT_BACKENDS))
+    device = torch.device("cuda", torch.cuda.current_device())
+    records = build_kernels(AttentionShape.from_spec(spec), backends, device, resolve_dtype(cfg.dtype, device))
+    print(f"{'backend':16s} {'status':12s} {'first use s':>11s}  cache {cache or '(library default)'}")
+    for r in records:
+        print(f"{r['backend']:16s} {r['status']:12s} {r['seconds']:11.2f}  {r.get('error', '')}")
+    bad = [r for r in records if r["status"] == "failed" or (named and r["status"] == "unavailable")]
+    return 1 if bad else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rose", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--normalize", choices=("true", "false"), default=None, help="default: the model's")
     embed.add_argument("--prompt-name", default=None, help="prepend this sentence-transformers prompt")
     embed.set_defaults(func=cmd_embed)
+    build = sub.add_parser("build-kernels", help="compile the JIT attention kernels (FlashInfer, FA4) ahead of serving")
+    build.add_argument("model_dir")
+    build.add_argument("--backends", default="profile",
+                       help="comma list of flashinfer-fa2, flashinfer-fa3, fa4; profile (default) = those the "
+                            "serving profile names, or all that can run here when there is none")
+    build.add_argument("--cache-dir", default=None, help="kernel cache directory [env ROSE_KERNEL_CACHE_DIR]")
+    build.set_defaults(func=cmd_build_kernels)
     for p in (info, embed):
         add_config_arguments(p, EngineConfig, PREFIX)
     return parser

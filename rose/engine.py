@@ -25,7 +25,7 @@ from rose.runner import ModelRunner
 from rose.spec import ModelSpec, load_spec
 from rose.tokenizer import Tokenizer
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS
-from rose.warmup import DEFAULT_PREWARM, VerifiedLayout, default_manifest_path, prewarm_and_verify, prewarm_layouts
+from rose.warmup import DEFAULT_PREWARM, VerifiedLayout, default_manifest_path, prewarm_and_verify, prewarm_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about this many tokens
@@ -175,8 +175,8 @@ class Engine:
             raise RuntimeError("warm-up produced non-finite embeddings")
         if self.runner.graphs is None:
             return []
-        layouts = prewarm_layouts(self.runner, self.prewarm, self.graph_manifest)
-        return prewarm_and_verify(self.runner, layouts, self.spec.pooling)
+        shapes = prewarm_shapes(self.runner, self.prewarm, self.graph_manifest)
+        return prewarm_and_verify(self.runner, shapes, self.spec.pooling)
 
     def save_graph_manifest(self) -> Path | None:
         """Record the layouts seen in traffic, hottest first, for the next start's prewarm."""

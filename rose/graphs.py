@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS, choose_layout
+from rose.batch import Batch
 from rose.meta import ForwardMeta, HostMeta, MetaLayout
 
 VERIFY_MAX_DIVERGENCE = 1e-3  # cosine divergence (1 - cos) between graph and eager output, per row
@@ -32,7 +33,7 @@ class GraphVerificationError(RuntimeError):
 
 
 def layout_label(layout: MetaLayout) -> str:
-    return f"t{layout.tokens}s{layout.seqs}p{layout.rows}"
+    return f"t{layout.tokens}s{layout.seqs}p{layout.rows}m{layout.seqlen_bound}"
 
 
 @dataclass
@@ -58,13 +59,14 @@ class CudaGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[MetaLayout, _Graph] = {}
         self.seen: Counter[MetaLayout] = Counter()
+        self.examples: dict[MetaLayout, tuple[int, int, int, int]] = {}  # a real (T, S, P, longest) per layout
         self.capture_seconds = 0.0
         self._lock = threading.Lock()
 
     # -- bucket choice (host only) ---------------------------------------------------------------
-    def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int) -> MetaLayout | None:
+    def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
         """The smallest bucket layout that fits, or None above the largest bucket (run eagerly)."""
-        found = choose_layout(self.token_buckets, self.seq_buckets, num_tokens, num_seqs, num_rows)
+        found = choose_layout(self.token_buckets, self.seq_buckets, num_tokens, num_seqs, num_rows, longest)
         return None if found is None else MetaLayout(*found)
 
     # -- running ---------------------------------------------------------------------------------
@@ -74,11 +76,14 @@ class CudaGraphs:
         layout = host.layout
         with self._lock:
             entry = self.graphs.get(layout)
+            self.seen[layout] += 1
+            if layout not in self.examples:
+                self.examples[layout] = (host.num_tokens, host.num_seqs, host.num_rows,
+                                         int(np.diff(host.cu_seqlens[: host.num_seqs + 1]).max(initial=1)))
             if entry is None:
-                self.seen[layout] += 1
-                if self.seen[layout] <= self.capture_after:
+                if self.seen[layout] <= self.capture_after:  # lazy capture: warm up eagerly first
                     dev = staged.to(self.device, non_blocking=True)
-                    meta = ForwardMeta.from_buffer(dev, layout, layout.tokens, host)
+                    meta = ForwardMeta.from_buffer(dev, layout, layout.seqlen_bound, host)
                     self.plan(meta)
                     return self.forward(meta), "eager"
                 entry = self._capture(layout, host)
@@ -95,7 +100,7 @@ class CudaGraphs:
         start = time.perf_counter()
         static_in = torch.zeros(layout.words, dtype=torch.int64, device=self.device)
         static_in.copy_(torch.from_numpy(host.packed))  # a valid batch for the capture-time warm run
-        meta = ForwardMeta.from_buffer(static_in, layout, layout.tokens, host)
+        meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host)
         self.plan(meta)
         # One warm run on a side stream, as torch.cuda.graph's docs ask, then the capture.
         side = torch.cuda.Stream(self.device)
@@ -112,40 +117,42 @@ class CudaGraphs:
         return entry
 
     # -- prewarm, manifest, verification ----------------------------------------------------------
-    def hot_layouts(self) -> list[MetaLayout]:
-        """Layouts seen in traffic, most frequent first (captured or not)."""
-        counts = Counter(self.seen)
-        return [layout for layout, _ in counts.most_common()]
-
     def save_manifest(self, path: Path) -> None:
-        rows = [[lay.tokens, lay.seqs, lay.rows, n] for lay, n in Counter(self.seen).most_common()]
+        """Hot layouts, most frequent first, each with a real batch shape that maps to it."""
+        rows = [[*self.examples[lay], n] for lay, n in self.seen.most_common() if lay in self.examples]
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": 1, "layouts": rows}, indent=1))
+        tmp.write_text(json.dumps({"version": 2, "shapes": rows}, indent=1))
         os.replace(tmp, path)
 
 
-def load_manifest(path: Path) -> list[MetaLayout]:
+def load_manifest(path: Path) -> list[tuple[int, int, int, int]]:
+    """(tokens, sequences, rows, longest) batch shapes, hottest first."""
     data = json.loads(Path(path).read_text())
-    return [MetaLayout(int(t), int(s), int(p)) for t, s, p, *_ in data.get("layouts", [])]
+    return [(int(t), int(s), int(p), int(m)) for t, s, p, m, *_ in data.get("shapes", [])]
 
 
-def probe_sequences(layout: MetaLayout, vocab_size: int, max_length: int, seed: int = 0) -> list[np.ndarray] | None:
-    """Random token-id sequences that fill `layout` exactly (lengths vary, each within max_length; never
-    zeros), or None when no valid batch has this layout (it would need sequences over max_length)."""
-    total = layout.tokens
-    seqs = min(layout.seqs, layout.rows, total)
-    if -(-total // max_length) > seqs:
+def probe_batch(shape: tuple[int, int, int, int], vocab_size: int, pooling: str, seed: int = 0) -> Batch | None:
+    """A random batch of the given (tokens, sequences, rows, longest) shape, so it maps to the same graph
+    layout as the traffic it stands for: one sequence of `longest` tokens, the rest split evenly; rows
+    beyond one per sequence become late-chunking spans. None when the shape is impossible."""
+    tokens, seqs, rows, longest = shape
+    rest = tokens - longest
+    if seqs < 1 or longest < 1 or rest < seqs - 1 or (seqs == 1 and rest) or rows < seqs or rows > tokens:
         return None
-    rng = np.random.default_rng(seed + layout.tokens * 7919 + layout.seqs * 31 + layout.rows)
-    lengths = np.full(seqs, total // seqs, dtype=np.int64)
-    lengths[: total % seqs] += 1
-    for i in range(seqs - 1):  # shift tokens between neighbours: ragged, still within [1, max_length]
-        room = int(min(lengths[i] - 1, max_length - lengths[i + 1]))
-        if room > 0:
-            d = int(rng.integers(0, room + 1))
-            lengths[i] -= d
-            lengths[i + 1] += d
-    return [rng.integers(1, max(2, vocab_size), size=int(n)).astype(np.int32) for n in lengths]
+    lengths = [longest] + [rest // (seqs - 1) + (1 if i < rest % (seqs - 1) else 0) for i in range(seqs - 1)]
+    if max(lengths) > longest:
+        return None
+    rng = np.random.default_rng(seed + 7919 * tokens + 31 * seqs + rows)
+    ids = [rng.integers(1, max(2, vocab_size), size=n).astype(np.int32) for n in lengths]
+    if rows == seqs:
+        return Batch.from_sequences(ids, pooling)
+    spans, extra = [], rows - seqs  # split sequences into more spans until there are `rows` of them
+    for i, n in enumerate(lengths):
+        k = 1 + min(extra, n - 1)
+        extra -= k - 1
+        bounds = np.linspace(0, n, k + 1).astype(int)
+        spans += [(i, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    return Batch.from_sequences(ids, spans=spans) if extra == 0 else None
 
 
 def cosine_divergence(a: np.ndarray, b: np.ndarray) -> np.ndarray:

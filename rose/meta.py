@@ -30,6 +30,7 @@ class MetaLayout:
     tokens: int  # Tb
     seqs: int  # Sb (cu_seqlens has Sb + 1 entries)
     rows: int  # Pb
+    max_seqlen: int = 0  # Mb: bound on any (pseudo-)sequence, baked into varlen kernels' grids; 0 = Tb
 
     @property
     def cu_words(self) -> int:
@@ -50,6 +51,11 @@ class MetaLayout:
     def fits(self, num_tokens: int, num_seqs: int, num_rows: int) -> bool:
         pad_seq = 1 if self.tokens > num_tokens else 0
         return num_tokens <= self.tokens and num_seqs + pad_seq <= self.seqs and num_rows <= self.rows
+
+    @property
+    def seqlen_bound(self) -> int:
+        """The max_seqlen a graph of this layout passes to the attention kernel."""
+        return self.max_seqlen or self.tokens
 
 
 @dataclass(frozen=True)

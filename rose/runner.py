@@ -79,7 +79,8 @@ class ModelRunner:
         start = time.perf_counter()
         layout = None
         if use_graphs and self.graphs is not None:
-            layout = self.graphs.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows)
+            longest = int(batch.seq_lens.max()) if batch.num_seqs else 1
+            layout = self.graphs.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows, longest)
         host = self.pack(batch, layout)
         out_bytes = host.num_rows * self.dimensions * 4
         if host.num_rows == 0:

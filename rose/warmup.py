@@ -18,9 +18,8 @@ from typing import Iterable
 
 import numpy as np
 
-from rose.batch import Batch
 from rose.graphs import (VERIFY_MAX_DIVERGENCE, GraphVerificationError, cosine_divergence, layout_label,
-                         load_manifest, probe_sequences)
+                         load_manifest, probe_batch)
 from rose.meta import MetaLayout
 
 log = logging.getLogger("rose.warmup")
@@ -47,44 +46,42 @@ def default_manifest_path(model_dir: Path) -> Path | None:
     return cache / MANIFEST_NAME
 
 
-def prewarm_layouts(runner, keys: Iterable[tuple[int, int]], manifest: Path | None,
-                    limit: int = 64) -> list[MetaLayout]:
-    """Bucket layouts for (tokens, sequences) keys plus the manifest's hot layouts, de-duplicated."""
-    graphs = runner.graphs
-    out: list[MetaLayout] = []
+def prewarm_shapes(runner, keys: Iterable[tuple[int, int]], manifest: Path | None,
+                   limit: int = 64) -> list[tuple[int, int, int, int]]:
+    """(tokens, sequences, rows, longest) shapes to capture: the (tokens, sequences) keys split evenly
+    (within the model's max length), then the manifest's hot shapes; one per graph layout."""
+    max_len = runner.spec.max_length
+    shapes = []
     for tokens, seqs in keys:
-        layout = graphs.layout_for(tokens, seqs, seqs)
-        if layout is not None:
-            out.append(layout)
+        seqs = max(seqs, -(-tokens // max_len))
+        if seqs <= tokens:
+            shapes.append((tokens, seqs, seqs, -(-tokens // seqs)))
     if manifest is not None and manifest.is_file():
         try:
-            out.extend(load_manifest(manifest)[:limit])
-        except (OSError, ValueError, KeyError) as exc:
+            shapes.extend(load_manifest(manifest)[:limit])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring unreadable graph manifest %s: %s", manifest, exc)
-    seen, unique = set(), []
-    for layout in out:
-        if layout not in seen and layout.tokens in graphs.token_buckets:
-            seen.add(layout)
-            unique.append(layout)
-    return unique
+    return shapes
 
 
-def prewarm_and_verify(runner, layouts: Iterable[MetaLayout], pooling: str) -> list[VerifiedLayout]:
-    """Capture each layout and check replay == eager on fresh probes; raises GraphVerificationError."""
-    done = []
-    for layout in layouts:
-        seqs = probe_sequences(layout, runner.vocab_size, runner.spec.max_length)
-        if seqs is None:
-            continue  # no valid batch has this layout for this model (sequences would exceed max_length)
-        batch = Batch.from_sequences(seqs, pooling)
-        if runner.graphs.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows) != layout:
+def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pooling: str) -> list[VerifiedLayout]:
+    """Capture the graph of each shape and check replay == eager on fresh probes; raises
+    GraphVerificationError on a mismatch. Shapes above the largest bucket or impossible are skipped."""
+    done, seen = [], set()
+    graphs = runner.graphs
+    for shape in shapes:
+        batch = probe_batch(shape, runner.vocab_size, pooling, seed=0)
+        if batch is None or int(batch.seq_lens.max()) > runner.spec.max_length:
             continue
+        layout = graphs.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows, int(batch.seq_lens.max()))
+        if layout is None or layout in seen:
+            continue
+        seen.add(layout)
         t0 = time.perf_counter()
-        while layout not in runner.graphs.graphs:  # eager warm-up run(s), then the capture
+        while layout not in graphs.graphs:  # eager warm-up run(s), then the capture
             runner.step(batch).result()
         capture_s = time.perf_counter() - t0
-        probe = Batch.from_sequences(probe_sequences(layout, runner.vocab_size, runner.spec.max_length, seed=1),
-                                     pooling)
+        probe = probe_batch(shape, runner.vocab_size, pooling, seed=1)
         replayed = runner.step(probe).result()
         eager = runner.step(probe, use_graphs=False).result()
         worst = float(cosine_divergence(replayed, eager).max())

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
-from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding, apply_rotary, get_activation
+from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from rose.layers.fused import add_rms_norm, qk_norm_rope, rms_norm, silu_mul
 from rose.meta import ForwardMeta
 
 
@@ -40,12 +41,14 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                attn: AttentionContext) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj.forward_split(x)
-        q = apply_rotary(self.q_norm(q.view(t, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rotary(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), cos, sin)
-        out = attn(q, k, v.view(t, self.num_kv_heads, self.head_dim))
+        qkv = self.qkv_proj(x)
+        q, k = qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, positions, inv_freq,
+                            self.num_heads, self.num_kv_heads, self.head_dim, self.q_norm.eps)
+        v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim:].view(t, self.num_kv_heads, self.head_dim)
+        out = attn(q, k, v)
         return self.o_proj(out.reshape(t, -1))
 
 
@@ -55,11 +58,11 @@ class Qwen3MLP(nn.Module):
         hidden, inner = cfg["hidden_size"], cfg["intermediate_size"]
         self.gate_up_proj = MergedLinear(hidden, (inner, inner), bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
-        self.act = get_activation(cfg.get("hidden_act", "silu"))
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"Qwen3 with hidden_act {cfg.get('hidden_act')!r} is not supported (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.forward_split(x)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -71,9 +74,14 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg["hidden_size"], eps)
         self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, positions: torch.Tensor,
+                inv_freq: torch.Tensor, attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """h = this layer's input_layernorm(residual), already applied by the previous step. Returns
+        (next_norm(new residual), new residual): each residual add is fused into the norm after it."""
+        a = self.self_attn(h, positions, inv_freq, attn)
+        h, residual = add_rms_norm(a, residual, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        m = self.mlp(h)
+        return add_rms_norm(m, residual, next_norm.weight, next_norm.eps)
 
 
 class Qwen3Model(nn.Module):
@@ -97,9 +105,11 @@ class Qwen3Model(nn.Module):
         self.rotary = RotaryEmbedding(head_dim, rope_theta(cfg))
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
-        x = self.embed_tokens(meta.input_ids)
-        cos, sin = self.rotary(meta.positions, x.dtype)
+        residual = self.embed_tokens(meta.input_ids)
         attn = AttentionContext.build(backend, meta, causal=self.causal, scale=self.scale)
-        for layer in self.layers:
-            x = layer(x, cos, sin, attn)
-        return self.norm(x)
+        first = self.layers[0].input_layernorm
+        h = rms_norm(residual, first.weight, first.eps)
+        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm in zip(self.layers, norms):
+            h, residual = layer(h, residual, next_norm, meta.positions, self.rotary.inv_freq, attn)
+        return h

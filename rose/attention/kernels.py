@@ -1,0 +1,91 @@
+"""Kernels that compile on first use (FlashInfer's JIT, FlashAttention 4's CuTe DSL), built ahead of serving.
+
+Why: FlashInfer compiles its prefill module the first time a (dtype, head dim) is planned (fa2 about 23 s,
+fa3 about 83 s on the H200); a replica that did that at start would miss its start-to-ready budget. The
+image build runs `rose build-kernels MODEL_DIR --cache-dir DIR` once; serving points the same variable
+(ROSE_KERNEL_CACHE_DIR=DIR) at it and loads the compiled modules in well under a second.
+
+Both libraries read their cache location from the environment when they are imported, so
+use_kernel_cache() must run before either is imported (the backends call it just before importing).
+FlashInfer: FLASHINFER_WORKSPACE_BASE (its cache lives under BASE/.cache/flashinfer/<version>/<arch>).
+FA4: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 and FLASH_ATTENTION_CUTE_DSL_CACHE_DIR.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rose.attention.shape import AttentionShape
+
+log = logging.getLogger("rose.attention")
+CACHE_ENV = "ROSE_KERNEL_CACHE_DIR"
+JIT_BACKENDS = ("flashinfer-fa2", "flashinfer-fa3", "fa4")
+
+
+def use_kernel_cache(cache_dir: str | Path | None = None) -> Path | None:
+    """Point the JIT caches at `cache_dir` (default: $ROSE_KERNEL_CACHE_DIR; None = the libraries' own
+    defaults). An explicit directory wins over variables already set; the variable only fills gaps."""
+    explicit = cache_dir is not None
+    cache_dir = cache_dir or os.environ.get(CACHE_ENV)
+    if not cache_dir:
+        return None
+    root = Path(cache_dir).expanduser().resolve()
+    settings = {"FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer"),
+                "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
+                "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(root / "fa4")}
+    for key, value in settings.items():
+        if explicit or key not in os.environ:
+            os.environ[key] = value
+    for module in ("flashinfer", "flash_attn.cute"):
+        if module in sys.modules and explicit:
+            log.warning("%s was imported before the kernel cache was set; it keeps its old cache dir", module)
+    os.environ.setdefault(CACHE_ENV, str(root))
+    return root
+
+
+def build_kernels(shape: AttentionShape, backends=JIT_BACKENDS, device: torch.device | None = None,
+                  dtype: torch.dtype = torch.bfloat16, tokens: int = 256) -> list[dict]:
+    """Plan and run each backend once on a small ragged batch of `shape`, which compiles (or loads from the
+    cache) every kernel it serves with: one FlashInfer module covers causal and bidirectional; FA4 compiles
+    per mask, so it runs both. One record per backend: status built | unavailable (cannot run here: package
+    missing, GPU or shape unsupported) | failed (the build or the run broke), seconds of first use, error."""
+    from rose.attention import AttentionBackendError, make_backend
+    from rose.batch import Batch
+    from rose.meta import ForwardMeta, MetaLayout, pack_batch
+
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    batch = Batch.from_sequences([[1] * n for n in (tokens // 2, tokens // 4, tokens // 8)])
+    host = pack_batch(batch, MetaLayout(tokens, 4, 4))
+    meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed).to(device), host.layout, tokens, host)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(tokens, h, shape.head_dim, generator=gen).to(device, dtype)
+               for h in (shape.num_qo_heads, shape.num_kv_heads, shape.num_kv_heads))
+    out = []
+    for name in backends:
+        start = time.perf_counter()
+        record = {"backend": name, "status": "built"}
+        for causal in (shape.causal, not shape.causal) if name == "fa4" else (shape.causal,):
+            try:
+                backend = make_backend(name, device, dtype, shape=AttentionShape(
+                    shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, causal))
+            except AttentionBackendError as exc:
+                record.update(status="unavailable", error=str(exc)[:400])
+                break
+            try:
+                backend.plan(meta)
+                o = backend.forward(q, k, v, meta, causal, shape.scale, backend.prepare(meta, causal))
+                torch.cuda.synchronize(device)
+                if not bool(torch.isfinite(o[: host.num_tokens]).all()):
+                    raise RuntimeError("non-finite output")
+            except Exception as exc:  # noqa: BLE001 - a JIT or kernel failure is reported, not raised
+                record.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:400])
+                break
+        record["seconds"] = round(time.perf_counter() - start, 2)
+        out.append(record)
+    return out

@@ -1,0 +1,168 @@
+"""Fused elementwise kernels for the Qwen3 layer (Triton on CUDA, the same math in torch elsewhere).
+
+Why: inside a whole-model CUDA graph the launch overhead is gone, but each kernel node still costs
+~2-3 µs of GPU time and every unfused elementwise op re-reads its tensor from memory. The unfused Qwen3
+layer ran ~50 kernels (RMSNorm alone is 8: casts, pow, mean, rsqrt, two muls); 28 layers x 50 x ~3 µs
+put a 4 ms floor under a 64-token forward on the H200 (benchmarks/NOTES.md). Fused, a layer is
+add+RMSNorm, QKV GEMM, QK-norm+RoPE, attention, O GEMM, add+RMSNorm, gate-up GEMM, SiLU*mul, down GEMM.
+
+Rounding follows Hugging Face's bf16 path (residual sum, norm output and RoPE cos/sin rounded to the
+activation dtype) so parity with transformers holds; arithmetic inside a kernel is float32.
+Hand-written Triton rather than torch.compile: compiled once per kernel (not per token bucket), no
+recompiles under capture, and start-to-ready stays within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # Triton ships with CUDA builds of torch; CPU builds (and CI) use the torch fallbacks below
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the torch build
+    triton = None
+
+ENABLED = os.environ.get("ROSE_FUSED_KERNELS", "1") not in ("0", "false", "off")
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return ENABLED and triton is not None and x.is_cuda
+
+
+# -- torch reference versions (CPU, and the definition the kernels must match) ---------------------
+def _rms_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+# -- public API --------------------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if not _use_triton(x):
+        return _rms_torch(x, weight, eps)
+    out = torch.empty_like(x)
+    _launch_add_rms(x, None, weight, out, None, eps)
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x): the residual add and the next norm in one pass."""
+    if not _use_triton(x):
+        summed = residual + x
+        return _rms_torch(summed, weight, eps), summed
+    out = torch.empty_like(x)
+    new_residual = torch.empty_like(x)
+    _launch_add_rms(x, residual, weight, out, new_residual, eps)
+    return out, new_residual
+
+
+def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, positions: torch.Tensor,
+                 inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the fused QKV projection [T, (Hq + 2 Hkv) D]: per-head RMSNorm of q and k, then RoPE at each
+    token's position. Returns contiguous q [T, Hq, D] and k [T, Hkv, D]."""
+    t = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    if not _use_triton(qkv):
+        q = _rms_torch(qkv[:, :q_size].reshape(t, num_heads, head_dim), q_weight, eps)
+        k = _rms_torch(qkv[:, q_size:q_size + kv_size].reshape(t, num_kv_heads, head_dim), k_weight, eps)
+        freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(qkv.dtype)[:, None, :], emb.sin().to(qkv.dtype)[:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    q = torch.empty(t, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(t, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    _qk_norm_rope_kernel[(t, num_heads + num_kv_heads)](
+        qkv, q, k, q_weight, k_weight, positions, inv_freq, qkv.stride(0), num_heads, num_kv_heads, eps,
+        HALF=head_dim // 2)
+    return q, k
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for the fused gate-up projection [T, 2I] -> [T, I]."""
+    inner = gate_up.shape[1] // 2
+    if not _use_triton(gate_up):
+        gate, up = gate_up.split(inner, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    out = torch.empty(gate_up.shape[0], inner, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(gate_up.shape[0], triton.cdiv(inner, block))](gate_up, out, inner, gate_up.stride(0),
+                                                                    BLOCK=block)
+    return out
+
+
+# -- Triton kernels ------------------------------------------------------------------------------------
+def _launch_add_rms(x, residual, weight, out, res_out, eps: float) -> None:
+    rows, cols = x.shape[0], x.shape[-1]
+    block = triton.next_power_of_2(cols)
+    has_res = residual is not None
+    _add_rms_kernel[(rows,)](x, residual if has_res else x, weight, out, res_out if has_res else out,
+                             cols, x.stride(0), eps, HAS_RES=has_res, BLOCK=block,
+                             num_warps=4 if block <= 2048 else 8)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, cols, stride, eps,
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < cols
+        x = tl.load(x_ptr + row * stride + offs, mask=mask, other=0.0)
+        if HAS_RES:
+            r = tl.load(res_ptr + row * stride + offs, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)  # bf16 sum, as HF
+            tl.store(res_out_ptr + row * stride + offs, x, mask=mask)
+        h = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(h * h, axis=0) / cols + eps)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = (h * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * w
+        tl.store(out_ptr + row * stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, inv_freq_ptr, stride,
+                             num_heads, num_kv_heads, eps, HALF: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        j = tl.arange(0, HALF)
+        src = qkv_ptr + t * stride + head * (2 * HALF)
+        x1 = tl.load(src + j).to(tl.float32)
+        x2 = tl.load(src + HALF + j).to(tl.float32)
+        is_q = head < num_heads
+        w1 = tl.where(is_q, tl.load(qw_ptr + j), tl.load(kw_ptr + j)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(qw_ptr + HALF + j), tl.load(kw_ptr + HALF + j)).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+        dt = q_ptr.dtype.element_ty
+        n1 = ((x1 * rstd).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        n2 = ((x2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+        freq = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_freq_ptr + j)
+        c = tl.cos(freq).to(dt).to(tl.float32)
+        s = tl.sin(freq).to(dt).to(tl.float32)
+        o1 = n1 * c - n2 * s
+        o2 = n2 * c + n1 * s
+        if is_q:
+            dst = q_ptr + (t * num_heads + head) * (2 * HALF)
+        else:
+            dst = k_ptr + (t * num_kv_heads + (head - num_heads)) * (2 * HALF)
+        tl.store(dst + j, o1.to(dt))
+        tl.store(dst + HALF + j, o2.to(dt))
+
+    @triton.jit
+    def _silu_mul_kernel(gu_ptr, out_ptr, inner, stride, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < inner
+        g = tl.load(gu_ptr + row * stride + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + row * stride + inner + offs, mask=mask, other=0.0).to(tl.float32)
+        dt = out_ptr.dtype.element_ty
+        act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        tl.store(out_ptr + row * inner + offs, (act * u).to(dt), mask=mask)

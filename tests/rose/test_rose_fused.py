@@ -1,0 +1,62 @@
+"""Fused Triton kernels equal their torch definitions (GPU, bf16; the CPU always runs the torch path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rose.layers import fused
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or fused.triton is None,
+                                                  reason="needs CUDA and Triton")]
+
+
+def _both(fn, *args, monkeypatch):
+    monkeypatch.setattr(fused, "ENABLED", True)
+    fast = fn(*args)
+    monkeypatch.setattr(fused, "ENABLED", False)
+    ref = fn(*args)
+    return fast, ref
+
+
+def _close(a, b, rel=2e-2):
+    a, b = a.float(), b.float()
+    assert torch.isfinite(a).all()
+    err = (a - b).norm() / b.norm().clamp_min(1e-12)
+    assert err < rel, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("tokens,hidden", [(1, 64), (37, 1024), (300, 2560)])
+def test_add_rms_norm(tokens, hidden, monkeypatch):
+    g = torch.Generator("cuda").manual_seed(tokens)
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    r = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
+    (out, res), (out_ref, res_ref) = _both(fused.add_rms_norm, x, r, w, 1e-6, monkeypatch=monkeypatch)
+    assert torch.equal(res, res_ref), "the residual sum rounds exactly as torch's bf16 add"
+    _close(out, out_ref)
+    fast, ref = _both(fused.rms_norm, x, w, 1e-6, monkeypatch=monkeypatch)
+    _close(fast, ref)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (4, 2, 16), (32, 8, 128)])
+def test_qk_norm_rope(heads, kv_heads, head_dim, monkeypatch):
+    tokens = 77
+    g = torch.Generator("cuda").manual_seed(heads)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda", generator=g).bfloat16()
+    qw = (1 + 0.1 * torch.randn(head_dim, device="cuda", generator=g)).bfloat16()
+    kw = (1 + 0.1 * torch.randn(head_dim, device="cuda", generator=g)).bfloat16()
+    pos = torch.randint(0, 30000, (tokens,), device="cuda", generator=g)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device="cuda", dtype=torch.float32) / head_dim))
+    (q, k), (q_ref, k_ref) = _both(fused.qk_norm_rope, qkv, qw, kw, pos, inv_freq, heads, kv_heads, head_dim, 1e-6,
+                                   monkeypatch=monkeypatch)
+    assert q.shape == (tokens, heads, head_dim) and k.shape == (tokens, kv_heads, head_dim)
+    _close(q, q_ref)
+    _close(k, k_ref)
+
+
+def test_silu_mul(monkeypatch):
+    g = torch.Generator("cuda").manual_seed(0)
+    gate_up = torch.randn(129, 2 * 3072, device="cuda", generator=g).bfloat16()
+    fast, ref = _both(fused.silu_mul, gate_up, monkeypatch=monkeypatch)
+    _close(fast, ref)
