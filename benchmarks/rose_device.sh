@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# On the lent H200: ROSE's GPU tests, then the ROSE benchmark (issue 4). Output lands in $OUT.
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/rose_device.sh
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+timeout 240 python3 -m pytest -q -m gpu tests/rose -p no:cacheprovider -x -k "fused" > $OUT/gpu_fused.log 2>&1
+fused_rc=$?; tail -3 $OUT/gpu_fused.log
+if [ $fused_rc -ne 0 ]; then export ROSE_FUSED_KERNELS=0; echo "fused kernels failed their test: benchmark runs unfused"; fi
+timeout 200 python3 -m pytest -q -m gpu tests/rose -p no:cacheprovider > $OUT/gpu_tests.log 2>&1; tail -3 $OUT/gpu_tests.log
+python3 tests/rose/gpu_report.py --out $OUT/rose_gpu_parity.md --commit "${GIT_COMMIT:-?}" > /dev/null 2>&1; tail -2 $OUT/rose_gpu_parity.md
+timeout ${BENCH_TIMEOUT:-330} python3 -m benchmarks.rose_gpu --out $OUT ${BENCH_ARGS:-} 2>&1 | grep -v Writing > $OUT/rose_gpu.log
+tail -${TAIL:-60} $OUT/rose_gpu.log
