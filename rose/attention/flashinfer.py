@@ -10,8 +10,9 @@ Why one wrapper per bucket layout (Tb, Sb): in CUDA-graph mode FlashInfer bakes 
 (len(indptr) - 1), the total rows of the first plan and the buffers' addresses into the captured kernels,
 and re-plans each new batch into the same fixed buffers. A ROSE layout fixes both numbers (padding is its
 own pseudo-sequence and cu_seqlens always has Sb + 1 entries ending at Tb), so every layout gets a wrapper
-with fixed indptr buffers and its own int workspace. Graph runners pass max_seqlen = Tb; a meta with
-max_seqlen < Tb is an eager batch at its exact size, planned into one ordinary (non-graph) wrapper instead.
+with fixed indptr buffers and its own int workspace (layouts that differ only in their max-seqlen bound
+share it). Graph runners pass max_seqlen = layout.seqlen_bound; a meta with any other max_seqlen is an
+eager batch at its exact size, planned into one ordinary (non-graph) wrapper instead.
 
 Split-KV is disabled: in graph mode FlashInfer would otherwise always split and merge; ROSE's prefill
 batches have enough query tiles to fill the GPU, and unsplit results do not depend on batch neighbours.
@@ -131,7 +132,7 @@ class FlashInferBackend(AttentionBackend):
 
     def _slot(self, meta: ForwardMeta, create: bool) -> _Slot | None:
         key = (meta.layout.tokens, meta.layout.seqs)
-        if meta.max_seqlen == meta.layout.tokens:  # how graph runners build their metas (rose.graphs)
+        if meta.max_seqlen == meta.layout.seqlen_bound:  # how graph runners build their metas (rose.graphs)
             slot = self._graph_slots.get(key)
             if slot is not None or not create:
                 return slot

@@ -13,7 +13,6 @@ import os
 import sys
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -41,7 +40,7 @@ SHAPE = AttentionShape(16, 8, 128)
 def meta_for(lengths, layout=None, device="cpu", graph=True):
     host = pack_batch(Batch.from_sequences([[1] * n for n in lengths]), layout)
     buf = torch.from_numpy(host.packed).to(device)
-    return ForwardMeta.from_buffer(buf, host.layout, host.layout.tokens if graph else host.max_seqlen, host)
+    return ForwardMeta.from_buffer(buf, host.layout, host.layout.seqlen_bound if graph else host.max_seqlen, host)
 
 
 # -- errors on machines without the packages or a GPU -------------------------------------------------------
@@ -228,17 +227,6 @@ def test_build_kernels_cli_needs_a_gpu(tmp_path, capsys, monkeypatch):
     assert "no CUDA device" in capsys.readouterr().err
 
 
-def test_ab_winner_is_the_fastest_accurate_backend():
-    from benchmarks.attention_ab import make_profile, winners
-
-    rows = [{"shape": "1x128", "tokens": 128, "backend": b, "us": us, "max_abs_err": err, "status": st, "causal": False}
-            for b, us, err, st in (("sdpa", 30.0, 0.01, "ok"), ("varlen", 10.0, 0.01, "ok"),
-                                   ("fa4", 5.0, 0.9, "ok"), ("flashinfer-fa3", None, None, "unavailable"))]
-    assert winners(rows)["1x128"]["winner"] == "varlen", "fa4 is faster but wrong here: it cannot win"
-    profile = make_profile("m", rows, {"gpu": "test"})
-    assert set(profile.attention.values()) == {"varlen"} and profile.info["measured"][0]["shape"] == "1x128"
-
-
 # -- on the GPU ---------------------------------------------------------------------------------------------
 def on_gpu(test):
     return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")(test))
@@ -286,12 +274,12 @@ def test_flashinfer_replans_between_graph_replays(name):
     """Capture on one batch, then re-plan other batches of the same layout (and another layout between)."""
     shape = AttentionShape(16, 8, 128, False)
     backend = gpu_backend(name, shape)
-    layout = MetaLayout(512, 8, 8)
+    layout = MetaLayout(512, 8, 8, max_seqlen=256)  # as rose.graphs keys it: no (pseudo-)sequence over 256
     static = torch.zeros(layout.words, dtype=torch.int64, device="cuda")
     qkv = [torch.randn(512, h, 128, device="cuda", dtype=torch.bfloat16) for h in (16, 8, 8)]
-    first = pack_batch(Batch.from_sequences([[1] * 500]), layout)
+    first = pack_batch(Batch.from_sequences([[1] * 250, [1] * 250]), layout)
     static.copy_(torch.from_numpy(first.packed))
-    meta = ForwardMeta.from_buffer(static, layout, layout.tokens, first)
+    meta = ForwardMeta.from_buffer(static, layout, layout.seqlen_bound, first)
     backend.plan(meta)
     backend.forward(*qkv, meta, False, shape.scale)  # warm-up, as the graph runner's eager run
     torch.cuda.synchronize()
@@ -299,7 +287,7 @@ def test_flashinfer_replans_between_graph_replays(name):
     with torch.cuda.graph(graph):
         out = backend.forward(*qkv, meta, False, shape.scale)
     other = meta_for([100, 30, 300], MetaLayout(1024, 4, 3), "cuda")  # a second layout planned in between
-    for lengths in ([10, 200, 3, 150, 40], [256, 256], [1, 1, 1, 7]):
+    for lengths in ([10, 200, 3, 150, 40], [256, 256], [100, 100, 100]):
         host = pack_batch(Batch.from_sequences([[1] * n for n in lengths]), layout)
         static.copy_(torch.from_numpy(host.packed))
         meta.host = host
@@ -332,4 +320,5 @@ def test_engine_graphs_match_eager_with_flashinfer(attention, tiny_root):
         engine.close()
     finally:
         (tiny.path / "rose_profile.json").unlink(missing_ok=True)
+
 
