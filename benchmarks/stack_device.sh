@@ -11,7 +11,7 @@ for m in ${MODELS:-qwen3-0.6b minilm-l6}; do
   dir=/tmp/m/$m
   python3 -m benchmarks.model_zoo $m $dir --dtype bfloat16 2>&1 | grep -v Writing | tail -1
   python3 -m benchmarks.stack.reference --model-dir $dir --out /tmp/ref_$m.json --device cuda --dtype float32 2>&1 | tail -1
-  python3 -m ivy up --model $dir --port 8080 --tulip-port 50051 > $OUT/up_$m.log 2>&1 &
+  python3 -m ivy up --model $dir --port 8080 --tulip-port 50051 > /tmp/up_$m.log 2>&1 &
   up=$!
   for i in $(seq 1 120); do
     curl -sf http://127.0.0.1:8080/ready > /dev/null && break; sleep 1
@@ -19,16 +19,17 @@ for m in ${MODELS:-qwen3-0.6b minilm-l6}; do
   echo "== $m ready after $i s ($(( $(date +%s) - start )) s total)"
   args="--url http://127.0.0.1:8080 --model $m --suite all --tokenizer $dir --out $OUT --duration-s ${DURATION:-2}
         --gpu-hour-price 3.5 --gpus 1 --client-cpus 8-15"
-  python3 -m benchmarks.stack $args --reference /tmp/ref_$m.json 2> $OUT/bench_$m.err
+  python3 -m benchmarks.stack $args --reference /tmp/ref_$m.json 2> /tmp/bench_$m.err
   rc=$?
   if [ $rc -eq 3 ]; then  # verification refused: record it, then measure anyway, labelled
-    grep -i diverg $OUT/bench_$m.err | tail -2
-    python3 -m benchmarks.stack $args --skip-verify true --label unverified 2>> $OUT/bench_$m.err
+    grep -i diverg /tmp/bench_$m.err | tail -2
+    python3 -m benchmarks.stack $args --skip-verify true --label unverified 2>> /tmp/bench_$m.err
   fi
-  tail -3 $OUT/bench_$m.err
+  tail -3 /tmp/bench_$m.err
   kill -TERM $up; wait $up
-  tail -2 $OUT/up_$m.log
+  tail -2 /tmp/up_$m.log
 done
+cat /tmp/up_*.log /tmp/bench_*.err > $OUT/stack_device.log 2>/dev/null  # 8 files at most come back
 ls $OUT
 for f in $OUT/stack_*.json; do
   python3 -c "
