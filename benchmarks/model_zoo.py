@@ -72,6 +72,11 @@ def make_qwen3_folder(name: str, out: Path, dtype: str = "bfloat16", family: str
     (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": cfg["hidden_size"], **pooling}))
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32768}))
     _copy_tokenizer(out / "tokenizer.json")
+    # Without this, transformers picks Qwen3's own tokenizer class, which ignores the WordPiece
+    # normalizer/pre-tokenizer of this tokenizer.json: the reference would tokenize differently from Ivy.
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768, "cls_token": "[CLS]",
+         "sep_token": "[SEP]", "unk_token": "[UNK]", "pad_token": "[PAD]"}))
     del model
     return out
 
