@@ -1,7 +1,10 @@
 """`tulip serve [flags]`: run one replica. Every flag is also a TULIP_* environment variable.
+`tulip health [flags]`: ask a replica's grpc.health.v1 service whether it serves (container health checks).
 
-Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT, all accepted work answered), 1 when the model fails
-to load or verify, or shutdown timed out with work unanswered; 2 when the address cannot be bound.
+Exit codes of `serve`: 0 after a clean shutdown (SIGTERM/SIGINT, all accepted work answered), 1 when the
+model fails to load or verify, or shutdown timed out with work unanswered; 2 when the address cannot be bound.
+Exit codes of `health`: 0 when the answer is SERVING; 1 for anything else (NOT_SERVING while loading or
+draining, unknown service, nothing listening, no answer within the timeout), with one line saying which.
 """
 
 from __future__ import annotations
@@ -9,14 +12,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from rose.flags import add_config_arguments, config_from_args
 from tulip.config import ENV_PREFIX, TulipConfig
 
 log = logging.getLogger("tulip")
+HEALTH_ENV_PREFIX = "TULIP_HEALTH"
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+
+
+@dataclass(frozen=True)
+class HealthCheckConfig:
+    """`tulip health`'s flags (TULIP_HEALTH_* variables). The default address follows the replica's own
+    TULIP_HOST / TULIP_PORT, so the image's HEALTHCHECK needs no flags wherever the port is moved."""
+
+    address: str = field(default="", metadata={
+        "help": "host:port of the replica; empty = TULIP_HOST (127.0.0.1 when unset or a wildcard) and "
+                "TULIP_PORT (50051 when unset)"})
+    timeout_s: float = field(default=2.0, metadata={"help": "seconds to wait for the answer before exit 1"})
+    service: str = field(default="", metadata={
+        "help": "service whose status is asked: empty = the whole server, or tulip.v1.Embedder"})
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+
+
+def default_health_address(environ: Mapping[str, str]) -> str:
+    """Where a replica started with `environ` listens, seen from inside its own container or host."""
+    host = environ.get(f"{ENV_PREFIX}_HOST") or "127.0.0.1"  # an empty variable counts as unset
+    if host in _WILDCARD_HOSTS:
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 literal
+    return f"{host}:{environ.get(f'{ENV_PREFIX}_PORT') or TulipConfig.port}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,11 +62,44 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve one model over gRPC. Every flag is also an environment variable "
                     f"({ENV_PREFIX}_<FLAG>); flags win over the environment.")
     add_config_arguments(serve, TulipConfig, ENV_PREFIX)
+    health = commands.add_parser(
+        "health", help="check a replica's grpc.health.v1 status: exit 0 when SERVING, 1 otherwise",
+        description="Ask a running replica's standard gRPC health service whether it serves (what container "
+                    "health checks run). Exit 0 when SERVING, 1 otherwise, with one line saying why. Every flag "
+                    f"is also an environment variable ({HEALTH_ENV_PREFIX}_<FLAG>); flags win.")
+    add_config_arguments(health, HealthCheckConfig, HEALTH_ENV_PREFIX)
     return parser
+
+
+def check_health(config: HealthCheckConfig, environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """One Check RPC: (serving, one-line description). Fails fast when nothing listens (UNAVAILABLE)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    address = config.address or default_health_address(os.environ if environ is None else environ)
+    service = config.service or "(server)"
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=config.service), timeout=config.timeout_s)
+        except grpc.RpcError as exc:
+            details = " ".join(str(exc.details() or "").split())[:200]  # type: ignore[union-attr]
+            return False, f"{address} {service}: {exc.code().name}: {details}"  # type: ignore[union-attr]
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING, f"{address} {service}: {status}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "health":
+        try:
+            health = config_from_args(HealthCheckConfig, args, HEALTH_ENV_PREFIX)
+        except ValueError as exc:
+            print(f"tulip health: invalid configuration: {exc}", file=sys.stderr)
+            return 2
+        serving, line = check_health(health)
+        print(f"tulip health: {line}", file=sys.stdout if serving else sys.stderr)
+        return 0 if serving else 1
     try:
         config = config_from_args(TulipConfig, args, ENV_PREFIX)
     except ValueError as exc:  # __post_init__ range checks

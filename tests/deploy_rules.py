@@ -1,0 +1,199 @@
+"""The rules the deploy files must keep, written against the real CLIs and configs (see deploy_checks for the
+readers): check_dockerfile, check_compose and check_k8s raise AssertionError naming the file and the field."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+from deploy_checks import (
+    ROOT,
+    check_env,
+    compose_env,
+    container_port,
+    dockerignore,
+    k8s_env,
+    parse_cli,
+    parse_dockerfile,
+    probe_port,
+    split_volume,
+)
+
+from tulip.cli import default_health_address
+
+
+def health_address(args, env: dict[str, str]) -> str:
+    return args.address or env.get("TULIP_HEALTH_ADDRESS") or default_health_address(env)
+
+
+def check_dockerfile(kind: str, df) -> None:
+    where = df.path.name
+    prog, args = parse_cli(df.entrypoint + df.cmd, f"{where} ENTRYPOINT+CMD")
+    assert (prog, args.command) == (kind, "serve"), f"{where}: runs {prog} {args.command}"
+    config = check_env(kind, df.env, f"{where} ENV")
+    assert config.host == "0.0.0.0", f"{where}: {kind} must bind 0.0.0.0 in a container"
+    assert config.port in df.expose, f"{where}: port {config.port} is not EXPOSEd ({df.expose})"
+    assert df.healthcheck, f"{where}: no HEALTHCHECK"
+    if kind == "tulip":
+        assert config.metrics_port in df.expose and config.metrics_host == "0.0.0.0", f"{where}: metrics port"
+        prog, args = parse_cli(df.healthcheck, f"{where} HEALTHCHECK")
+        assert (prog, args.command) == ("tulip", "health"), f"{where}: HEALTHCHECK runs {df.healthcheck}"
+        assert health_address(args, df.env) == f"127.0.0.1:{config.port}", f"{where}: HEALTHCHECK address"
+        assert "ROSE_KERNEL_CACHE_DIR" in df.env and "FLASHINFER" in df.args, f"{where}: FlashInfer build arg"
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+        assert {*df.args["EXTRAS"].split(","), "flashinfer"} <= set(extras), f"{where}: extras not in pyproject"
+    else:
+        assert "/ready" in " ".join(df.healthcheck) and "IVY_PORT" in " ".join(df.healthcheck), where
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    needed = {"pyproject.toml", "README.md"} | {p.rstrip("*") for p in packages["include"]}
+    assert needed <= set(df.copies), f"{where}: COPY misses {needed - set(df.copies)}"
+    ignored = set(dockerignore())
+    for source in df.copies:
+        assert (ROOT / source).exists() and source not in ignored, f"{where}: COPY {source} (missing or ignored)"
+
+
+def _compose_container(compose: dict, name: str, files: dict):
+    """(argv, environment, Dockerfile) of a compose service, the image's ENTRYPOINT/CMD/ENV included."""
+    service = compose["services"][name]
+    build = service.get("build")
+    if build is None:  # runs another service's image
+        build = next(s["build"] for s in compose["services"].values() if s.get("image") == service["image"] and
+                     s.get("build"))
+    df = parse_dockerfile(ROOT / build["dockerfile"])
+    assert df.path.name in {f.path.name for f in files.values()}, f"compose {name}: unknown {df.path}"
+    for arg, value in (build.get("args") or {}).items():
+        assert arg in df.args and str(value) == df.args[arg], f"compose {name}: build arg {arg}={value!r} " \
+                                                              f"differs from {df.path.name}'s {df.args.get(arg)!r}"
+    entry = service.get("entrypoint", df.entrypoint)
+    argv = list(entry) + list(service.get("command", df.cmd if "entrypoint" not in service else []))
+    return argv, {**df.env, **compose_env(service)}, df
+
+
+def _has_gpu(service: dict) -> bool:
+    devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
+    return any("gpu" in d.get("capabilities", []) and d.get("count", 0) in ("all", *range(1, 99))
+               for d in devices or [])
+
+
+def _seconds(text: str) -> float:
+    return float(str(text).rstrip("s"))
+
+
+def check_compose(compose: dict, files: dict, host: dict[str, str]) -> None:
+    tulips, ivys, others = {}, {}, {}
+    for name, service in compose["services"].items():
+        argv, env, df = _compose_container(compose, name, files)
+        prog, args = parse_cli(argv, f"compose {name}")
+        group = {("tulip", "serve"): tulips, ("ivy", "serve"): ivys}.get((prog, args.command), others)
+        group[name] = (service, env, args, df)
+    assert tulips and ivys, "compose: needs a `tulip serve` and an `ivy serve` service"
+    model_dir, model_name = host.get("MODEL_DIR", ""), host.get("MODEL_NAME", "")
+    served: dict[str, tuple] = {}
+    for name, (service, env, _, df) in tulips.items():
+        where = f"compose {name}"
+        config = check_env("tulip", env, where)
+        declared = {container_port(p) for p in service.get("ports", [])} | {
+            int(p) for p in service.get("expose", [])} | df.expose
+        assert config.host == "0.0.0.0" and config.port in declared, f"{where}: gRPC port {config.port} / host"
+        assert config.metrics_port in declared and config.metrics_host == "0.0.0.0", f"{where}: metrics port/host"
+        test = service["healthcheck"]["test"]
+        assert test[0] == "CMD", f"{where}: healthcheck must be exec form"
+        prog, args = parse_cli(test[1:], f"{where} healthcheck")
+        assert (prog, args.command) == ("tulip", "health"), f"{where}: healthcheck runs {test[1:]}"
+        assert health_address(args, env) == f"127.0.0.1:{config.port}", f"{where}: healthcheck address"
+        assert _has_gpu(service), f"{where}: no GPU reservation"
+        mounts = {split_volume(v)[1]: split_volume(v) for v in service.get("volumes", [])}
+        model_mounts = [t for t, (_, _, mode) in mounts.items() if t.startswith("/models") and mode == "ro"]
+        assert model_mounts, f"{where}: no read-only model volume under /models"
+        if model_dir:
+            assert config.model in mounts and mounts[config.model][0] == model_dir, \
+                f"{where}: TULIP_MODEL={config.model!r} is not where MODEL_DIR is mounted ({mounts})"
+        else:
+            assert config.model == "", f"{where}: without MODEL_DIR, TULIP_MODEL must be empty (bundled model)"
+        assert config.served_model_name == model_name, f"{where}: TULIP_SERVED_MODEL_NAME != MODEL_NAME"
+        assert _seconds(service.get("stop_grace_period", "10s")) > config.shutdown_timeout_s, f"{where}: grace"
+        served[name] = (config, mounts)
+    for name, (service, env, _, df) in ivys.items():
+        where = f"compose {name}"
+        config = check_env("ivy", env, where)
+        declared = {container_port(p) for p in service.get("ports", [])} | df.expose
+        assert config.host == "0.0.0.0" and config.port in declared, f"{where}: HTTP port {config.port} / host"
+        found = re.search(r"http://127\.0\.0\.1:(\d+)(/\w+)", " ".join(service["healthcheck"]["test"]))
+        assert found and (int(found[1]), found[2]) == (config.port, "/ready"), f"{where}: healthcheck URL"
+        for replica in config.replicas:
+            target, _, port = replica.rpartition(":")
+            assert target in served and int(port) == served[target][0].port, \
+                f"{where}: IVY_REPLICAS {replica} is not a tulip service's port ({sorted(served)})"
+            condition = (service.get("depends_on") or {}).get(target, {}).get("condition")
+            assert condition == "service_healthy", f"{where}: must start after {target} is healthy"
+            tulip, mounts = served[target]
+            assert config.model == tulip.model, f"{where}: IVY_MODEL {config.model!r} != TULIP_MODEL {tulip.model!r}"
+            assert config.served_model_name == tulip.served_model_name, f"{where}: served model names differ"
+            if config.model:
+                ivy_mounts = {split_volume(v)[1]: split_volume(v) for v in service.get("volumes", [])}
+                assert ivy_mounts.get(config.model) == mounts[config.model], f"{where}: model volume differs"
+    for name, (service, env, args, _) in others.items():
+        where = f"compose {name}"
+        assert service.get("profiles"), f"{where}: a one-off service must not start with `up` (profiles)"
+        assert args.command == "build-kernels" and _has_gpu(service), f"{where}: only rose build-kernels"
+        tulip_service, tulip_env = next((s, e) for s, e, *_ in tulips.values())
+        cache = tulip_env.get("ROSE_KERNEL_CACHE_DIR")
+        assert args.cache_dir == env.get("ROSE_KERNEL_CACHE_DIR") == cache, f"{where}: kernel cache dir"
+        assert set(service["volumes"]) == set(tulip_service["volumes"]), f"{where}: volumes differ from Tulip's"
+        if model_dir:
+            assert args.model_dir == next(iter(served.values()))[0].model, f"{where}: model folder"
+
+
+def check_k8s(objects: dict, files: dict) -> None:
+    def container_of(kind: str, workload: dict):
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        df = files[kind]
+        assert f"/{kind}:" in container["image"], f"k8s {kind}: image {container['image']}"
+        argv = container.get("command", df.entrypoint) + container.get("args", df.cmd)
+        prog, args = parse_cli(argv, f"k8s {kind}")
+        assert (prog, args.command) == (kind, "serve"), f"k8s {kind}: runs {argv}"
+        config = check_env(kind, {**df.env, **k8s_env(container)}, f"k8s {kind}")
+        assert config.host == "0.0.0.0", f"k8s {kind}: must bind 0.0.0.0"
+        return container, config
+
+    def claim_at(workload: dict, container: dict, path: str) -> str:
+        mount = next((m for m in container.get("volumeMounts", []) if m["mountPath"] == path), None)
+        assert mount and mount.get("readOnly"), f"k8s {container['name']}: no read-only volume at {path}"
+        volume = next(v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+        claim = volume["persistentVolumeClaim"]["claimName"]
+        assert ("PersistentVolumeClaim", claim) in objects, f"k8s: claim {claim} is not defined"
+        return claim
+
+    def ports(container: dict) -> dict[str, int]:
+        return {p["name"]: p["containerPort"] for p in container["ports"]}
+
+    sts = next(o for (kind, _), o in objects.items() if kind == "StatefulSet")
+    service = objects[("Service", sts["spec"]["serviceName"])]
+    assert service["spec"].get("clusterIP") == "None", "k8s tulip: the Service must be headless (per-pod DNS)"
+    tulip, tulip_config = container_of("tulip", sts)
+    assert ports(tulip) == {"grpc": tulip_config.port, "metrics": tulip_config.metrics_port}, "k8s tulip: ports"
+    assert tulip_config.metrics_host == "0.0.0.0", "k8s tulip: metrics must bind 0.0.0.0 for Prometheus"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert "grpc" in tulip[probe] and tulip[probe]["grpc"]["port"] == tulip_config.port, f"k8s tulip {probe}"
+    assert int(tulip["resources"]["limits"].get("nvidia.com/gpu", 0)) >= 1, "k8s tulip: no GPU limit"
+    assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > tulip_config.shutdown_timeout_s
+    annotations = sts["spec"]["template"]["metadata"].get("annotations", {})
+    assert int(annotations.get("prometheus.io/port", 0)) == tulip_config.metrics_port, "k8s tulip: scrape port"
+    tulip_claim = claim_at(sts, tulip, tulip_config.model)
+
+    deployment = next(o for (kind, _), o in objects.items() if kind == "Deployment")
+    ivy, ivy_config = container_of("ivy", deployment)
+    assert ports(ivy) == {"http": ivy_config.port}, "k8s ivy: ports"
+    for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/health")):
+        assert ivy[probe]["httpGet"]["path"] == path and probe_port(ivy[probe], ivy) == ivy_config.port, \
+            f"k8s ivy {probe}: must be GET {path} on port {ivy_config.port}"
+    expected = tuple(f"{sts['metadata']['name']}-{i}.{service['metadata']['name']}:{tulip_config.port}"
+                     for i in range(sts["spec"]["replicas"]))
+    assert ivy_config.replicas == expected, f"k8s ivy: IVY_REPLICAS {ivy_config.replicas} != {expected}"
+    assert ivy_config.model == tulip_config.model, f"k8s: IVY_MODEL {ivy_config.model} != TULIP_MODEL"
+    assert claim_at(deployment, ivy, ivy_config.model) == tulip_claim, "k8s: Ivy and Tulip mount other models"
+    assert ivy_config.served_model_name == tulip_config.served_model_name, "k8s: served model names differ"
+    for kind, svc, container in (("ivy", objects[("Service", "ivy")], ivy), ("tulip", service, tulip)):
+        for port in svc["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            assert target in ports(container) or target in ports(container).values(), f"k8s {kind} Service {port}"
