@@ -50,6 +50,9 @@ class IvyConfig:
         "Default of the request's `truncate`: cut over-long inputs instead of answering 422."))
     tokenizer_threads: int = field(default=0, metadata=_help(
         "Threads per worker for templating and tokenization, off the event loop; 0 = min(4, CPUs)."))
+    tokenize_inline_chars: int = field(default=2048, metadata=_help(
+        "Requests of at most this many characters (or token ids) are tokenized on the event loop, skipping "
+        "the hop to the tokenizer threads (~0.1 ms saved); larger ones go to the threads. 0 = always threads."))
     health_interval_s: float = field(default=2.0, metadata=_help(
         "Seconds between health and Info probes of each replica."))
     query_prefix: str = field(default="", metadata=_help(

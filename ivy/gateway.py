@@ -70,7 +70,8 @@ class Gateway:
         self.encoder = InputEncoder(
             self.spec, self.tokenizer, threads=config.tokenizer_thread_count(),
             char_cap=config.char_cap(self.spec.max_length), query_prefix=config.query_prefix,
-            document_prefix=config.document_prefix, observe=metrics.TOKENIZE_SECONDS.observe)
+            document_prefix=config.document_prefix, observe=metrics.TOKENIZE_SECONDS.observe,
+            inline_chars=config.tokenize_inline_chars)
         expected = Expected(model_ids=frozenset(self.model_names), fingerprint=self.tokenizer.fingerprint,
                             dimensions=self.spec.dimensions, max_length=self.spec.max_length)
         self.pool = ReplicaPool(config.replicas, expected, health_interval_s=config.health_interval_s,

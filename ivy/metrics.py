@@ -40,6 +40,18 @@ KNOWN_ROUTES = {"/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "
                 "/health", "/ready", "/metrics"}
 
 
+_REQUEST_CHILDREN: dict[tuple[str, int], tuple] = {}
+
+
+def _request_children(route: str, status: int) -> tuple:
+    """(requests counter, latency histogram) for a route and status, resolved once per pair."""
+    key = (route, status)
+    children = _REQUEST_CHILDREN.get(key)
+    if children is None:
+        children = _REQUEST_CHILDREN[key] = (REQUESTS.labels(route, str(status)), REQUEST_SECONDS.labels(route))
+    return children
+
+
 def render() -> tuple[bytes, str]:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
@@ -88,5 +100,6 @@ class RequestMetrics:
                 await send({"type": "http.response.body", "body": body})
             status = 500
         finally:
-            REQUESTS.labels(route, str(status)).inc()
-            REQUEST_SECONDS.labels(route).observe(time.perf_counter() - start)
+            requests, seconds = _request_children(route, status)
+            requests.inc()
+            seconds.observe(time.perf_counter() - start)

@@ -81,6 +81,10 @@ class Replica:
         self.detail = ""
         self.info: embed_pb2.InfoResponse | None = None
         self.outstanding_tokens = 0
+        # Labelled children resolved once: labels() costs a lock and a dict lookup on every call.
+        self.m_outstanding = metrics.OUTSTANDING.labels(address)
+        self.m_chunks = metrics.CHUNKS.labels(address)
+        self.m_grpc_seconds = metrics.GRPC_SECONDS.labels(address)
 
     def set_state(self, state: State, detail: str = "") -> None:
         if state != self.state:
@@ -194,8 +198,8 @@ class ReplicaPool:
             if remaining <= 0:
                 raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")
             replica.outstanding_tokens += tokens
-            metrics.OUTSTANDING.labels(replica.address).inc(tokens)
-            metrics.CHUNKS.labels(replica.address).inc()
+            replica.m_outstanding.inc(tokens)
+            replica.m_chunks.inc()
             start = time.perf_counter()
             try:
                 return await replica.embedder.Embed(request, timeout=remaining)
@@ -213,8 +217,8 @@ class ReplicaPool:
                 last = error
             finally:
                 replica.outstanding_tokens -= tokens
-                metrics.OUTSTANDING.labels(replica.address).dec(tokens)
-                metrics.GRPC_SECONDS.labels(replica.address).observe(time.perf_counter() - start)
+                replica.m_outstanding.dec(tokens)
+                replica.m_grpc_seconds.observe(time.perf_counter() - start)
 
     def describe(self) -> list[dict]:
         return [r.describe() for r in self.replicas]

@@ -2,6 +2,10 @@
 
 One `InputEncoder` per worker owns a small thread pool; each request's whole batch is one job there
 (HF `tokenizers` releases the GIL in encode_batch), so the event loop only parses JSON and moves bytes.
+Small inputs (at most `inline_chars` characters, or as many token ids, in the whole request) are encoded
+on the loop instead: the hop to the pool and back (two thread wake-ups, a self-pipe write) cost more than
+tokenizing a short query (~0.1 ms on this project's CPU; far more on a host where syscalls are slow),
+and the loop is held for at most that long. See benchmarks/OVERHEAD_NOTES.md.
 Token counts returned here are the ones sent to Tulip, so `usage` is exact. Errors name the input index
 and the limit and never quote the text.
 """
@@ -39,10 +43,20 @@ def too_long(param: str, n: int, limit: int) -> IvyError:
                     "(send truncate=true to cut it)", param=param, limit=limit)
 
 
+def _size(items, limit: int, extra: int = 0) -> int:
+    """Total length of `items` (each plus `extra`), counting only until it passes `limit`."""
+    total = 0
+    for item in items:
+        total += len(item) + extra
+        if total > limit:
+            break
+    return total
+
+
 class InputEncoder:
     def __init__(self, spec: ModelSpec, tokenizer: Tokenizer, *, threads: int, char_cap: int,
                  query_prefix: str = "", document_prefix: str = "",
-                 observe: Callable[[float], None] | None = None) -> None:
+                 observe: Callable[[float], None] | None = None, inline_chars: int = 0) -> None:
         self.spec = spec
         self.tokenizer = tokenizer
         self.max_length = spec.max_length
@@ -50,6 +64,7 @@ class InputEncoder:
         self._prefixes = {"query": query_prefix, "document": document_prefix}
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ivy-tokenize")
         self._observe = observe
+        self.inline_chars = inline_chars
         self._prefix_ids, self._suffix_ids = self._special_layout()
         sep = spec.chunk_separator
         self._separator_ids = self._content_ids([sep])[0] if sep else []
@@ -57,9 +72,12 @@ class InputEncoder:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _run(self, fn: Callable[..., T], *args) -> T:
+    async def _run(self, fn: Callable[..., T], *args, size: int | None = None) -> T:
+        """fn(*args) in the pool, or on the loop when `size` (characters or ids) is at most inline_chars."""
         start = time.perf_counter()
         try:
+            if size is not None and size <= self.inline_chars:
+                return fn(*args)
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         finally:
             if self._observe is not None:
@@ -91,7 +109,8 @@ class InputEncoder:
 
     async def encode_texts(self, texts: Sequence[str], *, truncate: bool, side: str, prompt: str = "",
                            param: str = "input") -> list[list[int]]:
-        return await self._run(self._encode_texts, texts, truncate, side, prompt, param)
+        size = _size(texts, self.inline_chars, extra=len(prompt))
+        return await self._run(self._encode_texts, texts, truncate, side, prompt, param, size=size)
 
     def _encode_texts(self, texts: Sequence[str], truncate: bool, side: str, prompt: str,
                       param: str) -> list[list[int]]:
@@ -114,7 +133,7 @@ class InputEncoder:
     # ---- token ids ----
 
     async def check_ids(self, seqs: list[list[int]], *, truncate: bool, side: str) -> list[list[int]]:
-        return await self._run(self._check_ids, seqs, truncate, side)
+        return await self._run(self._check_ids, seqs, truncate, side, size=_size(seqs, self.inline_chars))
 
     def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str) -> list[list[int]]:
         vocab = self.tokenizer.vocab_size
@@ -139,7 +158,8 @@ class InputEncoder:
     # ---- documents of chunks (late chunking) ----
 
     async def encode_documents(self, docs: list[list[str]]) -> Documents:
-        return await self._run(self._encode_documents, docs)
+        size = _size((chunk for doc in docs for chunk in doc), self.inline_chars)
+        return await self._run(self._encode_documents, docs, size=size)
 
     def _encode_documents(self, docs: list[list[str]]) -> Documents:
         """Each document's chunks joined into one sequence (separator tokens between them, the model's

@@ -3,6 +3,10 @@
 Threads: the event loop creates the Job and awaits `future`; the worker's completer thread is the only one
 that writes rows and settles the job (finish / fail), handing the result to the loop with
 call_soon_threadsafe. `cancelled`/`expired` (from Ticket) belong to the queue's lock.
+
+Every call_soon_threadsafe writes to the loop's self-pipe and wakes it: with 16 requests in one batch that
+was 16 wake-ups. The completer therefore settles a whole batch through one `Handoff` (one wake-up per
+batch and loop); finish()/fail() without a Handoff still hand over at once.
 """
 
 from __future__ import annotations
@@ -52,14 +56,14 @@ class Job(Ticket):
         self._pending -= 1
         return self._pending == 0
 
-    def finish(self, *, native_int8: bool, default_normalize: bool) -> None:
+    def finish(self, *, native_int8: bool, default_normalize: bool, handoff: Handoff | None = None) -> None:
         """Apply the request's output head (off the event loop) and hand the bytes to the caller."""
         if self.settled:
             return
         try:
             out = apply_head(self._out, self.options, native_int8=native_int8, default_normalize=default_normalize)
         except ValueError as exc:  # validated at admission; here only if the engine's width changed
-            self.fail(TulipError(f"output head failed: {exc}"))
+            self.fail(TulipError(f"output head failed: {exc}"), handoff)
             return
         if out.dtype.byteorder == ">":
             out = out.astype(out.dtype.newbyteorder("<"))
@@ -68,20 +72,41 @@ class Job(Ticket):
                              encoding=int(self.options.encoding), tokens=self.num_tokens)
         self.settled = True
         self._out = None  # type: ignore[assignment]
-        self._hand_over(result, None)
+        (handoff or Handoff()).add(self, result, None, flush=handoff is None)
 
-    def fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException, handoff: Handoff | None = None) -> None:
         if self.settled:
             return
         self.settled = True
         self._out = None  # type: ignore[assignment]
-        self._hand_over(None, error)
+        (handoff or Handoff()).add(self, None, error, flush=handoff is None)
 
-    def _hand_over(self, result, error) -> None:
-        try:
-            self.loop.call_soon_threadsafe(_settle, self.future, result, error)
-        except RuntimeError:  # the event loop is already closed: nobody is waiting any more
-            pass
+
+class Handoff:
+    """Settled jobs waiting to reach their event loop: flush() wakes each loop once for all of them."""
+
+    __slots__ = ("_by_loop",)
+
+    def __init__(self) -> None:
+        self._by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+
+    def add(self, job: Job, result, error, *, flush: bool = False) -> None:
+        self._by_loop.setdefault(job.loop, []).append((job.future, result, error))
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        by_loop, self._by_loop = self._by_loop, {}
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle_all, items)
+            except RuntimeError:  # the event loop is already closed: nobody is waiting any more
+                pass
+
+
+def _settle_all(items: list) -> None:
+    for future, result, error in items:
+        _settle(future, result, error)
 
 
 def _settle(future: asyncio.Future, result, error) -> None:

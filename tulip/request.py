@@ -7,6 +7,7 @@ messages carry positions and counts, never token ids' values beyond the offendin
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,22 @@ def _int32_field(data: bytes, name: str, width: int = 4) -> np.ndarray:
     return np.frombuffer(data, dtype="<i4")
 
 
+_ROWS = np.arange(4096, dtype=np.int64).reshape(-1, 1)  # read-only views: one output row per sequence
+_ROWS.flags.writeable = False
+
+
+def _row(i: int) -> np.ndarray:
+    return _ROWS[i] if i < _ROWS.shape[0] else np.array([i], dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole_sequence_span(length: int, pooling: str) -> np.ndarray:
+    """The [1, 2] relative span that pools a whole sequence of `length` tokens (cached, read-only)."""
+    span = sequence_spans(np.zeros(1, dtype=np.int64), np.array([length]), pooling)
+    span.flags.writeable = False
+    return span
+
+
 def bytes_per_row(dimensions: int, encoding: Encoding) -> int:
     if encoding == Encoding.INT8:
         return dimensions
@@ -56,20 +73,20 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
     lens = _int32_field(request.seq_lens, "seq_lens")
     if lens.size == 0:
         raise InvalidRequest("seq_lens is empty: send at least one sequence")
-    bad = np.flatnonzero(lens < 1)
-    if bad.size:
-        raise InvalidRequest(f"seq_lens[{bad[0]}] = {lens[bad[0]]}; every sequence needs at least one token")
-    too_long = np.flatnonzero(lens > limits.max_length)
-    if too_long.size:
-        i = too_long[0]
+    # Checks are two reductions each (min/max); the offending index is only looked for on failure.
+    lens_list = lens.tolist()
+    if min(lens_list) < 1:
+        i = int(np.flatnonzero(lens < 1)[0])
+        raise InvalidRequest(f"seq_lens[{i}] = {lens[i]}; every sequence needs at least one token")
+    if max(lens_list) > limits.max_length:
+        i = int(np.flatnonzero(lens > limits.max_length)[0])
         raise InvalidRequest(f"seq_lens[{i}] = {lens[i]} exceeds the model's max_length {limits.max_length}")
-    total = int(lens.sum(dtype=np.int64))
+    total = sum(lens_list)
     if total != ids.size:
         raise InvalidRequest(f"sum(seq_lens) = {total} but token_ids holds {ids.size} ids")
-    if limits.vocab_size and ids.size:
+    if limits.vocab_size and ids.size and (ids.min() < 0 or ids.max() >= limits.vocab_size):
         out_of_range = np.flatnonzero((ids < 0) | (ids >= limits.vocab_size))
-        if out_of_range.size:
-            raise InvalidRequest(f"token_ids[{out_of_range[0]}] is outside the vocabulary [0, {limits.vocab_size})")
+        raise InvalidRequest(f"token_ids[{out_of_range[0]}] is outside the vocabulary [0, {limits.vocab_size})")
 
     try:
         encoding = Encoding(request.encoding)
@@ -82,9 +99,10 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
     normalize = request.normalize if request.HasField("normalize") else None
     options = OutputOptions(dimensions=dims, normalize=normalize, encoding=encoding)
 
-    starts = np.zeros(lens.size, dtype=np.int64)
-    np.cumsum(lens[:-1], out=starts[1:])
-    sequences = [ids[s:s + n] for s, n in zip(starts.tolist(), lens.tolist())]
+    sequences, start = [], 0
+    for n in lens_list:
+        sequences.append(ids[start:start + n])
+        start += n
 
     if request.spans:
         triples = _int32_field(request.spans, "spans", width=12).reshape(-1, 3)
@@ -111,10 +129,9 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
         num_rows = int(triples.shape[0])
         num_tokens = int(lens[keep].sum(dtype=np.int64))
     else:
-        rel = sequence_spans(np.zeros(lens.size, dtype=np.int64), lens, limits.pooling)
         parsed_seqs = sequences
-        parsed_spans = [rel[i:i + 1] for i in range(lens.size)]
-        parsed_rows = [np.array([i], dtype=np.int64) for i in range(lens.size)]
+        parsed_spans = [_whole_sequence_span(n, limits.pooling) for n in lens_list]
+        parsed_rows = [_row(i) for i in range(lens.size)]
         num_rows = int(lens.size)
         num_tokens = total
 

@@ -6,7 +6,7 @@ Two threads, joined by a FIFO of launched batches:
   batch n+1 is packed and queued behind it, and the device never waits on host packing;
 - the completer waits for the oldest LazyTensor, copies each sequence's rows to its request, releases the
   pinned buffer and the slot, then applies each finished request's output head and hands the bytes to the
-  event loop (call_soon_threadsafe).
+  event loop (one call_soon_threadsafe per batch: see tulip.job.Handoff).
 Only the completer touches Job state, so a Job needs no lock. Engine errors fail only that batch's jobs.
 """
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from rose.batch import Batch
 from tulip.errors import DeadlineExpired, engine_error
+from tulip.job import Handoff
 from tulip.scheduler import PackedBatch, QueuedSequence, SequenceQueue
 
 log = logging.getLogger("tulip.worker")
@@ -139,8 +140,10 @@ class Worker:
             if item is _STOP:
                 return
             if isinstance(item, _Failed):
+                handoff = Handoff()
                 for job in item.jobs:
-                    job.fail(item.error)
+                    job.fail(item.error, handoff)
+                handoff.flush()
                 continue
             self._deliver(item)
 
@@ -156,8 +159,10 @@ class Worker:
         except Exception as exc:
             log.exception("a batch of %d sequences failed on the engine", len(item.packed.sequences))
             error = engine_error(exc)
+            failed = Handoff()
             for job in _jobs_of(item.packed.sequences):
-                job.fail(error)
+                job.fail(error, failed)
+            failed.flush()
             finished = []
         finally:
             _release(item.lazy)
@@ -166,12 +171,15 @@ class Worker:
             self._slots.release()
         if self.metrics is not None:
             self.metrics.observe_delivery(time.perf_counter() - item.launched_at)
+        handoff = Handoff()
         for job in finished:
             try:
-                job.finish(native_int8=self._native_int8, default_normalize=self._default_normalize)
+                job.finish(native_int8=self._native_int8, default_normalize=self._default_normalize,
+                           handoff=handoff)
             except Exception as exc:  # keep the completer alive whatever one request's head does
                 log.exception("output head failed for request %s", getattr(job, "request_id", "-"))
-                job.fail(engine_error(exc))
+                job.fail(engine_error(exc), handoff)
+        handoff.flush()
 
 
 def _jobs_of(sequences: list[QueuedSequence]) -> list:

@@ -1,0 +1,50 @@
+"""Small requests are tokenized on the event loop (no thread hop); large ones in the tokenizer pool."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from ivy.tokenization import InputEncoder
+from rose.spec import bundled_model_dir, load_spec
+from rose.tokenizer import Tokenizer
+
+
+def _encoder(inline_chars: int) -> InputEncoder:
+    spec = load_spec(bundled_model_dir())
+    return InputEncoder(spec, Tokenizer(spec), threads=1, char_cap=100_000, inline_chars=inline_chars)
+
+
+def _threads_used(encoder: InputEncoder, texts: list[str]) -> tuple[set[str], list[list[int]]]:
+    seen: set[str] = set()
+    real = encoder._encode_texts
+
+    def spy(*args):
+        seen.add(threading.current_thread().name)
+        return real(*args)
+
+    encoder._encode_texts = spy  # type: ignore[method-assign]
+
+    async def run():
+        return await encoder.encode_texts(texts, truncate=True, side="right")
+
+    try:
+        return seen, asyncio.run(run())
+    finally:
+        encoder.close()
+
+
+def test_small_request_runs_on_the_loop_and_large_in_the_pool() -> None:
+    loop_thread = threading.current_thread().name  # asyncio.run drives the loop on this thread
+    small, small_ids = _threads_used(_encoder(inline_chars=100), ["hello world"])
+    assert small == {loop_thread}
+    large, large_ids = _threads_used(_encoder(inline_chars=100), ["hello world " * 20])
+    assert large and loop_thread not in large and all(n.startswith("ivy-tokenize") for n in large)
+    # the same ids whichever way it ran
+    assert _threads_used(_encoder(inline_chars=0), ["hello world"])[1] == small_ids
+    assert _threads_used(_encoder(inline_chars=10_000), ["hello world " * 20])[1] == large_ids
+
+
+def test_zero_means_always_the_pool() -> None:
+    used, _ = _threads_used(_encoder(inline_chars=0), ["hi"])
+    assert all(n.startswith("ivy-tokenize") for n in used)
