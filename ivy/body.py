@@ -8,6 +8,7 @@ passes the cap (RELIABILITY cases 4, 5, 8, 9). Memory stays at about one cap per
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from typing import Any, TypeVar
 
@@ -67,8 +68,9 @@ class _Inflater:
         return b"".join(self._parts)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, decompressed, at most `limit` bytes, or IvyError 413 before anything is parsed."""
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The body, decompressed, at most `limit` bytes, or IvyError 413 before anything is parsed; 408 when
+    the whole body has not arrived within `timeout_s` (a client trickling bytes holds no slot for long)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -84,16 +86,20 @@ async def read_body(request: Request, limit: int) -> bytes:
     parts: list[bytes] = []
     received = 0
     try:
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > limit:  # the wire size is capped too: a compressed body is never bigger than this
-                raise _too_large(limit)
-            if inflater is not None:
-                inflater.feed(chunk)
-            else:
-                parts.append(chunk)
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > limit:  # the wire size is capped too: a compressed body is never bigger than this
+                    raise _too_large(limit)
+                if inflater is not None:
+                    inflater.feed(chunk)
+                else:
+                    parts.append(chunk)
     except ClientDisconnect:
         raise IvyError(Problem.CLIENT_CLOSED, "the client closed the connection") from None
+    except TimeoutError:
+        raise IvyError(Problem.BODY_TIMEOUT, f"the request body did not arrive within {timeout_s:g} s",
+                       param="body", limit=timeout_s) from None
     return inflater.finish() if inflater is not None else b"".join(parts)
 
 
@@ -117,8 +123,8 @@ def parse_json(raw: bytes) -> Any:
                        param="body") from None
 
 
-async def read_model(request: Request, model: type[M], limit: int) -> M:
-    data = parse_json(await read_body(request, limit))
+async def read_model(request: Request, model: type[M], limit: int, timeout_s: float | None = None) -> M:
+    data = parse_json(await read_body(request, limit, timeout_s))
     try:
         return model.model_validate(data)
     except ValidationError as exc:

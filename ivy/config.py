@@ -44,6 +44,8 @@ class IvyConfig:
     chunk_max_tokens: int = field(default=8192, metadata=_help(
         "Token budget of one gRPC chunk; a request is split into chunks sent concurrently to replicas."))
     chunk_max_seqs: int = field(default=64, metadata=_help("Most sequences in one gRPC chunk."))
+    body_read_timeout_s: float = field(default=10.0, metadata=_help(
+        "Seconds the whole request body may take to arrive; a client trickling bytes gets 408 and is closed."))
     request_timeout_s: float = field(default=30.0, metadata=_help(
         "Deadline of a request; the time left becomes each gRPC call's timeout (504 when it passes)."))
     truncate: bool = field(default=False, metadata=_help(
@@ -70,7 +72,7 @@ class IvyConfig:
                      "max_concurrent_requests", "chunk_max_tokens", "chunk_max_seqs", "grpc_max_message_bytes"):
             if getattr(self, name) < 1:
                 raise SystemExit(f"ivy: --{name.replace('_', '-')} must be at least 1")
-        if self.request_timeout_s <= 0 or self.health_interval_s <= 0:
+        if self.request_timeout_s <= 0 or self.health_interval_s <= 0 or self.body_read_timeout_s <= 0:
             raise SystemExit("ivy: --request-timeout-s and --health-interval-s must be positive")
 
     def tokenizer_thread_count(self) -> int:

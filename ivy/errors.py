@@ -36,6 +36,7 @@ class Problem(enum.Enum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     UNAVAILABLE = "replicas_unavailable"
     CLIENT_CLOSED = "client_closed_request"
+    BODY_TIMEOUT = "request_body_timeout"  # the body did not arrive in time (slow or stalled client)
     BACKEND_ERROR = "backend_error"
     INTERNAL = "internal_error"
 
@@ -58,6 +59,7 @@ PROBLEMS: dict[Problem, tuple[int, str]] = {
     Problem.REPLICA_BUSY: (429, "rate_limit_error"),
     Problem.MESSAGE_TOO_LARGE: (413, "invalid_request_error"),
     Problem.DEADLINE_EXCEEDED: (504, "timeout_error"),
+    Problem.BODY_TIMEOUT: (408, "timeout_error"),
     Problem.UNAVAILABLE: (503, "service_unavailable_error"),
     Problem.CLIENT_CLOSED: (499, "invalid_request_error"),
     Problem.BACKEND_ERROR: (502, "server_error"),
@@ -89,6 +91,8 @@ class IvyError(Exception):
             headers["Retry-After"] = str(RETRY_AFTER_S[self.problem])
         if self.problem is Problem.UNAUTHORIZED:
             headers["WWW-Authenticate"] = "Bearer"
+        if self.problem is Problem.BODY_TIMEOUT:
+            headers["Connection"] = "close"  # the rest of the body may still trickle in: drop the connection
         return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
 

@@ -27,7 +27,8 @@ async def create_embeddings(request: Request) -> Response:
     gw.authorize(request.headers.get("authorization"))
     with gw.admit():
         deadline = gw.deadline(request.headers.get("x-request-timeout"))
-        body = await read_model(request, EmbeddingsRequest, gw.config.payload_limit_bytes)
+        body = await read_model(request, EmbeddingsRequest, gw.config.payload_limit_bytes,
+                                gw.config.body_read_timeout_s)
         gw.check_model(body.model)
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)
         dimensions = gw.check_dimensions(body.dimensions)
@@ -57,7 +58,8 @@ async def create_contextualized_embeddings(request: Request) -> Response:
     gw.authorize(request.headers.get("authorization"))
     with gw.admit():
         deadline = gw.deadline(request.headers.get("x-request-timeout"))
-        body = await read_model(request, ContextualizedEmbeddingsRequest, gw.config.payload_limit_bytes)
+        body = await read_model(request, ContextualizedEmbeddingsRequest, gw.config.payload_limit_bytes,
+                                gw.config.body_read_timeout_s)
         gw.check_model(body.model)
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)
         gw.check_count(sum(map(len, body.input)), gw.config.max_chunks_per_request, "input chunks")

@@ -44,7 +44,8 @@ async def score(request: Request) -> Response:
     gw.authorize(request.headers.get("authorization"))
     with gw.admit():
         deadline = gw.deadline(request.headers.get("x-request-timeout"))
-        body = await read_model(request, ScoreRequest, gw.config.payload_limit_bytes)
+        body = await read_model(request, ScoreRequest, gw.config.payload_limit_bytes,
+                                gw.config.body_read_timeout_s)
         gw.check_model(body.model)
         gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
@@ -70,7 +71,8 @@ async def rerank(request: Request) -> Response:
     gw.authorize(request.headers.get("authorization"))
     with gw.admit():
         deadline = gw.deadline(request.headers.get("x-request-timeout"))
-        body = await read_model(request, RerankRequest, gw.config.payload_limit_bytes)
+        body = await read_model(request, RerankRequest, gw.config.payload_limit_bytes,
+                                gw.config.body_read_timeout_s)
         gw.check_model(body.model)
         gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")
         q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,
