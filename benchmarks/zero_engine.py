@@ -8,28 +8,10 @@ Load it with `tulip serve --engine-factory benchmarks/zero_engine.py:ZeroEngine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from rose.spec import load_spec
+from rose.spec import EngineInfo, load_spec
 from rose.tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class ZeroInfo:
-    model_id: str
-    family: str
-    max_length: int
-    dimensions: int
-    pooling: str
-    tokenizer_fingerprint: str
-    native_int8: bool
-    normalize_default: bool
-    vocab_size: int
-    attention_backend: str = "none"
-    device: str = "cpu"
-    dtype: str = "float32"
 
 
 class DoneLazy:
@@ -54,7 +36,7 @@ class DoneLazy:
 
 
 class ZeroEngine:
-    def __init__(self, info: ZeroInfo, max_rows: int = 4096) -> None:
+    def __init__(self, info: EngineInfo, max_rows: int = 4096) -> None:
         self.info = info
         self._rows = np.full((max_rows, info.dimensions), 1.0 / np.sqrt(info.dimensions), dtype=np.float32)
         self.steps = 0
@@ -63,10 +45,11 @@ class ZeroEngine:
     def from_pretrained(cls, model_dir: str, **_ignored) -> ZeroEngine:
         spec = load_spec(model_dir)
         tokenizer = Tokenizer(spec)
-        info = ZeroInfo(model_id=spec.model_id, family=spec.family, max_length=spec.max_length,
-                        dimensions=spec.dimensions, pooling=spec.pooling,
-                        tokenizer_fingerprint=tokenizer.fingerprint, native_int8=spec.native_int8,
-                        normalize_default=spec.normalize, vocab_size=tokenizer.vocab_size)
+        info = EngineInfo(model_id=spec.model_id, family=spec.family, max_length=spec.max_length,
+                          dimensions=spec.dimensions, pooling=spec.pooling,
+                          tokenizer_fingerprint=tokenizer.fingerprint, native_int8=spec.native_int8,
+                          normalize_default=spec.normalize, attention_backend="none", device="cpu",
+                          dtype="float32")
         return cls(info)
 
     def warmup(self) -> None:

@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ivy import metrics
+from ivy.body import M, read_model
 from ivy.config import IvyConfig
 from ivy.encode import decode_rows
 from ivy.errors import IvyError, Problem
@@ -88,6 +89,14 @@ class Gateway:
         self.encoder.close()
 
     # ---- per-request checks ----
+
+    async def read_request(self, request, schema: type[M]) -> tuple[M, float]:
+        """(body, deadline): the request's deadline, its body read within the size and time limits and
+        validated against `schema`, and the model it names checked. Call inside admit()."""
+        deadline = self.deadline(request.headers.get("x-request-timeout"))
+        body = await read_model(request, schema, self.config.payload_limit_bytes, self.config.body_read_timeout_s)
+        self.check_model(body.model)
+        return body, deadline
 
     def authorize(self, authorization: str | None) -> None:
         """Bearer auth with a constant-time compare; the key is never logged or echoed."""

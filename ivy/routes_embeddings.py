@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ivy import metrics
-from ivy.body import read_model
 from ivy.encode import WIRE_ENCODING, default_format, row_value
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.schemas import (ContextualizedEmbeddingsRequest, ContextualizedEmbeddingsResponse, EmbeddingsRequest,
@@ -26,10 +25,7 @@ async def create_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
     with gw.admit():
-        deadline = gw.deadline(request.headers.get("x-request-timeout"))
-        body = await read_model(request, EmbeddingsRequest, gw.config.payload_limit_bytes,
-                                gw.config.body_read_timeout_s)
-        gw.check_model(body.model)
+        body, deadline = await gw.read_request(request, EmbeddingsRequest)
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)
         dimensions = gw.check_dimensions(body.dimensions)
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
@@ -57,10 +53,7 @@ async def create_contextualized_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
     with gw.admit():
-        deadline = gw.deadline(request.headers.get("x-request-timeout"))
-        body = await read_model(request, ContextualizedEmbeddingsRequest, gw.config.payload_limit_bytes,
-                                gw.config.body_read_timeout_s)
-        gw.check_model(body.model)
+        body, deadline = await gw.read_request(request, ContextualizedEmbeddingsRequest)
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)
         gw.check_count(sum(map(len, body.input)), gw.config.max_chunks_per_request, "input chunks")
         dimensions = gw.check_dimensions(body.dimensions)

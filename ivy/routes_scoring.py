@@ -15,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ivy import metrics
-from ivy.body import read_model
 from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
@@ -43,10 +42,7 @@ async def score(request: Request) -> Response:
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
     with gw.admit():
-        deadline = gw.deadline(request.headers.get("x-request-timeout"))
-        body = await read_model(request, ScoreRequest, gw.config.payload_limit_bytes,
-                                gw.config.body_read_timeout_s)
-        gw.check_model(body.model)
+        body, deadline = await gw.read_request(request, ScoreRequest)
         gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
             raise IvyError(Problem.INVALID_PARAMETER, f"text_1 has {len(body.text_1)} texts; it needs 1 or as many "
@@ -70,10 +66,7 @@ async def rerank(request: Request) -> Response:
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
     with gw.admit():
-        deadline = gw.deadline(request.headers.get("x-request-timeout"))
-        body = await read_model(request, RerankRequest, gw.config.payload_limit_bytes,
-                                gw.config.body_read_timeout_s)
-        gw.check_model(body.model)
+        body, deadline = await gw.read_request(request, RerankRequest)
         gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")
         q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,
                                          side=body.truncation_side, deadline=deadline, names=("query", "documents"))

@@ -12,7 +12,6 @@ Everything device-side lives in rose.runner.ModelRunner; this file only wires an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from rose.batch import Batch
 from rose.head import OutputOptions, apply_head
 from rose.lazy import LazyTensor, PinnedPool
 from rose.runner import ModelRunner
-from rose.spec import ModelSpec, load_spec
+from rose.spec import EngineInfo, ModelSpec, load_spec  # noqa: F401 (EngineInfo re-exported)
 from rose.tokenizer import Tokenizer
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS
 from rose.warmup import DEFAULT_PREWARM, VerifiedLayout, default_manifest_path, prewarm_and_verify, prewarm_shapes
@@ -31,19 +30,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about this many tokens
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    model_id: str
-    family: str
-    max_length: int
-    dimensions: int
-    pooling: str
-    tokenizer_fingerprint: str
-    native_int8: bool
-    normalize_default: bool
-    attention_backend: str
-    device: str
-    dtype: str
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -50,6 +50,23 @@ class ModelSpec:
         return self.family == "pplx-qwen3-context"
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a loaded engine serves (Tulip's Info RPC); torch-free so stand-in engines can use it."""
+
+    model_id: str
+    family: str
+    max_length: int
+    dimensions: int
+    pooling: str
+    tokenizer_fingerprint: str
+    native_int8: bool
+    normalize_default: bool
+    attention_backend: str
+    device: str
+    dtype: str
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))

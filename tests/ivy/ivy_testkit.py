@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -38,3 +44,33 @@ def model_copy(tmp_path: Path, name: str, *, config: dict | None = None, st_conf
     if st_config is not None:
         (dst / "config_sentence_transformers.json").write_text(json.dumps(st_config))
     return dst
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def ivy_process(**env: str) -> Iterator[int]:
+    """A real `python -m ivy serve` on a free port with these IVY_* variables, once /ready answers 200;
+    yields the port and terminates the process afterwards."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ivy", "serve"], env={**os.environ, **env, "IVY_PORT": str(port)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "ivy serve did not become ready"
+            time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

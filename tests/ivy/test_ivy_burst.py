@@ -4,28 +4,18 @@ Retry-After; every accepted request succeeds; accepted + rejected = sent (a real
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 
 import httpx
 import pytest
 
 from fake_tulip import FakeTulip
+from ivy_testkit import ivy_process
 
 pytestmark = pytest.mark.slow
 SENT = 400  # RELIABILITY says 10 000; scaled to keep CI on 2 cores fast, the invariant is the same
 CAP = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _burst(url: str, gate: threading.Event) -> list[httpx.Response]:
@@ -42,29 +32,11 @@ async def _burst(url: str, gate: threading.Event) -> list[httpx.Response]:
 
 
 def test_burst_over_the_cap_gets_429_and_loses_nothing_accepted() -> None:
-    port = _free_port()
     gate = threading.Event()
-    with FakeTulip(gate=gate) as fake:
-        env = {**os.environ, "IVY_REPLICAS": fake.address, "IVY_PORT": str(port),
-               "IVY_MAX_CONCURRENT_REQUESTS": str(CAP)}
-        proc = subprocess.Popen([sys.executable, "-m", "ivy", "serve"], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
-            # The replica holds every call until the gate opens: only CAP requests can be in flight.
-            responses = asyncio.run(_burst(f"http://127.0.0.1:{port}/v1/embeddings", gate))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with FakeTulip(gate=gate) as fake, ivy_process(IVY_REPLICAS=fake.address,
+                                                   IVY_MAX_CONCURRENT_REQUESTS=str(CAP)) as port:
+        # The replica holds every call until the gate opens: only CAP requests can be in flight.
+        responses = asyncio.run(_burst(f"http://127.0.0.1:{port}/v1/embeddings", gate))
     ok = [r for r in responses if r.status_code == 200]
     rejected = [r for r in responses if r.status_code == 429]
     assert len(ok) + len(rejected) == SENT, sorted({r.status_code for r in responses})

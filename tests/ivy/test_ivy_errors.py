@@ -11,7 +11,7 @@ import pytest
 
 from ivy_testkit import gateway
 from fake_tulip import FakeTulip, wait_until
-from ivy.errors import PROBLEMS, IvyError, Problem, from_grpc
+from ivy.errors import PROBLEMS, IvyError, from_grpc
 
 INFERENCE_ROUTES = {
     "/v1/embeddings": {"input": ["hello"]},

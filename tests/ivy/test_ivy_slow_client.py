@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
 from fake_tulip import FakeTulip
+from ivy_testkit import ivy_process
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> int:
@@ -30,49 +22,31 @@ def _post(url: str, body: dict) -> int:
 
 
 def test_trickling_body_gets_408_and_closed_while_others_are_served() -> None:
-    port = _free_port()
-    with FakeTulip() as fake:
-        env = {**os.environ, "IVY_REPLICAS": fake.address, "IVY_PORT": str(port), "IVY_BODY_READ_TIMEOUT_S": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "ivy", "serve"], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
-            body = json.dumps({"input": ["a slow client"]}).encode()
-            slow = socket.create_connection(("127.0.0.1", port))
-            slow.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:5])
-            started = time.monotonic()
-            # While the slow body trickles, a normal request is answered at once.
-            assert _post(f"http://127.0.0.1:{port}/v1/embeddings", {"input": ["a normal client"]}) == 200
-            slow.settimeout(0.2)
-            reply = b""
-            for byte in body[5:]:  # one byte every 0.2 s: the whole body would take seconds
-                try:
-                    slow.sendall(bytes([byte]))
-                except OSError:
-                    break  # the server closed the connection
-                try:
-                    chunk = slow.recv(4096)
-                    if not chunk:
-                        break
-                    reply += chunk
-                except TimeoutError:
-                    continue
-                if time.monotonic() - started > 8:
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, IVY_BODY_READ_TIMEOUT_S="1") as port:
+        body = json.dumps({"input": ["a slow client"]}).encode()
+        slow = socket.create_connection(("127.0.0.1", port))
+        slow.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:5])
+        started = time.monotonic()
+        # While the slow body trickles, a normal request is answered at once.
+        assert _post(f"http://127.0.0.1:{port}/v1/embeddings", {"input": ["a normal client"]}) == 200
+        slow.settimeout(0.2)
+        reply = b""
+        for byte in body[5:]:  # one byte every 0.2 s: the whole body would take seconds
+            try:
+                slow.sendall(bytes([byte]))
+            except OSError:
+                break  # the server closed the connection
+            try:
+                chunk = slow.recv(4096)
+                if not chunk:
                     break
-            slow.close()
-            assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
-            assert b"request_body_timeout" in reply
-            assert time.monotonic() - started < 5
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+                reply += chunk
+            except TimeoutError:
+                continue
+            if time.monotonic() - started > 8:
+                break
+        slow.close()
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert b"request_body_timeout" in reply
+        assert time.monotonic() - started < 5
