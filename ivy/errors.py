@@ -131,7 +131,9 @@ def from_grpc(code: grpc.StatusCode, details: str | None, replica: str, reason: 
     if code == grpc.StatusCode.UNAVAILABLE:
         return IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
     if code == grpc.StatusCode.CANCELLED:
-        return IvyError(Problem.CLIENT_CLOSED, "the request was cancelled")
+        # Ivy's own cancellations surface as asyncio.CancelledError, never as a status: a CANCELLED status
+        # means the replica dropped the call (a server stopping cancels what it still holds).
+        return IvyError(Problem.UNAVAILABLE, f"model replica {replica} dropped the call; retry later")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return IvyError(Problem.INVALID_PARAMETER, f"the model replica rejected the input: {details[:200]}")
     return IvyError(Problem.BACKEND_ERROR, f"model replica {replica} failed: {code.name}")

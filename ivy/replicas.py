@@ -206,8 +206,8 @@ class ReplicaPool:
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 error = from_grpc(code, exc.details(), replica.address, _reason(exc))
-                if code == grpc.StatusCode.UNAVAILABLE:
-                    replica.set_state(State.UNREACHABLE, "Embed failed: UNAVAILABLE")
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    replica.set_state(State.UNREACHABLE, f"Embed failed: {code.name}")
                 elif error.problem is not Problem.REPLICA_BUSY:
                     raise error from None
                 log.warning("chunk of %d tokens failed on %s with %s; trying another replica",

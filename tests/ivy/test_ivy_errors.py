@@ -32,6 +32,7 @@ def test_every_problem_has_a_status_and_openai_body() -> None:
     assert from_grpc(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full: 300000 tokens waiting", "r").status == 429
     assert from_grpc(grpc.StatusCode.DEADLINE_EXCEEDED, "", "r").status == 504
     assert from_grpc(grpc.StatusCode.UNAVAILABLE, "", "r").status == 503
+    assert from_grpc(grpc.StatusCode.CANCELLED, "", "r").status == 503  # the replica dropped it, not the client
     assert from_grpc(grpc.StatusCode.INTERNAL, "boom", "r").status == 502
 
 

@@ -7,6 +7,7 @@ import threading
 
 import grpc
 import numpy as np
+import pytest
 
 from ivy_testkit import gateway
 from fake_tulip import FakeTulip, wait_until
@@ -80,8 +81,11 @@ def test_chunks_are_in_flight_concurrently_on_both_replicas() -> None:
             assert result["r"].status_code == 200
 
 
-def test_unavailable_chunk_is_retried_on_another_replica() -> None:
-    with FakeTulip() as reference, FakeTulip(fail_with=grpc.StatusCode.UNAVAILABLE) as bad, FakeTulip() as good:
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED])
+def test_dropped_chunk_is_retried_on_another_replica(code) -> None:
+    """UNAVAILABLE, or CANCELLED (what a stopping server answers for calls it still holds), is the replica's
+    failure, not the client's: the chunk goes to another replica."""
+    with FakeTulip() as reference, FakeTulip(fail_with=code) as bad, FakeTulip() as good:
         with gateway(reference) as client:
             expected = _vectors(client.post("/v1/embeddings", json={"input": TEXTS}))
         with gateway(bad, good, chunk_max_seqs=1, health_interval_s=0.05) as client:
