@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 
 import grpc
-import httpx
 import numpy as np
+import orjson
 
+from benchmarks.stack.connection import Connection, HTTPError, Response
 from protos import embed_pb2, embed_pb2_grpc
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
@@ -39,6 +40,15 @@ from rose.tokenizer import Tokenizer
 REPO = Path(__file__).resolve().parents[1]
 FACTORY = f"{REPO / 'benchmarks' / 'zero_engine.py'}:ZeroEngine.from_pretrained"
 TICK = os.sysconf("SC_CLK_TCK")
+EMBED = "/v1/embeddings"
+JSON = {"content-type": "application/json"}
+
+
+def _ok(response: Response) -> None:
+    if response.status_code != 200:
+        raise SystemExit(f"the stack answered {response.status_code}: {response.text[:200]}")
+
+
 WARMUP_PER_CLIENT = 5
 
 
@@ -121,9 +131,9 @@ class Stack:
                 if p.poll() is not None:
                     raise SystemExit(f"{p.args[2]} exited with {p.returncode}")
             try:
-                if httpx.get(self.url + "/ready", timeout=1).status_code == 200:
+                if Connection(self.url, timeout_s=1).get("/ready").status_code == 200:
                     return
-            except httpx.HTTPError:
+            except HTTPError:
                 pass
             time.sleep(0.2)
         raise SystemExit("the stack did not become ready")
@@ -230,13 +240,13 @@ def run_phases(stack: Stack, args, text: str, ids: list[int]) -> list[dict]:
     asyncio.run(grpc_conc())  # warm-up
     rows.append(measured("grpc-conc", pids, lambda: asyncio.run(grpc_conc())))
 
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
-        def post() -> None:
-            r = client.post("/v1/embeddings", json=body)
-            r.raise_for_status()
-        rows.append(measured("http-seq", pids, lambda: sequential(post, args.requests)))
-        rows.append(measured("http-health", pids, lambda: sequential(lambda: client.get("/health"),
-                                                                      args.requests)))
+    client = Connection(stack.url, JSON, timeout_s=30)
+    payload = orjson.dumps(body)
+    rows.append(measured("http-seq", pids, lambda: sequential(lambda: _ok(client.post(EMBED, payload)),
+                                                              args.requests)))
+    rows.append(measured("http-health", pids, lambda: sequential(lambda: _ok(client.get("/health")),
+                                                                 args.requests)))
+    client.close()
 
     profilers = start_profilers(stack, args.profile, args.duration_s) if args.profile else []
     rows.append(measured("http-conc", {**pids, "client": []},
@@ -248,16 +258,17 @@ def run_phases(stack: Stack, args, text: str, ids: list[int]) -> list[dict]:
 
 def _http_client(url: str, body: dict, seconds: float, start: float, out) -> None:
     """One closed-loop client process: a keep-alive connection, one request at a time."""
-    with httpx.Client(base_url=url, timeout=30) as client:
-        for _ in range(WARMUP_PER_CLIENT):
-            client.post("/v1/embeddings", json=body).raise_for_status()
-        while time.time() < start:
-            time.sleep(0.001)
-        stop, latencies = time.perf_counter() + seconds, []
-        while time.perf_counter() < stop:
-            t0 = time.perf_counter()
-            client.post("/v1/embeddings", json=body).raise_for_status()
-            latencies.append(time.perf_counter() - t0)
+    client, payload = Connection(url, JSON, timeout_s=30), orjson.dumps(body)
+    for _ in range(WARMUP_PER_CLIENT):
+        _ok(client.post(EMBED, payload))
+    while time.time() < start:
+        time.sleep(0.001)
+    stop, latencies = time.perf_counter() + seconds, []
+    while time.perf_counter() < stop:
+        t0 = time.perf_counter()
+        _ok(client.post(EMBED, payload))
+        latencies.append(time.perf_counter() - t0)
+    client.close()
     out.put(latencies)
 
 

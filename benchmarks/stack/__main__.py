@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-import httpx
 
 from benchmarks.stack.client import ROUTE_STYLES, StackError
+from benchmarks.stack.connection import HTTPError
 from benchmarks.stack.config import BenchConfig
 from benchmarks.stack.corpus import Corpus, CorpusError, DocumentMaker, TokenCounter
 from benchmarks.stack.load import ClientSpec, parse_cpus
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with spec.connect() as client:
         try:
             client.http.get("/v1/models")
-        except httpx.HTTPError as exc:
+        except HTTPError as exc:
             say(f"error: cannot reach {config.url}: {type(exc).__name__}: {exc}")
             return EXIT_SERVER
         max_length = config.max_length or client.max_length()
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             assert config.reference is not None
             try:
                 server["verification"] = verify(client, Path(config.reference), config.verify_tolerance)
-            except (VerificationError, StackError, httpx.HTTPError) as exc:
+            except (VerificationError, StackError, HTTPError) as exc:
                 say(f"error: {exc}")
                 return EXIT_VERIFY
             say(f"verification passed: max cosine divergence {100 * server['verification']['max_divergence']:.5f} % "
@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for suite in suites:
                 say(f"suite {suite}")
                 records += SUITE_FUNCTIONS[suite](ctx)
-        except (StackError, CorpusError, httpx.HTTPError) as exc:
+        except (StackError, CorpusError, HTTPError) as exc:
             say(f"error: {type(exc).__name__}: {exc}")
             return EXIT_SERVER
     inputs = {"corpus": corpus.describe(), "tokenizer": counter.describe(),

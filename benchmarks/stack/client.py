@@ -1,4 +1,5 @@
-"""HTTP client for a deployed stack or a peer: one keep-alive connection, client-side wall time per call.
+"""HTTP client for a deployed stack or a peer: one keep-alive connection (standard
+library, see connection.py), client-side wall time per call.
 
 Route styles:
 - `ours`: embeddings on POST /v1/embeddings, scoring on POST /v1/rerank {"model", "query", "documents"}
@@ -18,8 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import numpy as np
+
+from benchmarks.stack.connection import Connection, HTTPError
 
 try:  # orjson is the gateway's dependency and much faster; the client also runs without it
     import orjson
@@ -81,8 +83,7 @@ class StackClient:
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s,
-                                 limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
+        self.http = Connection(url, headers, timeout_s)
 
     def close(self) -> None:
         self.http.close()
@@ -106,7 +107,7 @@ class StackClient:
     def get_json(self, path: str) -> dict[str, Any] | None:
         try:
             response = self.http.get(path)
-        except httpx.HTTPError:
+        except HTTPError:
             return None
         if response.status_code != 200:
             return None
@@ -179,7 +180,7 @@ class StackClient:
                 start = time.perf_counter()
                 try:
                     response = self.http.get(path)
-                except httpx.HTTPError:
+                except HTTPError:
                     break
                 times.append(time.perf_counter() - start)
                 if response.status_code != 200:

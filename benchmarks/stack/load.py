@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import httpx
 
 from benchmarks.stack.client import Sample, StackClient, StackError
+from benchmarks.stack.connection import HTTPError
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def run_loop(client: StackClient, requests: Sequence[Request], budget: Budget,
         sent = time.perf_counter()
         try:
             samples.append(request.send(client))
-        except (StackError, httpx.HTTPError):
+        except (StackError, HTTPError):
             samples.append(Sample(sent, time.perf_counter() - sent, len(request.texts), 0, False, ok=False))
         i += 1
         if counter is not None:

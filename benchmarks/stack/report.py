@@ -122,7 +122,7 @@ def collect_env(config: dict[str, Any], argv: Sequence[str], server: dict[str, A
         "python": sys.version.split()[0],
         "git_commit": _run(["git", "rev-parse", "HEAD"], cwd=REPO),
         "git_dirty": bool(status) if status is not None else None,
-        "packages": {n: _version(n) for n in ("httpx", "numpy", "tokenizers", "orjson", "ivy-tulip-rose")},
+        "packages": {n: _version(n) for n in ("numpy", "tokenizers", "orjson", "ivy-tulip-rose")},
         **gpu_env(),
         "config": config,
         "argv": list(argv),
