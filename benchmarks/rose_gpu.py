@@ -4,7 +4,8 @@
 
 Host->host latency (token ids on the CPU in, the embedding on the CPU out), in one run:
 hf-eager, hf-compile (torch.compile reduce-overhead; 0.6B at 128/512 tokens only, its compile time
-reported), rose-eager, rose-graphs, rose-graphs-overlap (two batches in flight). Random bf16 weights of
+reported), rose-eager, rose-graphs, rose-graphs-overlap (two batches in flight), and with --profiles
+rose-best (graphs, attention per token bucket from the A/B's serving profile). Random bf16 weights of
 the real configs (benchmarks.model_zoo). Writes rose_gpu.json and saturation.png; prints a table last.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -20,10 +22,21 @@ import torch
 
 from benchmarks import gpu_env
 from benchmarks.model_zoo import make_folder
+from rose.attention.profile import PROFILE_NAME
 
+VARIANTS = ("hf-eager", "hf-compile", "rose-eager", "rose-graphs", "rose-graphs-overlap", "saturation",
+            "rose-best")
 SUITES = {  # name -> list of sequence lengths in one request
     "bs1-128": [128], "bs1-512": [512], "bs1-4096": [4096], "score-50x512": [512] * 50,
 }
+
+
+DEVICE = "cuda"  # --device cpu: a smoke run of this script where there is no GPU (numbers meaningless)
+
+
+def empty_cache() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
 
 
 def docs_100(max_len: int, seed: int = 0) -> list[int]:
@@ -57,7 +70,7 @@ def time_serial(fn, inputs, iters: int, warmup: int) -> list[float]:
 def hf_runner(model_dir: Path, pooling: str, compile_mode: str | None):
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.bfloat16).cuda().eval()
+    model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.bfloat16).to(DEVICE).eval()
     if compile_mode:
         model = torch.compile(model, mode=compile_mode)
 
@@ -69,11 +82,11 @@ def hf_runner(model_dir: Path, pooling: str, compile_mode: str | None):
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = s
             mask[i, : len(s)] = 1
-        ids_t = torch.from_numpy(ids).cuda(non_blocking=True)
-        mask_t = torch.from_numpy(mask).cuda(non_blocking=True)
+        ids_t = torch.from_numpy(ids).to(DEVICE, non_blocking=True)
+        mask_t = torch.from_numpy(mask).to(DEVICE, non_blocking=True)
         hidden = model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
         if pooling == "last":
-            pooled = hidden[torch.arange(len(seqs), device="cuda"), mask_t.sum(1) - 1]
+            pooled = hidden[torch.arange(len(seqs), device=DEVICE), mask_t.sum(1) - 1]
         else:
             m = mask_t[..., None].to(hidden.dtype)
             pooled = (hidden * m).sum(1) / m.sum(1)
@@ -87,7 +100,7 @@ def rose_engine(model_dir: Path, graphs: bool):
     from rose import Batch, Engine
 
     t0 = time.perf_counter()
-    engine = Engine.from_pretrained(model_dir, device="cuda", dtype="bfloat16", cuda_graphs=graphs,
+    engine = Engine.from_pretrained(model_dir, device=DEVICE, dtype="bfloat16", cuda_graphs=graphs,
                                     pinned_cap_bytes=1 << 30)
     engine.warmup()
     ready_s = time.perf_counter() - t0
@@ -119,12 +132,23 @@ def time_overlap(engine, inputs, iters: int, warmup: int) -> tuple[list[float], 
     return lat, time.perf_counter() - t_start
 
 
+def best_profile(profiles: Path, name: str, causal: bool) -> Path:
+    """The A/B's profile for this model: profiles/<name>-causal/ for a causal model when measured, else
+    profiles/<name>/ (bidirectional shapes; the kernels' ranking was the same both ways on the H200)."""
+    for folder in ([f"{name}-causal"] if causal else []) + [name]:
+        path = profiles / folder / PROFILE_NAME
+        if path.is_file():
+            return path
+    raise SystemExit(f"no serving profile for {name} under {profiles} (run benchmarks.attention_ab first)")
+
+
 def bench_model(name: str, root: Path, quick: bool, records: list, saturation: list,
-                compile_suites: list[str]) -> None:
+                compile_suites: list[str], variants: set[str], profiles: Path | None = None) -> None:
     model_dir = make_folder(name, root / name, "bfloat16")
     from rose.spec import load_spec
 
     spec = load_spec(model_dir)
+    (model_dir / PROFILE_NAME).unlink(missing_ok=True)  # rose-eager/-graphs: the default attention
     max_len = spec.max_length
     suites = {k: v for k, v in SUITES.items() if max(v) <= max_len and (name != "minilm-l6" or k == "bs1-128")}
     suites["docs-100"] = docs_100(max_len)
@@ -140,7 +164,7 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
               flush=True)
 
     for compile_mode in (None, "reduce-overhead"):
-        if compile_mode and name != "qwen3-0.6b":
+        if (compile_mode and name != "qwen3-0.6b") or ("hf-compile" if compile_mode else "hf-eager") not in variants:
             continue
         t0 = time.perf_counter()
         run = hf_runner(model_dir, spec.pooling, compile_mode)
@@ -154,11 +178,13 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
             times = time_serial(run, batches, iters, 3)
             record(suite, variant, times, sum(suites[suite]), first_call_s=round(first_s, 2))
         del run
-        torch.cuda.empty_cache()
+        empty_cache()
 
     for graphs in (False, True):
-        engine, run, ready_s = rose_engine(model_dir, graphs)
         variant = "rose-graphs" if graphs else "rose-eager"
+        if variant not in variants:
+            continue
+        engine, run, ready_s = rose_engine(model_dir, graphs)
         for suite, batches in inputs.items():
             tc = time.perf_counter()
             run(batches[0])  # first occurrence: eager at the padded shape (lazy capture's warm-up)
@@ -168,10 +194,10 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
             if name == "qwen3-0.6b":
                 extra["ready_s"] = round(ready_s, 2)
             record(suite, variant, times, sum(suites[suite]), **extra)
-            if graphs:
+            if graphs and "rose-graphs-overlap" in variants:
                 lat, wall = time_overlap(engine, batches, iters, 3)
                 record(suite, "rose-graphs-overlap", lat, sum(suites[suite]), wall=wall)
-        if graphs and name in ("qwen3-0.6b", "minilm-l6"):
+        if graphs and name in ("qwen3-0.6b", "minilm-l6") and "saturation" in variants:
             for seqs in (1, 4, 16, 64):
                 for tokens in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
                     if tokens < seqs or -(-tokens // seqs) > max_len:
@@ -187,7 +213,21 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
               f"{stats.get('graph_capture_seconds', 0):.2f} s", flush=True)
         engine.close()
         del engine, run
-        torch.cuda.empty_cache()
+        empty_cache()
+    if profiles is not None and "rose-best" in variants:
+        profile = best_profile(profiles, name, spec.causal)
+        shutil.copy(profile, model_dir / PROFILE_NAME)  # attention "auto" reads it from beside the model
+        engine, run, _ = rose_engine(model_dir, DEVICE == "cuda")
+        print(f"  {name} rose-best: attention {engine.info.attention_backend} from {profile}",
+              flush=True)
+        for suite, batches in inputs.items():
+            run(batches[0])
+            record(suite, "rose-best", time_serial(run, batches, iters, 3), sum(suites[suite]),
+                   profile=f"{profile.parent.name}/{PROFILE_NAME}")
+        engine.close()
+        del engine, run
+        (model_dir / PROFILE_NAME).unlink(missing_ok=True)
+        empty_cache()
 
 
 def plot_saturation(saturation: list, path: Path) -> None:
@@ -219,14 +259,26 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix for the output file names")
     parser.add_argument("--compile-suites", default="bs1-128,bs1-512",
                         help="suites timed with HF + torch.compile (each new shape recompiles: ~50 s each)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"what to run, of {','.join(VARIANTS)}")
+    parser.add_argument("--profiles", type=Path, default=None,
+                        help="serving profiles from benchmarks.attention_ab (DIR/<model>[-causal]/rose_profile.json):"
+                             " adds the rose-best variant")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: smoke-test the script")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    variants = set(args.variants.split(","))
+    if variants - set(VARIANTS):
+        parser.error(f"unknown variants: {sorted(variants - set(VARIANTS))}")
     args.out.mkdir(parents=True, exist_ok=True)
     records: list = []
     saturation: list = []
     env = gpu_env.collect()
     for name in args.models.split(","):
         print(f"== {name}", flush=True)
-        bench_model(name, args.root, args.quick, records, saturation, args.compile_suites.split(","))
+        bench_model(name, args.root, args.quick, records, saturation, args.compile_suites.split(","), variants,
+                    args.profiles)
         result = {"env": env, "records": records, "saturation": saturation}  # written after each model
         (args.out / f"rose_gpu{args.tag}.json").write_text(json.dumps(result, indent=1))
     if saturation:
