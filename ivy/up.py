@@ -9,6 +9,7 @@ printed and `ivy up` exits 1. Ctrl-C or SIGTERM stops the gateway first, then th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -47,7 +48,8 @@ class Child:
         self.name = name
         self.tail: deque[str] = deque(maxlen=60)
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         self._pump = threading.Thread(target=self._relay, daemon=True, name=f"relay-{name}")
         self._pump.start()
 
@@ -75,6 +77,17 @@ class Child:
                 self.proc.kill()
                 self.proc.wait()
         self._pump.join(timeout=2)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when `ivy up` dies, even by SIGKILL or the OOM killer (Linux).
+    The children run in their own session (a terminal's Ctrl-C reaches only `ivy up`, which stops them in
+    order), so without this a killed `ivy up` would leave them holding the ports."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def visible_gpus(spec: str) -> list[str | None]:
@@ -120,12 +133,21 @@ def _tulip_serving(address: str) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def _ivy_ready(url: str) -> bool:
+def _ivy_ready(url: str) -> tuple[bool, str]:
+    """(ready, why a replica can never be used: its model_mismatch detail, else "")."""
     try:
         with urllib.request.urlopen(f"{url}/ready", timeout=2.0) as response:
-            return response.status == 200
+            return response.status == 200, ""
+    except urllib.error.HTTPError as exc:
+        try:
+            replicas = json.loads(exc.read()).get("replicas", [])
+        except (ValueError, AttributeError, OSError):
+            return False, ""
+        details = [f"{r.get('address')}: {r.get('detail', '')}" for r in replicas
+                   if isinstance(r, dict) and r.get("state") == "model_mismatch"]
+        return False, "; ".join(details)
     except (urllib.error.URLError, OSError):
-        return False
+        return False, ""
 
 
 def _resolve_model(config: IvyConfig) -> str:
@@ -140,9 +162,12 @@ def _resolve_model(config: IvyConfig) -> str:
 
 def run_stack(config: IvyConfig, up: UpConfig) -> int:
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal was closed
         signal.signal(sig, lambda *_: stop.set())
     model = _resolve_model(config)
+    # One served name for both: Tulip reports it in Info and Ivy checks it, so they must agree.
+    name = config.served_model_name or os.environ.get("TULIP_SERVED_MODEL_NAME", "")
+    config = replace(config, served_model_name=name)
     first_port = up.tulip_port or int(os.environ.get("TULIP_PORT") or 50051)
     host = _tulip_connect_host()
     devices = [d for d in visible_gpus(up.gpus) for _ in range(max(1, up.tulips_per_gpu))]
@@ -185,8 +210,14 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             shutdown()
             return 130
         serving |= {a for a in addresses if a not in serving and _tulip_serving(a)}
-        if len(serving) == len(addresses) and _ivy_ready(url):
-            break
+        if len(serving) == len(addresses):
+            ready, mismatch = _ivy_ready(url)
+            if ready:
+                break
+            if mismatch:
+                print(f"ivy up: the gateway refuses the replicas: {mismatch}; stopping", file=sys.stderr, flush=True)
+                shutdown()
+                return 1
         if time.monotonic() > deadline:
             print(f"ivy up: not ready after {up.startup_timeout_s:.0f} s (Tulips serving: {len(serving)}/"
                   f"{len(addresses)}); stopping", file=sys.stderr, flush=True)

@@ -44,11 +44,13 @@ def _parse_value(kind: Any, raw: str) -> Any:
     return raw
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str) -> None:
-    """Add one ``--flag`` per field of the config dataclass `cls`; help names the env var and default."""
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str,
+                         exclude: frozenset[str] = frozenset()) -> None:
+    """Add one ``--flag`` per field of the config dataclass `cls` (but `exclude`); help names the env var
+    and default. A bool flag alone means true (``--truncate``); it also takes a value (``--truncate false``)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if not f.init:
+        if not f.init or f.name in exclude:
             continue
         kind = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else (
@@ -61,6 +63,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str
             default=None,
             metavar=f.name.upper(),
             help=help_text.replace("%", "%%"),
+            **({"nargs": "?", "const": "true"} if kind is bool else {}),
         )
 
 

@@ -1,19 +1,20 @@
 """Tulip's one frozen configuration: every field is a `--flag` and a `TULIP_*` environment variable.
 
 Batching defaults and why:
-- ``max_batch_tokens`` 0 = by device. On a GPU 16384 (as text-embeddings-inference). The seed reports
-  that a sub-1B embedding model saturates the GPU near 512 tokens per forward: past that, a step's time
-  grows with its token count, so a larger budget buys no throughput per token, only fewer launches, and
-  it costs head-of-line latency for whoever arrives behind the batch. 16384 tokens is ~20 ms of H200 work
-  for the 0.6B model (0.94 GFLOP/token at ~770 TFLOP/s); lower it for latency-first replicas of large
-  models. On a CPU 2048: all-MiniLM-L6-v2 on 2 cores went 168 -> 511 -> 886 -> 1317 -> 1435 tokens/s at
+- ``max_batch_tokens`` 0 = by device. On a GPU 8192, from the H200 saturation curve of the 0.6B
+  (benchmarks/NOTES.md, results/rose_gpu.json): with 16 / 64 sequences a batch of 4096 tokens runs at
+  377 / 411 k tokens/s, 8192 at 390 / 430 k, 16384 at 363 / 405 k — past 8192 a batch buys no
+  throughput, only head-of-line latency for whoever arrives behind it (21 ms vs 45 ms at 16 sequences).
+  text-embeddings-inference defaults to 16384; small encoders still gain there (all-MiniLM-L6-v2: 5.1 M
+  tokens/s at 8192 -> 6.2 M at 16384, 1.6 vs 2.6 ms per batch), so throughput-first MiniLM replicas may
+  raise it. On a CPU 2048: all-MiniLM-L6-v2 on 2 cores went 168 -> 511 -> 886 -> 1317 -> 1435 tokens/s at
   128 / 512 / 1024 / 2048 / 4096 tokens per batch (ROSE, 2026-11-29), so 2048 is near saturation while
   a batch still takes about a second rather than ten.
-- ``max_batch_seqs`` 256: the sequence-count bucket bounds cu_seqlens-shaped graph keys; 256 short queries
-  of 64 tokens already fill the token budget.
-- ``max_queue_tokens`` 262144 = 16 full batches: on an H200 about half a second of backlog for the 0.6B
-  model. Beyond it callers get RESOURCE_EXHAUSTED at once (Ivy turns it into 429 / another replica) rather
-  than an unbounded queue that hides overload.
+- ``max_batch_seqs`` 256: the sequence-count bucket bounds cu_seqlens-shaped graph keys; 128 short queries
+  of 64 tokens already fill the GPU token budget, 256 of 32.
+- ``max_queue_tokens`` 262144 = 32 full batches: on an H200 about 0.65 s of backlog for the 0.6B
+  model (at ~400 k tokens/s). Beyond it callers get RESOURCE_EXHAUSTED at once (Ivy turns it into 429 or
+  sends it to another replica) rather than an unbounded queue that hides overload.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ENV_PREFIX = "TULIP"
-GPU_BATCH_TOKENS = 16384
+GPU_BATCH_TOKENS = 8192
 CPU_BATCH_TOKENS = 2048
 _WARMUP_CHOICES = {"auto", "true", "false", "1", "0", "yes", "no", "on", "off"}
 
@@ -40,7 +41,7 @@ class TulipConfig:
     dtype: str = _f("", "float32, bfloat16 or float16; empty = ROSE's default for the device")
     attention: str = _f("auto", "attention backend for ROSE (auto = its measured choice per model)")
     max_batch_tokens: int = _f(
-        0, "token budget of one batch; a longer sequence runs alone; 0 = by device: 16384 on a GPU, 2048 on a CPU")
+        0, "token budget of one batch; a longer sequence runs alone; 0 = by device: 8192 on a GPU, 2048 on a CPU")
     max_batch_seqs: int = _f(256, "most sequences in one batch")
     max_queue_tokens: int = _f(262144, "most tokens waiting in the queue; beyond it RESOURCE_EXHAUSTED")
     max_inflight_batches: int = _f(2, "batches launched on the engine and not yet delivered (2 = overlap)")

@@ -36,7 +36,8 @@ def test_help_documents_every_flag_with_its_env_var() -> None:
     serve, stack = _help("serve"), _help("up")
     for f in dataclasses.fields(IvyConfig):
         assert f"--{f.name.replace('_', '-')}" in serve and env_name("IVY", f.name) in serve
-        assert env_name("IVY", f.name) in stack
+        if f.name != "replicas":  # `ivy up` sets the gateway's replicas itself
+            assert env_name("IVY", f.name) in stack
     for f in dataclasses.fields(up.UpConfig):
         assert f"--{f.name.replace('_', '-')}" in stack and env_name("IVY_UP", f.name) in stack
 
@@ -50,6 +51,17 @@ def test_config_from_env_and_flags() -> None:
     with pytest.raises(SystemExit):
         IvyConfig(replicas=())
     assert IvyConfig(max_concurrent_requests=10, workers=4).per_worker_concurrency() == 3
+
+
+def test_bare_bool_flag_means_true_and_up_refuses_replicas() -> None:
+    from ivy.cli import build_parser
+
+    parser = build_parser()
+    for argv, expected in ((["serve", "--truncate"], True), (["serve", "--truncate", "false"], False),
+                           (["serve"], False)):
+        assert config_from_args(IvyConfig, parser.parse_args(argv), "IVY", environ={}).truncate is expected
+    with pytest.raises(SystemExit):
+        parser.parse_args(["up", "--replicas", "10.0.0.1:50051"])
 
 
 def test_visible_gpus(monkeypatch) -> None:

@@ -154,7 +154,7 @@ def test_env_vars_configure_and_flags_win() -> None:
 
 def test_budget_and_full_batch_probe_follow_the_device() -> None:
     auto = TulipConfig()
-    assert auto.batch_tokens_for("cuda:0") == 16384 and auto.batch_tokens_for("cpu") == 2048
+    assert auto.batch_tokens_for("cuda:0") == 8192 and auto.batch_tokens_for("cpu") == 2048
     assert auto.probe_full_batch_on("cuda") and not auto.probe_full_batch_on("cpu")
     fixed = TulipConfig(max_batch_tokens=512, warmup_full_batch="true")
     assert fixed.batch_tokens_for("cuda") == 512 and fixed.probe_full_batch_on("cpu")

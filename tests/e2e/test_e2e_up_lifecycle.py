@@ -1,0 +1,117 @@
+"""`ivy up`'s supervision: a served name from either service's variable, and no orphans when it dies.
+
+Closing the terminal (SIGHUP) stops the stack like Ctrl-C; a SIGKILLed `ivy up` takes its children with
+it (they run in their own session, so only the kernel's parent-death signal can reach them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from stack_testkit import free_port, ivy
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
+def _start(env: dict[str, str] | None = None):
+    port = free_port()
+    proc = ivy("up", "--port", str(port), "--tulip-port", str(free_port()), "--gpus", "none", env=env)
+    proc.wait_for(lambda: any("Ivy is ready at" in line for line in proc.out), "ivy up ready")
+    return proc, port
+
+
+def test_tulip_served_model_name_is_used_by_both_and_sighup_stops_the_stack() -> None:
+    proc, port = _start({"TULIP_SERVED_MODEL_NAME": "my-embedder"})
+    try:
+        children = _children(proc.proc.pid)
+        assert len(children) == 2, proc.output()  # one Tulip, one gateway
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+            assert [m["id"] for m in json.loads(r.read())["data"]] == ["my-embedder"]
+        assert any("my-embedder" in line for line in proc.out)  # the banner's curl names it
+        assert proc.stop(signal.SIGHUP) == 0, proc.output()
+        assert _wait_gone(children) == []
+    finally:
+        proc.stop(signal.SIGKILL)
+
+
+def test_a_killed_ivy_up_leaves_no_children() -> None:
+    proc, _ = _start()
+    children = _children(proc.proc.pid)
+    try:
+        assert len(children) == 2, proc.output()
+        proc.stop(signal.SIGKILL)
+        assert _wait_gone(children) == [], "children outlived a SIGKILLed ivy up"
+    finally:
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_model_mismatch_is_reported_at_once_not_after_the_startup_timeout() -> None:
+    """`ivy up` reads /ready's replica states: a replica serving another model never becomes ready."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from ivy.up import _ivy_ready
+
+    replies = iter([(503, {"replicas": [{"address": "a:1", "state": "unreachable"}]}),
+                    (503, {"replicas": [{"address": "a:1", "state": "model_mismatch", "detail": "serves m2"}]}),
+                    (200, {"status": "ready"})])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = next(replies)
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert _ivy_ready(url) == (False, "")
+        assert _ivy_ready(url) == (False, "a:1: serves m2")
+        assert _ivy_ready(url) == (True, "")
+    finally:
+        server.shutdown()
