@@ -47,8 +47,10 @@ def create_app(config: IvyConfig) -> FastAPI:
     _add_ops_routes(app)
     _add_error_handlers(app)
     if config.cors_origins:
+        # Any request header: SDKs send their own (openai-node's x-stainless-*), and a preflight naming one
+        # that is not allowed fails the whole browser request. Retry-After and X-Request-Id readable by scripts.
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type", "Content-Encoding", "X-Request-Timeout"])
+                           allow_headers=["*"], expose_headers=["Retry-After", "X-Request-Id"])
     app.add_middleware(metrics.RequestMetrics)
     return app
 
@@ -63,9 +65,16 @@ def _add_ops_routes(app: FastAPI) -> None:
     async def list_models(request: Request) -> Response:
         gw = gateway_of(request)
         gw.authorize(request.headers.get("authorization"))
-        card = {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ivy",
-                "max_model_len": gw.spec.max_length, "dimensions": gw.spec.dimensions}
-        return json_response({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": [_model_card(gw)]})
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str, request: Request) -> Response:
+        gw = gateway_of(request)
+        gw.authorize(request.headers.get("authorization"))
+        if model != gw.model_name:
+            raise IvyError(Problem.MODEL_NOT_FOUND, f"model {model!r} is not served here; this gateway serves "
+                           f"{gw.model_name!r}", param="model")
+        return json_response(_model_card(gw))
 
     @app.get("/health")
     async def health() -> Response:
@@ -87,6 +96,11 @@ def _add_ops_routes(app: FastAPI) -> None:
         return Response(data, media_type=content_type)
 
 
+def _model_card(gw: Gateway) -> dict:
+    return {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ivy",
+            "max_model_len": gw.spec.max_length, "dimensions": gw.spec.dimensions}
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(IvyError)
     async def ivy_error(request: Request, exc: IvyError) -> Response:
@@ -102,4 +116,6 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         problem = {404: Problem.NOT_FOUND, 405: Problem.METHOD_NOT_ALLOWED}.get(exc.status_code, Problem.INVALID_JSON)
         message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
-        return IvyError(problem, message.get(exc.status_code, str(exc.detail))).to_response()
+        response = IvyError(problem, message.get(exc.status_code, str(exc.detail))).to_response()
+        response.headers.update(exc.headers or {})  # 405's Allow
+        return response

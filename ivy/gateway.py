@@ -161,7 +161,7 @@ class Gateway:
         chunks = plan_chunks(lengths, rows_per_seq, self.config.chunk_max_tokens, self.config.chunk_max_seqs)
         if not self.pool.any_serving():
             raise IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
-        request_id = uuid.uuid4().hex[:16]
+        request_id = metrics.REQUEST_ID.get() or uuid.uuid4().hex
         requests = [self._chunk_request(sequences, spans, c, dimensions, normalize, encoding, request_id)
                     for c in chunks]
         if len(chunks) == 1:

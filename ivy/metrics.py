@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import traceback
+import uuid
+from contextvars import ContextVar
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -62,9 +65,26 @@ def render() -> tuple[bytes, str]:
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
 
+REQUEST_ID: ContextVar[str] = ContextVar("ivy_request_id", default="")
+_REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+
+
+def request_id_of(scope: Scope) -> str:
+    """The caller's X-Request-Id when it is a sane token (so traces join across services), else a new one."""
+    for key, value in scope.get("headers", ()):
+        if key == b"x-request-id":
+            text = value.decode("latin-1")
+            if _REQUEST_ID_OK.fullmatch(text):
+                return text
+            break
+    return uuid.uuid4().hex
+
+
 class RequestMetrics:
-    """Pure ASGI middleware: counts and times requests; turns an unexpected exception into the OpenAI 500 body
-    and logs its traceback without the exception message (which could quote request text)."""
+    """Pure ASGI middleware: counts and times requests; tags each with a request id (echoed as X-Request-Id,
+    sent to Tulip with every chunk, via the REQUEST_ID context variable); turns an unexpected exception
+    into the OpenAI 500 body and logs its traceback without the exception message (which could quote
+    request text)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -75,6 +95,9 @@ class RequestMetrics:
             return
         path = scope.get("path", "")
         route = path if path in KNOWN_ROUTES else "other"
+        rid = request_id_of(scope)
+        REQUEST_ID.set(rid)  # this task's context: the route handler runs in it
+        rid_header = (b"x-request-id", rid.encode("latin-1"))
         status = 500
         started = False
         start = time.perf_counter()
@@ -84,6 +107,7 @@ class RequestMetrics:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 started = True
+                message = {**message, "headers": [*message.get("headers", ()), rid_header]}
             await send(message)
 
         try:
@@ -96,7 +120,7 @@ class RequestMetrics:
                                                "param": None, "code": "internal_error"}})
                 await send({"type": "http.response.start", "status": 500,
                             "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode())]})
+                                        (b"content-length", str(len(body)).encode()), rid_header]})
                 await send({"type": "http.response.body", "body": body})
             status = 500
         finally:

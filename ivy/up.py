@@ -36,6 +36,9 @@ class UpConfig:
     gpus: str = field(default="all", metadata={"help": "GPUs to start one Tulip on each: all (every visible GPU; "
                                                "one CPU Tulip when there is none), none (one CPU Tulip), or a comma "
                                                "list of device ids, e.g. 0,1."})
+    tulip_metrics_port: int = field(default=-1, metadata={"help": "Port of the first Tulip's Prometheus /metrics; "
+                                                          "replica k serves it + k. -1 = $TULIP_METRICS_PORT, "
+                                                          "else 9400; 0 = off."})
     tulips_per_gpu: int = field(default=1, metadata={"help": "Tulip replicas per GPU (they share the device)."})
     startup_timeout_s: float = field(default=900.0, metadata={"help": "Most seconds to wait for every process "
                                                               "to be ready before giving up."})
@@ -169,6 +172,8 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     name = config.served_model_name or os.environ.get("TULIP_SERVED_MODEL_NAME", "")
     config = replace(config, served_model_name=name)
     first_port = up.tulip_port or int(os.environ.get("TULIP_PORT") or 50051)
+    metrics_port = up.tulip_metrics_port if up.tulip_metrics_port >= 0 else int(
+        os.environ.get("TULIP_METRICS_PORT") or 9400)
     host = _tulip_connect_host()
     devices = [d for d in visible_gpus(up.gpus) for _ in range(max(1, up.tulips_per_gpu))]
     tulips: list[Child] = []
@@ -181,6 +186,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         argv = [sys.executable, "-m", "tulip", "serve", "--model", model, "--port", str(port)]
         if config.served_model_name:
             argv += ["--served-model-name", config.served_model_name]
+        argv += ["--metrics-port", str(metrics_port + k if metrics_port else 0)]  # one port each, not the env's
         tulips.append(Child(f"tulip:{port}" + (f" gpu {device}" if device is not None else ""), argv, env))
         addresses.append(f"{host}:{port}")
     gateway_config = replace(config, model=model, replicas=tuple(addresses))
@@ -225,7 +231,10 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             return 1
         stop.wait(0.25)
 
-    _print_banner(url, config, addresses)
+    metrics_host = os.environ.get("TULIP_METRICS_HOST", "127.0.0.1")
+    metrics_host = "127.0.0.1" if metrics_host in ("", "0.0.0.0", "::", "[::]") else metrics_host
+    _print_banner(url, config, addresses, [f"http://{metrics_host}:{metrics_port + k}/metrics"
+                                           for k in range(len(addresses))] if metrics_port else [])
     while not stop.wait(0.5):
         for child in children:
             if child.exited() is not None:
@@ -237,7 +246,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     return 0
 
 
-def _print_banner(url: str, config: IvyConfig, addresses: list[str]) -> None:
+def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metrics: list[str]) -> None:
     from rose.spec import load_spec
 
     name = config.served_model_name or load_spec(_resolve_model(config)).model_id
@@ -245,4 +254,5 @@ def _print_banner(url: str, config: IvyConfig, addresses: list[str]) -> None:
     print(f"Ivy is ready at {url} (model {name}; Tulip replicas: {', '.join(addresses)})\n"
           f"  curl {url}/v1/embeddings -H 'Content-Type: application/json'{auth} \\\n"
           f"    -d '{{\"model\": \"{name}\", \"input\": [\"hello world\"]}}'\n"
+          f"Metrics: {url}/metrics (gateway)" + "".join(f", {m}" for m in tulip_metrics) + "\n"
           f"Press Ctrl-C to stop.", flush=True)

@@ -29,13 +29,18 @@ TEXTS = [
 ]
 
 
+STACK_OUT: list[str] = []  # `ivy up`'s stdout once ready
+
+
 @pytest.fixture(scope="module")
 def stack():
-    port, tulip_port = free_port(), free_port()
-    proc = ivy("up", "--port", str(port), "--tulip-port", str(tulip_port))
+    port, tulip_port, metrics_port = free_port(), free_port(), free_port()
+    proc = ivy("up", "--port", str(port), "--tulip-port", str(tulip_port), "--tulip-metrics-port", str(metrics_port))
     try:
         proc.wait_for(lambda: any("Ivy is ready at" in line for line in proc.out), "ivy up ready")
         assert any("curl" in line for line in proc.out)
+        assert any(f"http://127.0.0.1:{metrics_port}/metrics" in line for line in proc.out)  # the banner names it
+        STACK_OUT[:] = list(proc.out)
         yield f"http://127.0.0.1:{port}"
     finally:
         code = proc.stop()
@@ -142,6 +147,9 @@ def test_readiness_and_health(stack) -> None:
     assert http_status(f"{stack}/health") == 200
     assert http_status(f"{stack}/ready") == 200
     assert "ivy_requests_total" in httpx.get(f"{stack}/metrics").text
+    banner = next(line for line in STACK_OUT if "/metrics" in line and "gateway" in line)
+    tulip_metrics = banner.split(", ")[-1].strip()
+    assert "tulip_queue_tokens" in httpx.get(tulip_metrics).text  # `ivy up` gives each Tulip its metrics port
 
 
 def test_gateway_without_reachable_tulip_is_not_ready_and_fails_fast() -> None:

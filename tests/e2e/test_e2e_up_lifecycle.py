@@ -51,7 +51,8 @@ def _wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
 
 def _start(env: dict[str, str] | None = None):
     port = free_port()
-    proc = ivy("up", "--port", str(port), "--tulip-port", str(free_port()), "--gpus", "none", env=env)
+    proc = ivy("up", "--port", str(port), "--tulip-port", str(free_port()), "--gpus", "none",
+               "--tulip-metrics-port", str(free_port()), env=env)
     proc.wait_for(lambda: any("Ivy is ready at" in line for line in proc.out), "ivy up ready")
     return proc, port
 

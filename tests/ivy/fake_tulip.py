@@ -45,6 +45,7 @@ class Call:
     rows: int
     dimensions: int
     encoding: int
+    request_id: str = ""
 
 
 @dataclass
@@ -151,7 +152,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                                 encoding=Encoding(request.encoding))
         out = apply_head(native, options, native_int8=fake.spec.native_int8, default_normalize=fake.spec.normalize)
         dims = request.dimensions or fake.spec.dimensions
-        fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding))
+        fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding, request.request_id))
         return embed_pb2.EmbedResponse(embeddings=out.astype(out.dtype.newbyteorder("<")).tobytes(),
                                        rows=out.shape[0], dimensions=dims, encoding=request.encoding,
                                        tokens=int(lens.sum()))

@@ -122,7 +122,7 @@ def test_up_exits_nonzero_with_the_failing_childs_output(tmp_path) -> None:
     broken = model_copy(tmp_path, "no-weights")  # tokenizer present, safetensors missing: Tulip cannot load
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([sys.executable, "-m", "ivy", "up", "--model", str(broken), "--port", str(free_port()),
-                          "--tulip-port", str(free_port()), "--startup-timeout-s", "240"],
+                          "--tulip-port", str(free_port()), "--tulip-metrics-port", "0", "--startup-timeout-s", "240"],
                          env=env, capture_output=True, text=True, timeout=280)
     assert out.returncode != 0
     assert "exited with code" in out.stderr and "tulip" in out.stderr

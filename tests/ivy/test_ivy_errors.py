@@ -88,6 +88,36 @@ def test_cors_closed_by_default_and_open_to_configured_origins(fake) -> None:
         assert good.headers["access-control-allow-origin"] == "https://good.example"
         evil = client.post("/v1/embeddings", json={"input": "a"}, headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in evil.headers
+        # a browser SDK's preflight names its own headers (openai-node: x-stainless-*); scripts read these two
+        sdk = client.options("/v1/embeddings", headers={
+            "Origin": "https://good.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os, x-stainless-retry-count"})
+        assert sdk.status_code == 200, sdk.text
+        assert set(good.headers["access-control-expose-headers"].lower().split(", ")) >= {"retry-after",
+                                                                                           "x-request-id"}
+
+
+def test_request_id_echoed_generated_and_sent_to_the_replica(fake, client) -> None:
+    given = client.post("/v1/embeddings", json={"input": "a"}, headers={"X-Request-Id": "trace-42.abc"})
+    assert given.headers["x-request-id"] == "trace-42.abc" and fake.calls[-1].request_id == "trace-42.abc"
+    fresh = client.post("/v1/embeddings", json={"input": "a"})
+    rid = fresh.headers["x-request-id"]
+    assert len(rid) == 32 and fake.calls[-1].request_id == rid
+    assert client.post("/v1/embeddings", json={"input": "a"}).headers["x-request-id"] != rid
+    odd = client.post("/v1/embeddings", json={"input": "a"}, headers={"X-Request-Id": "no spaces <allowed>"})
+    assert odd.headers["x-request-id"] != "no spaces <allowed>" and len(odd.headers["x-request-id"]) == 32
+    failed = client.post("/v1/embeddings", json={"input": []})
+    assert failed.status_code == 400 and len(failed.headers["x-request-id"]) == 32
+
+
+def test_retrieve_one_model_and_405_names_allowed_methods(client) -> None:
+    name = client.get("/v1/models").json()["data"][0]["id"]
+    card = client.get(f"/v1/models/{name}")
+    assert card.status_code == 200 and card.json()["id"] == name and card.json()["object"] == "model"
+    missing = client.get("/v1/models/not-this-one")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    wrong = client.get("/v1/embeddings")
+    assert wrong.status_code == 405 and "POST" in wrong.headers["allow"]
 
 
 def test_concurrency_cap_429_with_retry_after(fake) -> None:
