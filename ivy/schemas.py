@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
 from ivy.errors import IvyError, Problem
 
@@ -151,6 +151,15 @@ class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = Field(default=None, description="The served model's name; omitted = the served model.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tei_names(cls, data: Any) -> Any:
+        """text-embeddings-inference clients send truncation_direction: "Left" | "Right"."""
+        if isinstance(data, dict) and "truncation_direction" in data and "truncation_side" not in data:
+            side = data["truncation_direction"]
+            data = {**data, "truncation_side": side.lower() if isinstance(side, str) else side}
+        return data
 
 
 class EmbeddingsRequest(_Request):

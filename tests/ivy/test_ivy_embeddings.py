@@ -84,6 +84,11 @@ def test_token_id_inputs(client) -> None:
     assert r.status_code == 422 and "300 tokens; the model takes at most 256" in r.json()["error"]["message"]
     cut = client.post("/v1/embeddings", json={"input": [long_ids], "truncate": True, "truncation_side": "left"})
     assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 256
+    tei = client.post("/v1/embeddings", json={"input": [long_ids], "truncate": True, "truncation_direction": "Left"})
+    right = client.post("/v1/embeddings", json={"input": [long_ids], "truncate": True})
+    assert _vectors(tei.json()).tolist() == _vectors(cut.json()).tolist() != _vectors(right.json()).tolist()
+    bad = client.post("/v1/embeddings", json={"input": [long_ids], "truncation_direction": "middle"})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "truncation_side"
 
 
 def test_too_long_input_422_or_truncated_with_exact_usage(client) -> None:
