@@ -38,9 +38,9 @@ class Documents:
     spans: list[list[tuple[int, int]]]
 
 
-def too_long(param: str, n: int, limit: int) -> IvyError:
-    return IvyError(Problem.INPUT_TOO_LONG, f"{param} has {n} tokens; the model takes at most {limit} "
-                    "(send truncate=true to cut it)", param=param, limit=limit)
+def too_long(param: str, n: int, limit: int, hint: str = "send truncate=true to cut it") -> IvyError:
+    return IvyError(Problem.INPUT_TOO_LONG, f"{param} has {n} tokens; the model takes at most {limit} ({hint})",
+                    param=param, limit=limit)
 
 
 def _size(items, limit: int, extra: int = 0) -> int:
@@ -186,7 +186,8 @@ class InputEncoder:
                 seq.extend(ids)
             seq.extend(self._suffix_ids)
             if len(seq) > self.max_length:
-                raise too_long(f"input[{i}]", len(seq), self.max_length)
+                raise too_long(f"input[{i}]", len(seq), self.max_length,
+                               "a document's chunks are never cut: split it into several documents")
             sequences.append(seq)
             spans.append(doc_spans)
         return Documents(sequences, spans)

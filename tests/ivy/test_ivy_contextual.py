@@ -88,5 +88,6 @@ def test_contextual_errors(fake) -> None:
         assert r.status_code == 422 and "at most 4" in r.json()["error"]["message"]
         r = client.post("/v1/contextualizedembeddings", json={"input": [["word " * 200, "word " * 200]]})
         assert r.status_code == 422 and "the model takes at most 256" in r.json()["error"]["message"]
+        assert "never cut" in r.json()["error"]["message"] and "truncate=true" not in r.json()["error"]["message"]
         r = client.post("/v1/contextualizedembeddings", json={"input": ["not a list"]})
         assert r.status_code == 422 and r.json()["error"]["param"] == "input[0]"
