@@ -92,7 +92,9 @@ class Gateway:
 
     async def read_request(self, request, schema: type[M]) -> tuple[M, float]:
         """(body, deadline): the request's deadline, its body read within the size and time limits and
-        validated against `schema`, and the model it names checked. Call inside admit()."""
+        validated against `schema`, and the model it names checked. Call before admit(): the cap bounds work
+        (tokenizing, replicas), and a client trickling its body must not hold a slot (RELIABILITY 19);
+        the body's own limits are its size cap and --body-read-timeout-s."""
         deadline = self.deadline(request.headers.get("x-request-timeout"))
         body = await read_model(request, schema, self.config.payload_limit_bytes, self.config.body_read_timeout_s)
         self.check_model(body.model)

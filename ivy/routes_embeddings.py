@@ -24,8 +24,8 @@ router = APIRouter()
 async def create_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
+    body, deadline = await gw.read_request(request, EmbeddingsRequest)  # outside the cap: a slow body holds no slot
     with gw.admit():
-        body, deadline = await gw.read_request(request, EmbeddingsRequest)
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)
         dimensions = gw.check_dimensions(body.dimensions)
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
@@ -52,8 +52,8 @@ async def create_contextualized_embeddings(request: Request) -> Response:
     joined into one sequence and each chunk's token span is mean-pooled (late chunking)."""
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
+    body, deadline = await gw.read_request(request, ContextualizedEmbeddingsRequest)  # outside the cap: a slow body holds no slot
     with gw.admit():
-        body, deadline = await gw.read_request(request, ContextualizedEmbeddingsRequest)
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)
         gw.check_count(sum(map(len, body.input)), gw.config.max_chunks_per_request, "input chunks")
         dimensions = gw.check_dimensions(body.dimensions)

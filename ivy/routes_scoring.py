@@ -41,8 +41,8 @@ async def score(request: Request) -> Response:
     """text_1 (one text) against every text_2, or text_1[i] against text_2[i] when both have the same length."""
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
+    body, deadline = await gw.read_request(request, ScoreRequest)  # outside the cap: a slow body holds no slot
     with gw.admit():
-        body, deadline = await gw.read_request(request, ScoreRequest)
         gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
             raise IvyError(Problem.INVALID_PARAMETER, f"text_1 has {len(body.text_1)} texts; it needs 1 or as many "
@@ -65,8 +65,8 @@ async def rerank(request: Request) -> Response:
     echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
+    body, deadline = await gw.read_request(request, RerankRequest)  # outside the cap: a slow body holds no slot
     with gw.admit():
-        body, deadline = await gw.read_request(request, RerankRequest)
         gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")
         q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,
                                          side=body.truncation_side, deadline=deadline, names=("query", "documents"))

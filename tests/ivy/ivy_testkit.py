@@ -72,5 +72,15 @@ def ivy_process(**env: str) -> Iterator[int]:
             time.sleep(0.1)
         yield port
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """SIGTERM, then SIGKILL: a test that failed with a request held open must not hang the suite on
+    uvicorn's graceful wait, hiding its own error, or leave a stray server behind."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from ivy_testkit import model_copy
+from ivy_testkit import model_copy, stop_process
 from fake_tulip import FakeTulip
 from ivy import up
 from ivy.config import IvyConfig
@@ -113,8 +113,7 @@ def test_serve_with_two_workers_and_aggregated_metrics() -> None:
                         if l.startswith('ivy_requests_total{route="/v1/embeddings",status="200"}'))
             assert float(line.split()[-1]) == 6.0  # summed over both workers
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_process(proc)
 
 
 @pytest.mark.slow

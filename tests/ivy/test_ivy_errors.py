@@ -212,12 +212,13 @@ def test_logs_never_hold_request_text_or_api_key(fake, caplog) -> None:
     secret = "SECRET-TEXT-77"
     with caplog.at_level(logging.DEBUG), gateway(fake, api_key="KEY-99") as client:
         auth = {"Authorization": "Bearer KEY-99"}
-        client.post("/v1/embeddings", json={"input": [secret]}, headers={"Authorization": "Bearer nope"})
-        client.post("/v1/embeddings", json={"input": [secret * 2000]}, headers=auth)
-        client.post("/v1/embeddings", json={"input": [secret], "model": secret}, headers=auth)
+        statuses = [client.post("/v1/embeddings", json={"input": [secret]}, headers={"Authorization": "Bearer no"}),
+                    client.post("/v1/embeddings", json={"input": [secret * 2000]}, headers=auth),
+                    client.post("/v1/embeddings", json={"input": [secret], "model": secret}, headers=auth)]
+        fake.fail_with, fake.fail_details = grpc.StatusCode.INTERNAL, secret  # a replica echoing the input back
+        statuses.append(client.post("/v1/rerank", json={"query": secret, "documents": [secret]}, headers=auth))
         fake.fail_with = grpc.StatusCode.UNAVAILABLE
-        client.post("/v1/embeddings", json={"input": [secret]}, headers=auth)
-        fake.fail_with = grpc.StatusCode.INTERNAL
-        client.post("/v1/rerank", json={"query": secret, "documents": [secret]}, headers=auth)
+        statuses.append(client.post("/v1/embeddings", json={"input": [secret]}, headers=auth))
+    assert [r.status_code for r in statuses] == [401, 422, 404, 502, 503]  # every path below really ran
     assert caplog.records, "expected some log lines"
     assert secret not in caplog.text and "KEY-99" not in caplog.text

@@ -164,3 +164,15 @@ def test_replica_with_another_tokenizer_is_never_used() -> None:
         with gateway(other) as client:
             assert client.get("/ready").status_code == 503
             assert client.post("/v1/embeddings", json={"input": "x"}).status_code == 503
+
+
+def test_ivy_channel_keepalive_mirrors_tulips_recommended_client_options() -> None:
+    """RELIABILITY 23: Ivy does not import tulip, so its channel options are a copy of Tulip's
+    CLIENT_CHANNEL_OPTIONS (which tests/tulip/test_tulip_keepalive.py proves against the server's floor)."""
+    from ivy.replicas import channel_options
+    from tulip.server import CLIENT_CHANNEL_OPTIONS
+
+    ours = dict(channel_options(1 << 20))
+    for key, value in CLIENT_CHANNEL_OPTIONS:
+        if "keepalive" in key or "ping" in key:
+            assert ours.get(key) == value, key

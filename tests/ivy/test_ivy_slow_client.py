@@ -22,13 +22,16 @@ def _post(url: str, body: dict) -> int:
 
 
 def test_trickling_body_gets_408_and_closed_while_others_are_served() -> None:
-    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, IVY_BODY_READ_TIMEOUT_S="1") as port:
+    # A cap of one request in flight: the trickling body must not hold it (it is read outside the cap).
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, IVY_BODY_READ_TIMEOUT_S="1",
+                                          IVY_MAX_CONCURRENT_REQUESTS="1") as port:
         body = json.dumps({"input": ["a slow client"]}).encode()
         slow = socket.create_connection(("127.0.0.1", port))
         slow.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:5])
         started = time.monotonic()
-        # While the slow body trickles, a normal request is answered at once.
+        time.sleep(0.3)  # let the server start reading the slow body
+        # While the slow body trickles, a normal request is answered at once, not refused with 429.
         assert _post(f"http://127.0.0.1:{port}/v1/embeddings", {"input": ["a normal client"]}) == 200
         slow.settimeout(0.2)
         reply = b""

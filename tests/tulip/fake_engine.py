@@ -7,7 +7,8 @@ its own sequence, dimension), so a row depends only on its own sequence's tokens
 `step()` returns at once and the work runs on one device thread in launch order, like a CUDA stream.
 Options: `step_seconds` (simulated device time per batch), `gated` (each batch waits for
 `release(n)`; lets tests hold batches in flight deterministically), `fail_when(batch)` (True or an
-exception instance: that batch fails).
+exception instance: that batch fails on the "device"), `raise_in_step(batch)` (an exception instance or
+None: raised by step() itself, as torch raises a CUDA OOM at launch).
 Loaded by path (tulip.engine_loader.load_object) both in tests and in `tulip serve --engine-factory`.
 """
 
@@ -91,8 +92,10 @@ class FakeLazy:
 
 class FakeEngine:
     def __init__(self, info: FakeInfo | None = None, *, step_seconds: float = 0.0, gated: bool = False,
-                 fail_when: Callable[[Batch], bool] | None = None) -> None:
+                 fail_when: Callable[[Batch], bool] | None = None,
+                 raise_in_step: Callable[[Batch], BaseException | None] | None = None) -> None:
         self.info = info or FakeInfo()
+        self.raise_in_step = raise_in_step
         self.step_seconds = step_seconds
         self.fail_when = fail_when
         self._gate = threading.Semaphore(0) if gated else None
@@ -116,6 +119,9 @@ class FakeEngine:
         self.warmed_up = True
 
     def step(self, batch: Batch) -> FakeLazy:
+        error = self.raise_in_step(batch) if self.raise_in_step is not None else None
+        if error is not None:
+            raise error
         lazy = FakeLazy()
         lazy.padded_tokens = -(-batch.num_tokens // 64) * 64
         with self._lock:

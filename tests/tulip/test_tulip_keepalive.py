@@ -42,8 +42,10 @@ def idle_channel_states(server_floor_s: float, idle_s: float | None) -> list:
         else:
             time.sleep(idle_s)  # an idle window with several keepalive pings in it
         stub.Embed(encode_request([[1, 2]]), timeout=10)
+        if idle_s is None:  # connectivity callbacks arrive on another thread: let the reconnect's READY land
+            wait_until(lambda: states.count(grpc.ChannelConnectivity.READY) >= 2, timeout=10, what="READY again")
         channel.close()
-        return states
+        return list(states)
 
 
 @pytest.mark.slow

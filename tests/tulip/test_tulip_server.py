@@ -259,6 +259,26 @@ def test_engine_failure_fails_only_its_batch() -> None:
         np.testing.assert_array_equal(decode_response(s.stub.Embed(ok, timeout=10)), solo_embedding(ok))
 
 
+def test_out_of_memory_at_launch_is_overload_and_the_replica_keeps_serving() -> None:
+    """RELIABILITY 18 as torch raises it: torch.cuda.OutOfMemoryError from step() itself, not from the wait."""
+
+    class OutOfMemoryError(RuntimeError):  # matched by name, as tulip.errors does for torch's (no torch here)
+        pass
+
+    engine = FakeEngine(raise_in_step=lambda b: OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+                        if int(b.token_ids[0]) == 997 else None)
+    with ServerThread(make_config(), engine) as s:
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(encode_request([marked_sequence(997, 4)]), timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert ("tulip-reason", "engine_overloaded") in err.value.trailing_metadata()
+        health = health_pb2_grpc.HealthStub(s.channel)
+        assert health.Check(health_pb2.HealthCheckRequest(service="")).status == \
+            health_pb2.HealthCheckResponse.SERVING
+        ok = encode_request([marked_sequence(5, 4)])
+        np.testing.assert_array_equal(decode_response(s.stub.Embed(ok, timeout=10)), solo_embedding(ok))
+
+
 def test_drain_answers_accepted_work_and_refuses_new() -> None:
     import asyncio
 
