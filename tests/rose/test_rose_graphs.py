@@ -16,12 +16,27 @@ cuda = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="n
 def test_choose_layout_picks_smallest_fitting_bucket():
     tb, sb = DEFAULT_TOKEN_BUCKETS, DEFAULT_SEQ_BUCKETS
     assert choose_layout(tb, sb, 128, 1, 1, 128) == Layout(128, 1, 1, 128)  # exact fit: no padding sequence
-    assert choose_layout(tb, sb, 100, 1, 1, 100) == Layout(128, 2, 1, 128)  # padding needs its own sequence
-    assert choose_layout(tb, sb, 129, 3, 3, 60) == Layout(160, 4, 4, 64)  # max_seqlen bucketed too
+    assert choose_layout(tb, sb, 100, 1, 1, 100) == Layout(128, 2, 2, 128)  # padding needs its own sequence
+    assert choose_layout(tb, sb, 129, 3, 3, 60) == Layout(160, 4, 4, 128)  # max_seqlen in 4x steps
+    assert choose_layout(tb, sb, 40, 3, 3, 20) == Layout(64, 4, 4, 64)  # ... capped at the token bucket
     assert choose_layout(tb, sb, 600, 7, 12, 100) == Layout(640, 8, 16, 128)  # late-chunking rows
-    assert choose_layout(tb, sb, 15000, 100, 100, 512) == Layout(16384, 128, 128, 1536)  # padding run of 1384
+    assert choose_layout(tb, sb, 2000, 7, 7, 600) == Layout(2048, 8, 8, 2048)
+    assert choose_layout(tb, sb, 15000, 100, 100, 512) == Layout(16384, 128, 128, 2048)  # padding run of 1384
     assert choose_layout(tb, sb, tb[-1] + 1, 1, 1, 1) is None  # above the largest bucket: eager
     assert choose_layout(tb, sb, 1000, sb[-1], sb[-1], 10) is None
+
+
+def test_mixed_traffic_meets_few_graph_keys():
+    """Every new key is a cold eager run plus a capture in serving: the stack benchmark's concurrency mix
+    (lognormal documents of 16..512 tokens, 1..16 per batch) must stay within a few dozen keys."""
+    rng = np.random.default_rng(0)
+    keys = set()
+    for _ in range(3000):
+        lengths = np.clip(rng.lognormal(4.852, 0.8, int(rng.integers(1, 17))), 16, 512).astype(int)
+        n = int(lengths.sum())
+        keys.add(choose_layout(DEFAULT_TOKEN_BUCKETS, DEFAULT_SEQ_BUCKETS, n, len(lengths), len(lengths),
+                               int(lengths.max())))
+    assert len(keys) <= 80, len(keys)  # 200+ with max_seqlen on the token buckets and a row bucket
 
 
 def test_default_buckets_keep_padding_small():
