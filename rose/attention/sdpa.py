@@ -3,6 +3,7 @@
 - CUDA (and any run without host metadata, e.g. inside a graph): the whole packed batch at once with a
   block-diagonal (and causal) boolean mask built from seq_ids on the device. Quadratic in the batch's
   tokens, but capturable in a CUDA graph. The portable reference; varlen is the fast path on CUDA.
+- CPU, equal lengths: a [S, L] view of the packed batch, no mask (torch's fused kernel), one call per layer.
 - CPU, similar lengths: the sequences gathered into a padded [S, Lmax] block with a key-padding mask, one
   SDPA call per layer (CPU runs are never captured, so the host may plan the gather).
 - CPU, very uneven lengths: one SDPA call per sequence, so the padding does not cost Lmax^2 per sequence.
@@ -41,6 +42,11 @@ class _Loop:
     bounds: list[tuple[int, int]]
 
 
+@dataclass
+class _Uniform:
+    seqs: int  # S sequences of one length, back to back: a [S, L] view, no gather and no mask
+
+
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
 
@@ -63,6 +69,12 @@ class SdpaBackend(AttentionBackend):
         gqa = k.shape[1] != q.shape[1]
         if isinstance(state, _Loop):
             return _per_sequence(q, k, v, state.bounds, causal, scale, gqa)
+        if isinstance(state, _Uniform):  # maskless: torch's fused CPU kernel, as a padding-free HF batch gets
+            t, h, d = q.shape
+            view = lambda x: x.view(state.seqs, t // state.seqs, x.shape[1], d).transpose(1, 2)  # noqa: E731
+            o = F.scaled_dot_product_attention(view(q), view(k), view(v), is_causal=causal, scale=scale,
+                                               enable_gqa=gqa)
+            return o.transpose(1, 2).reshape(t, h, d)
         if isinstance(state, _Padded):
             s, width = state.gather.shape
             o = F.scaled_dot_product_attention(
@@ -78,9 +90,11 @@ class SdpaBackend(AttentionBackend):
         return out[0].transpose(0, 1)
 
 
-def _plan_cpu(cu_seqlens: np.ndarray, causal: bool) -> _Loop | _Padded:
+def _plan_cpu(cu_seqlens: np.ndarray, causal: bool) -> _Loop | _Padded | _Uniform:
     cu = cu_seqlens.astype(np.int64)
     starts, lens = cu[:-1], np.diff(cu)
+    if len(lens) > 1 and lens.min() == lens.max() > 0 and cu[0] == 0:
+        return _Uniform(len(lens))
     keep = lens > 0
     starts, lens = starts[keep], lens[keep]
     s, width = len(lens), int(lens.max())
@@ -90,7 +104,7 @@ def _plan_cpu(cu_seqlens: np.ndarray, causal: bool) -> _Loop | _Padded:
     valid = cols[None, :] < lens[:, None]
     gather = np.where(valid, starts[:, None] + cols[None, :], 0)
     scatter = (np.arange(s, dtype=np.int64)[:, None] * width + cols[None, :])[valid]
-    mask = np.broadcast_to(valid[:, None, None, :], (s, 1, width, width))
+    mask = valid[:, None, None, :]  # [S, 1, 1, W]: key padding, broadcast over the queries
     if causal:
         mask = mask & np.tril(np.ones((width, width), dtype=bool))[None, None]
     return _Padded(torch.from_numpy(gather), torch.from_numpy(scatter), torch.from_numpy(np.ascontiguousarray(mask)))

@@ -9,7 +9,7 @@ import torch
 
 from rose import Batch
 from rose.attention import make_backend
-from rose.attention.sdpa import _BlockMask, _Loop, _Padded, _plan_cpu
+from rose.attention.sdpa import _BlockMask, _Loop, _Padded, _Uniform, _plan_cpu
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
 
 
@@ -28,7 +28,7 @@ def naive(q, k, v, lens, causal, scale):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("lens", [[5], [3, 9, 1, 6], [40, 2, 2, 2]])
+@pytest.mark.parametrize("lens", [[5], [3, 9, 1, 6], [40, 2, 2, 2], [7, 7, 7]])
 def test_every_cpu_layout_matches_naive_attention(lens, causal):
     torch.manual_seed(0)
     batch = Batch.from_sequences([[1] * n for n in lens])
@@ -42,7 +42,7 @@ def test_every_cpu_layout_matches_naive_attention(lens, causal):
     states = [backend.prepare(meta, causal), _Loop([(int(a), int(b)) for a, b in zip(cu[:-1], cu[1:])])]
     if len(lens) > 1:
         padded = _plan_cpu(cu, causal)
-        padded = padded if isinstance(padded, _Padded) else None
+        padded = padded if isinstance(padded, (_Padded, _Uniform)) else None
         states.append(padded)
     meta_no_host = ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, host.max_seqlen)
     states.append(backend.prepare(meta_no_host, causal))
@@ -56,6 +56,7 @@ def test_plan_picks_padding_for_similar_lengths_and_loops_for_uneven_ones():
     assert isinstance(_plan_cpu(np.array([0, 10, 21, 30], np.int32), False), _Padded)
     assert isinstance(_plan_cpu(np.array([0, 500, 501, 502, 503], np.int32), False), _Loop)
     assert isinstance(_plan_cpu(np.array([0, 7], np.int32), True), _Loop)
+    assert _plan_cpu(np.array([0, 7, 14, 21], np.int32), True) == _Uniform(3)  # equal lengths: no mask
 
 
 def test_bucket_padding_tokens_do_not_leak_into_real_tokens():
