@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 8 on the lent H200: deploy Ivy + Tulip (ROSE inside) with `ivy up`, run the four suites through
 # HTTP, for the Qwen3-0.6B config (random bf16 weights) and all-MiniLM-L6-v2 (config + tokenizer, random
-# weights: the real weights do not travel). Needs .whl carried (fastapi, uvicorn, pydantic, orjson).
+# weights: the real weights do not travel). Needs .whl carried (fastapi, uvicorn, pydantic, orjson,
+# httptools, uvloop), then the zero-cost-engine overhead run (OVERHEAD=0 skips it).
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/stack_device.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD IVY_WORKERS=${IVY_WORKERS:-4}
@@ -29,6 +30,14 @@ for m in ${MODELS:-qwen3-0.6b minilm-l6}; do
   kill -TERM $up; wait $up
   tail -2 /tmp/up_$m.log
 done
+if [ "${OVERHEAD:-1}" = 1 ]; then  # the stack with a zero-cost engine: its own share on this host
+  for w in 1 4; do  # one gateway worker, then four: does Ivy scale with workers on a host with spare cores?
+    timeout 150 python3 -m benchmarks.overhead --model /tmp/m/minilm-l6 --repeat 3 --requests 500 --duration-s 2 \
+      --ivy-workers $w --json /tmp/overhead_w$w.json 2>&1 | tail -7 | tee -a /tmp/bench_overhead.err
+  done
+  python3 -c "import json; json.dump({f'workers_{w}': json.load(open(f'/tmp/overhead_w{w}.json')) for w in (1, 4)},
+              open('$OUT/overhead_h200.json', 'w'), indent=1)" || true
+fi
 cat /tmp/up_*.log /tmp/bench_*.err > $OUT/stack_device.log 2>/dev/null  # 8 files at most come back
 ls $OUT
 for f in $OUT/stack_*.json; do
