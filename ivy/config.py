@@ -44,6 +44,9 @@ class IvyConfig:
     chunk_max_tokens: int = field(default=8192, metadata=_help(
         "Token budget of one gRPC chunk; a request is split into chunks sent concurrently to replicas."))
     chunk_max_seqs: int = field(default=64, metadata=_help("Most sequences in one gRPC chunk."))
+    coalesce: bool = field(default=True, metadata=_help(
+        "Concurrent requests with the same output options that fit in one chunk share one gRPC call "
+        "(sent after one turn of the event loop, never after a timer); false = one call per request."))
     body_read_timeout_s: float = field(default=10.0, metadata=_help(
         "Seconds the whole request body may take to arrive; a client trickling bytes gets 408 and is closed."))
     request_timeout_s: float = field(default=30.0, metadata=_help(

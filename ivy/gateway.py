@@ -21,6 +21,7 @@ import numpy as np
 
 from ivy import metrics
 from ivy.body import M, read_model
+from ivy.coalesce import Coalescer
 from ivy.config import IvyConfig
 from ivy.encode import decode_rows
 from ivy.errors import IvyError, Problem
@@ -77,6 +78,8 @@ class Gateway:
                             dimensions=self.spec.dimensions, max_length=self.spec.max_length)
         self.pool = ReplicaPool(config.replicas, expected, health_interval_s=config.health_interval_s,
                                 max_message_bytes=config.grpc_max_message_bytes)
+        self.coalescer = (Coalescer(self.pool.call, config.chunk_max_tokens, config.chunk_max_seqs)
+                          if config.coalesce else None)
         self.max_in_flight = config.per_worker_concurrency()
         self.in_flight = 0
         self.created = int(time.time())
@@ -164,6 +167,10 @@ class Gateway:
         if not self.pool.any_serving():
             raise IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
         request_id = metrics.REQUEST_ID.get() or uuid.uuid4().hex
+        if (self.coalescer is not None and spans is None and len(chunks) == 1
+                and (self.coalescer.has_open_group() or self.pool.busy())):  # alone: straight out, no extra turn
+            return await self.coalescer.embed(sequences, chunks[0].tokens, deadline=deadline, dimensions=dimensions,
+                                              normalize=normalize, encoding=encoding, request_id=request_id)
         requests = [self._chunk_request(sequences, spans, c, dimensions, normalize, encoding, request_id)
                     for c in chunks]
         if len(chunks) == 1:

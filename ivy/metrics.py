@@ -33,6 +33,8 @@ TOKENS = Counter("ivy_tokens", "Tokens sent to replicas (what usage reports)", [
 TOKENIZE_SECONDS = Histogram("ivy_tokenize_seconds", "Templating + tokenization time per request", buckets=_LATENCY)
 GRPC_SECONDS = Histogram("ivy_grpc_seconds", "Embed RPC latency per chunk", ["replica"], buckets=_LATENCY)
 CHUNKS = Counter("ivy_chunks", "gRPC chunks sent, by replica", ["replica"])
+COALESCED = Histogram("ivy_requests_per_call", "Requests sharing one gRPC call (ivy/coalesce.py)",
+                      buckets=(1, 2, 4, 8, 16, 32, 64))
 RETRIES = Counter("ivy_chunk_retries", "Chunks retried on another replica", ["reason"])
 REPLICA_UP = Gauge("ivy_replica_up", "1 when the replica is SERVING the expected model", ["replica"],
                    multiprocess_mode="livemax")

@@ -166,6 +166,10 @@ class ReplicaPool:
         else:
             r.set_state(State.SERVING)
 
+    def busy(self) -> bool:
+        """Some call of this process is waiting on a replica."""
+        return any(r.outstanding_tokens for r in self.replicas)
+
     def ready(self) -> bool:
         return all(r.state is State.SERVING for r in self.replicas)
 

@@ -1,0 +1,158 @@
+"""Concurrent requests sharing one gRPC call (ivy/coalesce.py): grouping, splitting, failures, departures."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+from fake_tulip import FakeTulip
+from ivy.coalesce import Coalescer
+from ivy.errors import IvyError, Problem
+from ivy_testkit import gateway
+from protos import embed_pb2
+from rose.head import Encoding
+
+DIMS = 8
+
+
+class FakeCall:
+    """Answers each call with one row per sequence: [first token id, sequence length, 0, ...]."""
+
+    def __init__(self, delay_s: float = 0.0, error: Exception | None = None) -> None:
+        self.delay_s, self.error = delay_s, error
+        self.requests: list[embed_pb2.EmbedRequest] = []
+        self.cancelled = 0
+
+    async def __call__(self, request: embed_pb2.EmbedRequest, tokens: int, deadline: float):
+        self.requests.append(request)
+        try:
+            await asyncio.sleep(self.delay_s)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        if self.error is not None:
+            raise self.error
+        ids, lens = np.frombuffer(request.token_ids, "<i4"), np.frombuffer(request.seq_lens, "<i4")
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        rows = np.zeros((len(lens), DIMS), np.float32)
+        rows[:, 0], rows[:, 1] = ids[starts], lens
+        return embed_pb2.EmbedResponse(embeddings=rows.tobytes(), rows=len(lens), dimensions=DIMS, encoding=0,
+                                       tokens=int(lens.sum()))
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _embed(c: Coalescer, seqs, deadline_s: float = 10.0, dims: int = 0, encoding=Encoding.FLOAT32):
+    return c.embed(seqs, sum(map(len, seqs)), deadline=time.monotonic() + deadline_s, dimensions=dims,
+                   normalize=None, encoding=encoding, request_id="r")
+
+
+def test_requests_ready_together_share_one_call_and_get_their_own_rows() -> None:
+    call = FakeCall()
+
+    async def main():
+        c = Coalescer(call, max_tokens=1000, max_seqs=64)
+        return await asyncio.gather(_embed(c, [[10, 11, 12]]), _embed(c, [[20], [21, 22]]), _embed(c, [[30] * 5]))
+
+    a, b, d = _run(main())
+    assert len(call.requests) == 1 and np.frombuffer(call.requests[0].seq_lens, "<i4").tolist() == [3, 1, 2, 5]
+    assert a[:, :2].tolist() == [[10, 3]] and b[:, :2].tolist() == [[20, 1], [21, 2]] and d[:, :2].tolist() == [[30, 5]]
+
+
+def test_other_options_a_full_group_or_a_later_turn_start_new_calls() -> None:
+    call = FakeCall()
+
+    async def main():
+        c = Coalescer(call, max_tokens=6, max_seqs=64)
+        together = await asyncio.gather(_embed(c, [[1, 1]]), _embed(c, [[2, 2]], dims=4),
+                                        _embed(c, [[3, 3, 3]]), _embed(c, [[4, 4]]))  # 2 + 3 fit, + 2 does not
+        alone = await _embed(c, [[5]])
+        return together, alone
+
+    together, alone = _run(main())
+    assert [np.frombuffer(r.seq_lens, "<i4").tolist() for r in call.requests] == [[2, 3], [2], [2], [1]]
+    assert [r.dimensions for r in call.requests] == [0, 4, 0, 0]  # the full group leaves at once
+    assert [t[0, 0] for t in together] == [1, 2, 3, 4] and alone[0, 0] == 5
+
+
+def test_a_failed_call_fails_every_member() -> None:
+    call = FakeCall(error=IvyError(Problem.UNAVAILABLE, "no replica"))
+
+    async def main():
+        c = Coalescer(call, max_tokens=100, max_seqs=64)
+        return await asyncio.gather(_embed(c, [[1]]), _embed(c, [[2]]), return_exceptions=True)
+
+    results = _run(main())
+    assert len(call.requests) == 1 and all(isinstance(r, IvyError) and r.status == 503 for r in results)
+
+
+def test_a_member_past_its_deadline_leaves_the_others_get_their_rows() -> None:
+    call = FakeCall(delay_s=0.3)
+
+    async def main():
+        c = Coalescer(call, max_tokens=100, max_seqs=64)
+        return await asyncio.gather(_embed(c, [[1]], deadline_s=0.05), _embed(c, [[2]]), return_exceptions=True)
+
+    short, ok = _run(main())
+    assert isinstance(short, IvyError) and short.problem is Problem.DEADLINE_EXCEEDED
+    assert ok[0, 0] == 2 and call.cancelled == 0  # the call went on for the member still waiting
+
+
+def test_the_call_is_cancelled_only_when_every_member_has_gone() -> None:
+    call = FakeCall(delay_s=5.0)
+
+    async def main():
+        c = Coalescer(call, max_tokens=100, max_seqs=64)
+        tasks = [asyncio.ensure_future(_embed(c, [[i]])) for i in (1, 2)]
+        while not call.requests:
+            await asyncio.sleep(0.001)
+        tasks[0].cancel()
+        await asyncio.sleep(0.01)
+        first_gone = call.cancelled
+        tasks[1].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.01)
+        return first_gone, call.cancelled
+
+    assert _run(main()) == (0, 1)
+
+
+def test_a_member_gone_before_the_send_is_not_sent() -> None:
+    call = FakeCall()
+
+    async def main():
+        c = Coalescer(call, max_tokens=100, max_seqs=64)
+        return await asyncio.gather(_embed(c, [[1]], deadline_s=-1.0), _embed(c, [[2]]), return_exceptions=True)
+
+    expired, stays = _run(main())
+    assert isinstance(expired, IvyError) and expired.problem is Problem.DEADLINE_EXCEEDED
+    assert stays[0, 0] == 2 and np.frombuffer(call.requests[0].token_ids, "<i4").tolist() == [2]
+
+
+def test_through_the_gateway_concurrent_requests_get_exact_rows() -> None:
+    """Many clients at once through HTTP: whatever shares a call, each answer is its own text's rows."""
+    texts = [f"request {i} about {'cats' if i % 2 else 'dogs'}" for i in range(24)]
+    with FakeTulip() as fake:
+        with gateway(fake, coalesce=False) as client:
+            solo = {t: client.post("/v1/embeddings", json={"input": t}).json()["data"][0]["embedding"] for t in texts}
+        calls_solo = len(fake.calls)
+        with gateway(fake) as client:
+            got: dict = {}
+
+            def send(t: str) -> None:
+                got[t] = client.post("/v1/embeddings", json={"input": t}).json()["data"][0]["embedding"]
+
+            threads = [threading.Thread(target=send, args=(t,)) for t in texts]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(timeout=30)
+    assert calls_solo == len(texts)
+    for t in texts:
+        np.testing.assert_allclose(got[t], solo[t], atol=1e-6)
+    assert sum(c.seqs for c in fake.calls[calls_solo:]) == len(texts)
+
