@@ -19,7 +19,7 @@ for m in ${MODELS:-qwen3-0.6b minilm-l6}; do
   done
   echo "== $m ready after $i s ($(( $(date +%s) - start )) s total)"
   args="--url http://127.0.0.1:8080 --model $m --suite all --tokenizer $dir --out $OUT --duration-s ${DURATION:-2}
-        --gpu-hour-price 3.5 --gpus 1 --client-cpus 8-15"
+        --gpu-hour-price 3.5 --gpus 1 --client-cpus 8-15 --dump-inputs true"
   python3 -m benchmarks.stack $args --reference /tmp/ref_$m.json 2> /tmp/bench_$m.err
   rc=$?
   if [ $rc -eq 3 ]; then  # verification refused: record it, then measure anyway, labelled
@@ -29,15 +29,29 @@ for m in ${MODELS:-qwen3-0.6b minilm-l6}; do
   tail -3 /tmp/bench_$m.err
   kill -TERM $up; wait $up
   tail -2 /tmp/up_$m.log
+  for f in $OUT/stack_${m}*_inputs.json; do  # the same requests through ROSE in-process: the 80 % check
+    stem=$(basename $f _inputs.json); mv $f /tmp/
+    python3 -m benchmarks.stack.inprocess --model-dir $dir --inputs /tmp/${stem}_inputs.json \
+      --stack $OUT/$stem.json --out /tmp/inprocess_$m.json 2>&1 | tail -7 | tee -a /tmp/bench_$m.err
+  done
 done
 if [ "${OVERHEAD:-1}" = 1 ]; then  # the stack with a zero-cost engine: its own share on this host
   for w in 1 4; do  # one gateway worker, then four: does Ivy scale with workers on a host with spare cores?
     timeout 150 python3 -m benchmarks.overhead --model /tmp/m/minilm-l6 --repeat 3 --requests 500 --duration-s 2 \
       --ivy-workers $w --json /tmp/overhead_w$w.json 2>&1 | tail -7 | tee -a /tmp/bench_overhead.err
   done
-  python3 -c "import json; json.dump({f'workers_{w}': json.load(open(f'/tmp/overhead_w{w}.json')) for w in (1, 4)},
-              open('$OUT/overhead_h200.json', 'w'), indent=1)" || true
 fi
+python3 - <<PY || true  # one file (at most 8 come back): the overhead runs and the in-process replays
+import json, os
+out = {}
+for w in (1, 4):
+    if os.path.exists(f"/tmp/overhead_w{w}.json"):
+        out[f"overhead_workers_{w}"] = json.load(open(f"/tmp/overhead_w{w}.json"))
+for m in "${MODELS:-qwen3-0.6b minilm-l6}".split():
+    if os.path.exists(f"/tmp/inprocess_{m}.json"):
+        out[f"inprocess_{m}"] = json.load(open(f"/tmp/inprocess_{m}.json"))
+json.dump(out, open("$OUT/stack_extras_h200.json", "w"), indent=1)
+PY
 cat /tmp/up_*.log /tmp/bench_*.err > $OUT/stack_device.log 2>/dev/null  # 8 files at most come back
 ls $OUT
 for f in $OUT/stack_*.json; do
