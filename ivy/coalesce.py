@@ -100,7 +100,9 @@ class Coalescer:
         live = [m for m in group.members if not m.future.done()]
         if not live:
             return
-        group.members = live
+        group.members = live  # a member that left before the send is not sent
+        group.tokens = sum(m.tokens for m in live)
+        group.seqs = sum(len(m.sequences) for m in live)
         group.task = asyncio.ensure_future(self._run(group))
 
     async def _run(self, group: _Group) -> None:

@@ -133,6 +133,28 @@ def test_a_member_gone_before_the_send_is_not_sent() -> None:
     assert stays[0, 0] == 2 and np.frombuffer(call.requests[0].token_ids, "<i4").tolist() == [2]
 
 
+def test_a_member_cancelled_before_the_send_leaves_the_group() -> None:
+    """A caller cancelled between joining and the send (its future already cancelled) is not sent,
+    and the call's token count is recounted without it."""
+    from ivy.coalesce import _Group, _Member
+
+    call = FakeCall()
+
+    async def main():
+        c = Coalescer(call, max_tokens=100, max_seqs=64)
+        loop = asyncio.get_running_loop()
+        gone, stays = (_Member([[1, 1, 1]], 3, time.monotonic() + 5, "a", loop.create_future()),
+                       _Member([[2]], 1, time.monotonic() + 5, "b", loop.create_future()))
+        group = _Group((0, None, 0), [gone, stays], tokens=4, seqs=2)
+        gone.future.cancel()
+        c._send(group)
+        await group.task
+        return await stays.future
+
+    assert _run(main())[0, 0] == 2
+    assert np.frombuffer(call.requests[0].token_ids, "<i4").tolist() == [2]
+
+
 def test_through_the_gateway_concurrent_requests_get_exact_rows() -> None:
     """Many clients at once through HTTP: whatever shares a call, each answer is its own text's rows."""
     texts = [f"request {i} about {'cats' if i % 2 else 'dogs'}" for i in range(24)]
