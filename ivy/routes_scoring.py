@@ -7,6 +7,7 @@ everything is embedded in one batch with normalize=true, so a score is a dot pro
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import numpy as np
@@ -53,8 +54,8 @@ async def score(request: Request) -> Response:
         metrics.INPUTS.labels("/v1/score").inc(len(q) + len(d))
         metrics.TOKENS.labels("/v1/score").inc(tokens)
         data = [{"object": "score", "index": i, "score": float(s)} for i, s in enumerate(scores)]
-        return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "model": gw.model_name,
-                              "data": data, "usage": usage(tokens)})
+        return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                              "model": gw.model_name, "data": data, "usage": usage(tokens)})
 
 
 @router.post("/v1/rerank", openapi_extra=request_body(RerankRequest), responses={200: {"model": RerankResponse}})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ivy_testkit import MODEL
@@ -47,6 +49,7 @@ def test_rerank_top_n_objects_and_no_documents_by_default(client) -> None:
 def test_score_one_against_many_and_pairwise(client) -> None:
     body = client.post("/v1/score", json={"text_1": QUERY, "text_2": DOCS}).json()
     assert [d["index"] for d in body["data"]] == [0, 1, 2, 3]
+    assert body["object"] == "list" and abs(body["created"] - time.time()) < 600  # vLLM's shape
     np.testing.assert_allclose([d["score"] for d in body["data"]], _cosines(QUERY, DOCS), atol=1e-5)
     pairs = client.post("/v1/score", json={"text_1": DOCS[:2], "text_2": DOCS[2:]}).json()
     np.testing.assert_allclose([d["score"] for d in pairs["data"]],
