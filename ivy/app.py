@@ -6,7 +6,10 @@ travels to them as IVY_* environment variables). Nothing here imports torch, tul
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -33,6 +36,7 @@ def create_app(config: IvyConfig) -> FastAPI:
         gateway = Gateway(config)
         await gateway.start()
         app.state.gateway = gateway
+        _drain_on_sigterm(gateway, config.drain_delay_s)
         log.info("ivy serving %s; replicas: %s", gateway.model_name,
                  ", ".join(f"{r['address']} ({r['state']})" for r in gateway.pool.describe()))
         try:
@@ -86,14 +90,39 @@ def _add_ops_routes(app: FastAPI) -> None:
         """200 only when every configured replica is SERVING the model and tokenizer Ivy tokenizes for."""
         gw = gateway_of(request)
         await gw.pool.refresh()
-        ok = gw.pool.ready()
-        body = {"status": "ready" if ok else "not_ready", "model": gw.model_name, "replicas": gw.pool.describe()}
+        ok = gw.pool.ready() and not gw.draining
+        status = "draining" if gw.draining else "ready" if ok else "not_ready"
+        body = {"status": status, "model": gw.model_name, "replicas": gw.pool.describe()}
         return json_response(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         data, content_type = metrics.render()
         return Response(data, media_type=content_type)
+
+
+def _drain_on_sigterm(gateway: Gateway, delay_s: float) -> None:
+    """RELIABILITY 20: on SIGTERM /ready answers 503 at once, requests are still served for `delay_s` (load
+    balancers and Kubernetes endpoints stop routing here meanwhile), then uvicorn's own handler stops
+    accepting and finishes what is in flight. A second SIGTERM stops at once. Wraps uvicorn's handler,
+    so it only works where that was installed: the main thread of a server process."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    uvicorn_handler = signal.getsignal(signal.SIGTERM)
+    if not callable(uvicorn_handler):
+        return
+    loop = asyncio.get_running_loop()
+
+    def on_sigterm(sig: int, frame) -> None:
+        if gateway.draining or delay_s <= 0:
+            gateway.draining = True
+            uvicorn_handler(sig, frame)
+            return
+        gateway.draining = True
+        log.info("SIGTERM: /ready is 503; still serving for %.1f s, then stopping", delay_s)
+        loop.call_soon_threadsafe(loop.call_later, delay_s, uvicorn_handler, sig, None)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _model_card(gw: Gateway) -> dict:

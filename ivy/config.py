@@ -66,6 +66,10 @@ class IvyConfig:
         "Text prepended for input_type=document when the model has no `document` prompt."))
     grpc_max_message_bytes: int = field(default=64 * 1024 * 1024, metadata=_help(
         "Largest gRPC message Ivy sends or receives; a larger one is answered 413."))
+    drain_delay_s: float = field(default=0.0, metadata=_help(
+        "On SIGTERM: /ready answers 503 at once and requests are still served this many seconds (so load "
+        "balancers stop routing here) before the server stops accepting; in-flight requests then finish. "
+        "Set it to your load balancer's or Kubernetes endpoints' propagation time (e.g. 5)."))
     log_level: str = field(default="info", metadata=_help("Log level: debug, info, warning, error."))
 
     def __post_init__(self) -> None:

@@ -82,6 +82,7 @@ class Gateway:
                           if config.coalesce else None)
         self.max_in_flight = config.per_worker_concurrency()
         self.in_flight = 0
+        self.draining = False  # SIGTERM seen: /ready is 503 (ivy.app._drain_on_sigterm)
         self.created = int(time.time())
 
     async def start(self) -> None:

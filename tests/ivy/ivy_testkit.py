@@ -56,6 +56,13 @@ def free_port() -> int:
 def ivy_process(**env: str) -> Iterator[int]:
     """A real `python -m ivy serve` on a free port with these IVY_* variables, once /ready answers 200;
     yields the port and terminates the process afterwards."""
+    with ivy_server(**env) as (port, _):
+        yield port
+
+
+@contextmanager
+def ivy_server(**env: str) -> Iterator[tuple[int, subprocess.Popen]]:
+    """As ivy_process, yielding (port, process) for tests that signal the process themselves."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ivy", "serve"], env={**os.environ, **env, "IVY_PORT": str(port)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -70,7 +77,7 @@ def ivy_process(**env: str) -> Iterator[int]:
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, "ivy serve did not become ready"
             time.sleep(0.1)
-        yield port
+        yield port, proc
     finally:
         stop_process(proc)
 
