@@ -65,6 +65,8 @@ class TulipConfig:
     engine_factory: str = _f(
         "", "callable building the engine, 'module:attr' or 'file.py:attr' (tests, other engines); "
             "empty = rose.Engine.from_pretrained")
+    event_loop: str = _f("auto", "auto (uvloop when installed, else asyncio), uvloop or asyncio: uvloop cut "
+                         "Tulip's CPU per call 6-12 % on the 2-core VM (benchmarks/NOTES.md)")
     log_level: str = _f("info", "debug, info, warning or error; logs never contain token ids")
 
     def __post_init__(self) -> None:
@@ -74,6 +76,8 @@ class TulipConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_batch_tokens < 0:
             raise ValueError(f"max_batch_tokens must be 0 (by device) or positive, got {self.max_batch_tokens}")
+        if self.event_loop not in ("auto", "uvloop", "asyncio"):
+            raise ValueError(f"event_loop must be auto, uvloop or asyncio, got {self.event_loop!r}")
         if str(self.cuda_graphs).lower() not in _WARMUP_CHOICES:
             raise ValueError(f"cuda_graphs must be one of {sorted(_WARMUP_CHOICES)}, got {self.cuda_graphs!r}")
         if str(self.warmup_full_batch).lower() not in _WARMUP_CHOICES:

@@ -162,3 +162,17 @@ def test_budget_and_full_batch_probe_follow_the_device() -> None:
     assert auto.probe_full_batch_on("cuda") and not auto.probe_full_batch_on("cpu")
     fixed = TulipConfig(max_batch_tokens=512, warmup_full_batch="true")
     assert fixed.batch_tokens_for("cuda") == 512 and fixed.probe_full_batch_on("cpu")
+
+
+def test_event_loop_choice() -> None:
+    import asyncio
+
+    from tulip.cli import run_loop
+
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run_loop(loop_module(), "asyncio").startswith("asyncio")
+    assert run_loop(loop_module(), "auto").startswith("uvloop")  # uvloop comes with uvicorn[standard]
+    with pytest.raises(ValueError, match="event_loop"):
+        TulipConfig(event_loop="trio")
