@@ -37,6 +37,8 @@ class Tokenizer:
             self._hf = HFTokenizer.from_file(str(tok_json))
             self._hf.no_truncation()
             self._hf.no_padding()
+            # Without character offsets (nothing here reads them): 150 vs 191 us for 128 BERT tokens.
+            self._encode_many = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
             self._spm = None
             self._files = [tok_json]
             self.num_special = self._hf.num_special_tokens_to_add(False)
@@ -68,7 +70,7 @@ class Tokenizer:
         if self._spm is not None:
             return [self._spm.encode(t, keep, side) for t in texts]
         out = []
-        for enc in self._hf.encode_batch(list(texts), add_special_tokens=False):
+        for enc in self._encode_many(list(texts), add_special_tokens=False):
             n = len(enc.ids)
             if n > keep:
                 enc.truncate(keep, direction=side)
@@ -82,7 +84,7 @@ class Tokenizer:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         if self._spm is not None:
             return [len(self._spm.piece_ids(t)) + self.num_special for t in texts]
-        return [len(e.ids) + self.num_special for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+        return [len(e.ids) + self.num_special for e in self._encode_many(list(texts), add_special_tokens=False)]
 
     def token_id(self, token: str) -> int | None:
         if self._spm is not None:
