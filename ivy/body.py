@@ -9,6 +9,7 @@ passes the cap (RELIABILITY cases 4, 5, 8, 9). Memory stays at about one cap per
 from __future__ import annotations
 
 import asyncio
+import difflib
 import zlib
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from ivy.errors import IvyError, Problem, from_validation_errors
+from ivy.schemas import PEER_ALIASES
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -123,8 +125,24 @@ def parse_json(raw: bytes) -> Any:
                        param="body") from None
 
 
+def check_misspelled_fields(data: Any, model: type[BaseModel]) -> None:
+    """Unknown fields are ignored, as other servers and SDKs send their own (OpenAI-style clients pass
+    `user`, vendor extras); but one that is a near miss of a field we serve ("dimension") would be silently
+    ignored too and change the answer, so it is a 422 naming the field we think was meant."""
+    if not isinstance(data, dict):
+        return
+    known = set(model.model_fields)
+    for key in data:
+        if isinstance(key, str) and key not in known and key not in PEER_ALIASES:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+            if close:
+                raise IvyError(Problem.INVALID_PARAMETER, f"unknown field {key!r}; did you mean {close[0]!r}?",
+                               param=key)
+
+
 async def read_model(request: Request, model: type[M], limit: int, timeout_s: float | None = None) -> M:
     data = parse_json(await read_body(request, limit, timeout_s))
+    check_misspelled_fields(data, model)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

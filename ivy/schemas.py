@@ -146,19 +146,28 @@ Query = Annotated[str, PlainValidator(_query), WithJsonSchema({"type": "string",
 Dimensions = Annotated[int, Field(ge=1, description="Matryoshka: keep the first N dimensions, then re-normalize.")]
 
 
+PEER_ALIASES = frozenset({"truncation_direction", "top_k"})
+
+
 class _Request(BaseModel):
-    # Strict: "dimensions": "128" is a 422, not silently coerced. Unknown fields are ignored, as OpenAI does.
+    # Strict: "dimensions": "128" is a 422, not silently coerced. Unknown fields are ignored (other servers
+    # and SDKs send their own), except near misses of ours (ivy.body.check_misspelled_fields).
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = Field(default=None, description="The served model's name; omitted = the served model.")
 
     @model_validator(mode="before")
     @classmethod
-    def _tei_names(cls, data: Any) -> Any:
-        """text-embeddings-inference clients send truncation_direction: "Left" | "Right"."""
-        if isinstance(data, dict) and "truncation_direction" in data and "truncation_side" not in data:
+    def _peer_names(cls, data: Any) -> Any:
+        """Other servers' names for our fields: text-embeddings-inference's truncation_direction ("Left" |
+        "Right"), Voyage's top_k (rerank). Listed in PEER_ALIASES, which the misspelling check skips."""
+        if not isinstance(data, dict):
+            return data
+        if "truncation_direction" in data and "truncation_side" not in data:
             side = data["truncation_direction"]
             data = {**data, "truncation_side": side.lower() if isinstance(side, str) else side}
+        if "top_k" in data and "top_n" not in data and "top_n" in cls.model_fields:
+            data = {**data, "top_n": data["top_k"]}
         return data
 
 

@@ -58,3 +58,15 @@ def test_strict_types_and_ignored_extras() -> None:
 def test_field_path() -> None:
     assert field_path(("input", 0, "text")) == "input[0].text"
     assert field_path(()) == "body"
+
+
+def test_near_miss_field_names_are_422_unrelated_extras_ignored_peer_aliases_read(client) -> None:
+    r = client.post("/v1/embeddings", json={"input": "a", "dimension": 64})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "dimension"
+    assert "did you mean 'dimensions'" in r.json()["error"]["message"]
+    ok = client.post("/v1/embeddings", json={"input": "a", "dimensions": 64, "vendor_extra": {"x": 1}})
+    assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 64
+    docs = ["a cat", "a dog", "a car"]
+    top = client.post("/v1/rerank", json={"query": "cat", "documents": docs, "top_k": 1})  # Voyage's name
+    assert top.status_code == 200 and len(top.json()["results"]) == 1
+    assert client.post("/v1/rerank", json={"query": "cat", "documents": docs, "top_m": 1}).status_code == 422
