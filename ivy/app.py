@@ -19,7 +19,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ivy import __version__, metrics, routes_embeddings, routes_scoring
+from ivy import __version__, metrics, routes_embeddings, routes_scoring, routes_tokenize
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.errors import IvyError, Problem, from_validation_errors
 from ivy.gateway import Gateway
@@ -48,6 +48,7 @@ def create_app(config: IvyConfig) -> FastAPI:
                   description="HTTP gateway of the Ivy -> Tulip -> ROSE embedding stack.")
     app.include_router(routes_embeddings.router)
     app.include_router(routes_scoring.router)
+    app.include_router(routes_tokenize.router)
     _add_ops_routes(app)
     _add_error_handlers(app)
     if config.cors_origins:

@@ -212,6 +212,13 @@ class RerankRequest(_Request):
     truncation_side: Side = "right"
 
 
+class TokenizeRequest(_Request):
+    """vLLM's /tokenize: the token ids of one text, never truncated."""
+
+    prompt: str
+    add_special_tokens: bool = True
+
+
 # ---- responses (documentation of the shapes the routes return) ----
 
 class Usage(BaseModel):

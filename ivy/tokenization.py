@@ -192,6 +192,15 @@ class InputEncoder:
             spans.append(doc_spans)
         return Documents(sequences, spans)
 
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Every token of `text`, never truncated (POST /tokenize: counting before chunking a document)."""
+        return await self._run(self._tokenize, text, add_special_tokens, size=len(text))
+
+    def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        if add_special_tokens:
+            return self.tokenizer.encode(text, 1 << 30).ids
+        return self._content_ids([text])[0]
+
     def _content_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids without the special tokens the tokenizer's post-processor adds."""
         head, tail = len(self._prefix_ids), len(self._suffix_ids)

@@ -164,3 +164,15 @@ def test_input_count_limit(fake, n_inputs, status) -> None:
     assert r.status_code == status
     if status == 422:
         assert "at most 4" in r.json()["error"]["message"] and r.json()["error"]["code"] == "too_many_inputs"
+
+
+def test_tokenize_counts_every_token_untruncated(client) -> None:
+    long_text = "word " * 400  # over the model's 256: /tokenize never cuts
+    full = TOKENIZER.encode(long_text, 10**6).ids
+    r = client.post("/tokenize", json={"prompt": long_text})
+    assert r.status_code == 200
+    assert r.json() == {"count": len(full), "max_model_len": 256, "tokens": full}
+    bare = client.post("/tokenize", json={"prompt": "hello world", "add_special_tokens": False}).json()
+    assert bare["tokens"] == TOKENIZER.encode("hello world").ids[1:-1] and bare["count"] == 2
+    assert client.post("/tokenize", json={"prompt": "x", "model": "other"}).status_code == 404
+    assert client.post("/tokenize", json={}).json()["error"]["param"] == "prompt"

@@ -18,6 +18,7 @@ INFERENCE_ROUTES = {
     "/v1/contextualizedembeddings": {"input": [["hello", "world"]]},
     "/v1/score": {"text_1": "a", "text_2": ["b"]},
     "/v1/rerank": {"query": "a", "documents": ["b"]},
+    "/tokenize": {"prompt": "hello"},
 }
 
 
