@@ -80,6 +80,23 @@ def test_openai_client_matches_sentence_transformers(oai, reference) -> None:
     assert [m.id for m in oai.models.list().data] == [MODEL]
 
 
+def test_concurrent_clients_each_get_their_own_embedding(stack, reference) -> None:
+    """16 clients at once through the real stack: requests share gRPC calls (Ivy) and batches (Tulip);
+    every answer must still be its own text's embedding."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"{i}: " + TEXTS[i % len(TEXTS)] for i in range(48)]
+    expected = reference(texts)
+
+    def one(i: int) -> np.ndarray:
+        body = _post(stack, "/v1/embeddings", {"input": texts[i], "model": MODEL}).json()
+        return np.asarray(body["data"][0]["embedding"], dtype=np.float32)
+
+    with ThreadPoolExecutor(16) as pool:
+        got = np.stack(list(pool.map(one, range(len(texts)))))
+    assert _cosine(got, expected).min() >= 0.9999
+
+
 def test_unknown_model_404_and_empty_input_400(oai) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         oai.embeddings.create(model="no-such-model", input=["x"])
