@@ -4,8 +4,9 @@
 # call may carry, so they travel as one tar split in two folders (not in git; rebuild them with the recipe
 # in benchmarks/NOTES.md) and meet under /root, which survives between calls while the machine is warm:
 #     STEP=1 bash benchmarks/fa4_device.sh    # carry .whl_fa4a: parks part aa in /root
-#     STEP=2 bash benchmarks/fa4_device.sh    # carry .whl_fa4b (and .whl_fi for FlashInfer beside it):
-#                                             # joins, installs, GPU tests of the fa4 backend, then the A/B
+#     STEP=2 bash benchmarks/fa4_device.sh    # carry .whl_fa4b only (64 MiB a call): joins, installs, GPU
+#                                             # tests of the fa4 backend, then the A/B; FlashInfer joins the
+#                                             # A/B when best_device.sh left it in /root/fi on this machine
 # The DSL needs its .pth processed, so the install dir is added with site.addsitedir() by a sitecustomize.py
 # on PYTHONPATH. Output (the A/B json, the log) lands in $OUT.
 set -uo pipefail
