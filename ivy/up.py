@@ -38,7 +38,8 @@ class UpConfig:
                                                "list of device ids, e.g. 0,1."})
     tulip_metrics_port: int = field(default=-1, metadata={"help": "Port of the first Tulip's Prometheus /metrics; "
                                                           "replica k serves it + k. -1 = $TULIP_METRICS_PORT, "
-                                                          "else 9400; 0 = off."})
+                                                          "else the first Tulip's port + 100 (not 9400, where "
+                                                          "GPU hosts often run dcgm-exporter); 0 = off."})
     tulips_per_gpu: int = field(default=1, metadata={"help": "Tulip replicas per GPU (they share the device)."})
     startup_timeout_s: float = field(default=900.0, metadata={"help": "Most seconds to wait for every process "
                                                               "to be ready before giving up."})
@@ -173,7 +174,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     config = replace(config, served_model_name=name)
     first_port = up.tulip_port or int(os.environ.get("TULIP_PORT") or 50051)
     metrics_port = up.tulip_metrics_port if up.tulip_metrics_port >= 0 else int(
-        os.environ.get("TULIP_METRICS_PORT") or 9400)
+        os.environ.get("TULIP_METRICS_PORT") or first_port + 100)
     host = _tulip_connect_host()
     devices = [d for d in visible_gpus(up.gpus) for _ in range(max(1, up.tulips_per_gpu))]
     tulips: list[Child] = []
