@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--suites", default="bs1-128,batch-32x128,docs-100", help="which of the three to run")
+    parser.add_argument("--tag", default="", help="suffix of the result file (rose_cpu<TAG>.json)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -55,6 +57,7 @@ def main() -> None:
     suites = {"bs1-128": documents(model_dir, 8, seed=1, mu=np.log(128), sigma=0.0, lo=128, hi=128),
               "batch-32x128": documents(model_dir, 32, seed=2, mu=np.log(128), sigma=0.0, lo=128, hi=128),
               "docs-100": documents(model_dir, 100, seed=3)}
+    suites = {k: v for k, v in suites.items() if k in args.suites.split(",")}
 
     def rose(texts: list[str]) -> np.ndarray:
         ids = [e.ids for e in engine.tokenizer.encode_batch(texts)]
@@ -83,7 +86,7 @@ def main() -> None:
             print(f"  {suite:13s} {name:22s} p50 {p50:9.2f} ms", flush=True)
     env = {**gpu_env.collect(), "torch_threads": torch.get_num_threads(), "model": model_dir}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rose_cpu.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
+    (args.out / f"rose_cpu{args.tag}.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
     print(f"\n{'suite':13s} {'impl':22s} {'p50 ms':>9s} {'p99 ms':>9s} {'tok/s':>9s} {'ratio':>6s}")
     for r in records:
         st_p50 = next(x["p50_ms"] for x in records if x["suite"] == r["suite"] and x["impl"] != "rose")
