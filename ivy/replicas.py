@@ -109,7 +109,7 @@ class ReplicaPool:
         self.replicas = [Replica(a, options) for a in addresses]
         self.expected = expected
         self.interval = health_interval_s
-        self._probe_timeout = max(0.2, min(2.0, health_interval_s))
+        self._probe_timeout = max(1.0, min(2.0, health_interval_s))  # a slow answer is not a dead replica
         self._tiebreak = itertools.count()
         self._task: asyncio.Task | None = None
         self._refresh: asyncio.Task | None = None
