@@ -76,7 +76,7 @@ def _add_ops_routes(app: FastAPI) -> None:
     async def retrieve_model(model: str, request: Request) -> Response:
         gw = gateway_of(request)
         gw.authorize(request.headers.get("authorization"))
-        if model != gw.model_name:
+        if model not in gw.model_names:  # the served name, or any name a request body may use
             raise IvyError(Problem.MODEL_NOT_FOUND, f"model {model!r} is not served here; this gateway serves "
                            f"{gw.model_name!r}", param="model")
         return json_response(_model_card(gw))
@@ -105,8 +105,9 @@ def _add_ops_routes(app: FastAPI) -> None:
 def _drain_on_sigterm(gateway: Gateway, delay_s: float) -> None:
     """RELIABILITY 20: on SIGTERM /ready answers 503 at once, requests are still served for `delay_s` (load
     balancers and Kubernetes endpoints stop routing here meanwhile), then uvicorn's own handler stops
-    accepting and finishes what is in flight. A second SIGTERM stops at once. Wraps uvicorn's handler,
-    so it only works where that was installed: the main thread of a server process."""
+    accepting and finishes what is in flight. A second SIGTERM skips the rest of the delay (in-flight
+    requests still finish). Wraps uvicorn's handler, so it only works where that was installed: the main
+    thread of a server process."""
     if threading.current_thread() is not threading.main_thread():
         return
     uvicorn_handler = signal.getsignal(signal.SIGTERM)

@@ -107,29 +107,26 @@ class Coalescer:
 
     async def _run(self, group: _Group) -> None:
         members = group.members
-        metrics.COALESCED.observe(len(members))
-        dimensions, normalize, encoding = group.key
         seqs = [s for m in members for s in m.sequences]
-        request = embed_pb2.EmbedRequest(
-            token_ids=np.fromiter((t for s in seqs for t in s), dtype="<i4", count=group.tokens).tobytes(),
-            seq_lens=np.fromiter((len(s) for s in seqs), dtype="<i4", count=len(seqs)).tobytes(),
-            dimensions=dimensions, encoding=encoding, request_id=",".join(m.request_id for m in members)[:256])
-        if normalize is not None:
-            request.normalize = normalize
-        try:
-            response = await self._call(request, group.tokens, max(m.deadline for m in members))
+        try:  # everything inside: a failure anywhere must reach every member, never leave one waiting
+            metrics.COALESCED.observe(len(members))
+            response = await self._call(self._request(group, seqs), group.tokens, max(m.deadline for m in members))
             rows = decode_rows(response)
             if rows.shape[0] != len(seqs):
                 raise IvyError(Problem.BACKEND_ERROR, f"a replica returned {rows.shape[0]} rows for {len(seqs)}")
+        except IvyError as exc:
+            if exc.problem is Problem.INVALID_PARAMETER and len(members) > 1:
+                await self._one_by_one(group)  # one member's input: the others must not get its error
+                return
+            self._fail(members, exc)
+            return
         except asyncio.CancelledError:
             for m in members:
                 if not m.future.done():
                     m.future.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - every member gets the same failure
-            for m in members:
-                if not m.future.done():
-                    m.future.set_exception(exc)
+            self._fail(members, exc)
             return
         at = 0
         for m in members:
@@ -137,3 +134,33 @@ class Coalescer:
             if not m.future.done():
                 m.future.set_result(rows[at:at + n])
             at += n
+
+    @staticmethod
+    def _request(group: _Group, seqs: list) -> embed_pb2.EmbedRequest:
+        dimensions, normalize, encoding = group.key
+        rid = ""
+        for m in group.members:  # whole ids only, at most 256 characters (a log field in Tulip)
+            if len(rid) + len(m.request_id) + 1 > 256:
+                break
+            rid = f"{rid},{m.request_id}" if rid else m.request_id
+        request = embed_pb2.EmbedRequest(
+            token_ids=np.fromiter((t for s in seqs for t in s), dtype="<i4", count=group.tokens).tobytes(),
+            seq_lens=np.fromiter((len(s) for s in seqs), dtype="<i4", count=len(seqs)).tobytes(),
+            dimensions=dimensions, encoding=encoding, request_id=rid)
+        if normalize is not None:
+            request.normalize = normalize
+        return request
+
+    async def _one_by_one(self, group: _Group) -> None:
+        """The replica rejected the shared call's input: send each member alone, so each gets its own answer."""
+        async def alone(m: _Member) -> None:
+            single = _Group(group.key, [m], tokens=m.tokens, seqs=len(m.sequences))
+            await self._run(single)
+
+        await asyncio.gather(*(alone(m) for m in group.members if not m.future.done()))
+
+    @staticmethod
+    def _fail(members: list[_Member], exc: BaseException) -> None:
+        for m in members:
+            if not m.future.done():
+                m.future.set_exception(exc)

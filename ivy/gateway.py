@@ -100,6 +100,7 @@ class Gateway:
         (tokenizing, replicas), and a client trickling its body must not hold a slot (RELIABILITY 19);
         the body's own limits are its size cap and --body-read-timeout-s."""
         deadline = self.deadline(request.headers.get("x-request-timeout"))
+        self.refuse_if_full()
         body = await read_model(request, schema, self.config.payload_limit_bytes, self.config.body_read_timeout_s)
         self.check_model(body.model)
         return body, deadline
@@ -142,12 +143,17 @@ class Gateway:
                                param="x-request-timeout") from None
         return time.monotonic() + timeout
 
-    @contextmanager
-    def admit(self) -> Iterator[None]:
-        """The concurrency cap: over it a request is refused at once with 429 and Retry-After."""
+    def refuse_if_full(self) -> None:
+        """429 with Retry-After when the concurrency cap is reached: called before reading a body (load
+        shedding must cost no parsing) and again by admit() once the body is in."""
         if self.in_flight >= self.max_in_flight:
             raise IvyError(Problem.OVERLOADED, f"the server is at its limit of {self.config.max_concurrent_requests} "
                            "concurrent requests; retry later", limit=self.config.max_concurrent_requests)
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        """The concurrency cap: over it a request is refused at once with 429 and Retry-After."""
+        self.refuse_if_full()
         self.in_flight += 1
         metrics.IN_FLIGHT.inc()
         try:

@@ -146,7 +146,8 @@ Query = Annotated[str, PlainValidator(_query), WithJsonSchema({"type": "string",
 Dimensions = Annotated[int, Field(ge=1, description="Matryoshka: keep the first N dimensions, then re-normalize.")]
 
 
-PEER_ALIASES = frozenset({"truncation_direction", "top_k"})
+_SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize"}
+PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING})
 
 
 class _Request(BaseModel):
@@ -160,14 +161,16 @@ class _Request(BaseModel):
     @classmethod
     def _peer_names(cls, data: Any) -> Any:
         """Other servers' names for our fields: text-embeddings-inference's truncation_direction ("Left" |
-        "Right"), Voyage's top_k (rerank). Listed in PEER_ALIASES, which the misspelling check skips."""
+        "Right"), Voyage's top_k (rerank) and truncation (bool), Jina's normalized. Listed in PEER_ALIASES,
+        which the misspelling check skips; ours wins when both are sent."""
         if not isinstance(data, dict):
             return data
         if "truncation_direction" in data and "truncation_side" not in data:
             side = data["truncation_direction"]
             data = {**data, "truncation_side": side.lower() if isinstance(side, str) else side}
-        if "top_k" in data and "top_n" not in data and "top_n" in cls.model_fields:
-            data = {**data, "top_n": data["top_k"]}
+        for theirs, ours in _SAME_MEANING.items():
+            if theirs in data and ours not in data and ours in cls.model_fields:
+                data = {**data, ours: data[theirs]}
         return data
 
 

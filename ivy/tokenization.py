@@ -193,7 +193,13 @@ class InputEncoder:
         return Documents(sequences, spans)
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Every token of `text`, never truncated (POST /tokenize: counting before chunking a document)."""
+        """Every token of `text`, never truncated (POST /tokenize: counting before chunking a document), up
+        to 64 times the per-input character cap (MiniLM: 262144 characters): a document beyond that is split
+        before anyway, and a bigger one would hold a tokenizer thread for seconds."""
+        cap = 64 * self.char_cap
+        if len(text) > cap:
+            raise IvyError(Problem.INPUT_TOO_LONG, f"prompt has {len(text)} characters; /tokenize takes at most "
+                           f"{cap}", param="prompt", limit=cap)
         return await self._run(self._tokenize, text, add_special_tokens, size=len(text))
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:

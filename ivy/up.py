@@ -10,9 +10,11 @@ printed and `ivy up` exits 1. Ctrl-C or SIGTERM stops the gateway first, then th
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +28,7 @@ from pathlib import Path
 from ivy.config import ENV_PREFIX, IvyConfig
 from rose.flags import config_to_env
 
+log = logging.getLogger("ivy.up")
 UP_ENV_PREFIX = "IVY_UP"
 
 
@@ -53,7 +56,7 @@ class Child:
         self.tail: deque[str] = deque(maxlen=60)
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=_parent_death_signal())
         self._pump = threading.Thread(target=self._relay, daemon=True, name=f"relay-{name}")
         self._pump.start()
 
@@ -83,15 +86,26 @@ class Child:
         self._pump.join(timeout=2)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when `ivy up` dies, even by SIGKILL or the OOM killer (Linux).
-    The children run in their own session (a terminal's Ctrl-C reaches only `ivy up`, which stops them in
-    order), so without this a killed `ivy up` would leave them holding the ports."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _parent_death_signal():
+    """A preexec_fn that makes the child get SIGTERM when `ivy up` dies, even by SIGKILL or the OOM killer
+    (Linux; None elsewhere). The children run in their own session (a terminal's Ctrl-C reaches only
+    `ivy up`, which stops them in order), so without it a killed `ivy up` would leave them holding the
+    ports. libc's prctl is resolved here, in the parent: between fork and exec the child only calls it
+    (no imports, no dlopen while the relay threads of earlier children may hold locks)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
 
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+    PR_SET_PDEATHSIG = 1
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # ivy up died before prctl took effect
+            os._exit(1)
+
+    return preexec
 
 
 def visible_gpus(spec: str) -> list[str | None]:
@@ -118,6 +132,15 @@ def visible_gpus(spec: str) -> list[str | None]:
         return [None]
     ids = [line.strip() for line in out.splitlines() if line.strip()]
     return ids or [None]
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host or "0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 def _tulip_connect_host() -> str:
@@ -167,6 +190,8 @@ def _resolve_model(config: IvyConfig) -> str:
 def run_stack(config: IvyConfig, up: UpConfig) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal was closed
+        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # started under nohup: keep running when the terminal goes
         signal.signal(sig, lambda *_: stop.set())
     model = _resolve_model(config)
     # One served name for both: Tulip reports it in Info and Ivy checks it, so they must agree.
@@ -179,6 +204,9 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     devices = [d for d in visible_gpus(up.gpus) for _ in range(max(1, up.tulips_per_gpu))]
     tulips: list[Child] = []
     addresses: list[str] = []
+    metrics_urls: list[str] = []
+    bind_host = os.environ.get("TULIP_METRICS_HOST", "127.0.0.1")
+    shown_host = "127.0.0.1" if bind_host in ("", "0.0.0.0", "::", "[::]") else bind_host
     for k, device in enumerate(devices):
         port = first_port + k
         env = dict(os.environ)
@@ -187,7 +215,14 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         argv = [sys.executable, "-m", "tulip", "serve", "--model", model, "--port", str(port)]
         if config.served_model_name:
             argv += ["--served-model-name", config.served_model_name]
-        argv += ["--metrics-port", str(metrics_port + k if metrics_port else 0)]  # one port each, not the env's
+        mport = metrics_port + k if metrics_port else 0  # one port each, not the environment's shared one
+        if mport and not _port_free(bind_host, mport):
+            log.warning("port %d is taken: Tulip on %d serves no metrics (--tulip-metrics-port to choose)",
+                        mport, port)
+            mport = 0
+        argv += ["--metrics-port", str(mport)]
+        if mport:
+            metrics_urls.append(f"http://{shown_host}:{mport}/metrics")
         tulips.append(Child(f"tulip:{port}" + (f" gpu {device}" if device is not None else ""), argv, env))
         addresses.append(f"{host}:{port}")
     gateway_config = replace(config, model=model, replicas=tuple(addresses))
@@ -198,7 +233,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     url = f"http://{url_host}:{config.port}"
 
     def shutdown() -> None:
-        gateway.stop(timeout=15)
+        gateway.stop(timeout=15 + config.drain_delay_s)
         for tulip in tulips:  # signal all first so they drain in parallel
             if tulip.exited() is None:
                 tulip.proc.send_signal(signal.SIGTERM)
@@ -232,10 +267,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             return 1
         stop.wait(0.25)
 
-    metrics_host = os.environ.get("TULIP_METRICS_HOST", "127.0.0.1")
-    metrics_host = "127.0.0.1" if metrics_host in ("", "0.0.0.0", "::", "[::]") else metrics_host
-    _print_banner(url, config, addresses, [f"http://{metrics_host}:{metrics_port + k}/metrics"
-                                           for k in range(len(addresses))] if metrics_port else [])
+    _print_banner(url, config, addresses, metrics_urls)
     while not stop.wait(0.5):
         for child in children:
             if child.exited() is not None:

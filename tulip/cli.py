@@ -122,8 +122,9 @@ def run_loop(main: Coroutine[Any, Any, T], kind: str) -> T:
         except ImportError:
             if kind == "uvloop":
                 raise SystemExit("tulip: --event-loop uvloop needs the uvloop package") from None
-        else:
-            return uvloop.run(main)
+        else:  # a Runner with uvloop's factory, not uvloop.run (absent before uvloop 0.18)
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(main)
     return asyncio.run(main)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -15,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from stack_testkit import free_port, ivy
+from stack_testkit import Proc, free_port, ivy
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")]
 
@@ -69,6 +70,40 @@ def test_tulip_served_model_name_is_used_by_both_and_sighup_stops_the_stack() ->
         assert _wait_gone(children) == []
     finally:
         proc.stop(signal.SIGKILL)
+
+
+@pytest.mark.skipif(shutil.which("nohup") is None, reason="needs nohup")
+def test_under_nohup_a_closed_terminal_does_not_stop_the_stack() -> None:
+    port = free_port()
+    proc = Proc(["nohup", sys.executable, "-m", "ivy", "up", "--port", str(port), "--tulip-port", str(free_port()),
+                 "--gpus", "none", "--tulip-metrics-port", "0"])
+    try:
+        proc.wait_for(lambda: any("Ivy is ready at" in line for line in proc.out), "ivy up ready")
+        proc.proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.proc.poll() is None, proc.output()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def test_a_taken_metrics_port_costs_the_metrics_not_the_stack() -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        port = free_port()
+        proc = ivy("up", "--port", str(port), "--tulip-port", str(free_port()), "--gpus", "none",
+                   "--tulip-metrics-port", str(taken))
+        try:
+            proc.wait_for(lambda: any("Ivy is ready at" in line for line in proc.out), "ivy up ready")
+            assert any(f"port {taken} is taken" in line for line in proc.err), proc.output()
+            assert not any(f":{taken}/metrics" in line for line in proc.out)
+        finally:
+            assert proc.stop() == 0, proc.output()
 
 
 def test_a_killed_ivy_up_leaves_no_children() -> None:

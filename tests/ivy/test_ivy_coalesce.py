@@ -90,6 +90,29 @@ def test_a_failed_call_fails_every_member() -> None:
     assert len(call.requests) == 1 and all(isinstance(r, IvyError) and r.status == 503 for r in results)
 
 
+def test_one_members_bad_input_is_its_own_error_not_the_groups() -> None:
+    """The replica rejects a shared call for one input (INVALID_ARGUMENT): each member is sent alone."""
+
+    class Picky(FakeCall):
+        async def __call__(self, request, tokens, deadline):
+            if 666 in np.frombuffer(request.token_ids, "<i4"):
+                self.requests.append(request)
+                raise IvyError(Problem.INVALID_PARAMETER, "the model replica rejected the input: token 666")
+            return await super().__call__(request, tokens, deadline)
+
+    call = Picky()
+
+    async def main():
+        c = Coalescer(call, max_tokens=100, max_seqs=64)
+        return await asyncio.gather(_embed(c, [[1]]), _embed(c, [[666]]), _embed(c, [[3]]), return_exceptions=True)
+
+    a, bad, b = _run(main())
+    assert a[0, 0] == 1 and b[0, 0] == 3
+    assert isinstance(bad, IvyError) and bad.problem is Problem.INVALID_PARAMETER
+    assert [np.frombuffer(r.seq_lens, "<i4").size for r in call.requests] == [3, 1, 1, 1]
+    assert [r.request_id for r in call.requests] == ["r,r,r", "r", "r", "r"]
+
+
 def test_a_member_past_its_deadline_leaves_the_others_get_their_rows() -> None:
     call = FakeCall(delay_s=0.3)
 

@@ -176,3 +176,6 @@ def test_tokenize_counts_every_token_untruncated(client) -> None:
     assert bare["tokens"] == TOKENIZER.encode("hello world").ids[1:-1] and bare["count"] == 2
     assert client.post("/tokenize", json={"prompt": "x", "model": "other"}).status_code == 404
     assert client.post("/tokenize", json={}).json()["error"]["param"] == "prompt"
+    huge = client.post("/tokenize", json={"prompt": "x" * (64 * 4096 + 1)})
+    assert huge.status_code == 422 and huge.json()["error"]["param"] == "prompt"
+    assert "at most 262144" in huge.json()["error"]["message"]

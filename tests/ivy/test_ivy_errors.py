@@ -115,6 +115,7 @@ def test_retrieve_one_model_and_405_names_allowed_methods(client) -> None:
     name = client.get("/v1/models").json()["data"][0]["id"]
     card = client.get(f"/v1/models/{name}")
     assert card.status_code == 200 and card.json()["id"] == name and card.json()["object"] == "model"
+    assert client.get("/v1/models/all-MiniLM-L6-v2").status_code == 200  # the short name bodies accept too
     missing = client.get("/v1/models/not-this-one")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     wrong = client.get("/v1/embeddings")

@@ -70,3 +70,8 @@ def test_near_miss_field_names_are_422_unrelated_extras_ignored_peer_aliases_rea
     top = client.post("/v1/rerank", json={"query": "cat", "documents": docs, "top_k": 1})  # Voyage's name
     assert top.status_code == 200 and len(top.json()["results"]) == 1
     assert client.post("/v1/rerank", json={"query": "cat", "documents": docs, "top_m": 1}).status_code == 422
+    # what the voyageai SDK sends on every call, and Jina's flag: read, not refused as near misses
+    voyage = client.post("/v1/rerank", json={"query": "cat", "documents": docs, "top_k": 2, "truncation": True})
+    assert voyage.status_code == 200 and len(voyage.json()["results"]) == 2
+    long = client.post("/v1/embeddings", json={"input": "word " * 400, "truncation": True, "normalized": True})
+    assert long.status_code == 200 and long.json()["usage"]["prompt_tokens"] == 256

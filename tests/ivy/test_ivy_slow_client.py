@@ -61,3 +61,25 @@ def test_trickling_body_gets_408_and_closed_while_others_are_served() -> None:
         assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
         assert b"request_body_timeout" in reply
         assert time.monotonic() - started < 5
+
+
+def test_over_the_cap_a_request_is_refused_before_its_body_is_read() -> None:
+    """Load shedding costs no body reading or parsing: headers alone get the 429."""
+    import threading
+
+    from fake_tulip import wait_until
+
+    gate = threading.Event()
+    with FakeTulip(gate=gate) as fake, ivy_process(IVY_REPLICAS=fake.address, IVY_MAX_CONCURRENT_REQUESTS="1") as port:
+        held = threading.Thread(target=lambda: _post(f"http://127.0.0.1:{port}/v1/embeddings", {"input": ["held"]}))
+        held.start()
+        wait_until(lambda: fake.waiting == 1)
+        conn = socket.create_connection(("127.0.0.1", port))
+        conn.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000\r\n\r\n")  # the body never comes
+        conn.settimeout(5)
+        reply = conn.recv(4096)
+        conn.close()
+        gate.set()
+        held.join(timeout=10)
+        assert reply.startswith(b"HTTP/1.1 429"), reply[:200]
