@@ -47,14 +47,14 @@ def _ready(port: int) -> tuple[int, str]:
 @pytest.mark.parametrize("workers", ["1", "2"])  # 2: uvicorn's supervisor passes SIGTERM on to each worker
 def test_sigterm_flips_readiness_serves_through_the_delay_then_finishes_in_flight_work(workers: str) -> None:
     gate = threading.Event()
-    with FakeTulip(gate=gate) as fake, ivy_server(IVY_REPLICAS=fake.address, IVY_DRAIN_DELAY_S="1.5",
+    with FakeTulip(gate=gate) as fake, ivy_server(IVY_REPLICAS=fake.address, IVY_DRAIN_DELAY_S="4",
                                                   IVY_WORKERS=workers) as (port, proc):
         held: dict = {}
         first = threading.Thread(target=lambda: held.update(status=_post(port, "in flight at SIGTERM")))
         first.start()
         wait_until(lambda: fake.waiting == 1)
         proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: _ready(port) == (503, "draining"), timeout=1.5)  # flips first (2 workers: <= 0.5 s)
+        wait_until(lambda: _ready(port) == (503, "draining"), timeout=3)  # flips first (2 workers: ~0.5 s)
         during = {}
         second = threading.Thread(target=lambda: during.update(status=_post(port, "sent during the delay")))
         second.start()  # load balancers may still route here for a moment: served, not dropped
@@ -62,7 +62,7 @@ def test_sigterm_flips_readiness_serves_through_the_delay_then_finishes_in_fligh
         assert _ready(port) == (503, "draining")  # still answering during the delay
         started = time.monotonic()
         wait_until(lambda: not _accepting(port), timeout=10)  # past the delay: it stops accepting
-        assert time.monotonic() - started > 0.5  # ... not before the delay (1.5 s after SIGTERM)
+        assert time.monotonic() - started > 0.5  # ... not before the delay (4 s after SIGTERM)
         # Not served: refused (1 worker), or left in the listening socket that uvicorn's supervisor still
         # holds (2 workers) until the workers exit, then reset.
         with pytest.raises(OSError):
