@@ -42,7 +42,7 @@ OUTSTANDING = Gauge("ivy_replica_outstanding_tokens", "Tokens sent to a replica 
                     multiprocess_mode="livesum")
 
 KNOWN_ROUTES = {"/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v2/rerank", "/v1/models",
-                "/tokenize", "/health", "/ready", "/metrics"}
+                "/embed", "/tokenize", "/health", "/ready", "/metrics"}
 
 
 _REQUEST_CHILDREN: dict[tuple[str, int], tuple] = {}

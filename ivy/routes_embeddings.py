@@ -1,4 +1,5 @@
-"""POST /v1/embeddings (OpenAI-compatible) and POST /v1/contextualizedembeddings (Perplexity-compatible).
+"""POST /v1/embeddings (OpenAI-compatible), POST /v1/contextualizedembeddings (Perplexity-compatible) and
+POST /embed (text-embeddings-inference's, for its clients).
 
 Both follow one path: auth -> admission -> bounded body -> schema -> model/limit checks -> tokenize off the
 loop -> Gateway.embed (chunks over replicas) -> encode rows. Usage counts the tokens actually sent.
@@ -14,7 +15,7 @@ from ivy import metrics
 from ivy.encode import WIRE_ENCODING, default_format, row_value
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.schemas import (ContextualizedEmbeddingsRequest, ContextualizedEmbeddingsResponse, EmbeddingsRequest,
-                         EmbeddingsResponse)
+                         EmbeddingsResponse, TeiEmbedRequest)
 
 router = APIRouter()
 
@@ -26,23 +27,47 @@ async def create_embeddings(request: Request) -> Response:
     gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, EmbeddingsRequest)  # outside the cap: a slow body holds no slot
     with gw.admit():
-        gw.check_count(len(body.input), gw.config.max_inputs_per_request)
-        dimensions = gw.check_dimensions(body.dimensions)
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
-        truncate = gw.config.truncate if body.truncate is None else body.truncate
-        if body.input.texts is not None:
-            prompt = gw.encoder.prompt_for(body.input_type, body.prompt_name)
-            seqs = await gw.encoder.encode_texts(body.input.texts, truncate=truncate, side=body.truncation_side,
-                                                 prompt=prompt)
-        else:
-            seqs = await gw.encoder.check_ids(body.input.ids, truncate=truncate, side=body.truncation_side)
-        rows = await unless_disconnected(request, gw.embed(
-            seqs, deadline=deadline, dimensions=dimensions, normalize=body.normalize, encoding=WIRE_ENCODING[fmt]))
-        tokens = sum(map(len, seqs))
-        metrics.INPUTS.labels("/v1/embeddings").inc(len(seqs))
-        metrics.TOKENS.labels("/v1/embeddings").inc(tokens)
-        data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt)} for i in range(len(seqs))]
+        rows, tokens = await _embed_inputs(request, body.input, deadline, route="/v1/embeddings", param="input",
+                                           fmt=fmt, truncate=body.truncate, side=body.truncation_side,
+                                           prompt=gw.encoder.prompt_for(body.input_type, body.prompt_name),
+                                           dimensions=body.dimensions, normalize=body.normalize)
+        data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt)} for i in range(len(rows))]
         return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})
+
+
+@router.post("/embed", openapi_extra=request_body(TeiEmbedRequest))
+async def tei_embed(request: Request) -> Response:
+    """text-embeddings-inference's /embed, for its clients: `inputs` in, a bare list of float lists out
+    (normalized unless `normalize: false`); errors keep the OpenAI shape of every other route."""
+    gw = gateway_of(request)
+    gw.authorize(request.headers.get("authorization"))
+    body, deadline = await gw.read_request(request, TeiEmbedRequest)
+    with gw.admit():
+        prompt = gw.encoder.prompt_for(None, body.prompt_name)
+        rows, _ = await _embed_inputs(request, body.inputs, deadline, route="/embed", param="inputs", fmt="float",
+                                      truncate=body.truncate, side=body.truncation_side, prompt=prompt,
+                                      dimensions=body.dimensions, normalize=body.normalize)
+        return json_response(rows)
+
+
+async def _embed_inputs(request: Request, inputs, deadline: float, *, route: str, param: str, fmt: str,
+                        truncate: bool | None, side: str, prompt: str, dimensions: int | None, normalize: bool | None):
+    """Texts or token ids -> (rows in `fmt`'s wire encoding, tokens sent): limits, tokenizing, replicas."""
+    gw = gateway_of(request)
+    gw.check_count(len(inputs), gw.config.max_inputs_per_request, param)
+    dims = gw.check_dimensions(dimensions)
+    truncate = gw.config.truncate if truncate is None else truncate
+    if inputs.texts is not None:
+        seqs = await gw.encoder.encode_texts(inputs.texts, truncate=truncate, side=side, prompt=prompt, param=param)
+    else:
+        seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param)
+    rows = await unless_disconnected(request, gw.embed(
+        seqs, deadline=deadline, dimensions=dims, normalize=normalize, encoding=WIRE_ENCODING[fmt]))
+    tokens = sum(map(len, seqs))
+    metrics.INPUTS.labels(route).inc(len(seqs))
+    metrics.TOKENS.labels(route).inc(tokens)
+    return rows, tokens
 
 
 @router.post("/v1/contextualizedembeddings", openapi_extra=request_body(ContextualizedEmbeddingsRequest),
@@ -52,7 +77,7 @@ async def create_contextualized_embeddings(request: Request) -> Response:
     joined into one sequence and each chunk's token span is mean-pooled (late chunking)."""
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
-    body, deadline = await gw.read_request(request, ContextualizedEmbeddingsRequest)  # outside the cap: a slow body holds no slot
+    body, deadline = await gw.read_request(request, ContextualizedEmbeddingsRequest)  # outside the cap
     with gw.admit():
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)
         gw.check_count(sum(map(len, body.input)), gw.config.max_chunks_per_request, "input chunks")

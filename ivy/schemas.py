@@ -44,40 +44,41 @@ def _wrong(param: str, expected: str) -> IvyError:
     return IvyError(Problem.INVALID_PARAMETER, f"{param}: expected {expected}", param=param)
 
 
-def parse_inputs(value: Any) -> Inputs:
-    """OpenAI's `input`: a string, a list of strings, a list of token ids, or a list of token id lists."""
+def parse_inputs(value: Any, name: str = "input") -> Inputs:
+    """OpenAI's `input` (TEI's `inputs`, named by `name`): a string, a list of strings, a list of token ids,
+    or a list of token id lists."""
     if isinstance(value, str):
         if not value:
-            raise _empty("input")
+            raise _empty(name)
         return Inputs(texts=[value])
     if not isinstance(value, list):
-        raise _wrong("input", "a string, a list of strings, a list of token ids or a list of token id lists")
+        raise _wrong(name, "a string, a list of strings, a list of token ids or a list of token id lists")
     if not value:
-        raise _empty("input")
+        raise _empty(name)
     first = value[0]
     if isinstance(first, str):
         for i, v in enumerate(value):
             if not isinstance(v, str):
-                raise _wrong(f"input[{i}]", "a string like the other inputs")
+                raise _wrong(f"{name}[{i}]", "a string like the other inputs")
             if not v:
-                raise _empty(f"input[{i}]")
+                raise _empty(f"{name}[{i}]")
         return Inputs(texts=value)
     if _is_int(first):
         for i, v in enumerate(value):
             if not _is_int(v):
-                raise _wrong(f"input[{i}]", "a token id (integer) like the other elements")
+                raise _wrong(f"{name}[{i}]", "a token id (integer) like the other elements")
         return Inputs(ids=[value])
     if isinstance(first, list):
         for i, seq in enumerate(value):
             if not isinstance(seq, list):
-                raise _wrong(f"input[{i}]", "a list of token ids like the other inputs")
+                raise _wrong(f"{name}[{i}]", "a list of token ids like the other inputs")
             if not seq:
-                raise _empty(f"input[{i}]")
+                raise _empty(f"{name}[{i}]")
             for j, v in enumerate(seq):
                 if not _is_int(v):
-                    raise _wrong(f"input[{i}][{j}]", "a token id (integer)")
+                    raise _wrong(f"{name}[{i}][{j}]", "a token id (integer)")
         return Inputs(ids=value)
-    raise _wrong("input[0]", "a string, a token id or a list of token ids")
+    raise _wrong(f"{name}[0]", "a string, a token id or a list of token ids")
 
 
 def parse_documents_of_chunks(value: Any) -> list[list[str]]:
@@ -213,6 +214,19 @@ class RerankRequest(_Request):
     return_documents: bool = False
     truncate: bool | None = None
     truncation_side: Side = "right"
+
+
+class TeiEmbedRequest(_Request):
+    """text-embeddings-inference's /embed request (its truncation_direction is read as truncation_side)."""
+
+    inputs: Annotated[Inputs, PlainValidator(lambda v: parse_inputs(v, "inputs")), WithJsonSchema({"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "integer"}}, _ID_LISTS]})]
+    normalize: bool = True
+    truncate: bool | None = None
+    truncation_side: Side = "right"
+    prompt_name: str | None = None
+    dimensions: Dimensions | None = None
 
 
 class TokenizeRequest(_Request):

@@ -132,10 +132,11 @@ class InputEncoder:
 
     # ---- token ids ----
 
-    async def check_ids(self, seqs: list[list[int]], *, truncate: bool, side: str) -> list[list[int]]:
-        return await self._run(self._check_ids, seqs, truncate, side, size=_size(seqs, self.inline_chars))
+    async def check_ids(self, seqs: list[list[int]], *, truncate: bool, side: str,
+                        param: str = "input") -> list[list[int]]:
+        return await self._run(self._check_ids, seqs, truncate, side, param, size=_size(seqs, self.inline_chars))
 
-    def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str) -> list[list[int]]:
+    def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str, param: str) -> list[list[int]]:
         vocab = self.tokenizer.vocab_size
         out = []
         for i, seq in enumerate(seqs):
@@ -146,11 +147,11 @@ class InputEncoder:
             except OverflowError:  # beyond int64: find it the slow way
                 j = next(k for k, t in enumerate(seq) if not 0 <= t < vocab)
             if j >= 0:
-                raise IvyError(Problem.INVALID_PARAMETER, f"input[{i}][{j}] is token id {seq[j]}, outside the "
-                               f"model's vocabulary (0..{vocab - 1})", param=f"input[{i}][{j}]", limit=vocab - 1)
+                raise IvyError(Problem.INVALID_PARAMETER, f"{param}[{i}][{j}] is token id {seq[j]}, outside the "
+                               f"model's vocabulary (0..{vocab - 1})", param=f"{param}[{i}][{j}]", limit=vocab - 1)
             if len(seq) > self.max_length:
                 if not truncate:
-                    raise too_long(f"input[{i}]", len(seq), self.max_length)
+                    raise too_long(f"{param}[{i}]", len(seq), self.max_length)
                 seq = seq[: self.max_length] if side == "right" else seq[-self.max_length:]
             out.append(seq)
         return out

@@ -179,3 +179,21 @@ def test_tokenize_counts_every_token_untruncated(client) -> None:
     huge = client.post("/tokenize", json={"prompt": "x" * (64 * 4096 + 1)})
     assert huge.status_code == 422 and huge.json()["error"]["param"] == "prompt"
     assert "at most 262144" in huge.json()["error"]["message"]
+
+
+def test_tei_embed_route_for_its_clients(client) -> None:
+    """text-embeddings-inference's /embed: `inputs` in, a bare list of normalized float lists out."""
+    texts = ["hello world", "good morning"]
+    ours = client.post("/v1/embeddings", json={"input": texts, "normalize": True}).json()
+    tei = client.post("/embed", json={"inputs": texts})
+    assert tei.status_code == 200 and isinstance(tei.json(), list)
+    np.testing.assert_allclose(tei.json(), [d["embedding"] for d in ours["data"]], atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(tei.json(), axis=1), 1.0, atol=1e-5)
+    one = client.post("/embed", json={"inputs": "hello world", "dimensions": 32}).json()
+    assert len(one) == 1 and len(one[0]) == 32
+    long = client.post("/embed", json={"inputs": ["word " * 400], "truncate": True, "truncation_direction": "Left"})
+    assert long.status_code == 200
+    bad = client.post("/embed", json={"inputs": ["a", ""]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "inputs[1]"
+    too_long = client.post("/embed", json={"inputs": ["word " * 400]})
+    assert too_long.status_code == 422 and too_long.json()["error"]["param"] == "inputs[0]"

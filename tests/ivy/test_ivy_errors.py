@@ -19,6 +19,7 @@ INFERENCE_ROUTES = {
     "/v1/score": {"text_1": "a", "text_2": ["b"]},
     "/v1/rerank": {"query": "a", "documents": ["b"]},
     "/tokenize": {"prompt": "hello"},
+    "/embed": {"inputs": "hello"},
 }
 
 
