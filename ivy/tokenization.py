@@ -66,6 +66,11 @@ class InputEncoder:
         self._observe = observe
         self.inline_chars = inline_chars
         self._prefix_ids, self._suffix_ids = self._special_layout()
+        # Ids the model can embed: below both the tokenizer's size and the embedding table's (Tulip checks
+        # config.json's vocab_size; Qwen3's table is larger than its tokenizer, some tokenizers add tokens
+        # past the table), so a request Ivy accepts is never refused by a replica for its ids.
+        table = spec.config.get("vocab_size") or spec.config.get("text_config", {}).get("vocab_size") or 0
+        self.vocab_limit = min(tokenizer.vocab_size, table) if table else tokenizer.vocab_size
         sep = spec.chunk_separator
         self._separator_ids = self._content_ids([sep])[0] if sep else []
 
@@ -137,7 +142,7 @@ class InputEncoder:
         return await self._run(self._check_ids, seqs, truncate, side, param, size=_size(seqs, self.inline_chars))
 
     def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str, param: str) -> list[list[int]]:
-        vocab = self.tokenizer.vocab_size
+        vocab = self.vocab_limit
         out = []
         for i, seq in enumerate(seqs):
             try:

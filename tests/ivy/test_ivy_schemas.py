@@ -75,3 +75,26 @@ def test_near_miss_field_names_are_422_unrelated_extras_ignored_peer_aliases_rea
     assert voyage.status_code == 200 and len(voyage.json()["results"]) == 2
     long = client.post("/v1/embeddings", json={"input": "word " * 400, "truncation": True, "normalized": True})
     assert long.status_code == 200 and long.json()["usage"]["prompt_tokens"] == 256
+
+
+def test_token_ids_must_fit_the_embedding_table_as_well_as_the_tokenizer(tmp_path) -> None:
+    """Ivy refuses what a replica would: ids past config.json's vocab_size even when the tokenizer is larger."""
+    import asyncio
+
+    import pytest
+
+    from ivy.errors import IvyError
+    from ivy.tokenization import InputEncoder
+    from ivy_testkit import model_copy
+    from rose.spec import load_spec
+    from rose.tokenizer import Tokenizer
+
+    spec = load_spec(model_copy(tmp_path, "small-table", config={"vocab_size": 1000}))
+    encoder = InputEncoder(spec, Tokenizer(spec), threads=1, char_cap=4096)
+    try:
+        assert asyncio.run(encoder.check_ids([[5, 999]], truncate=False, side="right")) == [[5, 999]]
+        with pytest.raises(IvyError) as err:
+            asyncio.run(encoder.check_ids([[5, 1000]], truncate=False, side="right"))
+        assert err.value.param == "input[0][1]" and "0..999" in err.value.message
+    finally:
+        encoder.close()
