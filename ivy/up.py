@@ -136,7 +136,8 @@ def visible_gpus(spec: str) -> list[str | None]:
 
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as probe:
-        try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Tulip's metrics server binds:
+        try:  # a port in TIME_WAIT from an earlier run is free to it
             probe.bind((host or "0.0.0.0", port))
         except OSError:
             return False
