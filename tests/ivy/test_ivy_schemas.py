@@ -3,7 +3,8 @@
 import pytest
 
 from ivy.errors import IvyError, Problem, field_path
-from ivy.schemas import EmbeddingsRequest, parse_documents_of_chunks, parse_inputs, parse_texts
+from ivy.inputs import parse_documents_of_chunks, parse_inputs, parse_texts
+from ivy.schemas import EmbeddingsRequest
 
 
 def test_input_shapes() -> None:

@@ -1,0 +1,142 @@
+"""Input parsing for the request schemas (ivy.schemas): `input`-like fields are parsed by hand so that
+errors name the exact element (`input[3]`) and the limit, and empty inputs get 400 as RELIABILITY.md asks;
+the parsers raise IvyError, which pydantic lets through untouched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PlainValidator, WithJsonSchema
+
+from ivy.errors import IvyError, Problem
+
+EncodingFormat = Literal["float", "base64", "base64_int8", "base64_binary"]
+InputType = Literal["query", "document", "search_query", "search_document", "passage"]
+Side = Literal["right", "left"]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A parsed `input`: either texts, or token id sequences (never both)."""
+
+    texts: list[str] | None = None
+    ids: list[list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts if self.texts is not None else self.ids or [])
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _empty(param: str) -> IvyError:
+    return IvyError(Problem.EMPTY_INPUT, f"{param} must not be empty", param=param)
+
+
+def _wrong(param: str, expected: str) -> IvyError:
+    return IvyError(Problem.INVALID_PARAMETER, f"{param}: expected {expected}", param=param)
+
+
+def parse_inputs(value: Any, name: str = "input") -> Inputs:
+    """OpenAI's `input` (TEI's `inputs`, named by `name`): a string, a list of strings, a list of token ids,
+    or a list of token id lists."""
+    if isinstance(value, str):
+        if not value:
+            raise _empty(name)
+        return Inputs(texts=[value])
+    if not isinstance(value, list):
+        raise _wrong(name, "a string, a list of strings, a list of token ids or a list of token id lists")
+    if not value:
+        raise _empty(name)
+    first = value[0]
+    if isinstance(first, str):
+        for i, v in enumerate(value):
+            if not isinstance(v, str):
+                raise _wrong(f"{name}[{i}]", "a string like the other inputs")
+            if not v:
+                raise _empty(f"{name}[{i}]")
+        return Inputs(texts=value)
+    if _is_int(first):
+        for i, v in enumerate(value):
+            if not _is_int(v):
+                raise _wrong(f"{name}[{i}]", "a token id (integer) like the other elements")
+        return Inputs(ids=[value])
+    if isinstance(first, list):
+        for i, seq in enumerate(value):
+            if not isinstance(seq, list):
+                raise _wrong(f"{name}[{i}]", "a list of token ids like the other inputs")
+            if not seq:
+                raise _empty(f"{name}[{i}]")
+            for j, v in enumerate(seq):
+                if not _is_int(v):
+                    raise _wrong(f"{name}[{i}][{j}]", "a token id (integer)")
+        return Inputs(ids=value)
+    raise _wrong(f"{name}[0]", "a string, a token id or a list of token ids")
+
+
+def parse_documents_of_chunks(value: Any) -> list[list[str]]:
+    """Perplexity's `input`: a list of documents, each a non-empty list of non-empty chunk strings."""
+    if not isinstance(value, list):
+        raise _wrong("input", "a list of documents, each a list of chunk strings")
+    if not value:
+        raise _empty("input")
+    for i, doc in enumerate(value):
+        if not isinstance(doc, list):
+            raise _wrong(f"input[{i}]", "a list of chunk strings")
+        if not doc:
+            raise _empty(f"input[{i}]")
+        for j, chunk in enumerate(doc):
+            if not isinstance(chunk, str):
+                raise _wrong(f"input[{i}][{j}]", "a string")
+            if not chunk:
+                raise _empty(f"input[{i}][{j}]")
+    return value
+
+
+def parse_texts(value: Any, name: str) -> list[str]:
+    """A string or a non-empty list of non-empty strings; rerank documents may be {"text": ...} objects."""
+    if isinstance(value, str):
+        if not value:
+            raise _empty(name)
+        return [value]
+    if not isinstance(value, list):
+        raise _wrong(name, "a string or a list of strings")
+    if not value:
+        raise _empty(name)
+    out = []
+    for i, v in enumerate(value):
+        if isinstance(v, dict) and "text" in v:
+            v = v["text"]
+            if not isinstance(v, str):
+                raise _wrong(f"{name}[{i}].text", "a string")
+        if not isinstance(v, str):
+            raise _wrong(f"{name}[{i}]", 'a string or an object {"text": string}')
+        if not v:
+            raise _empty(f"{name}[{i}]")
+        out.append(v)
+    return out
+
+
+def _query(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _wrong("query", "a string")
+    if not value:
+        raise _empty("query")
+    return value
+
+
+_ID_LISTS = {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}
+EmbeddingInput = Annotated[Inputs, PlainValidator(parse_inputs), WithJsonSchema({"anyOf": [
+    {"type": "string"}, {"type": "array", "items": {"type": "string"}},
+    {"type": "array", "items": {"type": "integer"}}, _ID_LISTS]})]
+DocumentsOfChunks = Annotated[list[list[str]], PlainValidator(parse_documents_of_chunks), WithJsonSchema(
+    {"type": "array", "items": {"type": "array", "items": {"type": "string", "minLength": 1}}})]
+TextOrTexts = Annotated[list[str], WithJsonSchema(
+    {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})]
+RerankDocuments = Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "documents")), WithJsonSchema(
+    {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object", "properties": {
+        "text": {"type": "string"}}, "required": ["text"]}]}})]
+Query = Annotated[str, PlainValidator(_query), WithJsonSchema({"type": "string", "minLength": 1})]
+Dimensions = Annotated[int, Field(ge=1, description="Matryoshka: keep the first N dimensions, then re-normalize.")]
