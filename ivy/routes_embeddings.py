@@ -30,36 +30,41 @@ async def create_embeddings(request: Request) -> Response:
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
         rows, tokens = await _embed_inputs(request, body.input, deadline, route="/v1/embeddings", param="input",
                                            fmt=fmt, truncate=body.truncate, side=body.truncation_side,
-                                           prompt=gw.encoder.prompt_for(body.input_type, body.prompt_name),
+                                           prompt=(body.input_type, body.prompt_name),
                                            dimensions=body.dimensions, normalize=body.normalize)
         data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt)} for i in range(len(rows))]
         return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})
 
 
 @router.post("/embed", openapi_extra=request_body(TeiEmbedRequest))
+@router.post("/", openapi_extra=request_body(TeiEmbedRequest), include_in_schema=False)
 async def tei_embed(request: Request) -> Response:
     """text-embeddings-inference's /embed, for its clients: `inputs` in, a bare list of float lists out
-    (normalized unless `normalize: false`); errors keep the OpenAI shape of every other route."""
+    (normalized unless `normalize: false`); errors keep the OpenAI shape of every other route. Also at
+    POST / as TEI serves it (huggingface_hub's feature_extraction posts to the base URL)."""
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, TeiEmbedRequest)
     with gw.admit():
-        prompt = gw.encoder.prompt_for(None, body.prompt_name)
         rows, _ = await _embed_inputs(request, body.inputs, deadline, route="/embed", param="inputs", fmt="float",
-                                      truncate=body.truncate, side=body.truncation_side, prompt=prompt,
-                                      dimensions=body.dimensions, normalize=body.normalize)
+                                      truncate=body.truncate, side=body.truncation_side,
+                                      prompt=(None, body.prompt_name), dimensions=body.dimensions,
+                                      normalize=body.normalize)
         return json_response(rows)
 
 
 async def _embed_inputs(request: Request, inputs, deadline: float, *, route: str, param: str, fmt: str,
-                        truncate: bool | None, side: str, prompt: str, dimensions: int | None, normalize: bool | None):
-    """Texts or token ids -> (rows in `fmt`'s wire encoding, tokens sent): limits, tokenizing, replicas."""
+                        truncate: bool | None, side: str, prompt: tuple[str | None, str | None],
+                        dimensions: int | None, normalize: bool | None):
+    """Texts or token ids -> (rows in `fmt`'s wire encoding, tokens sent): limits, templating (texts only:
+    `prompt` is (input_type, prompt_name)), tokenizing, replicas."""
     gw = gateway_of(request)
     gw.check_count(len(inputs), gw.config.max_inputs_per_request, param)
     dims = gw.check_dimensions(dimensions)
     truncate = gw.config.truncate if truncate is None else truncate
     if inputs.texts is not None:
-        seqs = await gw.encoder.encode_texts(inputs.texts, truncate=truncate, side=side, prompt=prompt, param=param)
+        seqs = await gw.encoder.encode_texts(inputs.texts, truncate=truncate, side=side,
+                                             prompt=gw.encoder.prompt_for(*prompt), param=param)
     else:
         seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param)
     rows = await unless_disconnected(request, gw.embed(

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchem
 from ivy.inputs import (_ID_LISTS, Dimensions, DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType,
                         Query, RerankDocuments, Side, TextOrTexts, parse_inputs, parse_texts)
 
-_SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize"}
+_SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
+                 "output_dimension": "dimensions", "truncate_dim": "dimensions"}  # Voyage/Cohere v2, sentence-transformers
 PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING})
 
 

@@ -135,10 +135,15 @@ def visible_gpus(spec: str) -> list[str | None]:
 
 
 def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
+    host = (host or "0.0.0.0").strip("[]")
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return True  # cannot tell: let Tulip try, and report its own error
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Tulip's metrics server binds:
         try:  # a port in TIME_WAIT from an earlier run is free to it
-            probe.bind((host or "0.0.0.0", port))
+            probe.bind(address)
         except OSError:
             return False
     return True

@@ -73,7 +73,7 @@ def vocab_size(engine: Any, folder: str) -> int:
         config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
         return 0
-    size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 0
     return int(size)
 
 

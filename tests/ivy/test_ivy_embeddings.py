@@ -193,6 +193,8 @@ def test_tei_embed_route_for_its_clients(client) -> None:
     assert len(one) == 1 and len(one[0]) == 32
     long = client.post("/embed", json={"inputs": ["word " * 400], "truncate": True, "truncation_direction": "Left"})
     assert long.status_code == 200
+    root = client.post("/", json={"inputs": texts})  # huggingface_hub's feature_extraction posts to the base URL
+    np.testing.assert_allclose(root.json(), tei.json(), atol=1e-6)
     bad = client.post("/embed", json={"inputs": ["a", ""]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "inputs[1]"
     too_long = client.post("/embed", json={"inputs": ["word " * 400]})

@@ -99,3 +99,27 @@ def test_token_ids_must_fit_the_embedding_table_as_well_as_the_tokenizer(tmp_pat
         assert err.value.param == "input[0][1]" and "0..999" in err.value.message
     finally:
         encoder.close()
+
+
+def test_misspelling_check_is_bounded_and_other_vendors_dimension_names_are_read(client, monkeypatch) -> None:
+    import difflib
+
+    import ivy.body
+
+    calls = []
+    real = difflib.get_close_matches
+    monkeypatch.setattr(ivy.body.difflib, "get_close_matches", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    flood = {f"k{i:06d}_xx": 1 for i in range(20000)}  # a body of unknown keys: ignored, with bounded work
+    r = client.post("/v1/embeddings", json={"input": "a", **flood})
+    assert r.status_code == 200 and len(calls) <= 16
+    for name in ("output_dimension", "truncate_dim"):  # Voyage / Cohere v2, sentence-transformers
+        got = client.post("/v1/embeddings", json={"input": "a", name: 16})
+        assert got.status_code == 200 and len(got.json()["data"][0]["embedding"]) == 16, name
+
+
+def test_prompt_name_applies_to_texts_only_and_limits_are_checked_first(client) -> None:
+    ids = client.post("/v1/embeddings", json={"input": [[101, 7592, 102]], "prompt_name": "nope"})
+    assert ids.status_code == 200  # no templating for token ids, as before
+    both = client.post("/v1/embeddings", json={"input": "a", "dimensions": 9999, "prompt_name": "nope"})
+    assert both.status_code == 422 and both.json()["error"]["param"] == "dimensions"
+
