@@ -36,17 +36,21 @@ for m in ${MODELS:-qwen3-0.6b minilm-l6}; do
   done
 done
 if [ "${OVERHEAD:-1}" = 1 ]; then  # the stack with a zero-cost engine: its own share on this host
-  for w in 1 4; do  # one gateway worker, then four: does Ivy scale with workers on a host with spare cores?
+  # 128 tokens, one worker: the stack's own share for the 1.5 ms target. Then 512-token texts (~3000
+  # characters: tokenized in the gateway's thread pool) with 1 and 4 workers: issue 6's "throughput scales
+  # with workers on the tokenization-heavy path", on a host with spare cores.
+  for run in "1 128" "1 512" "4 512"; do
+    set -- $run
     timeout 150 python3 -m benchmarks.overhead --model /tmp/m/minilm-l6 --repeat 3 --requests 500 --duration-s 2 \
-      --ivy-workers $w --json /tmp/overhead_w$w.json 2>&1 | tail -7 | tee -a /tmp/bench_overhead.err
+      --ivy-workers $1 --tokens $2 --json /tmp/overhead_w$1_t$2.json 2>&1 | tail -7 | tee -a /tmp/bench_overhead.err
   done
 fi
 python3 - <<PY || true  # one file (at most 8 come back): the overhead runs and the in-process replays
 import json, os
 out = {}
-for w in (1, 4):
-    if os.path.exists(f"/tmp/overhead_w{w}.json"):
-        out[f"overhead_workers_{w}"] = json.load(open(f"/tmp/overhead_w{w}.json"))
+for w, t in ((1, 128), (1, 512), (4, 512)):
+    if os.path.exists(f"/tmp/overhead_w{w}_t{t}.json"):
+        out[f"overhead_workers_{w}_tokens_{t}"] = json.load(open(f"/tmp/overhead_w{w}_t{t}.json"))
 for m in "${MODELS:-qwen3-0.6b minilm-l6}".split():
     if os.path.exists(f"/tmp/inprocess_{m}.json"):
         out[f"inprocess_{m}"] = json.load(open(f"/tmp/inprocess_{m}.json"))
