@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ivy import metrics
-from ivy.encode import decode_rows
+from ivy.encode import checked_rows, embed_request
 from ivy.errors import IvyError, Problem
 from protos import embed_pb2
 from rose.head import Encoding
@@ -111,9 +111,7 @@ class Coalescer:
         try:  # everything inside: a failure anywhere must reach every member, never leave one waiting
             metrics.COALESCED.observe(len(members))
             response = await self._call(self._request(group, seqs), group.tokens, max(m.deadline for m in members))
-            rows = decode_rows(response)
-            if rows.shape[0] != len(seqs):
-                raise IvyError(Problem.BACKEND_ERROR, f"a replica returned {rows.shape[0]} rows for {len(seqs)}")
+            rows = checked_rows(response, len(seqs))
         except IvyError as exc:
             if exc.problem is Problem.INVALID_PARAMETER and len(members) > 1:
                 await self._one_by_one(group)  # one member's input: the others must not get its error
@@ -143,13 +141,8 @@ class Coalescer:
             if len(rid) + len(m.request_id) + 1 > 256:
                 break
             rid = f"{rid},{m.request_id}" if rid else m.request_id
-        request = embed_pb2.EmbedRequest(
-            token_ids=np.fromiter((t for s in seqs for t in s), dtype="<i4", count=group.tokens).tobytes(),
-            seq_lens=np.fromiter((len(s) for s in seqs), dtype="<i4", count=len(seqs)).tobytes(),
-            dimensions=dimensions, encoding=encoding, request_id=rid)
-        if normalize is not None:
-            request.normalize = normalize
-        return request
+        return embed_request(seqs, group.tokens, dimensions=dimensions, normalize=normalize, encoding=encoding,
+                             request_id=rid)
 
     async def _one_by_one(self, group: _Group) -> None:
         """The replica rejected the shared call's input: send each member alone, so each gets its own answer."""

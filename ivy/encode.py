@@ -9,10 +9,13 @@ first (Perplexity's layout). Tulip already applied Matryoshka truncation, normal
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
 
+from ivy.errors import IvyError, Problem
 from protos import embed_pb2
 from rose.head import Encoding
 
@@ -45,6 +48,31 @@ def decode_rows(response: embed_pb2.EmbedResponse) -> np.ndarray:
     if arr.size != rows * width:
         raise ValueError(f"replica sent {arr.size} values for {rows} rows of width {width}")
     return arr.reshape(rows, width)
+
+
+def embed_request(seqs: Sequence[Sequence[int]], tokens: int, *, dimensions: int, normalize: bool | None,
+                  encoding: Encoding | int, request_id: str,
+                  spans: Sequence[Sequence[tuple[int, int]]] | None = None) -> embed_pb2.EmbedRequest:
+    """One Embed call's request: `seqs` (holding `tokens` ids) packed little-endian int32, with optional
+    (sequence, start, end) span triples. chain.from_iterable flattens in C, not a Python loop per token."""
+    req = embed_pb2.EmbedRequest(
+        token_ids=np.fromiter(chain.from_iterable(seqs), dtype="<i4", count=tokens).tobytes(),
+        seq_lens=np.fromiter(map(len, seqs), dtype="<i4", count=len(seqs)).tobytes(),
+        dimensions=dimensions, encoding=int(encoding), request_id=request_id)
+    if normalize is not None:
+        req.normalize = normalize
+    if spans is not None:
+        triples = [(k, start, end) for k, doc in enumerate(spans) for start, end in doc]
+        req.spans = np.asarray(triples, dtype="<i4").reshape(-1).tobytes()
+    return req
+
+
+def checked_rows(response: embed_pb2.EmbedResponse, expected: int) -> np.ndarray:
+    """decode_rows, refusing an answer with another row count than the request asked for."""
+    rows = decode_rows(response)
+    if rows.shape[0] != expected:
+        raise IvyError(Problem.BACKEND_ERROR, f"a replica returned {rows.shape[0]} rows for {expected}")
+    return rows
 
 
 def row_value(row: np.ndarray, fmt: str) -> Any:

@@ -23,11 +23,10 @@ from ivy import metrics
 from ivy.body import M, read_model
 from ivy.coalesce import Coalescer
 from ivy.config import IvyConfig
-from ivy.encode import decode_rows
+from ivy.encode import checked_rows, embed_request
 from ivy.errors import IvyError, Problem
 from ivy.replicas import Expected, ReplicaPool
 from ivy.tokenization import InputEncoder
-from protos import embed_pb2
 from rose.head import Encoding
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
@@ -178,35 +177,16 @@ class Gateway:
                 and (self.coalescer.has_open_group() or self.pool.busy())):  # alone: straight out, no extra turn
             return await self.coalescer.embed(sequences, chunks[0].tokens, deadline=deadline, dimensions=dimensions,
                                               normalize=normalize, encoding=encoding, request_id=request_id)
-        requests = [self._chunk_request(sequences, spans, c, dimensions, normalize, encoding, request_id)
+        requests = [embed_request(sequences[c.first: c.first + c.count], c.tokens, dimensions=dimensions,
+                                  normalize=normalize, encoding=encoding, request_id=request_id,
+                                  spans=None if spans is None else spans[c.first: c.first + c.count])
                     for c in chunks]
         if len(chunks) == 1:
             results = [await self.pool.call(requests[0], chunks[0].tokens, deadline)]
         else:
             results = await _gather_or_fail(self.pool.call(r, c.tokens, deadline) for r, c in zip(requests, chunks))
-        parts = []
-        for c, response in zip(chunks, results):
-            rows = decode_rows(response)
-            if rows.shape[0] != c.rows:
-                raise IvyError(Problem.BACKEND_ERROR, f"a replica returned {rows.shape[0]} rows for {c.rows}")
-            parts.append(rows)
+        parts = [checked_rows(response, c.rows) for c, response in zip(chunks, results)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-
-    @staticmethod
-    def _chunk_request(sequences, spans, chunk: Chunk, dimensions: int, normalize: bool | None,
-                       encoding: Encoding, request_id: str) -> embed_pb2.EmbedRequest:
-        seqs = sequences[chunk.first: chunk.first + chunk.count]
-        ids = np.fromiter((t for s in seqs for t in s), dtype="<i4", count=chunk.tokens)
-        lens = np.fromiter((len(s) for s in seqs), dtype="<i4", count=chunk.count)
-        req = embed_pb2.EmbedRequest(token_ids=ids.tobytes(), seq_lens=lens.tobytes(), dimensions=dimensions,
-                                     encoding=int(encoding), request_id=request_id)
-        if normalize is not None:
-            req.normalize = normalize
-        if spans is not None:
-            triples = [(k, start, end) for k, doc in enumerate(spans[chunk.first: chunk.first + chunk.count])
-                       for start, end in doc]
-            req.spans = np.asarray(triples, dtype="<i4").reshape(-1).tobytes()
-        return req
 
 
 async def _gather_or_fail(coros) -> list:

@@ -21,7 +21,7 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 
 from ivy.errors import IvyError, Problem
-from rose.spec import ModelSpec
+from rose.spec import ModelSpec, config_vocab_size
 from rose.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -69,7 +69,7 @@ class InputEncoder:
         # Ids the model can embed: below both the tokenizer's size and the embedding table's (Tulip checks
         # config.json's vocab_size; Qwen3's table is larger than its tokenizer, some tokenizers add tokens
         # past the table), so a request Ivy accepts is never refused by a replica for its ids.
-        table = spec.config.get("vocab_size") or (spec.config.get("text_config") or {}).get("vocab_size") or 0
+        table = config_vocab_size(spec.config)
         self.vocab_limit = min(tokenizer.vocab_size, table) if table else tokenizer.vocab_size
         sep = spec.chunk_separator
         self._separator_ids = self._content_ids([sep])[0] if sep else []

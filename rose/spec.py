@@ -67,6 +67,12 @@ class EngineInfo:
     dtype: str
 
 
+def config_vocab_size(config: dict[str, Any]) -> int:
+    """Rows of the embedding table from config.json (top level, or a multimodal config's text_config); 0 when
+    unknown. Ids at or above it cannot be embedded: Tulip refuses them at the door and Ivy before sending."""
+    return int(config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 0)
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))

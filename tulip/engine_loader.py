@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rose.spec import config_vocab_size
 from tulip.config import TulipConfig
 
 log = logging.getLogger("tulip.engine")
@@ -73,8 +74,7 @@ def vocab_size(engine: Any, folder: str) -> int:
         config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
         return 0
-    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 0
-    return int(size)
+    return config_vocab_size(config)
 
 
 def build_engine(config: TulipConfig) -> tuple[Any, str]:

@@ -26,16 +26,14 @@ PIP_HINT = "pip install 'ivy-tulip-rose[fa4]' (the flash-attn-4 package)"
 
 def import_fa4():
     """flash_attn.cute.flash_attn_varlen_func, with its compile cache pointed at ROSE_KERNEL_CACHE_DIR."""
-    from rose.attention.kernels import use_kernel_cache
+    from rose.attention.kernels import import_kernel_package
 
-    use_kernel_cache()
-    try:
+    def load():
         from flash_attn.cute import flash_attn_varlen_func
-    except ImportError as exc:
-        raise AttentionBackendError(f"attention 'fa4' needs FlashAttention 4: {PIP_HINT} ({exc})") from None
-    except Exception as exc:  # noqa: BLE001 - a broken install (CUDA libraries, DSL) must not crash the factory
-        raise AttentionBackendError(f"flash-attn-4 is installed but does not import: {type(exc).__name__}: {exc}") from None
-    return flash_attn_varlen_func
+
+        return flash_attn_varlen_func
+
+    return import_kernel_package(load, "fa4", "FlashAttention 4", PIP_HINT)
 
 
 def check_supported(device: torch.device, dtype: torch.dtype, shape: AttentionShape | None) -> None:

@@ -42,16 +42,14 @@ PIP_HINT = "pip install 'ivy-tulip-rose[flashinfer]' (the flashinfer-python pack
 
 def import_flashinfer():
     """The flashinfer module, with its JIT cache pointed at ROSE_KERNEL_CACHE_DIR when that is set."""
-    from rose.attention.kernels import use_kernel_cache
+    from rose.attention.kernels import import_kernel_package
 
-    use_kernel_cache()
-    try:
+    def load():
         import flashinfer
-    except ImportError as exc:
-        raise AttentionBackendError(f"attention 'flashinfer' needs FlashInfer: {PIP_HINT} ({exc})") from None
-    except Exception as exc:  # noqa: BLE001 - a broken install (CUDA libraries, ABI) must not crash the factory
-        raise AttentionBackendError(f"FlashInfer is installed but does not import: {type(exc).__name__}: {exc}") from None
-    return flashinfer
+
+        return flashinfer
+
+    return import_kernel_package(load, "flashinfer", "FlashInfer", PIP_HINT)
 
 
 def check_supported(variant: str, device: torch.device, dtype: torch.dtype, shape: AttentionShape) -> None:

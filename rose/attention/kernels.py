@@ -17,7 +17,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,6 +49,21 @@ def use_kernel_cache(cache_dir: str | Path | None = None) -> Path | None:
             log.warning("%s was imported before the kernel cache was set; it keeps its old cache dir", module)
     os.environ.setdefault(CACHE_ENV, str(root))
     return root
+
+
+def import_kernel_package(importer: Callable[[], Any], needs: str, package: str, pip_hint: str) -> Any:
+    """importer() with the kernel cache pointed at ROSE_KERNEL_CACHE_DIR first. A missing package is an
+    AttentionBackendError naming the pip extra; a broken install (CUDA libraries, ABI, DSL) one too, never a
+    crash of the backend factory."""
+    from rose.attention.base import AttentionBackendError
+
+    use_kernel_cache()
+    try:
+        return importer()
+    except ImportError as exc:
+        raise AttentionBackendError(f"attention '{needs}' needs {package}: {pip_hint} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        raise AttentionBackendError(f"{package} is installed but does not import: {type(exc).__name__}: {exc}") from None
 
 
 def build_kernels(shape: AttentionShape, backends=JIT_BACKENDS, device: torch.device | None = None,
