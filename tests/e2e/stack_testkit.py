@@ -76,6 +76,26 @@ def ivy(*args: str, env: dict[str, str] | None = None) -> Proc:
     return Proc([sys.executable, "-m", "ivy", *args], env)
 
 
+def ivy_up(*args: str, env: dict[str, str] | None = None, attempts: int = 3) -> tuple[Proc, int]:
+    """`ivy up` on free ports, once it says it is ready; (process, HTTP port). Started again on new ports
+    when a port free_port() picked was taken before the server bound it (it closes its probe first, and
+    another process may take the port in between: a bind error, not a failure of the stack)."""
+    for attempt in range(attempts):
+        port = free_port()
+        proc = ivy("up", "--port", str(port), "--tulip-port", str(free_port()), "--tulip-metrics-port",
+                   str(free_port()), *args, env=env)
+        try:
+            proc.wait_for(lambda: any("Ivy is ready at" in line for line in proc.out), "ivy up ready")
+            return proc, port
+        except AssertionError:
+            output = proc.output().lower()
+            proc.stop()
+            lost_a_port = "address already in use" in output or "failed to bind" in output
+            if not lost_a_port or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def tulip(port: int, env: dict[str, str] | None = None) -> Proc:
     return Proc([sys.executable, "-m", "tulip", "serve", "--port", str(port)], env)
 

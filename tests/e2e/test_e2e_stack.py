@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from rose.spec import bundled_model_dir
-from stack_testkit import free_port, http_status, ivy
+from stack_testkit import free_port, http_status, ivy, ivy_up
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +34,10 @@ STACK_OUT: list[str] = []  # `ivy up`'s stdout once ready
 
 @pytest.fixture(scope="module")
 def stack():
-    port, tulip_port, metrics_port = free_port(), free_port(), free_port()
-    proc = ivy("up", "--port", str(port), "--tulip-port", str(tulip_port), "--tulip-metrics-port", str(metrics_port))
+    proc, port = ivy_up()
     try:
-        proc.wait_for(lambda: any("Ivy is ready at" in line for line in proc.out), "ivy up ready")
         assert any("curl" in line for line in proc.out)
+        metrics_port = proc.argv[proc.argv.index("--tulip-metrics-port") + 1]
         assert any(f"http://127.0.0.1:{metrics_port}/metrics" in line for line in proc.out)  # the banner names it
         STACK_OUT[:] = list(proc.out)
         yield f"http://127.0.0.1:{port}"

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from stack_testkit import Proc, free_port, ivy
+from stack_testkit import Proc, free_port, ivy, ivy_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")]
 
@@ -51,11 +51,7 @@ def _wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
 
 
 def _start(env: dict[str, str] | None = None):
-    port = free_port()
-    proc = ivy("up", "--port", str(port), "--tulip-port", str(free_port()), "--gpus", "none",
-               "--tulip-metrics-port", str(free_port()), env=env)
-    proc.wait_for(lambda: any("Ivy is ready at" in line for line in proc.out), "ivy up ready")
-    return proc, port
+    return ivy_up("--gpus", "none", env=env)
 
 
 def test_tulip_served_model_name_is_used_by_both_and_sighup_stops_the_stack() -> None:
