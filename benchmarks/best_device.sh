@@ -37,7 +37,7 @@ profile)
   grep "^==\|^  build\|profile ->\|rror" "$OUT/attention_causal.log" | cut -c1-160
   cp -r "$PROFILES"/*-causal "$OUT/" 2>/dev/null
   echo "== breakdown ($(elapsed) s)"
-  timeout $(( 560 - $(elapsed) )) python3 -m benchmarks.rose_breakdown --out "$OUT" \
+  timeout $(( ${BUDGET:-560} - $(elapsed) )) python3 -m benchmarks.rose_breakdown --out "$OUT" \
     > "$OUT/breakdown.log" 2>&1
   tail -8 "$OUT/breakdown.log"
   [ -f "$OUT/attention_backends_causal.json" ] \

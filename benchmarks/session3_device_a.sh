@@ -13,4 +13,4 @@ timeout 200 python3 -m pytest -q -m gpu tests/rose -p no:cacheprovider -rs > $OU
 echo "gpu tests rc=$? in $(( $(date +%s) - t0 )) s"; tail -4 $OUT/gpu_tests.log
 python3 tests/rose/gpu_report.py --out $OUT/rose_gpu_parity.md --commit "${GIT_COMMIT:-?}" > /dev/null 2>&1
 tail -2 $OUT/rose_gpu_parity.md
-STEP=profile bash benchmarks/best_device.sh
+BUDGET=$(( 570 - ($(date +%s) - t0) )) STEP=profile bash benchmarks/best_device.sh
