@@ -71,7 +71,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
     token's position. Returns contiguous q [T, Hq, D] and k [T, Hkv, D]."""
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-    if not _use_triton(qkv):
+    if not _use_triton(qkv) or head_dim & (head_dim - 1):
         q = _rms_torch(qkv[:, :q_size].reshape(t, num_heads, head_dim), q_weight, eps)
         k = _rms_torch(qkv[:, q_size:q_size + kv_size].reshape(t, num_kv_heads, head_dim), k_weight, eps)
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
@@ -80,10 +80,32 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
     q = torch.empty(t, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(t, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    _qk_norm_rope_kernel[(t, num_heads + num_kv_heads)](
-        qkv, q, k, q_weight, k_weight, positions, inv_freq, qkv.stride(0), num_heads, num_kv_heads, eps,
-        HALF=head_dim // 2)
+    launch_qk_norm_rope(qkv, q, k, q_weight, k_weight, positions, inv_freq, eps)
     return q, k
+
+
+def qk_block_tokens(tokens: int, num_heads: int) -> int:
+    """Tokens per program of the QK-norm+RoPE kernel: the most (up to 8, and up to 128 q heads' rows)
+    that still leave ~2 programs per SM of the H200's 132, so small batches spread over the chip."""
+    block = 8
+    while block > 1 and (block * num_heads > 128 or -(-tokens // block) < 264):
+        block //= 2
+    return block
+
+
+def launch_qk_norm_rope(qkv, q, k, q_weight, k_weight, positions, inv_freq, eps: float,
+                        block_tokens: int | None = None) -> None:
+    """One program per block of tokens and per q-or-k: each normalizes and rotates every head of its
+    tokens ([tokens, heads, head_dim] tiles), computing each token's cos/sin once, not once per head."""
+    t, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    block_t = block_tokens or qk_block_tokens(t, num_heads)
+    block_hq, block_hk = triton.next_power_of_2(num_heads), triton.next_power_of_2(num_kv_heads)
+    elements = block_t * block_hq * head_dim
+    _qk_norm_rope_kernel[(triton.cdiv(t, block_t), 2)](
+        qkv, q, k, q_weight, k_weight, positions, inv_freq, qkv.stride(0), t, num_heads, num_kv_heads, eps,
+        HALF=head_dim // 2, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk,
+        num_warps=4 if elements <= 4096 else 8)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -129,32 +151,41 @@ if triton is not None:
         tl.store(out_ptr + row * stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, inv_freq_ptr, stride,
-                             num_heads, num_kv_heads, eps, HALF: tl.constexpr):
-        t = tl.program_id(0).to(tl.int64)
-        head = tl.program_id(1)
+    def _norm_rope_heads(qkv_ptr, dst_ptr, w_ptr, pos_ptr, inv_freq_ptr, stride, tokens, col0, heads, eps,
+                         HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+        tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        tok_ok = tok < tokens
+        tok64 = tok.to(tl.int64)
+        h = tl.arange(0, BLOCK_H)
         j = tl.arange(0, HALF)
-        src = qkv_ptr + t * stride + head * (2 * HALF)
-        x1 = tl.load(src + j).to(tl.float32)
-        x2 = tl.load(src + HALF + j).to(tl.float32)
-        is_q = head < num_heads
-        w1 = tl.where(is_q, tl.load(qw_ptr + j), tl.load(kw_ptr + j)).to(tl.float32)
-        w2 = tl.where(is_q, tl.load(qw_ptr + HALF + j), tl.load(kw_ptr + HALF + j)).to(tl.float32)
-        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
-        dt = q_ptr.dtype.element_ty
+        mask = tok_ok[:, None, None] & (h < heads)[None, :, None] & (j < HALF)[None, None, :]
+        src = qkv_ptr + tok64[:, None, None] * stride + col0 + h[None, :, None] * (2 * HALF) + j[None, None, :]
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=2) + tl.sum(x2 * x2, axis=2)) / (2 * HALF) + eps)[:, :, None]
+        dt = dst_ptr.dtype.element_ty
+        w1 = tl.load(w_ptr + j).to(tl.float32)[None, None, :]
+        w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, None, :]
         n1 = ((x1 * rstd).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
         n2 = ((x2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
-        freq = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_freq_ptr + j)
-        c = tl.cos(freq).to(dt).to(tl.float32)
-        s = tl.sin(freq).to(dt).to(tl.float32)
-        o1 = n1 * c - n2 * s
-        o2 = n2 * c + n1 * s
-        if is_q:
-            dst = q_ptr + (t * num_heads + head) * (2 * HALF)
+        pos = tl.load(pos_ptr + tok, mask=tok_ok, other=0).to(tl.float32)
+        freq = pos[:, None] * tl.load(inv_freq_ptr + j)[None, :]
+        c = tl.cos(freq).to(dt).to(tl.float32)[:, None, :]
+        s = tl.sin(freq).to(dt).to(tl.float32)[:, None, :]
+        dst = dst_ptr + (tok64[:, None, None] * heads + h[None, :, None]) * (2 * HALF) + j[None, None, :]
+        tl.store(dst, (n1 * c - n2 * s).to(dt), mask=mask)
+        tl.store(dst + HALF, (n2 * c + n1 * s).to(dt), mask=mask)
+
+    @triton.jit
+    def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, inv_freq_ptr, stride, tokens,
+                             num_heads, num_kv_heads, eps, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
+                             BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr):
+        if tl.program_id(1) == 0:
+            _norm_rope_heads(qkv_ptr, q_ptr, qw_ptr, pos_ptr, inv_freq_ptr, stride, tokens, 0, num_heads, eps,
+                             HALF, BLOCK_T, BLOCK_HQ)
         else:
-            dst = k_ptr + (t * num_kv_heads + (head - num_heads)) * (2 * HALF)
-        tl.store(dst + j, o1.to(dt))
-        tl.store(dst + HALF + j, o2.to(dt))
+            _norm_rope_heads(qkv_ptr, k_ptr, kw_ptr, pos_ptr, inv_freq_ptr, stride, tokens, num_heads * 2 * HALF,
+                             num_kv_heads, eps, HALF, BLOCK_T, BLOCK_HK)
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, out_ptr, inner, stride, BLOCK: tl.constexpr):

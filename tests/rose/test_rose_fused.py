@@ -39,9 +39,9 @@ def test_add_rms_norm(tokens, hidden, monkeypatch):
     _close(fast, ref)
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (4, 2, 16), (32, 8, 128)])
-def test_qk_norm_rope(heads, kv_heads, head_dim, monkeypatch):
-    tokens = 77
+@pytest.mark.parametrize("heads,kv_heads,head_dim,tokens", [(16, 8, 128, 77), (4, 2, 16, 77), (32, 8, 128, 77),
+                                                          (16, 8, 128, 1), (16, 8, 128, 4099), (12, 3, 64, 530)])
+def test_qk_norm_rope(heads, kv_heads, head_dim, tokens, monkeypatch):
     g = torch.Generator("cuda").manual_seed(heads)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda", generator=g).bfloat16()
     qw = (1 + 0.1 * torch.randn(head_dim, device="cuda", generator=g)).bfloat16()
@@ -53,6 +53,25 @@ def test_qk_norm_rope(heads, kv_heads, head_dim, monkeypatch):
     assert q.shape == (tokens, heads, head_dim) and k.shape == (tokens, kv_heads, head_dim)
     _close(q, q_ref)
     _close(k, k_ref)
+
+
+def test_qk_norm_rope_block_sizes_agree():
+    """Every tokens-per-program choice (and the tail of a partial block) gives the same bits."""
+    heads, kv_heads, head_dim, tokens = 16, 8, 128, 1001
+    g = torch.Generator("cuda").manual_seed(7)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda", generator=g).bfloat16()
+    qw, kw = torch.rand(head_dim, device="cuda", generator=g).bfloat16(), torch.rand(head_dim, device="cuda").bfloat16()
+    pos = torch.arange(tokens, device="cuda")
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device="cuda", dtype=torch.float32) / head_dim))
+    outs = []
+    for block in (1, 2, 4, 8):
+        q = torch.full((tokens, heads, head_dim), float("nan"), dtype=qkv.dtype, device="cuda")
+        k = torch.full((tokens, kv_heads, head_dim), float("nan"), dtype=qkv.dtype, device="cuda")
+        fused.launch_qk_norm_rope(qkv, q, k, qw, kw, pos, inv_freq, 1e-6, block_tokens=block)
+        assert torch.isfinite(q).all() and torch.isfinite(k).all(), f"rows left unwritten at block {block}"
+        outs.append((q, k))
+    for q, k in outs[1:]:
+        assert torch.equal(q, outs[0][0]) and torch.equal(k, outs[0][1])
 
 
 def test_silu_mul(monkeypatch):
