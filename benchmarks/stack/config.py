@@ -50,6 +50,9 @@ class BenchConfig:
     doc_sigma: float = _f(0.8, "lognormal sigma of document tokens")
     doc_min_tokens: int = _f(16, "shortest document in tokens (clip)")
     doc_max_tokens: int = _f(512, "longest document in tokens (clip; also clipped to the server max length)")
+    server_metrics: str | None = _f(None, "Prometheus /metrics URL(s) of the server's replicas, comma-separated "
+                                          "(Tulip's: the URLs `ivy up` prints): each record gets the engine's "
+                                          "eager runs, captures and batches during its measurement")
     dump_inputs: bool = _f(False, "also write the exact request texts to <stem>_inputs.json (to replay in-process)")
 
     def suites(self) -> tuple[str, ...]:

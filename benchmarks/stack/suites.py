@@ -22,6 +22,7 @@ from benchmarks.stack.config import BenchConfig
 from benchmarks.stack.corpus import DocumentMaker, lognormal_lengths
 from benchmarks.stack.load import Budget, ClientSpec, Progress, Request, run_clients, run_loop, warm_up
 from benchmarks.stack.report import CostBasis, summarize
+from benchmarks.stack.server_counters import delta, describe, scrape
 
 
 @dataclass
@@ -36,6 +37,17 @@ class SuiteContext:
     cost: CostBasis
     skipped: list[dict[str, Any]] = field(default_factory=list)
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def server_counters(self) -> dict[str, float] | None:
+        """The server's counters now (--server-metrics), or None when not asked for or unreachable."""
+        urls = [u.strip() for u in (self.config.server_metrics or "").split(",") if u.strip()]
+        if not urls:
+            return None
+        try:
+            return scrape(urls)
+        except (OSError, ValueError) as exc:
+            print(f"  server metrics unreadable ({type(exc).__name__}: {exc}); records go without", file=sys.stderr)
+            return None
 
     def rng(self, *key: object) -> random.Random:
         return random.Random(":".join(map(str, (self.config.seed, *key))))  # str seeds are stable
@@ -79,8 +91,17 @@ def _as_json(requests: list[Any]) -> list[Any]:
 
 
 def _summary_line(record: dict[str, Any]) -> str:
+    server = describe(record["server"]) if record.get("server") else ""
     return (f"p50 {record['p50_ms']:.2f} ms  p95 {record['p95_ms']:.2f}  p99 {record['p99_ms']:.2f}  "
-            f"{record['rps']:.1f} req/s  {record['tokens_per_s']:.0f} tok/s  errors {record['errors']}")
+            f"{record['rps']:.1f} req/s  {record['tokens_per_s']:.0f} tok/s  errors {record['errors']}"
+            + (f"  | server: {server}" if server else ""))
+
+
+def _with_server(ctx: SuiteContext, before: dict[str, float] | None, record: dict[str, Any]) -> dict[str, Any]:
+    after = ctx.server_counters() if before is not None else None
+    if before is not None and after is not None:
+        record["server"] = delta(before, after)
+    return record
 
 
 def _measure_here(ctx: SuiteContext, suite: str, param: int, requests: list[Request],
@@ -95,16 +116,18 @@ def _measure_here(ctx: SuiteContext, suite: str, param: int, requests: list[Requ
             return None
         raise
     progress = Progress(label, ctx.budget)
+    before = ctx.server_counters()
     samples = run_loop(ctx.client, requests, ctx.budget, progress=progress)
-    record = summarize(suite, param, samples, ctx.cost, **extra)
+    record = _with_server(ctx, before, summarize(suite, param, samples, ctx.cost, **extra))
     progress.finish(_summary_line(record))
     return record
 
 
 def _measure_clients(ctx: SuiteContext, suite: str, param: int, per_client: list[list[Request]],
                      **extra: Any) -> dict[str, Any]:
+    before = ctx.server_counters()
     samples = run_clients(ctx.spec, per_client, ctx.budget, f"{suite} {param}")
-    record = summarize(suite, param, samples, ctx.cost, **extra)
+    record = _with_server(ctx, before, summarize(suite, param, samples, ctx.cost, **extra))
     Progress(f"{suite} {param}", ctx.budget).finish(_summary_line(record))
     return record
 

@@ -1,0 +1,51 @@
+"""What the server did during one suite step, read from its Prometheus /metrics (ours: Tulip's).
+
+`--server-metrics URL[,URL...]` (one per Tulip replica): every record then carries `server`, the change
+over its measurement of the engine's forward passes by mode (`eager` = a graph key's first batch,
+`capture`, `replay`, and the eager runs above the largest bucket), seconds spent capturing, and the
+batches and their mean duration. A latency tail that lines up with eager runs and captures is lazy capture;
+one that does not is the gateway or the batcher. Peers' metrics have other names: their deltas stay empty.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections import defaultdict
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_SUMMED = {"rose_graph_capture_seconds": "capture_seconds", "tulip_batch_seconds_count": "batches",
+           "tulip_batch_seconds_sum": "batch_seconds", "tulip_queue_wait_seconds_sum": "queue_wait_seconds",
+           "tulip_queue_wait_seconds_count": "queued_sequences"}
+
+
+def scrape(urls: list[str], timeout_s: float = 5.0) -> dict[str, float]:
+    """Counters summed over the replicas: runs_<mode>, and the names in _SUMMED."""
+    totals: dict[str, float] = defaultdict(float)
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+            text = answer.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "rose_runs_total":
+                    totals[f"runs_{sample.labels.get('mode') or 'other'}"] += sample.value
+                elif sample.name in _SUMMED:
+                    totals[_SUMMED[sample.name]] += sample.value
+    return dict(totals)
+
+
+def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """after - before per counter, with the mean batch duration in ms when batches ran."""
+    out = {key: round(after.get(key, 0.0) - before.get(key, 0.0), 6) for key in sorted(set(before) | set(after))}
+    if out.get("batches"):
+        out["mean_batch_ms"] = round(out.get("batch_seconds", 0.0) / out["batches"] * 1e3, 3)
+    return out
+
+
+def describe(change: dict[str, float]) -> str:
+    """One progress-line fragment: 'eager 3 capture 2 replay 950 batches 955 (2.1 ms)'."""
+    parts = [f"{mode} {int(change[f'runs_{mode}'])}" for mode in ("eager", "capture", "replay")
+             if change.get(f"runs_{mode}")]
+    if change.get("batches"):
+        parts.append(f"batches {int(change['batches'])} ({change.get('mean_batch_ms', 0):.1f} ms)")
+    return " ".join(parts)

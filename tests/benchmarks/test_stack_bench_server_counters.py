@@ -1,0 +1,93 @@
+"""--server-metrics: each record carries what the engine did during its measurement, read from
+Tulip's own exposition (tulip.metrics.engine_stat_families), so a renamed metric fails here."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from stack_bench_fake import MODEL, FakeStack
+
+from benchmarks.stack.__main__ import main
+from benchmarks.stack.server_counters import delta, describe, scrape
+from tulip.metrics import engine_stat_families
+
+
+class _EngineCollector:
+    def __init__(self, stats) -> None:
+        self.stats = stats
+
+    def collect(self):
+        yield from engine_stat_families(self.stats)
+
+
+@pytest.fixture()
+def metrics_url(fake_stack: FakeStack) -> Iterator[str]:
+    """A Tulip-shaped /metrics whose replay count is the fake stack's embedding calls (one batch each)."""
+    def stats() -> dict:
+        calls = fake_stack.hits["/v1/embeddings"]
+        return {"runs": {("t128", "eager"): 1, ("t128", "capture"): 1, ("t128", "replay"): calls},
+                "graphs_captured": 1, "graph_capture_seconds": 0.04}
+
+    registry = CollectorRegistry()
+    registry.register(_EngineCollector(stats))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    server.shutdown()
+
+
+def test_scrape_reads_tulips_names(metrics_url: str, fake_stack: FakeStack) -> None:
+    now = scrape([metrics_url])
+    assert now["runs_eager"] == 1 and now["runs_capture"] == 1
+    assert now["runs_replay"] == fake_stack.hits["/v1/embeddings"]
+    assert now["capture_seconds"] == pytest.approx(0.04)
+    twice = scrape([metrics_url, metrics_url])  # replicas add up
+    assert twice["runs_eager"] == 2
+
+
+def test_delta_and_description() -> None:
+    before = {"runs_eager": 1, "runs_replay": 10, "batches": 10, "batch_seconds": 0.02}
+    after = {"runs_eager": 4, "runs_capture": 2, "runs_replay": 110, "batches": 116, "batch_seconds": 0.232}
+    change = delta(before, after)
+    assert change["runs_eager"] == 3 and change["runs_capture"] == 2 and change["runs_replay"] == 100
+    assert change["mean_batch_ms"] == pytest.approx(2.0)
+    assert describe(change) == "eager 3 capture 2 replay 100 batches 106 (2.0 ms)"
+
+
+def test_records_carry_the_servers_counters(fake_stack: FakeStack, metrics_url: str, tmp_path: Path) -> None:
+    argv = ["--url", fake_stack.url, "--model", MODEL, "--out", str(tmp_path), "--suite", "embed-latency",
+            "--embed-tokens", "16,32", "--duration-s", "5", "--requests", "4", "--warmup-requests", "2",
+            "--distinct-inputs", "2", "--skip-verify", "true", "--server-metrics", metrics_url]
+    assert main(argv) == 0
+    records = json.loads((tmp_path / f"stack_{MODEL}.json").read_text())["records"]
+    assert len(records) == 2
+    for record in records:  # warm-up requests happen before the first scrape: only the timed ones count
+        assert record["server"]["runs_replay"] == record["requests"] == 4
+        assert record["server"]["runs_eager"] == 0
+
+
+def test_unreachable_metrics_leave_records_without(fake_stack: FakeStack, tmp_path: Path) -> None:
+    argv = ["--url", fake_stack.url, "--model", MODEL, "--out", str(tmp_path), "--suite", "embed-latency",
+            "--embed-tokens", "16", "--requests", "2", "--warmup-requests", "1", "--distinct-inputs", "1",
+            "--skip-verify", "true", "--server-metrics", "http://127.0.0.1:9/metrics"]
+    assert main(argv) == 0
+    record = json.loads((tmp_path / f"stack_{MODEL}.json").read_text())["records"][0]
+    assert "server" not in record
