@@ -102,6 +102,9 @@ class Replica:
         return out
 
 
+STALE_AFTER_S = 0.25  # requests probe a replica seen down at most 4 times a second, whatever the traffic
+
+
 class ReplicaPool:
     def __init__(self, addresses: tuple[str, ...], expected: Expected, *, health_interval_s: float,
                  max_message_bytes: int) -> None:
@@ -176,6 +179,14 @@ class ReplicaPool:
     def any_serving(self) -> bool:
         return any(r.state is State.SERVING for r in self.replicas)
 
+    async def any_serving_now(self) -> bool:
+        """any_serving(), probing first when no replica serves in this process's view and its last probe
+        is older than STALE_AFTER_S: a replica may have become ready since (other gateway workers and
+        /ready already saw it), and its first request must not get a 503 from a stale view."""
+        if not self.any_serving():
+            await self.refresh(STALE_AFTER_S)
+        return self.any_serving()
+
     # ---- routing ----
 
     def pick(self, exclude: set[Replica]) -> Replica | None:
@@ -194,8 +205,13 @@ class ReplicaPool:
     async def call(self, request: embed_pb2.EmbedRequest, tokens: int, deadline: float) -> embed_pb2.EmbedResponse:
         tried: set[Replica] = set()
         last: IvyError | None = None
+        refreshed = False
         while True:
             replica = self.pick(tried)
+            if replica is None and not refreshed:  # a stale view of this process: probe once (see below)
+                refreshed = True
+                await self.refresh(STALE_AFTER_S)
+                replica = self.pick(tried)
             if replica is None:
                 raise last or IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
             remaining = deadline - time.monotonic()

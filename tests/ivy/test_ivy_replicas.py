@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from ivy_testkit import gateway
 from fake_tulip import FakeTulip, wait_until
 from ivy.gateway import plan_chunks
-from ivy.replicas import Expected, ReplicaPool, State
+from ivy.replicas import STALE_AFTER_S, Expected, ReplicaPool, State
 
 TEXTS = [f"sentence number {i} about topic {i % 3}" for i in range(9)]
 
@@ -135,6 +136,19 @@ def test_dead_replica_skipped_until_healthy_again() -> None:
             client.post("/v1/embeddings", json={"input": TEXTS})
             client.post("/v1/embeddings", json={"input": TEXTS})
             assert a.calls, "the recovered replica takes traffic again"
+
+
+def test_stale_view_of_a_ready_replica_is_probed_before_a_503() -> None:
+    """A gateway worker whose last probe saw the replica loading serves the request once it is ready
+    (the H200 stack run: /ready 200 from one worker, the next request 503 from another)."""
+    with FakeTulip() as fake:
+        with gateway(fake, health_interval_s=60) as client:  # no background probe during the test
+            pool = client.app.state.gateway.pool
+            pool.replicas[0].set_state(State.NOT_SERVING, "loading")  # what the startup probe saw
+            time.sleep(STALE_AFTER_S + 0.05)
+            r = client.post("/v1/embeddings", json={"input": "x"})
+            assert r.status_code == 200, r.text
+            assert pool.replicas[0].state is State.SERVING
 
 
 def test_readiness_follows_serving_status_health_stays_open() -> None:
