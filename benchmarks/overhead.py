@@ -292,7 +292,9 @@ def start_profilers(stack: Stack, folder: str, seconds: float) -> list[subproces
     workers = [p for p in children(stack.ivy.pid)
                if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
     targets = {"tulip": stack.tulip.pid, "ivy": (workers or [stack.ivy.pid])[0]}
-    return [subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate",
+    beside = Path(sys.executable).with_name("py-spy")  # a venv's py-spy, also when the venv is not on PATH
+    spy = str(beside) if beside.exists() else "py-spy"
+    return [subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate",
                               "500", "--format", "raw", "--threads", "-o", f"{folder}/{name}.txt"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for name, pid in targets.items()]
