@@ -116,6 +116,13 @@ class CudaGraphs:
         self.capture_seconds += time.perf_counter() - start
         return entry
 
+    def pending(self) -> list[tuple[int, int, int, int]]:
+        """A real (T, S, P, longest) shape of each layout that has had its eager warm-up run(s) but no graph
+        yet, hottest first: the layouts whose next batch would capture on the request path."""
+        with self._lock:
+            return [self.examples[lay] for lay, n in self.seen.most_common()
+                    if n >= self.capture_after and lay not in self.graphs and lay in self.examples]
+
     # -- prewarm, manifest, verification ----------------------------------------------------------
     def save_manifest(self, path: Path) -> None:
         """Hot layouts, most frequent first, each with a real batch shape that maps to it."""

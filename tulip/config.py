@@ -50,6 +50,9 @@ class TulipConfig:
                                               "(replay vs eager) before the replica reports SERVING")
     graph_manifest: str = _f("auto", "file of hot graph layouts recorded from traffic and prewarmed at the next "
                                      "start; auto = rose_graphs.json beside the model (or ~/.cache/rose); off = none")
+    idle_capture_ms: float = _f(0.0, "when the queue has been empty this long with nothing in flight, capture the "
+                                     "graph of a layout that ran eagerly (its next batch would capture on the "
+                                     "request path); 0 = off, the default until measured on a GPU")
     pinned_cap_mb: int = _f(256, "cap on ROSE's page-locked host memory for results, in MiB")
     metrics_port: int = _f(0, "Prometheus /metrics port on its own HTTP server; 0 = off")
     metrics_host: str = _f("127.0.0.1", "address the metrics server binds")
@@ -90,6 +93,8 @@ class TulipConfig:
             raise ValueError("ports must be in 0..65535")
         if self.shutdown_timeout_s < 0:
             raise ValueError("shutdown_timeout_s must not be negative")
+        if self.idle_capture_ms < 0:
+            raise ValueError(f"idle_capture_ms must be 0 (off) or positive, got {self.idle_capture_ms}")
 
     def batch_tokens_for(self, device: str) -> int:
         """The token budget on `device` ("cpu", "cuda", "cuda:1"...)."""

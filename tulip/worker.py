@@ -60,11 +60,14 @@ _STOP = object()
 
 
 class Worker:
-    def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None) -> None:
+    def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
+                 idle_capture_s: float = 0.0) -> None:
         self.engine = engine
         self.queue = queue
         self.max_inflight = max_inflight
         self.metrics = metrics
+        self.idle_capture_s = idle_capture_s  # 0 = off; see _next_batch
+        self.idle_captures = 0
         info = engine.info
         self._native_int8 = bool(info.native_int8)
         self._default_normalize = bool(info.normalize_default)
@@ -97,7 +100,7 @@ class Worker:
     def _launch_loop(self) -> None:
         while True:
             self._slots.acquire()
-            packed = self.queue.next_batch()
+            packed = self._next_batch()
             if packed is None:  # closed and drained
                 self._launched.put(_STOP)
                 return
@@ -116,6 +119,29 @@ class Worker:
                               len(packed.sequences), packed.tokens)
                 self._launched.put(_Failed(_jobs_of(packed.sequences), engine_error(exc)))
                 self._slots.release()
+
+    def _next_batch(self) -> PackedBatch | None:
+        """The next FCFS batch. With idle capture on, each time the queue stays empty for idle_capture_s
+        while nothing is in flight (the device is idle), the engine captures one graph layout that ran
+        eagerly but has no graph yet, so the layout's next batch replays instead of capturing on the
+        request path. A request that arrives meanwhile waits for that one capture."""
+        capture = getattr(self.engine, "capture_pending", None)
+        while self.idle_capture_s > 0 and capture is not None:
+            packed = self.queue.next_batch(timeout=self.idle_capture_s)
+            if packed is not None or self.queue.closed:
+                return packed
+            if self._inflight:
+                continue
+            try:
+                captured = capture()
+            except Exception:  # it would fail again at every idle moment: stop trying, keep serving
+                log.exception("idle graph capture failed; idle capture is off from now on")
+                self.idle_capture_s = 0.0
+                break
+            if not captured:
+                break  # nothing pending until an eager batch runs; the loop comes back here after it
+            self.idle_captures += 1
+        return self.queue.next_batch()
 
     def _launch(self, packed: PackedBatch) -> None:
         batch, row_starts = build_batch(packed.sequences)

@@ -70,6 +70,24 @@ def test_manifest_round_trip(tmp_path):
 def test_cpu_engine_has_no_graphs(engine_for):
     engine = engine_for("bert")
     assert engine.runner.graphs is None and engine.warmup() == []
+    assert engine.capture_pending() is False
+
+
+def test_pending_layouts_are_the_warmed_up_uncaptured_ones_hottest_first():
+    import threading
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from rose.graphs import CudaGraphs
+
+    a, b, c, d = (Layout(t, 2, 2, 128) for t in (64, 96, 128, 160))
+    state = SimpleNamespace(_lock=threading.Lock(), capture_after=1, graphs={c: object()},
+                            seen=Counter({a: 1, b: 3, c: 5}), examples={a: (60, 2, 2, 40), b: (90, 2, 2, 50),
+                                                                         c: (120, 2, 2, 70)})
+    assert CudaGraphs.pending(state) == [(90, 2, 2, 50), (60, 2, 2, 40)]  # c has its graph; d never ran
+    state.capture_after = 2  # a has had one of its two eager runs: its next batch still runs eagerly
+    assert CudaGraphs.pending(state) == [(90, 2, 2, 50)]
+    assert d not in state.seen
 
 
 # -- GPU ------------------------------------------------------------------------------------------
@@ -97,6 +115,29 @@ def test_lazy_capture_then_replay_matches_eager(name, tiny_models, tmp_path):
     assert engine.stats()["graphs_captured"] == 1
     engine.close()
     assert json.loads((tmp_path / "m.json").read_text())["shapes"][0][:3] == [40, 3, 3]
+
+
+@pytest.mark.gpu
+@cuda
+def test_idle_capture_takes_the_next_batchs_capture_off_the_request_path(tiny_models):
+    from rose import Batch
+    from rose.engine import Engine
+    from rose.graphs import cosine_divergence
+
+    engine = Engine.from_pretrained(tiny_models["qwen3"].path, device="cuda", prewarm=(), graph_manifest=None)
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(1, 200, size=n).astype(np.int32) for n in (50, 30)]
+    batch = Batch.from_sequences(seqs, engine.spec.pooling)
+    engine.step(batch).result()  # eager: the layout's warm-up
+    assert len(engine.runner.graphs.pending()) == 1
+    assert engine.capture_pending() is True  # a probe of that shape is captured now, while idle
+    assert engine.runner.graphs.pending() == [] and engine.capture_pending() is False
+    before = dict(engine.runner.runs)
+    rows = engine.step(batch).result()
+    assert [k[1] for k, v in engine.runner.runs.items() if v > before.get(k, 0)] == ["replay"]
+    eager = engine.runner.step(batch, use_graphs=False).result()
+    assert cosine_divergence(rows, eager).max() <= 1e-3
+    engine.close()
 
 
 @pytest.mark.gpu
