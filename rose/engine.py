@@ -163,6 +163,10 @@ class Engine:
         rows = self.step(Batch.from_sequences(probe, self.spec.pooling)).result()
         if not np.isfinite(rows).all():
             raise RuntimeError("warm-up produced non-finite embeddings")
+        precompile = getattr(self.runner.model, "precompile_kernels", None)
+        if callable(precompile):  # kernel variants that only larger batches use: compiled now, not in serving
+            with torch.inference_mode():
+                precompile()
         if self.runner.graphs is None:
             return []
         shapes = prewarm_shapes(self.runner, self.prewarm, self.graph_manifest)

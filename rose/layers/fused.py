@@ -108,6 +108,25 @@ def launch_qk_norm_rope(qkv, q, k, q_weight, k_weight, positions, inv_freq, eps:
         num_warps=4 if elements <= 4096 else 8)
 
 
+def precompile_qk_norm_rope(attn) -> int:
+    """Compile every tokens-per-program variant of the QK-norm+RoPE kernel for this attention module's
+    shape now (each is a Triton compile of ~0.3-1 s on its first use), so that the first batch of a new
+    size in serving does not pay it. Returns how many launches ran (0 off CUDA)."""
+    weight = attn.q_norm.weight
+    if not _use_triton(weight) or attn.head_dim & (attn.head_dim - 1):
+        return 0
+    heads, kv_heads, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    qkv = torch.zeros(8, (heads + 2 * kv_heads) * d, dtype=weight.dtype, device=weight.device)
+    q = torch.empty(8, heads, d, dtype=weight.dtype, device=weight.device)
+    k = torch.empty(8, kv_heads, d, dtype=weight.dtype, device=weight.device)
+    positions = torch.arange(8, device=weight.device)
+    inv_freq = torch.ones(d // 2, dtype=torch.float32, device=weight.device)
+    blocks = sorted({qk_block_tokens(t, heads) for t in (1, 1 << 10, 1 << 11, 1 << 12, 1 << 20)})
+    for block in blocks:
+        launch_qk_norm_rope(qkv, q, k, weight, attn.k_norm.weight, positions, inv_freq, 1e-6, block_tokens=block)
+    return len(blocks)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for the fused gate-up projection [T, 2I] -> [T, I]."""
     inner = gate_up.shape[1] // 2

@@ -14,7 +14,7 @@ from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
 from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding
-from rose.layers.fused import add_rms_norm, qk_norm_rope, rms_norm, silu_mul
+from rose.layers.fused import add_rms_norm, precompile_qk_norm_rope, qk_norm_rope, rms_norm, silu_mul
 from rose.meta import ForwardMeta
 
 
@@ -103,6 +103,10 @@ class Qwen3Model(nn.Module):
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, head_dim) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
         self.rotary = RotaryEmbedding(head_dim, rope_theta(cfg))
+
+    def precompile_kernels(self) -> int:
+        """Every tokens-per-program variant of the QK-norm+RoPE kernel, compiled before serving."""
+        return precompile_qk_norm_rope(self.layers[0].self_attn)
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         residual = self.embed_tokens(meta.input_ids)

@@ -74,6 +74,22 @@ def test_qk_norm_rope_block_sizes_agree():
         assert torch.equal(q, outs[0][0]) and torch.equal(k, outs[0][1])
 
 
+def test_warmup_compiles_every_qk_kernel_variant(tiny_models):
+    """A batch of a new size must not meet a Triton compile in serving (0.3-1 s each on first use)."""
+    from rose.engine import Engine
+
+    engine = Engine.from_pretrained(tiny_models["qwen3"].path, device="cuda", prewarm=(), graph_manifest=None)
+    engine.warmup()
+    attn = engine.runner.model.layers[0].self_attn
+    blocks = {fused.qk_block_tokens(t, attn.num_heads) for t in (1, 600, 1500, 3000, 50000)}
+    compiled = sum(len(c[0]) for c in fused._qk_norm_rope_kernel.device_caches.values()) \
+        if hasattr(fused._qk_norm_rope_kernel, "device_caches") else None
+    assert fused.precompile_qk_norm_rope(attn) == len(blocks) == 4
+    if compiled is not None:
+        assert compiled >= 4, "warm-up left qk-norm kernel variants to compile in serving"
+    engine.close()
+
+
 def test_silu_mul(monkeypatch):
     g = torch.Generator("cuda").manual_seed(0)
     gate_up = torch.randn(129, 2 * 3072, device="cuda", generator=g).bfloat16()
