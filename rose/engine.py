@@ -11,6 +11,7 @@ Everything device-side lives in rose.runner.ModelRunner; this file only wires an
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from rose.warmup import DEFAULT_PREWARM, VerifiedLayout, default_manifest_path, 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about this many tokens
+
+log = logging.getLogger("rose.engine")
 
 
 
@@ -165,8 +168,11 @@ class Engine:
             raise RuntimeError("warm-up produced non-finite embeddings")
         precompile = getattr(self.runner.model, "precompile_kernels", None)
         if callable(precompile):  # kernel variants that only larger batches use: compiled now, not in serving
-            with torch.inference_mode():
-                precompile()
+            try:
+                with torch.inference_mode():
+                    precompile()
+            except Exception:  # noqa: BLE001 - they would then compile on first use, as before
+                log.warning("kernel precompile failed; variants compile on first use", exc_info=True)
         if self.runner.graphs is None:
             return []
         shapes = prewarm_shapes(self.runner, self.prewarm, self.graph_manifest)

@@ -20,3 +20,19 @@ def test_block_tokens_leaves_programs_for_every_sm():
     for tokens in range(1, 20000, 97):
         block = qk_block_tokens(tokens, 16)
         assert block == 1 or -(-tokens // block) >= 264
+
+
+def test_warmup_precompiles_kernels_and_survives_a_failure(engine_for, caplog, monkeypatch):
+    engine = engine_for("qwen3")
+    model = engine.runner.model
+    assert model.precompile_kernels() == 0  # CPU: nothing to compile
+    calls = []
+
+    def failing() -> int:
+        calls.append(1)
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(model, "precompile_kernels", failing)  # the engine is shared by the session
+    engine.warmup()  # the warm-up still passes: variants would compile on first use instead
+    assert calls == [1]
+    assert "kernel precompile failed" in caplog.text
