@@ -45,6 +45,9 @@ class TulipConfig:
     max_batch_seqs: int = _f(256, "most sequences in one batch")
     max_queue_tokens: int = _f(262144, "most tokens waiting in the queue; beyond it RESOURCE_EXHAUSTED")
     max_inflight_batches: int = _f(2, "batches launched on the engine and not yet delivered (2 = overlap)")
+    pack_ahead_ms: float = _f(1.0, "with a batch on the device, pack the next one this long before that batch is "
+                                   "expected to finish (median device time of recent batches of its size), not "
+                                   "as soon as a slot frees, so it takes in what arrived meanwhile; 0 = at once")
     cuda_graphs: str = _f("auto", "whole-model CUDA graphs with lazy capture: auto (on when on a GPU), true or false")
     prewarm: str = _f("128x1,512x1,2048x8", "TOKENSxSEQS keys whose CUDA graphs are captured and verified "
                                               "(replay vs eager) before the replica reports SERVING")
@@ -93,6 +96,8 @@ class TulipConfig:
             raise ValueError("ports must be in 0..65535")
         if self.shutdown_timeout_s < 0:
             raise ValueError("shutdown_timeout_s must not be negative")
+        if self.pack_ahead_ms < 0:
+            raise ValueError(f"pack_ahead_ms must be 0 (pack at once) or positive, got {self.pack_ahead_ms}")
         if self.idle_capture_ms < 0:
             raise ValueError(f"idle_capture_ms must be 0 (off) or positive, got {self.idle_capture_ms}")
 

@@ -119,6 +119,22 @@ class SequenceQueue:
                     return None
                 self._cond.wait(remaining)
 
+    def hold(self, until: float, stop: Callable[[], bool]) -> None:
+        """Wait (the launcher, before packing late) until the clock reaches `until`, a full batch is
+        queued, the queue closes, or `stop()` is true; `stop` is re-checked at every poke()."""
+        with self._cond:
+            while not (self._closed or self._tokens >= self.max_batch_tokens or self._seqs >= self.max_batch_seqs
+                       or stop()):
+                remaining = until - self._clock()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
+
+    def poke(self) -> None:
+        """Wake a waiting hold() to re-check its stop condition."""
+        with self._cond:
+            self._cond.notify_all()
+
     def close(self) -> None:
         """Refuse new work; what is queued is still handed out (drain), then next_batch returns None."""
         with self._cond:

@@ -130,7 +130,8 @@ class TulipServer:
         queue_tokens = max(config.max_queue_tokens, self.batch_tokens)
         self.queue = SequenceQueue(self.batch_tokens, config.max_batch_seqs, queue_tokens)
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
-                             metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3)
+                             metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
+                             pack_ahead_s=config.pack_ahead_ms / 1e3)
         self.worker.start()
         self.ready = True
         for service in ("", SERVICE_NAME):

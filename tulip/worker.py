@@ -1,9 +1,11 @@
 """The worker: drives the engine with up to two batches in flight, off the gRPC event loop.
 
 Two threads, joined by a FIFO of launched batches:
-- the launcher takes a free in-flight slot, packs the next FCFS batch from the queue and calls
+- the launcher takes a free in-flight slot, waits until shortly before the running batch is expected to
+  finish (tulip.pacing; `pack_ahead_s`), packs the next FCFS batch from the queue and calls
   `engine.step(batch)`, which returns a LazyTensor at once on a GPU; so while batch n runs on the device,
-  batch n+1 is packed and queued behind it, and the device never waits on host packing;
+  batch n+1 is packed late, with what arrived meanwhile, and queued behind it before n ends: the device
+  never waits on host packing;
 - the completer waits for the oldest LazyTensor, copies each sequence's rows to its request, releases the
   pinned buffer and the slot, then applies each finished request's output head and hands the bytes to the
   event loop (one call_soon_threadsafe per batch: see tulip.job.Handoff).
@@ -24,6 +26,7 @@ import numpy as np
 from rose.batch import Batch
 from tulip.errors import DeadlineExpired, engine_error
 from tulip.job import Handoff
+from tulip.pacing import DeviceTimes
 from tulip.scheduler import PackedBatch, QueuedSequence, SequenceQueue
 
 log = logging.getLogger("tulip.worker")
@@ -48,6 +51,8 @@ class _Launched:
     row_starts: np.ndarray
     lazy: Any
     launched_at: float
+    launched_mono: float = 0.0  # time.monotonic() at launch: the pacing clock
+    done_mono: float = 0.0  # time.monotonic() when its rows were on the host
 
 
 @dataclass
@@ -61,13 +66,19 @@ _STOP = object()
 
 class Worker:
     def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
-                 idle_capture_s: float = 0.0) -> None:
+                 idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0) -> None:
         self.engine = engine
         self.queue = queue
         self.max_inflight = max_inflight
         self.metrics = metrics
         self.idle_capture_s = idle_capture_s  # 0 = off; see _next_batch
         self.idle_captures = 0
+        self.pack_ahead_s = pack_ahead_s  # 0 = pack as soon as a slot frees; see tulip.pacing
+        self.device_times = DeviceTimes()
+        self._estimates: list[float] = []  # expected device seconds of the batches in flight, launch order
+        self._tail_end = 0.0  # when the last launched batch is expected to leave the device (monotonic)
+        self._last_done = 0.0  # when the last delivered batch's rows reached the host (monotonic)
+        self.held_launches = 0
         info = engine.info
         self._native_int8 = bool(info.native_int8)
         self._default_normalize = bool(info.normalize_default)
@@ -100,6 +111,7 @@ class Worker:
     def _launch_loop(self) -> None:
         while True:
             self._slots.acquire()
+            self._hold_until_late()
             packed = self._next_batch()
             if packed is None:  # closed and drained
                 self._launched.put(_STOP)
@@ -119,6 +131,18 @@ class Worker:
                               len(packed.sequences), packed.tokens)
                 self._launched.put(_Failed(_jobs_of(packed.sequences), engine_error(exc)))
                 self._slots.release()
+
+    def _hold_until_late(self) -> None:
+        """With a batch on the device, wait until shortly before it is expected to finish (tulip.pacing)."""
+        if self.pack_ahead_s <= 0:
+            return
+        with self._count_lock:
+            if not self._inflight:
+                return
+            until = self._tail_end - self.pack_ahead_s
+        if until > time.monotonic():
+            self.held_launches += 1
+            self.queue.hold(until, lambda: self._inflight == 0)
 
     def _next_batch(self) -> PackedBatch | None:
         """The next FCFS batch. With idle capture on, each time the queue stays empty for idle_capture_s
@@ -148,10 +172,14 @@ class Worker:
         t0 = time.perf_counter()
         lazy = self.engine.step(batch)
         t1 = time.perf_counter()
+        now = time.monotonic()
+        estimate = self.device_times.estimate(packed.tokens) or 0.0
         with self._count_lock:
             self._inflight += 1
             self.batches_launched += 1
-        self._launched.put(_Launched(packed, row_starts, lazy, t0))
+            self._estimates.append(estimate)
+            self._tail_end = max(now, self._tail_end) + estimate
+        self._launched.put(_Launched(packed, row_starts, lazy, t0, now))
         if self.metrics is not None:
             try:
                 self.metrics.observe_launch(packed, batch, t1 - t0, lazy)
@@ -173,10 +201,23 @@ class Worker:
                 continue
             self._deliver(item)
 
+    def _account_delivery(self, item: _Launched) -> None:
+        """One batch left the device: learn its device time, re-anchor the estimate of what is still on it."""
+        now = item.done_mono or time.monotonic()
+        with self._count_lock:
+            self._inflight -= 1
+            if self._estimates:
+                self._estimates.pop(0)
+            on_device_from = max(item.launched_mono, self._last_done)  # it queued behind the previous one
+            self._last_done = now
+            self._tail_end = now + sum(self._estimates)
+        self.device_times.observe(item.packed.tokens, now - on_device_from)
+
     def _deliver(self, item: _Launched) -> None:
         finished = []
         try:
             rows = item.lazy.wait()
+            item.done_mono = time.monotonic()
             for seq, r0 in zip(item.packed.sequences, item.row_starts.tolist()):
                 if seq.ticket.cancelled:
                     continue  # caller gone or deadline hit after launch: its rows are discarded
@@ -192,9 +233,9 @@ class Worker:
             finished = []
         finally:
             _release(item.lazy)
-            with self._count_lock:
-                self._inflight -= 1
+            self._account_delivery(item)
             self._slots.release()
+            self.queue.poke()  # a launcher holding for this batch's end packs now
         if self.metrics is not None:
             self.metrics.observe_delivery(time.perf_counter() - item.launched_at)
         handoff = Handoff()

@@ -7,8 +7,15 @@ import threading
 import time
 
 import pytest
-from tulip_testkit import FakeEngine, ServerThread, decode_response, encode_request, make_config, solo_embedding, \
-    wait_until
+from tulip_testkit import (
+    FakeEngine,
+    ServerThread,
+    decode_response,
+    encode_request,
+    make_config,
+    solo_embedding,
+    wait_until,
+)
 
 from tulip.config import TulipConfig
 

@@ -1,0 +1,38 @@
+"""When to pack the next batch while one runs: as late as the device allows, not as soon as a slot frees.
+
+With two batches in flight the launcher used to pack batch n+1 the moment batch n-1 finished, i.e. just
+as n started on the device; n+1 then waited a whole device period in the stream, and whatever arrived
+during that period waited for n+2. Packing n+1 shortly before n is expected to finish gives the same
+overlap (n+1 is on the stream before n ends) and takes in one more period of arrivals: a request that
+lands in the queue while the device is busy waits ~1.5 periods on average instead of ~2.5.
+
+The expected finish comes from `DeviceTimes`: the median of the last few device times of batches of the
+same size class (the median, so a lazy graph capture's 20-40 ms does not inflate it). Unknown sizes give
+no estimate and the launcher packs at once, as before. If the estimate is long the launcher still packs
+as soon as the running batch is delivered, so a wrong estimate costs at most the host time of one launch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+
+class DeviceTimes:
+    """Median of the last `window` device seconds per batch size class (tokens, power-of-two classes)."""
+
+    def __init__(self, window: int = 8) -> None:
+        self.window = window
+        self._seen: dict[int, deque[float]] = {}
+
+    @staticmethod
+    def size_class(tokens: int) -> int:
+        return max(int(tokens), 1).bit_length()
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if seconds >= 0:
+            self._seen.setdefault(self.size_class(tokens), deque(maxlen=self.window)).append(seconds)
+
+    def estimate(self, tokens: int) -> float | None:
+        seen = self._seen.get(self.size_class(tokens))
+        return statistics.median(seen) if seen else None
