@@ -16,7 +16,7 @@ import queue
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 from benchmarks.stack.client import Sample, StackClient, StackError
@@ -155,8 +155,9 @@ def _worker(spec: ClientSpec, requests: Sequence[Request], budget: Budget, slot:
 
 
 def run_clients(spec: ClientSpec, per_client: Sequence[Sequence[Request]], budget: Budget,
-                label: str) -> list[Sample]:
-    """Run one closed-loop client process per entry of `per_client`; all start measuring together."""
+                label: str, on_start: Callable[[], object] | None = None) -> list[Sample]:
+    """Run one closed-loop client process per entry of `per_client`; all start measuring together, once
+    every one has warmed up (`on_start` runs just before: e.g. a reading of the server's counters)."""
     ctx = mp.get_context("spawn")
     n = len(per_client)
     counter = ctx.Array("q", n, lock=False)
@@ -188,6 +189,8 @@ def run_clients(spec: ClientSpec, per_client: Sequence[Sequence[Request]], budge
             if kind == "ready":
                 ready += 1
                 if ready == n:
+                    if on_start is not None:
+                        on_start()
                     progress.start = time.perf_counter()
                     go.set()
             else:

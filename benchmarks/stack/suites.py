@@ -125,9 +125,13 @@ def _measure_here(ctx: SuiteContext, suite: str, param: int, requests: list[Requ
 
 def _measure_clients(ctx: SuiteContext, suite: str, param: int, per_client: list[list[Request]],
                      **extra: Any) -> dict[str, Any]:
-    before = ctx.server_counters()
-    samples = run_clients(ctx.spec, per_client, ctx.budget, f"{suite} {param}")
-    record = _with_server(ctx, before, summarize(suite, param, samples, ctx.cost, **extra))
+    marks: dict[str, dict[str, float] | None] = {}  # read once every client has warmed up, at the start
+
+    def mark() -> None:
+        marks["before"] = ctx.server_counters()
+
+    samples = run_clients(ctx.spec, per_client, ctx.budget, f"{suite} {param}", on_start=mark)
+    record = _with_server(ctx, marks.get("before"), summarize(suite, param, samples, ctx.cost, **extra))
     Progress(f"{suite} {param}", ctx.budget).finish(_summary_line(record))
     return record
 

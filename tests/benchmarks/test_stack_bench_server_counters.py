@@ -84,6 +84,17 @@ def test_records_carry_the_servers_counters(fake_stack: FakeStack, metrics_url: 
         assert record["server"]["runs_eager"] == 0
 
 
+def test_client_process_steps_count_from_after_the_warm_up(fake_stack: FakeStack, metrics_url: str,
+                                                          tmp_path: Path) -> None:
+    argv = ["--url", fake_stack.url, "--model", MODEL, "--out", str(tmp_path), "--suite", "concurrency",
+            "--concurrency-levels", "2", "--duration-s", "5", "--requests", "3", "--warmup-requests", "2",
+            "--distinct-inputs", "2", "--skip-verify", "true", "--server-metrics", metrics_url]
+    assert main(argv) == 0
+    record = json.loads((tmp_path / f"stack_{MODEL}.json").read_text())["records"][0]
+    assert record["requests"] == 6
+    assert record["server"]["runs_replay"] == 6, "the 4 warm-up requests are not counted"
+
+
 def test_unreachable_metrics_leave_records_without(fake_stack: FakeStack, tmp_path: Path) -> None:
     argv = ["--url", fake_stack.url, "--model", MODEL, "--out", str(tmp_path), "--suite", "embed-latency",
             "--embed-tokens", "16", "--requests", "2", "--warmup-requests", "1", "--distinct-inputs", "1",
