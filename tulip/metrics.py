@@ -16,6 +16,8 @@ Names (all exported by `TulipMetrics`):
   tulip_request_seconds                              histogram: Embed handler latency
   tulip_tokens_total                                 counter: tokens embedded for answered requests
   tulip_skipped_sequences_total                      counter: cancelled/expired sequences that never ran
+  tulip_launch_hold_seconds                          histogram: a free slot held to pack the next batch late
+  tulip_idle_captures_total                          counter: graphs captured while the device was idle
   rose_pinned_bytes_in_use, rose_pinned_bytes_cap, rose_graphs_captured, rose_graph_capture_seconds,
   rose_step_seconds_last, rose_runs_total{bucket,mode}, and rose_<key> for any other numeric stat
 """
@@ -62,6 +64,11 @@ class TulipMetrics:
         self.skipped = Counter("tulip_skipped_sequences",
                                "Sequences of cancelled or expired requests removed from the queue unrun",
                                registry=r)
+        self.launch_hold = Histogram("tulip_launch_hold_seconds",
+                                     "Time the launcher held a free slot to pack the next batch late (pacing)",
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.idle_captures = Counter("tulip_idle_captures", "CUDA graphs captured while the device was idle",
+                                     registry=r)
         self._http = None
 
     # -- hot path -------------------------------------------------------------------------------
@@ -80,6 +87,12 @@ class TulipMetrics:
     def observe_skipped(self, count: int) -> None:
         if count:
             self.skipped.inc(count)
+
+    def observe_hold(self, seconds: float) -> None:
+        self.launch_hold.observe(seconds)
+
+    def observe_idle_capture(self) -> None:
+        self.idle_captures.inc()
 
     def observe_delivery(self, seconds: float) -> None:
         self.batch_latency.observe(seconds)

@@ -140,9 +140,12 @@ class Worker:
             if not self._inflight:
                 return
             until = self._tail_end - self.pack_ahead_s
-        if until > time.monotonic():
+        start = time.monotonic()
+        if until > start:
             self.held_launches += 1
             self.queue.hold(until, lambda: self._inflight == 0)
+            if self.metrics is not None:
+                self.metrics.observe_hold(time.monotonic() - start)
 
     def _next_batch(self) -> PackedBatch | None:
         """The next FCFS batch. With idle capture on, each time the queue stays empty for idle_capture_s
@@ -165,6 +168,8 @@ class Worker:
             if not captured:
                 break  # nothing pending until an eager batch runs; the loop comes back here after it
             self.idle_captures += 1
+            if self.metrics is not None:
+                self.metrics.observe_idle_capture()
         return self.queue.next_batch()
 
     def _launch(self, packed: PackedBatch) -> None:

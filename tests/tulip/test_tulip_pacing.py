@@ -74,11 +74,15 @@ def _a_then_b_then_c(pack_ahead_ms: float) -> tuple[FakeEngine, dict, float]:
             t.join(10)
         for got, want, _ in out.values():
             assert (got == want).all()
+        registry = tulip.server.worker.metrics.registry
+        engine.held = (tulip.server.worker.held_launches, registry.get_sample_value("tulip_launch_hold_seconds_count"))
         return engine, out, start
 
 
 def test_requests_arriving_while_the_device_is_busy_share_the_next_batch() -> None:
     engine, out, start = _a_then_b_then_c(pack_ahead_ms=20)
+    held, exported = engine.held
+    assert held >= 1 and exported == held, "each hold is counted and exported"
     sizes = [b.num_seqs for b in engine.batches[3:]]
     assert sizes == [1, 2], f"A, then B and C together; got batches of {sizes}"
     assert out[3][2] - start < 2.6 * STEP_S, "C finished with the second batch"

@@ -309,7 +309,8 @@ def test_metrics_endpoint_exports_queue_batch_and_engine_metrics() -> None:
     for name in ("tulip_queue_sequences", "tulip_queue_tokens", "tulip_queue_wait_seconds_bucket",
                  "tulip_batch_sequences_bucket", "tulip_batch_tokens_sum", "tulip_batch_padded_tokens_sum",
                  "tulip_batch_seconds_bucket", 'tulip_requests_total{status="OK"} 1.0', "tulip_ready 1.0",
-                 "rose_pinned_bytes_in_use", "rose_graphs_captured", 'rose_runs_total{bucket="t64",mode="eager"}'):
+                 "rose_pinned_bytes_in_use", "rose_graphs_captured", 'rose_runs_total{bucket="t64",mode="eager"}',
+                 "tulip_launch_hold_seconds_count", "tulip_idle_captures_total 0.0"):
         assert name in text, name
 
 
