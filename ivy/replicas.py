@@ -205,13 +205,8 @@ class ReplicaPool:
     async def call(self, request: embed_pb2.EmbedRequest, tokens: int, deadline: float) -> embed_pb2.EmbedResponse:
         tried: set[Replica] = set()
         last: IvyError | None = None
-        refreshed = False
         while True:
             replica = self.pick(tried)
-            if replica is None and not refreshed:  # a stale view of this process: probe once (see below)
-                refreshed = True
-                await self.refresh(STALE_AFTER_S)
-                replica = self.pick(tried)
             if replica is None:
                 raise last or IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
             remaining = deadline - time.monotonic()

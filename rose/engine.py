@@ -34,8 +34,6 @@ EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about th
 log = logging.getLogger("rose.engine")
 
 
-
-
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -66,7 +64,6 @@ class Engine:
         self.spec = spec
         self.tokenizer = tokenizer
         self._runner = runner
-        self._capture_skipped: set[tuple[int, int, int, int]] = set()  # pending shapes no probe can take
         self.info = EngineInfo(
             model_id=spec.model_id, family=spec.family, max_length=spec.max_length,
             dimensions=spec.dimensions, pooling=spec.pooling, tokenizer_fingerprint=tokenizer.fingerprint,
@@ -186,14 +183,10 @@ class Engine:
         if graphs is None:
             return False
         for shape in graphs.pending():
-            if shape in self._capture_skipped:
-                continue
             batch = probe_batch(shape, self.runner.vocab_size, self.spec.pooling, seed=0)
-            if batch is None:
-                self._capture_skipped.add(shape)
-                continue
-            self.step(batch).result()
-            return True
+            if batch is not None:  # shapes come from real batches, so a probe exists
+                self.step(batch).result()
+                return True
         return False
 
     def save_graph_manifest(self) -> Path | None:

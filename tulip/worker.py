@@ -79,6 +79,7 @@ class Worker:
         self._tail_end = 0.0  # when the last launched batch is expected to leave the device (monotonic)
         self._last_done = 0.0  # when the last delivered batch's rows reached the host (monotonic)
         self.held_launches = 0
+        self._holding = False  # the launcher waits in queue.hold() for a delivery: poke it
         info = engine.info
         self._native_int8 = bool(info.native_int8)
         self._default_normalize = bool(info.normalize_default)
@@ -143,7 +144,9 @@ class Worker:
         start = time.monotonic()
         if until > start:
             self.held_launches += 1
+            self._holding = True  # set before hold() checks its stop condition under the queue's lock
             self.queue.hold(until, lambda: self._inflight == 0)
+            self._holding = False
             if self.metrics is not None:
                 self.metrics.observe_hold(time.monotonic() - start)
 
@@ -240,7 +243,8 @@ class Worker:
             _release(item.lazy)
             self._account_delivery(item)
             self._slots.release()
-            self.queue.poke()  # a launcher holding for this batch's end packs now
+            if self._holding:  # a launcher holding for this batch's end packs now
+                self.queue.poke()
         if self.metrics is not None:
             self.metrics.observe_delivery(time.perf_counter() - item.launched_at)
         handoff = Handoff()

@@ -31,6 +31,10 @@ def _use_triton(x: torch.Tensor) -> bool:
     return ENABLED and triton is not None and x.is_cuda
 
 
+def _qk_kernel_fits(x: torch.Tensor, head_dim: int) -> bool:
+    return _use_triton(x) and not head_dim & (head_dim - 1)  # tl.arange needs a power-of-two half
+
+
 # -- torch reference versions (CPU, and the definition the kernels must match) ---------------------
 def _rms_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.to(torch.float32)
@@ -71,7 +75,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
     token's position. Returns contiguous q [T, Hq, D] and k [T, Hkv, D]."""
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-    if not _use_triton(qkv) or head_dim & (head_dim - 1):
+    if not _qk_kernel_fits(qkv, head_dim):
         q = _rms_torch(qkv[:, :q_size].reshape(t, num_heads, head_dim), q_weight, eps)
         k = _rms_torch(qkv[:, q_size:q_size + kv_size].reshape(t, num_kv_heads, head_dim), k_weight, eps)
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
@@ -113,7 +117,7 @@ def precompile_qk_norm_rope(attn) -> int:
     shape now (each is a Triton compile of ~0.3-1 s on its first use), so that the first batch of a new
     size in serving does not pay it. Returns how many launches ran (0 off CUDA)."""
     weight = attn.q_norm.weight
-    if not _use_triton(weight) or attn.head_dim & (attn.head_dim - 1):
+    if not _qk_kernel_fits(weight, attn.head_dim):
         return 0
     heads, kv_heads, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     qkv = torch.zeros(8, (heads + 2 * kv_heads) * d, dtype=weight.dtype, device=weight.device)
