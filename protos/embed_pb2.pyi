@@ -1,6 +1,7 @@
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -45,6 +46,32 @@ class EmbedResponse(_message.Message):
     encoding: Encoding
     tokens: int
     def __init__(self, embeddings: _Optional[bytes] = ..., rows: _Optional[int] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class StreamRequest(_message.Message):
+    __slots__ = ("id", "request", "timeout_s", "cancel")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: EmbedRequest
+    timeout_s: float
+    cancel: bool
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[EmbedRequest, _Mapping]] = ..., timeout_s: _Optional[float] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class StreamResponse(_message.Message):
+    __slots__ = ("id", "response", "code", "message", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: EmbedResponse
+    code: int
+    message: str
+    reason: str
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[EmbedResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -39,6 +39,11 @@ class EmbedderStub:
                 request_serializer=protos_dot_embed__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=protos_dot_embed__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.EmbedStream = channel.stream_stream(
+                '/tulip.v1.Embedder/EmbedStream',
+                request_serializer=protos_dot_embed__pb2.StreamRequest.SerializeToString,
+                response_deserializer=protos_dot_embed__pb2.StreamResponse.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/tulip.v1.Embedder/Info',
                 request_serializer=protos_dot_embed__pb2.InfoRequest.SerializeToString,
@@ -51,6 +56,15 @@ class EmbedderServicer:
 
     def Embed(self, request, context):
         """Embed already-tokenized sequences. One output row per sequence, or one per span when spans are given.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EmbedStream(self, request_iterator, context):
+        """The same work over one long-lived stream per client (Ivy keeps one per worker and replica): requests
+        are multiplexed by id, each carrying its own deadline, and answered as they finish, in any order. A
+        cancel message drops a request's sequences not yet batched. Saves a call set-up per request.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,6 +84,11 @@ def add_EmbedderServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=protos_dot_embed__pb2.EmbedRequest.FromString,
                     response_serializer=protos_dot_embed__pb2.EmbedResponse.SerializeToString,
+            ),
+            'EmbedStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.EmbedStream,
+                    request_deserializer=protos_dot_embed__pb2.StreamRequest.FromString,
+                    response_serializer=protos_dot_embed__pb2.StreamResponse.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
@@ -104,6 +123,33 @@ class Embedder:
             '/tulip.v1.Embedder/Embed',
             protos_dot_embed__pb2.EmbedRequest.SerializeToString,
             protos_dot_embed__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmbedStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tulip.v1.Embedder/EmbedStream',
+            protos_dot_embed__pb2.StreamRequest.SerializeToString,
+            protos_dot_embed__pb2.StreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
