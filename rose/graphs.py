@@ -100,7 +100,7 @@ class CudaGraphs:
         start = time.perf_counter()
         static_in = torch.zeros(layout.words, dtype=torch.int64, device=self.device)
         static_in.copy_(torch.from_numpy(host.packed))  # a valid batch for the capture-time warm run
-        meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host)
+        meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
         self.plan(meta)
         # One warm run on a side stream, as torch.cuda.graph's docs ask, then the capture.
         side = torch.cuda.Stream(self.device)

@@ -84,11 +84,15 @@ class ForwardMeta:
     max_seqlen: int  # host int; a graph bakes it in, so graphs pass an upper bound (e.g. Tb)
     layout: MetaLayout
     host: HostMeta | None = None  # present in eager runs; a captured graph must not read it
+    # True only for the meta a CUDA graph is captured and replayed with (rose.graphs): backends that keep
+    # per-layout state for graphs (FlashInfer's fixed-buffer wrappers) key it on this, never on the shapes.
+    graph: bool = False
 
     @classmethod
     def from_buffer(cls, buf: torch.Tensor, layout: MetaLayout, max_seqlen: int,
-                    host: HostMeta | None = None) -> ForwardMeta:
-        """Views into `buf` (int64 [>= layout.words], on the device); no copies, no kernels."""
+                    host: HostMeta | None = None, graph: bool = False) -> ForwardMeta:
+        """Views into `buf` (int64 [>= layout.words], on the device); no copies, no kernels. `graph`: this
+        meta is what a CUDA graph of `layout` is captured with and replayed through."""
         t = layout.tokens
         cu_at = 4 * t
         count_at = cu_at + layout.cu_words
@@ -102,6 +106,7 @@ class ForwardMeta:
             max_seqlen=int(max_seqlen),
             layout=layout,
             host=host,
+            graph=graph,
         )
 
 

@@ -9,10 +9,13 @@ causal are one flag of the plan.
 Why one wrapper per bucket layout (Tb, Sb): in CUDA-graph mode FlashInfer bakes the batch size
 (len(indptr) - 1), the total rows of the first plan and the buffers' addresses into the captured kernels,
 and re-plans each new batch into the same fixed buffers. A ROSE layout fixes both numbers (padding is its
-own pseudo-sequence and cu_seqlens always has Sb + 1 entries ending at Tb), so every layout gets a wrapper
-with fixed indptr buffers and its own int workspace (layouts that differ only in their max-seqlen bound
-share it). Graph runners pass max_seqlen = layout.seqlen_bound; a meta with any other max_seqlen is an
-eager batch at its exact size, planned into one ordinary (non-graph) wrapper instead.
+own pseudo-sequence and cu_seqlens always has Sb + 1 entries ending at Tb), so every graph layout gets a
+wrapper with fixed indptr buffers and its own int workspace (layouts that differ only in their max-seqlen
+bound share it). Which metas are graph metas is explicit (`ForwardMeta.graph`, set by rose.graphs), never
+guessed from the shapes: every eager batch, padded or exact, is planned into one ordinary (non-graph)
+wrapper. At most MAX_GRAPH_WRAPPERS graph layouts get a wrapper; planning a graph meta of a new layout past
+that raises GraphSlotsExhausted (a captured graph keeps its wrapper's buffers, so none can be evicted), and
+the graph runner then runs that layout eagerly.
 
 Split-KV is disabled: in graph mode FlashInfer would otherwise always split and merge; ROSE's prefill
 batches have enough query tiles to fill the GPU, and unsplit results do not depend on batch neighbours.
@@ -36,8 +39,12 @@ FA3_HEAD_DIMS = (64, 128, 256)  # the head dims FlashInfer's Hopper prefill kern
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 FLOAT_WORKSPACE_BYTES = 16 << 20  # split-KV temporaries; unused with split-KV off, but the wrapper needs one
 EAGER_INT_WORKSPACE_BYTES = 8 << 20  # FlashInfer's default, for batches of any size
-MAX_GRAPH_WRAPPERS = 256  # beyond this many layouts, new exact-size (eager) layouts share the eager wrapper
+MAX_GRAPH_WRAPPERS = 256  # graph layouts with a wrapper of their own; later ones cannot be captured
 PIP_HINT = "pip install 'ivy-tulip-rose[flashinfer]' (the flashinfer-python package)"
+
+
+class GraphSlotsExhausted(AttentionBackendError):
+    """Every graph wrapper is taken: this layout cannot be captured (it runs eagerly)."""
 
 
 def import_flashinfer():
@@ -129,17 +136,20 @@ class FlashInferBackend(AttentionBackend):
         return _Slot(wrapper)
 
     def _slot(self, meta: ForwardMeta, create: bool) -> _Slot | None:
+        """The graph wrapper of meta's layout for a graph meta, else the one eager wrapper; None when
+        not created yet and `create` is off."""
+        if not meta.graph:
+            if self._eager is None and create:
+                self._eager = self._new_wrapper(None)
+            return self._eager
         key = (meta.layout.tokens, meta.layout.seqs)
-        if meta.max_seqlen == meta.layout.seqlen_bound:  # how graph runners build their metas (rose.graphs)
-            slot = self._graph_slots.get(key)
-            if slot is not None or not create:
-                return slot
-            if len(self._graph_slots) < MAX_GRAPH_WRAPPERS:
-                slot = self._graph_slots[key] = self._new_wrapper(key)
-                return slot
-        if self._eager is None and create:
-            self._eager = self._new_wrapper(None)
-        return self._eager
+        slot = self._graph_slots.get(key)
+        if slot is None and create:
+            if len(self._graph_slots) >= MAX_GRAPH_WRAPPERS:
+                raise GraphSlotsExhausted(f"{self.name}: all {MAX_GRAPH_WRAPPERS} graph wrappers are taken; "
+                                          f"layout {meta.layout} cannot be captured")
+            slot = self._graph_slots[key] = self._new_wrapper(key)
+        return slot
 
     # -- the backend interface ------------------------------------------------------------------------
     def plan(self, meta: ForwardMeta) -> None:
@@ -170,7 +180,8 @@ class FlashInferBackend(AttentionBackend):
         if slot is None or slot.planned != (meta.layout.tokens, meta.layout.seqs):
             raise AttentionBackendError(f"{self.name}: plan(meta) must run before forward for layout {meta.layout}")
         if slot is self._eager and torch.cuda.is_current_stream_capturing():
-            raise AttentionBackendError(f"{self.name}: layout {meta.layout} is planned eagerly and cannot be captured")
+            raise AttentionBackendError(f"{self.name}: layout {meta.layout} is planned eagerly and cannot be captured "
+                                        "(capture with a ForwardMeta built with graph=True)")
         if abs(scale - self.shape.scale) > 1e-6 * self.shape.scale:
             raise AttentionBackendError(f"{self.name} was planned with scale {self.shape.scale}, asked for {scale}")
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))

@@ -40,7 +40,8 @@ SHAPE = AttentionShape(16, 8, 128)
 def meta_for(lengths, layout=None, device="cpu", graph=True):
     host = pack_batch(Batch.from_sequences([[1] * n for n in lengths]), layout)
     buf = torch.from_numpy(host.packed).to(device)
-    return ForwardMeta.from_buffer(buf, host.layout, host.layout.seqlen_bound if graph else host.max_seqlen, host)
+    return ForwardMeta.from_buffer(buf, host.layout, host.layout.seqlen_bound if graph else host.max_seqlen, host,
+                                   graph=graph)
 
 
 # -- errors on machines without the packages or a GPU -------------------------------------------------------
@@ -279,7 +280,7 @@ def test_flashinfer_replans_between_graph_replays(name):
     qkv = [torch.randn(512, h, 128, device="cuda", dtype=torch.bfloat16) for h in (16, 8, 8)]
     first = pack_batch(Batch.from_sequences([[1] * 250, [1] * 250]), layout)
     static.copy_(torch.from_numpy(first.packed))
-    meta = ForwardMeta.from_buffer(static, layout, layout.seqlen_bound, first)
+    meta = ForwardMeta.from_buffer(static, layout, layout.seqlen_bound, first, graph=True)
     backend.plan(meta)
     backend.forward(*qkv, meta, False, shape.scale)  # warm-up, as the graph runner's eager run
     torch.cuda.synchronize()

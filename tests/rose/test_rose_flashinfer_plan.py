@@ -69,9 +69,12 @@ def backend(monkeypatch):
 
 
 def meta(lengths, layout=None, graph=True):
+    """graph=True: a meta as rose.graphs captures and replays with (bucket layout, max_seqlen = its bound)."""
     host = pack_batch(Batch.from_sequences([[1] * n for n in lengths]), layout)
     bound = host.layout.seqlen_bound if graph else host.max_seqlen
-    return ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, bound, host)
+    m = ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, bound, host)
+    m.graph = graph  # explicit: graph vs eager is never guessed from the shapes
+    return m
 
 
 def attend(backend, m):
@@ -112,3 +115,25 @@ def test_forward_needs_a_plan_for_its_layout_and_the_planned_mask(backend):
         backend.forward(q, q[:, :2], q[:, :2], m, True, 0.5)
     with pytest.raises(AttentionBackendError, match="HostMeta"):
         backend.plan(ForwardMeta.from_buffer(torch.from_numpy(m.host.packed), m.layout, 16))
+
+
+def test_an_eager_single_sequence_batch_takes_no_graph_wrapper(backend):
+    """An exact-size batch of one sequence has max_seqlen == its layout's bound, like a graph meta: it
+    must still share the eager wrapper, not take (and fix the shape of) a graph slot."""
+    for n in (37, 50, 64):
+        attend(backend, meta([n], graph=False))
+    assert [w.graph for w in MADE] == [False]
+
+
+def test_graph_layouts_past_the_cap_refuse_to_plan_and_run_eagerly(backend, monkeypatch):
+    from rose.attention import flashinfer
+
+    monkeypatch.setattr(flashinfer, "MAX_GRAPH_WRAPPERS", 3)
+    for tokens in (16, 32, 64):
+        attend(backend, meta([tokens - 5], MetaLayout(tokens, 2, 2, max_seqlen=tokens)))
+    late = MetaLayout(96, 2, 2, max_seqlen=96)
+    with pytest.raises(AttentionBackendError, match="graph wrappers are taken"):
+        backend.plan(meta([90], late))  # a clear refusal at plan time, which the graph runner turns into eager
+    attend(backend, meta([90], late, graph=False))  # the same layout eagerly: the eager wrapper serves it
+    attend(backend, meta([20], MetaLayout(32, 2, 2, max_seqlen=32)))  # layouts that have a wrapper keep it
+    assert len([w for w in MADE if w.graph]) == 3 and len([w for w in MADE if not w.graph]) == 1
