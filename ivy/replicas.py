@@ -3,8 +3,9 @@
 Each replica is probed every `health_interval_s` (grpc.health.v1 Check, then Info): it takes traffic only
 while it is SERVING and its Info matches Ivy's tokenizer (fingerprint, dimensions, max length, model id).
 A call that fails with UNAVAILABLE marks the replica down at once; the next probe brings it back.
-`call` sends one chunk to the replica with the fewest outstanding tokens and retries a chunk that failed
-with UNAVAILABLE (or a full queue) on another replica while the request's deadline allows.
+`call` sends one chunk to the replica with the fewest outstanding tokens (over the replica's EmbedStream,
+ivy/stream.py, unless `stream` is off or the answer is large) and retries a chunk that failed with
+UNAVAILABLE (or a full queue) on another replica while the request's deadline allows.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ivy import metrics
 from ivy.errors import IvyError, Problem, from_grpc
+from ivy.stream import CallFailed, ReplicaStream
 from protos import embed_pb2, embed_pb2_grpc
 
 log = logging.getLogger("ivy.replicas")
@@ -72,10 +74,15 @@ class Expected:
 
 
 class Replica:
-    def __init__(self, address: str, options: list[tuple[str, int]]) -> None:
+    def __init__(self, address: str, options: list[tuple[str, int]], *, stream: bool = True,
+                 max_message_bytes: int = 1 << 30) -> None:
         self.address = address
+        # Messages the shared stream takes: a message over the channel's cap would end the whole call (every
+        # request on it), and a large answer would hold the small ones behind it. Larger ones go unary.
+        self.stream_max_bytes = min(STREAM_MAX_MESSAGE_BYTES, max_message_bytes - 1024)
         self.channel = grpc.aio.insecure_channel(address, options=options)
         self.embedder = embed_pb2_grpc.EmbedderStub(self.channel)
+        self.stream = ReplicaStream(self.embedder, address) if stream else None
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.state = State.UNKNOWN
         self.detail = ""
@@ -85,6 +92,22 @@ class Replica:
         self.m_outstanding = metrics.OUTSTANDING.labels(address)
         self.m_chunks = metrics.CHUNKS.labels(address)
         self.m_grpc_seconds = metrics.GRPC_SECONDS.labels(address)
+
+    async def embed(self, request: embed_pb2.EmbedRequest, timeout: float, response_bytes: int) -> embed_pb2.EmbedResponse:
+        """One chunk on this replica: over the stream, or a unary call for a large response (on the shared
+        stream it would hold the small answers behind it). Raises CallFailed."""
+        limit = self.stream_max_bytes
+        if self.stream is not None and response_bytes <= limit and request.ByteSize() <= limit:
+            return await self.stream.embed(request, timeout)
+        try:
+            return await self.embedder.Embed(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise CallFailed(exc.code(), exc.details() or "", _reason(exc)) from None
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            await self.stream.close()
+        await self.channel.close()
 
     def set_state(self, state: State, detail: str = "") -> None:
         if state != self.state:
@@ -102,14 +125,15 @@ class Replica:
         return out
 
 
+STREAM_MAX_MESSAGE_BYTES = 1 << 20
 STALE_AFTER_S = 0.25  # requests probe a replica seen down at most 4 times a second, whatever the traffic
 
 
 class ReplicaPool:
     def __init__(self, addresses: tuple[str, ...], expected: Expected, *, health_interval_s: float,
-                 max_message_bytes: int) -> None:
+                 max_message_bytes: int, stream: bool = True) -> None:
         options = channel_options(max_message_bytes)
-        self.replicas = [Replica(a, options) for a in addresses]
+        self.replicas = [Replica(a, options, stream=stream, max_message_bytes=max_message_bytes) for a in addresses]
         self.expected = expected
         self.interval = health_interval_s
         self._probe_timeout = max(1.0, min(2.0, health_interval_s))  # a slow answer is not a dead replica
@@ -126,7 +150,7 @@ class ReplicaPool:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.gather(*(r.channel.close() for r in self.replicas), return_exceptions=True)
+        await asyncio.gather(*(r.close() for r in self.replicas), return_exceptions=True)
 
     # ---- health ----
 
@@ -205,6 +229,7 @@ class ReplicaPool:
     async def call(self, request: embed_pb2.EmbedRequest, tokens: int, deadline: float) -> embed_pb2.EmbedResponse:
         tried: set[Replica] = set()
         last: IvyError | None = None
+        response_bytes = _rows(request) * (request.dimensions or self.expected.dimensions) * 4 + 64
         while True:
             replica = self.pick(tried)
             if replica is None:
@@ -217,10 +242,10 @@ class ReplicaPool:
             replica.m_chunks.inc()
             start = time.perf_counter()
             try:
-                return await replica.embedder.Embed(request, timeout=remaining)
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                error = from_grpc(code, exc.details(), replica.address, _reason(exc))
+                return await replica.embed(request, remaining, response_bytes)
+            except CallFailed as exc:
+                code = exc.code
+                error = from_grpc(code, exc.details, replica.address, exc.reason)
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     replica.set_state(State.UNREACHABLE, f"Embed failed: {code.name}")
                 elif error.problem is not Problem.REPLICA_BUSY:
@@ -237,6 +262,11 @@ class ReplicaPool:
 
     def describe(self) -> list[dict]:
         return [r.describe() for r in self.replicas]
+
+
+def _rows(request: embed_pb2.EmbedRequest) -> int:
+    """Output rows of a request: one per span when spans are given, else one per sequence."""
+    return len(request.spans) // 12 if request.spans else len(request.seq_lens) // 4
 
 
 def _reason(exc: grpc.aio.AioRpcError) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from protos import embed_pb2
 from rose.head import OutputOptions, apply_head
 from tulip.errors import TulipError
 from tulip.request import ParsedRequest
@@ -29,6 +30,10 @@ class EmbedResult:
     dimensions: int
     encoding: int
     tokens: int
+
+    def proto(self) -> embed_pb2.EmbedResponse:
+        return embed_pb2.EmbedResponse(embeddings=self.embeddings, rows=self.rows, dimensions=self.dimensions,
+                                       encoding=self.encoding, tokens=self.tokens)
 
 
 class Job(Ticket):

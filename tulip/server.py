@@ -33,6 +33,7 @@ from tulip.job import Job
 from tulip.metrics import TulipMetrics
 from tulip.request import RequestLimits, parse_embed_request
 from tulip.scheduler import SequenceQueue
+from tulip.stream import EmbedStreamSession
 from tulip.version import __version__
 from tulip.worker import Worker
 
@@ -188,49 +189,62 @@ class TulipServer:
 
     # -- RPCs -----------------------------------------------------------------------------------
 
+    def admit(self, request: embed_pb2.EmbedRequest, remaining: float | None) -> Job:
+        """Validate and queue one request (unary or streamed): its Job, counted as accepted until
+        `settled()`. Raises TulipError (not ready, draining, invalid, queue full, deadline passed)."""
+        if self.draining:
+            raise ShuttingDown("tulip is shutting down and takes no new work; retry on another replica")
+        if not self.ready:
+            raise NotReady("the model is still loading; retry when health reports SERVING")
+        parsed = parse_embed_request(request, self.limits)
+        deadline = None
+        if remaining is not None:
+            if remaining <= 0:
+                raise DeadlineExpired("deadline exceeded before the request was queued")
+            deadline = time.monotonic() + remaining
+        job = Job(parsed, native_dimensions=self.limits.dimensions, loop=self._loop, deadline=deadline,
+                  request_id=request.request_id)
+        self.queue.push(job, job.sequences)
+        self._active += 1
+        return job
+
+    def settled(self, job: Job | None, status: str, started: float, tokens: int = 0) -> None:
+        """One request answered (or refused, job None): drain bookkeeping and metrics."""
+        if job is not None:
+            self._active -= 1
+            if self.draining and self._active == 0:
+                self._idle.set()
+        self.metrics.observe_request(status, time.perf_counter() - started, tokens)
+
+    def rejected(self, request_id: str, exc: TulipError) -> None:
+        quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull))  # counted in metrics; no log flood
+        log.log(logging.DEBUG if quiet else logging.INFO, "Embed %s rejected: %s: %s",
+                request_id or "-", exc.status, exc.message)
+
     async def embed(self, request: embed_pb2.EmbedRequest, context: grpc.aio.ServicerContext):
         started = time.perf_counter()
-        status, tokens, accepted, deadline = "OK", 0, False, None
+        status, tokens, job = "OK", 0, None
         try:
-            if self.draining:
-                raise ShuttingDown("tulip is shutting down and takes no new work; retry on another replica")
-            if not self.ready:
-                raise NotReady("the model is still loading; retry when health reports SERVING")
-            parsed = parse_embed_request(request, self.limits)
-            remaining = context.time_remaining()
-            if remaining is not None:
-                if remaining <= 0:
-                    raise DeadlineExpired("deadline exceeded before the request was queued")
-                deadline = time.monotonic() + remaining
-            job = Job(parsed, native_dimensions=self.limits.dimensions, loop=self._loop, deadline=deadline,
-                      request_id=request.request_id)
-            self.queue.push(job, job.sequences)
-            accepted = True
-            self._active += 1
+            job = self.admit(request, context.time_remaining())
             try:
                 result = await job.future
             except asyncio.CancelledError:  # client cancelled or its deadline passed: drop queued work
                 self.queue.cancel(job)
-                expired = deadline is not None and time.monotonic() >= deadline
+                expired = job.deadline is not None and time.monotonic() >= job.deadline
                 status = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
                 raise
             tokens = result.tokens
-            return embed_pb2.EmbedResponse(embeddings=result.embeddings, rows=result.rows,
-                                           dimensions=result.dimensions, encoding=result.encoding,
-                                           tokens=result.tokens)
+            return result.proto()
         except TulipError as exc:
             status = exc.status
-            quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull))  # counted in metrics; no log flood
-            log.log(logging.DEBUG if quiet else logging.INFO, "Embed %s rejected: %s: %s",
-                    request.request_id or "-", exc.status, exc.message)
+            self.rejected(request.request_id, exc)
             await context.abort(grpc.StatusCode[exc.status], exc.message,
                                 trailing_metadata=(("tulip-reason", exc.reason),))
         finally:
-            if accepted:
-                self._active -= 1
-                if self.draining and self._active == 0:
-                    self._idle.set()
-            self.metrics.observe_request(status, time.perf_counter() - started, tokens)
+            self.settled(job, status, started, tokens)
+
+    async def embed_stream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        await EmbedStreamSession(self, context).run(request_iterator)
 
     async def info(self, request: embed_pb2.InfoRequest, context: grpc.aio.ServicerContext):
         if self.engine is None or self.limits is None:
@@ -252,6 +266,9 @@ class _EmbedderServicer(embed_pb2_grpc.EmbedderServicer):
 
     async def Embed(self, request, context):
         return await self._server.embed(request, context)
+
+    async def EmbedStream(self, request_iterator, context):
+        await self._server.embed_stream(request_iterator, context)
 
     async def Info(self, request, context):
         return await self._server.info(request, context)

@@ -63,6 +63,9 @@ class FakeTulip:
     gate: threading.Event | None = None  # when set on the fake, Embed waits until the event is set
     waiting: int = 0  # Embed calls currently held at the gate
     calls: list[Call] = field(default_factory=list)
+    streams_opened: int = 0  # EmbedStream calls Ivy opened
+    stream_cancels: int = 0  # cancel messages received on them
+    unary_calls: int = 0  # Embed calls (not over a stream)
 
     def __post_init__(self) -> None:
         spec = load_spec(self.model_dir or bundled_model_dir())
@@ -117,11 +120,59 @@ class FakeTulip:
         return sum(c.tokens for c in self.calls)
 
 
+class _Fail(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str, reason: str) -> None:
+        super().__init__(details)
+        self.code, self.details, self.reason = code, details, reason
+
+
 class _Embedder(embed_pb2_grpc.EmbedderServicer):
     def __init__(self, fake: FakeTulip) -> None:
         self.fake = fake
 
     async def Embed(self, request, context):
+        self.fake.unary_calls += 1
+        try:
+            return await self._embed(request)
+        except _Fail as fail:
+            metadata = (("tulip-reason", fail.reason),) if fail.reason else ()
+            await context.abort(fail.code, fail.details, trailing_metadata=metadata)
+
+    async def EmbedStream(self, request_iterator, context):
+        """The stream as Tulip serves it: each message answered by id when done; cancel drops it."""
+        self.fake.streams_opened += 1
+        out: asyncio.Queue = asyncio.Queue()
+        tasks: dict[int, asyncio.Task] = {}
+
+        async def answer(message) -> None:
+            try:
+                response = await self._embed(message.request)
+                out.put_nowait(embed_pb2.StreamResponse(id=message.id, response=response))
+            except _Fail as fail:
+                out.put_nowait(embed_pb2.StreamResponse(id=message.id, code=fail.code.value[0],
+                                                        message=fail.details, reason=fail.reason))
+            finally:
+                tasks.pop(message.id, None)
+
+        async def write() -> None:
+            while True:
+                await context.write(await out.get())
+
+        writer = asyncio.ensure_future(write())
+        try:
+            async for message in request_iterator:
+                if message.cancel:
+                    self.fake.stream_cancels += 1
+                    task = tasks.pop(message.id, None)
+                    if task is not None:
+                        task.cancel()
+                else:
+                    tasks[message.id] = asyncio.ensure_future(answer(message))
+        finally:
+            for task in list(tasks.values()) + [writer]:
+                task.cancel()
+
+    async def _embed(self, request):
         fake = self.fake
         if fake.delay_s:
             await asyncio.sleep(fake.delay_s)
@@ -135,8 +186,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         if fake.fail_with is not None and fake.fail_times != 0:
             if fake.fail_times > 0:
                 fake.fail_times -= 1
-            metadata = (("tulip-reason", fake.fail_reason),) if fake.fail_reason else ()
-            await context.abort(fake.fail_with, fake.fail_details, trailing_metadata=metadata)
+            raise _Fail(fake.fail_with, fake.fail_details, fake.fail_reason)
         ids = np.frombuffer(request.token_ids, dtype="<i4")
         lens = np.frombuffer(request.seq_lens, dtype="<i4")
         offsets = np.concatenate([[0], np.cumsum(lens)])

@@ -1,0 +1,56 @@
+"""Ivy over Tulip's EmbedStream: one long-lived stream per replica carries the requests; a timed-out or
+abandoned request sends a cancel; a large answer takes a unary call; a replica that restarts gets a new
+stream; `grpc_stream=false` is unary only. Failure and retry behaviour is the unary path's (the other
+Ivy tests run with the stream on)."""
+
+import base64
+
+import numpy as np
+from fake_tulip import FakeTulip, wait_until
+from ivy_testkit import gateway
+
+
+def test_requests_share_one_stream_and_match_the_unary_path() -> None:
+    with FakeTulip() as fake:
+        with gateway(fake) as client:
+            streamed = [client.post("/v1/embeddings", json={"input": f"text number {i}"}).json() for i in range(20)]
+        assert fake.streams_opened == 1 and fake.unary_calls == 0 and len(fake.calls) == 20
+        with gateway(fake, grpc_stream=False) as client:
+            unary = [client.post("/v1/embeddings", json={"input": f"text number {i}"}).json() for i in range(20)]
+        assert fake.streams_opened == 1 and fake.unary_calls == 20
+    for a, b in zip(streamed, unary):
+        assert a["data"][0]["embedding"] == b["data"][0]["embedding"]
+
+
+def test_a_large_answer_takes_a_unary_call() -> None:
+    with FakeTulip() as fake, gateway(fake) as client:
+        r = client.post("/v1/embeddings", json={"input": ["word"] * 60, "encoding_format": "base64"})
+        assert r.status_code == 200 and len(r.json()["data"]) == 60
+        assert fake.unary_calls == 0  # 60 x 384 float32 = 92 KB: on the stream
+    with FakeTulip() as fake, gateway(fake, chunk_max_seqs=2048) as client:
+        r = client.post("/v1/embeddings", json={"input": ["word"] * 1000, "encoding_format": "base64"})
+        assert r.status_code == 200
+        rows = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in r.json()["data"]]
+        assert len(rows) == 1000 and all(np.allclose(rows[0], x) for x in rows)
+        assert fake.unary_calls == 1  # 1000 x 384 float32 = 1.5 MB: over the stream's 1 MiB
+
+
+def test_a_request_past_its_deadline_cancels_its_work_on_the_stream() -> None:
+    with FakeTulip(delay_s=1.0) as fake, gateway(fake) as client:
+        r = client.post("/v1/embeddings", json={"input": "slow"}, headers={"X-Request-Timeout": "0.2"})
+        assert r.status_code == 504
+        wait_until(lambda: fake.stream_cancels == 1)
+        fake.delay_s = 0
+        assert client.post("/v1/embeddings", json={"input": "fast"}).status_code == 200
+        assert fake.streams_opened == 1  # the stream outlived the timed-out request
+
+
+def test_a_restarted_replica_gets_a_new_stream() -> None:
+    with FakeTulip() as fake, gateway(fake) as client:
+        assert client.post("/v1/embeddings", json={"input": "before"}).status_code == 200
+        fake.stop()
+        fake.restart()
+        wait_until(lambda: client.get("/ready").status_code == 200)
+        statuses = [client.post("/v1/embeddings", json={"input": "after"}).status_code for _ in range(3)]
+        assert statuses == [200, 200, 200]
+        assert fake.streams_opened == 2

@@ -1,0 +1,144 @@
+"""EmbedStream on a real Tulip server (fake engine): many requests multiplexed on one call, each admitted
+and answered exactly as a unary Embed (same rows, same refusals), per-message deadlines and cancels that
+keep the work off the engine, a dead stream's queued work dropped, and drain."""
+
+import asyncio
+import queue
+import random
+import threading
+import time
+
+import grpc
+import numpy as np
+from test_tulip_server import _hold_two_batches, first_tokens, random_request
+from tulip_testkit import FakeEngine, ServerThread, decode_response, encode_request, make_config, marked_sequence
+from tulip_testkit import solo_embedding, wait_until
+
+from protos import embed_pb2
+
+_STOP = object()
+
+
+class Stream:
+    """A synchronous client of one EmbedStream call: send() by id, answers collected as they arrive."""
+
+    def __init__(self, stub) -> None:
+        self._out: queue.Queue = queue.Queue()
+        self.answers: dict[int, embed_pb2.StreamResponse] = {}
+        self.order: list[int] = []
+        self._call = stub.EmbedStream(iter(self._out.get, _STOP))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for message in self._call:
+                self.answers[message.id] = message
+                self.order.append(message.id)
+        except grpc.RpcError:
+            pass
+
+    def send(self, request_id: int, request=None, timeout_s: float = 30.0, cancel: bool = False) -> None:
+        self._out.put(embed_pb2.StreamRequest(id=request_id, request=request, timeout_s=timeout_s, cancel=cancel))
+
+    def answer(self, request_id: int) -> embed_pb2.StreamResponse:
+        wait_until(lambda: request_id in self.answers, what=f"answer {request_id}")
+        return self.answers[request_id]
+
+    def close(self) -> None:
+        self._out.put(_STOP)  # half-close: Tulip answers what it owes, then ends the call
+        self._reader.join(10)
+
+    def abort(self) -> None:
+        self._call.cancel()
+        self._reader.join(10)
+
+
+def test_many_requests_on_one_stream_each_equal_their_solo_embedding() -> None:
+    engine = FakeEngine()
+    rng = random.Random(11)
+    requests = [random_request(rng, i) for i in range(200)]
+    with ServerThread(make_config(max_batch_tokens=96, max_batch_seqs=8), engine) as s:
+        stream = Stream(s.stub)
+        for i, req in enumerate(requests):
+            stream.send(i + 1, req)
+        for i, req in enumerate(requests):
+            answer = stream.answer(i + 1)
+            assert answer.code == 0
+            np.testing.assert_array_equal(decode_response(answer.response), solo_embedding(req))
+        stream.close()
+        wait_until(lambda: s.server._active == 0, what="every request settled")
+
+
+def test_refusals_are_answered_by_id_and_the_stream_goes_on() -> None:
+    with ServerThread(make_config(), FakeEngine()) as s:
+        stream = Stream(s.stub)
+        bad = embed_pb2.EmbedRequest(token_ids=b"\x01\x00\x00", seq_lens=b"")
+        stream.send(1, bad)
+        answer = stream.answer(1)
+        assert answer.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and answer.reason == "invalid_argument"
+        assert "token_ids" in answer.message
+        good = encode_request([marked_sequence(5, 7)])
+        stream.send(2, good)
+        np.testing.assert_array_equal(decode_response(stream.answer(2).response), solo_embedding(good))
+        stream.close()
+
+
+def test_a_cancel_or_a_passed_deadline_keeps_the_work_off_the_engine() -> None:
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(), engine) as s:
+        held = _hold_two_batches(s, engine)
+        stream = Stream(s.stub)
+        stream.send(1, encode_request([marked_sequence(21, 6)]))
+        stream.send(2, encode_request([marked_sequence(22, 6)]), timeout_s=0.05)
+        after = encode_request([marked_sequence(23, 6)])
+        stream.send(3, after)
+        wait_until(lambda: s.server.queue.depth()[0] >= 2, what="queued")
+        stream.send(1, cancel=True)
+        wait_until(lambda: s.server.queue.depth()[0] <= 2, what="cancelled work left the queue")
+        time.sleep(0.06)  # request 2's deadline passes while it is still queued
+        engine.release(100)
+        [f.result() for f in held]
+        assert stream.answer(2).code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        np.testing.assert_array_equal(decode_response(stream.answer(3).response), solo_embedding(after))
+        stream.close()
+        assert 1 not in stream.answers  # a cancelled request is not answered
+        wait_until(lambda: s.server._active == 0, what="every request settled")
+    seen = first_tokens(engine)
+    assert 21 not in seen and 22 not in seen and 23 in seen
+
+
+def test_a_stream_that_dies_drops_its_queued_work() -> None:
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(), engine) as s:
+        held = _hold_two_batches(s, engine)
+        stream = Stream(s.stub)
+        stream.send(1, encode_request([marked_sequence(31, 6)]))
+        stream.send(2, encode_request([marked_sequence(32, 6)]))
+        wait_until(lambda: s.server.queue.depth()[0] == 2, what="queued")
+        stream.abort()
+        wait_until(lambda: s.server.queue.depth()[0] == 0, what="a dead stream's work dropped")
+        engine.release(100)
+        [f.result() for f in held]
+        wait_until(lambda: s.server._active == 0, what="every request settled")
+    seen = first_tokens(engine)
+    assert 31 not in seen and 32 not in seen
+
+
+def test_drain_answers_what_the_stream_was_given_and_refuses_new() -> None:
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(), engine) as s:
+        held = _hold_two_batches(s, engine)
+        stream = Stream(s.stub)
+        queued = encode_request([marked_sequence(41, 8)])
+        stream.send(1, queued)
+        wait_until(lambda: s.server.queue.depth()[0] == 1)
+        drain = asyncio.run_coroutine_threadsafe(s.server.drain(), s.loop)
+        wait_until(lambda: s.server.draining)
+        stream.send(2, encode_request([[1]]))
+        refused = stream.answer(2)
+        assert refused.code == grpc.StatusCode.UNAVAILABLE.value[0] and refused.reason == "shutting_down"
+        engine.release(100)
+        np.testing.assert_array_equal(decode_response(stream.answer(1).response), solo_embedding(queued))
+        assert drain.result(30) is True
+        assert all(f.result().rows == 1 for f in held)
