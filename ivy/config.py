@@ -47,6 +47,9 @@ class IvyConfig:
     coalesce: bool = field(default=True, metadata=_help(
         "Concurrent requests with the same output options that fit in one chunk share one gRPC call "
         "(sent after one turn of the event loop, never after a timer); false = one call per request."))
+    grpc_stream: bool = field(default=True, metadata=_help(
+        "Send requests over one long-lived EmbedStream per replica (multiplexed by id, each with its deadline) "
+        "instead of a unary call each; responses over 1 MiB still take a unary call. false = unary only."))
     body_read_timeout_s: float = field(default=10.0, metadata=_help(
         "Seconds the whole request body may take to arrive; a client trickling bytes gets 408 and is closed."))
     request_timeout_s: float = field(default=30.0, metadata=_help(
@@ -54,10 +57,16 @@ class IvyConfig:
     truncate: bool = field(default=False, metadata=_help(
         "Default of the request's `truncate`: cut over-long inputs instead of answering 422."))
     tokenizer_threads: int = field(default=0, metadata=_help(
-        "Threads per worker for templating and tokenization, off the event loop; 0 = min(4, CPUs)."))
+        "Threads per worker for templating and tokenization, off the event loop, and for the pieces of a long "
+        "text (--tokenize-split-chars); 0 = min(8, CPUs)."))
     tokenize_inline_chars: int = field(default=2048, metadata=_help(
         "Requests of at most this many characters (or token ids) are tokenized on the event loop, skipping "
         "the hop to the tokenizer threads (~0.1 ms saved); larger ones go to the threads. 0 = always threads."))
+    tokenize_split_chars: int = field(default=4000, metadata=_help(
+        "A text longer than this many characters is cut at boundaries its tokenizer splits at anyway and the "
+        "pieces are encoded on several tokenizer threads (same ids as one encode); 0 = never split."))
+    tokenize_piece_chars: int = field(default=2000, metadata=_help(
+        "Target length in characters of each piece of a split text (at most one piece per tokenizer thread)."))
     health_interval_s: float = field(default=2.0, metadata=_help(
         "Seconds between health and Info probes of each replica."))
     query_prefix: str = field(default="", metadata=_help(
@@ -83,7 +92,7 @@ class IvyConfig:
             raise SystemExit("ivy: --request-timeout-s and --health-interval-s must be positive")
 
     def tokenizer_thread_count(self) -> int:
-        return self.tokenizer_threads or min(4, os.cpu_count() or 1)
+        return self.tokenizer_threads or min(8, os.cpu_count() or 1)
 
     def char_cap(self, max_length: int) -> int:
         return self.max_chars_per_input or max(16 * max_length, 4096)
