@@ -48,9 +48,12 @@ class CudaGraphs:
     """Lazy per-layout CUDA graphs around `forward(meta) -> [Pb, dim]` (a pure, capturable function)."""
 
     def __init__(self, forward: Callable[[ForwardMeta], torch.Tensor], plan: Callable[[ForwardMeta], None],
-                 device: torch.device, token_buckets: Iterable[int] = DEFAULT_TOKEN_BUCKETS,
+                 eager: Callable[[HostMeta, torch.Tensor], torch.Tensor], device: torch.device,
+                 token_buckets: Iterable[int] = DEFAULT_TOKEN_BUCKETS,
                  seq_buckets: Iterable[int] = DEFAULT_SEQ_BUCKETS, capture_after: int = 1) -> None:
-        self.forward, self.plan, self.device = forward, plan, device
+        """forward: what a graph captures; plan: the backend's host-side plan, before each replay; eager:
+        the runner's one eager path (ModelRunner.eager), for every run of a layout that is not a replay."""
+        self.forward, self.plan, self.eager, self.device = forward, plan, eager, device
         self.token_buckets = tuple(sorted(set(int(t) for t in token_buckets)))
         self.seq_buckets = tuple(sorted(set(int(s) for s in seq_buckets)))
         if not self.token_buckets or not self.seq_buckets:
@@ -82,10 +85,7 @@ class CudaGraphs:
                                          int(np.diff(host.cu_seqlens[: host.num_seqs + 1]).max(initial=1)))
             if entry is None:
                 if self.seen[layout] <= self.capture_after:  # lazy capture: warm up eagerly first
-                    dev = staged.to(self.device, non_blocking=True)
-                    meta = ForwardMeta.from_buffer(dev, layout, layout.seqlen_bound, host)
-                    self.plan(meta)
-                    return self.forward(meta), "eager"
+                    return self.eager(host, staged), "eager"
                 entry = self._capture(layout, host)
                 how = "capture"
             else:

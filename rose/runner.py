@@ -1,20 +1,21 @@
 """The runner owns the device: the model, the attention backend, staging and output buffers, the stream.
 
-step(batch): pack the batch's metadata on the host (numpy) -> pinned staging -> one non-blocking
-host-to-device copy -> `forward(meta)` (model, pooling, output transform; a pure function of the weights
-and ForwardMeta with fixed shapes and no host syncs, so a CUDA graph can capture it whole) -> one
-non-blocking device-to-host copy into the same pinned buffer -> a CUDA event -> LazyTensor.
+step(batch) is five steps, one method each:
+1. layout: the CUDA-graph bucket layout that fits the batch (None: run at its exact size), then pack
+   the batch's metadata on the host (numpy) for it;
+2. stage: the packed words into the step's pinned buffer (a CPU reads the numpy array as it is);
+3. dispatch: the graph runner (replay, capture, or an eager warm-up) or `eager()` at the exact size;
+4. copy back: one non-blocking device-to-host copy of the rows into the same pinned buffer, a CUDA event;
+5. counters: one run per (layout label, how).
+The result is a LazyTensor around that buffer and event.
 
-How a graph runner (issue 4) drives the same pieces, per bucket layout L = MetaLayout(Tb, Sb, Pb):
-    host = runner.pack(batch, L)                                  # validate + pad on the host
-    static = torch.empty(L.words, dtype=torch.int64, device=dev)  # once per L; views never move
-    meta = ForwardMeta.from_buffer(static, L, max_seqlen=L.tokens, host=host)
-    runner.backend.plan(meta)                                     # host-side, outside the graph
-    with torch.cuda.graph(g, pool=shared_pool): out = runner.forward(meta)   # after one warm run
-    per batch: static.copy_(pinned packed words, non_blocking=True); meta.host = host;
-               runner.backend.plan(meta); g.replay(); out[:P] -> pinned rows -> event -> LazyTensor
-The forward reads only device tensors and layout-fixed shapes, so the replay is exact for any batch that
-fits L (max_seqlen = Tb is an upper bound the varlen kernel accepts).
+`forward(meta)` (model, pooling, output transform) is a pure function of the weights and ForwardMeta with
+fixed shapes and no host syncs, so a CUDA graph can capture it whole. `eager(host, staged)` is the one
+eager path, for exact-size batches and for every graph layout that runs eagerly (its warm-up run, the
+reference a new graph is verified against, a layout whose capture failed): the packed words to the device,
+an eager ForwardMeta (graph=False), the backend's plan, forward. rose.graphs drives the same pieces for a
+graph: its own static input buffer, a ForwardMeta with graph=True and max_seqlen = the layout's bound,
+plan before each replay.
 
 One pinned buffer per step holds both the staging area and the output rows: the staging area is free
 again once the output copy (later on the same stream) is done, i.e. exactly when the LazyTensor is
@@ -34,14 +35,13 @@ from rose.attention import make_backend
 from rose.batch import Batch
 from rose.graphs import CudaGraphs, layout_label
 from rose.layers import output_transform, segment_mean
-from rose.lazy import LazyTensor, PinnedPool
+from rose.lazy import LazyTensor, PinnedBuffer, PinnedPool
 from rose.loader import load_model
 from rose.meta import ForwardMeta, HostMeta, MetaLayout, pack_batch
 from rose.spec import ModelSpec
 
-
 def token_bucket_label(num_tokens: int) -> str:
-    """Eager runs are counted per power-of-two token class (issue 4 replaces this with graph buckets)."""
+    """Exact-size eager runs are counted per power-of-two token class."""
     return f"t{1 << max(0, num_tokens - 1).bit_length()}"
 
 
@@ -61,13 +61,27 @@ class ModelRunner:
         self._lock = threading.Lock()  # one batch at a time through the device-side sequence
         self.graphs: CudaGraphs | None = None
         if graphs is not None and device.type == "cuda" and self.backend.graph_safe:
-            self.graphs = CudaGraphs(self.forward, self.backend.plan, device, **graphs)
+            self.graphs = CudaGraphs(self.forward, self.backend.plan, self.eager, device, **graphs)
 
-    # -- the capturable part --------------------------------------------------------------------
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    # -- the capturable part and the one eager path -----------------------------------------------
     def forward(self, meta: ForwardMeta) -> torch.Tensor:
         """float32 [Pb, dimensions]: pooled rows after the family's transform (rows >= P are filler)."""
         hidden = self.model(meta, self.backend)
         return self.transform(segment_mean(hidden, meta.span_index, meta.span_count))
+
+    def eager(self, host: HostMeta, staged: torch.Tensor) -> torch.Tensor:
+        """Run the packed batch `host` (its words in `staged`) eagerly at its layout: [Pb, dimensions].
+        A bucket layout passes its max-seqlen bound (the shapes its graph will see), an exact one the
+        batch's own longest sequence."""
+        dev = staged.to(self.device, non_blocking=True) if self.on_cuda else staged
+        bound = host.layout.seqlen_bound if host.layout.max_seqlen else host.max_seqlen
+        meta = ForwardMeta.from_buffer(dev, host.layout, bound, host)
+        self.backend.plan(meta)
+        return self.forward(meta)
 
     # -- host side ------------------------------------------------------------------------------
     def pack(self, batch: Batch, layout: MetaLayout | None = None) -> HostMeta:
@@ -77,52 +91,82 @@ class ModelRunner:
 
     def step(self, batch: Batch, use_graphs: bool = True) -> LazyTensor:
         start = time.perf_counter()
-        layout = None
-        if use_graphs and self.graphs is not None:
-            longest = int(batch.seq_lens.max()) if batch.num_seqs else 1
-            layout = self.graphs.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows, longest)
+        layout = self._layout(batch) if use_graphs else None
         host = self.pack(batch, layout)
-        out_bytes = host.num_rows * self.dimensions * 4
         if host.num_rows == 0:
             return LazyTensor(None, None, (0, self.dimensions))
-        on_cuda = self.device.type == "cuda"
-        staging_at = -(-out_bytes // 64) * 64  # 64-byte aligned staging area after the output rows
-        buf = self.pool.acquire(staging_at + host.layout.nbytes if on_cuda else out_bytes)
+        buf = self.pool.acquire(self._buffer_bytes(host))
         try:
             with self._lock, torch.inference_mode(), _device_scope(self.device):
-                staged = None
-                if on_cuda:
-                    staged = buf.tensor[staging_at: staging_at + host.layout.nbytes].view(torch.int64)
-                    staged.numpy()[:] = host.packed
-                if layout is not None:
-                    out, how = self.graphs.run(host, staged)
-                    label = layout_label(layout)
-                else:
-                    dev = staged.to(self.device, non_blocking=True) if on_cuda else torch.from_numpy(host.packed)
-                    meta = ForwardMeta.from_buffer(dev, host.layout, host.max_seqlen, host)
-                    self.backend.plan(meta)
-                    out, how, label = self.forward(meta), "eager", token_bucket_label(host.num_tokens)
-                out = out[: host.num_rows]
-                rows = buf.tensor[:out_bytes].view(torch.float32).view(host.num_rows, self.dimensions)
-                rows.copy_(out, non_blocking=on_cuda)
-                event = None
-                if on_cuda:
-                    event = torch.cuda.Event()
-                    event.record()
-                self.runs[(label, how)] += 1
+                staged = self._stage(host, buf)
+                out, how = self._dispatch(host, staged, graph_layout=layout is not None)
+                event = self._copy_back(out, host, buf)
+                self._count(host, layout, how)
         except BaseException:
-            if on_cuda:  # work already enqueued may still write into the buffer: let it drain first
-                torch.cuda.synchronize(self.device)
-            self.pool.release(buf)
+            self._release_after_failure(buf)
             raise
         self.step_seconds_last = time.perf_counter() - start
         lazy = LazyTensor(self.pool, buf, (host.num_rows, self.dimensions), event)
         lazy.padded_tokens = host.layout.tokens
         return lazy
 
+    # -- the steps of step() ----------------------------------------------------------------------
+    def _layout(self, batch: Batch) -> MetaLayout | None:
+        """1. The graph bucket layout that fits `batch`; None without graphs or above the largest bucket."""
+        if self.graphs is None:
+            return None
+        longest = int(batch.seq_lens.max()) if batch.num_seqs else 1
+        return self.graphs.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows, longest)
+
+    def _out_bytes(self, host: HostMeta) -> int:
+        return host.num_rows * self.dimensions * 4
+
+    def _staging_at(self, host: HostMeta) -> int:
+        return -(-self._out_bytes(host) // 64) * 64  # 64-byte aligned staging area after the output rows
+
+    def _buffer_bytes(self, host: HostMeta) -> int:
+        return self._staging_at(host) + host.layout.nbytes if self.on_cuda else self._out_bytes(host)
+
+    def _stage(self, host: HostMeta, buf: PinnedBuffer) -> torch.Tensor:
+        """2. The packed words where the device copies them from: the pinned buffer (CUDA) or the array."""
+        if not self.on_cuda:
+            return torch.from_numpy(host.packed)
+        at = self._staging_at(host)
+        staged = buf.tensor[at: at + host.layout.nbytes].view(torch.int64)
+        staged.numpy()[:] = host.packed
+        return staged
+
+    def _dispatch(self, host: HostMeta, staged: torch.Tensor, graph_layout: bool) -> tuple[torch.Tensor, str]:
+        """3. Rows [>= P, dimensions] on the device and how they were made (replay | capture | eager)."""
+        if graph_layout:
+            return self.graphs.run(host, staged)
+        return self.eager(host, staged), "eager"
+
+    def _copy_back(self, out: torch.Tensor, host: HostMeta, buf: PinnedBuffer):
+        """4. The one copy out: the real rows into the pinned buffer, then an event after it (CUDA)."""
+        rows = buf.tensor[: self._out_bytes(host)].view(torch.float32).view(host.num_rows, self.dimensions)
+        rows.copy_(out[: host.num_rows], non_blocking=self.on_cuda)
+        if not self.on_cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _count(self, host: HostMeta, layout: MetaLayout | None, how: str) -> None:
+        """5. One run of this layout (graph layouts by their label, exact sizes by token class)."""
+        label = layout_label(layout) if layout is not None else token_bucket_label(host.num_tokens)
+        self.runs[(label, how)] += 1
+
+    def _release_after_failure(self, buf: PinnedBuffer) -> None:
+        """A step failed: let work already enqueued (which may still write into `buf`) drain, then give the
+        buffer back."""
+        if self.on_cuda:
+            torch.cuda.synchronize(self.device)
+        self.pool.release(buf)
+
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
-        if self.device.type == "cuda":
+        if self.on_cuda:
             torch.cuda.empty_cache()
 
 
