@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 7 on the lent H200, from the repository root with .whl_fi carried (about 5 minutes, at most ~6.6):
-#     bash benchmarks/attention_device.sh
+# Attention backends A/B per token bucket (bidirectional, JIT build timed), their GPU tests, then causal.
+# Issue 7, with .whl_fi carried (about 5 minutes, at most ~6.6):
 # 1. installs the FlashInfer wheels from .whl_fi (FA4 is not carried: its backend is recorded unavailable);
 # 2. the A/B for the qwen3-0.6b, qwen3-4b and minilm-l6 attention shapes, bidirectional, after compiling the
 #    JIT kernels into a fresh cache (--build-kernels: the cold first-use seconds, fa2 ~25 s, fa3 ~85 s);
@@ -9,21 +9,15 @@
 # 4. if time is left: the A/B of the Qwen3 shapes causal (Qwen3-Embedding) -> attention_backends_causal.json
 #    and profiles/<model>-causal/rose_profile.json;
 # copies results and the log to $OUT (8 files at most) and prints the bidirectional table last.
+#     bash benchmarks/device.sh attention
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/attention-device-out}
+source "$(dirname "$0")/device_env.sh" || exit 1
 LOG="$OUT/attention_device.log"
-mkdir -p "$OUT" benchmarks/results
-export PYTHONUNBUFFERED=1
-export ROSE_KERNEL_CACHE_DIR=${ROSE_KERNEL_CACHE_DIR:-/tmp/rose-kernels}
+mkdir -p benchmarks/results
+export ROSE_KERNEL_CACHE_DIR=${ROSE_KERNEL_CACHE_DIR:-/tmp/rose-kernels}  # a fresh cache: the build is timed
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
-
-if ls .whl_fi/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi .whl_fi/*.whl \
-    && export PYTHONPATH=/tmp/fi:${PYTHONPATH:-}
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
+use_flashinfer
 python3 -c "import torch, flashinfer; print('flashinfer', flashinfer.__version__, '| torch', torch.__version__, \
 '| CUDA', torch.version.cuda, '|', torch.cuda.get_device_name())" 2>&1 | tail -1 | tee "$LOG"
 

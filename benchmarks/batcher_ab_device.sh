@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One device call (carry .whl): ROSE's GPU tests, then the stack A/B of Tulip's batch pacing and idle
-# capture on the Qwen3-0.6B config (random bf16 weights), each variant a fresh `ivy up` with no graph
-# manifest, the same seeded requests, the server's counters per step. Prints one table last.
-#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/ab_device.sh
-# VARIANTS: "label pack_ahead_ms idle_capture_ms" triples (default: the old behaviour, the new default,
-# the new default + idle capture).
+# Tulip's batch pacing and idle capture, A/B through the stack (Qwen3-0.6B), after ROSE's GPU tests.
+# One device call (carry .whl; ~8 min): the Qwen3-0.6B config (random bf16 weights), each variant a fresh
+# `ivy up` with no graph manifest, the same seeded requests, the server's counters per step. Prints one table last.
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh batcher-ab
+# VARIANTS: "label pack_ahead_ms idle_capture_ms" triples (default: packing at once, the default of packing
+# 1 ms ahead, the default + idle capture after 5 ms). DURATION: seconds per level (3).
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD IVY_WORKERS=${IVY_WORKERS:-4} TULIP_GRAPH_MANIFEST=off
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
+source "$(dirname "$0")/device_env.sh" || exit 1
+require_carried .whl
+export IVY_WORKERS=${IVY_WORKERS:-4} TULIP_GRAPH_MANIFEST=off
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 timeout 150 python3 -m pytest -q -m gpu tests/rose -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
 echo "gpu tests rc=$? ($(el) s)"; tail -2 $OUT/gpu_tests.log
@@ -24,11 +25,11 @@ for variant in ${VARIANTS:-"pack0 0 0" "pack1 1 0" "pack1_idle5 1 5"}; do
   timeout 200 python3 -m benchmarks.stack --url http://127.0.0.1:8080 --model qwen3-0.6b --tokenizer $dir \
     --suite embed-latency,concurrency --embed-tokens 128,512 --duration-s ${DURATION:-3} --out $OUT --label $1 \
     --client-cpus 8-15 --reference /tmp/ref.json --server-metrics http://127.0.0.1:50151/metrics \
-    2>> $OUT/ab_device.log
+    2>> $OUT/batcher_ab.log
   kill -TERM $up; wait $up
   rm -f $OUT/stack_qwen3-0.6b_$1_*.png  # at most 8 files come back: the JSONs carry the numbers
 done
-cat /tmp/up_*.log >> $OUT/ab_device.log
+cat /tmp/up_*.log >> $OUT/batcher_ab.log
 python3 - <<'PY'
 import glob, json, os
 from benchmarks.stack.server_counters import describe

@@ -1,29 +1,24 @@
 #!/usr/bin/env bash
-# Issues 4 and 7 on the lent H200, from the repository root with .whl_fi (FlashInfer wheels) carried:
-#     STEP=profile bash benchmarks/best_device.sh   # ~4 min: JIT build, causal A/B, GPU breakdown
-#     STEP=best    bash benchmarks/best_device.sh   # ~4 min: rose-graphs vs rose-best, same run
+# ROSE with its best attention per bucket: the causal profiles (STEP=profile), then rose-graphs vs rose-best.
+# Issues 4 and 7, with .whl_fi (FlashInfer wheels) carried:
+#     bash benchmarks/device.sh profile   # STEP=profile, ~4 min: JIT build, causal A/B, GPU breakdown
+#     bash benchmarks/device.sh best      # STEP=best, ~4 min: rose-graphs vs rose-best, same run
 # Two calls because one may last 10 minutes; FlashInfer and its kernel cache live under /root, which
 # survives between calls while the machine stays warm (the carried tree does not).
 # STEP=profile: installs FlashInfer, builds its kernels (first-use seconds reported), A/B of the Qwen3
 #   shapes causal (Qwen3-Embedding, as rose_gpu's folders are) -> profiles/<model>-causal/, and
-#   benchmarks.rose_breakdown (GPU time per kernel class vs host->host at 128/512/4096 tokens).
+#   benchmarks.rose_breakdown (GPU time per kernel class vs host->host at 128/512/4096 tokens) in what is
+#   left of BUDGET seconds (device.sh sets it from the call's elapsed time; 560 alone).
 # STEP=best: benchmarks.rose_gpu with --variants rose-graphs,rose-best --profiles <the A/B's profiles>
 #   -> rose_gpu_best.json (merge its rose-best records into rose_gpu.json on the laptop).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/best-device-out}
-mkdir -p "$OUT" benchmarks/results
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh" || exit 1
+mkdir -p benchmarks/results
 export ROSE_KERNEL_CACHE_DIR=/root/rose-kernels
 PROFILES=/root/profiles
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
-
-if [ ! -d /root/fi/flashinfer ] && ls .whl_fi/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /root/fi .whl_fi/*.whl
-fi
-[ -d /root/fi ] && export PYTHONPATH=/root/fi:${PYTHONPATH:-}
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
+use_flashinfer
 python3 -c "import torch, flashinfer; print('flashinfer', flashinfer.__version__, '| torch', torch.__version__, \
 '|', torch.cuda.get_device_name())" 2>&1 | tail -1
 

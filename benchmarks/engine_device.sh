@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# On the lent H200: ROSE's GPU tests, then the ROSE benchmark (issue 4). Output lands in $OUT.
-#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/rose_device.sh
+# ROSE's GPU tests (the fused kernels first), the parity report, then benchmarks.rose_gpu (issue 4).
+# ROSE in-process against HF transformers, lever by lever, and the saturation curve; carry .whl. If the fused
+# kernels fail their test the benchmark runs unfused (ROSE_FUSED_KERNELS=0). BENCH_ARGS, BENCH_TIMEOUT and TAIL
+# pass through. Output lands in $OUT.
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh engine
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+source "$(dirname "$0")/device_env.sh" || exit 1
+require_carried .whl
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 240 python3 -m pytest -q -m gpu tests/rose -p no:cacheprovider -x -k "fused" > $OUT/gpu_fused.log 2>&1
 fused_rc=$?; tail -3 $OUT/gpu_fused.log

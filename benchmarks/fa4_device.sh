@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# Issue 7, FlashAttention 4 on the lent H200. Its wheels are 102 MB (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl
-# 4.8.1 + libs-base/-core/-cu13, apache-tvm-ffi, torch-c-dlpack-ext, quack-kernels, einops), more than one
-# call may carry, so they travel as one tar split in two folders (not in git; rebuild them with the recipe
-# in benchmarks/NOTES.md) and meet under /root, which survives between calls while the machine is warm:
-#     STEP=1 bash benchmarks/fa4_device.sh    # carry .whl_fa4a: parks part aa in /root
-#     STEP=2 bash benchmarks/fa4_device.sh    # carry .whl_fa4b only (64 MiB a call): joins, installs, GPU
-#                                             # tests of the fa4 backend, then the A/B; FlashInfer joins the
-#                                             # A/B when best_device.sh left it in /root/fi on this machine
+# FlashAttention 4: installed from two carried halves, its GPU tests, the attention A/B with fa4 in it.
+# Issue 7. Its wheels are 102 MB (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 + libs-base/-core/-cu13,
+# apache-tvm-ffi, torch-c-dlpack-ext, quack-kernels, einops), more than one call may carry, so they travel
+# as one tar split in two folders (not in git; rebuild them with the recipe in benchmarks/NOTES.md,
+# "Device runs") and meet under /root, which survives between calls while the machine is warm:
+#     bash benchmarks/device.sh fa4-1   # STEP=1, carry .whl_fa4a: parks part aa in /root
+#     bash benchmarks/device.sh fa4-2   # STEP=2, carry .whl_fa4b only (64 MiB a call): joins, installs, GPU
+#                                       # tests of the fa4 backend, then the A/B; FlashInfer joins the
+#                                       # A/B when an earlier call with .whl_fi left it in /root/fi
 # The DSL needs its .pth processed, so the install dir is added with site.addsitedir() by a sitecustomize.py
 # on PYTHONPATH. Output (the A/B json, the log) lands in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/fa4-device-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 ROSE_KERNEL_CACHE_DIR=/root/rose-kernels
+source "$(dirname "$0")/device_env.sh" || exit 1
+export ROSE_KERNEL_CACHE_DIR=/root/rose-kernels
 case "${STEP:-1}" in
 1)
   cp .whl_fa4a/fa4.tar.part-aa /root/ && ls -la /root/fa4.tar.part-aa
@@ -26,9 +25,7 @@ case "${STEP:-1}" in
     tar xf /root/fa4.tar -C /root && python3 -m pip install -q --no-index --no-deps --no-compile \
       --target /root/fa4 /root/fa4w/*.whl || exit 1
   fi
-  if [ ! -d /root/fi/flashinfer ] && ls .whl_fi/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /root/fi .whl_fi/*.whl
-  fi
+  install_flashinfer
   mkdir -p /root/sitecustom
   printf 'import site\nfor d in ("/root/fa4", "/root/fi"):\n    site.addsitedir(d)\n' > /root/sitecustom/sitecustomize.py
   export PYTHONPATH=/root/sitecustom:$PWD

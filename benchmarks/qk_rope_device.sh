@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# One device call (carry .whl and .whl_fi): the QK-norm+RoPE kernel rewrite measured three ways.
-#   1. benchmarks.qk_rope_ab: the kernel alone, session 2's vs the new one at each block size;
+# The QK-norm+RoPE kernel measured three ways: alone per block size, through the GPU tests, end to end.
+#   1. benchmarks.qk_rope_ab: the kernel alone, the one-program-per-(token, head) kernel vs the token-block
+#      one at each block size -> $OUT/qk_rope_ab.json;
 #   2. ROSE's GPU tests (the fused kernels' parity, the models' parity with transformers);
 #   3. benchmarks.rose_breakdown for Qwen3-0.6B (the 'norm' class at 128/512/4096 tokens), and
 #      benchmarks.rose_gpu rose-graphs / rose-best (causal FlashInfer profiles) for Qwen3-0.6B and 4B.
-#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/session3_device_b.sh
+# Carry .whl and .whl_fi; one call (~9 min).
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh qk-rope
 set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-[ -d /root/fi/flashinfer ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /root/fi .whl_fi/*.whl
-export PYTHONPATH=/root/fi:/tmp/site:$PWD ROSE_KERNEL_CACHE_DIR=/root/rose-kernels
+source "$(dirname "$0")/device_env.sh" || exit 1
+require_carried .whl
+use_flashinfer
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 timeout 120 python3 -m benchmarks.qk_rope_ab --json $OUT/qk_rope_ab.json 2>&1 | tail -10
 echo "== tests ($(el) s)"

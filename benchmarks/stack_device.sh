@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue 8 on the lent H200: deploy Ivy + Tulip (ROSE inside) with `ivy up`, run the four suites through
-# HTTP, for the Qwen3-0.6B config (random bf16 weights) and all-MiniLM-L6-v2 (config + tokenizer, random
+# The stack's four suites through HTTP (`ivy up`: Ivy + Tulip, ROSE inside), the in-process replay, the overhead.
+# Issue 8: for the Qwen3-0.6B config (random bf16 weights) and all-MiniLM-L6-v2 (config + tokenizer, random
 # weights: the real weights do not travel). Needs .whl carried (fastapi, uvicorn, pydantic, orjson,
 # httptools, uvloop), then the zero-cost-engine overhead run (OVERHEAD=0 skips it). A model named twice in
 # MODELS is run again on the same folder: a restart, prewarmed from the graph manifest the first run saved.
-#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/stack_device.sh
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD IVY_WORKERS=${IVY_WORKERS:-4}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+source "$(dirname "$0")/device_env.sh" || exit 1
+require_carried .whl
+export IVY_WORKERS=${IVY_WORKERS:-4}
 start=$(date +%s)
 for m in ${MODELS:-qwen3-0.6b minilm-l6}; do
   dir=/tmp/m/$m label=""

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +14,8 @@ import pytest
 
 from benchmarks.rose_breakdown import category
 from benchmarks.rose_gpu import VARIANTS, best_profile
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def test_kernel_names_fall_into_their_classes() -> None:
@@ -49,3 +55,76 @@ def test_breakdown_runs_end_to_end_on_cpu(tmp_path: Path, monkeypatch) -> None:
     rows = json.loads((tmp_path / "rose_breakdown.json").read_text())["rows"]
     assert [r["tokens"] for r in rows] == [16, 64]
     assert all(r["host_to_host_p50_ms"] > 0 and r["weight_bytes"] > 0 for r in rows)
+
+
+def _bash(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_every_device_script_parses_and_is_named_by_what_it_measures() -> None:
+    scripts = sorted(BENCHMARKS.glob("*.sh"))
+    assert {"device.sh", "device_env.sh"} <= {s.name for s in scripts}
+    for script in scripts:
+        assert _bash("-n", str(script)).returncode == 0, script.name
+        assert not re.search(r"session|run\d|\d{4}-\d\d", script.name), script.name
+
+
+def test_device_sh_lists_every_device_script_one_line_each() -> None:
+    listing = _bash(str(BENCHMARKS / "device.sh"))
+    assert listing.returncode == 0, listing.stderr
+    rows = listing.stdout.splitlines()[1:]
+    names = [row.split()[0] for row in rows]
+    assert len(names) == len(set(names)) and {"gpu-tests", "engine", "stack", "fa4-1", "fa4-2"} <= set(names)
+    table = (BENCHMARKS / "device.sh").read_text()
+    for script in BENCHMARKS.glob("*_device.sh"):  # each one reachable: in the table or found by its name
+        assert f"|{script.name}|" in table or script.stem.removesuffix("_device").replace("_", "-") in names
+        assert script.read_text().splitlines()[1].startswith("#"), f"{script.name}: no one-line summary"
+    missing = [row.split()[0] for row in rows if "is not in this tree" in row]
+    assert set(missing) <= {"stack-layers"}  # written elsewhere; dispatched once it exists
+
+
+def _sandbox(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """device.sh and device_env.sh in a tree of their own (no .whl: nothing installed), with probe scripts."""
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    for name in ("device.sh", "device_env.sh"):
+        shutil.copy(BENCHMARKS / name, bench / name)
+    probe = ('#!/usr/bin/env bash\n# prints the environment it was given\nset -u\n'
+             'source "$(dirname "$0")/device_env.sh" || exit 1\n'
+             'echo "pwd=$PWD path=$PYTHONPATH unbuffered=$PYTHONUNBUFFERED out=$OUT budget=$BUDGET step=${STEP:-}"\n')
+    (bench / "probe_env_device.sh").write_text(probe)
+    (bench / "fa4_device.sh").write_text(probe + "exit 3\n")
+    (bench / "needs_wheels_device.sh").write_text(probe.replace("echo", "require_carried .whl\necho"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OUT", "PYTHONPATH", "DEVICE_ENV_READY", "BUDGET", "STEP", "GIT_COMMIT")}
+    env["OUT"] = str(tmp_path / "out")
+    return bench, env
+
+
+def test_device_sh_sets_the_environment_and_runs_each_named_script_in_turn(tmp_path: Path) -> None:
+    bench, env = _sandbox(tmp_path)
+    run = _bash(str(bench / "device.sh"), "probe-env", "fa4-2", "probe-env", env=env)
+    assert run.returncode == 3, run.stderr  # the first failing script's status; the rest still ran
+    probes = [line for line in run.stdout.splitlines() if line.startswith("pwd=")]
+    assert len(probes) == 3
+    for line in probes:
+        assert line.startswith(f"pwd={tmp_path} path=/tmp/site:{tmp_path} unbuffered=1 out={tmp_path / 'out'} ")
+    assert probes[1].endswith("step=2") and probes[0].endswith("step=")
+    budgets = [int(line.split("budget=")[1].split()[0]) for line in probes]
+    assert 560 <= budgets[2] <= budgets[1] <= budgets[0] <= 570
+    assert (tmp_path / "out").is_dir()
+
+
+def test_device_sh_checks_every_name_before_running_anything(tmp_path: Path) -> None:
+    bench, env = _sandbox(tmp_path)
+    run = _bash(str(bench / "device.sh"), "probe-env", "no-such-run", env=env)
+    assert run.returncode == 2 and "pwd=" not in run.stdout
+    assert "no run named 'no-such-run'" in run.stderr and "probe-env" in run.stderr  # the list follows
+    run = _bash(str(bench / "device.sh"), "stack-layers", env=env)
+    assert run.returncode == 2 and "stack_layers_device.sh" in run.stderr
+
+
+def test_a_script_that_needs_carried_wheels_says_so(tmp_path: Path) -> None:
+    bench, env = _sandbox(tmp_path)
+    run = _bash(str(bench / "device.sh"), "needs-wheels", env=env)
+    assert run.returncode == 1 and "pwd=" not in run.stdout and "carry .whl" in run.stderr

@@ -1,0 +1,41 @@
+# The common environment of a device run, sourced by benchmarks/device.sh and by every benchmarks/*_device.sh
+# (so each script also runs alone): the repository root as the working directory, unbuffered Python, $OUT
+# (the folder whose files come back), GIT_COMMIT, the carried wheels of .whl installed into /tmp/site when
+# .whl is there, and PYTHONPATH=/tmp/site:$PWD. The install runs once per call (DEVICE_ENV_READY).
+# Helpers for the scripts: require_carried DIR, install_flashinfer, use_flashinfer.
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || return 1
+export PYTHONUNBUFFERED=1
+export OUT=${OUT:-/tmp/device-out}
+mkdir -p "$OUT" || return 1
+export GIT_COMMIT=${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
+if [ -z "${DEVICE_ENV_READY:-}" ]; then
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
+  fi
+  export PYTHONPATH=/tmp/site:$PWD DEVICE_ENV_READY=1
+fi
+
+# require_carried DIR: stop unless DIR/*.whl came with this call (the run's `carry` must name DIR).
+require_carried() {
+  ls "$1"/*.whl > /dev/null 2>&1 || { echo "no $1/*.whl in this tree: carry $1" >&2; exit 1; }
+}
+
+# install_flashinfer: FlashInfer's wheels from .whl_fi into /root/fi, once per warm machine (/root survives
+# between calls while the machine stays warm; the carried tree does not).
+install_flashinfer() {
+  if [ ! -d /root/fi/flashinfer ] && ls .whl_fi/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /root/fi .whl_fi/*.whl
+  fi
+  return 0
+}
+
+# use_flashinfer: install_flashinfer, /root/fi first on PYTHONPATH, and the JIT kernel cache under /root
+# unless ROSE_KERNEL_CACHE_DIR is set already.
+use_flashinfer() {
+  install_flashinfer
+  if [ -d /root/fi ]; then
+    case ":${PYTHONPATH:-}:" in *:/root/fi:*) ;; *) export PYTHONPATH=/root/fi${PYTHONPATH:+:$PYTHONPATH} ;; esac
+  fi
+  export ROSE_KERNEL_CACHE_DIR=${ROSE_KERNEL_CACHE_DIR:-/root/rose-kernels}
+}
