@@ -202,11 +202,13 @@ class Engine:
 
     def stats(self) -> dict:
         r = self.runner
-        pool = r.pool.stats()
+        pool, graphs = r.pool.stats(), r.graphs
         return {"pinned_bytes_in_use": pool["bytes_in_use"], "pinned_bytes_cap": pool["cap_bytes"],
                 "pinned_bytes_allocated": pool["bytes_allocated"],
-                "graphs_captured": len(r.graphs.graphs) if r.graphs else 0,
-                "graph_capture_seconds": r.graphs.capture_seconds if r.graphs else 0.0, "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last}
+                "graphs_captured": len(graphs.graphs) if graphs else 0,
+                "graph_capture_seconds": graphs.capture_seconds if graphs else 0.0,
+                "captures_failed": graphs.captures_failed if graphs else 0,
+                "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last}
 
     def close(self) -> None:
         if self._runner is not None:

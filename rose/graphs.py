@@ -4,12 +4,15 @@ A graph bakes in its shapes, so it is keyed by the bucket layout (Tb tokens, Sb 
 ragged batches are padded at the end up to the smallest bucket that fits (rose.meta explains the
 padding). Lazy capture: a layout's first batch runs eagerly at the padded shape (the warm-up: cuBLAS
 handles, kernel autotuning, allocator growth), its second is captured and replayed, later ones replay.
-All graphs draw from one memory pool; batches above the largest bucket run eagerly.
+All graphs draw from one memory pool; batches above the largest bucket run eagerly. A capture that fails
+is not retried: that batch and every later one of its layout run eagerly (counted in captures_failed,
+logged once).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -25,6 +28,7 @@ from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS, choose_layo
 from rose.batch import Batch
 from rose.meta import ForwardMeta, HostMeta, MetaLayout
 
+log = logging.getLogger("rose.graphs")
 VERIFY_MAX_DIVERGENCE = 1e-3  # cosine divergence (1 - cos) between graph and eager output, per row
 
 
@@ -64,6 +68,8 @@ class CudaGraphs:
         self.seen: Counter[MetaLayout] = Counter()
         self.examples: dict[MetaLayout, tuple[int, int, int, int]] = {}  # a real (T, S, P, longest) per layout
         self.capture_seconds = 0.0
+        self.eager_only: dict[MetaLayout, str] = {}  # layouts that never get a graph, and why
+        self.captures_failed = 0
         self._lock = threading.Lock()
 
     # -- bucket choice (host only) ---------------------------------------------------------------
@@ -78,50 +84,73 @@ class CudaGraphs:
         with how = "replay" | "capture" | "eager". Everything is enqueued on the current stream."""
         layout = host.layout
         with self._lock:
+            self._note(host)
             entry = self.graphs.get(layout)
-            self.seen[layout] += 1
-            if layout not in self.examples:
-                self.examples[layout] = (host.num_tokens, host.num_seqs, host.num_rows,
-                                         int(np.diff(host.cu_seqlens[: host.num_seqs + 1]).max(initial=1)))
-            if entry is None:
-                if self.seen[layout] <= self.capture_after:  # lazy capture: warm up eagerly first
-                    return self.eager(host, staged), "eager"
+            if entry is not None:
+                return self._replay(entry, host, staged), "replay"
+            if layout in self.eager_only or self.seen[layout] <= self.capture_after:  # warm-up, or no graph
+                return self.eager(host, staged), "eager"
+            try:
                 entry = self._capture(layout, host)
-                how = "capture"
-            else:
-                how = "replay"
-            entry.static_in.copy_(staged, non_blocking=True)
-            entry.meta.host = host  # host-side planning (FlashInfer) reads the new batch; the graph does not
-            self.plan(entry.meta)
-            entry.graph.replay()
-            return entry.static_out, how
+            except Exception as exc:  # noqa: BLE001 - this batch and the layout's later ones run eagerly
+                self.captures_failed += 1
+                self._give_up(layout, exc)
+                return self.eager(host, staged), "eager"
+            self.graphs[layout] = entry
+            return self._replay(entry, host, staged), "capture"
+
+    def _note(self, host: HostMeta) -> None:
+        self.seen[host.layout] += 1
+        if host.layout not in self.examples:
+            self.examples[host.layout] = (host.num_tokens, host.num_seqs, host.num_rows,
+                                          int(np.diff(host.cu_seqlens[: host.num_seqs + 1]).max(initial=1)))
+
+    def _replay(self, entry: _Graph, host: HostMeta, staged: torch.Tensor) -> torch.Tensor:
+        entry.static_in.copy_(staged, non_blocking=True)
+        entry.meta.host = host  # host-side planning (FlashInfer) reads the new batch; the graph does not
+        self.plan(entry.meta)
+        entry.graph.replay()
+        return entry.static_out
+
+    def _give_up(self, layout: MetaLayout, exc: BaseException) -> None:
+        """No graph for `layout`, ever: it runs eagerly from now on. Logged once (it is never retried)."""
+        self.eager_only[layout] = f"{type(exc).__name__}: {exc}"
+        log.warning("CUDA graph %s: %s; this layout runs eagerly from now on", layout_label(layout),
+                    self.eager_only[layout], exc_info=exc)
 
     def _capture(self, layout: MetaLayout, host: HostMeta) -> _Graph:
         start = time.perf_counter()
-        static_in = torch.zeros(layout.words, dtype=torch.int64, device=self.device)
-        static_in.copy_(torch.from_numpy(host.packed))  # a valid batch for the capture-time warm run
-        meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
-        self.plan(meta)
-        # One warm run on a side stream, as torch.cuda.graph's docs ask, then the capture.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self.forward(meta)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            static_out = self.forward(meta)
-        entry = _Graph(graph, static_in, static_out, meta)
-        self.graphs[layout] = entry
-        self.capture_seconds += time.perf_counter() - start
-        return entry
+        stream = torch.cuda.current_stream(self.device)
+        try:
+            static_in = torch.zeros(layout.words, dtype=torch.int64, device=self.device)
+            static_in.copy_(torch.from_numpy(host.packed))  # a valid batch for the capture-time warm run
+            meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
+            self.plan(meta)
+            # One warm run on a side stream, as torch.cuda.graph's docs ask, then the capture.
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                self.forward(meta)
+            stream.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                static_out = self.forward(meta)
+        except BaseException:
+            # torch.cuda.graph leaves its capture stream current when the capture fails to end: the eager
+            # runs that follow belong on the stream this step started on.
+            torch.cuda.set_stream(stream)
+            raise
+        finally:
+            self.capture_seconds += time.perf_counter() - start
+        return _Graph(graph, static_in, static_out, meta)
 
     def pending(self) -> list[tuple[int, int, int, int]]:
         """A real (T, S, P, longest) shape of each layout that has had its eager warm-up run(s) but no graph
         yet, hottest first: the layouts whose next batch would capture on the request path."""
         with self._lock:
             return [self.examples[lay] for lay, n in self.seen.most_common()
-                    if n >= self.capture_after and lay not in self.graphs and lay in self.examples]
+                    if n >= self.capture_after and lay not in self.graphs and lay not in self.eager_only
+                    and lay in self.examples]
 
     # -- prewarm, manifest, verification ----------------------------------------------------------
     def save_manifest(self, path: Path) -> None:

@@ -144,6 +144,7 @@ _KNOWN = {
     "pinned_bytes_cap": "Cap on page-locked host bytes",
     "graphs_captured": "CUDA graphs captured",
     "graph_capture_seconds": "Seconds spent capturing CUDA graphs",
+    "captures_failed": "CUDA graph captures that failed (their layouts run eagerly)",
     "step_seconds_last": "Duration of the engine's last step",
 }
 

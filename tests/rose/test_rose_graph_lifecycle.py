@@ -48,3 +48,41 @@ def test_lazy_capture_then_replay_on_fake_cuda(engine, monkeypatch):
     for i, got in enumerate(rows):
         assert np.allclose(got, runner.step(batch_of(engine, seed=i), use_graphs=False).result(), atol=1e-5)
     assert len(fake.captures) == 1 and len(runner.graphs.graphs) == 1
+
+
+def test_a_failed_capture_falls_back_to_eager_for_that_layout_once(engine, monkeypatch, caplog):
+    runner = engine.runner
+    fake = attach_graphs(runner, monkeypatch)
+    fake.fail = RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    before = dict(runner.runs)
+    with caplog.at_level("WARNING", logger="rose.graphs"):
+        for i in range(4):  # eager warm-up, the failed capture, then eager: the failing batch is served too
+            got = runner.step(batch_of(engine, seed=i)).result()
+            assert np.allclose(got, runner.step(batch_of(engine, seed=i), use_graphs=False).result(), atol=1e-5)
+    assert hows(runner, before).count("capture") == 0 and len(fake.captures) == 1, "never retried"
+    assert engine.stats()["captures_failed"] == 1 and engine.stats()["graphs_captured"] == 0
+    warnings = [r for r in caplog.records if r.name == "rose.graphs"]
+    assert len(warnings) == 1 and "t64s4p4m64" in warnings[0].getMessage() and "runs eagerly" in warnings[0].getMessage()
+    assert runner.graphs.pending() == [] and engine.capture_pending() is False
+    fake.fail = None  # other layouts still capture
+    other = batch_of(engine, lengths=(60, 20))
+    for _ in range(3):
+        runner.step(other).result()
+    assert len(runner.graphs.graphs) == 1
+
+
+def test_a_backend_out_of_graph_slots_fails_the_capture_not_the_batch(engine, monkeypatch):
+    from rose.attention import AttentionBackendError
+
+    runner = engine.runner
+    attach_graphs(runner, monkeypatch)
+    real_plan = runner.graphs.plan
+
+    def plan(meta):
+        if meta.graph:
+            raise AttentionBackendError("all 256 graph wrappers are taken")
+        real_plan(meta)
+
+    monkeypatch.setattr(runner.graphs, "plan", plan)
+    rows = [runner.step(batch_of(engine, seed=i)).result() for i in range(3)]
+    assert all(np.isfinite(r).all() for r in rows) and runner.graphs.captures_failed == 1
