@@ -14,10 +14,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from ivy import __version__, metrics, routes_embeddings, routes_scoring, routes_tokenize
 from ivy.config import ENV_PREFIX, IvyConfig
@@ -50,6 +52,7 @@ def create_app(config: IvyConfig) -> FastAPI:
     app.include_router(routes_scoring.router)
     app.include_router(routes_tokenize.router)
     _add_ops_routes(app)
+    _serve_lean(app)
     _add_error_handlers(app)
     if config.cors_origins:
         # Any request header: SDKs send their own (openai-node's x-stainless-*), and a preflight naming one
@@ -58,6 +61,17 @@ def create_app(config: IvyConfig) -> FastAPI:
                            allow_headers=["*"], expose_headers=["Retry-After", "X-Request-Id"])
     app.add_middleware(metrics.RequestMetrics)
     return app
+
+
+def _serve_lean(app: FastAPI) -> None:
+    """Every POST route (they all take the bare Request and read their body themselves, see ivy.body) is
+    served by a plain Starlette Route put ahead of its FastAPI twin, which stays for the OpenAPI schema and
+    /docs. FastAPI's per-request dependency solving and endpoint wrapping cost ~110 µs a request on this
+    project's CPU for nothing these routes use (benchmarks/NOTES.md, "the gateway's own cost"); error
+    handlers, middleware and app.state are the app's and apply the same."""
+    lean = [Route(r.path, r.endpoint, methods=["POST"], name=r.name, include_in_schema=False)
+            for r in app.router.routes if isinstance(r, APIRoute) and r.methods == {"POST"}]
+    app.router.routes[0:0] = lean
 
 
 def app_from_env() -> FastAPI:
