@@ -133,7 +133,10 @@ class CudaGraphs:
                 self.forward(meta)
             stream.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            # Thread-local: the completer, the metrics thread and LazyTensor releases keep querying events
+            # while the launcher thread captures; in the default (global) mode any of those calls from
+            # another thread invalidates the capture (and raises there).
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 static_out = self.forward(meta)
         except BaseException:
             # torch.cuda.graph leaves its capture stream current when the capture fails to end: the eager

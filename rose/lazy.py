@@ -102,10 +102,12 @@ class PinnedPool:
             raise
         return PinnedBuffer(tensor=tensor, nbytes=size)
 
-    def release(self, buf: PinnedBuffer, after: Any = None) -> None:
-        """Give `buf` back; with `after` (a CUDA event), only once that event has completed."""
+    def release(self, buf: PinnedBuffer, after: Any = None, poll: bool = True) -> None:
+        """Give `buf` back; with `after` (a CUDA event), only once that event has completed. Never raises
+        for the event: one whose query fails counts as not done yet. poll=False: no CUDA call at all (the
+        buffer waits in the pending list for the next acquire or stats to poll it)."""
         with self._cond:
-            if after is not None and not after.query():
+            if after is not None and not (poll and _done(after)):
                 self._pending.append((buf, after))
                 return
             self._free[buf.nbytes].append(buf)
@@ -123,7 +125,7 @@ class PinnedPool:
             return
         still = []
         for buf, event in self._pending:
-            if event.query():
+            if _done(event):
                 self._free[buf.nbytes].append(buf)
                 self.bytes_in_use -= buf.nbytes
             else:
@@ -141,6 +143,15 @@ class PinnedPool:
                 freed += size
         if freed and self.pin and hasattr(torch._C, "_host_emptyCache"):
             torch._C._host_emptyCache()  # hand the dropped blocks back instead of keeping them cached
+
+
+def _done(event: Any) -> bool:
+    """Whether a CUDA event has completed; False when the query itself fails (e.g. a capture in the
+    default global mode forbids it on every thread): the buffer then waits for a later poll."""
+    try:
+        return bool(event.query())
+    except Exception:  # noqa: BLE001
+        return False
 
 
 class LazyTensor:
@@ -194,7 +205,7 @@ class LazyTensor:
         self.release()
         return out
 
-    def release(self) -> None:
+    def release(self, poll: bool = True) -> None:
         """Give the buffer back to the pool (idempotent). Safe before the copy completes: the pool
         reuses the buffer only once the event has passed."""
         with self._lock:
@@ -202,7 +213,7 @@ class LazyTensor:
                 return
             self._released = True
         if self._pool is not None and self._buffer is not None:
-            self._pool.release(self._buffer, after=self._event)
+            self._pool.release(self._buffer, after=self._event, poll=poll)
         self._buffer = None
         self._array = None  # type: ignore[assignment]
 
@@ -217,8 +228,8 @@ class LazyTensor:
         return self.wait()
 
     def __del__(self) -> None:
-        try:
-            self.release()
+        try:  # no CUDA call here: __del__ runs on whatever thread drops the last reference, mid-capture too
+            self.release(poll=False)
         except Exception:  # interpreter shutdown: the pool may be gone already
             pass
 

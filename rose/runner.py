@@ -24,6 +24,7 @@ ready, and a single acquire cannot deadlock against other steps at the pool's ca
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -39,6 +40,8 @@ from rose.lazy import LazyTensor, PinnedBuffer, PinnedPool
 from rose.loader import load_model
 from rose.meta import ForwardMeta, HostMeta, MetaLayout, pack_batch
 from rose.spec import ModelSpec
+
+log = logging.getLogger("rose.runner")
 
 def token_bucket_label(num_tokens: int) -> str:
     """Exact-size eager runs are counted per power-of-two token class."""
@@ -159,10 +162,15 @@ class ModelRunner:
 
     def _release_after_failure(self, buf: PinnedBuffer) -> None:
         """A step failed: let work already enqueued (which may still write into `buf`) drain, then give the
-        buffer back."""
-        if self.on_cuda:
-            torch.cuda.synchronize(self.device)
-        self.pool.release(buf)
+        buffer back whatever the drain says (a device that cannot synchronize runs nothing more). The
+        step's own exception is the one that propagates."""
+        try:
+            if self.on_cuda:
+                torch.cuda.synchronize(self.device)
+        except Exception:  # noqa: BLE001
+            log.warning("could not synchronize the device after a failed step", exc_info=True)
+        finally:
+            self.pool.release(buf)
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]

@@ -86,3 +86,36 @@ def test_a_backend_out_of_graph_slots_fails_the_capture_not_the_batch(engine, mo
     monkeypatch.setattr(runner.graphs, "plan", plan)
     rows = [runner.step(batch_of(engine, seed=i)).result() for i in range(3)]
     assert all(np.isfinite(r).all() for r in rows) and runner.graphs.captures_failed == 1
+
+
+def test_captures_run_in_thread_local_error_mode(engine, monkeypatch):
+    """Other threads (the completer, metrics, LazyTensor releases) query CUDA events while the launcher
+    captures: in the default global mode each such call would invalidate the capture."""
+    runner = engine.runner
+    fake = attach_graphs(runner, monkeypatch)
+    for i in range(2):
+        runner.step(batch_of(engine, seed=i)).result()
+    assert [c["capture_error_mode"] for c in fake.captures] == ["thread_local"]
+
+
+def test_a_failed_step_returns_its_pinned_buffer_even_when_the_device_cannot_sync(engine, monkeypatch):
+    import torch
+
+    import rose.runner
+
+    runner = engine.runner
+    monkeypatch.setattr(runner, "device", torch.device("cuda", 0))  # the CUDA step path, on a CPU
+    monkeypatch.setattr(rose.runner, "_device_scope", lambda device: __import__("contextlib").nullcontext())
+
+    def sticky(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def failing_eager(host, staged):
+        raise ValueError("the kernel failed")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", sticky)
+    monkeypatch.setattr(runner, "eager", failing_eager)
+    in_use = runner.pool.stats()["bytes_in_use"]
+    with pytest.raises(ValueError, match="the kernel failed"):  # the step's own error, not the sync's
+        runner.step(batch_of(engine))
+    assert runner.pool.stats()["bytes_in_use"] == in_use

@@ -127,3 +127,36 @@ def test_step_raises_when_the_cap_stays_full(tiny_models):
     held.release()
     assert engine.step(Batch.from_sequences([[7, 8]])).result().shape == (1, 64)
     engine.close()
+
+
+class FlakyEvent:
+    """A CUDA event whose query raises while `broken` (as every thread's does during a global-mode capture)."""
+
+    def __init__(self):
+        self.broken, self.done, self.queries = True, False, 0
+
+    def query(self):
+        self.queries += 1
+        if self.broken:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return self.done
+
+
+def test_a_release_survives_an_event_query_that_raises():
+    pool = PinnedPool(1 << 20, pin=False)
+    event = FlakyEvent()
+    lazy = LazyTensor(pool, pool.acquire(4096), (1, 4), event)
+    lazy.release()  # must not raise, and must not lose the buffer
+    assert pool.stats()["bytes_in_use"] == 4096, "pending until its event is known to be done"
+    event.broken, event.done = False, True
+    assert pool.stats()["bytes_in_use"] == 0 and pool.acquire(4096) is not None
+
+
+def test_lazy_tensor_gc_makes_no_cuda_call():
+    pool = PinnedPool(1 << 20, pin=False)
+    event = FlakyEvent()
+    lazy = LazyTensor(pool, pool.acquire(4096), (1, 4), event)
+    del lazy  # may run on any thread, the capturing one included
+    assert event.queries == 0 and pool.bytes_in_use == 4096
+    event.broken, event.done = False, True
+    assert pool.stats()["bytes_in_use"] == 0
