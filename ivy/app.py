@@ -48,11 +48,11 @@ def create_app(config: IvyConfig) -> FastAPI:
 
     app = FastAPI(title="Ivy", version=__version__, lifespan=lifespan,
                   description="HTTP gateway of the Ivy -> Tulip -> ROSE embedding stack.")
-    app.include_router(routes_embeddings.router)
-    app.include_router(routes_scoring.router)
-    app.include_router(routes_tokenize.router)
+    routers = (routes_embeddings.router, routes_scoring.router, routes_tokenize.router)
+    for router in routers:
+        app.include_router(router)
     _add_ops_routes(app)
-    _serve_lean(app)
+    _serve_lean(app, routers)
     _add_error_handlers(app)
     if config.cors_origins:
         # Any request header: SDKs send their own (openai-node's x-stainless-*), and a preflight naming one
@@ -63,14 +63,14 @@ def create_app(config: IvyConfig) -> FastAPI:
     return app
 
 
-def _serve_lean(app: FastAPI) -> None:
+def _serve_lean(app: FastAPI, routers) -> None:
     """Every POST route (they all take the bare Request and read their body themselves, see ivy.body) is
     served by a plain Starlette Route put ahead of its FastAPI twin, which stays for the OpenAPI schema and
     /docs. FastAPI's per-request dependency solving and endpoint wrapping cost ~110 µs a request on this
     project's CPU for nothing these routes use (benchmarks/NOTES.md, "the gateway's own cost"); error
     handlers, middleware and app.state are the app's and apply the same."""
     lean = [Route(r.path, r.endpoint, methods=["POST"], name=r.name, include_in_schema=False)
-            for r in app.router.routes if isinstance(r, APIRoute) and r.methods == {"POST"}]
+            for router in routers for r in router.routes if isinstance(r, APIRoute) and r.methods == {"POST"}]
     app.router.routes[0:0] = lean
 
 
