@@ -208,6 +208,7 @@ class Engine:
                 "graphs_captured": len(graphs.graphs) if graphs else 0,
                 "graph_capture_seconds": graphs.capture_seconds if graphs else 0.0,
                 "captures_failed": graphs.captures_failed if graphs else 0,
+                "graphs_refused": graphs.graphs_refused if graphs else 0,
                 "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last}
 
     def close(self) -> None:

@@ -4,9 +4,10 @@ A graph bakes in its shapes, so it is keyed by the bucket layout (Tb tokens, Sb 
 ragged batches are padded at the end up to the smallest bucket that fits (rose.meta explains the
 padding). Lazy capture: a layout's first batch runs eagerly at the padded shape (the warm-up: cuBLAS
 handles, kernel autotuning, allocator growth), its second is captured and replayed, later ones replay.
-All graphs draw from one memory pool; batches above the largest bucket run eagerly. A capture that fails
-is not retried: that batch and every later one of its layout run eagerly (counted in captures_failed,
-logged once).
+All graphs draw from one memory pool; batches above the largest bucket run eagerly. A new graph's first
+replay is checked against the eager run of the same batch (rose.graph_checks, as prewarm checks). A capture
+that fails, or a graph that fails that check, is not retried: that batch and every later one of its layout
+run eagerly (counted in captures_failed / graphs_refused, logged once).
 """
 
 from __future__ import annotations
@@ -25,15 +26,11 @@ import numpy as np
 import torch
 
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS, choose_layout
-from rose.batch import Batch
+from rose.graph_checks import (VERIFY_MAX_DIVERGENCE, GraphVerificationError, check_replay,  # noqa: F401
+                               cosine_divergence, load_manifest, probe_batch)  # (re-exported)
 from rose.meta import ForwardMeta, HostMeta, MetaLayout
 
 log = logging.getLogger("rose.graphs")
-VERIFY_MAX_DIVERGENCE = 1e-3  # cosine divergence (1 - cos) between graph and eager output, per row
-
-
-class GraphVerificationError(RuntimeError):
-    """Graph replay disagrees with the eager forward: the replica must not serve."""
 
 
 def layout_label(layout: MetaLayout) -> str:
@@ -69,7 +66,9 @@ class CudaGraphs:
         self.examples: dict[MetaLayout, tuple[int, int, int, int]] = {}  # a real (T, S, P, longest) per layout
         self.capture_seconds = 0.0
         self.eager_only: dict[MetaLayout, str] = {}  # layouts that never get a graph, and why
+        self.refused: set[MetaLayout] = set()  # ... of those, the ones whose graph failed verification
         self.captures_failed = 0
+        self.graphs_refused = 0
         self._lock = threading.Lock()
 
     # -- bucket choice (host only) ---------------------------------------------------------------
@@ -96,8 +95,24 @@ class CudaGraphs:
                 self.captures_failed += 1
                 self._give_up(layout, exc)
                 return self.eager(host, staged), "eager"
-            self.graphs[layout] = entry
-            return self._replay(entry, host, staged), "capture"
+            return self._verify(entry, host, staged)
+
+    def _verify(self, entry: _Graph, host: HostMeta, staged: torch.Tensor) -> tuple[torch.Tensor, str]:
+        """The new graph's first replay against the eager run of the same batch (the check prewarm makes);
+        a graph that fails it is dropped and the batch gets the eager rows. Once per layout: one eager run
+        more and the only host sync outside the copy out (the rows of both, to the host)."""
+        layout = host.layout
+        reference = self.eager(host, staged)
+        out = self._replay(entry, host, staged)
+        try:
+            check_replay(layout_label(layout), _host_rows(out, host), _host_rows(reference, host))
+        except GraphVerificationError as exc:
+            self.graphs_refused += 1
+            self.refused.add(layout)
+            self._give_up(layout, exc)
+            return reference, "eager"
+        self.graphs[layout] = entry
+        return out, "capture"
 
     def _note(self, host: HostMeta) -> None:
         self.seen[host.layout] += 1
@@ -155,7 +170,7 @@ class CudaGraphs:
                     if n >= self.capture_after and lay not in self.graphs and lay not in self.eager_only
                     and lay in self.examples]
 
-    # -- prewarm, manifest, verification ----------------------------------------------------------
+    # -- the manifest ---------------------------------------------------------------------------
     def save_manifest(self, path: Path) -> None:
         """Hot layouts, most frequent first, each with a real batch shape that maps to it."""
         rows = [[*self.examples[lay], n] for lay, n in self.seen.most_common() if lay in self.examples]
@@ -164,40 +179,5 @@ class CudaGraphs:
         os.replace(tmp, path)
 
 
-def load_manifest(path: Path) -> list[tuple[int, int, int, int]]:
-    """(tokens, sequences, rows, longest) batch shapes, hottest first."""
-    data = json.loads(Path(path).read_text())
-    return [(int(t), int(s), int(p), int(m)) for t, s, p, m, *_ in data.get("shapes", [])]
-
-
-def probe_batch(shape: tuple[int, int, int, int], vocab_size: int, pooling: str, seed: int = 0) -> Batch | None:
-    """A random batch of the given (tokens, sequences, rows, longest) shape, so it maps to the same graph
-    layout as the traffic it stands for: one sequence of `longest` tokens, the rest split evenly; rows
-    beyond one per sequence become late-chunking spans. None when the shape is impossible."""
-    tokens, seqs, rows, longest = shape
-    rest = tokens - longest
-    if seqs < 1 or longest < 1 or rest < seqs - 1 or (seqs == 1 and rest) or rows < seqs or rows > tokens:
-        return None
-    lengths = [longest] + [rest // (seqs - 1) + (1 if i < rest % (seqs - 1) else 0) for i in range(seqs - 1)]
-    if max(lengths) > longest:
-        return None
-    rng = np.random.default_rng(seed + 7919 * tokens + 31 * seqs + rows)
-    ids = [rng.integers(1, max(2, vocab_size), size=n).astype(np.int32) for n in lengths]
-    if rows == seqs:
-        return Batch.from_sequences(ids, pooling)
-    spans, extra = [], rows - seqs  # split sequences into more spans until there are `rows` of them
-    for i, n in enumerate(lengths):
-        k = 1 + min(extra, n - 1)
-        extra -= k - 1
-        bounds = np.linspace(0, n, k + 1).astype(int)
-        spans += [(i, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-    return Batch.from_sequences(ids, spans=spans) if extra == 0 else None
-
-
-def cosine_divergence(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per-row 1 - cos(a, b) in float64."""
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    num = (a * b).sum(axis=1)
-    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    return 1.0 - num / np.maximum(den, 1e-30)
+def _host_rows(out: torch.Tensor, host: HostMeta) -> np.ndarray:
+    return out[: host.num_rows].float().cpu().numpy()

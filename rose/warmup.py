@@ -3,8 +3,9 @@
 Prewarm keys come from the caller (e.g. Tulip's --prewarm '128x1,512x1,2048x8') and from the manifest
 of hot layouts recorded from earlier traffic (kept beside the model, `rose_graphs.json`). Each key's
 layout is run twice on probe inputs (eager warm-up, then capture), then once more by replay, and the
-replayed rows are compared with a plain eager run of the same batch: a cosine divergence above 0.1 %
-on any row raises GraphVerificationError and the replica must refuse to serve.
+replayed rows are compared with a plain eager run of the same batch (rose.graph_checks.check_replay, the
+check every lazily captured graph also gets): a cosine divergence above 0.1 % on any row raises
+GraphVerificationError and the replica must refuse to serve.
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
 
-from rose.graphs import (VERIFY_MAX_DIVERGENCE, GraphVerificationError, cosine_divergence, layout_label,
-                         load_manifest, probe_batch)
+from rose.graphs import GraphVerificationError, check_replay, layout_label, load_manifest, probe_batch
 from rose.meta import MetaLayout
 
 log = logging.getLogger("rose.warmup")
 MANIFEST_NAME = "rose_graphs.json"
 DEFAULT_PREWARM = ((128, 1), (512, 1), (2048, 8))
+REFUSAL = "refusing to serve (driver/GPU/kernel problem?)"
 
 
 @dataclass(frozen=True)
@@ -81,15 +81,16 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
         while layout not in graphs.graphs and layout not in graphs.eager_only:  # eager warm-up, then the capture
             runner.step(batch).result()
         capture_s = time.perf_counter() - t0
+        if layout in graphs.refused:  # its first replay already disagreed with eager (rose.graphs)
+            raise GraphVerificationError(f"{graphs.eager_only[layout]}; {REFUSAL}")
         if layout in graphs.eager_only:  # the capture failed (logged by rose.graphs): this layout runs eagerly
             continue
         probe = probe_batch(shape, runner.vocab_size, pooling, seed=1)
         replayed = runner.step(probe).result()
         eager = runner.step(probe, use_graphs=False).result()
-        worst = float(cosine_divergence(replayed, eager).max())
-        if not np.isfinite(replayed).all() or worst > VERIFY_MAX_DIVERGENCE:
-            raise GraphVerificationError(
-                f"CUDA graph {layout_label(layout)} disagrees with the eager forward: cosine divergence "
-                f"{worst:.2e} > {VERIFY_MAX_DIVERGENCE:.0e}; refusing to serve (driver/GPU/kernel problem?)")
+        try:
+            worst = check_replay(layout_label(layout), replayed, eager)
+        except GraphVerificationError as exc:
+            raise GraphVerificationError(f"{exc}; {REFUSAL}") from None
         done.append(VerifiedLayout(layout, worst, capture_s))
     return done

@@ -145,6 +145,7 @@ _KNOWN = {
     "graphs_captured": "CUDA graphs captured",
     "graph_capture_seconds": "Seconds spent capturing CUDA graphs",
     "captures_failed": "CUDA graph captures that failed (their layouts run eagerly)",
+    "graphs_refused": "CUDA graphs refused: first replay disagreed with eager (their layouts run eagerly)",
     "step_seconds_last": "Duration of the engine's last step",
 }
 

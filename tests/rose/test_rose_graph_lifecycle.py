@@ -119,3 +119,46 @@ def test_a_failed_step_returns_its_pinned_buffer_even_when_the_device_cannot_syn
     with pytest.raises(ValueError, match="the kernel failed"):  # the step's own error, not the sync's
         runner.step(batch_of(engine))
     assert runner.pool.stats()["bytes_in_use"] == in_use
+
+
+def test_a_lazily_captured_graph_that_disagrees_with_eager_is_refused(engine, monkeypatch, caplog):
+    runner = engine.runner
+    fake = attach_graphs(runner, monkeypatch)
+    fake.corrupt = True  # every replay writes a wrong (but finite) result
+    before = dict(runner.runs)
+    with caplog.at_level("WARNING", logger="rose.graphs"):
+        for i in range(4):
+            got = runner.step(batch_of(engine, seed=i)).result()
+            assert np.allclose(got, runner.step(batch_of(engine, seed=i), use_graphs=False).result(), atol=1e-5), i
+    assert hows(runner, before) == ["eager"] * 8 and len(fake.captures) == 1, "refused once, never recaptured"
+    stats = engine.stats()
+    assert (stats["graphs_refused"], stats["graphs_captured"], stats["captures_failed"]) == (1, 0, 0)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rose.graphs"]
+    assert len(warnings) == 1 and "disagrees with the eager forward" in warnings[0]
+    assert runner.graphs.pending() == []
+
+
+def test_a_verified_lazy_capture_costs_one_eager_run_of_the_same_batch(engine, monkeypatch):
+    runner = engine.runner
+    seen = []
+    real = runner.eager
+    monkeypatch.setattr(runner, "eager", lambda host, staged: seen.append(host.packed.copy()) or real(host, staged))
+    attach_graphs(runner, monkeypatch)
+    first, second = batch_of(engine, seed=0), batch_of(engine, seed=1)
+    runner.step(first).result()
+    runner.step(second).result()  # captured, replayed, and checked against the eager run of this batch
+    runner.step(second).result()
+    assert len(seen) == 2 and np.array_equal(seen[1], runner.pack(second, runner.graphs.layout_for(40, 3, 3, 20)).packed)
+    assert runner.graphs.graphs_refused == 0 and len(runner.graphs.graphs) == 1
+
+
+def test_prewarm_refuses_to_serve_when_a_graph_disagrees(engine, monkeypatch):
+    from rose.graphs import GraphVerificationError
+    from rose.warmup import prewarm_and_verify
+
+    runner = engine.runner
+    fake = attach_graphs(runner, monkeypatch)
+    assert len(prewarm_and_verify(runner, [(32, 1, 1, 32)], engine.spec.pooling)) == 1
+    fake.corrupt = True
+    with pytest.raises(GraphVerificationError, match="refusing to serve"):
+        prewarm_and_verify(runner, [(64, 2, 2, 40)], engine.spec.pooling)
