@@ -42,7 +42,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     static_in: torch.Tensor  # int64 [layout.words] on the device
     static_out: torch.Tensor  # float32 [Pb, dim] produced by the replay
-    meta: ForwardMeta  # views into static_in (max_seqlen = Tb)
+    meta: ForwardMeta  # views into static_in (graph=True, max_seqlen = the layout's bound)
 
 
 class CudaGraphs:
@@ -91,19 +91,21 @@ class CudaGraphs:
                 return self.eager(host, staged), "eager"
             try:
                 entry = self._capture(layout, host)
+                out = self._replay(entry, host, staged)
             except Exception as exc:  # noqa: BLE001 - this batch and the layout's later ones run eagerly
                 self.captures_failed += 1
                 self._give_up(layout, exc)
                 return self.eager(host, staged), "eager"
-            return self._verify(entry, host, staged)
+            return self._verify(entry, out, host, staged)
 
-    def _verify(self, entry: _Graph, host: HostMeta, staged: torch.Tensor) -> tuple[torch.Tensor, str]:
-        """The new graph's first replay against the eager run of the same batch (the check prewarm makes);
-        a graph that fails it is dropped and the batch gets the eager rows. Once per layout: one eager run
-        more and the only host sync outside the copy out (the rows of both, to the host)."""
+    def _verify(self, entry: _Graph, out: torch.Tensor, host: HostMeta,
+                staged: torch.Tensor) -> tuple[torch.Tensor, str]:
+        """The new graph's first replay `out` against the eager run of the same batch (the check prewarm
+        makes); a graph that fails it is dropped and the batch gets the eager rows. Once per layout: one
+        eager run more and the only host sync outside the copy out (the rows of both, to the host). The
+        eager run allocates outside the graphs' pool, so it cannot overwrite `out`."""
         layout = host.layout
         reference = self.eager(host, staged)
-        out = self._replay(entry, host, staged)
         try:
             check_replay(layout_label(layout), _host_rows(out, host), _host_rows(reference, host))
         except GraphVerificationError as exc:
