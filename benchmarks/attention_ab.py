@@ -70,7 +70,8 @@ class Case:
         # a graph layout (Tb = T, Sb = S) with the longest sequence as its max-seqlen bound, as rose.graphs keys them
         layout = MetaLayout(self.tokens, len(lengths), len(lengths), max(lengths))
         host = pack_batch(Batch.from_sequences([[1] * n for n in lengths]), layout)
-        self.meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed).to(device), layout, max(lengths), host)
+        self.meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed).to(device), layout, max(lengths), host,
+                                            graph=True)
         gen = torch.Generator(device=device).manual_seed(seed)
         self.q, self.k, self.v = (torch.randn(self.tokens, h, shape.head_dim, device=device, generator=gen,
                                               dtype=torch.bfloat16)

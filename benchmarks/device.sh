@@ -23,7 +23,8 @@ RUNS=(
   "fa4-2|fa4_device.sh|STEP=2|.whl_fa4b|FlashAttention 4 joined and installed, its GPU tests, the attention A/B with fa4 (FlashInfer too if installed)"
   "stack|stack_device.sh||.whl|the four suites through HTTP (ivy up) for Qwen3-0.6B and MiniLM, the in-process replay, the zero-cost-engine overhead"
   "batcher-ab|batcher_ab_device.sh||.whl|GPU tests, then Tulip's batch pacing and idle capture A/B through the stack on Qwen3-0.6B"
-  "stack-layers|stack_layers_device.sh||(its header)|"
+  "stack-layers|stack_layers_device.sh||.whl|GPU tests, then the stack's layers apart (ivy-text, ivy-ids, tulip-grpc, in-process) on Qwen3-0.6B, one run"
+  "stack-ab|stack_layers_device.sh|STEP=ab|.whl|stack A/Bs on Qwen3-0.6B: stream vs unary gRPC, idle capture, Tulips per GPU; tokenizer thread scaling"
 )
 
 # A script's own one-line summary: the first comment after the shebang.

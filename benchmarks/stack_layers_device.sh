@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The stack's layers apart on the Qwen3-0.6B config (random bf16): STEP=layers (default) runs ROSE's GPU tests, then ivy-text, ivy-ids, tulip-grpc and in-process on the same requests in one run; STEP=ab runs stack A/Bs (stream vs unary, idle capture, Tulips per GPU) and the tokenizer's thread scaling.
+# Carry .whl. From the repository root:
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-layers     # STEP=layers
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-ab         # STEP=ab
+# Prints one table last. Results: $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
+# $OUT/stack_layers_qwen3-0.6b_<variant>.json and $OUT/tokenize_parallel.json (STEP=ab).
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
+require_carried .whl
+export IVY_WORKERS=${IVY_WORKERS:-4} TULIP_GRAPH_MANIFEST=off
+t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
+dir=/tmp/m/qwen3-0.6b model=qwen3-0.6b
+if [ ! -f $dir/config.json ]; then
+  python3 -m benchmarks.model_zoo $model $dir --dtype bfloat16 2>&1 | grep -v Writing | tail -1
+fi
+[ -f /tmp/ref_$model.json ] || python3 -m benchmarks.stack.reference --model-dir $dir --out /tmp/ref_$model.json \
+  --device cuda --dtype float32 2>&1 | tail -1
+echo "model and reference ready ($(el) s)"
+
+# start_stack LABEL [VAR=value ...] [ivy up flags ...]: `ivy up` in the background, until /ready.
+start_stack() {
+  local label=$1; shift
+  env "$@" --model $dir --port 8080 --tulip-port 50051 > /tmp/up_$label.log 2>&1 &
+  up=$!
+  for i in $(seq 1 150); do curl -sf http://127.0.0.1:8080/ready > /dev/null && break; sleep 1; done
+  echo "== $label ready after $i s ($(el) s)"
+}
+stop_stack() { kill -TERM $up; wait $up; tail -1 /tmp/up_$1.log; }
+
+layers() {  # layers LABEL METRICS_URLS [benchmarks.stack.layers flags...]
+  local label=$1 metrics=$2; shift 2
+  python3 -m benchmarks.stack.layers --url http://127.0.0.1:8080 --tulip 127.0.0.1:50051 --model-dir $dir \
+    --model $model --reference /tmp/ref_$model.json --out $OUT --client-cpus 8-15 --gpus 1 --gpu-hour-price 3.5 \
+    --server-metrics $metrics ${label:+--label $label} "$@" 2>> $OUT/stack_layers.log
+  echo "   layers $label rc=$? ($(el) s)"
+}
+
+metrics1=http://127.0.0.1:50151/metrics
+if [ "${STEP:-layers}" = layers ]; then
+  timeout 170 python3 -m pytest -q -m gpu tests/rose -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
+  echo "gpu tests rc=$? ($(el) s)"; tail -2 $OUT/gpu_tests.log
+  start_stack layers python3 -m ivy up
+  layers "" $metrics1 --suite all --inprocess true --duration-s ${DURATION:-2}
+  stop_stack layers
+else
+  for variant in ${VARIANTS:-"stream" "unary IVY_GRPC_STREAM=false" "idle1 TULIP_IDLE_CAPTURE_MS=1" "tulips2 --tulips-per-gpu 2"}; do
+    set -- $variant
+    label=$1; shift
+    envs=() flags=() metrics=$metrics1
+    for a in "$@"; do case $a in *=*) envs+=("$a") ;; *) flags+=("$a") ;; esac; done
+    case " ${flags[*]:-} " in *" --tulips-per-gpu 2 "*) metrics=$metrics1,http://127.0.0.1:50152/metrics ;; esac
+    start_stack $label "${envs[@]}" python3 -m ivy up "${flags[@]}"
+    layers $label $metrics --layers ivy-text --suite embed-latency,concurrency --embed-tokens 128,4096 \
+      --duration-s ${DURATION:-3}
+    stop_stack $label
+  done
+  timeout 120 python3 -m benchmarks.tokenize_parallel --model-dir $dir --threads 1,2,4,8 --json $OUT/tokenize_parallel.json
+fi
+cat /tmp/up_*.log >> $OUT/stack_layers.log
+rm -f $OUT/*_inputs.json
+python3 - <<'PY'
+import glob, json, os
+from benchmarks.stack.server_counters import describe
+print(f"{'file':34s} {'layer':10s} {'suite':14s} {'param':>5s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'req/s':>8s} {'k tok/s':>8s}  server")
+for path in sorted(glob.glob(os.environ["OUT"] + "/stack_layers_*.json")):
+    name = os.path.basename(path)[:-5]
+    for r in json.load(open(path))["records"]:
+        if r.get("error"):
+            print(f"{name:34s} {r.get('layer', ''):10s} {r['suite']:14s} {str(r.get('param')):>5s} ERROR {r['error'][:60]}")
+            continue
+        print(f"{name:34s} {r.get('layer', ''):10s} {r['suite']:14s} {r['param']:>5} {r['p50_ms']:7.2f} {r['p95_ms']:7.2f} "
+              f"{r['p99_ms']:7.2f} {r['rps']:8.1f} {r['tokens_per_s'] / 1e3:8.1f}  {describe(r.get('server') or {})}")
+PY
+echo "done in $(el) s"
