@@ -6,6 +6,8 @@ Small inputs (at most `inline_chars` characters, or as many token ids, in the wh
 on the loop instead: the hop to the pool and back (two thread wake-ups, a self-pipe write) cost more than
 tokenizing a short query (~0.1 ms on this project's CPU; far more on a host where syscalls are slow),
 and the loop is held for at most that long. See benchmarks/OVERHEAD_NOTES.md.
+A text over `split_chars` characters is cut at boundaries the tokenizer splits at anyway and its pieces
+encoded on several of the pool's threads (ivy.split_encode), with the plain encode's ids.
 Token counts returned here are the ones sent to Tulip, so `usage` is exact. Errors name the input index
 and the limit and never quote the text.
 """
@@ -21,6 +23,7 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 
 from ivy.errors import IvyError, Problem
+from ivy.split_encode import SplitEncoder
 from rose.spec import ModelSpec, config_vocab_size
 from rose.tokenizer import Tokenizer
 
@@ -56,7 +59,8 @@ def _size(items, limit: int, extra: int = 0) -> int:
 class InputEncoder:
     def __init__(self, spec: ModelSpec, tokenizer: Tokenizer, *, threads: int, char_cap: int,
                  query_prefix: str = "", document_prefix: str = "",
-                 observe: Callable[[float], None] | None = None, inline_chars: int = 0) -> None:
+                 observe: Callable[[float], None] | None = None, inline_chars: int = 0,
+                 split_chars: int = 4000, piece_chars: int = 2000) -> None:
         self.spec = spec
         self.tokenizer = tokenizer
         self.max_length = spec.max_length
@@ -65,6 +69,8 @@ class InputEncoder:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ivy-tokenize")
         self._observe = observe
         self.inline_chars = inline_chars
+        self.splitter = SplitEncoder(tokenizer, self._pool, threads, split_chars=split_chars,
+                                     piece_chars=piece_chars)
         self._prefix_ids, self._suffix_ids = self._special_layout()
         # Ids the model can embed: below both the tokenizer's size and the embedding table's (Tulip checks
         # config.json's vocab_size; Qwen3's table is larger than its tokenizer, some tokenizers add tokens
@@ -128,7 +134,7 @@ class InputEncoder:
                                    f"is {cap} (send truncate=true to cut it)", param=f"{param}[{i}]", limit=cap)
                 text = text[:cap] if side == "right" else text[-cap:]
             capped.append(prompt + text if prompt else text)
-        encoded = self.tokenizer.encode_batch(capped, self.max_length, side)
+        encoded = self.splitter.encode_batch(capped, self.max_length, side)
         if not truncate:
             for i, enc in enumerate(encoded):
                 if enc.truncated:
@@ -210,14 +216,14 @@ class InputEncoder:
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         if add_special_tokens:
-            return self.tokenizer.encode(text, 1 << 30).ids
+            return self.splitter.encode_batch([text], 1 << 30)[0].ids
         return self._content_ids([text])[0]
 
     def _content_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids without the special tokens the tokenizer's post-processor adds."""
         head, tail = len(self._prefix_ids), len(self._suffix_ids)
         huge = 1 << 30
-        return [e.ids[head: len(e.ids) - tail] for e in self.tokenizer.encode_batch(list(texts), huge)]
+        return [e.ids[head: len(e.ids) - tail] for e in self.splitter.encode_batch(list(texts), huge)]
 
     def _special_layout(self) -> tuple[list[int], list[int]]:
         """(prefix, suffix) special ids around content, read off an empty and a probe encoding."""

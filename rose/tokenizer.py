@@ -43,6 +43,7 @@ class Tokenizer:
             self._files = [tok_json]
             self.num_special = self._hf.num_special_tokens_to_add(False)
             self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
+            self._wrap = self._fixed_wrap()
         else:
             spm_file = next((spec.model_dir / n for n in _SPM_NAMES if (spec.model_dir / n).is_file()), None)
             if spm_file is None:
@@ -50,6 +51,7 @@ class Tokenizer:
                     f"{spec.model_dir}: no tokenizer.json and no SentencePiece model ({', '.join(_SPM_NAMES)})")
             self._hf = None
             self._spm = _SentencePiece(spm_file, fairseq=spec.family in ("xlm-roberta", "roberta"))
+            self._wrap = None
             self._files = [spm_file]
             self.num_special = 2
             self.vocab_size = self._spm.vocab_size
@@ -63,20 +65,59 @@ class Tokenizer:
     def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
         return cls(load_spec(model_dir))
 
+    @property
+    def hf(self):
+        """The `tokenizers.Tokenizer` behind this one, or None for a SentencePiece model."""
+        return self._hf
+
     def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right") -> list[Encoded]:
         """Tokenize with the model's special tokens; cut to `max_length` (default: the model's) from `side`."""
-        limit = self.max_length if max_length is None else max_length
-        keep = max(limit - self.num_special, 1)
         if self._spm is not None:
+            keep = max((self.max_length if max_length is None else max_length) - self.num_special, 1)
             return [self._spm.encode(t, keep, side) for t in texts]
-        out = []
-        for enc in self._encode_many(list(texts), add_special_tokens=False):
-            n = len(enc.ids)
+        return [self.finish(enc, max_length, side) for enc in self.content_encodings(texts)]
+
+    # The three steps of encode_batch (HF tokenizers only), for callers that encode a long text in pieces
+    # (ivy.split_encode): content without specials, pieces merged, then truncated and wrapped as one.
+
+    def content_encodings(self, texts: Sequence[str]) -> list:
+        """`tokenizers` Encodings without special tokens, through the fast path (no offsets)."""
+        return self._encode_many(list(texts), add_special_tokens=False)
+
+    @staticmethod
+    def merge(encodings: list):
+        from tokenizers import Encoding
+
+        return encodings[0] if len(encodings) == 1 else Encoding.merge(encodings, growing_offsets=True)
+
+    def finish(self, enc, max_length: int | None = None, side: str = "right") -> Encoded:
+        """Content cut to max_length minus the specials from `side`, then the post-processor's specials."""
+        keep = max((self.max_length if max_length is None else max_length) - self.num_special, 1)
+        if self._wrap is not None:  # the post-processor's ids without it (0.1 vs 0.4 ms at 4096 tokens)
+            ids = enc.ids
+            n = len(ids)
             if n > keep:
-                enc.truncate(keep, direction=side)
-            full = self._hf.post_process(enc, None, True)
-            out.append(Encoded(ids=list(full.ids), original_length=n + self.num_special, truncated=n > keep))
-        return out
+                ids = ids[:keep] if side == "right" else ids[n - keep:]
+            return Encoded(ids=[*self._wrap[0], *ids, *self._wrap[1]], original_length=n + self.num_special,
+                           truncated=n > keep)
+        n = len(enc.ids)
+        if n > keep:
+            enc.truncate(keep, direction=side)
+        full = self._hf.post_process(enc, None, True)
+        return Encoded(ids=list(full.ids), original_length=n + self.num_special, truncated=n > keep)
+
+    def _fixed_wrap(self) -> tuple[list[int], list[int]] | None:
+        """(prefix, suffix) when the post-processor puts the same ids around any content (seen on probes; true
+        of Bert, Roberta, ByteLevel and Template processors), else None: finish() then calls it."""
+        probes = self._encode_many(["", "hello world", "Ünïcødé 東京 🚀, a b c d e f g h"], add_special_tokens=False)
+        outs = [self._hf.post_process(p, None, True).ids for p in probes]
+        empty = outs[0]
+        if len(empty) != self.num_special:
+            return None
+        for k in range(len(empty) + 1):
+            if all(o == [*empty[:k], *p.ids, *empty[k:]] for p, o in zip(probes, outs)):
+                return empty[:k], empty[k:]
+        return None
 
     def encode(self, text: str, max_length: int | None = None, side: str = "right") -> Encoded:
         return self.encode_batch([text], max_length, side)[0]
@@ -84,7 +125,7 @@ class Tokenizer:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         if self._spm is not None:
             return [len(self._spm.piece_ids(t)) + self.num_special for t in texts]
-        return [len(e.ids) + self.num_special for e in self._encode_many(list(texts), add_special_tokens=False)]
+        return [len(e.ids) + self.num_special for e in self.content_encodings(texts)]
 
     def token_id(self, token: str) -> int | None:
         if self._spm is not None:
