@@ -24,7 +24,7 @@ RUNS=(
   "stack|stack_device.sh||.whl|the four suites through HTTP (ivy up) for Qwen3-0.6B and MiniLM, the in-process replay, the zero-cost-engine overhead"
   "batcher-ab|batcher_ab_device.sh||.whl|GPU tests, then Tulip's batch pacing and idle capture A/B through the stack on Qwen3-0.6B"
   "stack-layers|stack_layers_device.sh||.whl|GPU tests, then the stack's layers apart (ivy-text, ivy-ids, tulip-grpc, in-process) on Qwen3-0.6B, one run"
-  "stack-ab|stack_layers_device.sh|STEP=ab|.whl|stack A/Bs on Qwen3-0.6B: stream vs unary gRPC, idle capture, Tulips per GPU; tokenizer thread scaling"
+  "stack-ab|stack_layers_device.sh|STEP=ab|.whl|stack A/Bs on Qwen3-0.6B: stream vs unary gRPC, idle capture, Tulips per GPU"
 )
 
 # A script's own one-line summary: the first comment after the shebang.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The stack's layers apart on the Qwen3-0.6B config (random bf16): STEP=layers (default) runs ROSE's GPU tests, then ivy-text, ivy-ids, tulip-grpc and in-process on the same requests in one run; STEP=ab runs stack A/Bs (stream vs unary, idle capture, Tulips per GPU) and the tokenizer's thread scaling.
+# The stack's layers apart on the Qwen3-0.6B config (random bf16): STEP=layers (default) runs ROSE's GPU tests, then ivy-text, ivy-ids, tulip-grpc and in-process on the same requests in one run; STEP=ab runs stack A/Bs (stream vs unary, idle capture, Tulips per GPU).
 # Carry .whl. From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-layers     # STEP=layers
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-ab         # STEP=ab
 # Prints one table last. Results: $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
-# $OUT/stack_layers_qwen3-0.6b_<variant>.json and $OUT/tokenize_parallel.json (STEP=ab).
+# $OUT/stack_layers_qwen3-0.6b_<variant>.json (STEP=ab).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 require_carried .whl
@@ -55,7 +55,6 @@ else
       --duration-s ${DURATION:-3}
     stop_stack $label
   done
-  timeout 120 python3 -m benchmarks.tokenize_parallel --model-dir $dir --threads 1,2,4,8 --json $OUT/tokenize_parallel.json
 fi
 cat /tmp/up_*.log >> $OUT/stack_layers.log
 rm -f $OUT/*_inputs.json
