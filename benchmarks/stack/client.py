@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -122,8 +122,9 @@ class StackClient:
         tokens = usage.get("prompt_tokens", usage.get("total_tokens"))
         return int(tokens) if isinstance(tokens, (int, float)) and tokens > 0 else None
 
-    def embeddings(self, texts: list[str], encoding_format: str | None = None) -> tuple[np.ndarray, int | None]:
-        """Embed `texts` (untimed helper for verification): the matrix and the usage tokens."""
+    def embeddings(self, texts: list[str] | Sequence[Sequence[int]],
+                   encoding_format: str | None = None) -> tuple[np.ndarray, int | None]:
+        """Embed texts or token-id lists (`input` takes both): the matrix and the usage tokens."""
         body = self._post("/v1/embeddings", {"model": self.model, "input": texts,
                                              "encoding_format": encoding_format or self.encoding_format})
         data = body.get("data")
@@ -132,6 +133,22 @@ class StackClient:
                              f"embeddings for {len(texts)} inputs")
         data = sorted(data, key=lambda d: d.get("index", 0))
         return np.stack([decode_embedding(d["embedding"]) for d in data]), self._usage_tokens(body)
+
+    def embed_ids(self, seqs: Sequence[Sequence[int]], client_tokens: int, score: bool = False) -> Sample:
+        """One timed /v1/embeddings request with token-id lists; `score`: seqs[0] is a query scored
+        against the rest by client-side cosine, inside the timed section."""
+        start = time.perf_counter()
+        matrix, tokens = self.embeddings(seqs)
+        if score:
+            cosine_scores(matrix[0], matrix[1:])
+        latency = time.perf_counter() - start
+        return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens is not None)
+
+    def score_route(self, ids: bool) -> str:
+        """How score-latency is measured on this client (recorded as the record's `route`)."""
+        if ids:
+            return "/v1/embeddings, query + documents as one token-id batch, + client cosine"
+        return "/v1/rerank" if self.route_style == "ours" else "/v1/embeddings + cosine"
 
     def embed(self, texts: list[str], client_tokens: int) -> Sample:
         """One timed embeddings request."""

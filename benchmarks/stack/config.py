@@ -53,6 +53,12 @@ class BenchConfig:
     server_metrics: str | None = _f(None, "Prometheus /metrics URL(s) of the server's replicas, comma-separated "
                                           "(Tulip's: the URLs `ivy up` prints): each record gets the engine's "
                                           "eager runs, captures and batches during its measurement")
+    input: str = _f("text", "text: send the texts; ids: tokenize them here (--tokenizer) and send token-id lists "
+                            "to /v1/embeddings (scoring: query + documents as one id batch, client cosine)")
+    tulip: str | None = _f(None, "host:port of one Tulip: benchmark it directly over gRPC with token ids "
+                                 "(--input ids implied) instead of the gateway at --url")
+    tulip_call: str = _f("stream", "Tulip-direct RPC: stream (one long-lived EmbedStream per client process) "
+                                   "or unary (Embed)")
     dump_inputs: bool = _f(False, "also write the exact request texts to <stem>_inputs.json (to replay in-process)")
 
     def suites(self) -> tuple[str, ...]:

@@ -42,13 +42,17 @@ class ClientSpec:
 
 @dataclass(frozen=True)
 class Request:
-    """One request to send: documents to embed, or a query to score against them."""
+    """One request to send: documents to embed, or a query to score against them; with `ids` (--input
+    ids, Tulip, in-process) their token ids are sent instead, the query's first when scoring."""
 
     texts: tuple[str, ...]
     tokens: int
     query: str | None = None
+    ids: tuple[tuple[int, ...], ...] | None = None
 
     def send(self, client: StackClient) -> Sample:
+        if self.ids is not None:
+            return client.embed_ids(self.ids, self.tokens, score=self.query is not None)
         if self.query is None:
             return client.embed(list(self.texts), self.tokens)
         return client.score(self.query, list(self.texts), self.tokens)

@@ -71,6 +71,17 @@ def summarize(suite: str, param: int, samples: Sequence[Sample], cost: CostBasis
     return record
 
 
+def failed_record(suite: str, param: int | None, error: str, **extra: Any) -> dict[str, Any]:
+    """A step that failed: its error, null numbers, and the same extra fields a measured record has."""
+    return {"suite": suite, "param": param, **{key: None for key in RECORD_KEYS[2:]},
+            "requests": 0, "errors": None, "error": error, **extra}
+
+
+def measured(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with numbers (not failed steps)."""
+    return [r for r in records if not r.get("error") and r.get("p50_ms") is not None]
+
+
 def _run(cmd: Sequence[str], cwd: Path | None = None) -> str | None:
     try:
         out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20, check=True)
@@ -146,6 +157,7 @@ def write_result(out_dir: Path, stem: str, env: dict[str, Any], records: list[di
 
 def write_plots(out_dir: Path, stem: str, records: list[dict[str, Any]], title: str) -> list[Path]:
     """Latency vs concurrency and the saturation curve (throughput vs offered concurrency)."""
+    records = measured(records)
     rows = sorted((r for r in records if r["suite"] == "concurrency"), key=lambda r: r["param"])
     if not rows:
         return []

@@ -6,91 +6,36 @@
 - concurrency: 1, 2, 4, 8, 16 client processes, one lognormal document per request.
 
 Steps longer than the server's max length are skipped (listed in env.skipped); so is a step whose
-warm-up the server rejects with a 4xx (e.g. a peer's max length the client could not read).
-Inputs are seeded per (suite, step, client): a rerun sends the same requests.
+warm-up the server rejects with a 4xx (e.g. a peer's max length the client could not read). A step
+that fails otherwise (a 5xx, a gRPC error, a timeout, a client process that died) is a record with its
+`error` and null numbers, and the run goes on. Inputs are seeded per (suite, step, client): a rerun, and
+every layer of one run (context.py), sends the same requests.
 """
 
 from __future__ import annotations
 
-import random
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Callable
+import traceback
+from typing import Any, Callable, Sequence
 
-from benchmarks.stack.client import StackClient, StackError
-from benchmarks.stack.config import BenchConfig
-from benchmarks.stack.corpus import DocumentMaker, lognormal_lengths
-from benchmarks.stack.load import Budget, ClientSpec, Progress, Request, run_clients, run_loop, warm_up
-from benchmarks.stack.report import CostBasis, summarize
-from benchmarks.stack.server_counters import delta, describe, scrape
+from benchmarks.stack.client import StackError
+from benchmarks.stack.connection import HTTPError
+from benchmarks.stack.context import SuiteContext
+from benchmarks.stack.corpus import CorpusError
+from benchmarks.stack.load import Progress, Request, run_clients, run_loop, warm_up
+from benchmarks.stack.report import failed_record, summarize
+from benchmarks.stack.server_counters import delta, describe
 
+__all__ = ["SUITE_FUNCTIONS", "STEP_ERRORS", "SuiteContext", "run_suites"]
 
-@dataclass
-class SuiteContext:
-    """What every suite needs; `skipped` and `inputs` are filled while suites run."""
-
-    config: BenchConfig
-    client: StackClient
-    spec: ClientSpec
-    maker: DocumentMaker
-    max_length: int | None
-    cost: CostBasis
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def server_counters(self) -> dict[str, float] | None:
-        """The server's counters now (--server-metrics), or None when not asked for or unreachable."""
-        urls = [u.strip() for u in (self.config.server_metrics or "").split(",") if u.strip()]
-        if not urls:
-            return None
-        try:
-            return scrape(urls)
-        except (OSError, ValueError) as exc:
-            print(f"  server metrics unreadable ({type(exc).__name__}: {exc}); records go without", file=sys.stderr)
-            return None
-
-    def rng(self, *key: object) -> random.Random:
-        return random.Random(":".join(map(str, (self.config.seed, *key))))  # str seeds are stable
-
-    @property
-    def budget(self) -> Budget:
-        c = self.config
-        return Budget(c.duration_s, c.requests, c.warmup_requests)
-
-    def too_long(self, suite: str, param: int, tokens: int) -> bool:
-        if self.max_length is not None and tokens > self.max_length:
-            self.skip(suite, param, f"{tokens} tokens is over the server's max length {self.max_length}")
-            return True
-        return False
-
-    def skip(self, suite: str, param: int, reason: str) -> None:
-        self.skipped.append({"suite": suite, "param": param, "reason": reason})
-        print(f"  [{suite} {param}] skipped: {reason}", file=sys.stderr, flush=True)
-
-    def keep(self, suite: str, param: int, requests: list[Request] | list[list[Request]]) -> None:
-        if self.config.dump_inputs:
-            self.inputs.setdefault(suite, {})[str(param)] = _as_json(requests)
-
-    def doc_range(self) -> tuple[int, int]:
-        hi = self.config.doc_max_tokens
-        if self.max_length is not None:
-            hi = min(hi, self.max_length)
-        return min(self.config.doc_min_tokens, hi), hi
-
-    def lognormal_docs(self, rng: random.Random, count: int) -> list[tuple[str, int]]:
-        lo, hi = self.doc_range()
-        lengths = lognormal_lengths(rng, count, self.config.doc_mu, self.config.doc_sigma, lo, hi)
-        return list(zip(self.maker.documents(rng, lengths), lengths, strict=True))
-
-
-def _as_json(requests: list[Any]) -> list[Any]:
-    if requests and isinstance(requests[0], list):
-        return [_as_json(r) for r in requests]
-    return [{"texts": list(r.texts), "tokens": r.tokens, **({"query": r.query} if r.query else {})}
-            for r in requests]
+# What a step may fail with (an HTTP or gRPC error, a timeout, a client process that died, inputs that
+# cannot be made): the step is recorded with its error and the run goes on.
+STEP_ERRORS = (StackError, HTTPError, CorpusError, OSError)
 
 
 def _summary_line(record: dict[str, Any]) -> str:
+    if record.get("error"):
+        return f"failed: {record['error']}"
     server = describe(record["server"]) if record.get("server") else ""
     return (f"p50 {record['p50_ms']:.2f} ms  p95 {record['p95_ms']:.2f}  p99 {record['p99_ms']:.2f}  "
             f"{record['rps']:.1f} req/s  {record['tokens_per_s']:.0f} tok/s  errors {record['errors']}"
@@ -104,6 +49,12 @@ def _with_server(ctx: SuiteContext, before: dict[str, float] | None, record: dic
     return record
 
 
+def _failed(suite: str, param: int | None, exc: BaseException, **extra: Any) -> dict[str, Any]:
+    record = failed_record(suite, param, f"{type(exc).__name__}: {exc}", **extra)
+    print(f"  [{suite} {param}] {_summary_line(record)}", file=sys.stderr, flush=True)
+    return record
+
+
 def _measure_here(ctx: SuiteContext, suite: str, param: int, requests: list[Request],
                   **extra: Any) -> dict[str, Any] | None:
     """Warm up and measure on the main process's client (the latency suites)."""
@@ -114,11 +65,16 @@ def _measure_here(ctx: SuiteContext, suite: str, param: int, requests: list[Requ
         if exc.status is not None and 400 <= exc.status < 500:
             ctx.skip(suite, param, f"warm-up rejected: {exc}")
             return None
-        raise
+        return _failed(suite, param, exc, **extra)
+    except STEP_ERRORS as exc:
+        return _failed(suite, param, exc, **extra)
     progress = Progress(label, ctx.budget)
     before = ctx.server_counters()
-    samples = run_loop(ctx.client, requests, ctx.budget, progress=progress)
-    record = _with_server(ctx, before, summarize(suite, param, samples, ctx.cost, **extra))
+    try:
+        samples = run_loop(ctx.client, requests, ctx.budget, progress=progress)
+        record = _with_server(ctx, before, summarize(suite, param, samples, ctx.cost, **extra))
+    except STEP_ERRORS as exc:
+        return _failed(suite, param, exc, **extra)
     progress.finish(_summary_line(record))
     return record
 
@@ -130,22 +86,31 @@ def _measure_clients(ctx: SuiteContext, suite: str, param: int, per_client: list
     def mark() -> None:
         marks["before"] = ctx.server_counters()
 
-    samples = run_clients(ctx.spec, per_client, ctx.budget, f"{suite} {param}", on_start=mark)
-    record = _with_server(ctx, marks.get("before"), summarize(suite, param, samples, ctx.cost, **extra))
+    try:
+        if ctx.replay is not None:  # the in-process layer: one engine here, no client processes
+            mark()
+            samples = ctx.replay(suite, per_client, ctx.budget)
+        else:
+            samples = run_clients(ctx.spec, per_client, ctx.budget, f"{suite} {param}", on_start=mark)
+        record = _with_server(ctx, marks.get("before"), summarize(suite, param, samples, ctx.cost, **extra))
+    except STEP_ERRORS as exc:
+        return _failed(suite, param, exc, **extra)
     Progress(f"{suite} {param}", ctx.budget).finish(_summary_line(record))
     return record
 
 
 def embed_latency(ctx: SuiteContext) -> list[dict[str, Any]]:
+    c = ctx.config
     records = []
-    for tokens in ctx.config.embed_tokens:
+    for tokens in c.embed_tokens:
         if ctx.too_long("embed-latency", tokens, tokens):
             continue
         rng = ctx.rng("embed-latency", tokens)
-        docs = ctx.maker.documents(rng, [tokens] * ctx.config.distinct_inputs)
-        requests = [Request((doc,), tokens) for doc in docs]
+        docs = ctx.maker.documents(rng, [tokens] * c.distinct_inputs)
+        requests = [ctx.request((doc,), tokens) for doc in docs]
         ctx.keep("embed-latency", tokens, requests)
-        record = _measure_here(ctx, "embed-latency", tokens, requests, tokens_requested=tokens, batch_size=1)
+        record = _measure_here(ctx, "embed-latency", tokens, requests, tokens_requested=tokens, batch_size=1,
+                               input=c.input)
         records += [record] if record else []
     return records
 
@@ -159,13 +124,13 @@ def score_latency(ctx: SuiteContext) -> list[dict[str, Any]]:
         rng = ctx.rng("score-latency", n_docs)
         pool = ctx.maker.documents(rng, [c.score_doc_tokens] * max(n_docs, c.distinct_inputs))
         queries = ctx.maker.documents(rng, [c.query_tokens] * c.distinct_inputs)
-        requests = [Request(tuple(pool[(i * n_docs + j) % len(pool)] for j in range(n_docs)),
-                            c.query_tokens + n_docs * c.score_doc_tokens, query=q)
+        requests = [ctx.request([pool[(i * n_docs + j) % len(pool)] for j in range(n_docs)],
+                                c.query_tokens + n_docs * c.score_doc_tokens, query=q)
                     for i, q in enumerate(queries)]
         ctx.keep("score-latency", n_docs, requests)
         record = _measure_here(ctx, "score-latency", n_docs, requests, documents=n_docs,
                                doc_tokens=c.score_doc_tokens, query_tokens=c.query_tokens,
-                               route=("/v1/rerank" if c.route_style == "ours" else "/v1/embeddings + cosine"))
+                               input=c.input, route=ctx.client.score_route(c.input == "ids"))
         records += [record] if record else []
     return records
 
@@ -179,23 +144,24 @@ def throughput(ctx: SuiteContext) -> list[dict[str, Any]]:
         batches = []
         for _ in range(batches_per_client):
             docs = ctx.lognormal_docs(rng, c.throughput_batch)
-            batches.append(Request(tuple(d for d, _ in docs), sum(n for _, n in docs)))
+            batches.append(ctx.request([d for d, _ in docs], sum(n for _, n in docs)))
         per_client.append(batches)
     ctx.keep("throughput", c.throughput_batch, per_client)
     lo, hi = ctx.doc_range()
     return [_measure_clients(ctx, "throughput", c.throughput_batch, per_client, batch_size=c.throughput_batch,
-                             clients=c.throughput_processes, doc_tokens_range=[lo, hi])]
+                             clients=c.throughput_processes, doc_tokens_range=[lo, hi], input=c.input)]
 
 
 def concurrency(ctx: SuiteContext) -> list[dict[str, Any]]:
     c = ctx.config
     records = []
     for level in c.concurrency_levels:
-        per_client = [[Request((doc,), n) for doc, n in ctx.lognormal_docs(ctx.rng("concurrency", level, k),
+        per_client = [[ctx.request((doc,), n) for doc, n in ctx.lognormal_docs(ctx.rng("concurrency", level, k),
                                                                             c.distinct_inputs)]
                       for k in range(level)]
         ctx.keep("concurrency", level, per_client)
-        records.append(_measure_clients(ctx, "concurrency", level, per_client, clients=level, batch_size=1))
+        records.append(_measure_clients(ctx, "concurrency", level, per_client, clients=level, batch_size=1,
+                                        input=c.input))
     return records
 
 
@@ -205,3 +171,20 @@ SUITE_FUNCTIONS: dict[str, Callable[[SuiteContext], list[dict[str, Any]]]] = {
     "throughput": throughput,
     "concurrency": concurrency,
 }
+
+
+def run_suites(ctx: SuiteContext, suites: Sequence[str],
+               after_suite: Callable[[list[dict[str, Any]]], object] | None = None) -> list[dict[str, Any]]:
+    """Every suite in order; a step that fails is a record with its `error`, and the run goes on.
+    `after_suite(records so far)` runs after each suite (e.g. to write the file so far)."""
+    records: list[dict[str, Any]] = []
+    for suite in suites:
+        print(f"suite {suite}", file=sys.stderr, flush=True)
+        try:
+            records += SUITE_FUNCTIONS[suite](ctx)
+        except Exception as exc:  # noqa: BLE001 - inputs that cannot be made, or a bug: the suite as one
+            traceback.print_exc()  # failed record, and the run goes on to the next
+            records.append(_failed(suite, None, exc, input=ctx.config.input))
+        if after_suite is not None:
+            after_suite(records)
+    return records

@@ -31,11 +31,12 @@ class FakeStack:
     tokenizer: Any
     table: np.ndarray
     hits: Counter = field(default_factory=Counter)
+    received_ids: list = field(default_factory=list)  # token-id inputs of /v1/embeddings, as sent
 
-    def token_ids(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
+    def token_ids(self, text: str | list[int]) -> list[int]:
+        return text if isinstance(text, list) else self.tokenizer.encode(text).ids
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str] | list[list[int]]) -> np.ndarray:
         rows = np.stack([self.table[self.token_ids(t)].sum(0) for t in texts])
         return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
@@ -61,6 +62,10 @@ def app_for(stack: FakeStack) -> Any:
         if body.get("model") == "broken":
             raise HTTPException(503, "replica unavailable")
         texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        if texts and isinstance(texts[0], int):  # one list of token ids
+            texts = [texts]
+        if texts and isinstance(texts[0], list):
+            stack.received_ids.extend(texts)
         tokens = sum(len(stack.token_ids(t)) for t in texts)
         if any(len(stack.token_ids(t)) > MAX_LEN for t in texts):
             raise HTTPException(422, "input too long")

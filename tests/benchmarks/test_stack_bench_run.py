@@ -150,11 +150,13 @@ def test_missing_reference_is_a_configuration_error(fake_stack: FakeStack, tmp_p
     assert _run(fake_stack, tmp_path, "--suite", "embed-latency") == 2
 
 
-def test_a_failing_server_stops_the_run_with_its_own_exit_code(fake_stack: FakeStack, tmp_path: Path) -> None:
+def test_a_failing_server_is_recorded_with_its_own_exit_code(fake_stack: FakeStack, tmp_path: Path) -> None:
     argv = ["--url", fake_stack.url, "--model", "broken", "--out", str(tmp_path), *TINY,
             "--suite", "concurrency", "--skip-verify", "true"]
     assert main(argv) == EXIT_SERVER
-    assert not list(tmp_path.glob("stack_*.json"))
+    records = json.loads((tmp_path / "stack_broken.json").read_text())["records"]  # written all the same
+    assert [(r["suite"], r["param"]) for r in records] == [("concurrency", 1), ("concurrency", 2)]
+    assert all("503" in r["error"] and r["p50_ms"] is None for r in records)
 
 
 def test_an_unreachable_url_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
