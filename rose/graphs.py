@@ -159,10 +159,22 @@ class CudaGraphs:
             # torch.cuda.graph leaves its capture stream current when the capture fails to end: the eager
             # runs that follow belong on the stream this step started on.
             torch.cuda.set_stream(stream)
+            self._reset_pool()
             raise
         finally:
             self.capture_seconds += time.perf_counter() - start
         return _Graph(graph, static_in, static_out, meta)
+
+    def _reset_pool(self) -> None:
+        """After a failed capture. When cudaStreamEndCapture fails, torch's CUDAGraph.capture_end raises before
+        it ends the allocator's recording into our pool, and every later capture into that pool fails with
+        "beginAllocateToPool: already recording to mempool_id" (seen on the H200). End that recording if it
+        is still open, and give later graphs a fresh pool (graphs already captured keep theirs)."""
+        try:
+            torch._C._cuda_endAllocateToPool(torch.device(self.device).index or 0, self.pool)
+        except Exception:  # noqa: BLE001 - not recording (the capture failed before it began): nothing to end
+            pass
+        self.pool = torch.cuda.graph_pool_handle()
 
     def pending(self) -> list[tuple[int, int, int, int]]:
         """A real (T, S, P, longest) shape of each layout that has had its eager warm-up run(s) but no graph

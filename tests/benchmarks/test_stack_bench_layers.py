@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_tulip import start_fake_tulip
+from bench_fake_tulip import start_fake_tulip
 from stack_bench_fake import MODEL, FakeStack
 from test_stack_bench_server_counters import metrics_url  # noqa: F401 - the fixture
 

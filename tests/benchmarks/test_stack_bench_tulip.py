@@ -9,7 +9,7 @@ from typing import Iterator
 
 import numpy as np
 import pytest
-from fake_tulip import FakeTulipThread, start_fake_tulip
+from bench_fake_tulip import FakeTulipThread, start_fake_tulip
 from stack_bench_fake import MODEL, FakeStack
 
 from benchmarks.stack.__main__ import EXIT_SERVER, main

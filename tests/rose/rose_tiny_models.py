@@ -209,11 +209,15 @@ def build_qwen3(root: Path, bidirectional: bool = False, sharded: bool = False, 
 def build_qwen3_06b_shape(root: Path, bidirectional: bool = False) -> TinyModel:
     """Qwen3-0.6B's widths (hidden 1024, 16 query / 8 KV heads of 128, MLP 3072, rope 1e6) in 2 layers:
     the kernels see the real head dim and GQA ratio at a fraction of the size."""
-    return build_qwen3(root, bidirectional=bidirectional, seed=7, std=0.02,
+    tiny = build_qwen3(root, bidirectional=bidirectional, seed=7, std=0.02,
                        name="qwen3-0.6b-shape" + ("-pplx" if bidirectional else ""),
                        overrides=dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
                                       num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
                                       rope_theta=1000000.0))
+    # The word tokenizer's config caps inputs at 128 tokens; these models take sequences over two query tiles.
+    tok_config = tiny.path / "tokenizer_config.json"
+    _write_json(tok_config, {**json.loads(tok_config.read_text()), "model_max_length": 4096})
+    return tiny
 
 
 def build_all(root: Path) -> dict[str, TinyModel]:

@@ -35,6 +35,18 @@ def new_hows(runner, before):
     return [how for (label, how), n in runner.runs.items() for _ in range(n - before.get((label, how), 0))]
 
 
+def steps_like_eager(engine, batch, times: int) -> list[str]:
+    """Step `batch` `times` times, each result checked against an exact-size eager run; how each step ran
+    (the checks' own eager runs are not counted)."""
+    hows = []
+    for _ in range(times):
+        before = dict(engine.runner.runs)
+        rows = engine.step(batch).result()
+        hows += new_hows(engine.runner, before)
+        assert_like_eager(engine, batch, rows)
+    return hows
+
+
 def assert_like_eager(engine, batch, rows):
     from rose.graphs import cosine_divergence
 
@@ -56,17 +68,12 @@ def test_a_capture_the_driver_invalidates_falls_back_to_eager(tiny_models):
 
     graphs.forward = syncing_forward
     batch = batch_of(engine, (20, 12, 8))
-    before = dict(runner.runs)
-    for _ in range(3):  # eager warm-up, the failed capture (served eagerly), eager
-        assert_like_eager(engine, batch, engine.step(batch).result())
-    assert new_hows(runner, before).count("capture") == 0
+    # eager warm-up, the failed capture (served eagerly), eager
+    assert steps_like_eager(engine, batch, 3).count("capture") == 0
     assert (engine.stats()["captures_failed"], engine.stats()["graphs_captured"]) == (1, 0)
-    graphs.forward = real  # the device and the stream are fine afterwards: another layout captures
+    graphs.forward = real  # the device, the stream and the allocator are fine afterwards: another layout captures
     other = batch_of(engine, (60, 30), seed=1)
-    before = dict(runner.runs)
-    for _ in range(3):
-        assert_like_eager(engine, other, engine.step(other).result())
-    assert [h for h in new_hows(runner, before) if h != "eager"][:2] == ["capture", "replay"]
+    assert steps_like_eager(engine, other, 3) == ["eager", "capture", "replay"]
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
     engine.close()
 
@@ -115,10 +122,8 @@ def test_a_lazily_captured_graph_that_disagrees_with_eager_is_refused(tiny_model
     skew = torch.linspace(-1, 1, engine.spec.dimensions, device="cuda")
     graphs.forward = lambda meta: real(meta) * skew  # what the graph records; eager runs stay right
     batch = batch_of(engine, (20, 12, 8))
-    before = dict(runner.runs)
-    for _ in range(3):  # eager warm-up, the refused capture (served its eager rows), eager
-        assert_like_eager(engine, batch, engine.step(batch).result())
-    assert new_hows(runner, before) == ["eager"] * 3
+    # eager warm-up, the refused capture (served its eager rows), eager
+    assert steps_like_eager(engine, batch, 3) == ["eager"] * 3
     stats = engine.stats()
     assert (stats["graphs_refused"], stats["graphs_captured"], stats["captures_failed"]) == (1, 0, 0)
     engine.close()
