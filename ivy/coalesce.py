@@ -43,6 +43,7 @@ class _Member:
     deadline: float
     request_id: str
     future: asyncio.Future
+    cold: bool = False  # the shared call's batch ran without its CUDA graph yet (see metrics.mark_cold)
 
 
 @dataclass
@@ -83,7 +84,10 @@ class Coalescer:
         group.tokens += tokens
         group.seqs += len(sequences)
         try:
-            return await asyncio.wait_for(asyncio.shield(member.future), max(0.0, deadline - time.monotonic()))
+            rows = await asyncio.wait_for(asyncio.shield(member.future), max(0.0, deadline - time.monotonic()))
+            if member.cold:
+                metrics.mark_cold()
+            return rows
         except TimeoutError:
             raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline") from None
         finally:
@@ -112,6 +116,8 @@ class Coalescer:
             metrics.COALESCED.observe(len(members))
             response = await self._call(self._request(group, seqs), group.tokens, max(m.deadline for m in members))
             rows = checked_rows(response, len(seqs))
+            for m in members:
+                m.cold = response.cold
         except IvyError as exc:
             if exc.problem is Problem.INVALID_PARAMETER and len(members) > 1:
                 await self._one_by_one(group)  # one member's input: the others must not get its error

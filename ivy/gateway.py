@@ -186,6 +186,8 @@ class Gateway:
             results = [await self.pool.call(requests[0], chunks[0].tokens, deadline)]
         else:
             results = await _gather_or_fail(self.pool.call(r, c.tokens, deadline) for r, c in zip(requests, chunks))
+        if any(response.cold for response in results):
+            metrics.mark_cold()
         parts = [checked_rows(response, c.rows) for c, response in zip(chunks, results)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 

@@ -68,6 +68,17 @@ def render() -> tuple[bytes, str]:
 
 
 REQUEST_ID: ContextVar[str] = ContextVar("ivy_request_id", default="")
+# Per request (set by RequestMetrics, shared with the request's child tasks): whether a batch of it ran on a
+# replica without its CUDA graph yet. Answered as the header X-Cold-Start: 1, so a benchmark can report
+# cold hits apart from the steady state (as text-embeddings-inference reports x-queue-time and friends).
+_COLD: ContextVar[list | None] = ContextVar("ivy_cold", default=None)
+COLD_HEADER = (b"x-cold-start", b"1")
+
+
+def mark_cold() -> None:
+    flag = _COLD.get()
+    if flag is not None:
+        flag[0] = True
 _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 
@@ -99,6 +110,8 @@ class RequestMetrics:
         route = path if path in KNOWN_ROUTES else "other"
         rid = request_id_of(scope)
         REQUEST_ID.set(rid)  # this task's context: the route handler runs in it
+        cold = [False]
+        _COLD.set(cold)
         rid_header = (b"x-request-id", rid.encode("latin-1"))
         status = 500
         started = False
@@ -109,7 +122,8 @@ class RequestMetrics:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 started = True
-                message = {**message, "headers": [*message.get("headers", ()), rid_header]}
+                extra = (rid_header, COLD_HEADER) if cold[0] else (rid_header,)
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
         try:

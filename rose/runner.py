@@ -111,6 +111,7 @@ class ModelRunner:
         self.step_seconds_last = time.perf_counter() - start
         lazy = LazyTensor(self.pool, buf, (host.num_rows, self.dimensions), event)
         lazy.padded_tokens = host.layout.tokens
+        lazy.cold = layout is not None and how != "replay"  # a graph layout without its graph yet
         return lazy
 
     # -- the steps of step() ----------------------------------------------------------------------

@@ -30,10 +30,11 @@ class EmbedResult:
     dimensions: int
     encoding: int
     tokens: int
+    cold: bool = False  # some sequence ran in a batch of a graph layout not yet captured
 
     def proto(self) -> embed_pb2.EmbedResponse:
         return embed_pb2.EmbedResponse(embeddings=self.embeddings, rows=self.rows, dimensions=self.dimensions,
-                                       encoding=self.encoding, tokens=self.tokens)
+                                       encoding=self.encoding, tokens=self.tokens, cold=self.cold)
 
 
 class Job(Ticket):
@@ -50,6 +51,7 @@ class Job(Ticket):
         self._out = np.empty((parsed.num_rows, native_dimensions), dtype=np.float32)
         self._pending = len(self.sequences)
         self.settled = False
+        self.cold = False  # set by the completer: a batch of this job's ran without its CUDA graph yet
 
     # -- completer thread ----------------------------------------------------------------------
 
@@ -74,7 +76,7 @@ class Job(Ticket):
             out = out.astype(out.dtype.newbyteorder("<"))
         dims = self.options.dimensions or self._out.shape[1]
         result = EmbedResult(embeddings=out.tobytes(), rows=int(out.shape[0]), dimensions=int(dims),
-                             encoding=int(self.options.encoding), tokens=self.num_tokens)
+                             encoding=int(self.options.encoding), tokens=self.num_tokens, cold=self.cold)
         self.settled = True
         self._out = None  # type: ignore[assignment]
         (handoff or Handoff()).add(self, result, None, flush=handoff is None)

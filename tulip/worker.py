@@ -226,9 +226,12 @@ class Worker:
         try:
             rows = item.lazy.wait()
             item.done_mono = time.monotonic()
+            cold = getattr(item.lazy, "cold", False)
             for seq, r0 in zip(item.packed.sequences, item.row_starts.tolist()):
                 if seq.ticket.cancelled:
                     continue  # caller gone or deadline hit after launch: its rows are discarded
+                if cold:
+                    seq.ticket.cold = True
                 if seq.ticket.receive(seq, rows[r0:r0 + seq.spans.shape[0]]):
                     finished.append(seq.ticket)
         except Exception as exc:

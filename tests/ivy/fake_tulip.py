@@ -66,6 +66,7 @@ class FakeTulip:
     streams_opened: int = 0  # EmbedStream calls Ivy opened
     stream_cancels: int = 0  # cancel messages received on them
     unary_calls: int = 0  # Embed calls (not over a stream)
+    cold: bool = False  # answers say their batch ran without its CUDA graph yet
 
     def __post_init__(self) -> None:
         spec = load_spec(self.model_dir or bundled_model_dir())
@@ -205,7 +206,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding, request.request_id))
         return embed_pb2.EmbedResponse(embeddings=out.astype(out.dtype.newbyteorder("<")).tobytes(),
                                        rows=out.shape[0], dimensions=dims, encoding=request.encoding,
-                                       tokens=int(lens.sum()))
+                                       tokens=int(lens.sum()), cold=fake.cold)
 
     async def Info(self, request, context):
         fake = self.fake

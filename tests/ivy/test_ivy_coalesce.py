@@ -20,8 +20,8 @@ DIMS = 8
 class FakeCall:
     """Answers each call with one row per sequence: [first token id, sequence length, 0, ...]."""
 
-    def __init__(self, delay_s: float = 0.0, error: Exception | None = None) -> None:
-        self.delay_s, self.error = delay_s, error
+    def __init__(self, delay_s: float = 0.0, error: Exception | None = None, cold: bool = False) -> None:
+        self.delay_s, self.error, self.cold = delay_s, error, cold
         self.requests: list[embed_pb2.EmbedRequest] = []
         self.cancelled = 0
 
@@ -39,7 +39,7 @@ class FakeCall:
         rows = np.zeros((len(lens), DIMS), np.float32)
         rows[:, 0], rows[:, 1] = ids[starts], lens
         return embed_pb2.EmbedResponse(embeddings=rows.tobytes(), rows=len(lens), dimensions=DIMS, encoding=0,
-                                       tokens=int(lens.sum()))
+                                       tokens=int(lens.sum()), cold=self.cold)
 
 
 def _run(coro):
@@ -201,3 +201,20 @@ def test_through_the_gateway_concurrent_requests_get_exact_rows() -> None:
         np.testing.assert_allclose(got[t], solo[t], atol=1e-6)
     assert sum(c.seqs for c in fake.calls[calls_solo:]) == len(texts)
 
+
+
+def test_every_member_of_a_cold_call_is_marked_cold() -> None:
+    from ivy import metrics
+
+    async def member(c: Coalescer, seq) -> bool:
+        flag = [False]
+        metrics._COLD.set(flag)  # what RequestMetrics does for each request's task
+        await _embed(c, [seq])
+        return flag[0]
+
+    async def main(cold: bool) -> list[bool]:
+        c = Coalescer(FakeCall(delay_s=0.01, cold=cold), 8192, 64)
+        return await asyncio.gather(*(member(c, [i + 1, 2]) for i in range(3)))
+
+    assert _run(main(True)) == [True, True, True]
+    assert _run(main(False)) == [False, False, False]

@@ -54,3 +54,11 @@ def test_a_restarted_replica_gets_a_new_stream() -> None:
         statuses = [client.post("/v1/embeddings", json={"input": "after"}).status_code for _ in range(3)]
         assert statuses == [200, 200, 200]
         assert fake.streams_opened == 2
+
+
+def test_a_cold_hit_is_answered_with_x_cold_start() -> None:
+    with FakeTulip() as fake, gateway(fake) as client:
+        assert "x-cold-start" not in client.post("/v1/embeddings", json={"input": "warm"}).headers
+        fake.cold = True
+        r = client.post("/v1/embeddings", json={"input": ["cold", "too"]})
+        assert r.status_code == 200 and r.headers["x-cold-start"] == "1"

@@ -50,6 +50,15 @@ def test_lazy_capture_then_replay_on_fake_cuda(engine, monkeypatch):
     assert len(fake.captures) == 1 and len(runner.graphs.graphs) == 1
 
 
+def test_a_step_says_whether_its_layout_ran_cold(engine, monkeypatch):
+    """The eager warm-up and the capture of a graph layout are cold hits; replays and exact sizes are not."""
+    runner = engine.runner
+    attach_graphs(runner, monkeypatch)
+    colds = [runner.step(batch_of(engine, seed=i)).cold for i in range(3)]
+    assert colds == [True, True, False]
+    assert runner.step(batch_of(engine), use_graphs=False).cold is False
+
+
 def test_a_failed_capture_falls_back_to_eager_for_that_layout_once(engine, monkeypatch, caplog):
     runner = engine.runner
     fake = attach_graphs(runner, monkeypatch)

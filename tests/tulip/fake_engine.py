@@ -106,6 +106,7 @@ class FakeEngine:
         self.max_outstanding = 0
         self.launched_while_busy = 0  # launches that found an earlier batch still on the "device"
         self.warmed_up = False
+        self.cold_when: Callable[[Batch], bool] | None = None  # batches reported as cold hits (no graph yet)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._device_loop, name="fake-device", daemon=True).start()
 
@@ -124,6 +125,7 @@ class FakeEngine:
             raise error
         lazy = FakeLazy()
         lazy.padded_tokens = -(-batch.num_tokens // 64) * 64
+        lazy.cold = bool(self.cold_when and self.cold_when(batch))
         with self._lock:
             outstanding = self.launched - self.completed
             if outstanding:

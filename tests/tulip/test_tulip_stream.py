@@ -142,3 +142,16 @@ def test_drain_answers_what_the_stream_was_given_and_refuses_new() -> None:
         np.testing.assert_array_equal(decode_response(stream.answer(1).response), solo_embedding(queued))
         assert drain.result(30) is True
         assert all(f.result().rows == 1 for f in held)
+
+
+def test_a_request_whose_batch_ran_cold_says_so_and_its_neighbours_not() -> None:
+    engine = FakeEngine()
+    engine.cold_when = lambda batch: int(batch.token_ids[0]) == 51  # the batch that starts with marker 51
+    with ServerThread(make_config(), engine) as s:
+        cold = s.stub.Embed(encode_request([marked_sequence(51, 6)]), timeout=10)
+        warm = s.stub.Embed(encode_request([marked_sequence(52, 6)]), timeout=10)
+        assert cold.cold and not warm.cold
+        stream = Stream(s.stub)
+        stream.send(1, encode_request([marked_sequence(51, 6)]))
+        assert stream.answer(1).response.cold
+        stream.close()
