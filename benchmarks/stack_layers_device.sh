@@ -61,7 +61,8 @@ rm -f $OUT/*_inputs.json
 python3 - <<'PY'
 import glob, json, os
 from benchmarks.stack.server_counters import describe
-print(f"{'file':34s} {'layer':10s} {'suite':14s} {'param':>5s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'req/s':>8s} {'k tok/s':>8s}  server")
+print(f"{'file':34s} {'layer':10s} {'suite':14s} {'param':>5s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'req/s':>8s} {'k tok/s':>8s} "
+      f"{'cold':>5s} {'st.p99':>7s}  server")
 for path in sorted(glob.glob(os.environ["OUT"] + "/stack_layers_*.json")):
     name = os.path.basename(path)[:-5]
     for r in json.load(open(path))["records"]:
@@ -69,6 +70,7 @@ for path in sorted(glob.glob(os.environ["OUT"] + "/stack_layers_*.json")):
             print(f"{name:34s} {r.get('layer', ''):10s} {r['suite']:14s} {str(r.get('param')):>5s} ERROR {r['error'][:60]}")
             continue
         print(f"{name:34s} {r.get('layer', ''):10s} {r['suite']:14s} {r['param']:>5} {r['p50_ms']:7.2f} {r['p95_ms']:7.2f} "
-              f"{r['p99_ms']:7.2f} {r['rps']:8.1f} {r['tokens_per_s'] / 1e3:8.1f}  {describe(r.get('server') or {})}")
+              f"{r['p99_ms']:7.2f} {r['rps']:8.1f} {r['tokens_per_s'] / 1e3:8.1f} {r.get('cold_requests', 0):5d} "
+              f"{r.get('steady_p99_ms') or 0:7.2f}  {describe(r.get('server') or {})}")
 PY
 echo "done in $(el) s"

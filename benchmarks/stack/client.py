@@ -55,6 +55,7 @@ class Sample:
     tokens: int
     tokens_from_usage: bool
     ok: bool = True
+    cold: bool = False  # the server said it met a graph layout without its graph (reported apart)
 
 
 def decode_embedding(item: Any) -> np.ndarray:
@@ -79,6 +80,7 @@ class StackClient:
             raise ValueError(f"route style must be one of {ROUTE_STYLES}, not {route_style!r}")
         self.model = model
         self.route_style = route_style
+        self.last_cold = False
         self.encoding_format = encoding_format
         headers = {"content-type": "application/json"}
         if api_key:
@@ -96,6 +98,7 @@ class StackClient:
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = self.http.post(path, content=_dumps(body))
+        self.last_cold = response.cold
         if response.status_code != 200:
             raise StackError(f"POST {path} -> {response.status_code}: {response.text[:300]}",
                              response.status_code)
@@ -142,7 +145,8 @@ class StackClient:
         if score:
             cosine_scores(matrix[0], matrix[1:])
         latency = time.perf_counter() - start
-        return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens is not None)
+        return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens is not None,
+                      cold=self.last_cold)
 
     def score_route(self, ids: bool) -> str:
         """How score-latency is measured on this client (recorded as the record's `route`)."""
@@ -155,7 +159,7 @@ class StackClient:
         start = time.perf_counter()
         _, tokens = self.embeddings(texts)
         latency = time.perf_counter() - start
-        return Sample(start, latency, len(texts), tokens or client_tokens, tokens is not None)
+        return Sample(start, latency, len(texts), tokens or client_tokens, tokens is not None, cold=self.last_cold)
 
     def score(self, query: str, documents: list[str], client_tokens: int) -> Sample:
         """One timed scoring request: /v1/rerank for `ours`, embed + client cosine for `openai`."""
@@ -171,7 +175,8 @@ class StackClient:
             matrix, tokens = self.embeddings([query, *documents])
             cosine_scores(matrix[0], matrix[1:])
         latency = time.perf_counter() - start
-        return Sample(start, latency, len(documents), tokens or client_tokens, tokens is not None)
+        return Sample(start, latency, len(documents), tokens or client_tokens, tokens is not None,
+                      cold=self.last_cold)
 
     def models(self) -> dict[str, Any] | None:
         return self.get_json("/v1/models")

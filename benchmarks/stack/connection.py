@@ -22,6 +22,7 @@ class HTTPError(OSError):
 class Response:
     status_code: int
     content: bytes
+    cold: bool = False  # X-Cold-Start: 1 (ours): the request met a CUDA-graph layout without its graph yet
 
     @property
     def text(self) -> str:
@@ -63,7 +64,7 @@ class Connection:
                 content = answer.read()
                 if answer.will_close:
                     self.close()
-                return Response(answer.status, content)
+                return Response(answer.status, content, answer.getheader("x-cold-start") == "1")
             except _STALE as exc:
                 self.close()
                 if fresh or attempt:

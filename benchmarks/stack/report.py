@@ -64,11 +64,27 @@ def summarize(suite: str, param: int, samples: Sequence[Sample], cost: CostBasis
         "tokens_per_request": tokens / len(ok), "items_per_request": items / len(ok),
         "tokens_source": "usage" if from_usage == len(ok) else "client" if from_usage == 0 else "mixed",
     }
+    record.update(steady_and_cold(ok))
     if cost is not None:
         record["cost_per_million_embeddings_usd"] = cost.per_million(record["embeddings_per_s"])
         record["cost_per_million_tokens_usd"] = cost.per_million(record["tokens_per_s"])
     record.update(extra)
     return record
+
+
+def steady_and_cold(ok: Sequence[Sample]) -> dict[str, Any]:
+    """The steady state apart from the cold hits (requests the server marked X-Cold-Start: a CUDA-graph
+    layout met without its graph: its eager first run or its capture): their count and latencies, and the
+    percentiles of the others. p50/p95/p99 above stay over every request."""
+    cold = np.array([s.latency_s for s in ok if s.cold]) * 1e3
+    warm = np.array([s.latency_s for s in ok if not s.cold]) * 1e3
+    out: dict[str, Any] = {"cold_requests": int(cold.size)}
+    if cold.size:
+        out.update(cold_p50_ms=float(np.percentile(cold, 50)), cold_max_ms=float(cold.max()))
+    if warm.size:
+        w50, w99 = (float(v) for v in np.percentile(warm, [50, 99]))
+        out.update(steady_p50_ms=w50, steady_p99_ms=w99)
+    return out
 
 
 def failed_record(suite: str, param: int | None, error: str, **extra: Any) -> dict[str, Any]:

@@ -39,6 +39,8 @@ def _summary_line(record: dict[str, Any]) -> str:
     server = describe(record["server"]) if record.get("server") else ""
     return (f"p50 {record['p50_ms']:.2f} ms  p95 {record['p95_ms']:.2f}  p99 {record['p99_ms']:.2f}  "
             f"{record['rps']:.1f} req/s  {record['tokens_per_s']:.0f} tok/s  errors {record['errors']}"
+            + (f"  | cold {record['cold_requests']}, steady p99 {record['steady_p99_ms']:.2f}"
+               if record.get("cold_requests") and record.get("steady_p99_ms") is not None else "")
             + (f"  | server: {server}" if server else ""))
 
 

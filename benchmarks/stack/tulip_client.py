@@ -69,6 +69,7 @@ class TulipClient:
         if call not in CALLS:
             raise ValueError(f"--tulip-call must be one of {', '.join(CALLS)}, not {call!r}")
         self.address, self.call, self.timeout_s = address, call, timeout_s
+        self.last_cold = False
         self._loop = asyncio.new_event_loop()
         self._stream: Any = None
         self._reading: asyncio.Future | None = None
@@ -158,6 +159,7 @@ class TulipClient:
         request = self._request(seqs)
         call = self._streamed if self.call == "stream" else self._unary
         response = self._loop.run_until_complete(call(request))
+        self.last_cold = bool(response.cold)
         rows = np.frombuffer(response.embeddings, dtype="<f4")
         if response.rows != len(seqs) or rows.size != response.rows * response.dimensions:
             raise StackError(f"Tulip returned {response.rows} rows ({rows.size} values) for {len(seqs)} sequences")
@@ -170,7 +172,7 @@ class TulipClient:
         if score:
             cosine_scores(matrix[0], matrix[1:])
         latency = time.perf_counter() - start
-        return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens > 0)
+        return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens > 0, cold=self.last_cold)
 
     def embed(self, texts: list[str], client_tokens: int) -> Sample:
         raise StackError("Tulip takes token ids, not texts (the tulip-grpc layer sends --input ids)")
