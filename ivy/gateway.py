@@ -133,14 +133,20 @@ class Gateway:
         return dimensions
 
     def deadline(self, header: str | None) -> float:
-        """Monotonic deadline: the server's request timeout, shortened by an `X-Request-Timeout` header (s)."""
+        """Monotonic deadline: the server's request timeout, shortened by an `X-Request-Timeout` header (s).
+        A header that is not a finite number above 0 (-1, 0, nan, inf) is a 422 (RELIABILITY 33); one over
+        the server's timeout gets the server's."""
         timeout = self.config.request_timeout_s
         if header:
             try:
-                timeout = min(timeout, max(0.001, float(header)))
+                asked = float(header)
             except ValueError:
-                raise IvyError(Problem.INVALID_PARAMETER, "X-Request-Timeout must be a number of seconds",
-                               param="x-request-timeout") from None
+                asked = -1.0
+            if not 0 < asked < float("inf"):  # False for nan too
+                raise IvyError(Problem.INVALID_PARAMETER, "X-Request-Timeout must be a finite number of seconds "
+                               f"greater than 0 (the server allows at most {timeout:g})", param="x-request-timeout",
+                               limit=timeout)
+            timeout = min(timeout, max(0.001, asked))
         return time.monotonic() + timeout
 
     def refuse_if_full(self) -> None:
