@@ -23,10 +23,16 @@ DEFAULT_SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # hold up to 4x the query blocks a batch needs; the extra blocks find no rows and exit.
 MAX_SEQLEN_BUCKETS = (128, 512, 2048, 8192, 32768)
 
-def parse_layouts(text: str) -> list[tuple[int, int]]:
-    """'128x1,512x1,4096x4' -> [(128, 1), (512, 1), (4096, 4)]: (tokens, sequences) keys to prewarm."""
-    out = []
+def parse_layouts(text: str) -> list[tuple[int, ...]]:
+    """'128x1,512x1,4096x4' -> [(128, 1), (512, 1), (4096, 4)]: (tokens, sequences) keys to prewarm; a named
+    set ('singles:512', 'mix:48', rose.prewarm_sets) adds its (tokens, sequences, rows, longest) shapes."""
+    from rose.prewarm_sets import expand
+
+    out: list[tuple[int, ...]] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
+        if ":" in part:
+            out.extend(expand(part))
+            continue
         tokens, _, seqs = part.partition("x")
         out.append((int(tokens), int(seqs or 1)))
     return out

@@ -33,7 +33,7 @@ class EngineConfig:
     cuda_graphs: bool | None = field(default=None, metadata={"help": "whole-model CUDA graphs; empty = on when on CUDA"})
     token_buckets: tuple[int, ...] = field(default=DEFAULT_TOKEN_BUCKETS, metadata={"help": "padded token-count bucket edges of the CUDA graphs (comma list)"})
     seq_buckets: tuple[int, ...] = field(default=DEFAULT_SEQ_BUCKETS, metadata={"help": "sequence-count bucket edges of the CUDA graphs (comma list)"})
-    prewarm: str = field(default="128x1,512x1,2048x8", metadata={"help": "TOKENSxSEQS keys whose graphs are captured and verified before ready"})
+    prewarm: str = field(default="128x1,512x1,2048x8,singles:512,mix:48", metadata={"help": "TOKENSxSEQS keys and named sets (singles:N, mix:K; rose/prewarm_sets.py) whose graphs are captured and verified before ready"})
     graph_manifest: str | None = field(default="auto", metadata={"help": "hot-layout manifest file to prewarm from and record to; auto = beside the model; empty = off"})
 
 

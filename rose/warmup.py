@@ -52,7 +52,11 @@ def prewarm_shapes(runner, keys: Iterable[tuple[int, int]], manifest: Path | Non
     (within the model's max length), then the manifest's hot shapes; one per graph layout."""
     max_len = runner.spec.max_length
     shapes = []
-    for tokens, seqs in keys:
+    for key in keys:
+        if len(key) == 4:  # a whole shape (a named prewarm set's)
+            shapes.append(tuple(key))
+            continue
+        tokens, seqs = key
         seqs = max(seqs, -(-tokens // max_len))
         if seqs <= tokens:
             shapes.append((tokens, seqs, seqs, -(-tokens // seqs)))

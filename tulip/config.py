@@ -49,8 +49,10 @@ class TulipConfig:
                                    "expected to finish (median device time of recent batches of its size), not "
                                    "as soon as a slot frees, so it takes in what arrived meanwhile; 0 = at once")
     cuda_graphs: str = _f("auto", "whole-model CUDA graphs with lazy capture: auto (on when on a GPU), true or false")
-    prewarm: str = _f("128x1,512x1,2048x8", "TOKENSxSEQS keys whose CUDA graphs are captured and verified "
-                                              "(replay vs eager) before the replica reports SERVING")
+    prewarm: str = _f("128x1,512x1,2048x8,singles:512,mix:48",
+                      "TOKENSxSEQS keys and named sets (singles:N = every layout of one sequence up to N tokens; "
+                      "mix:K = the K hottest layouts of short-document traffic; rose/prewarm_sets.py) whose CUDA "
+                      "graphs are captured and verified (replay vs eager) before the replica reports SERVING")
     graph_manifest: str = _f("auto", "file of hot graph layouts recorded from traffic and prewarmed at the next "
                                      "start; auto = rose_graphs.json beside the model (or ~/.cache/rose); off = none")
     idle_capture_ms: float = _f(0.0, "when the queue has been empty this long with nothing in flight, capture the "

@@ -170,3 +170,27 @@ def test_verification_refuses_a_wrong_graph(tiny_models, monkeypatch):
     with pytest.raises(GraphVerificationError, match="refusing to serve"):
         engine.warmup()
     engine.close()
+
+
+def test_named_prewarm_sets_expand_to_shapes():
+    from rose.prewarm_sets import short_document_mix_shapes, single_sequence_shapes
+
+    singles = single_sequence_shapes(512)
+    layouts = {choose_layout(DEFAULT_TOKEN_BUCKETS, DEFAULT_SEQ_BUCKETS, *s) for s in singles}
+    assert len(layouts) == len(singles)  # one shape per layout
+    for n in range(1, 513):  # every lone sequence up to 512 tokens finds its layout prewarmed
+        assert choose_layout(DEFAULT_TOKEN_BUCKETS, DEFAULT_SEQ_BUCKETS, n, 1, 1, n) in layouts
+    mix = short_document_mix_shapes(48)
+    assert len(mix) == 48 and mix == short_document_mix_shapes(48)  # deterministic, hottest first
+    assert all(1 <= s <= 16 and 16 * s <= t <= 512 * s and r == s for t, s, r, _ in mix)
+    parsed = parse_layouts("128x1,singles:512,mix:48")
+    assert parsed[0] == (128, 1) and parsed[1:] == singles + mix
+
+
+def test_an_unknown_prewarm_set_is_refused_by_name():
+    import pytest
+
+    with pytest.raises(ValueError, match="bogus"):
+        parse_layouts("128x1,bogus:3")
+    with pytest.raises(ValueError, match="needs a count"):
+        parse_layouts("mix:")
