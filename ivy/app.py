@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ivy import __version__, metrics, routes_embeddings, routes_scoring, routes_tokenize
+from ivy import __version__, docs, metrics, routes_embeddings, routes_scoring, routes_tokenize
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.errors import IvyError, Problem, from_validation_errors
 from ivy.gateway import Gateway
@@ -47,11 +47,13 @@ def create_app(config: IvyConfig) -> FastAPI:
             await gateway.close()
 
     app = FastAPI(title="Ivy", version=__version__, lifespan=lifespan,
-                  description="HTTP gateway of the Ivy -> Tulip -> ROSE embedding stack.")
+                  description="HTTP gateway of the Ivy -> Tulip -> ROSE embedding stack.",
+                  **docs.fastapi_options(config))
     routers = (routes_embeddings.router, routes_scoring.router, routes_tokenize.router)
     for router in routers:
         app.include_router(router)
     _add_ops_routes(app)
+    docs.add_keyed_docs(app, config)
     _serve_lean(app, routers)
     _add_error_handlers(app)
     if config.cors_origins:

@@ -31,6 +31,9 @@ class IvyConfig:
         "Bearer token required on every /v1 route when set; health, readiness and metrics stay open."))
     cors_origins: tuple[str, ...] = field(default=(), metadata=_help(
         "Origins allowed by CORS, comma separated; empty = no CORS headers at all."))
+    docs: str = field(default="auto", metadata=_help(
+        "/docs, /redoc and /openapi.json: auto = open without --api-key, behind the key with one; "
+        "on = always open; off = not served."))
     max_inputs_per_request: int = field(default=2048, metadata=_help(
         "Most inputs (or documents, or rerank documents) in one request; more gets 422."))
     max_chunks_per_request: int = field(default=16000, metadata=_help(
@@ -90,6 +93,8 @@ class IvyConfig:
                 raise SystemExit(f"ivy: --{name.replace('_', '-')} must be at least 1")
         if self.request_timeout_s <= 0 or self.health_interval_s <= 0 or self.body_read_timeout_s <= 0:
             raise SystemExit("ivy: --request-timeout-s and --health-interval-s must be positive")
+        if self.docs not in ("auto", "on", "off"):
+            raise SystemExit("ivy: --docs must be auto, on or off")
 
     def tokenizer_thread_count(self) -> int:
         return self.tokenizer_threads or min(8, os.cpu_count() or 1)

@@ -1,8 +1,10 @@
-"""A hostile client's headers and names (issue 15): RELIABILITY case 33."""
+"""A hostile client's headers and names (issue 15): RELIABILITY cases 33 and 34."""
 
 from __future__ import annotations
 
 import pytest
+
+from ivy_testkit import gateway
 
 
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "NaN", "inf", "-inf", "Infinity", "1e999", "soon"])
@@ -15,7 +17,33 @@ def test_bad_request_timeout_is_422_naming_the_header_and_range(fake, client, va
     assert "X-Request-Timeout" in error["message"] and "greater than 0" in error["message"]
     assert fake.calls == []
 
+
 def test_good_request_timeouts_still_serve(client) -> None:
     for value in ("0.5", "30", "1e6", " 2 "):  # over the server's own timeout: the server's applies
         assert client.post("/v1/embeddings", json={"input": "a"}, headers={"X-Request-Timeout": value}).status_code == 200
 
+
+DOCS = ("/docs", "/redoc", "/openapi.json")
+
+
+def test_docs_need_the_key_when_one_is_set(fake) -> None:
+    """RELIABILITY 34: with IVY_API_KEY set, /docs, /redoc and /openapi.json answer 401 without it."""
+    with gateway(fake, api_key="k-123") as client:
+        for path in DOCS:
+            r = client.get(path)
+            assert r.status_code == 401, path
+            assert r.json()["error"]["code"] == "invalid_api_key"
+            assert client.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+            assert client.get(path, headers={"Authorization": "Bearer k-123"}).status_code == 200, path
+        schema = client.get("/openapi.json", headers={"Authorization": "Bearer k-123"}).json()
+        assert "/v1/embeddings" in schema["paths"] and "/openapi.json" not in schema["paths"]
+        assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("docs, key, status", [("auto", "", 200), ("on", "k", 200), ("off", "", 404),
+                                               ("off", "k", 404)])
+def test_docs_flag(fake, docs, key, status) -> None:
+    """RELIABILITY 34: IVY_DOCS=auto (open without a key, keyed with one), on (always open), off (none)."""
+    with gateway(fake, api_key=key, docs=docs) as client:
+        for path in DOCS:
+            assert client.get(path).status_code == status, path
