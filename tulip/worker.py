@@ -9,7 +9,8 @@ Two threads, joined by a FIFO of launched batches:
 - the completer waits for the oldest LazyTensor, copies each sequence's rows to its request, releases the
   pinned buffer and the slot, then applies each finished request's output head and hands the bytes to the
   event loop (one call_soon_threadsafe per batch: see tulip.job.Handoff).
-Only the completer touches Job state, so a Job needs no lock. Engine errors fail only that batch's jobs.
+Only the completer touches Job state, so a Job needs no lock. Engine errors fail only that batch's jobs,
+and drop those jobs' sequences still queued.
 """
 
 from __future__ import annotations
@@ -130,7 +131,10 @@ class Worker:
             except Exception as exc:  # a failing batch must not take the replica down
                 log.exception("engine.step failed on a batch of %d sequences / %d tokens",
                               len(packed.sequences), packed.tokens)
-                self._launched.put(_Failed(_jobs_of(packed.sequences), engine_error(exc)))
+                jobs = _jobs_of(packed.sequences)
+                for job in jobs:  # before the slot frees: the next batch must not take their other sequences
+                    self.queue.cancel(job)
+                self._launched.put(_Failed(jobs, engine_error(exc)))
                 self._slots.release()
 
     def _hold_until_late(self) -> None:
@@ -202,10 +206,7 @@ class Worker:
             if item is _STOP:
                 return
             if isinstance(item, _Failed):
-                handoff = Handoff()
-                for job in item.jobs:
-                    job.fail(item.error, handoff)
-                handoff.flush()
+                self._fail_jobs(item.jobs, item.error)
                 continue
             self._deliver(item)
 
@@ -236,11 +237,7 @@ class Worker:
                     finished.append(seq.ticket)
         except Exception as exc:
             log.exception("a batch of %d sequences failed on the engine", len(item.packed.sequences))
-            error = engine_error(exc)
-            failed = Handoff()
-            for job in _jobs_of(item.packed.sequences):
-                job.fail(error, failed)
-            failed.flush()
+            self._fail_jobs(_jobs_of(item.packed.sequences), engine_error(exc))
             finished = []
         finally:
             _release(item.lazy)
@@ -258,6 +255,16 @@ class Worker:
             except Exception as exc:  # keep the completer alive whatever one request's head does
                 log.exception("output head failed for request %s", getattr(job, "request_id", "-"))
                 job.fail(engine_error(exc), handoff)
+        handoff.flush()
+
+    def _fail_jobs(self, jobs: list, error: BaseException) -> None:
+        """Fail `jobs` with `error` and drop their sequences still queued (RELIABILITY 36): a request that
+        is answered with an error must not keep the device busy with the rest of its work. Runs before
+        the failed batch's slot is released, so the next batch cannot take those sequences."""
+        handoff = Handoff()
+        for job in jobs:
+            self.queue.cancel(job)
+            job.fail(error, handoff)
         handoff.flush()
 
 
