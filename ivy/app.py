@@ -93,7 +93,7 @@ def _add_ops_routes(app: FastAPI) -> None:
         gw = gateway_of(request)
         gw.authorize(request.headers.get("authorization"))
         if model not in gw.model_names:  # the served name, or any name a request body may use
-            raise IvyError(Problem.MODEL_NOT_FOUND, f"model {model!r} is not served here; this gateway serves "
+            raise IvyError(Problem.MODEL_NOT_FOUND, "the requested model is not served here; this gateway serves "
                            f"{gw.model_name!r}", param="model")
         return json_response(_model_card(gw))
 
@@ -162,7 +162,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         problem = {404: Problem.NOT_FOUND, 405: Problem.METHOD_NOT_ALLOWED}.get(exc.status_code, Problem.INVALID_JSON)
-        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        allow = (exc.headers or {}).get("Allow")  # messages name the route's rules, never the client's path
+        message = {404: "no route at this path", 405: f"this method is not allowed here (allowed: {allow or 'none'})"}
         response = IvyError(problem, message.get(exc.status_code, str(exc.detail))).to_response()
         response.headers.update(exc.headers or {})  # 405's Allow
         return response

@@ -82,7 +82,7 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
             raise IvyError(Problem.INVALID_JSON, "Content-Length is not a number", param="body") from None
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity") and encoding not in _ZLIB_WBITS:
-        raise IvyError(Problem.UNSUPPORTED_ENCODING, f"Content-Encoding {encoding!r} is not supported; "
+        raise IvyError(Problem.UNSUPPORTED_ENCODING, "this Content-Encoding is not supported; "
                        "use gzip, deflate or none", param="content-encoding")
     inflater = _Inflater(encoding, limit) if encoding in _ZLIB_WBITS else None
     parts: list[bytes] = []
@@ -139,8 +139,8 @@ def check_misspelled_fields(data: Any, model: type[BaseModel]) -> None:
             continue
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
         if close:
-            raise IvyError(Problem.INVALID_PARAMETER, f"unknown field {key!r}; did you mean {close[0]!r}?",
-                           param=key)
+            raise IvyError(Problem.INVALID_PARAMETER, f"an unknown field is close to {close[0]!r}; "
+                           f"did you mean {close[0]!r}?", param=close[0])  # never the client's key
         looked += 1
         if looked >= 16:
             return

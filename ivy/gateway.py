@@ -116,8 +116,8 @@ class Gateway:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.model_names:
-            raise IvyError(Problem.MODEL_NOT_FOUND, f"model {model!r} is not served here; this server serves "
-                           f"{self.model_name!r}", param="model")
+            raise IvyError(Problem.MODEL_NOT_FOUND, "the requested model is not served here; this server serves "
+                           f"{self.model_name!r}", param="model")  # never the client's text (ivy.errors)
 
     def check_count(self, n: int, limit: int, param: str = "input") -> None:
         if n > limit:

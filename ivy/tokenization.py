@@ -102,8 +102,8 @@ class InputEncoder:
         if prompt_name is not None:
             if prompt_name not in prompts:
                 known = ", ".join(sorted(prompts)) or "none"
-                raise IvyError(Problem.INVALID_PARAMETER, f"prompt_name {prompt_name!r} is not one of the "
-                               f"model's prompts ({known})", param="prompt_name")
+                raise IvyError(Problem.INVALID_PARAMETER, f"prompt_name is not one of the model's prompts ({known})",
+                               param="prompt_name")
             return prompts[prompt_name]
         if input_type is not None:
             kind = _QUERY_TYPES[input_type]

@@ -1,10 +1,12 @@
-"""A hostile client's headers and names (issue 15): RELIABILITY cases 33 and 34."""
+"""A hostile client's headers and names (issue 15): RELIABILITY cases 33, 34 and 35."""
 
 from __future__ import annotations
 
 import pytest
 
-from ivy_testkit import gateway
+from ivy_testkit import gateway, model_copy
+
+MARKER = "MARKER-7f3a"
 
 
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "NaN", "inf", "-inf", "Infinity", "1e999", "soon"])
@@ -20,7 +22,8 @@ def test_bad_request_timeout_is_422_naming_the_header_and_range(fake, client, va
 
 def test_good_request_timeouts_still_serve(client) -> None:
     for value in ("0.5", "30", "1e6", " 2 "):  # over the server's own timeout: the server's applies
-        assert client.post("/v1/embeddings", json={"input": "a"}, headers={"X-Request-Timeout": value}).status_code == 200
+        r = client.post("/v1/embeddings", json={"input": "a"}, headers={"X-Request-Timeout": value})
+        assert r.status_code == 200, value
 
 
 DOCS = ("/docs", "/redoc", "/openapi.json")
@@ -47,3 +50,27 @@ def test_docs_flag(fake, docs, key, status) -> None:
     with gateway(fake, api_key=key, docs=docs) as client:
         for path in DOCS:
             assert client.get(path).status_code == status, path
+
+
+def test_error_messages_never_echo_request_text(tmp_path, fake) -> None:
+    """RELIABILITY 35: errors name the field and the allowed values or limit, never the client's text."""
+    folder = model_copy(tmp_path, "prompted", st_config={"prompts": {"query": "query: "}})
+    with gateway(fake, model=str(folder)) as client:
+        answers = [
+            client.post("/v1/embeddings", json={"input": "a", "model": MARKER}),
+            client.post("/v1/embeddings", json={"input": "a", "prompt_name": MARKER}),
+            client.post("/v1/embeddings", json={"input": "a", f"dimensions{MARKER[:2]}": 3}),
+            client.post("/v1/embeddings", content=b"x", headers={"Content-Encoding": MARKER}),
+            client.get(f"/v1/models/{MARKER}"),
+            client.get(f"/no/such/{MARKER}"),
+            client.delete(f"/v1/embeddings?{MARKER}"),
+            client.post("/v1/embeddings", json={"input": "a"}, headers={"X-Request-Timeout": MARKER}),
+        ]
+    assert [r.status_code for r in answers] == [404, 422, 422, 415, 404, 404, 405, 422]
+    for r in answers:
+        assert MARKER not in r.text and MARKER[:6] not in r.text, r.text
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert "prompted" in answers[0].json()["error"]["message"]  # names what is served
+    assert "query" in answers[1].json()["error"]["message"]  # and the allowed prompt names
+    assert answers[2].json()["error"]["param"] == "dimensions"
+    assert "gzip" in answers[3].json()["error"]["message"]

@@ -63,7 +63,7 @@ def test_field_path() -> None:
 
 def test_near_miss_field_names_are_422_unrelated_extras_ignored_peer_aliases_read(client) -> None:
     r = client.post("/v1/embeddings", json={"input": "a", "dimension": 64})
-    assert r.status_code == 422 and r.json()["error"]["param"] == "dimension"
+    assert r.status_code == 422 and r.json()["error"]["param"] == "dimensions"  # the field meant, not the key sent
     assert "did you mean 'dimensions'" in r.json()["error"]["message"]
     ok = client.post("/v1/embeddings", json={"input": "a", "dimensions": 64, "vendor_extra": {"x": 1}})
     assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 64
