@@ -48,6 +48,11 @@ class TulipConfig:
     pack_ahead_ms: float = _f(1.0, "with a batch on the device, pack the next one this long before that batch is "
                                    "expected to finish (median device time of recent batches of its size), not "
                                    "as soon as a slot frees, so it takes in what arrived meanwhile; 0 = at once")
+    watchdog_s: float = _f(10.0, "health turns NOT_SERVING (new work refused, `tulip health` fails) while the oldest "
+                                 "batch in flight has been on the device longer than max(this, watchdog_factor x "
+                                 "its expected device time), and SERVING again once it completes; 0 = off")
+    watchdog_factor: float = _f(20.0, "see watchdog_s: multiple of a batch's expected device time (median of "
+                                      "recent batches of its size) that counts as hung")
     cuda_graphs: str = _f("auto", "whole-model CUDA graphs with lazy capture: auto (on when on a GPU), true or false")
     prewarm: str = _f("128x1,512x1,2048x8,singles:512,mix:48",
                       "TOKENSxSEQS keys and named sets (singles:N = every layout of one sequence up to N tokens; "
@@ -100,6 +105,9 @@ class TulipConfig:
             raise ValueError("shutdown_timeout_s must not be negative")
         if self.pack_ahead_ms < 0:
             raise ValueError(f"pack_ahead_ms must be 0 (pack at once) or positive, got {self.pack_ahead_ms}")
+        if self.watchdog_s < 0 or self.watchdog_factor <= 0:
+            raise ValueError(f"watchdog_s must be 0 (off) or positive and watchdog_factor positive, got "
+                             f"{self.watchdog_s}, {self.watchdog_factor}")
         if self.idle_capture_ms < 0:
             raise ValueError(f"idle_capture_ms must be 0 (off) or positive, got {self.idle_capture_ms}")
 

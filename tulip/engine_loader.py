@@ -7,11 +7,13 @@ a fake engine. Loading and warm-up run before the replica reports SERVING.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,3 +128,25 @@ def probe_full_budget(engine: Any, max_batch_tokens: int, max_batch_seqs: int, m
     release = getattr(lazy, "release", None)
     if callable(release):
         release()
+
+
+def run_in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """Run blocking start-up work (model load, warm-up) off the loop, in a daemon thread so that a
+    SIGTERM during loading can exit without waiting for it (asyncio.to_thread's pool would be joined)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def target() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=target, name=f"tulip-{getattr(fn, '__name__', 'task')}", daemon=True).start()
+    return future

@@ -60,6 +60,14 @@ class ShuttingDown(TulipError):
     reason = "shutting_down"
 
 
+class Stalled(TulipError):
+    """The watchdog found the oldest batch in flight far overdue (a stuck device): health is NOT_SERVING
+    and new work goes to another replica until that batch completes."""
+
+    status = "UNAVAILABLE"
+    reason = "stalled"
+
+
 class QueueClosed(ShuttingDown):
     """Raised by the queue once closed; same meaning as ShuttingDown."""
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -27,14 +25,15 @@ from grpc_health.v1.health import aio as health_aio
 
 from protos import embed_pb2, embed_pb2_grpc
 from tulip.config import TulipConfig
-from tulip.engine_loader import build_engine, probe_full_budget, vocab_size
-from tulip.errors import DeadlineExpired, NotReady, QueueFull, ShuttingDown, TulipError
+from tulip.engine_loader import build_engine, probe_full_budget, run_in_daemon_thread, vocab_size
+from tulip.errors import DeadlineExpired, NotReady, QueueFull, ShuttingDown, Stalled, TulipError
 from tulip.job import Job
 from tulip.metrics import TulipMetrics
 from tulip.request import RequestLimits, parse_embed_request
 from tulip.scheduler import SequenceQueue
 from tulip.stream import EmbedStreamSession
 from tulip.version import __version__
+from tulip.watchdog import Watchdog
 from tulip.worker import Worker
 
 log = logging.getLogger("tulip.server")
@@ -77,6 +76,8 @@ class TulipServer:
         self.port: int | None = None
         self.queue: SequenceQueue | None = None
         self.worker: Worker | None = None
+        self.watchdog: Watchdog | None = None
+        self._watchdog_task: asyncio.Task | None = None
         self.limits: RequestLimits | None = None
         self.batch_tokens = 0  # the effective token budget, known once the engine's device is
         self._grpc: grpc.aio.Server | None = None
@@ -86,7 +87,7 @@ class TulipServer:
         self.metrics.bind_state(
             queue_depth=lambda: self.queue.depth() if self.queue else (0, 0),
             inflight=lambda: self.worker.inflight if self.worker else 0,
-            ready=lambda: self.ready,
+            ready=lambda: self.ready and not self.stalled,
             engine_stats=self._engine_stats)
 
     def _engine_stats(self) -> dict:
@@ -134,12 +135,28 @@ class TulipServer:
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3)
         self.worker.start()
+        if config.watchdog_s > 0:
+            self.watchdog = Watchdog(self.worker, floor_s=config.watchdog_s, factor=config.watchdog_factor,
+                                     on_change=self._on_stall)
+            self._watchdog_task = asyncio.ensure_future(self.watchdog.run())
         self.ready = True
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("tulip ready: model %s (%s, %d dims, max_length %d) on %s, attention %s, "
                  "max_batch_tokens %d", self.model_id, info.family, info.dimensions, info.max_length,
                  info.device, getattr(info, "attention_backend", "?"), self.batch_tokens)
+
+    @property
+    def stalled(self) -> bool:
+        return self.watchdog is not None and self.watchdog.stalled
+
+    async def _on_stall(self, stalled: bool) -> None:
+        """The watchdog's verdict (tulip.watchdog) as health; a draining replica stays NOT_SERVING."""
+        if self.draining:
+            return
+        status = health_pb2.HealthCheckResponse.NOT_SERVING if stalled else health_pb2.HealthCheckResponse.SERVING
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)
 
     @property
     def model_id(self) -> str:
@@ -175,6 +192,8 @@ class TulipServer:
         await self._shutdown(grace=0)
 
     async def _shutdown(self, grace: float) -> None:
+        if self._watchdog_task is not None:
+            self._watchdog_task.cancel()
         if self._grpc is not None:
             await self._grpc.stop(grace)
         if self.worker is not None:
@@ -196,6 +215,8 @@ class TulipServer:
             raise ShuttingDown("tulip is shutting down and takes no new work; retry on another replica")
         if not self.ready:
             raise NotReady("the model is still loading; retry when health reports SERVING")
+        if self.stalled:
+            raise Stalled("the replica is stalled (a batch is far overdue on the device); retry on another replica")
         parsed = parse_embed_request(request, self.limits)
         deadline = None
         if remaining is not None:
@@ -217,7 +238,7 @@ class TulipServer:
         self.metrics.observe_request(status, time.perf_counter() - started, tokens)
 
     def rejected(self, request_id: str, exc: TulipError) -> None:
-        quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull))  # counted in metrics; no log flood
+        quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull, Stalled))  # counted in metrics; no log flood
         log.log(logging.DEBUG if quiet else logging.INFO, "Embed %s rejected: %s: %s",
                 request_id or "-", exc.status, exc.message)
 
@@ -272,25 +293,3 @@ class _EmbedderServicer(embed_pb2_grpc.EmbedderServicer):
 
     async def Info(self, request, context):
         return await self._server.info(request, context)
-
-
-def run_in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-    """Run blocking start-up work (model load, warm-up) off the loop, in a daemon thread so that a
-    SIGTERM during loading can exit without waiting for it (asyncio.to_thread's pool would be joined)."""
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if not future.done():
-            future.set_exception(error) if error is not None else future.set_result(result)
-
-    def target() -> None:
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
-
-    threading.Thread(target=target, name=f"tulip-{getattr(fn, '__name__', 'task')}", daemon=True).start()
-    return future

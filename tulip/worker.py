@@ -19,48 +19,15 @@ import logging
 import queue as stdlib_queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections import deque
 
-import numpy as np
-
-from rose.batch import Batch
 from tulip.errors import DeadlineExpired, engine_error
 from tulip.job import Handoff
+from tulip.packing import FailedBatch, Launched, build_batch, jobs_of, release_lazy
 from tulip.pacing import DeviceTimes
-from tulip.scheduler import PackedBatch, QueuedSequence, SequenceQueue
+from tulip.scheduler import PackedBatch, SequenceQueue
 
 log = logging.getLogger("tulip.worker")
-
-
-def build_batch(sequences: list[QueuedSequence]) -> tuple[Batch, np.ndarray]:
-    """Pack sequences back to back into a rose.Batch; returns it and each sequence's first output row."""
-    lens = np.fromiter((s.num_tokens for s in sequences), dtype=np.int32, count=len(sequences))
-    starts = np.zeros(len(sequences), dtype=np.int32)
-    np.cumsum(lens[:-1], out=starts[1:])
-    spans = np.concatenate([s.spans + start for s, start in zip(sequences, starts.tolist())]).astype(np.int32)
-    row_counts = np.fromiter((s.spans.shape[0] for s in sequences), dtype=np.int64, count=len(sequences))
-    row_starts = np.zeros(len(sequences), dtype=np.int64)
-    np.cumsum(row_counts[:-1], out=row_starts[1:])
-    token_ids = np.concatenate([s.tokens for s in sequences]).astype(np.int32, copy=False)
-    return Batch(token_ids=token_ids, seq_lens=lens, spans=spans.reshape(-1, 2)), row_starts
-
-
-@dataclass
-class _Launched:
-    packed: PackedBatch
-    row_starts: np.ndarray
-    lazy: Any
-    launched_at: float
-    launched_mono: float = 0.0  # time.monotonic() at launch: the pacing clock
-    done_mono: float = 0.0  # time.monotonic() when its rows were on the host
-
-
-@dataclass
-class _Failed:
-    jobs: list
-    error: BaseException
-
 
 _STOP = object()
 
@@ -77,6 +44,8 @@ class Worker:
         self.pack_ahead_s = pack_ahead_s  # 0 = pack as soon as a slot frees; see tulip.pacing
         self.device_times = DeviceTimes()
         self._estimates: list[float] = []  # expected device seconds of the batches in flight, launch order
+        self._started: deque[tuple[float, float]] = deque()  # (launched at, expected seconds) per batch in flight
+        self._stepping_since = 0.0  # monotonic time the launcher entered engine.step(); 0 = not inside it
         self._tail_end = 0.0  # when the last launched batch is expected to leave the device (monotonic)
         self._last_done = 0.0  # when the last delivered batch's rows reached the host (monotonic)
         self.held_launches = 0
@@ -121,7 +90,7 @@ class Worker:
             if self.metrics is not None:
                 self.metrics.observe_skipped(packed.skipped)
             if packed.expired:
-                self._launched.put(_Failed(packed.expired, DeadlineExpired(
+                self._launched.put(FailedBatch(packed.expired, DeadlineExpired(
                     "deadline exceeded while queued; the request never reached the engine")))
             if not packed.sequences:
                 self._slots.release()
@@ -131,10 +100,10 @@ class Worker:
             except Exception as exc:  # a failing batch must not take the replica down
                 log.exception("engine.step failed on a batch of %d sequences / %d tokens",
                               len(packed.sequences), packed.tokens)
-                jobs = _jobs_of(packed.sequences)
+                jobs = jobs_of(packed.sequences)
                 for job in jobs:  # before the slot frees: the next batch must not take their other sequences
                     self.queue.cancel(job)
-                self._launched.put(_Failed(jobs, engine_error(exc)))
+                self._launched.put(FailedBatch(jobs, engine_error(exc)))
                 self._slots.release()
 
     def _hold_until_late(self) -> None:
@@ -182,7 +151,11 @@ class Worker:
     def _launch(self, packed: PackedBatch) -> None:
         batch, row_starts = build_batch(packed.sequences)
         t0 = time.perf_counter()
-        lazy = self.engine.step(batch)
+        self._stepping_since = time.monotonic()
+        try:
+            lazy = self.engine.step(batch)
+        finally:
+            self._stepping_since = 0.0
         t1 = time.perf_counter()
         now = time.monotonic()
         estimate = self.device_times.estimate(packed.tokens) or 0.0
@@ -190,13 +163,28 @@ class Worker:
             self._inflight += 1
             self.batches_launched += 1
             self._estimates.append(estimate)
+            self._started.append((now, estimate))
             self._tail_end = max(now, self._tail_end) + estimate
-        self._launched.put(_Launched(packed, row_starts, lazy, t0, now))
+        self._launched.put(Launched(packed, row_starts, lazy, t0, now))
         if self.metrics is not None:
             try:
                 self.metrics.observe_launch(packed, batch, t1 - t0, lazy)
             except Exception:
                 log.debug("metrics failed", exc_info=True)
+
+    def on_device(self) -> tuple[float, float] | None:
+        """(since when, expected device seconds) of the oldest batch in flight, None when there is none: a
+        batch is on the device from its launch or the delivery of the one before it, whichever is later."""
+        with self._count_lock:
+            if not self._started:
+                return None
+            launched, estimate = self._started[0]
+            return max(launched, self._last_done), estimate
+
+    @property
+    def stepping_since(self) -> float:
+        """When the launcher entered engine.step() (monotonic), 0 when it is not inside it."""
+        return self._stepping_since
 
     # -- completer ------------------------------------------------------------------------------
 
@@ -205,24 +193,26 @@ class Worker:
             item = self._launched.get()
             if item is _STOP:
                 return
-            if isinstance(item, _Failed):
+            if isinstance(item, FailedBatch):
                 self._fail_jobs(item.jobs, item.error)
                 continue
             self._deliver(item)
 
-    def _account_delivery(self, item: _Launched) -> None:
+    def _account_delivery(self, item: Launched) -> None:
         """One batch left the device: learn its device time, re-anchor the estimate of what is still on it."""
         now = item.done_mono or time.monotonic()
         with self._count_lock:
             self._inflight -= 1
             if self._estimates:
                 self._estimates.pop(0)
+            if self._started:
+                self._started.popleft()
             on_device_from = max(item.launched_mono, self._last_done)  # it queued behind the previous one
             self._last_done = now
             self._tail_end = now + sum(self._estimates)
         self.device_times.observe(item.packed.tokens, now - on_device_from)
 
-    def _deliver(self, item: _Launched) -> None:
+    def _deliver(self, item: Launched) -> None:
         finished = []
         try:
             rows = item.lazy.wait()
@@ -237,10 +227,10 @@ class Worker:
                     finished.append(seq.ticket)
         except Exception as exc:
             log.exception("a batch of %d sequences failed on the engine", len(item.packed.sequences))
-            self._fail_jobs(_jobs_of(item.packed.sequences), engine_error(exc))
+            self._fail_jobs(jobs_of(item.packed.sequences), engine_error(exc))
             finished = []
         finally:
-            _release(item.lazy)
+            release_lazy(item.lazy)
             self._account_delivery(item)
             self._slots.release()
             if self._holding:  # a launcher holding for this batch's end packs now
@@ -266,19 +256,3 @@ class Worker:
             self.queue.cancel(job)
             job.fail(error, handoff)
         handoff.flush()
-
-
-def _jobs_of(sequences: list[QueuedSequence]) -> list:
-    seen: dict[int, Any] = {}
-    for s in sequences:
-        seen.setdefault(id(s.ticket), s.ticket)
-    return list(seen.values())
-
-
-def _release(lazy: Any) -> None:
-    release = getattr(lazy, "release", None)
-    if callable(release):
-        try:
-            release()
-        except Exception:  # releasing twice or after a failure must not kill the completer
-            log.debug("LazyTensor.release raised", exc_info=True)

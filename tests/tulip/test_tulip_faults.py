@@ -1,8 +1,9 @@
-"""Faults inside one replica: a failed batch drops the rest of its request."""
+"""Faults inside one replica: a failed batch drops the rest of its request; a hung batch trips the watchdog."""
 
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tulip_testkit import (
     FakeEngine,
     ServerThread,
@@ -38,3 +39,55 @@ def test_failed_batch_cancels_the_rest_of_its_request() -> None:
         engine.release(100)
         np.testing.assert_array_equal(decode_response(answer.result()), solo_embedding(after))
     assert 3 not in first_tokens(engine) and 5 in first_tokens(engine)
+
+
+def _status(s: ServerThread) -> int:
+    return health_pb2_grpc.HealthStub(s.channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+
+
+def test_hung_batch_turns_health_not_serving_and_back_when_it_completes(capsys) -> None:
+    """RELIABILITY 28: a batch overdue past the watchdog's limit turns health NOT_SERVING (so `tulip health`,
+    the liveness check, fails) and new work is refused with UNAVAILABLE; when the batch completes the
+    replica serves again and the held request is answered."""
+    from tulip.cli import main
+
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(watchdog_s=0.3), engine) as s:
+        assert _status(s) == health_pb2.HealthCheckResponse.SERVING
+        held = encode_request([marked_sequence(7, 8)])
+        future = s.stub.Embed.future(held, timeout=60)
+        wait_until(lambda: engine.launched == 1, what="batch launched")
+        wait_until(lambda: _status(s) == health_pb2.HealthCheckResponse.NOT_SERVING, what="watchdog fired")
+        assert main(["health", "--address", s.address]) == 1
+        assert "NOT_SERVING" in capsys.readouterr().err
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(encode_request([[1, 2]]), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "stalled" in err.value.details()
+        engine.release(1)
+        np.testing.assert_array_equal(decode_response(future.result()), solo_embedding(held))
+        wait_until(lambda: _status(s) == health_pb2.HealthCheckResponse.SERVING, what="recovered")
+        engine.release(100)
+        assert s.stub.Embed(encode_request([[1, 2]]), timeout=10).rows == 1
+
+
+def test_watchdog_limit_is_a_multiple_of_the_expected_device_time() -> None:
+    from tulip.watchdog import overdue
+
+    assert overdue(None, 0.0, now=100.0, factor=20, floor_s=10) is None  # nothing in flight
+    on = (90.0, 0.2)  # on the device since 90 s, expected to take 0.2 s
+    assert overdue(on, 0.0, now=99.0, factor=20, floor_s=10) is None  # 9 s < max(20 x 0.2, 10)
+    assert overdue(on, 0.0, now=101.0, factor=20, floor_s=10) == pytest.approx((11.0, 10.0))
+    assert overdue((90.0, 1.0), 0.0, now=101.0, factor=20, floor_s=10) is None  # 11 s < 20 x 1 s
+    assert overdue((90.0, 1.0), 0.0, now=111.0, factor=20, floor_s=10) == pytest.approx((21.0, 20.0))
+    assert overdue(None, 95.0, now=106.0, factor=20, floor_s=10) == pytest.approx((11.0, 10.0))  # step() hung
+
+
+def test_oldest_batch_is_on_the_device_from_the_previous_delivery() -> None:
+    from tulip.worker import Worker
+
+    worker = Worker(FakeEngine(), queue=None)  # type: ignore[arg-type]  # threads not started
+    assert worker.on_device() is None
+    worker._started.append((90.0, 0.2))
+    assert worker.on_device() == (90.0, 0.2)
+    worker._last_done = 95.0  # it queued behind a batch delivered at 95 s
+    assert worker.on_device() == (95.0, 0.2)

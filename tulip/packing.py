@@ -1,0 +1,63 @@
+"""Host-side packing of a batch for the engine, and the small helpers the worker's threads share."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rose.batch import Batch
+from tulip.scheduler import PackedBatch, QueuedSequence
+
+log = logging.getLogger("tulip.worker")
+
+
+def build_batch(sequences: list[QueuedSequence]) -> tuple[Batch, np.ndarray]:
+    """Pack sequences back to back into a rose.Batch; returns it and each sequence's first output row."""
+    lens = np.fromiter((s.num_tokens for s in sequences), dtype=np.int32, count=len(sequences))
+    starts = np.zeros(len(sequences), dtype=np.int32)
+    np.cumsum(lens[:-1], out=starts[1:])
+    spans = np.concatenate([s.spans + start for s, start in zip(sequences, starts.tolist())]).astype(np.int32)
+    row_counts = np.fromiter((s.spans.shape[0] for s in sequences), dtype=np.int64, count=len(sequences))
+    row_starts = np.zeros(len(sequences), dtype=np.int64)
+    np.cumsum(row_counts[:-1], out=row_starts[1:])
+    token_ids = np.concatenate([s.tokens for s in sequences]).astype(np.int32, copy=False)
+    return Batch(token_ids=token_ids, seq_lens=lens, spans=spans.reshape(-1, 2)), row_starts
+
+
+@dataclass
+class Launched:
+    """A batch on the engine, waiting for the completer."""
+
+    packed: PackedBatch
+    row_starts: np.ndarray
+    lazy: Any
+    launched_at: float
+    launched_mono: float = 0.0  # time.monotonic() at launch: the pacing clock
+    done_mono: float = 0.0  # time.monotonic() when its rows were on the host
+
+
+@dataclass
+class FailedBatch:
+    """Jobs to fail (a launch failed, or their deadline passed in the queue)."""
+
+    jobs: list
+    error: BaseException
+
+
+def jobs_of(sequences: list[QueuedSequence]) -> list:
+    seen: dict[int, Any] = {}
+    for s in sequences:
+        seen.setdefault(id(s.ticket), s.ticket)
+    return list(seen.values())
+
+
+def release_lazy(lazy: Any) -> None:
+    release = getattr(lazy, "release", None)
+    if callable(release):
+        try:
+            release()
+        except Exception:  # releasing twice or after a failure must not kill the completer
+            log.debug("LazyTensor.release raised", exc_info=True)
