@@ -2,8 +2,9 @@
 
 The cap applies to what the server holds in memory: a declared Content-Length over it is refused
 before a byte is read; a streamed (chunked) body is counted as it arrives and refused as soon as it
-passes the cap; a gzip or deflate body is inflated in bounded steps and refused when the inflated size
-passes the cap (RELIABILITY cases 4, 5, 8, 9). Memory stays at about one cap per request.
+passes the cap; a gzip or deflate body is kept compressed until all of it is in (a stalled socket holds its
+wire size, never its inflated size: RELIABILITY 32), then inflated in bounded steps and refused when the
+inflated size passes the cap (RELIABILITY cases 4, 5, 8, 9). Memory stays at about one cap per request.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
         raise IvyError(Problem.UNSUPPORTED_ENCODING, "this Content-Encoding is not supported; "
                        "use gzip, deflate or none", param="content-encoding")
     inflater = _Inflater(encoding, limit) if encoding in _ZLIB_WBITS else None
-    parts: list[bytes] = []
+    first = b""  # most bodies arrive in one chunk, kept as is
+    more: bytearray | None = None  # later chunks appended in place: no object per chunk held
     received = 0
     try:
         async with asyncio.timeout(timeout_s):
@@ -93,16 +95,22 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
                 received += len(chunk)
                 if received > limit:  # the wire size is capped too: a compressed body is never bigger than this
                     raise _too_large(limit)
-                if inflater is not None:
-                    inflater.feed(chunk)
+                if more is not None:
+                    more += chunk
+                elif first:
+                    more = bytearray(first) + chunk
                 else:
-                    parts.append(chunk)
+                    first = chunk
     except ClientDisconnect:
         raise IvyError(Problem.CLIENT_CLOSED, "the client closed the connection") from None
     except TimeoutError:
         raise IvyError(Problem.BODY_TIMEOUT, f"the request body did not arrive within {timeout_s:g} s",
                        param="body", limit=timeout_s) from None
-    return inflater.finish() if inflater is not None else b"".join(parts)
+    raw = first if more is None else bytes(more)
+    if inflater is None:
+        return raw
+    inflater.feed(raw)  # only now, all of it in: inflated memory is never held across a wait
+    return inflater.finish()
 
 
 def parse_json(raw: bytes) -> Any:
