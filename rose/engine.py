@@ -23,6 +23,7 @@ from rose.head import OutputOptions, apply_head
 from rose.graphs import probe_batch
 from rose.lazy import LazyTensor, PinnedPool
 from rose.runner import ModelRunner
+from rose.st_head import attach_dense
 from rose.spec import EngineInfo, ModelSpec, load_spec  # noqa: F401 (EngineInfo re-exported)
 from rose.tokenizer import Tokenizer
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS
@@ -94,6 +95,7 @@ class Engine:
         use_graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
         graphs = {"token_buckets": token_buckets, "seq_buckets": seq_buckets} if use_graphs else None
         runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool, graphs)
+        attach_dense(runner, spec)  # sentence-transformers Dense modules, inside forward (and its graphs)
         engine = cls(spec, tokenizer, runner)
         engine.prewarm = tuple(prewarm)
         engine.graph_manifest = (default_manifest_path(spec.model_dir) if graph_manifest == "auto"

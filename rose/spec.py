@@ -44,6 +44,7 @@ class ModelSpec:
     prompts: dict[str, str]
     default_prompt_name: str | None
     chunk_separator: str | None  # text joined between a document's chunks (late chunking)
+    dense: tuple = ()  # rose.st_modules.DenseSpec per sentence-transformers Dense, applied after pooling
 
     @property
     def is_contextual(self) -> bool:
@@ -86,30 +87,6 @@ def _optional_json(path: Path) -> Any:
     return _read_json(path) if path.is_file() else None
 
 
-def _st_pooling(model_dir: Path) -> tuple[str | None, bool | None]:
-    """(pooling, normalize) from the sentence-transformers modules, or (None, None) without them."""
-    modules = _optional_json(model_dir / "modules.json")
-    if not modules:
-        return None, None
-    pooling, normalize = None, False
-    for module in modules:
-        kind = str(module.get("type", ""))
-        if kind.endswith("Pooling"):
-            cfg = _read_json(model_dir / module.get("path", "") / "config.json")
-            if cfg.get("pooling_mode_cls_token"):
-                pooling = "cls"
-            elif cfg.get("pooling_mode_lasttoken"):
-                pooling = "last"
-            elif cfg.get("pooling_mode_mean_tokens"):
-                pooling = "mean"
-            else:
-                modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
-                raise ModelFolderError(f"{model_dir / module.get('path', '')}/config.json: unsupported pooling {modes}")
-        elif kind.endswith("Normalize"):
-            normalize = True
-    return pooling, normalize
-
-
 def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
     model_dir = Path(model_dir).expanduser().resolve()
     if not model_dir.is_dir():
@@ -129,10 +106,13 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         family = "pplx-qwen3-context"
     causal = arch == "qwen3" and not pplx and not config.get("use_bidirectional_attention", False)
 
-    st_pooling, st_normalize = _st_pooling(model_dir)
+    from rose.st_modules import read_pipeline  # it imports this module's ModelFolderError
+
+    st = read_pipeline(model_dir, int(config["hidden_size"]), native_int8=pplx)
     default_pooling = "mean" if arch == "bert" or pplx else "last"
-    pooling = st_pooling or config.get("pooling") or default_pooling
-    normalize = (not pplx) if st_normalize is None else st_normalize
+    pooling = (st and st.pooling) or config.get("pooling") or default_pooling
+    normalize = (not pplx) if st is None else st.normalize
+    dense = st.dense if st is not None else ()
 
     max_length = int(config.get("max_position_embeddings", 512))
     if arch == "bert" and family in ("roberta", "xlm-roberta"):
@@ -147,6 +127,9 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
 
     st_cfg = _optional_json(model_dir / "config_sentence_transformers.json") or {}
     prompts = {str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()}
+    if st is not None and not st.include_prompt and any(prompts.values()):
+        raise ModelFolderError(f"{model_dir / 'modules.json'}: Pooling with include_prompt=false and prompts "
+                               f"{sorted(k for k, v in prompts.items() if v)}: ROSE pools the prompt's tokens too")
     return ModelSpec(
         model_dir=model_dir,
         model_id=model_id or default_model_id(model_dir),
@@ -158,10 +141,11 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         normalize=normalize,
         native_int8=pplx,
         max_length=max_length,
-        dimensions=int(config["hidden_size"]),
+        dimensions=dense[-1].out_features if dense else int(config["hidden_size"]),
         prompts=prompts,
         default_prompt_name=st_cfg.get("default_prompt_name"),
         chunk_separator=config.get("chunk_separator"),
+        dense=dense,
     )
 
 
