@@ -1,0 +1,74 @@
+"""`ivy index INPUT OUTPUT`: flags from IndexConfig (IVY_INDEX_* variables too), the job, the summary.
+
+Exit status: 0 when the whole input is in OUTPUT (embedded or in rejects.jsonl), 1 when the job stopped
+(a fatal server error, --fail-fast); the committed shards stay and `--resume` continues from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ivy.index.config import ENV_PREFIX, IndexConfig
+from rose.flags import add_config_arguments, config_from_args
+
+log = logging.getLogger("ivy.index")
+
+
+def add_parser(commands) -> None:
+    index = commands.add_parser(
+        "index", help="embed a corpus (JSONL, CSV, Parquet, a folder of text files) into Parquet shards",
+        description="Embed a corpus through a deployed server (--url) or in-process (--model DIR) into a folder of "
+                    "Parquet shards (id, embedding), resumable with --resume after a kill. Every flag is also an "
+                    f"environment variable ({ENV_PREFIX}_<FLAG>); flags win.")
+    index.add_argument("input", metavar="INPUT", help="a .jsonl, .csv/.tsv or .parquet file, or a folder of text files")
+    index.add_argument("output", metavar="OUTPUT", help="the folder of shards (created; --resume to continue one)")
+    add_config_arguments(index, IndexConfig, ENV_PREFIX)
+
+
+def make_embedder(config: IndexConfig):
+    from ivy.index.pipeline import request_options
+
+    options = request_options(config)
+    if config.url:
+        from ivy.index.client import HttpEmbedder
+
+        return HttpEmbedder(config.url, api_key=config.api_key, model_name=config.model_name, options=options,
+                            encoding=config.encoding, timeout_s=config.timeout_s, retries=config.retries)
+    from ivy.index.local import LocalEmbedder
+
+    return LocalEmbedder(config.model, options=options, encoding=config.encoding, device=config.device,
+                         dtype=config.dtype, threads=min(config.concurrency, os.cpu_count() or 1))
+
+
+def run_index(args: argparse.Namespace) -> int:
+    from ivy.index.client import FatalError
+    from ivy.index.pipeline import Job
+    from ivy.index.progress import print_summary
+
+    config = config_from_args(IndexConfig, {k: v for k, v in vars(args).items() if k not in ("input", "output")},
+                              ENV_PREFIX)
+    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    source = Path(args.input)
+    if not source.exists():
+        raise SystemExit(f"ivy index: {source} does not exist")
+    embedder = None
+    try:
+        embedder = make_embedder(config)
+        job = Job(config, source, Path(args.output), embedder)
+        progress = job.run()
+    except FatalError as exc:
+        print(f"ivy index: stopped: {exc}; committed shards are kept, --resume continues", file=sys.stderr)
+        return 1
+    finally:
+        if embedder is not None:
+            embedder.close()
+    summary = progress.summary(config.gpu_hour_price, config.gpus)
+    print_summary(summary)
+    (Path(args.output) / "summary.json").write_text(json.dumps(summary, indent=1))
+    return 0

@@ -1,0 +1,165 @@
+"""The remote embedder: POST /v1/embeddings on any OpenAI-compatible server, one keep-alive http.client
+connection per worker thread (the pattern of benchmarks/stack/connection.py: stdlib, TCP_NODELAY, one resend
+when the server closed an idle connection). Float rows travel as base64 float32 (the same values as a JSON
+list, a quarter of the bytes).
+
+Errors: a 400/413/422 is about what the batch carries (`RowError`, with the input index when the server names
+it as `input[i]`); 408, 429, 5xx and broken connections are retried with backoff (Retry-After honoured);
+anything else (401, 404) stops the job.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import re
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import numpy as np
+
+WIRE = {"float": ("base64", "<f4"), "base64_int8": ("base64_int8", np.int8), "base64_binary": ("base64_binary",
+                                                                                                  np.uint8)}
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+_INPUT_PARAM = re.compile(r"^input\[(\d+)\]")
+
+
+class RowError(Exception):
+    """The request was refused for what it carries; `index`: the input the server named, when it did."""
+
+    def __init__(self, message: str, index: int | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.index, self.param = index, param
+
+
+class FatalError(RuntimeError):
+    """The job cannot go on (auth, unknown model, server down after every retry)."""
+
+
+class _Retry(Exception):
+    def __init__(self, message: str, after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.after_s = after_s
+
+
+class Connection:
+    def __init__(self, url: str, headers: dict[str, str], timeout_s: float) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise FatalError(f"not an http(s) URL: {url!r}")
+        self._cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self._host, self._port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+        self._prefix, self._headers, self._timeout_s = parts.path.rstrip("/"), headers, timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> http.client.HTTPResponse:
+        for attempt in (0, 1):
+            fresh = self._conn is None
+            try:
+                if fresh:
+                    self._conn = self._cls(self._host, self._port, timeout=self._timeout_s)
+                    self._conn.connect()
+                    self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._conn.request(method, self._prefix + path, body=body, headers=self._headers)
+                answer = self._conn.getresponse()
+                answer.body = answer.read()
+                if answer.will_close:
+                    self.close()
+                return answer
+            except _STALE as exc:
+                self.close()
+                if fresh or attempt:
+                    raise _Retry(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                raise _Retry(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _error_message(body: bytes) -> tuple[str, str | None]:
+    try:
+        error = json.loads(body).get("error") or {}
+        return str(error.get("message") or body[:300].decode("utf-8", "replace")), error.get("param")
+    except (ValueError, AttributeError):
+        return body[:300].decode("utf-8", "replace"), None
+
+
+class HttpEmbedder:
+    def __init__(self, url: str, *, api_key: str, model_name: str, options: dict, encoding: str,
+                 timeout_s: float, retries: int) -> None:
+        self._url, self._timeout_s, self.retries = url, timeout_s, retries
+        self._headers = {"content-type": "application/json"}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self._local = threading.local()
+        self._all: list[Connection] = []  # every thread's, closed together
+        self._wire, self._dtype = WIRE[encoding]
+        card = self._model_card(model_name)
+        self.model_name = model_name or card.get("id", "")
+        if not self.model_name:
+            raise FatalError(f"{url}/v1/models lists no model; pass --model-name")
+        self.card_dimensions = int(card.get("dimensions") or 0)
+        self._options = dict(options)  # the request's options, as /v1/embeddings names them
+
+    def _conn(self) -> Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = Connection(self._url, self._headers, self._timeout_s)
+            self._all.append(conn)  # list.append is atomic
+        return conn
+
+    def _model_card(self, wanted: str) -> dict:
+        try:
+            answer = self._conn().request("GET", "/v1/models")
+            entries = (json.loads(answer.body).get("data") or []) if answer.status == 200 else []
+        except (_Retry, ValueError, AttributeError):
+            entries = []
+        entries = [e for e in entries if isinstance(e, dict)]
+        return next((e for e in entries if e.get("id") == wanted), entries[0] if entries and not wanted else {})
+
+    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        body = json.dumps({"model": self.model_name, "input": texts, "encoding_format": self._wire,
+                           **self._options}).encode()
+        for attempt in range(self.retries + 1):
+            try:
+                return self._post(body, len(texts))
+            except _Retry as exc:
+                if attempt == self.retries:
+                    raise FatalError(f"POST /v1/embeddings failed {attempt + 1} times; last: {exc}") from None
+                time.sleep(exc.after_s if exc.after_s is not None else min(30.0, 0.5 * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+    def _post(self, body: bytes, n: int) -> tuple[np.ndarray, int]:
+        answer = self._conn().request("POST", "/v1/embeddings", body)
+        if answer.status != 200:
+            message, param = _error_message(answer.body)
+            if answer.status in (400, 413, 422):
+                match = _INPUT_PARAM.match(param or "")
+                raise RowError(message, int(match.group(1)) if match else None, param)
+            if answer.status in (408, 429) or answer.status >= 500:
+                after = answer.getheader("retry-after")
+                raise _Retry(f"{answer.status}: {message}", float(after) if after and after.isdigit() else None)
+            raise FatalError(f"POST /v1/embeddings -> {answer.status}: {message}")
+        out = json.loads(answer.body)
+        data = sorted(out.get("data") or [], key=lambda d: d.get("index", 0))
+        if len(data) != n:
+            raise FatalError(f"/v1/embeddings returned {len(data)} embeddings for {n} inputs")
+        rows = np.stack([self._decode(d["embedding"]) for d in data])
+        return rows, int((out.get("usage") or {}).get("prompt_tokens") or 0)
+
+    def _decode(self, value) -> np.ndarray:
+        if isinstance(value, str):
+            return np.frombuffer(base64.b64decode(value), dtype=self._dtype)
+        return np.asarray(value, dtype=np.float32)  # a server that ignored base64 and sent floats
+
+    def close(self) -> None:
+        for conn in self._all:
+            conn.close()

@@ -1,0 +1,177 @@
+"""Streaming readers: each yields `Doc`s in input order, one per document, memory flat however large the input.
+
+A document's position (0, 1, 2, ... over the documents, blank JSONL lines skipped) decides its window, so it
+must not depend on anything but the input. Ids come from `--id-field`, else from the line number (JSONL:
+the file's line, CSV: the data row, Parquet: the row, all from 1) or the file's path relative to the folder.
+A document that cannot be read keeps its position and carries `reason` instead of a text (rejects.jsonl).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any, Iterator
+
+PARQUET_BATCH_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class Doc:
+    pos: int
+    id: str
+    text: str | None  # None: `reason` says why it cannot be embedded
+    reason: str = ""
+
+
+def detect_format(path: Path, fmt: str = "auto") -> str:
+    if fmt != "auto":
+        return fmt
+    if path.is_dir():
+        return "text"
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"
+    if suffix in (".csv", ".tsv"):
+        return "csv"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    raise SystemExit(f"ivy index: cannot tell the format of {path} from its name; pass --format")
+
+
+def _make(pos: int, record_id: Any, fallback: str, text: Any) -> Doc:
+    doc_id = fallback if record_id is None or record_id == "" else str(record_id)
+    if text is None:
+        return Doc(pos, doc_id, None, "no text field")
+    if not isinstance(text, str):
+        return Doc(pos, doc_id, None, f"text is a {type(text).__name__}, not a string")
+    if not text.strip():
+        return Doc(pos, doc_id, None, "empty text")
+    return Doc(pos, doc_id, text)
+
+
+def _jsonl(path: Path, id_field: str, text_field: str, start: int) -> Iterator[Doc]:
+    pos = 0
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            pos += 1
+            if pos <= start:  # committed already: not parsed again
+                continue
+            fallback = str(line_no)
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                yield Doc(pos - 1, fallback, None, "line is not valid UTF-8")
+                continue
+            except ValueError as exc:
+                yield Doc(pos - 1, fallback, None, f"line is not JSON: {exc.msg}")
+                continue
+            if not isinstance(record, dict):
+                yield Doc(pos - 1, fallback, None, "line is not a JSON object")
+                continue
+            yield _make(pos - 1, record.get(id_field), fallback, record.get(text_field))
+
+
+def _has_surrogates(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _csv(path: Path, id_field: str, text_field: str, start: int) -> Iterator[Doc]:
+    csv.field_size_limit(sys.maxsize)
+    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+    # surrogateescape: a row with bad bytes is read (and rejected) instead of failing the whole file
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        header = next(reader, None) or []
+        if text_field not in header:
+            raise SystemExit(f"ivy index: {path} has no column {text_field!r} (columns: {', '.join(header)})")
+        t, i = header.index(text_field), header.index(id_field) if id_field in header else None
+        for pos, row in enumerate(islice(reader, start, None), start):
+            fallback = str(pos + 1)
+            if any(map(_has_surrogates, row)):
+                yield Doc(pos, fallback, None, "row is not valid UTF-8")
+                continue
+            record_id = row[i] if i is not None and i < len(row) else None
+            yield _make(pos, record_id, fallback, row[t] if t < len(row) else None)
+
+
+def _parquet(path: Path, id_field: str, text_field: str, start: int) -> Iterator[Doc]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    if text_field not in names:
+        raise SystemExit(f"ivy index: {path} has no column {text_field!r} (columns: {', '.join(names)})")
+    columns = [text_field] + ([id_field] if id_field in names and id_field != text_field else [])
+    pos, first_group = 0, 0
+    for g in range(pf.num_row_groups):  # skip whole row groups that were committed
+        rows = pf.metadata.row_group(g).num_rows
+        if pos + rows > start:
+            break
+        pos, first_group = pos + rows, g + 1
+    groups = list(range(first_group, pf.num_row_groups))
+    if not groups:
+        return
+    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=columns):
+        texts = batch.column(text_field).to_pylist()
+        ids = batch.column(id_field).to_pylist() if id_field in columns else [None] * len(texts)
+        for record_id, text in zip(ids, texts):
+            if pos >= start:
+                yield _make(pos, record_id, str(pos + 1), text)
+            pos += 1
+
+
+def text_files(folder: Path) -> Iterator[Path]:
+    """Every regular, non-hidden file under `folder`, in a fixed (sorted) order."""
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if path.is_file() and not any(part.startswith(".") for part in rel.parts):
+            yield path
+
+
+def _folder(folder: Path, start: int) -> Iterator[Doc]:
+    for pos, path in enumerate(islice(text_files(folder), start, None), start):
+        doc_id = path.relative_to(folder).as_posix()
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            yield Doc(pos, doc_id, None, "file is not valid UTF-8")
+            continue
+        except OSError as exc:
+            yield Doc(pos, doc_id, None, f"unreadable: {exc.strerror or exc}")
+            continue
+        yield _make(pos, None, doc_id, text)
+
+
+def read_docs(path: Path, fmt: str, id_field: str, text_field: str, start: int = 0) -> Iterator[Doc]:
+    """The documents from position `start` on."""
+    if fmt == "jsonl":
+        return _jsonl(path, id_field, text_field, start)
+    if fmt == "csv":
+        return _csv(path, id_field, text_field, start)
+    if fmt == "parquet":
+        return _parquet(path, id_field, text_field, start)
+    return _folder(path, start)
+
+
+def count_docs(path: Path, fmt: str) -> int | None:
+    """How many documents there are (for the ETA), cheaply; None when only a full parse could tell (CSV)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if fmt == "jsonl":
+        with open(path, "rb") as f:
+            return sum(1 for raw in f if raw.strip())
+    if fmt == "text":
+        return sum(1 for _ in text_files(path))
+    return None
