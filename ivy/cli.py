@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "Tulip processes unchanged (their --model, --port and device are set per replica).")
     add_config_arguments(up, IvyConfig, ENV_PREFIX, exclude=frozenset({"replicas"}))
     add_config_arguments(up, UpConfig, UP_ENV_PREFIX)
+    from ivy.index.cli import add_parser as add_index_parser
+
+    add_index_parser(commands)
     return parser
 
 
@@ -73,6 +76,10 @@ def serve(config: IvyConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "index":
+        from ivy.index.cli import run_index
+
+        return run_index(args)
     config = config_from_args(IvyConfig, args, ENV_PREFIX)
     if args.command == "serve":
         return serve(config)

@@ -194,7 +194,10 @@ def test_sigkill_mid_run_then_resume_has_every_id_exactly_once(url, tmp_path: Pa
 def test_in_process_equals_v1_embeddings_through_a_real_tulip(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     sys.path.insert(0, str(Path(__file__).parents[1] / "tulip"))
-    from tulip_testkit import ServerThread, make_config
+    try:
+        from tulip_testkit import ServerThread, make_config
+    finally:
+        sys.path.pop(0)
 
     folder = tmp_path / "corpus"
     folder.mkdir()
