@@ -44,6 +44,9 @@ class TulipConfig:
         0, "token budget of one batch; a longer sequence runs alone; 0 = by device: 8192 on a GPU, 2048 on a CPU")
     max_batch_seqs: int = _f(256, "most sequences in one batch")
     max_queue_tokens: int = _f(262144, "most tokens waiting in the queue; beyond it RESOURCE_EXHAUSTED")
+    request_share: float = _f(0.125, "part of a batch (its tokens and sequences) each waiting request is given, "
+                                      "oldest first, before the oldest fill the rest, so a small request behind "
+                                      "a huge one rides in the next batch (tulip/scheduler.py); 1 = request FCFS")
     max_inflight_batches: int = _f(2, "batches launched on the engine and not yet delivered (2 = overlap)")
     pack_ahead_ms: float = _f(1.0, "with a batch on the device, pack the next one this long before that batch is "
                                    "expected to finish (median device time of recent batches of its size), not "
@@ -105,6 +108,8 @@ class TulipConfig:
             raise ValueError("shutdown_timeout_s must not be negative")
         if self.pack_ahead_ms < 0:
             raise ValueError(f"pack_ahead_ms must be 0 (pack at once) or positive, got {self.pack_ahead_ms}")
+        if not 0 < self.request_share <= 1:
+            raise ValueError(f"request_share must be in (0, 1], got {self.request_share}")
         if self.watchdog_s < 0 or self.watchdog_factor <= 0:
             raise ValueError(f"watchdog_s must be 0 (off) or positive and watchdog_factor positive, got "
                              f"{self.watchdog_s}, {self.watchdog_factor}")

@@ -1,9 +1,22 @@
-"""The FCFS sequence queue and its token-budget packer: CPU-only decisions, no engine, no gRPC.
+"""The sequence queue and its token-budget packer: CPU-only decisions, no engine, no gRPC.
 
-Sequences (not requests) leave the queue in arrival order. A batch takes from the head while the next
-sequence fits `max_batch_tokens` and `max_batch_seqs`; it never skips ahead to a smaller sequence, so
-nothing starves. A sequence longer than the budget runs alone. Sequences of cancelled or expired
-requests are dropped here, before batching, so they never reach the engine.
+The rule (it replaces plain first-come-first-served, under which one maximum-size request held every
+request behind it for its whole run, RELIABILITY 30): requests are served in arrival order, but no request
+may take a whole batch while others wait. A batch is filled in two passes over the waiting requests,
+oldest first:
+1. each request takes its next sequences up to its share of the batch (`share` of `max_batch_tokens` and
+   of `max_batch_seqs`, at least one sequence);
+2. the room left is filled from the requests in the same order, each taking what fits.
+So a small request that arrives behind a huge one rides in the next batch, while the huge one still fills
+the rest of it (a batch is as full as before). A request's own sequences always leave in their order and a
+batch never skips one of them for a smaller one; a request whose next sequence does not fit beside the
+others waits for a later batch, but the oldest request is served first into an empty batch, so nothing
+starves. A sequence longer than the budget runs alone. `share` = 1 gives back request-level FCFS.
+
+"A request" is a flow: the tickets that share a non-empty `flow` key (Tulip passes Ivy's request id, so
+the chunks of one HTTP request count as one request) or else the ticket alone; a flow's place is the
+arrival of its oldest waiting sequence. Sequences of cancelled or expired requests are dropped here,
+before batching, so they never reach the engine.
 
 The queue is shared by the gRPC event loop (push, cancel: short critical sections, no waiting) and the
 worker's launcher thread (next_batch, which blocks while the queue is empty).
@@ -26,8 +39,9 @@ class Ticket:
     """What the queue needs to know of a request. `cancelled` and the queued counters are guarded
     by the queue's lock; `deadline` is a time.monotonic() value or None."""
 
-    def __init__(self, deadline: float | None = None) -> None:
+    def __init__(self, deadline: float | None = None, flow: str = "") -> None:
         self.deadline = deadline
+        self.flow = flow  # tickets with the same non-empty flow share one place in the queue
         self.cancelled = False
         self.expired = False
         self.queued_tokens = 0
@@ -58,12 +72,14 @@ class PackedBatch:
 
 class SequenceQueue:
     def __init__(self, max_batch_tokens: int, max_batch_seqs: int, max_queue_tokens: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, share: float = 0.125) -> None:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
         self.max_queue_tokens = max_queue_tokens
+        self.share_tokens = max(1, int(max_batch_tokens * share))
+        self.share_seqs = max(1, int(max_batch_seqs * share))
         self._clock = clock
-        self._items: deque[QueuedSequence] = deque()
+        self._flows: dict[object, deque[QueuedSequence]] = {}  # insertion order = arrival order
         self._tokens = 0  # tokens of live (not cancelled/expired) queued sequences
         self._seqs = 0
         self._closed = False
@@ -87,7 +103,11 @@ class SequenceQueue:
             now = self._clock()
             for s in seqs:
                 s.enqueued_at = now
-            self._items.extend(seqs)
+            key = ticket.flow or ticket
+            flow = self._flows.get(key)
+            if flow is None:
+                flow = self._flows[key] = deque()
+            flow.extend(seqs)
             ticket.queued_tokens += tokens
             ticket.queued_seqs += len(seqs)
             self._tokens += tokens
@@ -108,7 +128,7 @@ class SequenceQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                if self._items:
+                if self._flows:
                     packed = self._take_locked()
                     if packed.sequences or packed.expired or packed.skipped:
                         return packed
@@ -162,34 +182,52 @@ class SequenceQueue:
         ticket.queued_seqs = 0
 
     def _take_locked(self) -> PackedBatch:
-        now = self._clock()
-        packed = PackedBatch(taken_at=now)
-        items = self._items
-        while items:
-            head = items[0]
+        packed = PackedBatch(taken_at=self._clock())
+        full = False
+        for share_tokens, share_seqs in ((self.share_tokens, self.share_seqs), (None, None)):  # the two passes
+            for flow in self._flows.values():
+                full = self._take_from_locked(flow, packed, share_tokens, share_seqs)
+                if full:
+                    break
+            if full:
+                break
+        for key in [k for k, flow in self._flows.items() if not flow]:
+            del self._flows[key]
+        return packed
+
+    def _take_from_locked(self, flow: deque[QueuedSequence], packed: PackedBatch, share_tokens: int | None,
+                          share_seqs: int | None) -> bool:
+        """Move one flow's next sequences into `packed` (within its share, when given); True when full."""
+        now = packed.taken_at
+        tokens = seqs = 0
+        while flow:
+            head = flow[0]
             ticket = head.ticket
             if ticket.cancelled:  # already discounted when it was cancelled
-                items.popleft()
+                flow.popleft()
                 packed.skipped += 1
                 continue
             if ticket.deadline is not None and ticket.deadline <= now:
-                items.popleft()
+                flow.popleft()
                 packed.skipped += 1
                 ticket.expired = True
                 self._drop_locked(ticket)
                 packed.expired.append(ticket)
                 continue
             n = head.num_tokens
-            if packed.sequences and (packed.tokens + n > self.max_batch_tokens
-                                     or len(packed.sequences) >= self.max_batch_seqs):
-                break  # FCFS: never skip ahead to a smaller sequence
-            items.popleft()
+            if packed.sequences and packed.tokens + n > self.max_batch_tokens:
+                return False  # does not fit beside the others; never skip to this flow's smaller sequence
+            if share_tokens is not None and seqs and (tokens + n > share_tokens or seqs >= share_seqs):
+                return False  # its share is taken: the next flow's turn
+            flow.popleft()
             packed.sequences.append(head)
             packed.tokens += n
+            tokens += n
+            seqs += 1
             ticket.queued_tokens -= n
             ticket.queued_seqs -= 1
             self._tokens -= n
             self._seqs -= 1
-            if packed.tokens >= self.max_batch_tokens:
-                break  # full, or one over-long sequence running alone
-        return packed
+            if packed.tokens >= self.max_batch_tokens or len(packed.sequences) >= self.max_batch_seqs:
+                return True  # full, or one over-long sequence running alone
+        return False

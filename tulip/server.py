@@ -130,7 +130,7 @@ class TulipServer:
             await run_in_daemon_thread(probe_full_budget, self.engine, self.batch_tokens,
                                        config.max_batch_seqs, int(info.max_length), vocab)
         queue_tokens = max(config.max_queue_tokens, self.batch_tokens)
-        self.queue = SequenceQueue(self.batch_tokens, config.max_batch_seqs, queue_tokens)
+        self.queue = SequenceQueue(self.batch_tokens, config.max_batch_seqs, queue_tokens, share=config.request_share)
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3)

@@ -2,7 +2,7 @@
 
 Two threads, joined by a FIFO of launched batches:
 - the launcher takes a free in-flight slot, waits until shortly before the running batch is expected to
-  finish (tulip.pacing; `pack_ahead_s`), packs the next FCFS batch from the queue and calls
+  finish (tulip.pacing; `pack_ahead_s`), packs the next batch from the queue (tulip.scheduler's rule) and calls
   `engine.step(batch)`, which returns a LazyTensor at once on a GPU; so while batch n runs on the device,
   batch n+1 is packed late, with what arrived meanwhile, and queued behind it before n ends: the device
   never waits on host packing;
@@ -124,7 +124,7 @@ class Worker:
                 self.metrics.observe_hold(time.monotonic() - start)
 
     def _next_batch(self) -> PackedBatch | None:
-        """The next FCFS batch. With idle capture on, each time the queue stays empty for idle_capture_s
+        """The next batch. With idle capture on, each time the queue stays empty for idle_capture_s
         while nothing is in flight (the device is idle), the engine captures one graph layout that ran
         eagerly but has no graph yet, so the layout's next batch replays instead of capturing on the
         request path. A request that arrives meanwhile waits for that one capture."""

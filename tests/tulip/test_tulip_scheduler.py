@@ -129,3 +129,55 @@ def test_next_batch_blocks_until_work_arrives() -> None:
     consumer.join(30)
     assert markers(got[0]) == [3]
     assert q.next_batch(timeout=0.01) is None  # times out empty
+
+
+# -- interleaving (RELIABILITY 30): requests in arrival order, none may take a whole batch while others wait --
+
+def push_flow(q: SequenceQueue, lengths, first_marker: int, flow: str = "") -> Ticket:
+    t = Ticket(flow=flow)
+    q.push(t, [seq(t, n, first_marker + i) for i, n in enumerate(lengths)])
+    return t
+
+
+def test_a_small_request_behind_a_huge_one_rides_in_the_next_batch_which_stays_full() -> None:
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=50, max_queue_tokens=10_000, share=0.25)
+    push_flow(q, [10] * 40, first_marker=100)  # the huge request: 40 batches' worth of 10-token sequences
+    push_flow(q, [1], first_marker=1)
+    first = q.next_batch(timeout=0)
+    # its share (25 tokens: two sequences), the small one, then the huge one fills the room left, in order
+    assert markers(first) == [100, 101, 1, 102, 103, 104, 105, 106, 107, 108] and first.tokens == 91
+    assert markers(q.next_batch(timeout=0)) == list(range(109, 119))
+
+
+def test_requests_keep_arrival_order_and_each_keeps_its_own() -> None:
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=50, max_queue_tokens=10_000, share=0.1)
+    for first in (10, 20, 30):
+        push_flow(q, [10, 10, 10], first_marker=first)
+    assert markers(q.next_batch(timeout=0)) == [10, 20, 30, 11, 12, 21, 22, 31, 32]
+
+
+def test_a_request_that_does_not_fit_waits_but_goes_first_once_it_is_the_oldest() -> None:
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=50, max_queue_tokens=10_000, share=0.25)
+    push_flow(q, [10], first_marker=1)
+    push_flow(q, [95], first_marker=2)  # does not fit beside the 10 ahead of it
+    push_flow(q, [10] * 5, first_marker=3)
+    assert markers(q.next_batch(timeout=0)) == [1, 3, 4, 5, 6, 7]
+    push_flow(q, [10], first_marker=20)  # newer: after the 95, never ahead of it
+    assert markers(q.next_batch(timeout=0)) == [2]
+    assert markers(q.next_batch(timeout=0)) == [20]
+
+
+def test_tickets_of_one_flow_share_its_place_and_its_share() -> None:
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=50, max_queue_tokens=10_000, share=0.1)
+    push_flow(q, [10, 10], first_marker=1, flow="req-a")  # two chunks of one Ivy request
+    push_flow(q, [10], first_marker=10, flow="req-b")
+    push_flow(q, [10], first_marker=3, flow="req-a")
+    assert markers(q.next_batch(timeout=0)) == [1, 10, 2, 3]
+
+
+def test_share_one_is_request_fcfs() -> None:
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=50, max_queue_tokens=10_000, share=1.0)
+    push_flow(q, [10] * 12, first_marker=100)
+    push_flow(q, [1], first_marker=1)
+    assert markers(q.next_batch(timeout=0)) == list(range(100, 110))
+    assert markers(q.next_batch(timeout=0)) == [110, 111, 1]

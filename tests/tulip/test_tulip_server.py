@@ -1,4 +1,4 @@
-"""A real Tulip gRPC server on loopback, driving the fake engine: correctness under concurrency, FCFS,
+"""A real Tulip gRPC server on loopback, driving the fake engine: correctness under concurrency, queue order,
 deadlines, cancellation, admission, message size, health/Info, overlap of packing with engine work."""
 
 import random
@@ -68,36 +68,57 @@ def test_500_concurrent_mixed_requests_each_equal_their_solo_embedding() -> None
     assert len(engine.batches) > 50  # many batches, so packing boundaries were crossed
 
 
-def test_fcfs_order_is_observable_under_load() -> None:
+def test_queue_order_is_observable_under_load() -> None:
+    """Requests in arrival order, interleaved by the scheduler's rule (tulip/scheduler.py, RELIABILITY 30)."""
     engine = FakeEngine(gated=True)
     budget, max_seqs = 64, 4
     with ServerThread(make_config(max_batch_tokens=budget, max_batch_seqs=max_seqs), engine) as s:
         held = _hold_two_batches(s, engine)
         rng = random.Random(1)
-        arrival, lengths, futures = [], {}, []
+        requests, futures = [], []
         for i in range(80):  # queued one at a time so that the arrival order is known
-            seqs = [marked_sequence(1 + len(arrival) + k, rng.randint(1, 40)) for k in range(rng.randint(1, 2))]
+            first = 1 + sum(len(r) for r in requests)
+            seqs = [marked_sequence(first + k, rng.randint(1, 40)) for k in range(rng.randint(1, 2))]
             want = s.server.queue.depth()[0] + len(seqs)
             futures.append(s.stub.Embed.future(encode_request(seqs), timeout=60))
             wait_until(lambda n=want: s.server.queue.depth()[0] == n, what="request queued")
-            arrival += [q[0] for q in seqs]
-            lengths.update({q[0]: len(q) for q in seqs})
+            requests.append([(q[0], len(q)) for q in seqs])
         engine.release(10_000)
         for f in futures + held:
             f.result()
-    seen = first_tokens(engine)[2:]
-    assert seen == arrival  # sequences reached the engine in arrival order
-    # ... and in the batches a greedy FCFS packer builds: from the head while tokens and count fit.
-    expected, batch, tokens = [], [], 0
-    for m in arrival:
-        if batch and (tokens + lengths[m] > budget or len(batch) == max_seqs):
-            expected.append(batch)
-            batch, tokens = [], 0
-        batch.append(m)
-        tokens += lengths[m]
-    expected.append(batch)
+        queue = s.server.queue
+        expected = interleaved_batches(requests, budget, max_seqs, queue.share_tokens, queue.share_seqs)
     got = [[int(x[0]) for x in np.split(b.token_ids, b.cu_seqlens[1:-1])] for b in engine.batches[2:]]
     assert got == expected
+    assert first_tokens(engine)[2:] == [m for b in expected for m in b]
+    # every request's own sequences reached the engine in their order
+    seen = first_tokens(engine)
+    assert all([seen.index(m) for m, _ in r] == sorted(seen.index(m) for m, _ in r) for r in requests)
+
+
+def interleaved_batches(requests, budget: int, max_seqs: int, share_tokens: int, share_seqs: int) -> list[list[int]]:
+    """The batches the scheduler's rule builds from `requests` (lists of (marker, length)) all queued before
+    the first is taken: each request, oldest first, takes up to its share (at least one sequence), then the
+    room left is filled in the same order; a request's next sequence that does not fit waits."""
+    waiting = [list(r) for r in requests]
+    batches = []
+    while waiting:
+        batch, tokens = [], 0
+        for share in ((share_tokens, share_seqs), None):
+            for req in waiting:
+                got_tokens = got_seqs = 0
+                while req and tokens < budget and len(batch) < max_seqs:
+                    marker, n = req[0]
+                    if batch and tokens + n > budget:
+                        break
+                    if share and got_seqs and (got_tokens + n > share[0] or got_seqs >= share[1]):
+                        break
+                    req.pop(0)
+                    batch.append(marker)
+                    tokens, got_tokens, got_seqs = tokens + n, got_tokens + n, got_seqs + 1
+        waiting = [r for r in waiting if r]
+        batches.append(batch)
+    return batches
 
 
 def _hold_two_batches(s: ServerThread, engine: FakeEngine):
