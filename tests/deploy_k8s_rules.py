@@ -1,0 +1,234 @@
+"""The rules deploy/k8s keeps beyond agreeing with the CLIs (deploy_rules.check_k8s): validity against the
+Kubernetes and CRD schemas, hardened pods, the model volume's one writer, disruption budgets, the network
+policy, autoscaling on Tulip's queue, scraping, and alerts on metrics the services export. Each check raises
+AssertionError naming the object and the field."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from deploy_checks import ROOT, check_env, containers_of, k8s_env, pod_specs
+
+CRD_SCHEMAS = Path(__file__).with_name("deploy_crd_schemas.json")
+RUNBOOK = ROOT / "deploy" / "RUNBOOK.md"
+K8S_VERSIONS = ("1.29.0", "latest")  # grpc probes need 1.24, StatefulSet PVC retention 1.27 (beta, on)
+
+
+# ---- schemas ------------------------------------------------------------------------------------------------
+
+
+def _strict(schema):
+    """A CRD schema as the API server's strict field validation reads it: no field it does not declare."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and \
+            not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def check_schemas(objects: dict) -> None:
+    """Core kinds against Kubernetes' own schemas (kubernetes-validate, strict: unknown fields fail), custom
+    resources against the CRDs' schemas in deploy_crd_schemas.json, made strict the same way."""
+    import jsonschema
+    import kubernetes_validate
+
+    crds = json.loads(CRD_SCHEMAS.read_text())
+    versions = [kubernetes_validate.latest_version() if v == "latest" else v for v in K8S_VERSIONS]
+    for (kind, name), obj in objects.items():
+        key = f"{obj['apiVersion']} {kind}"
+        if key in crds:
+            errors = sorted(jsonschema.Draft7Validator(_strict(crds[key]["schema"])).iter_errors(obj), key=str)
+            assert not errors, f"k8s {kind}/{name}: {errors[0].message} at {list(errors[0].absolute_path)}"
+            continue
+        for version in versions:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                raise AssertionError(f"k8s {kind}/{name} (Kubernetes {version}): {exc.message} at "
+                                     f"{list(exc.path)}") from None
+            except kubernetes_validate.SchemaNotFoundError:
+                raise AssertionError(f"k8s {kind}/{name}: no schema for {key} (a CRD? add it to "
+                                     f"{CRD_SCHEMAS.name})") from None
+
+
+# ---- pods ---------------------------------------------------------------------------------------------------
+
+
+def check_hardening(objects: dict, files: dict) -> None:
+    """Every pod runs as the images' non-root user; every container keeps no capability, cannot escalate and
+    has a read-only root filesystem (what must be written goes to a volume)."""
+    for where, pod in pod_specs(objects).items():
+        ctx = pod.get("securityContext", {})
+        assert ctx.get("runAsNonRoot") is True, f"k8s {where}: runAsNonRoot"
+        images = {c["image"].rsplit("/", 1)[-1].split(":")[0] for c in pod["containers"]}
+        for kind in images & set(files):
+            uid = int(files[kind].user.split(":")[0])
+            assert ctx.get("runAsUser") == uid, f"k8s {where}: runAsUser {ctx.get('runAsUser')} != the image's {uid}"
+        for c in containers_of(pod):
+            sc = c.get("securityContext", {})
+            assert sc.get("allowPrivilegeEscalation") is False, f"k8s {where} {c['name']}: allowPrivilegeEscalation"
+            assert "ALL" in sc.get("capabilities", {}).get("drop", []), f"k8s {where} {c['name']}: drop ALL"
+            assert sc.get("readOnlyRootFilesystem") is True, f"k8s {where} {c['name']}: readOnlyRootFilesystem"
+            assert c.get("resources", {}).get("requests"), f"k8s {where} {c['name']}: no resource requests"
+
+
+def _claim_mounts(pod: dict, claim: str) -> list[tuple[dict, dict]]:
+    """(container, mount) of every container mounting the claim."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    return [(c, m) for c in containers_of(pod) for m in c.get("volumeMounts", [])
+            if volumes.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") == claim]
+
+
+def check_model_volume(objects: dict) -> None:
+    """One Job writes the model claim; the services mount it read-only and wait for the Job's marker."""
+    (claim,) = [name for (kind, name) in objects if kind == "PersistentVolumeClaim"]
+    modes = objects[("PersistentVolumeClaim", claim)]["spec"]["accessModes"]
+    writers = []
+    for where, pod in pod_specs(objects).items():
+        for container, mount in _claim_mounts(pod, claim):
+            if not mount.get("readOnly"):
+                writers.append((where, container))
+            elif not where.startswith("Job/"):
+                volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+                assert volume["persistentVolumeClaim"].get("readOnly"), f"k8s {where}: claim {claim} not read-only"
+    assert [w for w, _ in writers if not w.startswith("Job/")] == [], f"k8s: {[w for w, _ in writers]} write the model"
+    assert len(writers) == 1, f"k8s: one Job fills the model volume, found {[w for w, _ in writers]}"
+    [(job, writer)] = writers
+    assert "ReadWriteMany" in modes, f"k8s claim {claim}: {job} writes it while pods on other nodes read it"
+    marker = re.search(r"touch (\S+)", " ".join(writer.get("args", [])))
+    assert marker, f"k8s {job}: writes no completion marker last"
+    for where, pod in pod_specs(objects).items():
+        if where != job:
+            waits = [c for c in pod.get("initContainers", []) if marker[1] in " ".join(c.get("command", []))]
+            assert waits, f"k8s {where}: no init container waits for {marker[1]}"
+
+
+# ---- traffic ------------------------------------------------------------------------------------------------
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    match = selector.get("matchLabels", {})
+    return bool(match) and all(labels.get(k) == v for k, v in match.items())
+
+
+def _pod_labels(objects: dict, kind: str, name: str) -> dict:
+    return objects[(kind, name)]["spec"]["template"]["metadata"]["labels"]
+
+
+def check_disruption_budgets(objects: dict) -> None:
+    for kind, name in (("StatefulSet", "tulip"), ("Deployment", "ivy")):
+        labels = _pod_labels(objects, kind, name)
+        budgets = [o for (k, _), o in objects.items() if k == "PodDisruptionBudget"
+                   and _selects(o["spec"]["selector"], labels)]
+        assert len(budgets) == 1, f"k8s: {kind}/{name} needs one PodDisruptionBudget, has {len(budgets)}"
+        spec = budgets[0]["spec"]
+        assert "maxUnavailable" in spec or "minAvailable" in spec, f"k8s PDB {budgets[0]['metadata']['name']}"
+
+
+def check_network_policy(objects: dict) -> None:
+    """Ingress to Tulip: its gRPC port from Ivy's pods only, its metrics port from Prometheus only, no more."""
+    tulip_labels = _pod_labels(objects, "StatefulSet", "tulip")
+    ivy_labels = _pod_labels(objects, "Deployment", "ivy")
+    policies = [o for (k, _), o in objects.items() if k == "NetworkPolicy"
+                and _selects(o["spec"]["podSelector"], tulip_labels)]
+    assert len(policies) == 1, f"k8s: one NetworkPolicy must select Tulip's pods, found {len(policies)}"
+    spec = policies[0]["spec"]
+    assert "Ingress" in spec.get("policyTypes", []), "k8s NetworkPolicy: policyTypes must include Ingress"
+    by_port: dict[str, list[dict]] = {}
+    for rule in spec.get("ingress", []):
+        assert rule.get("from") and rule.get("ports"), f"k8s NetworkPolicy: a rule open to all: {rule}"
+        for port in rule["ports"]:
+            by_port.setdefault(port["port"], []).extend(rule["from"])
+    assert set(by_port) == {"grpc", "metrics"}, f"k8s NetworkPolicy: opens {sorted(map(str, by_port))}"
+    assert all(set(peer) == {"podSelector"} and _selects(peer["podSelector"], ivy_labels)
+               for peer in by_port["grpc"]), f"k8s NetworkPolicy: gRPC open beyond Ivy: {by_port['grpc']}"
+    assert all(set(peer) <= {"podSelector", "namespaceSelector"} and not _selects(peer.get("podSelector", {}),
+               ivy_labels) for peer in by_port["metrics"]), f"k8s NetworkPolicy: metrics: {by_port['metrics']}"
+
+
+# ---- autoscaling and monitoring -----------------------------------------------------------------------------
+
+
+def _tulip_config(objects: dict, files: dict):
+    (container,) = objects[("StatefulSet", "tulip")]["spec"]["template"]["spec"]["containers"]
+    return check_env("tulip", {**files["tulip"].env, **k8s_env(container)}, "k8s tulip")
+
+
+def check_autoscaling(objects: dict, files: dict) -> None:
+    """KEDA scales the Tulip StatefulSet on its queued tokens, an HPA the Ivy Deployment; neither workload
+    pins `replicas` (each apply would reset what the autoscaler chose)."""
+    from tulip.config import GPU_BATCH_TOKENS
+
+    sts, service = objects[("StatefulSet", "tulip")], objects[("Service", "tulip-headless")]
+    config = _tulip_config(objects, files)
+    (scaled,) = [o for (k, _), o in objects.items() if k == "ScaledObject"]
+    target = scaled["spec"]["scaleTargetRef"]
+    assert (target.get("kind"), target["name"]) == ("StatefulSet", sts["metadata"]["name"]), f"KEDA: {target}"
+    assert scaled["spec"].get("minReplicaCount", 0) >= 1, "KEDA: minReplicaCount 0 leaves no replica"
+    (trigger,) = scaled["spec"]["triggers"]
+    query = trigger["metadata"]["query"]
+    assert trigger["type"] == "prometheus" and "tulip_queue_tokens{" in query, f"KEDA trigger: {trigger}"
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', query))
+    assert labels == {"namespace": sts["metadata"]["namespace"], "service": service["metadata"]["name"]}, \
+        f"KEDA query: {labels} must name Tulip's namespace and Service (another stack's queue would count)"
+    threshold = float(trigger["metadata"]["threshold"])
+    budget = config.max_batch_tokens or GPU_BATCH_TOKENS
+    assert budget <= threshold < config.max_queue_tokens, \
+        f"KEDA threshold {threshold}: at least one batch ({budget}) and below the queue's cap (429s)"
+    assert "replicas" not in sts["spec"], "k8s tulip: `replicas` set while KEDA scales it"
+    (hpa,) = [o for (k, _), o in objects.items() if k == "HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "ivy" and hpa["spec"]["minReplicas"] >= 2, "HPA ivy"
+    assert "replicas" not in objects[("Deployment", "ivy")]["spec"], "k8s ivy: `replicas` set while an HPA scales it"
+
+
+def check_service_monitors(objects: dict, files: dict) -> None:
+    """Each service is scraped where it serves /metrics: Tulip's metrics port, Ivy's HTTP port."""
+    tulip_port = _tulip_config(objects, files).metrics_port
+    for service_name, workload, want in (("tulip-headless", ("StatefulSet", "tulip"), tulip_port),
+                                         ("ivy", ("Deployment", "ivy"), None)):
+        service = objects[("Service", service_name)]
+        monitors = [o for (k, _), o in objects.items() if k == "ServiceMonitor"
+                    and _selects(o["spec"]["selector"], service["metadata"].get("labels", {}))]
+        assert len(monitors) == 1, f"k8s: one ServiceMonitor must select Service {service_name}"
+        (container,) = objects[workload]["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        for endpoint in monitors[0]["spec"]["endpoints"]:
+            (svc_port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+            target = ports.get(svc_port["targetPort"], svc_port["targetPort"])
+            assert endpoint.get("path", "/metrics") == "/metrics", f"ServiceMonitor {service_name}: path"
+            if want is not None:
+                assert target == want, f"ServiceMonitor {service_name}: port {target} is not metrics port {want}"
+            else:
+                assert target == ports["http"], f"ServiceMonitor {service_name}: port {target}"
+
+
+ALERTS = {"TulipQueueSaturated", "TulipReplicaDown", "GatewayLatencyP99High", "RoseGraphCaptureFailed"}
+
+
+def check_alerts(objects: dict, files: dict, exported: set[str]) -> None:
+    """Alerts query only exported metrics in this namespace, the queue cap they divide by is Tulip's, and
+    each links a RUNBOOK.md section."""
+    namespace = objects[("StatefulSet", "tulip")]["metadata"]["namespace"]
+    rules = [r for (k, _), o in objects.items() if k == "PrometheusRule"
+             for group in o["spec"]["groups"] for r in group["rules"]]
+    names = {r["alert"] for r in rules}
+    assert ALERTS <= names, f"PrometheusRule: missing {sorted(ALERTS - names)}"
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", RUNBOOK.read_text(), re.M)}
+    cap = _tulip_config(objects, files).max_queue_tokens
+    for rule in rules:
+        expr, where = rule["expr"], f"alert {rule['alert']}"
+        used = set(re.findall(r"\b(?:ivy|tulip|rose)_[a-z_]+", expr))
+        assert used and used <= exported, f"{where}: queries {sorted(used - exported)}, which nobody exports"
+        selectors = re.findall(r"\b(?:ivy|tulip|rose)_[a-z_]+(\{[^}]*\})?", expr)
+        assert all(f'namespace="{namespace}"' in s for s in selectors), f"{where}: every selector names {namespace}"
+        if "tulip_queue_tokens" in expr and "/" in expr:
+            assert f"/ {cap}" in expr, f"{where}: divides by another cap than TULIP_MAX_QUEUE_TOKENS {cap}"
+        anchor = rule.get("annotations", {}).get("runbook_url", "").partition("#")[2]
+        assert anchor in anchors, f"{where}: runbook_url #{anchor} is no heading of deploy/RUNBOOK.md"
