@@ -104,12 +104,16 @@ def _add_ops_routes(app: FastAPI) -> None:
 
     @app.get("/ready")
     async def ready(request: Request) -> Response:
-        """200 only when every configured replica is SERVING the model and tokenizer Ivy tokenizes for."""
+        """200 while any replica is SERVING the model and tokenizer Ivy tokenizes for (RELIABILITY 29: one
+        Tulip down must not take every gateway out of the Service); "degraded" while some replica is not;
+        503 when none serves, or on SIGTERM (draining)."""
         gw = gateway_of(request)
         await gw.pool.refresh()
         ok = gw.pool.ready() and not gw.draining
-        status = "draining" if gw.draining else "ready" if ok else "not_ready"
-        body = {"status": status, "model": gw.model_name, "replicas": gw.pool.describe()}
+        degraded = ok and gw.pool.degraded()
+        status = "draining" if gw.draining else "degraded" if degraded else "ready" if ok else "not_ready"
+        body = {"status": status, "degraded": degraded, "model": gw.model_name,
+                "replicas_serving": gw.pool.serving(), "replicas": gw.pool.describe()}
         return json_response(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")

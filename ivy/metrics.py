@@ -40,6 +40,12 @@ REPLICA_UP = Gauge("ivy_replica_up", "1 when the replica is SERVING the expected
                    multiprocess_mode="livemax")
 OUTSTANDING = Gauge("ivy_replica_outstanding_tokens", "Tokens sent to a replica and not answered", ["replica"],
                     multiprocess_mode="livesum")
+REPLICAS = Gauge("ivy_replicas", "Tulip replicas routed to (configured, or resolved from DNS)",
+                 multiprocess_mode="livemax")
+REPLICAS_SERVING = Gauge("ivy_replicas_serving", "Replicas SERVING the expected model (the fewest any worker sees)",
+                         multiprocess_mode="livemin")
+DEGRADED = Gauge("ivy_degraded", "1 while ready with some replica not serving (/ready says degraded)",
+                 multiprocess_mode="livemax")
 
 KNOWN_ROUTES = {"/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v2/rerank", "/v1/models",
                 "/embed", "/tokenize", "/health", "/ready", "/metrics"}

@@ -2,6 +2,7 @@
 
 Each replica is probed every `health_interval_s` (grpc.health.v1 Check, then Info): it takes traffic only
 while it is SERVING and its Info matches Ivy's tokenizer (fingerprint, dimensions, max length, model id).
+The gateway is ready while any replica serves, degraded while some do not (the ivy_degraded gauge).
 A call that fails with UNAVAILABLE marks the replica down at once; the next probe brings it back.
 `call` sends one chunk to the replica with the fewest outstanding tokens (over the replica's EmbedStream,
 ivy/stream.py, unless `stream` is off or the answer is large) and retries a chunk that failed with
@@ -15,6 +16,7 @@ import enum
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -75,8 +77,9 @@ class Expected:
 
 class Replica:
     def __init__(self, address: str, options: list[tuple[str, int]], *, stream: bool = True,
-                 max_message_bytes: int = 1 << 30) -> None:
+                 max_message_bytes: int = 1 << 30, on_change: Callable[[], None] | None = None) -> None:
         self.address = address
+        self._on_change = on_change  # the pool's: its readiness gauges follow every state change
         # Messages the shared stream takes: a message over the channel's cap would end the whole call (every
         # request on it), and a large answer would hold the small ones behind it. Larger ones go unary.
         self.stream_max_bytes = min(STREAM_MAX_MESSAGE_BYTES, max_message_bytes - 1024)
@@ -110,10 +113,13 @@ class Replica:
         await self.channel.close()
 
     def set_state(self, state: State, detail: str = "") -> None:
-        if state != self.state:
+        changed = state != self.state
+        if changed:
             log.info("replica %s: %s -> %s %s", self.address, self.state.value, state.value, detail)
         self.state, self.detail = state, detail
         metrics.REPLICA_UP.labels(self.address).set(1 if state is State.SERVING else 0)
+        if changed and self._on_change is not None:
+            self._on_change()
 
     def describe(self) -> dict:
         out = {"address": self.address, "state": self.state.value, "outstanding_tokens": self.outstanding_tokens}
@@ -133,7 +139,8 @@ class ReplicaPool:
     def __init__(self, addresses: tuple[str, ...], expected: Expected, *, health_interval_s: float,
                  max_message_bytes: int, stream: bool = True) -> None:
         options = channel_options(max_message_bytes)
-        self.replicas = [Replica(a, options, stream=stream, max_message_bytes=max_message_bytes) for a in addresses]
+        self.replicas = [Replica(a, options, stream=stream, max_message_bytes=max_message_bytes,
+                                 on_change=self._publish) for a in addresses]
         self.expected = expected
         self.interval = health_interval_s
         self._probe_timeout = max(1.0, min(2.0, health_interval_s))  # a slow answer is not a dead replica
@@ -141,6 +148,7 @@ class ReplicaPool:
         self._task: asyncio.Task | None = None
         self._refresh: asyncio.Task | None = None
         self._last_probe = 0.0
+        self._publish()
 
     async def start(self) -> None:
         await self.probe_all()
@@ -198,7 +206,23 @@ class ReplicaPool:
         return any(r.outstanding_tokens for r in self.replicas)
 
     def ready(self) -> bool:
-        return all(r.state is State.SERVING for r in self.replicas)
+        """Ready while any replica serves (RELIABILITY 29): one GPU pod down or rolling must not take every
+        gateway out of its Service; the others answer, `degraded()` says so."""
+        return self.any_serving()
+
+    def serving(self) -> int:
+        return sum(r.state is State.SERVING for r in self.replicas)
+
+    def degraded(self) -> bool:
+        """Ready, with some replica not serving."""
+        serving = self.serving()
+        return 0 < serving < len(self.replicas)
+
+    def _publish(self) -> None:
+        serving = self.serving()
+        metrics.REPLICAS.set(len(self.replicas))
+        metrics.REPLICAS_SERVING.set(serving)
+        metrics.DEGRADED.set(1 if 0 < serving < len(self.replicas) else 0)
 
     def any_serving(self) -> bool:
         return any(r.state is State.SERVING for r in self.replicas)

@@ -125,14 +125,15 @@ def test_dead_replica_skipped_until_healthy_again() -> None:
             pool = client.app.state.gateway.pool
             a.stop()
             wait_until(lambda: pool.replicas[0].state is State.UNREACHABLE)
-            assert client.get("/ready").status_code == 503
+            r = client.get("/ready")  # RELIABILITY 29: still ready on the other, and says it is degraded
+            assert r.status_code == 200 and r.json()["status"] == "degraded"
             before = len(b.calls)
             for _ in range(4):
                 assert client.post("/v1/embeddings", json={"input": "x"}).status_code == 200
             assert len(b.calls) == before + 4
             a.restart()
             wait_until(lambda: pool.replicas[0].state is State.SERVING)
-            assert client.get("/ready").status_code == 200
+            assert client.get("/ready").json()["status"] == "ready"
             client.post("/v1/embeddings", json={"input": TEXTS})
             client.post("/v1/embeddings", json={"input": TEXTS})
             assert a.calls, "the recovered replica takes traffic again"
@@ -168,7 +169,7 @@ def test_replica_with_another_tokenizer_is_never_used() -> None:
     with FakeTulip(fingerprint="0" * 64) as wrong, FakeTulip() as right:
         with gateway(wrong, right) as client:
             r = client.get("/ready")
-            assert r.status_code == 503
+            assert r.status_code == 200 and r.json()["degraded"]  # ready on the right one (RELIABILITY 29)
             states = {x["state"] for x in r.json()["replicas"]}
             assert states == {"model_mismatch", "serving"}
             for _ in range(3):
@@ -190,3 +191,30 @@ def test_ivy_channel_keepalive_mirrors_tulips_recommended_client_options() -> No
     for key, value in CLIENT_CHANNEL_OPTIONS:
         if "keepalive" in key or "ping" in key:
             assert ours.get(key) == value, key
+
+
+def _metric(client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_ready_while_any_replica_serves_and_degraded_says_so() -> None:
+    """RELIABILITY 29: one replica down or rolling leaves the gateway ready (k8s keeps it in the Service),
+    with "degraded" in /ready's body and the ivy_degraded gauge; none serving is 503."""
+    with FakeTulip() as a, FakeTulip() as b:
+        with gateway(a, b, health_interval_s=0.05) as client:
+            body = client.get("/ready").json()
+            assert (body["status"], body["degraded"], body["replicas_serving"]) == ("ready", False, 2)
+            assert _metric(client, "ivy_degraded") == 0 and _metric(client, "ivy_replicas_serving") == 2
+            a.serving = False  # rolling: NOT_SERVING while it restarts
+            wait_until(lambda: client.get("/ready").json()["status"] == "degraded")
+            r = client.get("/ready")
+            assert r.status_code == 200 and r.json()["degraded"] and r.json()["replicas_serving"] == 1
+            assert _metric(client, "ivy_degraded") == 1 and _metric(client, "ivy_replicas_serving") == 1
+            assert _metric(client, "ivy_replicas") == 2
+            assert client.post("/v1/embeddings", json={"input": TEXTS}).status_code == 200
+            b.stop()
+            wait_until(lambda: client.get("/ready").status_code == 503)
+            assert client.get("/ready").json()["status"] == "not_ready" and _metric(client, "ivy_degraded") == 0
