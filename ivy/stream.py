@@ -59,17 +59,20 @@ class ReplicaStream:
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         stream.pending[request_id] = future
-        sent = False
+        # Shielded: grpc.aio cancels the whole call when a write is cancelled, which would fail every other
+        # request on the stream because one client went away mid-write.
+        write = asyncio.ensure_future(
+            self._write(stream, embed_pb2.StreamRequest(id=request_id, request=request, timeout_s=timeout)))
         try:
-            await self._write(stream, embed_pb2.StreamRequest(id=request_id, request=request, timeout_s=timeout))
-            sent = True
             async with asyncio.timeout(timeout):
+                await asyncio.shield(write)
                 return await future
         except TimeoutError:
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded on the stream") from None
         finally:
-            if stream.pending.pop(request_id, None) is not None and sent and stream.live:
-                self._send_cancel(stream, request_id)  # timed out or cancelled by the caller: drop its work
+            if stream.pending.pop(request_id, None) is not None and stream.live:
+                # Timed out or cancelled by the caller: drop its work, once the request is on the wire.
+                write.add_done_callback(lambda w: self._cancel_if_sent(w, stream, request_id))
 
     async def close(self) -> None:
         if self._current is not None:
@@ -98,6 +101,10 @@ class ReplicaStream:
             self._break(stream)
             raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"stream to {self.address} broke: "
                              f"{type(exc).__name__}") from None
+
+    def _cancel_if_sent(self, write: asyncio.Future, stream: _Call, request_id: int) -> None:
+        if not write.cancelled() and write.exception() is None and stream.live:
+            self._send_cancel(stream, request_id)
 
     def _send_cancel(self, stream: _Call, request_id: int) -> None:
         async def send() -> None:
