@@ -11,12 +11,11 @@ apply, is refused with an error naming the module's type and folder: never skipp
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rose.spec import ModelFolderError
+from rose.spec import _read_json as _read
 
 # Pooling modes: ST6 names -> ROSE's; the classic boolean keys -> ST6 names (ST's own conversion table).
 POOLING_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
@@ -47,15 +46,6 @@ class StPipeline:
     normalize: bool
     dense: tuple[DenseSpec, ...]
     include_prompt: bool
-
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelFolderError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFolderError(f"{path}: not valid JSON ({exc})") from None
 
 
 def _config(folder: Path, required: bool) -> dict:
