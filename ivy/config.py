@@ -72,6 +72,11 @@ class IvyConfig:
         "Target length in characters of each piece of a split text (at most one piece per tokenizer thread)."))
     health_interval_s: float = field(default=2.0, metadata=_help(
         "Seconds between health and Info probes of each replica."))
+    replica_timeout_s: float = field(default=10.0, metadata=_help(
+        "A chunk a replica has not answered in this many seconds, while another replica could take it and the "
+        "request's deadline is further away, is cancelled there and re-sent elsewhere; the replica is ejected "
+        "until a probe answers (a hung replica: SIGSTOP, a stuck GPU). Above a full Tulip queue's work on a GPU "
+        "(~1-3 s) and equal to Tulip's watchdog floor; 0 = wait until the deadline."))
     query_prefix: str = field(default="", metadata=_help(
         "Text prepended for input_type=query when the model has no `query` prompt."))
     document_prefix: str = field(default="", metadata=_help(
@@ -93,6 +98,8 @@ class IvyConfig:
                 raise SystemExit(f"ivy: --{name.replace('_', '-')} must be at least 1")
         if self.request_timeout_s <= 0 or self.health_interval_s <= 0 or self.body_read_timeout_s <= 0:
             raise SystemExit("ivy: --request-timeout-s and --health-interval-s must be positive")
+        if self.replica_timeout_s < 0:
+            raise SystemExit("ivy: --replica-timeout-s must be 0 (off) or positive")
         if self.docs not in ("auto", "on", "off"):
             raise SystemExit("ivy: --docs must be auto, on or off")
 

@@ -5,8 +5,8 @@ while it is SERVING and its Info matches Ivy's tokenizer (fingerprint, dimension
 The gateway is ready while any replica serves, degraded while some do not (the ivy_degraded gauge).
 A call that fails with UNAVAILABLE marks the replica down at once; the next probe brings it back.
 `call` sends one chunk to the replica with the fewest outstanding tokens (over the replica's EmbedStream,
-ivy/stream.py, unless `stream` is off or the answer is large) and retries a chunk that failed with
-UNAVAILABLE (or a full queue) on another replica while the request's deadline allows.
+ivy/stream.py, unless `stream` is off or the answer is large) and retries it elsewhere while the request's
+deadline allows: ivy/dispatch.py says when.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ivy import metrics
-from ivy.errors import IvyError, Problem, from_grpc
+from ivy import dispatch, metrics
 from ivy.stream import CallFailed, ReplicaStream
 from protos import embed_pb2, embed_pb2_grpc
 
@@ -112,6 +111,20 @@ class Replica:
             await self.stream.close()
         await self.channel.close()
 
+    def mark_down(self, detail: str) -> None:
+        """A call failed as if the replica were gone: not routed to until a probe finds it SERVING."""
+        self.set_state(State.UNREACHABLE, detail)
+
+    def eject(self, detail: str) -> None:
+        """No answer in time (a hung replica, RELIABILITY 28): marked down, and its stream closed so every
+        chunk in flight on it fails over now (UNAVAILABLE) instead of each waiting out its own timeout; the
+        next request to it opens a new stream."""
+        self.mark_down(detail)
+        if self.stream is not None:
+            task = asyncio.ensure_future(self.stream.close())
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+
     def set_state(self, state: State, detail: str = "") -> None:
         changed = state != self.state
         if changed:
@@ -132,12 +145,14 @@ class Replica:
 
 
 STREAM_MAX_MESSAGE_BYTES = 1 << 20
+_BACKGROUND: set[asyncio.Task] = set()  # streams being closed (a task must be referenced until it ends)
 STALE_AFTER_S = 0.25  # requests probe a replica seen down at most 4 times a second, whatever the traffic
 
 
 class ReplicaPool:
     def __init__(self, addresses: tuple[str, ...], expected: Expected, *, health_interval_s: float,
-                 max_message_bytes: int, stream: bool = True) -> None:
+                 max_message_bytes: int, stream: bool = True, attempt_timeout_s: float = 0.0) -> None:
+        self.attempt_timeout_s = attempt_timeout_s  # 0 = a chunk waits on its replica until the deadline
         options = channel_options(max_message_bytes)
         self.replicas = [Replica(a, options, stream=stream, max_message_bytes=max_message_bytes,
                                  on_change=self._publish) for a in addresses]
@@ -250,47 +265,16 @@ class ReplicaPool:
                 best, best_key = r, key
         return best
 
+    def has_other(self, exclude: set[Replica], replica: Replica) -> bool:
+        """Some SERVING replica besides `replica` and `exclude` could take a chunk."""
+        return any(r.state is State.SERVING and r is not replica and r not in exclude for r in self.replicas)
+
     async def call(self, request: embed_pb2.EmbedRequest, tokens: int, deadline: float) -> embed_pb2.EmbedResponse:
-        tried: set[Replica] = set()
-        last: IvyError | None = None
-        response_bytes = _rows(request) * (request.dimensions or self.expected.dimensions) * 4 + 64
-        while True:
-            replica = self.pick(tried)
-            if replica is None:
-                raise last or IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")
-            replica.outstanding_tokens += tokens
-            replica.m_outstanding.inc(tokens)
-            replica.m_chunks.inc()
-            start = time.perf_counter()
-            try:
-                return await replica.embed(request, remaining, response_bytes)
-            except CallFailed as exc:
-                code = exc.code
-                error = from_grpc(code, exc.details, replica.address, exc.reason)
-                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                    replica.set_state(State.UNREACHABLE, f"Embed failed: {code.name}")
-                elif error.problem is not Problem.REPLICA_BUSY:
-                    raise error from None
-                log.warning("chunk of %d tokens failed on %s with %s; trying another replica",
-                            tokens, replica.address, code.name)
-                metrics.RETRIES.labels(code.name).inc()
-                tried.add(replica)
-                last = error
-            finally:
-                replica.outstanding_tokens -= tokens
-                replica.m_outstanding.dec(tokens)
-                replica.m_grpc_seconds.observe(time.perf_counter() - start)
+        """One chunk, retried elsewhere within the deadline (ivy.dispatch)."""
+        return await dispatch.send(self, request, tokens, deadline)
 
     def describe(self) -> list[dict]:
         return [r.describe() for r in self.replicas]
-
-
-def _rows(request: embed_pb2.EmbedRequest) -> int:
-    """Output rows of a request: one per span when spans are given, else one per sequence."""
-    return len(request.spans) // 12 if request.spans else len(request.seq_lens) // 4
 
 
 def _reason(exc: grpc.aio.AioRpcError) -> str:

@@ -66,6 +66,7 @@ class FakeTulip:
     streams_opened: int = 0  # EmbedStream calls Ivy opened
     stream_cancels: int = 0  # cancel messages received on them
     unary_calls: int = 0  # Embed calls (not over a stream)
+    timeouts: list[float] = field(default_factory=list)  # the time each Embed was given (stream or unary), s
     cold: bool = False  # answers say their batch ran without its CUDA graph yet
 
     def __post_init__(self) -> None:
@@ -133,6 +134,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
 
     async def Embed(self, request, context):
         self.fake.unary_calls += 1
+        self.fake.timeouts.append(context.time_remaining() or 0.0)
         try:
             return await self._embed(request)
         except _Fail as fail:
@@ -168,6 +170,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                     if task is not None:
                         task.cancel()
                 else:
+                    self.fake.timeouts.append(message.timeout_s)
                     tasks[message.id] = asyncio.ensure_future(answer(message))
         finally:
             for task in list(tasks.values()) + [writer]:

@@ -1,0 +1,85 @@
+"""One chunk to a replica and back: which replica, what a failure means, when to try another.
+
+`send(pool, request, tokens, deadline)` (what ReplicaPool.call runs) sends the chunk to the SERVING
+replica with the fewest outstanding tokens and, while the request's deadline allows:
+- UNAVAILABLE or CANCELLED (the replica went away, drains, or its watchdog says it is stalled): the replica
+  is marked UNREACHABLE until its next probe and the chunk goes to another one (RELIABILITY 17);
+- no answer within the attempt timeout (`attempt_timeout_s`, IVY_REPLICA_TIMEOUT_S), applied only while
+  another replica could take the chunk and the deadline is further away (RELIABILITY 28: a hung replica,
+  SIGSTOP or a stuck GPU, keeps its connection and may still answer health SERVING): the replica is
+  ejected (UNREACHABLE until a probe answers, its stream closed so every chunk in flight on it fails over
+  now; Tulip drops the work of a closed stream, and a timed-out request is cancelled on it) and the
+  chunk is re-sent elsewhere;
+- any other error is the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import grpc
+
+from ivy import metrics
+from ivy.errors import IvyError, Problem, from_grpc
+from ivy.stream import CallFailed
+from protos import embed_pb2
+
+if TYPE_CHECKING:
+    from ivy.replicas import Replica, ReplicaPool
+
+log = logging.getLogger("ivy.replicas")
+
+_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
+               deadline: float) -> embed_pb2.EmbedResponse:
+    tried: set[Replica] = set()  # failed or timed out: not again for this chunk
+    last: IvyError | None = None
+    response_bytes = _rows(request) * (request.dimensions or pool.expected.dimensions) * 4 + 64
+    while True:
+        replica = pool.pick(tried)
+        if replica is None:
+            raise last or IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")
+        limit = pool.attempt_timeout_s
+        bounded = 0 < limit < remaining and pool.has_other(tried, replica)
+        replica.outstanding_tokens += tokens
+        replica.m_outstanding.inc(tokens)
+        replica.m_chunks.inc()
+        start = time.perf_counter()
+        try:
+            return await replica.embed(request, limit if bounded else remaining, response_bytes)
+        except CallFailed as exc:
+            code = exc.code
+            error = from_grpc(code, exc.details, replica.address, exc.reason)
+            if bounded and code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                log.warning("replica %s did not answer a chunk of %d tokens within %.1f s: ejected until its next "
+                            "probe; re-sending the chunk elsewhere", replica.address, tokens, limit)
+                replica.eject(f"no answer within {limit:g} s")
+                reason = "TIMEOUT"
+            elif code in _GONE:
+                replica.mark_down(f"Embed failed: {code.name}")
+                reason = code.name
+            elif error.problem is Problem.REPLICA_BUSY:
+                reason = code.name
+            else:
+                raise error from None
+            log.warning("chunk of %d tokens failed on %s with %s; trying another replica",
+                        tokens, replica.address, reason)
+            metrics.RETRIES.labels(reason).inc()
+            tried.add(replica)
+            last = error
+        finally:
+            replica.outstanding_tokens -= tokens
+            replica.m_outstanding.dec(tokens)
+            replica.m_grpc_seconds.observe(time.perf_counter() - start)
+
+
+def _rows(request: embed_pb2.EmbedRequest) -> int:
+    """Output rows of a request: one per span when spans are given, else one per sequence."""
+    return len(request.spans) // 12 if request.spans else len(request.seq_lens) // 4

@@ -1,0 +1,57 @@
+"""RELIABILITY 28 on Ivy's side: a replica that stops answering (SIGSTOP, a stuck GPU) while its health may
+still say SERVING is ejected after the attempt timeout; its chunks are cancelled there and answered by
+another replica within the request's deadline."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from fake_tulip import FakeTulip, wait_until
+from ivy.replicas import State
+from ivy_testkit import gateway
+
+TEXTS = [f"sentence number {i} about topic {i % 3}" for i in range(9)]
+
+
+def _vectors(r) -> np.ndarray:
+    assert r.status_code == 200, r.text
+    return np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_hung_replica_is_ejected_and_the_request_answered_by_the_other(stream: bool) -> None:
+    with FakeTulip() as reference:
+        with gateway(reference) as client:
+            expected = _vectors(client.post("/v1/embeddings", json={"input": TEXTS}))
+    hung = FakeTulip(gate=threading.Event())  # takes every Embed and never answers; health says SERVING
+    with hung, FakeTulip() as good:
+        with gateway(hung, good, chunk_max_seqs=1, replica_timeout_s=0.5, health_interval_s=60,
+                     grpc_stream=stream) as client:
+            r = client.post("/v1/embeddings", json={"input": TEXTS}, headers={"X-Request-Timeout": "20"})
+            np.testing.assert_allclose(_vectors(r), expected, atol=1e-6)  # not a 504 after 20 s
+            pool = client.app.state.gateway.pool
+            assert pool.replicas[0].state is State.UNREACHABLE  # until a probe answers again
+            assert "no answer within 0.5 s" in pool.replicas[0].detail
+            wait_until(lambda: hung.waiting == 0)  # its chunks were cancelled there
+            assert hung.calls == [] and good.tokens_served == reference.tokens_served
+            retries = client.get("/metrics").text
+            assert 'ivy_chunk_retries_total{reason="TIMEOUT"}' in retries
+
+
+def test_the_attempt_timeout_applies_only_while_another_replica_could_take_the_chunk() -> None:
+    """Alone, a slow replica is waited for until the deadline: re-sending could only go back to it."""
+    header = {"X-Request-Timeout": "20"}
+    with FakeTulip() as a, FakeTulip() as b:
+        with gateway(a, b, replica_timeout_s=3) as client:
+            assert client.post("/v1/embeddings", json={"input": "x"}, headers=header).status_code == 200
+        (two,) = a.timeouts + b.timeouts
+        with gateway(a, replica_timeout_s=3) as client:
+            assert client.post("/v1/embeddings", json={"input": "x"}, headers=header).status_code == 200
+            assert client.post("/v1/embeddings", json={"input": "x"},
+                               headers={"X-Request-Timeout": "2"}).status_code == 200
+    assert two == pytest.approx(3, abs=0.1)  # with two replicas: the attempt timeout
+    alone_long, alone_short = a.timeouts[-2:]  # alone: the request's own deadline, whichever is shorter
+    assert 15 < alone_long <= 20 and 1 < alone_short <= 2
