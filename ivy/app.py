@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ivy import __version__, docs, metrics, routes_embeddings, routes_scoring, routes_tokenize
+from ivy import __version__, connections, docs, metrics, routes_embeddings, routes_scoring, routes_tokenize
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.errors import IvyError, Problem, from_validation_errors
 from ivy.gateway import Gateway
@@ -33,6 +33,7 @@ log = logging.getLogger("ivy")
 
 
 def create_app(config: IvyConfig) -> FastAPI:
+    connections.configure(config)  # this process's socket limits (every uvicorn worker builds its app here)
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         gateway = Gateway(config)

@@ -53,6 +53,15 @@ class IvyConfig:
     grpc_stream: bool = field(default=True, metadata=_help(
         "Send requests over one long-lived EmbedStream per replica (multiplexed by id, each with its deadline) "
         "instead of a unary call each; responses over 1 MiB still take a unary call. false = unary only."))
+    max_header_bytes: int = field(default=64 * 1024, metadata=_help(
+        "Largest request line plus headers in bytes; over it: 431 and the connection is closed."))
+    header_read_timeout_s: float = field(default=10.0, metadata=_help(
+        "Seconds a request's line and headers may take from their first byte; then 408 and closed (slowloris)."))
+    keep_alive_timeout_s: float = field(default=5.0, metadata=_help(
+        "Seconds an idle connection (kept alive after an answer, or new and silent) stays open."))
+    max_connections: int = field(default=0, metadata=_help(
+        "Open connections per worker process; a new one over it gets 503 and is closed at once. "
+        "0 = the process's open-file limit minus 256 (so sockets never take every descriptor)."))
     body_read_timeout_s: float = field(default=10.0, metadata=_help(
         "Seconds the whole request body may take to arrive; a client trickling bytes gets 408 and is closed."))
     request_timeout_s: float = field(default=30.0, metadata=_help(
@@ -93,13 +102,17 @@ class IvyConfig:
         if not self.replicas:
             raise SystemExit("ivy: --replicas needs at least one host:port")
         for name in ("port", "workers", "max_inputs_per_request", "max_chunks_per_request", "payload_limit_bytes",
-                     "max_concurrent_requests", "chunk_max_tokens", "chunk_max_seqs", "grpc_max_message_bytes"):
+                     "max_concurrent_requests", "chunk_max_tokens", "chunk_max_seqs", "grpc_max_message_bytes",
+                     "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise SystemExit(f"ivy: --{name.replace('_', '-')} must be at least 1")
         if self.request_timeout_s <= 0 or self.health_interval_s <= 0 or self.body_read_timeout_s <= 0:
             raise SystemExit("ivy: --request-timeout-s and --health-interval-s must be positive")
         if self.replica_timeout_s < 0:
             raise SystemExit("ivy: --replica-timeout-s must be 0 (off) or positive")
+        if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0:
+            raise SystemExit("ivy: --header-read-timeout-s and --keep-alive-timeout-s must be positive, "
+                             "--max-connections at least 0")
         if self.docs not in ("auto", "on", "off"):
             raise SystemExit("ivy: --docs must be auto, on or off")
 

@@ -37,6 +37,9 @@ class Problem(enum.Enum):
     UNAVAILABLE = "replicas_unavailable"
     CLIENT_CLOSED = "client_closed_request"
     BODY_TIMEOUT = "request_body_timeout"  # the body did not arrive in time (slow or stalled client)
+    HEADER_TIMEOUT = "request_header_timeout"  # the headers did not arrive in time (ivy.connections)
+    HEADERS_TOO_LARGE = "request_headers_too_large"  # request line + headers over the limit (ivy.connections)
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # over the open-connection cap (ivy.connections)
     BACKEND_ERROR = "backend_error"
     INTERNAL = "internal_error"
 
@@ -60,13 +63,17 @@ PROBLEMS: dict[Problem, tuple[int, str]] = {
     Problem.MESSAGE_TOO_LARGE: (413, "invalid_request_error"),
     Problem.DEADLINE_EXCEEDED: (504, "timeout_error"),
     Problem.BODY_TIMEOUT: (408, "timeout_error"),
+    Problem.HEADER_TIMEOUT: (408, "timeout_error"),
+    Problem.HEADERS_TOO_LARGE: (431, "invalid_request_error"),
+    Problem.TOO_MANY_CONNECTIONS: (503, "service_unavailable_error"),
     Problem.UNAVAILABLE: (503, "service_unavailable_error"),
     Problem.CLIENT_CLOSED: (499, "invalid_request_error"),
     Problem.BACKEND_ERROR: (502, "server_error"),
     Problem.INTERNAL: (500, "server_error"),
 }
 
-RETRY_AFTER_S = {Problem.OVERLOADED: 1, Problem.REPLICA_BUSY: 1, Problem.UNAVAILABLE: 2}
+RETRY_AFTER_S = {Problem.OVERLOADED: 1, Problem.REPLICA_BUSY: 1, Problem.UNAVAILABLE: 2,
+                 Problem.TOO_MANY_CONNECTIONS: 1}
 
 
 class IvyError(Exception):

@@ -1,0 +1,145 @@
+"""Per-connection limits uvicorn lacks: header size, header read timeout, idle new connections, a cap.
+
+uvicorn's httptools protocol has no header size limit, and httptools joins the pieces of one header with
+`bytes +=` (quadratic): one unauthenticated 150 MB header held the event loop ~20 s, long enough for the
+replicas' health probes to fail. A connection that sends nothing, or trickles its headers, was never
+closed (uvicorn arms its keep-alive timer only after an answer), so idle sockets could take every file
+descriptor. `ivy serve` runs these subclasses of uvicorn's protocols instead (RELIABILITY 26, 27):
+
+- request line and headers over --max-header-bytes: 431 and the connection closed (h11, the fallback when
+  httptools is missing, bounds its own buffer at the same size and answers 400);
+- headers not complete --header-read-timeout-s after their first byte: 408 and closed;
+- a new connection that sends nothing: closed after the keep-alive timeout, like an idle kept-alive one;
+- over --max-connections open in this process: 503 with Retry-After and closed at once.
+
+Bytes are counted only between requests (no request of this connection in progress), where every byte
+received is part of the next request's line or headers, so the count is exact and the hot path pays two
+attribute checks per read. The limits are set per process by `configure()` (from create_app, which every
+worker runs) because uvicorn hands its protocols only its own config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import resource
+from dataclasses import dataclass
+
+import orjson
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ivy import metrics
+from ivy.config import IvyConfig
+from ivy.errors import PROBLEMS, RETRY_AFTER_S, Problem
+
+log = logging.getLogger("ivy")
+
+FD_RESERVE = 256  # descriptors kept for gRPC channels, the model's files, logs, the listening socket
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 10.0
+    max_connections: int = 0  # 0: no cap
+
+    @classmethod
+    def from_config(cls, config: IvyConfig) -> ConnectionLimits:
+        cap = config.max_connections
+        if cap == 0:  # auto: what this process's open-file limit leaves room for
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            cap = 0 if soft == resource.RLIM_INFINITY else max(64, soft - FD_RESERVE)
+        return cls(config.max_header_bytes, config.header_read_timeout_s, cap)
+
+
+LIMITS = ConnectionLimits()
+
+
+def configure(config: IvyConfig) -> None:
+    global LIMITS
+    LIMITS = ConnectionLimits.from_config(config)
+
+
+def protocol_class() -> str:
+    """uvicorn's `http` option: the httptools protocol with the limits, or h11's when httptools is missing."""
+    return f"ivy.connections:{'HttpToolsLimits' if HttpToolsProtocol is not None else 'H11Limits'}"
+
+
+def _raw_response(problem: Problem, message: str) -> bytes:
+    """A whole HTTP/1.1 answer with the OpenAI error body, written straight to the transport."""
+    status, kind = PROBLEMS[problem]
+    body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": problem.value}})
+    retry = f"retry-after: {RETRY_AFTER_S[problem]}\r\n" if problem in RETRY_AFTER_S else ""
+    head = (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n{retry}connection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class _Limits:
+    """Mixed in ahead of uvicorn's H11Protocol or HttpToolsProtocol, whose attributes it uses: connections,
+    cycle (a new one per request whose headers are complete), transport, loop and the keep-alive timer."""
+
+    _header_bytes = 0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if LIMITS.max_connections and len(self.connections) > LIMITS.max_connections:
+            self._refuse(Problem.TOO_MANY_CONNECTIONS, f"the server is at its limit of {LIMITS.max_connections} "
+                         "open connections; retry later", "connection_cap")
+            return
+        # Closed after the keep-alive timeout unless a byte arrives (data_received cancels this timer).
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        between = cycle is None or cycle.response_complete  # these bytes begin or continue the next request
+        super().data_received(data)
+        if not between or self.transport.is_closing():
+            return
+        if self.cycle is not cycle:  # its headers are complete: a new request has started
+            self._header_bytes = 0
+            self._cancel_header_timer()
+            return
+        self._header_bytes += len(data)
+        if self._header_bytes > LIMITS.max_header_bytes:
+            self._refuse(Problem.HEADERS_TOO_LARGE, "the request line and headers are larger than the limit of "
+                         f"{LIMITS.max_header_bytes} bytes", "header_too_large")
+        elif self._header_timer is None:
+            self._header_timer = self.loop.call_later(LIMITS.header_timeout_s, self._header_timeout, cycle)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def _header_timeout(self, cycle) -> None:
+        self._header_timer = None
+        if self.cycle is cycle and not self.transport.is_closing():  # still no new request: headers incomplete
+            self._refuse(Problem.HEADER_TIMEOUT, f"the request headers did not arrive within "
+                         f"{LIMITS.header_timeout_s:g} s", "header_timeout")
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _refuse(self, problem: Problem, message: str, reason: str) -> None:
+        metrics.CONNECTIONS_REFUSED.labels(reason).inc()
+        self._cancel_header_timer()
+        self._unset_keepalive_if_required()
+        self.transport.write(_raw_response(problem, message))
+        self.transport.close()
+
+
+class H11Limits(_Limits, H11Protocol):
+    pass
+
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # uvicorn without its [standard] extra
+    HttpToolsProtocol = None
+else:
+    class HttpToolsLimits(_Limits, HttpToolsProtocol):
+        pass

@@ -1,0 +1,135 @@
+"""Hostile sockets against a real `ivy serve` (issue 15): RELIABILITY cases 26 and 27."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from fake_tulip import FakeTulip
+from ivy_testkit import ivy_process
+
+pytestmark = pytest.mark.slow
+
+HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+
+def _embed(port: int) -> tuple[int, float]:
+    """(status, seconds) of one request on a fresh connection."""
+    started = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", "/v1/embeddings", json.dumps({"input": ["a normal client"]}),
+                     {"content-type": "application/json"})
+        return conn.getresponse().status, time.monotonic() - started
+    finally:
+        conn.close()
+
+
+def _reply(sock: socket.socket, timeout: float) -> bytes | None:
+    """What the server sends before closing: b"" when it closed without a word, None when it kept it open."""
+    sock.settimeout(timeout)
+    reply = b""
+    try:
+        while chunk := sock.recv(65536):
+            reply += chunk
+    except TimeoutError:
+        return None
+    except OSError:  # reset: closed while we were still sending
+        pass
+    return reply
+
+
+class _Latencies(threading.Thread):
+    """Another client's requests, one after another, while the test does something hostile."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port, self.results, self.done = port, [], threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.results.append(_embed(self.port))
+            time.sleep(0.02)
+
+    def stop(self) -> list[tuple[int, float]]:
+        self.done.set()
+        self.join(timeout=20)
+        return self.results
+
+
+@pytest.mark.parametrize("shape", ["one huge header", "many headers"])
+def test_huge_headers_get_431_fast_while_others_are_served(shape) -> None:
+    """RELIABILITY 26: httptools joins a header's pieces with bytes +=, so a 150 MB header held the event loop
+    ~20 s; with the limit (64 KiB by default) the sender is cut off after a bounded size, others unaffected."""
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address) as port:
+        others = _Latencies(port)
+        others.start()
+        time.sleep(0.3)
+        attacker = socket.create_connection(("127.0.0.1", port))
+        attacker.settimeout(2)
+        piece = b"a" * 65536 if shape == "one huge header" else b"X-A: b\r\n" * 8192
+        sent, started = 0, time.monotonic()
+        try:
+            attacker.sendall(HEAD + (b"X-Big: " if shape == "one huge header" else b""))
+            while sent < 64 * 2**20 and time.monotonic() - started < 20:
+                attacker.sendall(piece)
+                sent += len(piece)
+        except OSError:  # closed or reset by the server, or it stopped reading
+            pass
+        cut_after = time.monotonic() - started
+        reply = _reply(attacker, 5)
+        attacker.close()
+        time.sleep(0.3)
+        results = others.stop()
+    assert reply is not None and (reply == b"" or reply.startswith(b"HTTP/1.1 431")), (reply or b"")[:200]
+    assert sent < 16 * 2**20, f"the server read {sent / 2**20:.0f} MiB of headers"
+    assert cut_after < 5
+    assert results and all(status == 200 for status, _ in results), results
+    assert max(seconds for _, seconds in results) < 1.0, results
+
+
+def test_idle_and_trickling_connections_are_closed_and_capped() -> None:
+    """RELIABILITY 27: a connection that sends nothing, one idle after its answer (keep-alive) and one that
+    trickles its headers are closed after their timeouts; over the connection cap a new one gets a fast 503;
+    once the idle ones are gone new clients are served again."""
+    env = dict(IVY_KEEP_ALIVE_TIMEOUT_S="1", IVY_HEADER_READ_TIMEOUT_S="2", IVY_MAX_CONNECTIONS="24")
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
+        time.sleep(1.5)  # the readiness probes' keep-alive connections have timed out
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        kept.request("GET", "/health")
+        assert kept.getresponse().read() and kept.sock is not None  # keep-alive: the socket stays open
+        trickler = socket.create_connection(("127.0.0.1", port))
+        started = time.monotonic()
+        closed_at = None
+        for byte in HEAD + b"X-Slow: " + b"s" * 100:  # one byte every 0.1 s: 13 s for the headers
+            try:
+                trickler.sendall(bytes([byte]))
+            except OSError:
+                closed_at = time.monotonic() - started
+                break
+            if _reply(trickler, 0.1) is not None:  # the server answered or closed
+                closed_at = time.monotonic() - started
+                break
+        assert closed_at is not None and closed_at < 4, closed_at
+        for s in silent:
+            assert _reply(s, 3) is not None, "an idle connection was never closed"
+        assert _reply(kept.sock, 3) is not None, "a keep-alive connection was never closed"
+
+        crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        started = time.monotonic()
+        refused = 0
+        for s in crowd[24:]:
+            reply = _reply(s, 0.5)
+            assert reply is not None, "a connection over the cap was kept open"
+            refused += reply.startswith(b"HTTP/1.1 503")
+        assert refused >= 8 and time.monotonic() - started < 5
+        for s in crowd:
+            s.close()
+        time.sleep(0.5)
+        assert _embed(port)[0] == 200
