@@ -47,6 +47,9 @@ class IvyConfig:
     chunk_max_tokens: int = field(default=8192, metadata=_help(
         "Token budget of one gRPC chunk; a request is split into chunks sent concurrently to replicas."))
     chunk_max_seqs: int = field(default=64, metadata=_help("Most sequences in one gRPC chunk."))
+    max_chunks_in_flight: int = field(default=0, metadata=_help(
+        "Most chunks of one request on the replicas at once (the rest follow as they are answered); a replica "
+        "whose queue is full is retried after a jittered pause until the deadline. 0 = 4 per serving replica."))
     coalesce: bool = field(default=True, metadata=_help(
         "Concurrent requests with the same output options that fit in one chunk share one gRPC call "
         "(sent after one turn of the event loop, never after a timer); false = one call per request."))
@@ -110,6 +113,8 @@ class IvyConfig:
             raise SystemExit("ivy: --request-timeout-s and --health-interval-s must be positive")
         if self.replica_timeout_s < 0:
             raise SystemExit("ivy: --replica-timeout-s must be 0 (off) or positive")
+        if self.max_chunks_in_flight < 0:
+            raise SystemExit("ivy: --max-chunks-in-flight must be 0 (4 per serving replica) or positive")
         if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0:
             raise SystemExit("ivy: --header-read-timeout-s and --keep-alive-timeout-s must be positive, "
                              "--max-connections at least 0")

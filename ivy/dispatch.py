@@ -10,12 +10,18 @@ replica with the fewest outstanding tokens and, while the request's deadline all
   ejected (UNREACHABLE until a probe answers, its stream closed so every chunk in flight on it fails over
   now; Tulip drops the work of a closed stream, and a timed-out request is cancelled on it) and the
   chunk is re-sent elsewhere;
+- REPLICA_BUSY (the replica's queue is full, RESOURCE_EXHAUSTED): another replica now; when every one is
+  busy, a pause (jittered, doubling from BUSY_PAUSE_S[0] to [1]) and again on any of them, until the
+  deadline leaves no room for another pause (RELIABILITY 31: a request larger than the free queues waits
+  for room instead of a 429 while nothing else is queued). Then the 429 is the answer;
 - any other error is the answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
 from typing import TYPE_CHECKING
 
@@ -32,15 +38,28 @@ if TYPE_CHECKING:
 log = logging.getLogger("ivy.replicas")
 
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+# Pauses while every replica's queue is full: the first about one batch on a GPU (a full Tulip queue drains
+# in ~1 s there), then doubling up to about one batch on a CPU replica (~1.5 s).
+BUSY_PAUSE_S = (0.02, 1.0)
 
 
 async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
                deadline: float) -> embed_pb2.EmbedResponse:
     tried: set[Replica] = set()  # failed or timed out: not again for this chunk
+    busy: set[Replica] = set()  # queue full: again after a pause
+    pause = BUSY_PAUSE_S[0]
     last: IvyError | None = None
     response_bytes = _rows(request) * (request.dimensions or pool.expected.dimensions) * 4 + 64
     while True:
-        replica = pool.pick(tried)
+        replica = pool.pick(tried | busy)
+        if replica is None and busy:
+            wait = pause * random.uniform(0.5, 1.5)
+            if deadline - time.monotonic() <= wait:
+                raise last  # type: ignore[misc]  # REPLICA_BUSY: the last replica tried answered queue full
+            await asyncio.sleep(wait)
+            pause = min(2 * pause, BUSY_PAUSE_S[1])
+            busy.clear()
+            continue
         if replica is None:
             raise last or IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
         remaining = deadline - time.monotonic()
@@ -66,7 +85,10 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
                 replica.mark_down(f"Embed failed: {code.name}")
                 reason = code.name
             elif error.problem is Problem.REPLICA_BUSY:
-                reason = code.name
+                metrics.RETRIES.labels(code.name).inc()
+                busy.add(replica)
+                last = error
+                continue  # (finally runs first) not a failure of the replica: no warning per chunk
             else:
                 raise error from None
             log.warning("chunk of %d tokens failed on %s with %s; trying another replica",

@@ -150,6 +150,12 @@ class Gateway:
             timeout = min(timeout, max(0.001, asked))
         return time.monotonic() + timeout
 
+    def chunks_in_flight(self) -> int:
+        """How many chunks of one request may be on the replicas at once (RELIABILITY 31): all at once, a
+        request larger than the replicas' free queues was refused (429) on an idle stack; four per serving
+        replica keep each one's two batches in flight fed, with one request's backlog a small part of a queue."""
+        return self.config.max_chunks_in_flight or 4 * max(1, self.pool.serving())
+
     def refuse_if_full(self) -> None:
         """429 with Retry-After when the concurrency cap is reached: called before reading a body (load
         shedding must cost no parsing) and again by admit() once the body is in."""
@@ -192,16 +198,24 @@ class Gateway:
         if len(chunks) == 1:
             results = [await self.pool.call(requests[0], chunks[0].tokens, deadline)]
         else:
-            results = await _gather_or_fail(self.pool.call(r, c.tokens, deadline) for r, c in zip(requests, chunks))
+            calls = [lambda r=r, c=c: self.pool.call(r, c.tokens, deadline) for r, c in zip(requests, chunks)]
+            results = await _gather_or_fail(calls, self.chunks_in_flight())
         if any(response.cold for response in results):
             metrics.mark_cold()
         parts = [checked_rows(response, c.rows) for c, response in zip(chunks, results)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
-async def _gather_or_fail(coros) -> list:
-    """Run all chunk calls concurrently; on the first failure cancel the rest and raise that failure."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
+async def _gather_or_fail(calls, limit: int) -> list:
+    """Run the chunk calls concurrently, at most `limit` at a time, started in input order; on the first
+    failure cancel the rest and raise that failure."""
+    gate = asyncio.Semaphore(limit)
+
+    async def bounded(call):
+        async with gate:
+            return await call()
+
+    tasks = [asyncio.ensure_future(bounded(c)) for c in calls]
     try:
         return await asyncio.gather(*tasks)
     finally:

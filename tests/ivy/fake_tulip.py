@@ -67,6 +67,11 @@ class FakeTulip:
     stream_cancels: int = 0  # cancel messages received on them
     unary_calls: int = 0  # Embed calls (not over a stream)
     timeouts: list[float] = field(default_factory=list)  # the time each Embed was given (stream or unary), s
+    max_queue_tokens: int = 0  # > 0: an Embed that would put more tokens than this in progress gets queue_full
+    in_progress_tokens: int = 0
+    peak_calls: int = 0  # most Embed calls in progress at once
+    queue_full: int = 0  # Embed calls refused by max_queue_tokens
+    _in_progress: int = 0
     cold: bool = False  # answers say their batch ran without its CUDA graph yet
 
     def __post_init__(self) -> None:
@@ -177,6 +182,23 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                 task.cancel()
 
     async def _embed(self, request):
+        """As Tulip: admitted into a bounded queue (max_queue_tokens), then the work."""
+        fake = self.fake
+        tokens = int(np.frombuffer(request.seq_lens, dtype="<i4").sum())
+        if fake.max_queue_tokens and fake.in_progress_tokens + tokens > fake.max_queue_tokens:
+            fake.queue_full += 1
+            raise _Fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"queue full: {fake.in_progress_tokens} tokens waiting + "
+                        f"{tokens} requested exceeds max_queue_tokens {fake.max_queue_tokens}", "queue_full")
+        fake.in_progress_tokens += tokens
+        fake._in_progress += 1
+        fake.peak_calls = max(fake.peak_calls, fake._in_progress)
+        try:
+            return await self._work(request)
+        finally:
+            fake.in_progress_tokens -= tokens
+            fake._in_progress -= 1
+
+    async def _work(self, request):
         fake = self.fake
         if fake.delay_s:
             await asyncio.sleep(fake.delay_s)
