@@ -1,0 +1,126 @@
+"""One Tulip replica as one Ivy worker sees it: its channel, stream, state and outstanding tokens.
+
+The pool (ivy/replicas.py) probes and picks replicas; ivy/dispatch.py sends chunks to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from ivy import metrics
+from ivy.stream import CallFailed, ReplicaStream
+from protos import embed_pb2, embed_pb2_grpc
+
+log = logging.getLogger("ivy.replicas")
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Client options, set deliberately: message caps both ways, and keepalive pings that Tulip's server
+    options permit (min ping interval <= 30 s, pings without calls allowed) so idle channels are kept, not
+    GOAWAY'd for too_many_pings. Reconnect backoff is capped so a restarted replica is found within seconds."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30000),
+        ("grpc.keepalive_timeout_ms", 10000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+    ]
+
+
+class State(enum.Enum):
+    UNKNOWN = "unknown"
+    SERVING = "serving"
+    NOT_SERVING = "not_serving"  # loading, warming up or draining
+    MISMATCH = "model_mismatch"  # serves another model or tokenizer
+    UNREACHABLE = "unreachable"
+
+
+class Replica:
+    def __init__(self, address: str, options: list[tuple[str, int]], *, stream: bool = True,
+                 max_message_bytes: int = 1 << 30, on_change: Callable[[], None] | None = None) -> None:
+        self.address = address
+        self._on_change = on_change  # the pool's: its readiness gauges follow every state change
+        # Messages the shared stream takes: a message over the channel's cap would end the whole call (every
+        # request on it), and a large answer would hold the small ones behind it. Larger ones go unary.
+        self.stream_max_bytes = min(STREAM_MAX_MESSAGE_BYTES, max_message_bytes - 1024)
+        self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.embedder = embed_pb2_grpc.EmbedderStub(self.channel)
+        self.stream = ReplicaStream(self.embedder, address) if stream else None
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.state = State.UNKNOWN
+        self.detail = ""
+        self.info: embed_pb2.InfoResponse | None = None
+        self.outstanding_tokens = 0
+        # Labelled children resolved once: labels() costs a lock and a dict lookup on every call.
+        self.m_outstanding = metrics.OUTSTANDING.labels(address)
+        self.m_chunks = metrics.CHUNKS.labels(address)
+        self.m_grpc_seconds = metrics.GRPC_SECONDS.labels(address)
+
+    async def embed(self, request: embed_pb2.EmbedRequest, timeout: float, response_bytes: int) -> embed_pb2.EmbedResponse:
+        """One chunk on this replica: over the stream, or a unary call for a large response (on the shared
+        stream it would hold the small answers behind it). Raises CallFailed."""
+        limit = self.stream_max_bytes
+        if self.stream is not None and response_bytes <= limit and request.ByteSize() <= limit:
+            return await self.stream.embed(request, timeout)
+        try:
+            return await self.embedder.Embed(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise CallFailed(exc.code(), exc.details() or "", _reason(exc)) from None
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            await self.stream.close()
+        await self.channel.close()
+
+    def mark_down(self, detail: str) -> None:
+        """A call failed as if the replica were gone: not routed to until a probe finds it SERVING."""
+        self.set_state(State.UNREACHABLE, detail)
+
+    def eject(self, detail: str) -> None:
+        """No answer in time (a hung replica, RELIABILITY 28): marked down, and its stream closed so every
+        chunk in flight on it fails over now (UNAVAILABLE) instead of each waiting out its own timeout; the
+        next request to it opens a new stream."""
+        self.mark_down(detail)
+        if self.stream is not None:
+            task = asyncio.ensure_future(self.stream.close())
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+
+    def set_state(self, state: State, detail: str = "") -> None:
+        changed = state != self.state
+        if changed:
+            log.info("replica %s: %s -> %s %s", self.address, self.state.value, state.value, detail)
+        self.state, self.detail = state, detail
+        metrics.REPLICA_UP.labels(self.address).set(1 if state is State.SERVING else 0)
+        if changed and self._on_change is not None:
+            self._on_change()
+
+    def describe(self) -> dict:
+        out = {"address": self.address, "state": self.state.value, "outstanding_tokens": self.outstanding_tokens}
+        if self.detail:
+            out["detail"] = self.detail
+        if self.info is not None:
+            out["model"] = self.info.model_id
+            out["device"] = self.info.device
+        return out
+
+
+STREAM_MAX_MESSAGE_BYTES = 1 << 20
+_BACKGROUND: set[asyncio.Task] = set()  # streams being closed (a task must be referenced until it ends)
+
+
+def _reason(exc: grpc.aio.AioRpcError) -> str:
+    """Tulip's "tulip-reason" trailing metadata (queue_full, response_too_large, shutting_down, ...)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == "tulip-reason":
+            return value if isinstance(value, str) else value.decode()
+    return ""
