@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                     f"Ctrl-C or SIGTERM. Gateway flags are {ENV_PREFIX}_<FLAG> variables (--replicas is set by "
                     f"`ivy up` itself); `ivy up`'s own are {UP_ENV_PREFIX}_<FLAG>; TULIP_* variables reach the "
                     "Tulip processes unchanged (their --model, --port and device are set per replica).")
-    add_config_arguments(up, IvyConfig, ENV_PREFIX, exclude=frozenset({"replicas"}))
+    add_config_arguments(up, IvyConfig, ENV_PREFIX, exclude=frozenset({"replicas", "replicas_dns"}))
     add_config_arguments(up, UpConfig, UP_ENV_PREFIX)
     from ivy.index.cli import add_parser as add_index_parser
 

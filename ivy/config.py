@@ -21,7 +21,13 @@ class IvyConfig:
     host: str = field(default="127.0.0.1", metadata=_help("Address the HTTP server binds."))
     port: int = field(default=8080, metadata=_help("HTTP port."))
     replicas: tuple[str, ...] = field(
-        default=("127.0.0.1:50051",), metadata=_help("Tulip replicas as host:port, comma separated."))
+        default=("127.0.0.1:50051",), metadata=_help(
+            "Tulip replicas as host:port, comma separated; an entry dns:///NAME:PORT stands for every address "
+            "NAME resolves to, resolved again every --health-interval-s."))
+    replicas_dns: str = field(default="", metadata=_help(
+        "NAME:PORT of a headless Service (k8s: tulip-headless.NAMESPACE.svc.cluster.local:50051) whose addresses "
+        "are the Tulip replicas, resolved again every --health-interval-s so replicas join and leave live; "
+        "set, it replaces --replicas."))
     model: str = field(default="", metadata=_help(
         "Model folder whose tokenizer Ivy uses (must be the one Tulip serves); empty = the bundled all-MiniLM-L6-v2."))
     served_model_name: str = field(default="", metadata=_help(
@@ -115,6 +121,17 @@ class IvyConfig:
             raise SystemExit("ivy: --replica-timeout-s must be 0 (off) or positive")
         if self.max_chunks_in_flight < 0:
             raise SystemExit("ivy: --max-chunks-in-flight must be 0 (4 per serving replica) or positive")
+        from ivy.discovery import is_dns, parse  # torch-free, tiny
+
+        for entry in ((self.replicas_dns,) if self.replicas_dns else ()) + tuple(filter(is_dns, self.replicas)):
+            try:
+                parse(entry)
+            except ValueError as exc:
+                raise SystemExit(f"ivy: {exc}") from None
+
+    def replica_entries(self) -> tuple[str, ...]:
+        """What the replica pool follows: the --replicas-dns name when set, else --replicas."""
+        return (f"dns:///{self.replicas_dns}",) if self.replicas_dns else self.replicas
         if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0:
             raise SystemExit("ivy: --header-read-timeout-s and --keep-alive-timeout-s must be positive, "
                              "--max-connections at least 0")

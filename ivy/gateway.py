@@ -76,7 +76,7 @@ class Gateway:
             piece_chars=config.tokenize_piece_chars)
         expected = Expected(model_ids=frozenset(self.model_names), fingerprint=self.tokenizer.fingerprint,
                             dimensions=self.spec.dimensions, max_length=self.spec.max_length)
-        self.pool = ReplicaPool(config.replicas, expected, health_interval_s=config.health_interval_s,
+        self.pool = ReplicaPool(config.replica_entries(), expected, health_interval_s=config.health_interval_s,
                                 max_message_bytes=config.grpc_max_message_bytes, stream=config.grpc_stream,
                                 attempt_timeout_s=config.replica_timeout_s)
         self.coalescer = (Coalescer(self.pool.call, config.chunk_max_tokens, config.chunk_max_seqs)

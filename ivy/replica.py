@@ -81,6 +81,14 @@ class Replica:
             await self.stream.close()
         await self.channel.close()
 
+    def forget(self) -> None:
+        """Gone for good (left DNS): its up gauge reads 0, and is dropped where the registry allows."""
+        metrics.REPLICA_UP.labels(self.address).set(0)
+        try:
+            metrics.REPLICA_UP.remove(self.address)
+        except KeyError:
+            pass
+
     def mark_down(self, detail: str) -> None:
         """A call failed as if the replica were gone: not routed to until a probe finds it SERVING."""
         self.set_state(State.UNREACHABLE, detail)

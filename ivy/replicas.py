@@ -4,6 +4,7 @@ Each replica is probed every `health_interval_s` (grpc.health.v1 Check, then Inf
 while it is SERVING and its Info matches Ivy's tokenizer (fingerprint, dimensions, max length, model id).
 The gateway is ready while any replica serves, degraded while some do not (the ivy_degraded gauge).
 A call that fails with UNAVAILABLE marks the replica down at once; the next probe brings it back.
+Replicas are a static list, or follow a headless Service's DNS name (ivy/discovery.py).
 `call` sends one chunk to the replica with the fewest outstanding tokens (over the replica's EmbedStream,
 ivy/stream.py, unless `stream` is off or the answer is large) and retries it elsewhere while the request's
 deadline allows: ivy/dispatch.py says when.
@@ -12,15 +13,19 @@ deadline allows: ivy/dispatch.py says when.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2
 
 from ivy import dispatch, metrics
+from ivy.discovery import Discovery, is_dns
 from ivy.replica import Replica, State, channel_options
 from protos import embed_pb2
 
@@ -50,16 +55,22 @@ class Expected:
         return None
 
 
+LEAVE_GRACE_S = 60.0  # a replica gone from DNS is closed once its calls end, or after this long
 STALE_AFTER_S = 0.25  # requests probe a replica seen down at most 4 times a second, whatever the traffic
 
 
 class ReplicaPool:
     def __init__(self, addresses: tuple[str, ...], expected: Expected, *, health_interval_s: float,
-                 max_message_bytes: int, stream: bool = True, attempt_timeout_s: float = 0.0) -> None:
+                 max_message_bytes: int, stream: bool = True, attempt_timeout_s: float = 0.0,
+                 resolver: Callable = socket.getaddrinfo) -> None:
         self.attempt_timeout_s = attempt_timeout_s  # 0 = a chunk waits on its replica until the deadline
         options = channel_options(max_message_bytes)
-        self.replicas = [Replica(a, options, stream=stream, max_message_bytes=max_message_bytes,
-                                 on_change=self._publish) for a in addresses]
+        self._new = functools.partial(Replica, options=options, stream=stream, max_message_bytes=max_message_bytes,
+                                      on_change=self._publish)
+        self.discovery = Discovery([a for a in addresses if is_dns(a)], resolver)  # ivy/discovery.py
+        self._static = [a for a in addresses if not is_dns(a)]
+        self.replicas: list[Replica] = [self._new(a) for a in self._static]  # replaced, never changed in place
+        self._leaving: dict[Replica, asyncio.Task] = {}  # gone from DNS: closed once their calls finish
         self.expected = expected
         self.interval = health_interval_s
         self._probe_timeout = max(1.0, min(2.0, health_interval_s))  # a slow answer is not a dead replica
@@ -70,6 +81,7 @@ class ReplicaPool:
         self._publish()
 
     async def start(self) -> None:
+        await self.resolve()
         await self.probe_all()
         self._task = asyncio.create_task(self._watch(), name="ivy-replica-health")
 
@@ -77,7 +89,45 @@ class ReplicaPool:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.gather(*(r.close() for r in self.replicas), return_exceptions=True)
+        for task in self._leaving.values():
+            task.cancel()
+        leaving = list(self._leaving)
+        await asyncio.gather(*self._leaving.values(), return_exceptions=True)
+        await asyncio.gather(*(r.close() for r in self.replicas + leaving), return_exceptions=True)
+
+    # ---- membership (DNS) ----
+
+    async def resolve(self) -> None:
+        """Follow the DNS names: new addresses become replicas, vanished ones leave (ivy/discovery.py)."""
+        if not self.discovery:
+            return
+        found = await self.discovery.addresses()
+        if found is None:
+            return
+        wanted = list(dict.fromkeys([*self._static, *found]))
+        current = {r.address: r for r in self.replicas}
+        if set(wanted) == set(current):
+            return
+        self.replicas = [current.get(a) or self._new(a) for a in wanted]
+        for address in wanted:
+            if address not in current:
+                log.info("replica %s joined (DNS)", address)
+        for address, replica in current.items():
+            if address not in wanted:
+                log.info("replica %s left (DNS): no new chunks; closing once its %d tokens in flight are answered",
+                         address, replica.outstanding_tokens)
+                self._leaving[replica] = asyncio.create_task(self._close_when_idle(replica))
+        self._publish()
+
+    async def _close_when_idle(self, replica: Replica) -> None:
+        try:
+            end = time.monotonic() + LEAVE_GRACE_S
+            while replica.outstanding_tokens and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+        finally:
+            self._leaving.pop(replica, None)
+            replica.forget()
+            await replica.close()
 
     # ---- health ----
 
@@ -85,6 +135,7 @@ class ReplicaPool:
         while True:
             await asyncio.sleep(self.interval)
             try:
+                await self.resolve()
                 await self.probe_all()
             except Exception:  # noqa: BLE001 - the watcher must outlive any single probe failure
                 log.exception("replica probe round failed")

@@ -265,7 +265,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             metrics_urls.append(f"http://{shown_host}:{mport}/metrics")
         tulips.append(Child(f"tulip:{port}" + (f" gpu {device}" if device is not None else ""), argv, env))
         addresses.append(f"{host}:{port}")
-    gateway_config = replace(config, model=model, replicas=tuple(addresses))
+    gateway_config = replace(config, model=model, replicas=tuple(addresses), replicas_dns="")  # its own Tulips
     ivy_env = {**os.environ, **config_to_env(gateway_config, ENV_PREFIX)}
     gateway = Child("ivy", [sys.executable, "-m", "ivy", "serve"], ivy_env)
     children = [*tulips, gateway]

@@ -36,7 +36,7 @@ def test_help_documents_every_flag_with_its_env_var() -> None:
     serve, stack = _help("serve"), _help("up")
     for f in dataclasses.fields(IvyConfig):
         assert f"--{f.name.replace('_', '-')}" in serve and env_name("IVY", f.name) in serve
-        if f.name != "replicas":  # `ivy up` sets the gateway's replicas itself
+        if f.name not in ("replicas", "replicas_dns"):  # `ivy up` sets the gateway's replicas itself
             assert env_name("IVY", f.name) in stack
     for f in dataclasses.fields(up.UpConfig):
         assert f"--{f.name.replace('_', '-')}" in stack and env_name("IVY_UP", f.name) in stack
