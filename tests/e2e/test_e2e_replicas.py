@@ -27,7 +27,9 @@ def two_replicas():
                   "--chunk-max-seqs", "2", "--health-interval-s", "30")
     base = f"http://127.0.0.1:{gateway_port}"
     try:
-        gateway.wait_for(lambda: http_status(f"{base}/ready") == 200, "both replicas ready behind ivy")
+        # 200 comes with one replica serving (RELIABILITY 29); "ready", not "degraded", once both do
+        gateway.wait_for(lambda: http_status(f"{base}/ready") == 200 and
+                         httpx.get(f"{base}/ready").json()["status"] == "ready", "both replicas ready behind ivy")
         yield base, replicas
     finally:
         gateway.stop()
