@@ -184,14 +184,19 @@ class SequenceQueue:
     def _take_locked(self) -> PackedBatch:
         packed = PackedBatch(taken_at=self._clock())
         full = False
+        emptied = []
         for share_tokens, share_seqs in ((self.share_tokens, self.share_seqs), (None, None)):  # the two passes
-            for flow in self._flows.values():
+            for key, flow in self._flows.items():
+                if not flow:
+                    continue  # emptied in the first pass
                 full = self._take_from_locked(flow, packed, share_tokens, share_seqs)
+                if not flow:
+                    emptied.append(key)
                 if full:
                     break
             if full:
                 break
-        for key in [k for k, flow in self._flows.items() if not flow]:
+        for key in emptied:
             del self._flows[key]
         return packed
 
