@@ -59,6 +59,11 @@ LEAVE_GRACE_S = 60.0  # a replica gone from DNS is closed once its calls end, or
 STALE_AFTER_S = 0.25  # requests probe a replica seen down at most 4 times a second, whatever the traffic
 
 
+def probe_timeout_s(health_interval_s: float) -> float:
+    """Each health or Info probe's timeout: a slow answer is not a dead replica (so /ready takes up to twice it)."""
+    return max(1.0, min(2.0, health_interval_s))
+
+
 class ReplicaPool:
     def __init__(self, addresses: tuple[str, ...], expected: Expected, *, health_interval_s: float,
                  max_message_bytes: int, stream: bool = True, attempt_timeout_s: float = 0.0,
@@ -73,7 +78,7 @@ class ReplicaPool:
         self._leaving: dict[Replica, asyncio.Task] = {}  # gone from DNS: closed once their calls finish
         self.expected = expected
         self.interval = health_interval_s
-        self._probe_timeout = max(1.0, min(2.0, health_interval_s))  # a slow answer is not a dead replica
+        self._probe_timeout = probe_timeout_s(health_interval_s)
         self._tiebreak = itertools.count()
         self._task: asyncio.Task | None = None
         self._refresh: asyncio.Task | None = None

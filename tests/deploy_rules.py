@@ -22,7 +22,7 @@ from deploy_checks import (
 
 from ivy.config import ENV_PREFIX as IVY_PREFIX
 from ivy.config import IvyConfig
-from ivy.replicas import ReplicaPool
+from ivy.replicas import probe_timeout_s
 from tulip.cli import default_health_address
 
 CONSTRAINTS = "deploy/constraints.txt"
@@ -37,8 +37,7 @@ def replicas_dns_landed() -> bool:
 def ready_seconds(config) -> float:
     """The longest /ready can take: it probes each replica (concurrently) with health, then Info, each
     bounded by the pool's probe timeout."""
-    pool = ReplicaPool(("127.0.0.1:1",), None, health_interval_s=config.health_interval_s, max_message_bytes=1)
-    return 2 * pool._probe_timeout
+    return 2 * probe_timeout_s(config.health_interval_s)
 
 
 def health_address(args, env: dict[str, str]) -> str:
