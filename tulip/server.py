@@ -83,6 +83,7 @@ class TulipServer:
         self._grpc: grpc.aio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._active = 0  # accepted Embed calls not yet answered
+        self.calls_seen = 0  # Embed calls and stream requests that reached admit(), refused ones too
         self._idle: asyncio.Event | None = None
         self.metrics.bind_state(
             queue_depth=lambda: self.queue.depth() if self.queue else (0, 0),
@@ -179,9 +180,20 @@ class TulipServer:
             except TimeoutError:
                 drained = False
                 log.warning("shutdown timeout: %d accepted calls were not answered", self._active)
+        await self._until_quiet(deadline)
         await self._shutdown(grace=max(0.1, min(1.0, deadline - time.monotonic())))
         log.info("tulip stopped")
         return drained
+
+    async def _until_quiet(self, deadline: float, quiet_s: float = 0.1) -> None:
+        """Before the gRPC server stops: wait until no call has arrived for `quiet_s`. Calls a client queued
+        behind its connection's stream limit keep arriving while the accepted ones finish; refused here
+        they get UNAVAILABLE "shutting down" (retry elsewhere), where a stopping server would cancel them."""
+        seen, quiet_from = self.calls_seen, time.monotonic()
+        while (now := time.monotonic()) - quiet_from < quiet_s and now < deadline - 0.5:
+            await asyncio.sleep(quiet_s / 4)
+            if self.calls_seen != seen:
+                seen, quiet_from = self.calls_seen, time.monotonic()
 
     async def stop(self) -> None:
         """Immediate stop (start-up failure, tests)."""
@@ -211,6 +223,7 @@ class TulipServer:
     def admit(self, request: embed_pb2.EmbedRequest, remaining: float | None) -> Job:
         """Validate and queue one request (unary or streamed): its Job, counted as accepted until
         `settled()`. Raises TulipError (not ready, draining, invalid, queue full, deadline passed)."""
+        self.calls_seen += 1
         if self.draining:
             raise ShuttingDown("tulip is shutting down and takes no new work; retry on another replica")
         if not self.ready:
