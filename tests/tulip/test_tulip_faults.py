@@ -9,15 +9,12 @@ from tulip_testkit import (
     ServerThread,
     decode_response,
     encode_request,
+    first_tokens,
     make_config,
     marked_sequence,
     solo_embedding,
     wait_until,
 )
-
-
-def first_tokens(engine) -> list[int]:
-    return [int(s[0]) for s in engine.seen_sequences()]
 
 
 def test_failed_batch_cancels_the_rest_of_its_request() -> None:

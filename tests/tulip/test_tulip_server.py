@@ -15,6 +15,7 @@ from tulip_testkit import (
     ServerThread,
     decode_response,
     encode_request,
+    first_tokens,
     make_config,
     marked_sequence,
     solo_embedding,
@@ -24,10 +25,6 @@ from tulip_testkit import (
 from protos import embed_pb2
 from rose.batch import Batch
 from tulip.server import SERVICE_NAME
-
-
-def first_tokens(engine) -> list[int]:
-    return [int(s[0]) for s in engine.seen_sequences()]
 
 
 def check_batches_respect_budget(engine, max_tokens: int, max_seqs: int) -> None:

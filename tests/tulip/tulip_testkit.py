@@ -116,6 +116,11 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str =
         time.sleep(0.002)
 
 
+def first_tokens(engine) -> list[int]:
+    """The first token of every sequence the fake engine ran, in launch order (markers identify requests)."""
+    return [int(s[0]) for s in engine.seen_sequences()]
+
+
 def marked_sequence(marker: int, length: int) -> list[int]:
     """A sequence whose first token identifies it (markers < 1000 = FakeInfo.vocab_size)."""
     rng = np.random.default_rng(marker)
@@ -133,6 +138,7 @@ __all__ = [
     "ServerThread",
     "decode_response",
     "encode_request",
+    "first_tokens",
     "make_config",
     "marked_sequence",
     "replace",
