@@ -134,11 +134,15 @@ def test_the_call_is_cancelled_only_when_every_member_has_gone() -> None:
         while not call.requests:
             await asyncio.sleep(0.001)
         tasks[0].cancel()
-        await asyncio.sleep(0.01)
+        await asyncio.gather(tasks[0], return_exceptions=True)  # the first member has left
+        for _ in range(3):  # the turns a cancellation of the shared call would take to reach it
+            await asyncio.sleep(0)
         first_gone = call.cancelled
         tasks[1].cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.sleep(0.01)
+        deadline = time.monotonic() + 10  # a hang guard: the call's cancellation is awaited, not timed
+        while not call.cancelled and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
         return first_gone, call.cancelled
 
     assert _run(main()) == (0, 1)
@@ -178,14 +182,35 @@ def test_a_member_cancelled_before_the_send_leaves_the_group() -> None:
     assert np.frombuffer(call.requests[0].token_ids, "<i4").tolist() == [2]
 
 
-def test_through_the_gateway_concurrent_requests_get_exact_rows() -> None:
-    """Many clients at once through HTTP: whatever shares a call, each answer is its own text's rows."""
+def _gateway_burst(client, seqs: list[list[int]], together: bool) -> list[np.ndarray]:
+    """Gateway.embed for each sequence on the app's event loop: all started in one turn (together), or one
+    after another. Deterministic: which requests are ready in the same turn does not depend on timing."""
+    gw = client.app.state.gateway
+
+    async def one(seq):
+        return await gw.embed([seq], deadline=time.monotonic() + 10)
+
+    async def burst():
+        if together:
+            return await asyncio.gather(*(one(s) for s in seqs))
+        return [await one(s) for s in seqs]
+
+    return client.portal.call(burst)
+
+
+def test_through_the_gateway_concurrent_requests_share_calls_and_get_exact_rows() -> None:
+    """Requests ready in the same turn share calls (fewer calls than requests: fails with coalesce=False),
+    and many clients at once through HTTP, whatever shares a call, each get their own text's rows."""
     texts = [f"request {i} about {'cats' if i % 2 else 'dogs'}" for i in range(24)]
+    seqs = [[101, 1000 + i, 2000 + i % 5, 102] for i in range(24)]
     with FakeTulip() as fake:
         with gateway(fake, coalesce=False) as client:
             solo = {t: client.post("/v1/embeddings", json={"input": t}).json()["data"][0]["embedding"] for t in texts}
+            solo_rows = _gateway_burst(client, seqs, together=False)
         calls_solo = len(fake.calls)
         with gateway(fake) as client:
+            shared_rows = _gateway_burst(client, seqs, together=True)
+            calls_shared = len(fake.calls) - calls_solo
             got: dict = {}
 
             def send(t: str) -> None:
@@ -196,11 +221,15 @@ def test_through_the_gateway_concurrent_requests_get_exact_rows() -> None:
                 th.start()
             for th in threads:
                 th.join(timeout=30)
-    assert calls_solo == len(texts)
+    assert calls_solo == len(texts) + len(seqs)
+    # the first goes straight out (nothing waits on the replica yet); the rest, ready in the same turn, share
+    assert calls_shared < len(seqs), f"{len(seqs)} requests ready together took {calls_shared} calls"
+    assert max(c.seqs for c in fake.calls[calls_solo:calls_solo + calls_shared]) > 1
+    for want, have in zip(solo_rows, shared_rows):
+        np.testing.assert_allclose(have, want, atol=1e-6)
     for t in texts:
         np.testing.assert_allclose(got[t], solo[t], atol=1e-6)
-    assert sum(c.seqs for c in fake.calls[calls_solo:]) == len(texts)
-
+    assert sum(c.seqs for c in fake.calls[calls_solo + calls_shared:]) == len(texts)
 
 
 def test_every_member_of_a_cold_call_is_marked_cold() -> None:
