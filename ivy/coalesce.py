@@ -7,7 +7,7 @@ reaches it, so merging requests that are ready at the same moment costs the GPU 
 
 How, without a timer: the gateway sends a request straight out when nothing of its process is waiting
 on a replica (alone, it pays nothing). Otherwise a request that fits in one chunk joins the open group for
-its output options (dimensions, normalize, encoding); the first one in a group schedules the send with
+its output options (dimensions, normalize, encoding) and priority lane (never across lanes); the first one in a group schedules the send with
 `call_soon`, so the group closes after the event loop has run every callback that was already ready (the
 other requests parsed in the same turn). Under load a turn holds many ready requests and the groups grow
 by themselves. A group is also sent as soon as it is full (chunk token or sequence budget).
@@ -33,7 +33,7 @@ from protos import embed_pb2
 from rose.head import Encoding
 
 Call = Callable[[embed_pb2.EmbedRequest, int, float], Awaitable[embed_pb2.EmbedResponse]]
-OptionsKey = tuple[int, "bool | None", int]
+OptionsKey = tuple[int, "bool | None", int, int]  # dimensions, normalize, encoding, lane
 
 
 @dataclass
@@ -66,11 +66,11 @@ class Coalescer:
         return bool(self._open)
 
     async def embed(self, sequences: Sequence[Sequence[int]], tokens: int, *, deadline: float, dimensions: int,
-                    normalize: bool | None, encoding: Encoding, request_id: str) -> np.ndarray:
+                    normalize: bool | None, encoding: Encoding, request_id: str, lane: int = 0) -> np.ndarray:
         """Rows for `sequences` (one per sequence), computed in a call shared with concurrent requests."""
         if deadline <= time.monotonic():  # never send work that is already late
             raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")
-        key = (dimensions, normalize, int(encoding))
+        key = (dimensions, normalize, int(encoding), int(lane))
         group = self._open.get(key)
         if group is not None and (group.tokens + tokens > self._max_tokens or
                                   group.seqs + len(sequences) > self._max_seqs):
@@ -141,14 +141,15 @@ class Coalescer:
 
     @staticmethod
     def _request(group: _Group, seqs: list) -> embed_pb2.EmbedRequest:
-        dimensions, normalize, encoding = group.key
+        dimensions, normalize, encoding, *rest = group.key  # a key without a lane (older callers): interactive
+        lane = rest[0] if rest else 0
         rid = ""
         for m in group.members:  # whole ids only, at most 256 characters (a log field in Tulip)
             if len(rid) + len(m.request_id) + 1 > 256:
                 break
             rid = f"{rid},{m.request_id}" if rid else m.request_id
         return embed_request(seqs, group.tokens, dimensions=dimensions, normalize=normalize, encoding=encoding,
-                             request_id=rid)
+                             request_id=rid, lane=lane)
 
     async def _one_by_one(self, group: _Group) -> None:
         """The replica rejected the shared call's input: send each member alone, so each gets its own answer."""

@@ -35,6 +35,12 @@ class IvyConfig:
     workers: int = field(default=1, metadata=_help("uvicorn worker processes (tokenization scales with them)."))
     api_key: str = field(default="", metadata=_help(
         "Bearer token required on every /v1 route when set; health, readiness and metrics stay open."))
+    api_key_lanes: tuple[str, ...] = field(default=(), metadata=_help(
+        "More accepted Bearer keys, each with its default priority lane: key1=bulk,key2=interactive (ivy/lanes.py); "
+        "--api-key stays accepted too (its requests get a lane by size)."))
+    bulk_above_tokens: int = field(default=4096, metadata=_help(
+        "A request that names no lane (body priority, X-Priority, its key's lane) goes to the bulk lane when it "
+        "holds more than this many tokens, else to the interactive lane."))
     cors_origins: tuple[str, ...] = field(default=(), metadata=_help(
         "Origins allowed by CORS, comma separated; empty = no CORS headers at all."))
     docs: str = field(default="auto", metadata=_help(
@@ -119,6 +125,14 @@ class IvyConfig:
             raise SystemExit("ivy: --request-timeout-s and --health-interval-s must be positive")
         if self.replica_timeout_s < 0:
             raise SystemExit("ivy: --replica-timeout-s must be 0 (off) or positive")
+        if self.bulk_above_tokens < 0:
+            raise SystemExit("ivy: --bulk-above-tokens must be 0 or positive")
+        from ivy.lanes import parse_key_lanes
+
+        try:
+            parse_key_lanes(self.api_key_lanes)
+        except ValueError as exc:
+            raise SystemExit(f"ivy: {exc}") from None
         if self.max_chunks_in_flight < 0:
             raise SystemExit("ivy: --max-chunks-in-flight must be 0 (4 per serving replica) or positive")
         from ivy.discovery import is_dns, parse  # torch-free, tiny

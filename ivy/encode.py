@@ -52,13 +52,13 @@ def decode_rows(response: embed_pb2.EmbedResponse) -> np.ndarray:
 
 def embed_request(seqs: Sequence[Sequence[int]], tokens: int, *, dimensions: int, normalize: bool | None,
                   encoding: Encoding | int, request_id: str,
-                  spans: Sequence[Sequence[tuple[int, int]]] | None = None) -> embed_pb2.EmbedRequest:
+                  spans: Sequence[Sequence[tuple[int, int]]] | None = None, lane: int = 0) -> embed_pb2.EmbedRequest:
     """One Embed call's request: `seqs` (holding `tokens` ids) packed little-endian int32, with optional
     (sequence, start, end) span triples. chain.from_iterable flattens in C, not a Python loop per token."""
     req = embed_pb2.EmbedRequest(
         token_ids=np.fromiter(chain.from_iterable(seqs), dtype="<i4", count=tokens).tobytes(),
         seq_lens=np.fromiter(map(len, seqs), dtype="<i4", count=len(seqs)).tobytes(),
-        dimensions=dimensions, encoding=int(encoding), request_id=request_id)
+        dimensions=dimensions, encoding=int(encoding), request_id=request_id, lane=lane)
     if normalize is not None:
         req.normalize = normalize
     if spans is not None:

@@ -32,6 +32,7 @@ class Problem(enum.Enum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     OVERLOADED = "overloaded"  # Ivy's own concurrency cap
     REPLICA_BUSY = "replica_queue_full"  # Tulip's queue is full (RESOURCE_EXHAUSTED)
+    DEADLINE_UNMEETABLE = "deadline_unmeetable"  # Tulip: the work queued ahead in the lane outlasts the deadline
     MESSAGE_TOO_LARGE = "message_too_large"  # a gRPC message over the size limit
     DEADLINE_EXCEEDED = "deadline_exceeded"
     UNAVAILABLE = "replicas_unavailable"
@@ -60,6 +61,7 @@ PROBLEMS: dict[Problem, tuple[int, str]] = {
     Problem.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
     Problem.OVERLOADED: (429, "rate_limit_error"),
     Problem.REPLICA_BUSY: (429, "rate_limit_error"),
+    Problem.DEADLINE_UNMEETABLE: (429, "rate_limit_error"),
     Problem.MESSAGE_TOO_LARGE: (413, "invalid_request_error"),
     Problem.DEADLINE_EXCEEDED: (504, "timeout_error"),
     Problem.BODY_TIMEOUT: (408, "timeout_error"),
@@ -72,7 +74,7 @@ PROBLEMS: dict[Problem, tuple[int, str]] = {
     Problem.INTERNAL: (500, "server_error"),
 }
 
-RETRY_AFTER_S = {Problem.OVERLOADED: 1, Problem.REPLICA_BUSY: 1, Problem.UNAVAILABLE: 2,
+RETRY_AFTER_S = {Problem.OVERLOADED: 1, Problem.REPLICA_BUSY: 1, Problem.DEADLINE_UNMEETABLE: 1, Problem.UNAVAILABLE: 2,
                  Problem.TOO_MANY_CONNECTIONS: 1}
 
 
@@ -132,6 +134,9 @@ def from_grpc(code: grpc.StatusCode, details: str | None, replica: str, reason: 
         if reason == "response_too_large" or any(m in details.lower() for m in _MESSAGE_SIZE_MARKERS):
             return IvyError(Problem.MESSAGE_TOO_LARGE,
                             "the request is larger than the largest gRPC message; send fewer or shorter inputs")
+        if reason == "deadline_unmeetable":  # refused at once, not retried: the queue ahead outlasts the deadline
+            return IvyError(Problem.DEADLINE_UNMEETABLE, "the request cannot finish within its deadline behind the "
+                            "work queued ahead of it in its priority lane; retry later or with a longer deadline")
         return IvyError(Problem.REPLICA_BUSY, "the model replicas are at capacity; retry later")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")

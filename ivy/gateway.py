@@ -25,6 +25,7 @@ from ivy.coalesce import Coalescer
 from ivy.config import IvyConfig
 from ivy.encode import checked_rows, embed_request
 from ivy.errors import IvyError, Problem
+from ivy.lanes import lane_value, parse_key_lanes, resolve
 from ivy.replicas import Expected, ReplicaPool
 from ivy.tokenization import InputEncoder
 from rose.head import Encoding
@@ -81,6 +82,7 @@ class Gateway:
                                 attempt_timeout_s=config.replica_timeout_s)
         self.coalescer = (Coalescer(self.pool.call, config.chunk_max_tokens, config.chunk_max_seqs)
                           if config.coalesce else None)
+        self.key_lanes = parse_key_lanes(config.api_key_lanes)  # more accepted keys, each with its lane
         self.max_in_flight = config.per_worker_concurrency()
         self.in_flight = 0
         self.draining = False  # SIGTERM seen: /ready is 503 (ivy.app._drain_on_sigterm)
@@ -106,14 +108,28 @@ class Gateway:
         self.check_model(body.model)
         return body, deadline
 
-    def authorize(self, authorization: str | None) -> None:
-        """Bearer auth with a constant-time compare; the key is never logged or echoed."""
+    def authorize(self, authorization: str | None) -> str | None:
+        """Bearer auth with constant-time compares; the key is never logged or echoed. Accepted: --api-key
+        and every key of --api-key-lanes; returns the lane of the key used (None: no default lane)."""
         key = self.config.api_key
-        if not key:
-            return
+        if not key and not self.key_lanes:
+            return None
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise IvyError(Problem.UNAUTHORIZED, "missing or invalid API key; send Authorization: Bearer <key>")
+        given = token.strip().encode()
+        if scheme.lower() == "bearer":
+            lane = None
+            for known, known_lane in self.key_lanes.items():  # every key compared: no early exit on a match
+                if hmac.compare_digest(given, known.encode()):
+                    lane = known_lane
+            if lane is not None:
+                return lane
+            if key and hmac.compare_digest(given, key.encode()):
+                return None
+        raise IvyError(Problem.UNAUTHORIZED, "missing or invalid API key; send Authorization: Bearer <key>")
+
+    def lane_for(self, header: str | None, body: str | None = None, key_lane: str | None = None) -> str | None:
+        """The lane asked for (ivy/lanes.py: body, then X-Priority, then the key's); None = by size in embed()."""
+        return resolve(body, header, key_lane)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.model_names:
@@ -179,9 +195,11 @@ class Gateway:
 
     async def embed(self, sequences: Sequence[Sequence[int]], *, deadline: float, dimensions: int = 0,
                     normalize: bool | None = None, encoding: Encoding = Encoding.FLOAT32,
-                    spans: Sequence[Sequence[tuple[int, int]]] | None = None) -> np.ndarray:
-        """Rows for `sequences` in input order (one per sequence, or one per span of each sequence)."""
+                    spans: Sequence[Sequence[tuple[int, int]]] | None = None, lane: str | None = None) -> np.ndarray:
+        """Rows for `sequences` in input order (one per sequence, or one per span of each sequence), in the
+        priority `lane` (None: bulk above --bulk-above-tokens tokens, else interactive)."""
         lengths = [len(s) for s in sequences]
+        wire_lane = lane_value(lane, sum(lengths), self.config.bulk_above_tokens)
         rows_per_seq = [len(s) for s in spans] if spans is not None else [1] * len(sequences)
         chunks = plan_chunks(lengths, rows_per_seq, self.config.chunk_max_tokens, self.config.chunk_max_seqs)
         if not await self.pool.any_serving_now():
@@ -190,9 +208,10 @@ class Gateway:
         if (self.coalescer is not None and spans is None and len(chunks) == 1
                 and (self.coalescer.has_open_group() or self.pool.busy())):  # alone: straight out, no extra turn
             return await self.coalescer.embed(sequences, chunks[0].tokens, deadline=deadline, dimensions=dimensions,
-                                              normalize=normalize, encoding=encoding, request_id=request_id)
+                                              normalize=normalize, encoding=encoding, request_id=request_id,
+                                              lane=wire_lane)
         requests = [embed_request(sequences[c.first: c.first + c.count], c.tokens, dimensions=dimensions,
-                                  normalize=normalize, encoding=encoding, request_id=request_id,
+                                  normalize=normalize, encoding=encoding, request_id=request_id, lane=wire_lane,
                                   spans=None if spans is None else spans[c.first: c.first + c.count])
                     for c in chunks]
         if len(chunks) == 1:

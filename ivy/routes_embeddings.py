@@ -24,14 +24,15 @@ router = APIRouter()
              responses={200: {"model": EmbeddingsResponse}})
 async def create_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
+    key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, EmbeddingsRequest)  # outside the cap: a slow body holds no slot
+    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
         rows, tokens = await _embed_inputs(request, body.input, deadline, route="/v1/embeddings", param="input",
                                            fmt=fmt, truncate=body.truncate, side=body.truncation_side,
                                            prompt=(body.input_type, body.prompt_name),
-                                           dimensions=body.dimensions, normalize=body.normalize)
+                                           dimensions=body.dimensions, normalize=body.normalize, lane=lane)
         data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt)} for i in range(len(rows))]
         return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})
 
@@ -43,19 +44,20 @@ async def tei_embed(request: Request) -> Response:
     (normalized unless `normalize: false`); errors keep the OpenAI shape of every other route. Also at
     POST / as TEI serves it (huggingface_hub's feature_extraction posts to the base URL)."""
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
+    key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, TeiEmbedRequest)
+    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         rows, _ = await _embed_inputs(request, body.inputs, deadline, route="/embed", param="inputs", fmt="float",
                                       truncate=body.truncate, side=body.truncation_side,
                                       prompt=(None, body.prompt_name), dimensions=body.dimensions,
-                                      normalize=body.normalize)
+                                      normalize=body.normalize, lane=lane)
         return json_response(rows)
 
 
 async def _embed_inputs(request: Request, inputs, deadline: float, *, route: str, param: str, fmt: str,
                         truncate: bool | None, side: str, prompt: tuple[str | None, str | None],
-                        dimensions: int | None, normalize: bool | None):
+                        dimensions: int | None, normalize: bool | None, lane: str | None = None):
     """Texts or token ids -> (rows in `fmt`'s wire encoding, tokens sent): limits, templating (texts only:
     `prompt` is (input_type, prompt_name)), tokenizing, replicas."""
     gw = gateway_of(request)
@@ -68,7 +70,7 @@ async def _embed_inputs(request: Request, inputs, deadline: float, *, route: str
     else:
         seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param)
     rows = await unless_disconnected(request, gw.embed(
-        seqs, deadline=deadline, dimensions=dims, normalize=normalize, encoding=WIRE_ENCODING[fmt]))
+        seqs, deadline=deadline, dimensions=dims, normalize=normalize, encoding=WIRE_ENCODING[fmt], lane=lane))
     tokens = sum(map(len, seqs))
     metrics.INPUTS.labels(route).inc(len(seqs))
     metrics.TOKENS.labels(route).inc(tokens)
@@ -81,8 +83,9 @@ async def create_contextualized_embeddings(request: Request) -> Response:
     """One embedding per chunk, computed with its whole document as context: the document's chunks are
     joined into one sequence and each chunk's token span is mean-pooled (late chunking)."""
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
+    key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, ContextualizedEmbeddingsRequest)  # outside the cap
+    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)
         gw.check_count(sum(map(len, body.input)), gw.config.max_chunks_per_request, "input chunks")
@@ -91,7 +94,7 @@ async def create_contextualized_embeddings(request: Request) -> Response:
         docs = await gw.encoder.encode_documents(body.input)
         rows = await unless_disconnected(request, gw.embed(
             docs.sequences, spans=docs.spans, deadline=deadline, dimensions=dimensions, normalize=body.normalize,
-            encoding=WIRE_ENCODING[fmt]))
+            encoding=WIRE_ENCODING[fmt], lane=lane))
         tokens = sum(map(len, docs.sequences))
         metrics.INPUTS.labels("/v1/contextualizedembeddings").inc(len(rows))
         metrics.TOKENS.labels("/v1/contextualizedembeddings").inc(tokens)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
+from ivy.lanes import PRIORITY_RULE, lane_name
 from ivy.inputs import (_ID_LISTS, Dimensions, DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType,
                         Query, RerankDocuments, Side, TextOrTexts, parse_inputs, parse_texts)
 
@@ -44,6 +45,11 @@ class _Request(BaseModel):
         return data
 
 
+Priority = Annotated[str | None, PlainValidator(lambda v: None if v is None else lane_name(v)), WithJsonSchema({
+    "anyOf": [{"type": "string", "enum": ["interactive", "bulk"]}, {"type": "number"}],
+    "description": f"Priority lane: {PRIORITY_RULE}."})]
+
+
 class EmbeddingsRequest(_Request):
     input: EmbeddingInput
     encoding_format: EncodingFormat | None = Field(
@@ -56,6 +62,7 @@ class EmbeddingsRequest(_Request):
     truncation_side: Side = "right"
     input_type: InputType | None = Field(default=None, description="query or document templating.")
     prompt_name: str | None = Field(default=None, description="A sentence-transformers prompt of the model.")
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
 class ContextualizedEmbeddingsRequest(_Request):
@@ -63,6 +70,7 @@ class ContextualizedEmbeddingsRequest(_Request):
     encoding_format: EncodingFormat | None = None
     dimensions: Dimensions | None = None
     normalize: bool | None = None
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
 class ScoreRequest(_Request):
@@ -96,6 +104,7 @@ class TeiEmbedRequest(_Request):
     truncation_side: Side = "right"
     prompt_name: str | None = None
     dimensions: Dimensions | None = None
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
 class TokenizeRequest(_Request):

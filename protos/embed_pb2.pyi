@@ -11,12 +11,19 @@ class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENCODING_FLOAT32: _ClassVar[Encoding]
     ENCODING_INT8: _ClassVar[Encoding]
     ENCODING_BINARY: _ClassVar[Encoding]
+
+class Lane(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LANE_INTERACTIVE: _ClassVar[Lane]
+    LANE_BULK: _ClassVar[Lane]
 ENCODING_FLOAT32: Encoding
 ENCODING_INT8: Encoding
 ENCODING_BINARY: Encoding
+LANE_INTERACTIVE: Lane
+LANE_BULK: Lane
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("token_ids", "seq_lens", "spans", "dimensions", "normalize", "encoding", "request_id")
+    __slots__ = ("token_ids", "seq_lens", "spans", "dimensions", "normalize", "encoding", "request_id", "lane")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SEQ_LENS_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +31,7 @@ class EmbedRequest(_message.Message):
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
     token_ids: bytes
     seq_lens: bytes
     spans: bytes
@@ -31,7 +39,8 @@ class EmbedRequest(_message.Message):
     normalize: bool
     encoding: Encoding
     request_id: str
-    def __init__(self, token_ids: _Optional[bytes] = ..., seq_lens: _Optional[bytes] = ..., spans: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    lane: Lane
+    def __init__(self, token_ids: _Optional[bytes] = ..., seq_lens: _Optional[bytes] = ..., spans: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., request_id: _Optional[str] = ..., lane: _Optional[_Union[Lane, str]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "rows", "dimensions", "encoding", "tokens", "cold")

@@ -47,6 +47,11 @@ class TulipConfig:
     request_share: float = _f(0.125, "part of a batch (its tokens and sequences) each waiting request is given, "
                                       "oldest first, before the oldest fill the rest, so a small request behind "
                                       "a huge one rides in the next batch (tulip/scheduler.py); 1 = request FCFS")
+    bulk_share: float = _f(0.25, "priority lanes: while bulk requests wait, interactive ones fill a batch only up to "
+                                 "(1 - this) of its tokens, so bulk gets at least this share (tulip/scheduler.py)")
+    deadline_admission: bool = _f(True, "refuse at once (RESOURCE_EXHAUSTED deadline_unmeetable) a request whose "
+                                        "deadline the tokens queued ahead of it in its lane already exceed at the "
+                                        "fastest measured device rate; no measurement yet = admit")
     max_inflight_batches: int = _f(2, "batches launched on the engine and not yet delivered (2 = overlap)")
     pack_ahead_ms: float = _f(1.0, "with a batch on the device, pack the next one this long before that batch is "
                                    "expected to finish (median device time of recent batches of its size), not "
@@ -110,6 +115,8 @@ class TulipConfig:
             raise ValueError(f"pack_ahead_ms must be 0 (pack at once) or positive, got {self.pack_ahead_ms}")
         if not 0 < self.request_share <= 1:
             raise ValueError(f"request_share must be in (0, 1], got {self.request_share}")
+        if not 0 <= self.bulk_share < 1:
+            raise ValueError(f"bulk_share must be in [0, 1), got {self.bulk_share}")
         if self.watchdog_s < 0 or self.watchdog_factor <= 0:
             raise ValueError(f"watchdog_s must be 0 (off) or positive and watchdog_factor positive, got "
                              f"{self.watchdog_s}, {self.watchdog_factor}")

@@ -32,6 +32,14 @@ class QueueFull(TulipError):
     reason = "queue_full"
 
 
+class DeadlineUnmeetable(TulipError):
+    """Admission (tulip/lanes.py): the tokens queued ahead of the request in its lane, at the fastest
+    device rate measured, already take longer than its deadline allows; refused at once, not after waiting."""
+
+    status = "RESOURCE_EXHAUSTED"
+    reason = "deadline_unmeetable"
+
+
 class ResponseTooLarge(TulipError):
     """The response would exceed the message size limit; caught before any work is done."""
 

@@ -39,8 +39,8 @@ class EmbedResult:
 
 class Job(Ticket):
     def __init__(self, parsed: ParsedRequest, *, native_dimensions: int, loop: asyncio.AbstractEventLoop,
-                 deadline: float | None = None, request_id: str = "") -> None:
-        super().__init__(deadline, flow=request_id)  # the chunks of one Ivy request share one place in the queue
+                 deadline: float | None = None, request_id: str = "", lane: int = 0) -> None:
+        super().__init__(deadline, flow=request_id, lane=lane)  # the chunks of one Ivy request share one place in the queue
         self.request_id = request_id
         self.options: OutputOptions = parsed.options
         self.num_tokens = parsed.num_tokens

@@ -18,6 +18,10 @@ Names (all exported by `TulipMetrics`):
   tulip_skipped_sequences_total                      counter: cancelled/expired sequences that never ran
   tulip_launch_hold_seconds                          histogram: a free slot held to pack the next batch late
   tulip_idle_captures_total                          counter: graphs captured while the device was idle
+  tulip_lane_queue_tokens{lane}                      gauge: tokens waiting per priority lane
+  tulip_lane_wait_seconds{lane}                      histogram: queue wait per sequence, per lane
+  tulip_lane_batches_total{lane}                     counter: batches that carried sequences of the lane
+  tulip_lane_batch_tokens_total{lane}                counter: tokens of the lane in launched batches (its share)
   rose_pinned_bytes_in_use, rose_pinned_bytes_cap, rose_graphs_captured, rose_graph_capture_seconds,
   rose_step_seconds_last, rose_runs_total{bucket,mode}, and rose_<key> for any other numeric stat
 """
@@ -31,6 +35,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from tulip.scheduler import LANES
 
 log = logging.getLogger("tulip.metrics")
 
@@ -69,6 +75,15 @@ class TulipMetrics:
                                      buckets=_LATENCY_BUCKETS, registry=r)
         self.idle_captures = Counter("tulip_idle_captures", "CUDA graphs captured while the device was idle",
                                      registry=r)
+        self.lane_wait = Histogram("tulip_lane_wait_seconds", "Time a sequence waited in the queue, per lane",
+                                   ["lane"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.lane_batches = Counter("tulip_lane_batches", "Batches that carried sequences of the lane", ["lane"],
+                                    registry=r)
+        self.lane_batch_tokens = Counter("tulip_lane_batch_tokens", "Tokens of the lane in launched batches",
+                                         ["lane"], registry=r)
+        self._lane_wait = [self.lane_wait.labels(lane=name) for name in LANES]
+        self._lane_batches = [self.lane_batches.labels(lane=name) for name in LANES]
+        self._lane_batch_tokens = [self.lane_batch_tokens.labels(lane=name) for name in LANES]
         self._http = None
 
     # -- hot path -------------------------------------------------------------------------------
@@ -76,7 +91,13 @@ class TulipMetrics:
     def observe_launch(self, packed, batch, launch_seconds: float, lazy: Any) -> None:
         taken = packed.taken_at
         for seq in packed.sequences:
-            self.queue_wait.observe(max(0.0, taken - seq.enqueued_at))
+            wait = max(0.0, taken - seq.enqueued_at)
+            self.queue_wait.observe(wait)
+            self._lane_wait[seq.ticket.lane].observe(wait)
+        for lane, tokens in enumerate(getattr(packed, "lane_tokens", ())):
+            if tokens:
+                self._lane_batches[lane].inc()
+                self._lane_batch_tokens[lane].inc(tokens)
         self.batch_sequences.observe(batch.num_seqs)
         self.batch_tokens.observe(batch.num_tokens)
         padded = getattr(lazy, "padded_tokens", None)
@@ -106,8 +127,9 @@ class TulipMetrics:
     # -- scrape-time state ----------------------------------------------------------------------
 
     def bind_state(self, *, queue_depth: Callable[[], tuple[int, int]], inflight: Callable[[], int],
-                   ready: Callable[[], bool], engine_stats: Callable[[], dict] | None) -> None:
-        self.registry.register(_StateCollector(queue_depth, inflight, ready, engine_stats))
+                   ready: Callable[[], bool], engine_stats: Callable[[], dict] | None,
+                   lane_depth: Callable[[int], int] | None = None) -> None:
+        self.registry.register(_StateCollector(queue_depth, inflight, ready, engine_stats, lane_depth))
 
     def serve(self, host: str, port: int) -> None:
         """Start the /metrics HTTP server (a daemon thread); port 0 leaves metrics off."""
@@ -121,8 +143,9 @@ class TulipMetrics:
 
 
 class _StateCollector:
-    def __init__(self, queue_depth, inflight, ready, engine_stats) -> None:
+    def __init__(self, queue_depth, inflight, ready, engine_stats, lane_depth=None) -> None:
         self._queue_depth, self._inflight, self._ready, self._engine_stats = queue_depth, inflight, ready, engine_stats
+        self._lane_depth = lane_depth
 
     def describe(self):
         return []  # state is dynamic; skip registry-time collision checks
@@ -131,6 +154,10 @@ class _StateCollector:
         seqs, tokens = self._queue_depth()
         yield GaugeMetricFamily("tulip_queue_sequences", "Sequences waiting in the queue", value=seqs)
         yield GaugeMetricFamily("tulip_queue_tokens", "Tokens waiting in the queue", value=tokens)
+        lanes = GaugeMetricFamily("tulip_lane_queue_tokens", "Tokens waiting per priority lane", labels=["lane"])
+        for lane, name in enumerate(LANES):
+            lanes.add_metric([name], float(self._lane_depth(lane) if self._lane_depth else 0))
+        yield lanes
         yield GaugeMetricFamily("tulip_batches_in_flight", "Batches launched, not yet delivered",
                                 value=self._inflight())
         yield GaugeMetricFamily("tulip_ready", "1 once the model is loaded, warmed up and verified",

@@ -10,6 +10,10 @@ The expected finish comes from `DeviceTimes`: the median of the last few device 
 same size class (the median, so a lazy graph capture's 20-40 ms does not inflate it). Unknown sizes give
 no estimate and the launcher packs at once, as before. If the estimate is long the launcher still packs
 as soon as the running batch is delivered, so a wrong estimate costs at most the host time of one launch.
+
+`seconds_per_token()` serves deadline-aware admission (tulip/lanes.py): the lowest per-class median of
+device seconds per token, i.e. the fastest rate recently seen (large batches), so an admission check
+built on it refuses only what could not be met even at that rate.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class DeviceTimes:
     def __init__(self, window: int = 8) -> None:
         self.window = window
         self._seen: dict[int, deque[float]] = {}
+        self._per_token: dict[int, deque[float]] = {}
 
     @staticmethod
     def size_class(tokens: int) -> int:
@@ -32,7 +37,15 @@ class DeviceTimes:
     def observe(self, tokens: int, seconds: float) -> None:
         if seconds >= 0:
             self._seen.setdefault(self.size_class(tokens), deque(maxlen=self.window)).append(seconds)
+            if tokens > 0:
+                size = self.size_class(tokens)
+                self._per_token.setdefault(size, deque(maxlen=self.window)).append(seconds / tokens)
 
     def estimate(self, tokens: int) -> float | None:
         seen = self._seen.get(self.size_class(tokens))
         return statistics.median(seen) if seen else None
+
+    def seconds_per_token(self) -> float | None:
+        """The fastest recent rate, device seconds per token (None before any measurement)."""
+        medians = [statistics.median(d) for d in list(self._per_token.values()) if d]
+        return min(medians) if medians else None

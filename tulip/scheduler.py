@@ -13,6 +13,12 @@ batch never skips one of them for a smaller one; a request whose next sequence d
 others waits for a later batch, but the oldest request is served first into an empty batch, so nothing
 starves. A sequence longer than the budget runs alone. `share` = 1 gives back request-level FCFS.
 
+Lanes (issue 17): each request is in the interactive or the bulk lane (Ticket.lane); the rule above holds
+within a lane. A batch is filled from the interactive lane first, then bulk, then interactive again with
+any room bulk left. While bulk waits, interactive stops at (1 - bulk_share) of the token budget, so bulk
+gets at least `bulk_share` of each batch's tokens; when a batch still carried no bulk (an interactive
+sequence larger than its room), the next batch starts with bulk (aging): neither lane starves.
+
 "A request" is a flow: the tickets that share a non-empty `flow` key (Tulip passes Ivy's request id, so
 the chunks of one HTTP request count as one request) or else the ticket alone; a flow's place is the
 arrival of its oldest waiting sequence. Sequences of cancelled or expired requests are dropped here,
@@ -34,13 +40,17 @@ import numpy as np
 
 from tulip.errors import QueueClosed, QueueFull
 
+INTERACTIVE, BULK = 0, 1  # = protos Lane values
+LANES = ("interactive", "bulk")  # metric labels, by lane
+
 
 class Ticket:
     """What the queue needs to know of a request. `cancelled` and the queued counters are guarded
     by the queue's lock; `deadline` is a time.monotonic() value or None."""
 
-    def __init__(self, deadline: float | None = None, flow: str = "") -> None:
+    def __init__(self, deadline: float | None = None, flow: str = "", lane: int = 0) -> None:
         self.deadline = deadline
+        self.lane = BULK if lane == BULK else INTERACTIVE
         self.flow = flow  # tickets with the same non-empty flow share one place in the queue
         self.cancelled = False
         self.expired = False
@@ -68,19 +78,24 @@ class PackedBatch:
     tokens: int = 0
     taken_at: float = 0.0
     skipped: int = 0  # sequences of cancelled/expired requests removed without running
+    lane_tokens: list[int] = field(default_factory=lambda: [0, 0])  # tokens of each lane in this batch
 
 
 class SequenceQueue:
     def __init__(self, max_batch_tokens: int, max_batch_seqs: int, max_queue_tokens: int,
-                 clock: Callable[[], float] = time.monotonic, share: float = 0.125) -> None:
+                 clock: Callable[[], float] = time.monotonic, share: float = 0.125,
+                 bulk_share: float = 0.25) -> None:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
         self.max_queue_tokens = max_queue_tokens
         self.share_tokens = max(1, int(max_batch_tokens * share))
         self.share_seqs = max(1, int(max_batch_seqs * share))
+        self.bulk_reserve = int(max_batch_tokens * bulk_share)
         self._clock = clock
-        self._flows: dict[object, deque[QueuedSequence]] = {}  # insertion order = arrival order
+        self._lanes: tuple[dict[object, deque[QueuedSequence]], ...] = ({}, {})  # per lane, in arrival order
+        self._bulk_owed = False  # the last batch carried no bulk while bulk waited: bulk goes first
         self._tokens = 0  # tokens of live (not cancelled/expired) queued sequences
+        self._lane_tokens = [0, 0]
         self._seqs = 0
         self._closed = False
         self._cond = threading.Condition(threading.Lock())
@@ -103,14 +118,16 @@ class SequenceQueue:
             now = self._clock()
             for s in seqs:
                 s.enqueued_at = now
+            flows = self._lanes[ticket.lane]
             key = ticket.flow or ticket
-            flow = self._flows.get(key)
+            flow = flows.get(key)
             if flow is None:
-                flow = self._flows[key] = deque()
+                flow = flows[key] = deque()
             flow.extend(seqs)
             ticket.queued_tokens += tokens
             ticket.queued_seqs += len(seqs)
             self._tokens += tokens
+            self._lane_tokens[ticket.lane] += tokens
             self._seqs += len(seqs)
             self._cond.notify()
 
@@ -128,7 +145,7 @@ class SequenceQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                if self._flows:
+                if self._lanes[0] or self._lanes[1]:
                     packed = self._take_locked()
                     if packed.sequences or packed.expired or packed.skipped:
                         return packed
@@ -170,6 +187,11 @@ class SequenceQueue:
         with self._cond:
             return self._seqs, self._tokens
 
+    def lane_tokens(self, lane: int) -> int:
+        """Tokens waiting in one lane, not counting cancelled ones (read without the lock: a gauge, or the
+        event loop's admission check, which is the only writer's thread for pushes)."""
+        return self._lane_tokens[lane]
+
     # -- internals ------------------------------------------------------------------------------
 
     def _drop_locked(self, ticket: Ticket) -> None:
@@ -177,19 +199,36 @@ class SequenceQueue:
             return
         ticket.cancelled = True
         self._tokens -= ticket.queued_tokens
+        self._lane_tokens[ticket.lane] -= ticket.queued_tokens
         self._seqs -= ticket.queued_seqs
         ticket.queued_tokens = 0
         ticket.queued_seqs = 0
 
     def _take_locked(self) -> PackedBatch:
         packed = PackedBatch(taken_at=self._clock())
+        both = self._lane_tokens[BULK] > 0 and self._lane_tokens[INTERACTIVE] > 0
+        room = self.max_batch_tokens - (self.bulk_reserve if both else 0)  # interactive's, while bulk waits
+        if self._bulk_owed and both:
+            plan = ((BULK, self.bulk_reserve or 1), (INTERACTIVE, self.max_batch_tokens),
+                    (BULK, self.max_batch_tokens))
+        else:
+            plan = ((INTERACTIVE, room), (BULK, self.max_batch_tokens), (INTERACTIVE, self.max_batch_tokens))
+        for lane, limit in plan:
+            if self._fill_lane_locked(lane, packed, limit):
+                break
+        self._bulk_owed = both and packed.lane_tokens[BULK] == 0
+        return packed
+
+    def _fill_lane_locked(self, lane: int, packed: PackedBatch, limit: int) -> bool:
+        """One lane's two passes (its requests' shares, then the room left up to `limit`); True when full."""
+        flows = self._lanes[lane]
         full = False
         emptied = []
         for share_tokens, share_seqs in ((self.share_tokens, self.share_seqs), (None, None)):  # the two passes
-            for key, flow in self._flows.items():
+            for key, flow in flows.items():
                 if not flow:
                     continue  # emptied in the first pass
-                full = self._take_from_locked(flow, packed, share_tokens, share_seqs)
+                full = self._take_from_locked(flow, packed, share_tokens, share_seqs, limit)
                 if not flow:
                     emptied.append(key)
                 if full:
@@ -197,11 +236,11 @@ class SequenceQueue:
             if full:
                 break
         for key in emptied:
-            del self._flows[key]
-        return packed
+            del flows[key]
+        return full
 
     def _take_from_locked(self, flow: deque[QueuedSequence], packed: PackedBatch, share_tokens: int | None,
-                          share_seqs: int | None) -> bool:
+                          share_seqs: int | None, limit: int) -> bool:
         """Move one flow's next sequences into `packed` (within its share, when given); True when full."""
         now = packed.taken_at
         tokens = seqs = 0
@@ -220,18 +259,20 @@ class SequenceQueue:
                 packed.expired.append(ticket)
                 continue
             n = head.num_tokens
-            if packed.sequences and packed.tokens + n > self.max_batch_tokens:
+            if packed.sequences and packed.tokens + n > limit:
                 return False  # does not fit beside the others; never skip to this flow's smaller sequence
             if share_tokens is not None and seqs and (tokens + n > share_tokens or seqs >= share_seqs):
                 return False  # its share is taken: the next flow's turn
             flow.popleft()
             packed.sequences.append(head)
             packed.tokens += n
+            packed.lane_tokens[ticket.lane] += n
             tokens += n
             seqs += 1
             ticket.queued_tokens -= n
             ticket.queued_seqs -= 1
             self._tokens -= n
+            self._lane_tokens[ticket.lane] -= n
             self._seqs -= 1
             if packed.tokens >= self.max_batch_tokens or len(packed.sequences) >= self.max_batch_seqs:
                 return True  # full, or one over-long sequence running alone

@@ -26,8 +26,9 @@ from grpc_health.v1.health import aio as health_aio
 from protos import embed_pb2, embed_pb2_grpc
 from tulip.config import TulipConfig
 from tulip.engine_loader import build_engine, probe_full_budget, run_in_daemon_thread, vocab_size
-from tulip.errors import DeadlineExpired, NotReady, QueueFull, ShuttingDown, Stalled, TulipError
+from tulip.errors import DeadlineExpired, DeadlineUnmeetable, NotReady, QueueFull, ShuttingDown, Stalled, TulipError
 from tulip.job import Job
+from tulip.lanes import check_deadline, lane_of
 from tulip.metrics import TulipMetrics
 from tulip.request import RequestLimits, parse_embed_request
 from tulip.scheduler import SequenceQueue
@@ -87,6 +88,7 @@ class TulipServer:
         self._idle: asyncio.Event | None = None
         self.metrics.bind_state(
             queue_depth=lambda: self.queue.depth() if self.queue else (0, 0),
+            lane_depth=lambda lane: self.queue.lane_tokens(lane) if self.queue else 0,
             inflight=lambda: self.worker.inflight if self.worker else 0,
             ready=lambda: self.ready and not self.stalled,
             engine_stats=self._engine_stats)
@@ -131,7 +133,8 @@ class TulipServer:
             await run_in_daemon_thread(probe_full_budget, self.engine, self.batch_tokens,
                                        config.max_batch_seqs, int(info.max_length), vocab)
         queue_tokens = max(config.max_queue_tokens, self.batch_tokens)
-        self.queue = SequenceQueue(self.batch_tokens, config.max_batch_seqs, queue_tokens, share=config.request_share)
+        self.queue = SequenceQueue(self.batch_tokens, config.max_batch_seqs, queue_tokens, share=config.request_share,
+                                   bulk_share=config.bulk_share)
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3)
@@ -231,13 +234,17 @@ class TulipServer:
         if self.stalled:
             raise Stalled("the replica is stalled (a batch is far overdue on the device); retry on another replica")
         parsed = parse_embed_request(request, self.limits)
+        lane = lane_of(request.lane)
         deadline = None
         if remaining is not None:
             if remaining <= 0:
                 raise DeadlineExpired("deadline exceeded before the request was queued")
             deadline = time.monotonic() + remaining
+            if self.config.deadline_admission:  # tulip/lanes.py: refused now rather than after waiting
+                check_deadline(lane, self.queue.lane_tokens(lane), parsed.num_tokens, remaining,
+                               self.worker.device_times.seconds_per_token())
         job = Job(parsed, native_dimensions=self.limits.dimensions, loop=self._loop, deadline=deadline,
-                  request_id=request.request_id)
+                  request_id=request.request_id, lane=lane)
         self.queue.push(job, job.sequences)
         self._active += 1
         return job
@@ -251,7 +258,7 @@ class TulipServer:
         self.metrics.observe_request(status, time.perf_counter() - started, tokens)
 
     def rejected(self, request_id: str, exc: TulipError) -> None:
-        quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull, Stalled))  # counted in metrics; no log flood
+        quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull, Stalled, DeadlineUnmeetable))  # counted in metrics; no log flood
         log.log(logging.DEBUG if quiet else logging.INFO, "Embed %s rejected: %s: %s",
                 request_id or "-", exc.status, exc.message)
 

@@ -46,6 +46,7 @@ class Call:
     dimensions: int
     encoding: int
     request_id: str = ""
+    lane: int = 0  # protos Lane: 0 interactive, 1 bulk
 
 
 @dataclass
@@ -228,7 +229,8 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                                 encoding=Encoding(request.encoding))
         out = apply_head(native, options, native_int8=fake.spec.native_int8, default_normalize=fake.spec.normalize)
         dims = request.dimensions or fake.spec.dimensions
-        fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding, request.request_id))
+        fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding, request.request_id,
+                               request.lane))
         return embed_pb2.EmbedResponse(embeddings=out.astype(out.dtype.newbyteorder("<")).tobytes(),
                                        rows=out.shape[0], dimensions=dims, encoding=request.encoding,
                                        tokens=int(lens.sum()), cold=fake.cold)
