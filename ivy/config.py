@@ -135,6 +135,11 @@ class IvyConfig:
             raise SystemExit(f"ivy: {exc}") from None
         if self.max_chunks_in_flight < 0:
             raise SystemExit("ivy: --max-chunks-in-flight must be 0 (4 per serving replica) or positive")
+        if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0:
+            raise SystemExit("ivy: --header-read-timeout-s and --keep-alive-timeout-s must be positive, "
+                             "--max-connections at least 0")
+        if self.docs not in ("auto", "on", "off"):
+            raise SystemExit("ivy: --docs must be auto, on or off")
         from ivy.discovery import is_dns, parse  # torch-free, tiny
 
         for entry in ((self.replicas_dns,) if self.replicas_dns else ()) + tuple(filter(is_dns, self.replicas)):
@@ -146,11 +151,6 @@ class IvyConfig:
     def replica_entries(self) -> tuple[str, ...]:
         """What the replica pool follows: the --replicas-dns name when set, else --replicas."""
         return (f"dns:///{self.replicas_dns}",) if self.replicas_dns else self.replicas
-        if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0:
-            raise SystemExit("ivy: --header-read-timeout-s and --keep-alive-timeout-s must be positive, "
-                             "--max-connections at least 0")
-        if self.docs not in ("auto", "on", "off"):
-            raise SystemExit("ivy: --docs must be auto, on or off")
 
     def tokenizer_thread_count(self) -> int:
         return self.tokenizer_threads or min(8, os.cpu_count() or 1)

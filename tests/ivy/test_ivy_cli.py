@@ -126,3 +126,14 @@ def test_up_exits_nonzero_with_the_failing_childs_output(tmp_path) -> None:
     assert out.returncode != 0
     assert "exited with code" in out.stderr and "tulip" in out.stderr
     assert "Ivy is ready" not in out.stdout
+
+
+def test_connection_and_docs_flags_are_checked_at_start() -> None:
+    import pytest
+
+    from ivy.config import IvyConfig
+
+    for bad in ({"docs": "sometimes"}, {"keep_alive_timeout_s": 0}, {"header_read_timeout_s": -1},
+                {"max_connections": -1}):
+        with pytest.raises(SystemExit):
+            IvyConfig(**bad)
