@@ -22,7 +22,7 @@ _NONE = {"docs_url": None, "redoc_url": None, "openapi_url": None}
 
 
 def _keyed(config: IvyConfig) -> bool:
-    return config.docs == "auto" and bool(config.api_key)
+    return config.docs == "auto" and bool(config.api_key or config.api_key_lanes)  # any key turns auth on
 
 
 def fastapi_options(config: IvyConfig) -> dict[str, Any]:

@@ -43,6 +43,14 @@ def test_docs_need_the_key_when_one_is_set(fake) -> None:
         assert client.get("/health").status_code == 200
 
 
+def test_docs_need_a_key_when_only_keys_with_lanes_are_set(fake) -> None:
+    """RELIABILITY 34: IVY_API_KEY_LANES alone also turns auth on, docs included."""
+    with gateway(fake, api_key_lanes=("bulk-key=bulk",)) as client:
+        for path in DOCS:
+            assert client.get(path).status_code == 401, path
+            assert client.get(path, headers={"Authorization": "Bearer bulk-key"}).status_code == 200, path
+
+
 @pytest.mark.parametrize("docs, key, status", [("auto", "", 200), ("on", "k", 200), ("off", "", 404),
                                                ("off", "k", 404)])
 def test_docs_flag(fake, docs, key, status) -> None:
