@@ -72,8 +72,10 @@ class IvyConfig:
         "Largest request line plus headers in bytes; over it: 431 and the connection is closed."))
     header_read_timeout_s: float = field(default=10.0, metadata=_help(
         "Seconds a request's line and headers may take from their first byte; then 408 and closed (slowloris)."))
-    keep_alive_timeout_s: float = field(default=5.0, metadata=_help(
-        "Seconds an idle connection (kept alive after an answer, or new and silent) stays open."))
+    keep_alive_timeout_s: float = field(default=75.0, metadata=_help(
+        "Seconds an idle connection (kept alive after an answer, or new and silent) stays open. Longer than the "
+        "idle timeout of whatever sits in front (nginx 75 s, AWS ALB 60 s), or it reuses connections Ivy has "
+        "closed and answers 502; open connections are bounded by --max-connections, not by this."))
     max_connections: int = field(default=0, metadata=_help(
         "Open connections per worker process; a new one over it gets 503 and is closed at once. "
         "0 = the process's open-file limit minus 256 (so sockets never take every descriptor)."))
