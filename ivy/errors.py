@@ -9,7 +9,6 @@ OpenAI's ``{"error": {"message", "type", "param", "code"}}``. Messages never quo
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import grpc

@@ -326,4 +326,4 @@ def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metri
           f"  curl {url}/v1/embeddings -H 'Content-Type: application/json'{auth} \\\n"
           f"    -d '{{\"model\": \"{name}\", \"input\": [\"hello world\"]}}'\n"
           f"Metrics: {url}/metrics (gateway)" + "".join(f", {m}" for m in tulip_metrics) + "\n"
-          f"Press Ctrl-C to stop.", flush=True)
+          "Press Ctrl-C to stop.", flush=True)

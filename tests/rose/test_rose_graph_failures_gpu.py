@@ -56,7 +56,7 @@ def assert_like_eager(engine, batch, rows):
 
 def test_a_capture_the_driver_invalidates_falls_back_to_eager(tiny_models):
     engine = gpu_engine(tiny_models["qwen3"].path)
-    graphs, runner = engine.runner.graphs, engine.runner
+    graphs = engine.runner.graphs
     real = graphs.forward
 
     def syncing_forward(meta):
@@ -117,7 +117,7 @@ def test_captures_survive_another_thread_querying_events(tiny_models):
 
 def test_a_lazily_captured_graph_that_disagrees_with_eager_is_refused(tiny_models):
     engine = gpu_engine(tiny_models["bert"].path)
-    graphs, runner = engine.runner.graphs, engine.runner
+    graphs = engine.runner.graphs
     real = graphs.forward
     skew = torch.linspace(-1, 1, engine.spec.dimensions, device="cuda")
     graphs.forward = lambda meta: real(meta) * skew  # what the graph records; eager runs stay right
