@@ -70,6 +70,7 @@ class CudaGraphs:
         self.captures_failed = 0
         self.graphs_refused = 0
         self._lock = threading.Lock()
+        self._side: torch.cuda.Stream | None = None  # warm runs and captures
 
     # -- bucket choice (host only) ---------------------------------------------------------------
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
@@ -136,6 +137,10 @@ class CudaGraphs:
                     self.eager_only[layout], exc_info=exc)
 
     def _capture(self, layout: MetaLayout, host: HostMeta) -> _Graph:
+        """One warm run and the capture, both on the graphs' own side stream, without torch.cuda.graph's
+        context manager: that one synchronizes the whole device and empties the allocator's cache on every
+        capture, so under load a capture also waited for the other batch in flight and every later eager run
+        went back to cudaMalloc (benchmarks/NOTES.md, "Capture cost"). Neither is needed for a correct capture."""
         start = time.perf_counter()
         stream = torch.cuda.current_stream(self.device)
         try:
@@ -143,27 +148,34 @@ class CudaGraphs:
             static_in.copy_(torch.from_numpy(host.packed))  # a valid batch for the capture-time warm run
             meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
             self.plan(meta)
-            # One warm run on a side stream, as torch.cuda.graph's docs ask, then the capture.
-            side = torch.cuda.Stream(self.device)
+            side = self._side_stream()
             side.wait_stream(stream)
-            with torch.cuda.stream(side):
-                self.forward(meta)
-            stream.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            # Thread-local: the completer, the metrics thread and LazyTensor releases keep querying events
-            # while the launcher thread captures; in the default (global) mode any of those calls from
-            # another thread invalidates the capture (and raises there).
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                static_out = self.forward(meta)
+            with torch.cuda.stream(side):
+                self.forward(meta)  # the warm run torch.cuda.graph's docs ask for, then the capture
+                # Thread-local: the completer, the metrics thread and LazyTensor releases keep querying events
+                # while the launcher thread captures; in the default (global) mode any of those calls from
+                # another thread invalidates the capture (and raises there).
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    static_out = self.forward(meta)
+                except BaseException:
+                    _end_failed_capture(graph)
+                    raise
+                graph.capture_end()
+            stream.wait_stream(side)
         except BaseException:
-            # torch.cuda.graph leaves its capture stream current when the capture fails to end: the eager
-            # runs that follow belong on the stream this step started on.
-            torch.cuda.set_stream(stream)
+            torch.cuda.set_stream(stream)  # the eager runs that follow belong on the stream this step started on
             self._reset_pool()
             raise
         finally:
             self.capture_seconds += time.perf_counter() - start
         return _Graph(graph, static_in, static_out, meta)
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        return self._side
 
     def _reset_pool(self) -> None:
         """After a failed capture. When cudaStreamEndCapture fails, torch's CUDAGraph.capture_end raises before
@@ -191,6 +203,15 @@ class CudaGraphs:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"version": 2, "shapes": rows}, indent=1))
         os.replace(tmp, path)
+
+
+def _end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
+    """Take the stream out of capture mode after the captured forward raised; the forward's error is the one
+    that propagates (capture_end of an invalidated capture raises too)."""
+    try:
+        graph.capture_end()
+    except Exception:  # noqa: BLE001
+        log.debug("capture_end after a failed capture", exc_info=True)
 
 
 def _host_rows(out: torch.Tensor, host: HostMeta) -> np.ndarray:
