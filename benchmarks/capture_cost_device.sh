@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A fresh replica's prewarm cost per graph layout on the Qwen3-0.6B config: torch.cuda.graph's context vs rose.graphs' raw capture, with and without the eager warm-up step (benchmarks.capture_cost), plus the capture GPU test.
-# Carry .whl (only for numpy-free wheels it shares with the other runs; nothing here needs them). ~1 min.
+# Needs no carried wheels. ~1 min.
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh capture-cost
 # Writes $OUT/capture_cost.json; prints a table last.
 set -u
