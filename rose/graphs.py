@@ -4,7 +4,10 @@ A graph bakes in its shapes, so it is keyed by the bucket layout (Tb tokens, Sb 
 ragged batches are padded at the end up to the smallest bucket that fits (rose.meta explains the
 padding). Lazy capture: a layout's first batch runs eagerly at the padded shape (the warm-up: cuBLAS
 handles, kernel autotuning, allocator growth), its second is captured and replayed, later ones replay.
-All graphs draw from one memory pool; batches above the largest bucket run eagerly. A new graph's first
+While a layout has no graph, a served batch of it replays a larger captured layout that holds it within a
+padding bound instead, for its first SUBSTITUTE_SIGHTS sights (rose.graph_substitutes): no eager run and no
+capture on the request path for the layouts the prewarm did not take. All graphs draw from one memory
+pool; batches above the largest bucket run eagerly. A new graph's first
 replay is checked against the eager run of the same batch (rose.graph_checks, as prewarm checks). A capture
 that fails, or a graph that fails that check, is not retried: that batch and every later one of its layout
 run eagerly (counted in captures_failed / graphs_refused, logged once).
@@ -28,6 +31,7 @@ import torch
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS, choose_layout
 from rose.graph_checks import (VERIFY_MAX_DIVERGENCE, GraphVerificationError, check_replay,  # noqa: F401
                                cosine_divergence, load_manifest, probe_batch)  # (re-exported)
+from rose.graph_substitutes import SUBSTITUTE_SIGHTS, find_substitute
 from rose.meta import ForwardMeta, HostMeta, MetaLayout
 
 log = logging.getLogger("rose.graphs")
@@ -71,12 +75,31 @@ class CudaGraphs:
         self.graphs_refused = 0
         self._lock = threading.Lock()
         self._side: torch.cuda.Stream | None = None  # warm runs and captures
+        self.substituted: Counter[MetaLayout] = Counter()  # sights served by a larger captured layout
 
     # -- bucket choice (host only) ---------------------------------------------------------------
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
         """The smallest bucket layout that fits, or None above the largest bucket (run eagerly)."""
         found = choose_layout(self.token_buckets, self.seq_buckets, num_tokens, num_seqs, num_rows, longest)
         return None if found is None else MetaLayout(*found)
+
+    def serving_layout(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
+        """The layout a served batch runs at: its own when captured; else, for its first SUBSTITUTE_SIGHTS
+        sights, a captured larger layout that fits it within the padding bound (rose.graph_substitutes), so
+        the batch replays instead of running eagerly or capturing on the request path; else its own
+        (the lazy path: eager warm-up, then capture)."""
+        exact = self.layout_for(num_tokens, num_seqs, num_rows, longest)
+        if exact is None or exact in self.graphs or exact in self.eager_only:
+            return exact
+        with self._lock:
+            if self.substituted[exact] >= SUBSTITUTE_SIGHTS:
+                return exact
+            found = find_substitute(exact, self.graphs, num_tokens, num_seqs, num_rows, longest)
+            if found is None:
+                return exact
+            self.substituted[exact] += 1
+            self.examples.setdefault(exact, (num_tokens, num_seqs, num_rows, longest))
+            return found
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, host: HostMeta, staged: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -192,14 +215,16 @@ class CudaGraphs:
         """A real (T, S, P, longest) shape of each layout that has had its eager warm-up run(s) but no graph
         yet, hottest first: the layouts whose next batch would capture on the request path."""
         with self._lock:
-            return [self.examples[lay] for lay, n in self.seen.most_common()
+            sights = self.seen + self.substituted
+            return [self.examples[lay] for lay, n in sights.most_common()
                     if n >= self.capture_after and lay not in self.graphs and lay not in self.eager_only
                     and lay in self.examples]
 
     # -- the manifest ---------------------------------------------------------------------------
     def save_manifest(self, path: Path) -> None:
         """Hot layouts, most frequent first, each with a real batch shape that maps to it."""
-        rows = [[*self.examples[lay], n] for lay, n in self.seen.most_common() if lay in self.examples]
+        sights = self.seen + self.substituted
+        rows = [[*self.examples[lay], n] for lay, n in sights.most_common() if lay in self.examples]
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"version": 2, "shapes": rows}, indent=1))
         os.replace(tmp, path)

@@ -86,7 +86,7 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
         capture_after, graphs.capture_after = graphs.capture_after, 0  # capture at once (module docstring)
         try:
             while layout not in graphs.graphs and layout not in graphs.eager_only:
-                runner.step(batch).result()
+                runner.step(batch, own_layout=True).result()
         finally:
             graphs.capture_after = capture_after
         capture_s = time.perf_counter() - t0
@@ -95,7 +95,7 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
         if layout in graphs.eager_only:  # the capture failed (logged by rose.graphs): this layout runs eagerly
             continue
         probe = probe_batch(shape, runner.vocab_size, pooling, seed=1)
-        replayed = runner.step(probe).result()
+        replayed = runner.step(probe, own_layout=True).result()
         eager = runner.step(probe, use_graphs=False).result()
         try:
             worst = check_replay(layout_label(layout), replayed, eager)

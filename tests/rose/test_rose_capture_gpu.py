@@ -45,3 +45,24 @@ def test_a_capture_does_not_synchronize_the_device_or_empty_the_cache(tiny_model
     eager = runner.step(batch, use_graphs=False).result()
     cos = (replayed * eager).sum(1) / np.linalg.norm(replayed, axis=1) / np.linalg.norm(eager, axis=1)
     assert float(cos.min()) > 0.999
+
+
+def test_a_batch_without_its_graph_replays_a_larger_captured_one_with_its_own_rows(tiny_models):
+    from rose.engine import Engine
+    from rose.graphs import layout_label
+
+    engine = Engine.from_pretrained(tiny_models["qwen3"].path, device="cuda", prewarm=((128, 2),), graph_manifest=None)
+    engine.warmup()
+    runner, graphs = engine.runner, engine.runner.graphs
+    (captured,) = graphs.graphs
+    rng = np.random.default_rng(1)
+    batch = Batch.from_sequences([rng.integers(1, 200, size=80).astype(np.int32)], engine.spec.pooling)
+    own = graphs.layout_for(80, 1, 1, 80)
+    assert own != captured and own not in graphs.graphs
+    before = dict(runner.runs)
+    rows = engine.step(batch).result()
+    assert runner.runs[(layout_label(captured), "replay")] == before.get((layout_label(captured), "replay"), 0) + 1
+    assert graphs.substituted[own] == 1 and own not in graphs.graphs
+    eager = runner.step(batch, use_graphs=False).result()
+    cos = (rows * eager).sum(1) / np.linalg.norm(rows, axis=1) / np.linalg.norm(eager, axis=1)
+    assert float(cos.min()) > 0.999
