@@ -30,7 +30,7 @@ from benchmarks.model_zoo import make_folder
 MODES = ("context-eager", "raw-eager", "raw")
 
 
-def context_capture(graphs, layout, host):
+def context_capture(graphs, layout, host, staged):
     """rose.graphs' capture as it was, inside torch.cuda.graph (the baseline of this benchmark only)."""
     from rose.graphs import ForwardMeta, _Graph
 
@@ -54,13 +54,13 @@ def prewarm(folder: Path, sets: str, mode: str) -> dict:
     from rose.buckets import parse_layouts
     from rose.engine import Engine
     from rose.graphs import probe_batch
-    from rose.warmup import prewarm_and_verify
+    from rose.warmup import prewarm_and_verify, prewarm_shapes
 
     engine = Engine.from_pretrained(folder, device="cuda", prewarm=(), graph_manifest=None)
     runner, graphs = engine.runner, engine.runner.graphs
     if mode == "context-eager":
-        graphs._capture = lambda layout, host: context_capture(graphs, layout, host)
-    shapes = parse_layouts(sets)
+        graphs._capture = lambda layout, host, staged: context_capture(graphs, layout, host, staged)
+    shapes = prewarm_shapes(runner, parse_layouts(sets), None)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     per_layout, warm_s = [], 0.0

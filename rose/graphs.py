@@ -114,7 +114,7 @@ class CudaGraphs:
             if layout in self.eager_only or self.seen[layout] <= self.capture_after:  # warm-up, or no graph
                 return self.eager(host, staged), "eager"
             try:
-                entry = self._capture(layout, host)
+                entry = self._capture(layout, host, staged)
                 out = self._replay(entry, host, staged)
             except Exception as exc:  # noqa: BLE001 - this batch and the layout's later ones run eagerly
                 self.captures_failed += 1
@@ -159,7 +159,7 @@ class CudaGraphs:
         log.warning("CUDA graph %s: %s; this layout runs eagerly from now on", layout_label(layout),
                     self.eager_only[layout], exc_info=exc)
 
-    def _capture(self, layout: MetaLayout, host: HostMeta) -> _Graph:
+    def _capture(self, layout: MetaLayout, host: HostMeta, staged: torch.Tensor) -> _Graph:
         """One warm run and the capture, both on the graphs' own side stream, without torch.cuda.graph's
         context manager: that one synchronizes the whole device and empties the allocator's cache on every
         capture, so under load a capture also waited for the other batch in flight and every later eager run
@@ -168,7 +168,7 @@ class CudaGraphs:
         stream = torch.cuda.current_stream(self.device)
         try:
             static_in = torch.zeros(layout.words, dtype=torch.int64, device=self.device)
-            static_in.copy_(torch.from_numpy(host.packed))  # a valid batch for the capture-time warm run
+            static_in.copy_(staged, non_blocking=True)  # a valid batch for the warm run; pinned: no host wait
             meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
             self.plan(meta)
             side = self._side_stream()

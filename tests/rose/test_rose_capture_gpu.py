@@ -27,13 +27,14 @@ def test_a_capture_does_not_synchronize_the_device_or_empty_the_cache(tiny_model
                                  engine.spec.pooling)
     runner.step(batch).result()  # the layout's eager warm-up: its next batch captures
     host = runner.pack(batch, runner._layout(batch))
+    staged = torch.from_numpy(host.packed).pin_memory()
     with torch.inference_mode(), torch.cuda.device(runner.device):
         spare = torch.empty(256 << 20, dtype=torch.uint8, device=runner.device)
         del spare  # 256 MiB back in the allocator's cache, not in the driver's
         reserved = torch.cuda.memory_reserved(runner.device)
         torch.cuda._sleep(int(2e9))  # ~1 s of device time queued ahead of the capture
         t0 = time.perf_counter()
-        entry = graphs._capture(host.layout, host)
+        entry = graphs._capture(host.layout, host, staged)
         host_s = time.perf_counter() - t0
         busy = not torch.cuda.current_stream(runner.device).query()
     assert busy and host_s < 0.5, f"the capture took {host_s:.3f} s of host time: it waited for the device"
