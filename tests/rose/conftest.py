@@ -28,6 +28,16 @@ def tiny_models(tiny_root):
 
 
 @pytest.fixture(scope="session")
+def encoder_models(tiny_root):
+    """ModernBERT, MPNet and DistilBERT (rose_tiny_encoders), keyed by family."""
+    from rose_tiny_encoders import build_encoders
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return build_encoders(tiny_root)
+
+
+@pytest.fixture(scope="session")
 def tiny_spm(tiny_root):
     return build_bert(tiny_root, "xlm-roberta", "mean", seed=3, sentencepiece=True)
 
