@@ -16,7 +16,8 @@ Cost: each query scores W = block + 2*reach keys. A window of 64 (ModernBERT): 1
 useful (1.5x). Full attention with a bias (MPNet, reach up to 511): about 1100 keys per query whatever its
 sequence's length: a batch of 128-token sequences pays ~8x varlen's attention FLOPs (for MPNet-base still
 below its linear layers' FLOPs), and the bias is [T/block, heads, block, W] in the model dtype, about
-T x heads x 1100 x 2 bytes (430 MB at 16384 tokens in bf16).
+T x heads x 1100 x 2 bytes (430 MB at 16384 tokens in bf16). Each layer also copies its keys and values
+into the bands: W / block times their size (3x for a window of 64, 17x at MPNet's reach).
 """
 
 from __future__ import annotations
@@ -80,9 +81,8 @@ def biased_band(meta: ForwardMeta, reach: int, bias: Callable[[torch.Tensor], to
     """Every key of the query's sequence within `reach`, with the additive bias(key pos - query pos)
     ([nb, B, W] int64 -> [nb, B, W, heads]) on its score."""
     block, width, visible, dist = band_pairs(meta, reach)
-    values = bias(dist).permute(0, 3, 1, 2).to(dtype)
-    mask = values.masked_fill(~visible[:, None], float("-inf"))
-    return Band(block, reach, width, mask)
+    mask = bias(dist).to(dtype).permute(0, 3, 1, 2).contiguous()  # contiguous: what the fused kernels expect
+    return Band(block, reach, width, mask.masked_fill_(~visible[:, None], float("-inf")))
 
 
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Band, scale: float) -> torch.Tensor:
@@ -93,8 +93,12 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Ba
     queries = F.pad(q, (0, 0, 0, 0, 0, blocks * block - tokens)).view(blocks, block, heads, dim).transpose(1, 2)
     back = (blocks - 1) * block + width - reach - tokens
 
-    def keys(x: torch.Tensor) -> torch.Tensor:  # [nb, H, W, D]: overlapping windows, a view of one padded copy
-        return F.pad(x, (0, 0, 0, 0, reach, back)).unfold(0, width, block).permute(0, 1, 3, 2)
+    def keys(x: torch.Tensor) -> torch.Tensor:
+        # [nb, W, H, D] copied out of the overlapping windows, then viewed [nb, H, W, D]: the layout every HF
+        # model hands SDPA. Fused SDPA kernels have returned wrong results for unusual strides (pytorch#112577),
+        # and an overlapping view is as unusual as strides get.
+        bands = F.pad(x, (0, 0, 0, 0, reach, back)).unfold(0, width, block)  # [nb, H, D, W] view
+        return bands.permute(0, 3, 1, 2).contiguous().transpose(1, 2)
 
     out = F.scaled_dot_product_attention(queries, keys(k), keys(v), attn_mask=band.mask, scale=scale)
     return out.transpose(1, 2).reshape(blocks * block, heads, dim)[:tokens]
