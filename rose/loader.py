@@ -21,7 +21,7 @@ from rose.models import build_model
 from rose.spec import ModelFolderError, ModelSpec
 
 PREFIXES = ("", "model.", "bert.", "roberta.", "xlm_roberta.", "base_model.", "encoder_model.", "mpnet.",
-            "distilbert.")
+            "distilbert.", "new.")
 _ALT_NAMES = {"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"}
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

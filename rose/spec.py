@@ -27,9 +27,10 @@ _FAMILIES = {
     "modernbert": ("modernbert", "modernbert"),
     "mpnet": ("mpnet", "mpnet"),
     "distilbert": ("distilbert", "distilbert"),
+    "new": ("gte", "gte"),  # GTE v1.5 / mGTE: Alibaba-NLP/new-impl's NewModel (its math in rose/models/gte.py)
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
-MEAN_POOLED_ARCHS = ("bert", "modernbert", "mpnet", "distilbert")  # pooling without sentence-transformers files
+MEAN_POOLED_ARCHS = ("bert", "modernbert", "mpnet", "distilbert", "gte")  # pooling without sentence-transformers files
 # Families whose config.json spells the standard fields its own way: their name -> the standard name (added
 # beside the original, so the layer stack keeps reading its own names and the rest of ROSE the standard ones).
 _CONFIG_ALIASES = {
@@ -44,8 +45,8 @@ _POSITION_OFFSETS = {"mpnet": 2}  # MPNet: fairseq's padding index 1, fixed in i
 class ModelSpec:
     model_dir: Path
     model_id: str
-    family: str  # bert | roberta | xlm-roberta | qwen3 | pplx-qwen3[-context] | modernbert | mpnet | distilbert
-    arch: str  # bert | qwen3 | modernbert | mpnet | distilbert: which layer stack ROSE builds
+    family: str  # a _FAMILIES family (bert, roberta, ..., qwen3, pplx-qwen3, modernbert, gte), or pplx-qwen3-context
+    arch: str  # which layer stack ROSE builds (rose.models.build_model): a _FAMILIES architecture
     config: dict[str, Any] = field(repr=False)
     causal: bool
     pooling: str  # mean | cls | last

@@ -6,13 +6,15 @@ from torch import nn
 
 from rose.models.bert import BertModel
 from rose.models.distilbert import DistilBertModel
+from rose.models.gte import NewModel
 from rose.models.modernbert import ModernBertModel
 from rose.models.mpnet import MPNetModel
 from rose.models.qwen3 import Qwen3Model
 from rose.spec import ModelFolderError, ModelSpec
 
-__all__ = ["BertModel", "DistilBertModel", "MPNetModel", "ModernBertModel", "Qwen3Model", "build_model"]
-ENCODERS = {"modernbert": ModernBertModel, "mpnet": MPNetModel, "distilbert": DistilBertModel}  # arch -> class(cfg)
+__all__ = ["BertModel", "DistilBertModel", "MPNetModel", "ModernBertModel", "NewModel", "Qwen3Model", "build_model"]
+# arch -> the class built from config.json alone
+ENCODERS = {"modernbert": ModernBertModel, "mpnet": MPNetModel, "distilbert": DistilBertModel, "gte": NewModel}
 
 
 def build_model(spec: ModelSpec) -> nn.Module:

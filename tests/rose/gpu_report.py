@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from rose_parity import cosine, random_seqs, reference_rows
 from rose_tiny_encoders import build_base_shapes, build_encoders
+from rose_tiny_remote import build_remote
 from rose_tiny_models import TinyModel, build_all, build_qwen3_06b_shape
 
 BAR = 1e-3
@@ -126,6 +127,7 @@ def all_models(root: Path) -> dict[str, TinyModel]:
     models["qwen3-0.6b-shape"] = build_qwen3_06b_shape(root)
     models["qwen3-0.6b-shape-pplx"] = build_qwen3_06b_shape(root, bidirectional=True)
     models.update(build_encoders(root))
+    models.update(build_remote(root))
     models.update(build_base_shapes(root))
     return models
 

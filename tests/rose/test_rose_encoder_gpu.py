@@ -1,4 +1,4 @@
-"""ModernBERT, MPNet and DistilBERT on the GPU: bf16 parity with transformers fp32 (divergence <= 0.1 %) per
+"""ModernBERT, MPNet, DistilBERT and GTE v1.5 on the GPU: bf16 parity with transformers fp32 (divergence <= 0.1 %) per
 backend, varlen == SDPA, batch invariance, bucket padding, and the CUDA-graph path (capture, replay, prewarm
 verification) against the fp32 reference. Skipped without CUDA; run on the H200 (`pytest -m gpu tests/rose`).
 """
@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 from rose_tiny_encoders import ENCODER_FAMILIES
+from rose_tiny_remote import REMOTE_FAMILIES
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 BAR = 1e-3
+FAMILIES = ENCODER_FAMILIES + REMOTE_FAMILIES
 
 
 @pytest.fixture(scope="module")
@@ -30,23 +32,23 @@ def base_shapes(tiny_root):
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "varlen"])
-@pytest.mark.parametrize("name", ENCODER_FAMILIES)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_bf16_parity_with_transformers_fp32(name, attention, encoder_models, report):
     assert report.check_parity(encoder_models[name], attention)["divergence"] <= BAR
 
 
-@pytest.mark.parametrize("name", ENCODER_FAMILIES)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_varlen_equals_sdpa(name, encoder_models, report):
     assert report.check_backends_agree(encoder_models[name])["divergence"] <= BAR
 
 
-@pytest.mark.parametrize("name", ENCODER_FAMILIES)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_batch_invariance_on_gpu(name, encoder_models, report):
     assert report.check_batch_invariance(encoder_models[name])["divergence"] <= BAR
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "varlen"])
-@pytest.mark.parametrize("name", ENCODER_FAMILIES)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_bucket_padding_on_gpu(name, attention, encoder_models, report):
     assert report.check_bucket_padding(encoder_models[name], attention)["divergence"] <= BAR
 
@@ -57,7 +59,7 @@ def test_real_widths_long_sequences(name, attention, base_shapes, report):
     assert report.check_parity(base_shapes[name], attention, lengths=report.LONG_LENGTHS)["divergence"] <= BAR
 
 
-@pytest.mark.parametrize("name", ENCODER_FAMILIES)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_lazy_capture_then_replay_matches_transformers(name, encoder_models, tmp_path):
     """The same layout four times: eager, capture, replay, replay; every run within the bar of HF fp32."""
     from rose import Batch
