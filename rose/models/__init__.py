@@ -9,12 +9,15 @@ from rose.models.distilbert import DistilBertModel
 from rose.models.gte import NewModel
 from rose.models.modernbert import ModernBertModel
 from rose.models.mpnet import MPNetModel
+from rose.models.nomic_bert import NomicBertModel
 from rose.models.qwen3 import Qwen3Model
 from rose.spec import ModelFolderError, ModelSpec
 
-__all__ = ["BertModel", "DistilBertModel", "MPNetModel", "ModernBertModel", "NewModel", "Qwen3Model", "build_model"]
+__all__ = ["BertModel", "DistilBertModel", "MPNetModel", "ModernBertModel", "NewModel", "NomicBertModel", "Qwen3Model",
+           "build_model"]
 # arch -> the class built from config.json alone
-ENCODERS = {"modernbert": ModernBertModel, "mpnet": MPNetModel, "distilbert": DistilBertModel, "gte": NewModel}
+ENCODERS = {"modernbert": ModernBertModel, "mpnet": MPNetModel, "distilbert": DistilBertModel, "gte": NewModel,
+            "nomic_bert": NomicBertModel}
 
 
 def build_model(spec: ModelSpec) -> nn.Module:

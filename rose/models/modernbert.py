@@ -114,7 +114,8 @@ class ModernBertModel(nn.Module):
         self.scale = head_dim ** -0.5
         self.window = int(cfg.get("local_attention", 128)) // 2
         self.embeddings = ModernBertEmbeddings(cfg, eps, norm_bias)
-        self.layers = nn.ModuleList(ModernBertEncoderLayer(cfg, i, kind, eps, norm_bias) for i, kind in enumerate(kinds))
+        self.layers = nn.ModuleList(ModernBertEncoderLayer(cfg, i, kind, eps, norm_bias)
+                                    for i, kind in enumerate(kinds))
         self.final_norm = LayerNorm(cfg["hidden_size"], eps=eps, bias=norm_bias)
         self.rotary_global = RotaryEmbedding(head_dim, rope_theta(cfg, "full_attention"))
         self.rotary_local = RotaryEmbedding(head_dim, rope_theta(cfg, "sliding_attention"))

@@ -27,7 +27,8 @@ def _fresh(root: Path, name: str) -> Path:
     return path
 
 
-def _finish(hf: torch.nn.Module, seed: int, path: Path, std: float = 0.1, scale: dict[str, float] | None = None) -> None:
+def _finish(hf: torch.nn.Module, seed: int, path: Path, std: float = 0.1,
+            scale: dict[str, float] | None = None) -> None:
     _randomize(hf, seed, std)
     with torch.no_grad():
         for name, factor in (scale or {}).items():
@@ -50,9 +51,9 @@ def _byte_bpe_tokenizer(path: Path, max_len: int) -> None:
     tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
                                                        special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
     tok.save(str(path / "tokenizer.json"))
-    _write_json(path / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
-                                                  "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-                                                  "unk_token": "[UNK]", "mask_token": "[MASK]"})
+    _write_json(path / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, "cls_token": "[CLS]",
+        "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]"})
 
 
 def _mpnet_tokenizer(path: Path, max_len: int) -> None:
@@ -70,10 +71,10 @@ def _mpnet_tokenizer(path: Path, max_len: int) -> None:
     tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     tok.decoder = decoders.WordPiece()
     tok.save(str(path / "tokenizer.json"))
-    _write_json(path / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
-                                                  "bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>",
-                                                  "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "[UNK]",
-                                                  "mask_token": "<mask>", "do_lower_case": True})
+    _write_json(path / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, "bos_token": "<s>",
+        "eos_token": "</s>", "cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "[UNK]",
+        "mask_token": "<mask>", "do_lower_case": True})
 
 
 def build_modernbert(root: Path, seed: int = 21, name: str = "tiny-modernbert", std: float = 0.1,

@@ -1,4 +1,5 @@
-"""Tiny random folders of trust_remote_code families (GTE v1.5 `NewModel`), with a reference written here.
+"""Tiny random folders of trust_remote_code families (GTE v1.5 `NewModel`; NomicBERT in rose_tiny_nomic),
+with references written here.
 
 transformers has no GTE v1.5: the reference is this file's own padded implementation of the published math
 (Alibaba-NLP/new-impl modeling.py, read, not copied): embeddings (+ token type 0) -> LayerNorm; per layer
@@ -156,12 +157,21 @@ def build_gte(root: Path, name: str = "tiny-gte", seed: int = 31, std: float = 0
     return TinyModel(name, path, ref, 0, False, "cls", True, False)
 
 
-REMOTE_FAMILIES = ("gte", "gte-variant")
+REMOTE_FAMILIES = ("gte", "gte-variant", "nomic", "nomic-variant")
 
 
 def build_remote(root: Path) -> dict[str, TinyModel]:
-    """gte-base-en-v1.5's layout, and mGTE-like variations (token types, RMSNorm, separate q/k/v, mixed NTK)."""
+    """gte-base-en-v1.5's layout and mGTE-like variations (token types, RMSNorm, separate q/k/v, mixed NTK);
+    nomic-embed-text-v1.5's and a variation (half the head rotated in GPT-J pairs, plain GELU MLP, biases,
+    dynamic NTK configured: served up to max_trained_positions)."""
+    from rose_tiny_nomic import build_nomic
+
     return {"gte": build_gte(root),
             "gte-variant": build_gte(root, name="tiny-gte-variant", seed=32, type_vocab_size=1,
                                      layer_norm_type="rms_norm", pack_qkv=False,
-                                     rope_scaling={"factor": 4.0, "type": "ntk", "mixed_b": 0.5})}
+                                     rope_scaling={"factor": 4.0, "type": "ntk", "mixed_b": 0.5}),
+            "nomic": build_nomic(root),
+            "nomic-variant": build_nomic(root, name="tiny-nomic-variant", seed=42, rotary_emb_fraction=0.5,
+                                         rotary_emb_interleaved=True, activation_function="gelu", n_inner=128,
+                                         qkv_proj_bias=True, mlp_fc1_bias=True, mlp_fc2_bias=True,
+                                         rotary_scaling_factor=2.0, max_trained_positions=64)}

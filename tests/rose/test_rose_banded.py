@@ -39,7 +39,8 @@ def _qkv(tokens, heads=3, dim=8, seed=0):
     return [torch.randn(tokens, heads, dim, generator=gen, dtype=torch.float64) for _ in range(3)]
 
 
-@pytest.mark.parametrize("lengths,layout", [([1, 7, 40, 3, 90], None), ([5], None), ([33, 2, 70], MetaLayout(128, 4, 4))])
+@pytest.mark.parametrize("lengths,layout", [([1, 7, 40, 3, 90], None), ([5], None),
+                                            ([33, 2, 70], MetaLayout(128, 4, 4))])
 @pytest.mark.parametrize("window", [0, 4, 16])
 def test_window_band_equals_dense_sliding_window(lengths, layout, window):
     meta, batch = _meta(lengths, layout, bound=layout.tokens if layout else None)
