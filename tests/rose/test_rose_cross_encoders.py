@@ -220,3 +220,17 @@ def test_cross_encoder_modules_and_prompts_past_the_transformer_are_refused(fold
         load_spec(dst)
     _write(dst / "config_sentence_transformers.json", {**st_cfg, "activation_fn": "torch.nn.modules.linear.Identity"})
     assert load_spec(dst).score_head.activation == "identity"  # config_sentence_transformers.json wins
+
+
+def test_sentencepiece_pairs_are_roberta_pairs_cut_longest_first(tiny_spm):
+    """XLM-R folders with only a SentencePiece model: <s> a </s></s> b </s>, all type 0, cut as HF cuts."""
+    from rose.tokenizer import Tokenizer, longest_first
+
+    tok = Tokenizer(load_spec(tiny_spm.path))
+    a, b = "the quick brown fox jumps", "over the lazy dog " * 4
+    ids_a, ids_b = (tok.encode(t, max_length=10_000).ids[1:-1] for t in (a, b))
+    whole = tok.encode_pairs([(a, b)], max_length=10_000)[0]
+    assert whole.ids == [0, *ids_a, 2, 2, *ids_b, 2] and set(whole.type_ids) == {0} and not whole.truncated
+    cut = tok.encode_pairs([(a, b)], max_length=16)[0]
+    k1, k2 = longest_first(len(ids_a), len(ids_b), 12)
+    assert cut.ids == [0, *ids_a[:k1], 2, 2, *ids_b[:k2], 2] and len(cut.ids) == 16 and cut.truncated
