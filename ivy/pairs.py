@@ -57,6 +57,9 @@ class PairEncoder:
         if len(queries) == 1:
             queries = queries * len(docs)
         if self.yes_no:
+            if instruction is not None and len(instruction) > self.char_cap:  # it is repeated in every pair
+                raise IvyError(Problem.INPUT_TOO_LONG, f"instruction has {len(instruction)} characters; the limit "
+                               f"is {self.char_cap}", param="instruction", limit=self.char_cap)
             return self._prompted(queries, docs, truncate, side, instruction or QWEN3_RERANK_INSTRUCTION, names[1])
         encoded = self.tokenizer.encode_pairs(list(zip(queries, docs)), self.max_length, side)
         if not truncate:

@@ -117,6 +117,8 @@ def test_qwen3_reranker_prompt_is_the_model_cards(folders):
         custom = client.post("/v1/score", json={"text_1": QUERY, "text_2": DOCS[:1], "instruction": "find cats"})
         assert custom.status_code == 200
         assert np.frombuffer(fake.calls[-1].token_ids, "<i4").tolist() == recipe(QUERY, DOCS[0], "find cats")
+        huge = client.post("/v1/score", json={"text_1": QUERY, "text_2": DOCS[:1], "instruction": "x" * 10_000})
+        assert huge.status_code == 422 and huge.json()["error"]["param"] == "instruction"
 
 
 def test_instruction_is_refused_by_models_that_do_not_read_one(folders, client):
