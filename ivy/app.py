@@ -150,7 +150,7 @@ def _drain_on_sigterm(gateway: Gateway, delay_s: float) -> None:
 
 def _model_card(gw: Gateway) -> dict:
     return {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ivy",
-            "max_model_len": gw.spec.max_length, "dimensions": gw.spec.dimensions}
+            "max_model_len": gw.spec.max_length, "dimensions": gw.spec.dimensions, "tasks": list(gw.spec.tasks)}
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -52,9 +52,11 @@ def decode_rows(response: embed_pb2.EmbedResponse) -> np.ndarray:
 
 def embed_request(seqs: Sequence[Sequence[int]], tokens: int, *, dimensions: int, normalize: bool | None,
                   encoding: Encoding | int, request_id: str,
-                  spans: Sequence[Sequence[tuple[int, int]]] | None = None, lane: int = 0) -> embed_pb2.EmbedRequest:
+                  spans: Sequence[Sequence[tuple[int, int]]] | None = None, lane: int = 0,
+                  token_types: Sequence[Sequence[int]] | None = None) -> embed_pb2.EmbedRequest:
     """One Embed call's request: `seqs` (holding `tokens` ids) packed little-endian int32, with optional
-    (sequence, start, end) span triples. chain.from_iterable flattens in C, not a Python loop per token."""
+    (sequence, start, end) span triples and token types (one uint8 per id, cross-encoder pairs).
+    chain.from_iterable flattens in C, not a Python loop per token."""
     req = embed_pb2.EmbedRequest(
         token_ids=np.fromiter(chain.from_iterable(seqs), dtype="<i4", count=tokens).tobytes(),
         seq_lens=np.fromiter(map(len, seqs), dtype="<i4", count=len(seqs)).tobytes(),
@@ -64,6 +66,8 @@ def embed_request(seqs: Sequence[Sequence[int]], tokens: int, *, dimensions: int
     if spans is not None:
         triples = [(k, start, end) for k, doc in enumerate(spans) for start, end in doc]
         req.spans = np.asarray(triples, dtype="<i4").reshape(-1).tobytes()
+    if token_types is not None:
+        req.token_types = np.fromiter(chain.from_iterable(token_types), dtype=np.uint8, count=tokens).tobytes()
     return req
 
 

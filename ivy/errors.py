@@ -26,6 +26,7 @@ class Problem(enum.Enum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     UNSUPPORTED_ENCODING = "unsupported_content_encoding"
     MODEL_NOT_FOUND = "model_not_found"
+    UNSUPPORTED_TASK = "unsupported_task"  # the route needs a task the served model does not do (embed, rerank)
     UNAUTHORIZED = "invalid_api_key"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
@@ -55,6 +56,7 @@ PROBLEMS: dict[Problem, tuple[int, str]] = {
     Problem.PAYLOAD_TOO_LARGE: (413, "invalid_request_error"),
     Problem.UNSUPPORTED_ENCODING: (415, "invalid_request_error"),
     Problem.MODEL_NOT_FOUND: (404, "invalid_request_error"),
+    Problem.UNSUPPORTED_TASK: (400, "invalid_request_error"),
     Problem.UNAUTHORIZED: (401, "authentication_error"),
     Problem.NOT_FOUND: (404, "invalid_request_error"),
     Problem.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),

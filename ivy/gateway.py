@@ -76,7 +76,7 @@ class Gateway:
             inline_chars=config.tokenize_inline_chars, split_chars=config.tokenize_split_chars,
             piece_chars=config.tokenize_piece_chars)
         expected = Expected(model_ids=frozenset(self.model_names), fingerprint=self.tokenizer.fingerprint,
-                            dimensions=self.spec.dimensions, max_length=self.spec.max_length)
+                            dimensions=self.spec.dimensions, max_length=self.spec.max_length, tasks=self.spec.tasks)
         self.pool = ReplicaPool(config.replica_entries(), expected, health_interval_s=config.health_interval_s,
                                 max_message_bytes=config.grpc_max_message_bytes, stream=config.grpc_stream,
                                 attempt_timeout_s=config.replica_timeout_s)
@@ -135,6 +135,17 @@ class Gateway:
         if model is not None and model not in self.model_names:
             raise IvyError(Problem.MODEL_NOT_FOUND, "the requested model is not served here; this server serves "
                            f"{self.model_name!r}", param="model")  # never the client's text (ivy.errors)
+
+    @property
+    def cross_encoder(self) -> bool:
+        """The served model is a reranker: /v1/score and /v1/rerank cross-encode pairs (ivy.cross_encode)."""
+        return self.spec.score_head is not None
+
+    def require_task(self, task: str, route: str) -> None:
+        """400 naming the model's tasks when `route` needs one it does not do (/v1/embeddings on a reranker)."""
+        if task not in self.spec.tasks:
+            raise IvyError(Problem.UNSUPPORTED_TASK, f"{route} needs a model that does {task!r}; {self.model_name!r} "
+                           f"does {', '.join(repr(t) for t in self.spec.tasks)} (see GET /v1/models)", param="model")
 
     def check_count(self, n: int, limit: int, param: str = "input") -> None:
         if n > limit:
@@ -195,9 +206,11 @@ class Gateway:
 
     async def embed(self, sequences: Sequence[Sequence[int]], *, deadline: float, dimensions: int = 0,
                     normalize: bool | None = None, encoding: Encoding = Encoding.FLOAT32,
-                    spans: Sequence[Sequence[tuple[int, int]]] | None = None, lane: str | None = None) -> np.ndarray:
+                    spans: Sequence[Sequence[tuple[int, int]]] | None = None, lane: str | None = None,
+                    token_types: Sequence[Sequence[int]] | None = None) -> np.ndarray:
         """Rows for `sequences` in input order (one per sequence, or one per span of each sequence), in the
-        priority `lane` (None: bulk above --bulk-above-tokens tokens, else interactive)."""
+        priority `lane` (None: bulk above --bulk-above-tokens tokens, else interactive). `token_types`: one
+        list per sequence (BERT cross-encoder pairs)."""
         lengths = [len(s) for s in sequences]
         wire_lane = lane_value(lane, sum(lengths), self.config.bulk_above_tokens)
         rows_per_seq = [len(s) for s in spans] if spans is not None else [1] * len(sequences)
@@ -205,14 +218,15 @@ class Gateway:
         if not await self.pool.any_serving_now():
             raise IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
         request_id = metrics.REQUEST_ID.get() or uuid.uuid4().hex
-        if (self.coalescer is not None and spans is None and len(chunks) == 1
+        if (self.coalescer is not None and spans is None and token_types is None and len(chunks) == 1
                 and (self.coalescer.has_open_group() or self.pool.busy())):  # alone: straight out, no extra turn
             return await self.coalescer.embed(sequences, chunks[0].tokens, deadline=deadline, dimensions=dimensions,
                                               normalize=normalize, encoding=encoding, request_id=request_id,
                                               lane=wire_lane)
         requests = [embed_request(sequences[c.first: c.first + c.count], c.tokens, dimensions=dimensions,
                                   normalize=normalize, encoding=encoding, request_id=request_id, lane=wire_lane,
-                                  spans=None if spans is None else spans[c.first: c.first + c.count])
+                                  spans=None if spans is None else spans[c.first: c.first + c.count],
+                                  token_types=None if token_types is None else token_types[c.first: c.first + c.count])
                     for c in chunks]
         if len(chunks) == 1:
             results = [await self.pool.call(requests[0], chunks[0].tokens, deadline)]

@@ -42,6 +42,7 @@ class Expected:
     fingerprint: str
     dimensions: int
     max_length: int
+    tasks: tuple[str, ...] = ("embed",)
 
     def mismatch(self, info: embed_pb2.InfoResponse) -> str | None:
         if info.tokenizer_fingerprint != self.fingerprint:
@@ -52,6 +53,9 @@ class Expected:
             return f"max_length {info.max_length} != {self.max_length}"
         if info.model_id not in self.model_ids:
             return f"model {info.model_id!r} is not {sorted(self.model_ids)}"
+        tasks = tuple(info.tasks) or ("embed",)  # older replicas say nothing: they embed
+        if tasks != self.tasks:
+            return f"tasks {list(tasks)} != {list(self.tasks)}"
         return None
 
 

@@ -26,6 +26,7 @@ async def create_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
     key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, EmbeddingsRequest)  # outside the cap: a slow body holds no slot
+    gw.require_task("embed", "/v1/embeddings")
     lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
@@ -46,6 +47,7 @@ async def tei_embed(request: Request) -> Response:
     gw = gateway_of(request)
     key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, TeiEmbedRequest)
+    gw.require_task("embed", "/embed")
     lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         rows, _ = await _embed_inputs(request, body.inputs, deadline, route="/embed", param="inputs", fmt="float",
@@ -85,6 +87,7 @@ async def create_contextualized_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
     key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, ContextualizedEmbeddingsRequest)  # outside the cap
+    gw.require_task("embed", "/v1/contextualizedembeddings")
     lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)

@@ -1,7 +1,9 @@
-"""POST /v1/score (vLLM's shape) and POST /v1/rerank (Cohere's and Jina's shape): cosine scores.
+"""POST /v1/score (vLLM's shape) and POST /v1/rerank (Cohere's and Jina's shape): relevance scores.
 
-Queries are templated as queries and documents as documents (the model's prompts, when it has them);
-everything is embedded in one batch with normalize=true, so a score is a dot product of unit vectors.
+With an embedding model, cosine scores: queries are templated as queries and documents as documents (the
+model's prompts, when it has them); everything is embedded in one batch with normalize=true, so a score is
+a dot product of unit vectors. With a cross-encoder (reranker) served, each (query, document) pair is
+scored by the model itself (ivy.cross_encode).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ivy import metrics
+from ivy.cross_encode import check_instruction, cross_scores
 from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
@@ -48,10 +51,18 @@ async def score(request: Request) -> Response:
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
             raise IvyError(Problem.INVALID_PARAMETER, f"text_1 has {len(body.text_1)} texts; it needs 1 or as many "
                            f"as text_2 ({len(body.text_2)})", param="text_1")
-        q, d, tokens = await _embed_pair(request, gw, body.text_1, body.text_2, truncate=body.truncate,
-                                         side=body.truncation_side, deadline=deadline, names=("text_1", "text_2"))
-        scores = d @ q[0] if len(q) == 1 else np.einsum("ij,ij->i", q, d)
-        metrics.INPUTS.labels("/v1/score").inc(len(q) + len(d))
+        if gw.cross_encoder:
+            scores, tokens = await cross_scores(request, gw, body.text_1, body.text_2, truncate=body.truncate,
+                                                side=body.truncation_side, deadline=deadline,
+                                                instruction=body.instruction, names=("text_1", "text_2"))
+            inputs = len(scores)
+        else:
+            check_instruction(gw, body.instruction)
+            q, d, tokens = await _embed_pair(request, gw, body.text_1, body.text_2, truncate=body.truncate,
+                                             side=body.truncation_side, deadline=deadline, names=("text_1", "text_2"))
+            scores = d @ q[0] if len(q) == 1 else np.einsum("ij,ij->i", q, d)
+            inputs = len(q) + len(d)
+        metrics.INPUTS.labels("/v1/score").inc(inputs)
         metrics.TOKENS.labels("/v1/score").inc(tokens)
         data = [{"object": "score", "index": i, "score": float(s)} for i, s in enumerate(scores)]
         return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
@@ -62,16 +73,22 @@ async def score(request: Request) -> Response:
 @router.post("/v2/rerank", openapi_extra=request_body(RerankRequest), responses={200: {"model": RerankResponse}},
              include_in_schema=False)  # where Cohere's v2 client posts; same body and answer
 async def rerank(request: Request) -> Response:
-    """Documents ordered by cosine relevance to the query; `top_n` keeps the best n; `return_documents`
-    echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
+    """Documents ordered by relevance to the query (cosine, or the cross-encoder's score); `top_n` keeps the
+    best n; `return_documents` echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
     gw = gateway_of(request)
     gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, RerankRequest)  # outside the cap: a slow body holds no slot
     with gw.admit():
         gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")
-        q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,
-                                         side=body.truncation_side, deadline=deadline, names=("query", "documents"))
-        scores = d @ q[0]
+        if gw.cross_encoder:
+            scores, tokens = await cross_scores(request, gw, [body.query], body.documents, truncate=body.truncate,
+                                                side=body.truncation_side, deadline=deadline,
+                                                instruction=body.instruction, names=("query", "documents"))
+        else:
+            check_instruction(gw, body.instruction)
+            q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,
+                                             side=body.truncation_side, deadline=deadline, names=("query", "documents"))
+            scores = d @ q[0]
         order = np.argsort(-scores, kind="stable")
         if body.top_n is not None:
             order = order[: body.top_n]
@@ -81,7 +98,7 @@ async def rerank(request: Request) -> Response:
             if body.return_documents:
                 item["document"] = {"text": body.documents[i]}
             results.append(item)
-        metrics.INPUTS.labels("/v1/rerank").inc(1 + len(d))
+        metrics.INPUTS.labels("/v1/rerank").inc(1 + len(body.documents))
         metrics.TOKENS.labels("/v1/rerank").inc(tokens)
         return json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": gw.model_name, "results": results,
                               "usage": usage(tokens)})

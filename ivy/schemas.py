@@ -19,6 +19,8 @@ from ivy.inputs import (_ID_LISTS, Dimensions, DocumentsOfChunks, EmbeddingInput
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
                  "output_dimension": "dimensions", "truncate_dim": "dimensions"}  # Voyage/Cohere v2, sentence-transformers
 PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING})
+INSTRUCTION = ("The task line of a yes/no reranker's prompt (Qwen3-Reranker's <Instruct>); omitted = its default, "
+               "web search. Other models refuse it.")
 
 
 class _Request(BaseModel):
@@ -80,6 +82,7 @@ class ScoreRequest(_Request):
     text_2: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_2"))]
     truncate: bool | None = None
     truncation_side: Side = "right"
+    instruction: str | None = Field(default=None, description=INSTRUCTION)
 
 
 class RerankRequest(_Request):
@@ -91,6 +94,7 @@ class RerankRequest(_Request):
     return_documents: bool = False
     truncate: bool | None = None
     truncation_side: Side = "right"
+    instruction: str | None = Field(default=None, description=INSTRUCTION)
 
 
 class TeiEmbedRequest(_Request):
@@ -185,6 +189,9 @@ class ModelCard(BaseModel):
     owned_by: str
     max_model_len: int
     dimensions: int
+    tasks: list[Literal["embed", "rerank"]] = Field(description="What the model does: embed (/v1/embeddings; /v1/score "
+                                                    "and /v1/rerank by cosine) or rerank (a cross-encoder: "
+                                                    "/v1/score and /v1/rerank score each pair).")
 
 
 class ModelList(BaseModel):

@@ -23,6 +23,7 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 
 from ivy.errors import IvyError, Problem
+from ivy.pairs import PairEncoder, Pairs
 from ivy.split_encode import SplitEncoder
 from rose.spec import ModelSpec, config_vocab_size
 from rose.tokenizer import Tokenizer
@@ -79,6 +80,7 @@ class InputEncoder:
         self.vocab_limit = min(tokenizer.vocab_size, table) if table else tokenizer.vocab_size
         sep = spec.chunk_separator
         self._separator_ids = self._content_ids([sep])[0] if sep else []
+        self.pairs = PairEncoder(spec, tokenizer, char_cap) if spec.score_head is not None else None
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -140,6 +142,14 @@ class InputEncoder:
                 if enc.truncated:
                     raise too_long(f"{param}[{i}]", enc.original_length, self.max_length)
         return [enc.ids for enc in encoded]
+
+    # ---- (query, document) pairs of a cross-encoder ----
+
+    async def encode_pairs(self, queries: Sequence[str], docs: Sequence[str], *, truncate: bool, side: str,
+                           instruction: str | None, names: tuple[str, str]) -> Pairs:
+        """One sequence per pair (ivy.pairs); only for a cross-encoder (self.pairs is set)."""
+        size = _size(queries, self.inline_chars) + _size(docs, self.inline_chars)
+        return await self._run(self.pairs.encode, queries, docs, truncate, side, instruction, names, size=size)
 
     # ---- token ids ----
 

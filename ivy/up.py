@@ -320,10 +320,13 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
 
 
 def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metrics: list[str]) -> None:
-    name = config.served_model_name or load_spec(_resolve_model(config)).model_id
+    spec = load_spec(_resolve_model(config))
+    name = config.served_model_name or spec.model_id
     auth = ' -H "Authorization: Bearer $IVY_API_KEY"' if config.api_key else ""
+    route, body = ("rerank", '"query": "hello", "documents": ["hello world", "goodbye"]') if "rerank" in spec.tasks \
+        else ("embeddings", '"input": ["hello world"]')
     print(f"Ivy is ready at {url} (model {name}; Tulip replicas: {', '.join(addresses)})\n"
-          f"  curl {url}/v1/embeddings -H 'Content-Type: application/json'{auth} \\\n"
-          f"    -d '{{\"model\": \"{name}\", \"input\": [\"hello world\"]}}'\n"
+          f"  curl {url}/v1/{route} -H 'Content-Type: application/json'{auth} \\\n"
+          f"    -d '{{\"model\": \"{name}\", {body}}}'\n"
           f"Metrics: {url}/metrics (gateway)" + "".join(f", {m}" for m in tulip_metrics) + "\n"
           "Press Ctrl-C to stop.", flush=True)

@@ -1,7 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -23,7 +24,7 @@ LANE_INTERACTIVE: Lane
 LANE_BULK: Lane
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("token_ids", "seq_lens", "spans", "dimensions", "normalize", "encoding", "request_id", "lane")
+    __slots__ = ("token_ids", "seq_lens", "spans", "dimensions", "normalize", "encoding", "request_id", "lane", "token_types")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SEQ_LENS_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +33,7 @@ class EmbedRequest(_message.Message):
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LANE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TYPES_FIELD_NUMBER: _ClassVar[int]
     token_ids: bytes
     seq_lens: bytes
     spans: bytes
@@ -40,7 +42,8 @@ class EmbedRequest(_message.Message):
     encoding: Encoding
     request_id: str
     lane: Lane
-    def __init__(self, token_ids: _Optional[bytes] = ..., seq_lens: _Optional[bytes] = ..., spans: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., request_id: _Optional[str] = ..., lane: _Optional[_Union[Lane, str]] = ...) -> None: ...
+    token_types: bytes
+    def __init__(self, token_ids: _Optional[bytes] = ..., seq_lens: _Optional[bytes] = ..., spans: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., request_id: _Optional[str] = ..., lane: _Optional[_Union[Lane, str]] = ..., token_types: _Optional[bytes] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "rows", "dimensions", "encoding", "tokens", "cold")
@@ -89,7 +92,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "family", "max_length", "dimensions", "pooling", "tokenizer_fingerprint", "native_dtype", "normalized", "max_batch_tokens", "max_batch_seqs", "attention_backend", "device", "version")
+    __slots__ = ("model_id", "family", "max_length", "dimensions", "pooling", "tokenizer_fingerprint", "native_dtype", "normalized", "max_batch_tokens", "max_batch_seqs", "attention_backend", "device", "version", "tasks")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +106,7 @@ class InfoResponse(_message.Message):
     ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     family: str
     max_length: int
@@ -116,4 +120,5 @@ class InfoResponse(_message.Message):
     attention_backend: str
     device: str
     version: str
-    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[str] = ..., max_length: _Optional[int] = ..., dimensions: _Optional[int] = ..., pooling: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., native_dtype: _Optional[str] = ..., normalized: _Optional[bool] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_seqs: _Optional[int] = ..., attention_backend: _Optional[str] = ..., device: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[str] = ..., max_length: _Optional[int] = ..., dimensions: _Optional[int] = ..., pooling: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., native_dtype: _Optional[str] = ..., normalized: _Optional[bool] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_seqs: _Optional[int] = ..., attention_backend: _Optional[str] = ..., device: _Optional[str] = ..., version: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ...) -> None: ...

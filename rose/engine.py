@@ -3,6 +3,9 @@
     engine = Engine.from_pretrained("/models/all-MiniLM-L6-v2")      # device and dtype chosen for you
     ids = [e.ids for e in engine.tokenizer.encode_batch(["hello", "world"])]
     vectors = engine.embed(ids)                                       # float32 [2, 384], as sentence-transformers
+    # a cross-encoder (reranker) folder: one relevance score per (query, document) pair, as CrossEncoder.predict
+    pairs = engine.tokenizer.encode_pairs([("a query", "a document")])
+    scores = engine.embed([p.ids for p in pairs], token_types=[p.type_ids for p in pairs])   # float32 [1, 1]
     lazy = engine.step(rose.Batch.from_sequences(ids))               # native rows, async on a GPU
     rows = lazy.result()
 
@@ -23,6 +26,7 @@ from rose.head import OutputOptions, apply_head
 from rose.graphs import probe_batch
 from rose.lazy import LazyTensor, PinnedPool
 from rose.runner import ModelRunner
+from rose.score_head import attach_score_head
 from rose.st_head import attach_dense
 from rose.spec import EngineInfo, ModelSpec, load_spec  # noqa: F401 (EngineInfo re-exported)
 from rose.tokenizer import Tokenizer
@@ -70,7 +74,8 @@ class Engine:
             dimensions=spec.dimensions, pooling=spec.pooling, tokenizer_fingerprint=tokenizer.fingerprint,
             native_int8=spec.native_int8, normalize_default=spec.normalize,
             attention_backend=runner.backend.name, device=str(runner.device),
-            dtype=str(runner.dtype).removeprefix("torch."))
+            dtype=str(runner.dtype).removeprefix("torch."), tasks=spec.tasks,
+            type_vocab_size=spec.type_vocab_size)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str | torch.device | None = None,
@@ -96,6 +101,7 @@ class Engine:
         graphs = {"token_buckets": token_buckets, "seq_buckets": seq_buckets} if use_graphs else None
         runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool, graphs)
         attach_dense(runner, spec)  # sentence-transformers Dense modules, inside forward (and its graphs)
+        attach_score_head(runner, spec, tokenizer)  # a cross-encoder's classifier / yes-no head, likewise
         engine = cls(spec, tokenizer, runner)
         engine.prewarm = tuple(prewarm)
         engine.graph_manifest = (default_manifest_path(spec.model_dir) if graph_manifest == "auto"
@@ -110,22 +116,24 @@ class Engine:
 
     def step(self, batch: Batch) -> LazyTensor:
         """Native rows float32 [batch.num_rows, dimensions]: pooled hidden states, not normalized (for
-        pplx-embed round(127*tanh(x))). Returns at once on a GPU; waits (or raises PinnedPoolExhausted)
-        while the pinned pool is at its cap."""
+        pplx-embed round(127*tanh(x)); for a cross-encoder its score, width 1). Returns at once on a GPU;
+        waits (or raises PinnedPoolExhausted) while the pinned pool is at its cap."""
         return self.runner.step(batch)
 
     def embed(self, sequences: Sequence[Sequence[int]], pooling: str | None = None,
               spans: Sequence[tuple[int, int, int]] | None = None,
-              options: OutputOptions | None = None) -> np.ndarray:
-        """What sentence-transformers returns for these token ids (pplx-embed: the int8 values as float32).
-        `spans` are (sequence index, start, end) rows instead of one row per sequence."""
+              options: OutputOptions | None = None,
+              token_types: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+        """What sentence-transformers returns for these token ids (pplx-embed: the int8 values as float32;
+        a cross-encoder: CrossEncoder.predict's score per pair, [n, 1]). `spans` are (sequence index, start,
+        end) rows instead of one row per sequence; `token_types` one list per sequence (BERT pairs)."""
         pooling = pooling or self.spec.pooling
         rows = self._native_rows([list(s) if not isinstance(s, np.ndarray) else s for s in sequences],
-                                 pooling, spans)
+                                 pooling, spans, token_types)
         return apply_head(rows, options or OutputOptions(), native_int8=self.spec.native_int8,
                           default_normalize=self.spec.normalize)
 
-    def _native_rows(self, sequences: list, pooling: str, spans) -> np.ndarray:
+    def _native_rows(self, sequences: list, pooling: str, spans, token_types=None) -> np.ndarray:
         """Step in chunks of about EMBED_CHUNK_TOKENS tokens; rows come back in input order."""
         all_spans = spans if spans is not None else [(i, None, None) for i in range(len(sequences))]
         out = np.zeros((len(all_spans), self.spec.dimensions), dtype=np.float32)
@@ -148,11 +156,12 @@ class Engine:
             rows = [r for seq in chunk for r in by_seq.get(seq, [])]
             if not rows:
                 continue
+            types = None if token_types is None else [token_types[i] for i in chunk]
             if spans is None:
-                batch = Batch.from_sequences([sequences[i] for i in chunk], pooling)
+                batch = Batch.from_sequences([sequences[i] for i in chunk], pooling, token_types=types)
                 rows = list(chunk)
             else:
-                batch = Batch.from_sequences([sequences[i] for i in chunk],
+                batch = Batch.from_sequences([sequences[i] for i in chunk], token_types=types,
                                              spans=[(local[spans[r][0]], spans[r][1], spans[r][2]) for r in rows])
             out[rows] = self.step(batch).result()
         return out

@@ -3,7 +3,8 @@ manifest of hot shapes those probes come from (torch-free; rose.graphs re-export
 
 The comparison: per-row cosine divergence (1 - cos) between a graph's replayed rows and the eager forward's
 rows of the same batch, at most VERIFY_MAX_DIVERGENCE (0.1 %) on every row, and every replayed value
-finite. Prewarm (rose.warmup) refuses to serve on a mismatch; a graph captured lazily in serving that fails
+finite. Rows of width 1 (a cross-encoder's scores, where a cosine only compares signs) are compared by
+their difference instead: at most VERIFY_MAX_SCORE_ERROR, relative to the score where it is above 1. Prewarm (rose.warmup) refuses to serve on a mismatch; a graph captured lazily in serving that fails
 it is dropped and its layout runs eagerly (rose.graphs).
 """
 
@@ -17,6 +18,7 @@ import numpy as np
 from rose.batch import Batch
 
 VERIFY_MAX_DIVERGENCE = 1e-3  # cosine divergence (1 - cos) between graph and eager output, per row
+VERIFY_MAX_SCORE_ERROR = 1e-2  # |graph - eager| / max(1, |eager|) per score (sigmoid scores lie in [0, 1])
 
 
 class GraphVerificationError(RuntimeError):
@@ -26,10 +28,17 @@ class GraphVerificationError(RuntimeError):
 def check_replay(label: str, replayed: np.ndarray, eager: np.ndarray) -> float:
     """The worst row's divergence of `replayed` from `eager` (the real rows of one batch); raises
     GraphVerificationError above VERIFY_MAX_DIVERGENCE or when the replay is not finite."""
-    worst = float(cosine_divergence(replayed, eager).max()) if len(replayed) else 0.0
-    if not np.isfinite(replayed).all() or worst > VERIFY_MAX_DIVERGENCE:
-        raise GraphVerificationError(f"CUDA graph {label} disagrees with the eager forward: cosine divergence "
-                                     f"{worst:.2e} > {VERIFY_MAX_DIVERGENCE:.0e}")
+    scores = replayed.ndim == 2 and replayed.shape[1] == 1
+    what, bar = ("score error", VERIFY_MAX_SCORE_ERROR) if scores else ("cosine divergence", VERIFY_MAX_DIVERGENCE)
+    if not len(replayed):
+        worst = 0.0
+    elif scores:
+        worst = float((np.abs(replayed.astype(np.float64) - eager) / np.maximum(1.0, np.abs(eager))).max())
+    else:
+        worst = float(cosine_divergence(replayed, eager).max())
+    if not np.isfinite(replayed).all() or not worst <= bar:
+        raise GraphVerificationError(f"CUDA graph {label} disagrees with the eager forward: {what} "
+                                     f"{worst:.2e} > {bar:.0e}")
     return worst
 
 

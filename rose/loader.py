@@ -73,6 +73,30 @@ def _find(name: str, index: dict[str, Path]) -> str | None:
     return None
 
 
+def load_tensors(model_dir: Path, names: dict[str, tuple[str, ...]],
+                 rows: dict[str, list[int]] | None = None) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors by name (wrapper prefixes tried as for the model), on the CPU as stored: for each key
+    of `names` the first of its candidate names found. `rows` reads only those rows of a tensor (two rows of a
+    150k-row lm_head, not all of it). Raises WeightLoadError naming the candidates when none is there."""
+    index = checkpoint_index(model_dir)
+    out: dict[str, torch.Tensor] = {}
+    for key, candidates in names.items():
+        found = next((k for k in (_find(c, index) for c in candidates) if k is not None), None)
+        if found is None:
+            files = ", ".join(sorted({p.name for p in index.values()}))
+            raise WeightLoadError(f"{model_dir}: none of {list(candidates)} found in {files}")
+        with safe_open(str(index[found]), framework="pt", device="cpu") as f:
+            if rows is not None and key in rows:
+                part = f.get_slice(found)
+                n = int(part.get_shape()[0])
+                if any(not 0 <= r < n for r in rows[key]):
+                    raise WeightLoadError(f"{model_dir}: rows {rows[key]} of {found!r} outside its {n}")
+                out[key] = torch.cat([part[r:r + 1] for r in rows[key]], dim=0)
+            else:
+                out[key] = f.get_tensor(found)
+    return out
+
+
 def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """The model of `spec` with its weights on `device` in `dtype`, in eval mode, without grads."""
     with torch.device("meta"):

@@ -5,8 +5,9 @@ device buffer per bucket whose views never move: a graph runner copies the next 
 into the same buffer and replays.
 
 Layout for buckets (Tb tokens, Sb sequences, Pb rows), in int64 words:
-  input_ids [Tb] | positions [Tb] | seq_ids [Tb] | span_index [Tb] | cu_seqlens int32 [Sb+1] | span_count f32 [Pb]
-Padding goes only at the end: tokens T..Tb-1 have id `pad_id`, position 0 and form their own
+  input_ids [Tb] | positions [Tb] | seq_ids [Tb] | span_index [Tb] | token_types [Tb] | cu_seqlens int32 [Sb+1]
+  | span_count f32 [Pb]
+Padding goes only at the end: tokens T..Tb-1 have id `pad_id`, position 0, token type 0 and form their own
 pseudo-sequence (seq id S; cu_seqlens gets Tb after T, and every further entry repeats Tb). Tokens in no
 span pool into the dummy row Pb, which the pooler drops. Rows P..Pb-1 have count 1 (no division by 0).
 """
@@ -42,7 +43,7 @@ class MetaLayout:
 
     @property
     def words(self) -> int:
-        return 4 * self.tokens + self.cu_words + self.count_words
+        return 5 * self.tokens + self.cu_words + self.count_words
 
     @property
     def nbytes(self) -> int:
@@ -79,6 +80,7 @@ class ForwardMeta:
     positions: torch.Tensor  # int64 [Tb], position within its own sequence
     seq_ids: torch.Tensor  # int64 [Tb], padding tokens get id S
     span_index: torch.Tensor  # int64 [Tb], output row the token pools into; Pb = none
+    token_types: torch.Tensor  # int64 [Tb], BERT token type (a pair's second text is 1); 0 for most models
     cu_seqlens: torch.Tensor  # int32 [Sb + 1]
     span_count: torch.Tensor  # float32 [Pb], tokens per row
     max_seqlen: int  # host int; a graph bakes it in, so graphs pass an upper bound (e.g. Tb)
@@ -94,13 +96,14 @@ class ForwardMeta:
         """Views into `buf` (int64 [>= layout.words], on the device); no copies, no kernels. `graph`: this
         meta is what a CUDA graph of `layout` is captured with and replayed through."""
         t = layout.tokens
-        cu_at = 4 * t
+        cu_at = 5 * t
         count_at = cu_at + layout.cu_words
         return cls(
             input_ids=buf[0:t],
             positions=buf[t:2 * t],
             seq_ids=buf[2 * t:3 * t],
             span_index=buf[3 * t:4 * t],
+            token_types=buf[4 * t:5 * t],
             cu_seqlens=buf[cu_at:count_at].view(torch.int32)[: layout.seqs + 1],
             span_count=buf[count_at:count_at + layout.count_words].view(torch.float32)[: layout.rows],
             max_seqlen=int(max_seqlen),
@@ -111,8 +114,10 @@ class ForwardMeta:
 
 
 def pack_batch(batch: Batch, layout: MetaLayout | None = None, *, pad_id: int = 0,
-               max_length: int | None = None, vocab_size: int | None = None) -> HostMeta:
-    """Validate `batch` and pack it for `layout` (default: exact sizes, plus nothing)."""
+               max_length: int | None = None, vocab_size: int | None = None,
+               type_vocab_size: int = 1) -> HostMeta:
+    """Validate `batch` and pack it for `layout` (default: exact sizes, plus nothing). Token types must lie
+    in [0, type_vocab_size): an embedding lookup outside its table is a device-side assert on CUDA."""
     t, s, p = batch.num_tokens, batch.num_seqs, batch.num_rows
     layout = layout or MetaLayout(t, s, p)
     if not layout.fits(t, s, p):
@@ -121,6 +126,9 @@ def pack_batch(batch: Batch, layout: MetaLayout | None = None, *, pad_id: int = 
     if t and vocab_size is not None and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
         raise BatchError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    types = batch.token_types
+    if types is not None and t and (int(types.min()) < 0 or int(types.max()) >= type_vocab_size):
+        raise BatchError(f"token types must lie in [0, {type_vocab_size}) for this model")
     longest = int(batch.seq_lens.max()) if s else 0
     if max_length is not None and longest > max_length:
         raise BatchError(f"a sequence has {longest} tokens; the model takes at most {max_length}")
@@ -135,7 +143,9 @@ def pack_batch(batch: Batch, layout: MetaLayout | None = None, *, pad_id: int = 
     packed[2 * tb:2 * tb + t] = seq_ids
     packed[2 * tb + t:3 * tb] = s
     packed[3 * tb:4 * tb] = span_index
-    cu_at = 4 * tb
+    if types is not None:
+        packed[4 * tb:4 * tb + t] = types  # the rest (padding, or no types) stays 0
+    cu_at = 5 * tb
     count_at = cu_at + layout.cu_words
     cu = packed[cu_at:count_at].view(np.int32)[: layout.seqs + 1]
     cu[: s + 1] = batch.cu_seqlens

@@ -58,6 +58,7 @@ class ModelRunner:
         self.transform = output_transform(spec.native_int8)
         self.dimensions = spec.dimensions
         self.vocab_size = int(spec.config["vocab_size"])
+        self.type_vocab_size = spec.type_vocab_size
         self.pad_id = 0
         self.runs: Counter[tuple[str, str]] = Counter()
         self.step_seconds_last = 0.0
@@ -72,7 +73,8 @@ class ModelRunner:
 
     # -- the capturable part and the one eager path -----------------------------------------------
     def forward(self, meta: ForwardMeta) -> torch.Tensor:
-        """float32 [Pb, dimensions]: pooled rows after the family's transform (rows >= P are filler)."""
+        """float32 [Pb, dimensions]: pooled rows after the family's transform, or a cross-encoder's score
+        head (rose.score_head; rows >= P are filler)."""
         hidden = self.model(meta, self.backend)
         return self.transform(segment_mean(hidden, meta.span_index, meta.span_count))
 
@@ -90,7 +92,7 @@ class ModelRunner:
     def pack(self, batch: Batch, layout: MetaLayout | None = None) -> HostMeta:
         """Validate and pack `batch` (exact sizes unless a bucket `layout` is given)."""
         return pack_batch(batch, layout, pad_id=self.pad_id, max_length=self.spec.max_length,
-                          vocab_size=self.vocab_size)
+                          vocab_size=self.vocab_size, type_vocab_size=self.type_vocab_size)
 
     def step(self, batch: Batch, use_graphs: bool = True, own_layout: bool = False) -> LazyTensor:
         """own_layout: run at the batch's own graph layout, never a larger captured one (rose.graph_substitutes):

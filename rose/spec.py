@@ -2,7 +2,8 @@
 
 Reads config.json and the sentence-transformers files (modules.json, the pooling config,
 config_sentence_transformers.json prompts, sentence_bert_config.json) and decides the family, attention
-kind, pooling, normalization, native output dtype and maximum length. Errors name the file.
+kind, pooling, normalization, native output dtype and maximum length, and whether the folder is a
+cross-encoder (rose.cross_spec: its score head, one relevance score per pair). Errors name the file.
 """
 
 from __future__ import annotations
@@ -62,10 +63,24 @@ class ModelSpec:
     default_prompt_name: str | None
     chunk_separator: str | None  # text joined between a document's chunks (late chunking)
     dense: tuple = ()  # rose.st_modules.DenseSpec per sentence-transformers Dense, applied after pooling
+    score_head: Any = None  # rose.cross_spec.ScoreHead of a cross-encoder (its native row is the score)
 
     @property
     def is_contextual(self) -> bool:
         return self.family == "pplx-qwen3-context"
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """What the model serves: ("embed",) for an embedding model, ("rerank",) for a cross-encoder."""
+        return ("rerank",) if self.score_head is not None else ("embed",)
+
+    @property
+    def type_vocab_size(self) -> int:
+        """Token types a request may carry: BERT cross-encoders read a pair's second text as type 1; every
+        other model takes type 0 only (RoBERTa / XLM-R tokenizers give no token_type_ids)."""
+        if self.score_head is None or self.family != "bert":
+            return 1
+        return max(1, int(self.config.get("type_vocab_size", 2)))
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,8 @@ class EngineInfo:
     attention_backend: str
     device: str
     dtype: str
+    tasks: tuple[str, ...] = ("embed",)  # embed | rerank (ModelSpec.tasks)
+    type_vocab_size: int = 1  # token types a request may carry (ModelSpec.type_vocab_size)
 
 
 def config_vocab_size(config: dict[str, Any]) -> int:
@@ -126,12 +143,16 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         family = "pplx-qwen3-context"
     causal = arch == "qwen3" and not pplx and not config.get("use_bidirectional_attention", False)
 
-    from rose.st_modules import read_pipeline  # it imports this module's ModelFolderError
+    from rose.cross_spec import read_score_head  # they import this module's ModelFolderError
+    from rose.st_modules import read_pipeline
 
-    st = read_pipeline(model_dir, int(config["hidden_size"]), native_int8=pplx)
+    head = read_score_head(model_dir, config, family, arch)
+    st = read_pipeline(model_dir, int(config["hidden_size"]), native_int8=pplx) if head is None else None
     default_pooling = "mean" if arch in MEAN_POOLED_ARCHS or pplx else "last"
     pooling = (st and st.pooling) or config.get("pooling") or default_pooling
-    normalize = (not pplx) if st is None else st.normalize
+    if head is not None:  # the classifier reads the CLS token; a yes/no reranker the next-token state
+        pooling = "last" if head.kind == "yes_no" else "cls"
+    normalize = (not pplx and head is None) if st is None else st.normalize
     dense = st.dense if st is not None else ()
 
     max_length = int(config.get("max_position_embeddings", 512))
@@ -166,11 +187,12 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         normalize=normalize,
         native_int8=pplx,
         max_length=max_length,
-        dimensions=dense[-1].out_features if dense else int(config["hidden_size"]),
+        dimensions=1 if head is not None else dense[-1].out_features if dense else int(config["hidden_size"]),
         prompts=prompts,
         default_prompt_name=st_cfg.get("default_prompt_name"),
         chunk_separator=config.get("chunk_separator"),
         dense=dense,
+        score_head=head,
     )
 
 

@@ -2,7 +2,8 @@
 
 tokenizer.json through Hugging Face `tokenizers`, or a SentencePiece `.model` through `sentencepiece`
 (XLM-R style folders without tokenizer.json, with fairseq's id offset). Truncation keeps the special
-tokens: the content is cut to max_length minus the specials, then the post-processor adds them.
+tokens: the content is cut to max_length minus the specials, then the post-processor adds them. Pairs
+(cross-encoders) are cut longest first, as HF tokenizers' truncation="longest_first" cuts them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,27 @@ class Encoded:
     ids: list[int]
     original_length: int  # tokens before truncation, specials included
     truncated: bool
+
+
+@dataclass(frozen=True)
+class EncodedPair:
+    ids: list[int]
+    type_ids: list[int]  # 0 for the first text and its specials, 1 for the second (BERT); RoBERTa: all 0
+    original_length: int  # tokens before truncation, specials included
+    truncated: bool
+
+
+def longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
+    """How many tokens of each text a pair keeps within `budget` content tokens: the longer is cut first,
+    down to the shorter's length, then both share the budget (the longer, second or not, gets the odd one).
+    HF tokenizers' rule (truncation.rs, LongestFirst), so the ids equal CrossEncoder's."""
+    if n1 + n2 <= budget:
+        return n1, n2
+    short, long_ = min(n1, n2), max(n1, n2)
+    long_ = short if short > budget else max(short, budget - short)
+    if short + long_ > budget:
+        short, long_ = budget // 2, budget // 2 + budget % 2
+    return (long_, short) if n1 > n2 else (short, long_)
 
 
 class Tokenizer:
@@ -119,6 +141,27 @@ class Tokenizer:
                 return empty[:k], empty[k:]
         return None
 
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]], max_length: int | None = None,
+                     side: str = "right") -> list[EncodedPair]:
+        """Each (text, text_pair) as one sequence with the model's pair specials ([CLS] a [SEP] b [SEP] with
+        types 0 then 1; XLM-R <s> a </s></s> b </s>), cut longest first to `max_length` (default: the model's)."""
+        limit = self.max_length if max_length is None else max_length
+        if self._spm is not None:
+            return [self._spm.encode_pair(a, b, limit, side) for a, b in pairs]
+        firsts = self.content_encodings([a for a, _ in pairs])
+        seconds = self.content_encodings([b for _, b in pairs])
+        specials = self._hf.num_special_tokens_to_add(True)
+        out = []
+        for a, b in zip(firsts, seconds):
+            n1, n2 = len(a.ids), len(b.ids)
+            k1, k2 = longest_first(n1, n2, max(limit - specials, 0))
+            for enc, n, k in ((a, n1, k1), (b, n2, k2)):
+                if k < n:
+                    enc.truncate(k, direction=side)
+            full = self._hf.post_process(a, b, True)
+            out.append(EncodedPair(list(full.ids), list(full.type_ids), n1 + n2 + specials, (k1, k2) != (n1, n2)))
+        return out
+
     def encode(self, text: str, max_length: int | None = None, side: str = "right") -> Encoded:
         return self.encode_batch([text], max_length, side)[0]
 
@@ -161,6 +204,15 @@ class _SentencePiece:
         if n > keep:
             ids = ids[:keep] if side == "right" else ids[n - keep:]
         return Encoded(ids=[self.bos, *ids, self.eos], original_length=n + 2, truncated=n > keep)
+
+    def encode_pair(self, first: str, second: str, limit: int, side: str) -> EncodedPair:
+        """RoBERTa's pair layout <s> a </s></s> b </s> (all type 0), cut longest first to `limit`."""
+        a, b = self.piece_ids(first), self.piece_ids(second)
+        n1, n2 = len(a), len(b)
+        k1, k2 = longest_first(n1, n2, max(limit - 4, 0))
+        a, b = (a[:k1], b[:k2]) if side == "right" else (a[n1 - k1:], b[n2 - k2:])
+        ids = [self.bos, *a, self.eos, self.eos, *b, self.eos]
+        return EncodedPair(ids, [0] * len(ids), n1 + n2 + 4, (k1, k2) != (n1, n2))
 
     def token_id(self, token: str) -> int | None:
         if self.fairseq and token in ("<s>", "<pad>", "</s>", "<unk>"):

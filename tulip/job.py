@@ -46,8 +46,9 @@ class Job(Ticket):
         self.num_tokens = parsed.num_tokens
         self.loop = loop
         self.future: asyncio.Future[EmbedResult] = loop.create_future()
-        self.sequences = [QueuedSequence(ticket=self, tokens=t, spans=s, rows=r)
-                          for t, s, r in zip(parsed.sequences, parsed.spans, parsed.rows)]
+        types = parsed.token_types or [None] * len(parsed.sequences)
+        self.sequences = [QueuedSequence(ticket=self, tokens=t, spans=s, rows=r, types=y)
+                          for t, s, r, y in zip(parsed.sequences, parsed.spans, parsed.rows, types)]
         self._out = np.empty((parsed.num_rows, native_dimensions), dtype=np.float32)
         self._pending = len(self.sequences)
         self.settled = False

@@ -24,7 +24,11 @@ def build_batch(sequences: list[QueuedSequence]) -> tuple[Batch, np.ndarray]:
     row_starts = np.zeros(len(sequences), dtype=np.int64)
     np.cumsum(row_counts[:-1], out=row_starts[1:])
     token_ids = np.concatenate([s.tokens for s in sequences]).astype(np.int32, copy=False)
-    return Batch(token_ids=token_ids, seq_lens=lens, spans=spans.reshape(-1, 2)), row_starts
+    types = None
+    if any(s.types is not None for s in sequences):  # cross-encoder pairs: zeros for sequences without types
+        types = np.concatenate([s.types if s.types is not None else np.zeros(s.num_tokens, np.uint8)
+                                for s in sequences]).astype(np.int32)
+    return Batch(token_ids=token_ids, seq_lens=lens, spans=spans.reshape(-1, 2), token_types=types), row_starts
 
 
 @dataclass

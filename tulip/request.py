@@ -1,4 +1,4 @@
-"""From the wire to work: validate an EmbedRequest and split it into sequences with their spans.
+"""From the wire to work: validate an EmbedRequest and split it into sequences with their spans (and token types).
 
 The one place where protos' packed bytes become numpy arrays (views, no copies). Every check raises
 InvalidRequest naming the field and the limit, or ResponseTooLarge before any work is queued. Error
@@ -26,6 +26,7 @@ class RequestLimits:
     pooling: str  # the model's pooling when a request has no spans
     vocab_size: int = 0  # ids must be < vocab_size; 0 = unknown, unchecked
     max_response_bytes: int = 0  # 0 = unchecked
+    type_vocab_size: int = 1  # token types must be < type_vocab_size (BERT cross-encoders: 2)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class ParsedRequest:
     num_rows: int
     num_tokens: int  # tokens of the sequences that are embedded
     options: OutputOptions
+    token_types: list[np.ndarray] | None = None  # uint8 per sequence, as `sequences`; None = type 0
 
 
 def _int32_field(data: bytes, name: str, width: int = 4) -> np.ndarray:
@@ -99,9 +101,12 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
     normalize = request.normalize if request.HasField("normalize") else None
     options = OutputOptions(dimensions=dims, normalize=normalize, encoding=encoding)
 
-    sequences, start = [], 0
+    types = _token_types(request.token_types, ids.size, limits.type_vocab_size)
+    sequences, type_rows, start = [], [], 0
     for n in lens_list:
         sequences.append(ids[start:start + n])
+        if types is not None:
+            type_rows.append(types[start:start + n])
         start += n
 
     if request.spans:
@@ -124,6 +129,7 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
         pairs = triples[:, 1:].astype(np.int32)
         keep = [i for i in range(lens.size) if counts[i]]  # a sequence without a span is not embedded
         parsed_seqs = [sequences[i] for i in keep]
+        type_rows = [type_rows[i] for i in keep] if types is not None else type_rows
         parsed_spans = [pairs[groups[i]] for i in keep]
         parsed_rows = [groups[i].astype(np.int64) for i in keep]
         num_rows = int(triples.shape[0])
@@ -142,4 +148,18 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
                 f"the response would be {size} bytes ({num_rows} rows); the message limit is "
                 f"{limits.max_response_bytes} bytes (max_message_mb): send fewer sequences per request")
     return ParsedRequest(sequences=parsed_seqs, spans=parsed_spans, rows=parsed_rows,
-                         num_rows=num_rows, num_tokens=num_tokens, options=options)
+                         num_rows=num_rows, num_tokens=num_tokens, options=options,
+                         token_types=type_rows if types is not None else None)
+
+
+def _token_types(data: bytes, num_ids: int, limit: int) -> np.ndarray | None:
+    """The optional uint8 token type per id; refused when its length or a value breaks the model's limit."""
+    if not data:
+        return None
+    types = np.frombuffer(data, dtype=np.uint8)
+    if types.size != num_ids:
+        raise InvalidRequest(f"token_types has {types.size} bytes; expected one per token id ({num_ids})")
+    if types.size and int(types.max()) >= limit:
+        i = int(np.flatnonzero(types >= limit)[0])
+        raise InvalidRequest(f"token_types[{i}] = {types[i]}; this model takes token types below {limit}")
+    return types

@@ -65,6 +65,7 @@ class QueuedSequence:
     spans: np.ndarray  # int32 [k, 2] spans to pool, relative to the sequence
     rows: np.ndarray  # int [k] where each span's row goes in the request's output
     enqueued_at: float = 0.0
+    types: np.ndarray | None = None  # uint8 [n] token types (BERT cross-encoder pairs); None = all 0
 
     @property
     def num_tokens(self) -> int:

@@ -128,7 +128,8 @@ class TulipServer:
         self.batch_tokens = config.batch_tokens_for(str(info.device))
         self.limits = RequestLimits(max_length=int(info.max_length), dimensions=int(info.dimensions),
                                     pooling=info.pooling, vocab_size=vocab,
-                                    max_response_bytes=config.max_message_bytes)
+                                    max_response_bytes=config.max_message_bytes,
+                                    type_vocab_size=int(getattr(info, "type_vocab_size", 1)))
         if config.probe_full_batch_on(str(info.device)):
             await run_in_daemon_thread(probe_full_budget, self.engine, self.batch_tokens,
                                        config.max_batch_seqs, int(info.max_length), vocab)
@@ -298,7 +299,7 @@ class TulipServer:
             native_dtype="int8" if info.native_int8 else "float32", normalized=bool(info.normalize_default),
             max_batch_tokens=self.batch_tokens, max_batch_seqs=self.config.max_batch_seqs,
             attention_backend=str(getattr(info, "attention_backend", "")), device=str(info.device),
-            version=__version__)
+            version=__version__, tasks=list(getattr(info, "tasks", ("embed",))))
 
 
 class _EmbedderServicer(embed_pb2_grpc.EmbedderServicer):

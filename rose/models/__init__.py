@@ -25,7 +25,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
     try:
         if spec.arch == "bert":
             offset = int(cfg.get("pad_token_id", 1)) + 1 if spec.family in ("roberta", "xlm-roberta") else 0
-            return BertModel(cfg, position_offset=offset)
+            return BertModel(cfg, position_offset=offset, token_types=spec.type_vocab_size > 1)
         if spec.arch == "qwen3":
             return Qwen3Model(cfg, causal=spec.causal)
         if spec.arch in ENCODERS:

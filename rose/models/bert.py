@@ -1,9 +1,11 @@
-"""BERT, RoBERTa and XLM-RoBERTa encoders: absolute positions, token type 0, post-LN, GELU.
+"""BERT, RoBERTa and XLM-RoBERTa encoders: absolute positions, token types, post-LN, GELU.
 
 Module paths mirror Hugging Face's, so loading is a name map; the only difference is the fused
 `attention.self.qkv_proj` (query, key and value concatenated at load). RoBERTa/XLM-R positions start
 after the padding index (fairseq): `position_offset = pad_token_id + 1`. (HF derives positions from the
 ids and gives any pad-id token inside a sequence the padding position; real inputs hold no pad ids.)
+Token types: type 0 everywhere (one row added to every token) unless built with `token_types=True` (BERT
+cross-encoders: a pair's second text is type 1), which looks up each token's type from the batch.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(max(1, cfg.get("type_vocab_size", 2)), hidden)
         self.LayerNorm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                token_types: torch.Tensor | None = None) -> torch.Tensor:
+        types = self.token_type_embeddings.weight[0] if token_types is None else self.token_type_embeddings(token_types)
+        x = self.word_embeddings(input_ids) + types
         x = x + self.position_embeddings(positions)
         return self.LayerNorm(x)
 
@@ -94,8 +98,9 @@ class BertModel(nn.Module):
 
     FUSED = {"attention.self.qkv_proj": ("attention.self.query", "attention.self.key", "attention.self.value")}
 
-    def __init__(self, cfg: dict[str, Any], position_offset: int = 0) -> None:
+    def __init__(self, cfg: dict[str, Any], position_offset: int = 0, token_types: bool = False) -> None:
         super().__init__()
+        self.token_types = token_types
         if cfg.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"unsupported position_embedding_type {cfg['position_embedding_type']!r}")
         if cfg["hidden_size"] % cfg["num_attention_heads"]:
@@ -107,7 +112,7 @@ class BertModel(nn.Module):
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         positions = meta.positions + self.position_offset if self.position_offset else meta.positions
-        x = self.embeddings(meta.input_ids, positions)
+        x = self.embeddings(meta.input_ids, positions, meta.token_types if self.token_types else None)
         attn = AttentionContext.build(backend, meta, causal=False, scale=self.scale)
         for layer in self.encoder.layer:
             x = layer(x, attn)

@@ -2,7 +2,8 @@
 
 Embeddings are deterministic and torch-free: each token id maps to a fixed pseudo-random vector, a row is
 the mean over its span (rose.batch decides the spans, rose.head applies dimensions/normalize/encoding),
-so span pooling, order and Matryoshka behave like the real thing. Knobs let a test make it fail
+so span pooling, order and Matryoshka behave like the real thing. A cross-encoder folder (task rerank) gets
+one fake score per sequence instead (`fake_scores`: its ids and token types decide it). Knobs let a test make it fail
 (`fail_with`), stall (`delay_s`), report NOT_SERVING, or claim another model; `calls` records every Embed.
 It runs its own event loop in a background thread so tests can drive Ivy from theirs.
 """
@@ -38,6 +39,18 @@ def fake_rows(sequences: list[list[int]], dims: int, pooling: str = "mean",
     return np.stack([table[s:e].mean(axis=0) for s, e in batch.spans])
 
 
+def fake_scores(sequences: list[list[int]], token_types: list[list[int]] | None = None) -> np.ndarray:
+    """The fake cross-encoder's score per sequence (a pair): a sigmoid of its tokens' first fake dimension,
+    shifted by its token types, so ids, their order across pairs and the types all show in the score."""
+    out = []
+    for i, seq in enumerate(sequences):
+        x = np.mean([token_vector(int(t), 4)[0] for t in seq])
+        if token_types is not None:
+            x += 0.5 * float(np.mean(token_types[i]))
+        out.append(1.0 / (1.0 + np.exp(-x)))
+    return np.asarray(out, dtype=np.float32).reshape(-1, 1)
+
+
 @dataclass
 class Call:
     seqs: int
@@ -47,6 +60,8 @@ class Call:
     encoding: int
     request_id: str = ""
     lane: int = 0  # protos Lane: 0 interactive, 1 bulk
+    token_types: bytes = b""  # as sent (one uint8 per token id), empty when absent
+    token_ids: bytes = b""  # as sent (int32 little-endian)
 
 
 @dataclass
@@ -74,6 +89,7 @@ class FakeTulip:
     queue_full: int = 0  # Embed calls refused by max_queue_tokens
     _in_progress: int = 0
     cold: bool = False  # answers say their batch ran without its CUDA graph yet
+    tasks: list[str] | None = None  # what Info claims (default: the folder's tasks)
 
     def __post_init__(self) -> None:
         spec = load_spec(self.model_dir or bundled_model_dir())
@@ -221,7 +237,14 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         spans = None
         if request.spans:
             spans = [tuple(t) for t in np.frombuffer(request.spans, dtype="<i4").reshape(-1, 3).tolist()]
-        native = fake_rows(seqs, fake.spec.dimensions, fake.spec.pooling, spans)
+        if "rerank" in fake.spec.tasks:
+            types = None
+            if request.token_types:
+                flat = np.frombuffer(request.token_types, dtype=np.uint8)
+                types = [flat[offsets[i]:offsets[i + 1]].tolist() for i in range(len(lens))]
+            native = fake_scores(seqs, types)
+        else:
+            native = fake_rows(seqs, fake.spec.dimensions, fake.spec.pooling, spans)
         if fake.spec.native_int8:  # pplx-embed's native output: round(127 * tanh(x)) as floats
             native = np.round(127 * np.tanh(4 * native)).astype(np.float32)
         options = OutputOptions(dimensions=request.dimensions,
@@ -230,7 +253,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         out = apply_head(native, options, native_int8=fake.spec.native_int8, default_normalize=fake.spec.normalize)
         dims = request.dimensions or fake.spec.dimensions
         fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding, request.request_id,
-                               request.lane))
+                               request.lane, request.token_types, request.token_ids))
         return embed_pb2.EmbedResponse(embeddings=out.astype(out.dtype.newbyteorder("<")).tobytes(),
                                        rows=out.shape[0], dimensions=dims, encoding=request.encoding,
                                        tokens=int(lens.sum()), cold=fake.cold)
@@ -241,7 +264,8 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
             model_id=fake.model_id, family=fake.spec.family, max_length=fake.spec.max_length,
             dimensions=fake.spec.dimensions, pooling=fake.spec.pooling, tokenizer_fingerprint=fake.fingerprint,
             native_dtype="int8" if fake.spec.native_int8 else "float32", normalized=fake.spec.normalize,
-            max_batch_tokens=16384, max_batch_seqs=256, attention_backend="fake", device="cpu", version="fake")
+            max_batch_tokens=16384, max_batch_seqs=256, attention_backend="fake", device="cpu", version="fake",
+            tasks=list(fake.tasks if fake.tasks is not None else fake.spec.tasks))
 
 
 class _Health(health_pb2_grpc.HealthServicer):

@@ -68,3 +68,20 @@ def test_plain_request_uses_model_pooling() -> None:
     assert p.options.normalize is None and p.options.dimensions == 0
     p = parse_embed_request(req(normalize=False, dimensions=4), LIMITS)
     assert p.options.normalize is False and p.options.dimensions == 4
+
+
+def test_token_types_are_sliced_per_sequence_and_checked() -> None:
+    pairs = RequestLimits(max_length=16, dimensions=1, pooling="cls", vocab_size=100, type_vocab_size=2)
+    r = req(ids=(1, 2, 3, 4, 5), lens=(2, 3), token_types=bytes([0, 1, 0, 0, 1]))
+    p = parse_embed_request(r, pairs)
+    assert [t.tolist() for t in p.token_types] == [[0, 1], [0, 0, 1]]
+    assert parse_embed_request(req(), pairs).token_types is None  # absent: type 0 everywhere
+    spanned = parse_embed_request(req(ids=(1, 2, 3), lens=(1, 2), spans=i32(1, 0, 2), token_types=bytes([1, 0, 1])),
+                                  pairs)
+    assert [t.tolist() for t in spanned.token_types] == [[0, 1]]  # kept with the sequences that are embedded
+    with pytest.raises(InvalidRequest, match=r"token_types has 2 bytes; expected one per token id \(3\)"):
+        parse_embed_request(req(token_types=bytes([0, 1])), pairs)
+    with pytest.raises(InvalidRequest, match=r"token_types\[2\] = 2; this model takes token types below 2"):
+        parse_embed_request(req(token_types=bytes([0, 1, 2])), pairs)
+    with pytest.raises(InvalidRequest, match=r"token_types\[1\] = 1; this model takes token types below 1"):
+        parse_embed_request(req(token_types=bytes([0, 1, 0])), LIMITS)  # most models: type 0 only

@@ -1,0 +1,54 @@
+"""Tulip serving a cross-encoder with the real ROSE engine on a CPU: pairs with their token types over gRPC,
+batched with other requests' pairs, one score per pair equal to the pair alone; Info says rerank."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from tulip_testkit import ServerThread, decode_response, encode_request, make_config
+
+from protos import embed_pb2
+
+pytest.importorskip("torch")
+pytest.importorskip("sentence_transformers")
+sys.path.insert(0, str(Path(__file__).parent.parent / "rose"))  # the tiny model builders
+
+from rose_cross_models import PAIRS, build_bert_ce  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from rose.engine import Engine
+
+    with Engine.from_pretrained(build_bert_ce(tmp_path_factory.mktemp("tulip-ce")), device="cpu") as e:
+        yield e
+
+
+def test_pairs_with_token_types_score_as_alone(engine) -> None:
+    encoded = engine.tokenizer.encode_pairs(PAIRS)
+    ids, types = [p.ids for p in encoded], [p.type_ids for p in encoded]
+    solo = np.array([engine.embed([i], token_types=[t])[0, 0] for i, t in zip(ids, types)])
+    config = make_config(max_batch_tokens=64, max_batch_seqs=4)  # pairs of several requests share batches
+    with ServerThread(config, engine=engine) as s:
+        info = s.stub.Info(embed_pb2.InfoRequest(), timeout=10)
+        assert (list(info.tasks), info.dimensions, info.pooling, info.normalized) == (["rerank"], 1, "cls", False)
+        picks = [[0, 1], [2], [3, 4, 5], [5, 0], [1, 2, 3]]
+        requests = []
+        for pick in picks:
+            req = encode_request([ids[i] for i in pick])
+            req.token_types = bytes(t for i in pick for t in types[i])
+            requests.append(req)
+        futures = [s.stub.Embed.future(r, timeout=60) for r in requests]
+        for pick, fut in zip(picks, futures):
+            got = decode_response(fut.result())
+            assert got.shape == (len(pick), 1)
+            np.testing.assert_allclose(got[:, 0], solo[pick], atol=1e-6)
+        bad = encode_request([ids[0]])
+        bad.token_types = bytes([2] * len(ids[0]))
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(bad, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "below 2" in err.value.details()
