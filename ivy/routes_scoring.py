@@ -2,6 +2,7 @@
 
 Queries are templated as queries and documents as documents (the model's prompts, when it has them);
 everything is embedded in one batch with normalize=true, so a score is a dot product of unit vectors.
+The priority lane is chosen as for /v1/embeddings (ivy/lanes.py: body `priority`, X-Priority, the key's).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ router = APIRouter()
 
 
 async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: list[str], *, truncate: bool | None,
-                      side: str, deadline: float, names: tuple[str, str]) -> tuple[np.ndarray, np.ndarray, int]:
+                      side: str, deadline: float, names: tuple[str, str],
+                      lane: str | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """Unit vectors for queries and documents (one Gateway.embed call), and the tokens used."""
     cut = gw.config.truncate if truncate is None else truncate
     q_seqs, d_seqs = await asyncio.gather(
@@ -33,7 +35,8 @@ async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: l
                                 param=names[0]),
         gw.encoder.encode_texts(docs, truncate=cut, side=side, prompt=gw.encoder.prompt_for("document", None),
                                 param=names[1]))
-    rows = await unless_disconnected(request, gw.embed(q_seqs + d_seqs, deadline=deadline, normalize=True))
+    rows = await unless_disconnected(request, gw.embed(q_seqs + d_seqs, deadline=deadline, normalize=True,
+                                                          lane=lane))
     return rows[: len(q_seqs)], rows[len(q_seqs):], sum(map(len, q_seqs)) + sum(map(len, d_seqs))
 
 
@@ -41,15 +44,17 @@ async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: l
 async def score(request: Request) -> Response:
     """text_1 (one text) against every text_2, or text_1[i] against text_2[i] when both have the same length."""
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
+    key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, ScoreRequest)  # outside the cap: a slow body holds no slot
+    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
             raise IvyError(Problem.INVALID_PARAMETER, f"text_1 has {len(body.text_1)} texts; it needs 1 or as many "
                            f"as text_2 ({len(body.text_2)})", param="text_1")
         q, d, tokens = await _embed_pair(request, gw, body.text_1, body.text_2, truncate=body.truncate,
-                                         side=body.truncation_side, deadline=deadline, names=("text_1", "text_2"))
+                                         side=body.truncation_side, deadline=deadline, names=("text_1", "text_2"),
+                                         lane=lane)
         scores = d @ q[0] if len(q) == 1 else np.einsum("ij,ij->i", q, d)
         metrics.INPUTS.labels("/v1/score").inc(len(q) + len(d))
         metrics.TOKENS.labels("/v1/score").inc(tokens)
@@ -65,12 +70,14 @@ async def rerank(request: Request) -> Response:
     """Documents ordered by cosine relevance to the query; `top_n` keeps the best n; `return_documents`
     echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
+    key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, RerankRequest)  # outside the cap: a slow body holds no slot
+    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")
         q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,
-                                         side=body.truncation_side, deadline=deadline, names=("query", "documents"))
+                                         side=body.truncation_side, deadline=deadline, names=("query", "documents"),
+                                         lane=lane)
         scores = d @ q[0]
         order = np.argsort(-scores, kind="stable")
         if body.top_n is not None:

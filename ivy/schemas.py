@@ -80,6 +80,7 @@ class ScoreRequest(_Request):
     text_2: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_2"))]
     truncate: bool | None = None
     truncation_side: Side = "right"
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
 class RerankRequest(_Request):
@@ -91,6 +92,7 @@ class RerankRequest(_Request):
     return_documents: bool = False
     truncate: bool | None = None
     truncation_side: Side = "right"
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
 class TeiEmbedRequest(_Request):

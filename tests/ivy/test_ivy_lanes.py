@@ -79,6 +79,26 @@ def test_lane_from_body_header_key_and_size() -> None:
         assert r.status_code == 200 and fake.calls[-1].lane == BULK
 
 
+@pytest.mark.parametrize("route,body", [("/v1/score", {"text_1": "q", "text_2": ["a", "b"]}),
+                                        ("/v1/rerank", {"query": "q", "documents": ["a", "b"]})])
+def test_scoring_routes_take_the_lane_from_body_header_and_key(route, body) -> None:
+    with FakeTulip() as fake, gateway(fake, api_key="main", api_key_lanes=("idx=bulk",), bulk_above_tokens=1000,
+                                      coalesce=False) as client:
+        def lane(extra=None, key="main", **headers):
+            r = client.post(route, json={**body, **(extra or {})}, headers={"Authorization": f"Bearer {key}",
+                                                                           **headers})
+            assert r.status_code == 200, r.text
+            return fake.calls[-1].lane
+
+        assert lane() == INTERACTIVE  # small and no lane asked: by size
+        assert lane({"priority": "bulk"}) == BULK and lane({"priority": 2}) == BULK
+        assert lane(**{"X-Priority": "bulk"}) == BULK
+        assert lane(key="idx") == BULK
+        assert lane({"priority": "interactive"}, key="idx", **{"X-Priority": "bulk"}) == INTERACTIVE
+        r = client.post(route, json={**body, "priority": "urgent"}, headers={"Authorization": "Bearer main"})
+        assert r.status_code == 422 and r.json()["error"]["param"] == "priority"
+
+
 def test_key_lanes_alone_turn_auth_on() -> None:
     with FakeTulip() as fake, gateway(fake, api_key_lanes=("idx=bulk",)) as client:
         assert client.post("/v1/embeddings", json={"input": "a"}).status_code == 401
