@@ -145,6 +145,23 @@ def test_deadline_unmeetable_is_a_429_with_retry_after_and_is_not_retried() -> N
         assert len(fake.calls) + fake.queue_full <= 1  # answered at once: no pauses and retries as for queue_full
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_retry_after_is_tulips_estimate_of_the_wait_ahead(stream) -> None:
+    with FakeTulip(fail_with=grpc.StatusCode.RESOURCE_EXHAUSTED, fail_reason="deadline_unmeetable",
+                   fail_retry_after_s=4.2) as fake, gateway(fake, grpc_stream=stream) as client:
+        r = client.post("/v1/embeddings", json={"input": "a"})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "deadline_unmeetable"
+        assert r.headers["retry-after"] == "5"  # 4.2 s rounded up to HTTP's whole seconds
+        assert (fake.streams_opened > 0) == stream and (fake.unary_calls > 0) != stream
+
+
+@pytest.mark.parametrize("estimate,header", [(None, "1"), (0.0, "1"), (0.2, "1"), (3.0, "3"), (1e9, "3600"),
+                                             (float("nan"), "1")])
+def test_retry_after_rounds_the_estimate_up_within_bounds(estimate, header) -> None:
+    error = from_grpc(grpc.StatusCode.RESOURCE_EXHAUSTED, "", "r", "deadline_unmeetable", estimate)
+    assert error.to_response().headers["retry-after"] == header
+
+
 def test_proto_round_trip_of_the_lane() -> None:
     req = embed_pb2.EmbedRequest(token_ids=b"\x01\x00\x00\x00", seq_lens=b"\x01\x00\x00\x00", lane=BULK)
     back = embed_pb2.EmbedRequest.FromString(req.SerializeToString())
