@@ -1,5 +1,5 @@
 """HTTP client for a deployed stack or a peer: one keep-alive connection (standard
-library, see connection.py), client-side wall time per call.
+library, ivy/http_connection.py), client-side wall time per call.
 
 Route styles:
 - `ours`: embeddings on POST /v1/embeddings, scoring on POST /v1/rerank {"model", "query", "documents"}
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from benchmarks.stack.connection import Connection, HTTPError
+from ivy.http_connection import Connection, HTTPError
 
 try:  # orjson is the gateway's dependency and much faster; the client also runs without it
     import orjson

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 
 from benchmarks.stack.client import Sample, StackClient, StackError
-from benchmarks.stack.connection import HTTPError
+from ivy.http_connection import HTTPError
 
 
 @dataclass(frozen=True)
