@@ -37,7 +37,8 @@ from benchmarks.stack.index_corpus import exactly_once, make_documents, write_js
 from benchmarks.stack.index_report import table, verdicts
 from benchmarks.stack.layers_report import headline_env
 from benchmarks.stack.report import collect_env
-from benchmarks.stack.up_stack import REPO, StackFailed, UpStack
+from benchmarks.stack.up_stack import REPO, StackFailed, UpStack, raise_on_sigterm
+from ivy.up import _parent_death_signal
 from rose.flags import add_config_arguments, config_from_args
 from rose.spec import bundled_model_dir, load_spec
 
@@ -146,7 +147,8 @@ class IndexRun:
                 str(c.sort_window), "--progress", "log", "--log-interval-s", "5", *extra]
         started = time.monotonic()
         with open(self.path("ivy_index.log"), "ab") as log:
-            proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=_parent_death_signal())
         out: dict[str, Any] = {"argv": argv[3:]}
         try:
             while proc.poll() is None:
@@ -247,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     os.environ.setdefault("TULIP_GRAPH_MANIFEST", "off")  # neither engine prewarms what the other recorded
     run = IndexRun(config, argv)
+    raise_on_sigterm()  # a timeout: the stack stopped, ivy index killed, the file written
     try:
         texts = run.inprocess()
         run.stack(texts)

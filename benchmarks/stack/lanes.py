@@ -40,7 +40,7 @@ from benchmarks.stack.layers_report import headline_env
 from benchmarks.stack.load import Budget, ClientSpec, Request, parse_cpus, run_clients_apart
 from benchmarks.stack.report import collect_env, failed_record, summarize
 from benchmarks.stack.server_counters import delta, scrape
-from benchmarks.stack.up_stack import StackFailed, UpStack
+from benchmarks.stack.up_stack import StackFailed, Terminated, UpStack, raise_on_sigterm
 from ivy.http_connection import HTTPError
 from rose.flags import add_config_arguments, config_from_args
 from rose.spec import bundled_model_dir, load_spec
@@ -225,9 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, CorpusError) as exc:
         say(f"error: {exc}")
         return EXIT_CONFIG
-    run.run(configs)
+    raise_on_sigterm()
+    try:
+        run.run(configs)
+    except Terminated as exc:  # the stack is stopped (on_stack's finally); what ran is written
+        say(f"{exc}")
+        run.env["terminated"] = str(exc)
     paths = run.write(plot=config.plot)
-    failed = [r for r in run.records if r.get("error")]
+    failed = [r for r in run.records if r.get("error")] + ([run.env["terminated"]] if "terminated" in run.env else [])
     say("wrote " + ", ".join(map(str, paths)) + (f"; {len(failed)} record(s) failed" if failed else ""))
     print(table(run.records), flush=True)
     return EXIT_SERVER if failed else 0

@@ -3,7 +3,8 @@
 
 For benchmarks that compare stack configurations in one run (lanes on and off: benchmarks/stack/lanes.py)
 or drive a stack with a tool of their own (`ivy index`: benchmarks/stack/index.py). The child's output goes
-to a log file; when the stack fails to start, its tail is in the raised error.
+to a log file; when the stack fails to start, its tail is in the raised error. The child gets SIGTERM
+when the benchmark dies, even by SIGKILL (Linux), so a killed benchmark never leaves a stack on the ports.
 """
 
 from __future__ import annotations
@@ -17,12 +18,26 @@ from pathlib import Path
 from typing import Sequence
 
 from ivy.http_connection import Connection, HTTPError
+from ivy.up import _parent_death_signal  # ivy up's own: its children get SIGTERM when it dies
+
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class StackFailed(RuntimeError):
     """`ivy up` exited or did not become ready in time."""
+
+
+class Terminated(Exception):
+    """SIGTERM reached the benchmark (a `timeout` around it): the stack is stopped and the file written."""
+
+
+def raise_on_sigterm() -> None:
+    """SIGTERM raises Terminated in the main thread, so `finally` stops the stack instead of orphaning it."""
+    def handler(signum, frame):  # noqa: ANN001
+        raise Terminated("SIGTERM: stopped before the end")
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 class UpStack:
@@ -51,7 +66,7 @@ class UpStack:
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self.argv(), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL)
+                                          stdin=subprocess.DEVNULL, preexec_fn=_parent_death_signal())
         probe = Connection(self.url, timeout_s=2)
         try:
             while time.monotonic() - started < self.startup_timeout_s:
