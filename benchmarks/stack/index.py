@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -34,11 +33,11 @@ from typing import Any, Sequence
 from benchmarks.stack.__main__ import EXIT_CONFIG, EXIT_SERVER
 from benchmarks.stack.config import _f
 from benchmarks.stack.index_corpus import exactly_once, make_documents, write_jsonl
+from benchmarks.stack.index_job import run_ivy_index
 from benchmarks.stack.index_report import table, verdicts
 from benchmarks.stack.layers_report import headline_env
 from benchmarks.stack.report import collect_env
-from benchmarks.stack.up_stack import REPO, StackFailed, UpStack, raise_on_sigterm
-from ivy.up import _parent_death_signal
+from benchmarks.stack.up_stack import StackFailed, UpStack, raise_on_sigterm
 from rose.flags import add_config_arguments, config_from_args
 from rose.spec import bundled_model_dir, load_spec
 
@@ -140,36 +139,11 @@ class IndexRun:
         return texts[:count]
 
     def index(self, source: Path, output: Path, *extra: str, kill_at_shards: int = 0) -> dict[str, Any]:
-        """One `ivy index` run (SIGKILLed once `kill_at_shards` shards are committed, when given)."""
         c = self.config
-        argv = [sys.executable, "-m", "ivy", "index", str(source), str(output), "--url", self.url,
-                "--batch-size", str(c.batch_size), "--concurrency", str(c.concurrency), "--sort-window",
-                str(c.sort_window), "--progress", "log", "--log-interval-s", "5", *extra]
-        started = time.monotonic()
-        with open(self.path("ivy_index.log"), "ab") as log:
-            proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                    preexec_fn=_parent_death_signal())
-        out: dict[str, Any] = {"argv": argv[3:]}
-        try:
-            while proc.poll() is None:
-                if time.monotonic() - started > max(30.0, self.left()):
-                    raise TimeoutError(f"ivy index ran past the budget ({time.monotonic() - started:.0f} s)")
-                if kill_at_shards and committed(output) >= kill_at_shards:
-                    proc.kill()
-                    proc.wait()
-                    out.update(killed=True, shards_at_kill=committed(output))
-                    break
-                time.sleep(0.02 if kill_at_shards else 0.2)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        out.update(exit_code=proc.returncode, wall_s=round(time.monotonic() - started, 3))
-        summary = output / "summary.json"
-        if not out.get("killed") and proc.returncode == 0 and summary.exists():
-            out["summary"] = json.loads(summary.read_text())
-            summary.unlink()  # a resumed run writes its own
-        return out
+        flags = ["--url", self.url, "--batch-size", str(c.batch_size), "--concurrency", str(c.concurrency),
+                 "--sort-window", str(c.sort_window), *extra]
+        return run_ivy_index(source, output, flags, self.path("ivy_index.log"), max(30.0, self.left()),
+                             kill_at_shards)
 
     def stack(self, texts: list[str]) -> None:
         c = self.config
@@ -230,13 +204,6 @@ class IndexRun:
         path = out / f"index_{self.name}.json"
         path.write_text(json.dumps({"env": self.env, **self.result, "failed": self.failed}, indent=2, default=str))
         return path
-
-
-def committed(output: Path) -> int:
-    try:
-        return len(json.loads((output / "manifest.json").read_text())["shards"])
-    except (OSError, ValueError, KeyError):
-        return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
