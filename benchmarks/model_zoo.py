@@ -3,7 +3,8 @@
 Nothing is downloaded: the Qwen3 configs are written out here (the published Qwen3-0.6B / Qwen3-4B
 shapes), weights are random (seeded) in the requested dtype, and the tokenizer is MiniLM's WordPiece
 tokenizer.json (benchmarks feed token ids; Ivy's benchmarks tokenize real text with it). MiniLM is
-all-MiniLM-L6-v2's folder (benchmarks/assets) with random weights.
+all-MiniLM-L6-v2's folder (benchmarks/assets) with random weights. ModernBERT-base, all-mpnet-base-v2 and
+distilbert-base-uncased are their published configs with random weights and MiniLM's tokenizer.
 
     python -m benchmarks.model_zoo qwen3-0.6b /tmp/models/qwen3-0.6b [--dtype bfloat16] [--family pplx]
 """
@@ -23,7 +24,18 @@ QWEN3_CONFIGS = {
                      head_dim=128, intermediate_size=9728, vocab_size=151665, max_position_embeddings=32768,
                      rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
 }
-MODELS = (*QWEN3_CONFIGS, "minilm-l6")
+# Encoder families (issue 16): (transformers config and model class, the published config's values over the
+# class defaults, sentence-transformers max_seq_length). ModernBERT-base's config is ModernBertConfig's defaults
+# (22 layers, local window 128 every layer but each third, RoPE 160k/10k); all-mpnet-base-v2 and
+# distilbert-base-uncased as published.
+ENCODER_CONFIGS = {
+    "modernbert-base": ("ModernBertConfig", "ModernBertModel", {}, 8192),
+    "mpnet-base": ("MPNetConfig", "MPNetModel", dict(vocab_size=30527, max_position_embeddings=514,
+                                                     layer_norm_eps=1e-5), 384),
+    "distilbert-base": ("DistilBertConfig", "DistilBertModel", {}, 512),
+}
+BERT_LIKE = ("minilm-l6", *ENCODER_CONFIGS)  # short-context encoders: benchmarked on bs1-128 and docs-100
+MODELS = (*QWEN3_CONFIGS, "minilm-l6", *ENCODER_CONFIGS)
 
 
 MINILM_SKELETON = Path(__file__).resolve().parent / "assets" / "minilm-l6"  # its files without the weights
@@ -96,9 +108,44 @@ def make_minilm_folder(out: Path, dtype: str = "bfloat16", seed: int = 0) -> Pat
     return out
 
 
+def make_encoder_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """An ENCODER_CONFIGS model with random weights (std 0.02), MiniLM's tokenizer (its ids fit every one of
+    these vocabularies) and sentence-transformers files: mean pooling, normalized (as all-mpnet-base-v2)."""
+    import torch
+    import transformers
+
+    config_cls, model_cls, values, max_seq = ENCODER_CONFIGS[name]
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(**values)
+    extra = {"add_pooling_layer": False} if model_cls == "MPNetModel" else {}
+    model = getattr(transformers, model_cls)(config, **extra)
+    for p in model.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.02)
+    model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": config.hidden_size, "pooling_mode_mean_tokens": True}))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq}))
+    _copy_tokenizer(out / "tokenizer.json")
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_seq, "cls_token": "[CLS]",
+         "sep_token": "[SEP]", "unk_token": "[UNK]", "pad_token": "[PAD]"}))
+    return out
+
+
 def make_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qwen3") -> Path:
     if name == "minilm-l6":
         return make_minilm_folder(out, dtype)
+    if name in ENCODER_CONFIGS:
+        return make_encoder_folder(name, out, dtype)
     return make_qwen3_folder(name, out, dtype, family)
 
 

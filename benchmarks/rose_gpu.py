@@ -1,6 +1,9 @@
 """ROSE on the GPU against the peers, one lever at a time (issue 4). Run on the H200:
 
     python -m benchmarks.rose_gpu --out benchmarks/results [--models qwen3-0.6b,qwen3-4b,minilm-l6] [--quick]
+    python -m benchmarks.rose_gpu --models modernbert-base,mpnet-base,distilbert-base --tag _encoders
+
+The encoder families of issue 16 (and MiniLM) run bs1-128 and docs-100 only.
 
 Host->host latency (token ids on the CPU in, the embedding on the CPU out), in one run:
 hf-eager, hf-compile (torch.compile reduce-overhead; 0.6B at 128/512 tokens only, its compile time
@@ -21,7 +24,7 @@ import numpy as np
 import torch
 
 from benchmarks import gpu_env
-from benchmarks.model_zoo import make_folder
+from benchmarks.model_zoo import BERT_LIKE, make_folder
 from rose.attention.profile import PROFILE_NAME
 
 VARIANTS = ("hf-eager", "hf-compile", "rose-eager", "rose-graphs", "rose-graphs-overlap", "saturation",
@@ -150,7 +153,7 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
     spec = load_spec(model_dir)
     (model_dir / PROFILE_NAME).unlink(missing_ok=True)  # rose-eager/-graphs: the default attention
     max_len = spec.max_length
-    suites = {k: v for k, v in SUITES.items() if max(v) <= max_len and (name != "minilm-l6" or k == "bs1-128")}
+    suites = {k: v for k, v in SUITES.items() if max(v) <= max_len and (name not in BERT_LIKE or k == "bs1-128")}
     suites["docs-100"] = docs_100(max_len)
     iters = 10 if quick else 40
     inputs = {k: [make_ids(v, seed) for seed in range(4)] for k, v in suites.items()}
@@ -166,7 +169,6 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
     for compile_mode in (None, "reduce-overhead"):
         if (compile_mode and name != "qwen3-0.6b") or ("hf-compile" if compile_mode else "hf-eager") not in variants:
             continue
-        t0 = time.perf_counter()
         run = hf_runner(model_dir, spec.pooling, compile_mode)
         variant = "hf-compile" if compile_mode else "hf-eager"
         for suite, batches in inputs.items():

@@ -187,7 +187,7 @@ class Engine:
         for shape in graphs.pending():
             batch = probe_batch(shape, self.runner.vocab_size, self.spec.pooling, seed=0)
             if batch is not None:  # shapes come from real batches, so a probe exists
-                self.step(batch).result()
+                self.runner.step(batch, own_layout=True).result()
                 return True
         return False
 
@@ -211,6 +211,7 @@ class Engine:
                 "graph_capture_seconds": graphs.capture_seconds if graphs else 0.0,
                 "captures_failed": graphs.captures_failed if graphs else 0,
                 "graphs_refused": graphs.graphs_refused if graphs else 0,
+                "graph_substitutions": sum(graphs.substituted.values()) if graphs else 0,
                 "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last}
 
     def close(self) -> None:

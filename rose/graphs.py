@@ -4,7 +4,10 @@ A graph bakes in its shapes, so it is keyed by the bucket layout (Tb tokens, Sb 
 ragged batches are padded at the end up to the smallest bucket that fits (rose.meta explains the
 padding). Lazy capture: a layout's first batch runs eagerly at the padded shape (the warm-up: cuBLAS
 handles, kernel autotuning, allocator growth), its second is captured and replayed, later ones replay.
-All graphs draw from one memory pool; batches above the largest bucket run eagerly. A new graph's first
+While a layout has no graph, a served batch of it replays a larger captured layout that holds it within a
+padding bound instead, for its first SUBSTITUTE_SIGHTS sights (rose.graph_substitutes): no eager run and no
+capture on the request path for the layouts the prewarm did not take. All graphs draw from one memory
+pool; batches above the largest bucket run eagerly. A new graph's first
 replay is checked against the eager run of the same batch (rose.graph_checks, as prewarm checks). A capture
 that fails, or a graph that fails that check, is not retried: that batch and every later one of its layout
 run eagerly (counted in captures_failed / graphs_refused, logged once).
@@ -28,6 +31,7 @@ import torch
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS, choose_layout
 from rose.graph_checks import (VERIFY_MAX_DIVERGENCE, GraphVerificationError, check_replay,  # noqa: F401
                                cosine_divergence, load_manifest, probe_batch)  # (re-exported)
+from rose.graph_substitutes import SUBSTITUTE_SIGHTS, find_substitute
 from rose.meta import ForwardMeta, HostMeta, MetaLayout
 
 log = logging.getLogger("rose.graphs")
@@ -70,12 +74,32 @@ class CudaGraphs:
         self.captures_failed = 0
         self.graphs_refused = 0
         self._lock = threading.Lock()
+        self._side: torch.cuda.Stream | None = None  # warm runs and captures
+        self.substituted: Counter[MetaLayout] = Counter()  # sights served by a larger captured layout
 
     # -- bucket choice (host only) ---------------------------------------------------------------
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
         """The smallest bucket layout that fits, or None above the largest bucket (run eagerly)."""
         found = choose_layout(self.token_buckets, self.seq_buckets, num_tokens, num_seqs, num_rows, longest)
         return None if found is None else MetaLayout(*found)
+
+    def serving_layout(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
+        """The layout a served batch runs at: its own when captured; else, for its first SUBSTITUTE_SIGHTS
+        sights, a captured larger layout that fits it within the padding bound (rose.graph_substitutes), so
+        the batch replays instead of running eagerly or capturing on the request path; else its own
+        (the lazy path: eager warm-up, then capture)."""
+        exact = self.layout_for(num_tokens, num_seqs, num_rows, longest)
+        if exact is None or exact in self.graphs or exact in self.eager_only:
+            return exact
+        with self._lock:
+            if self.substituted[exact] >= SUBSTITUTE_SIGHTS:
+                return exact
+            found = find_substitute(exact, self.graphs, num_tokens, num_seqs, num_rows, longest)
+            if found is None:
+                return exact
+            self.substituted[exact] += 1
+            self.examples.setdefault(exact, (num_tokens, num_seqs, num_rows, longest))
+            return found
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, host: HostMeta, staged: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -90,7 +114,7 @@ class CudaGraphs:
             if layout in self.eager_only or self.seen[layout] <= self.capture_after:  # warm-up, or no graph
                 return self.eager(host, staged), "eager"
             try:
-                entry = self._capture(layout, host)
+                entry = self._capture(layout, host, staged)
                 out = self._replay(entry, host, staged)
             except Exception as exc:  # noqa: BLE001 - this batch and the layout's later ones run eagerly
                 self.captures_failed += 1
@@ -135,35 +159,46 @@ class CudaGraphs:
         log.warning("CUDA graph %s: %s; this layout runs eagerly from now on", layout_label(layout),
                     self.eager_only[layout], exc_info=exc)
 
-    def _capture(self, layout: MetaLayout, host: HostMeta) -> _Graph:
+    def _capture(self, layout: MetaLayout, host: HostMeta, staged: torch.Tensor) -> _Graph:
+        """One warm run and the capture, both on the graphs' own side stream, without torch.cuda.graph's
+        context manager: that one synchronizes the whole device and empties the allocator's cache on every
+        capture, so under load a capture also waited for the other batch in flight and every later eager run
+        went back to cudaMalloc (benchmarks/NOTES.md, "Capture cost"). Neither is needed for a correct capture."""
         start = time.perf_counter()
         stream = torch.cuda.current_stream(self.device)
         try:
             static_in = torch.zeros(layout.words, dtype=torch.int64, device=self.device)
-            static_in.copy_(torch.from_numpy(host.packed))  # a valid batch for the capture-time warm run
+            static_in.copy_(staged, non_blocking=True)  # a valid batch for the warm run; pinned: no host wait
             meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
             self.plan(meta)
-            # One warm run on a side stream, as torch.cuda.graph's docs ask, then the capture.
-            side = torch.cuda.Stream(self.device)
+            side = self._side_stream()
             side.wait_stream(stream)
-            with torch.cuda.stream(side):
-                self.forward(meta)
-            stream.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            # Thread-local: the completer, the metrics thread and LazyTensor releases keep querying events
-            # while the launcher thread captures; in the default (global) mode any of those calls from
-            # another thread invalidates the capture (and raises there).
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                static_out = self.forward(meta)
+            with torch.cuda.stream(side):
+                self.forward(meta)  # the warm run torch.cuda.graph's docs ask for, then the capture
+                # Thread-local: the completer, the metrics thread and LazyTensor releases keep querying events
+                # while the launcher thread captures; in the default (global) mode any of those calls from
+                # another thread invalidates the capture (and raises there).
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    static_out = self.forward(meta)
+                except BaseException:
+                    _end_failed_capture(graph)
+                    raise
+                graph.capture_end()
+            stream.wait_stream(side)
         except BaseException:
-            # torch.cuda.graph leaves its capture stream current when the capture fails to end: the eager
-            # runs that follow belong on the stream this step started on.
-            torch.cuda.set_stream(stream)
+            torch.cuda.set_stream(stream)  # the eager runs that follow belong on the stream this step started on
             self._reset_pool()
             raise
         finally:
             self.capture_seconds += time.perf_counter() - start
         return _Graph(graph, static_in, static_out, meta)
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        return self._side
 
     def _reset_pool(self) -> None:
         """After a failed capture. When cudaStreamEndCapture fails, torch's CUDAGraph.capture_end raises before
@@ -180,17 +215,28 @@ class CudaGraphs:
         """A real (T, S, P, longest) shape of each layout that has had its eager warm-up run(s) but no graph
         yet, hottest first: the layouts whose next batch would capture on the request path."""
         with self._lock:
-            return [self.examples[lay] for lay, n in self.seen.most_common()
+            sights = self.seen + self.substituted
+            return [self.examples[lay] for lay, n in sights.most_common()
                     if n >= self.capture_after and lay not in self.graphs and lay not in self.eager_only
                     and lay in self.examples]
 
     # -- the manifest ---------------------------------------------------------------------------
     def save_manifest(self, path: Path) -> None:
         """Hot layouts, most frequent first, each with a real batch shape that maps to it."""
-        rows = [[*self.examples[lay], n] for lay, n in self.seen.most_common() if lay in self.examples]
+        sights = self.seen + self.substituted
+        rows = [[*self.examples[lay], n] for lay, n in sights.most_common() if lay in self.examples]
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"version": 2, "shapes": rows}, indent=1))
         os.replace(tmp, path)
+
+
+def _end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
+    """Take the stream out of capture mode after the captured forward raised; the forward's error is the one
+    that propagates (capture_end of an invalidated capture raises too)."""
+    try:
+        graph.capture_end()
+    except Exception:  # noqa: BLE001
+        log.debug("capture_end after a failed capture", exc_info=True)
 
 
 def _host_rows(out: torch.Tensor, host: HostMeta) -> np.ndarray:

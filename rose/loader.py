@@ -2,7 +2,7 @@
 
 Why meta: no memory is touched and no random init runs for weights that are about to be overwritten;
 each tensor is read once from safetensors (memory-mapped) straight onto the target device and dtype.
-Checkpoint names map onto the model's by (1) stripping a wrapper prefix ("model.", "bert.", "roberta."),
+Checkpoint names map onto the model's by (1) stripping a wrapper prefix ("model.", "bert.", "mpnet.", ...),
 (2) concatenating the parts of fused projections (the model's FUSED table), (3) old LayerNorm names.
 Tensors the model does not use (pooler, lm_head, MLM heads, position_ids buffers) are ignored.
 """
@@ -20,7 +20,8 @@ from torch import nn
 from rose.models import build_model
 from rose.spec import ModelFolderError, ModelSpec
 
-PREFIXES = ("", "model.", "bert.", "roberta.", "xlm_roberta.", "base_model.", "encoder_model.")
+PREFIXES = ("", "model.", "bert.", "roberta.", "xlm_roberta.", "base_model.", "encoder_model.", "mpnet.",
+            "distilbert.", "new.")
 _ALT_NAMES = {"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"}
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

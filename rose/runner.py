@@ -92,9 +92,11 @@ class ModelRunner:
         return pack_batch(batch, layout, pad_id=self.pad_id, max_length=self.spec.max_length,
                           vocab_size=self.vocab_size)
 
-    def step(self, batch: Batch, use_graphs: bool = True) -> LazyTensor:
+    def step(self, batch: Batch, use_graphs: bool = True, own_layout: bool = False) -> LazyTensor:
+        """own_layout: run at the batch's own graph layout, never a larger captured one (rose.graph_substitutes):
+        what prewarm and idle capture step, to warm and capture that layout."""
         start = time.perf_counter()
-        layout = self._layout(batch) if use_graphs else None
+        layout = self._layout(batch, own_layout) if use_graphs else None
         host = self.pack(batch, layout)
         if host.num_rows == 0:
             return LazyTensor(None, None, (0, self.dimensions))
@@ -115,12 +117,14 @@ class ModelRunner:
         return lazy
 
     # -- the steps of step() ----------------------------------------------------------------------
-    def _layout(self, batch: Batch) -> MetaLayout | None:
-        """1. The graph bucket layout that fits `batch`; None without graphs or above the largest bucket."""
+    def _layout(self, batch: Batch, own: bool = False) -> MetaLayout | None:
+        """1. The graph bucket layout `batch` runs at (its own, or a captured larger one: CudaGraphs.serving_layout);
+        None without graphs or above the largest bucket."""
         if self.graphs is None:
             return None
         longest = int(batch.seq_lens.max()) if batch.num_seqs else 1
-        return self.graphs.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows, longest)
+        choose = self.graphs.layout_for if own else self.graphs.serving_layout
+        return choose(batch.num_tokens, batch.num_seqs, batch.num_rows, longest)
 
     def _out_bytes(self, host: HostMeta) -> int:
         return host.num_rows * self.dimensions * 4

@@ -24,16 +24,33 @@ _FAMILIES = {
     "xlm-roberta": ("xlm-roberta", "bert"),
     "qwen3": ("qwen3", "qwen3"),
     "bidirectional_pplx_qwen3": ("pplx-qwen3", "qwen3"),
+    "modernbert": ("modernbert", "modernbert"),
+    "mpnet": ("mpnet", "mpnet"),
+    "distilbert": ("distilbert", "distilbert"),
+    "new": ("gte", "gte"),  # GTE v1.5 / mGTE: Alibaba-NLP/new-impl's NewModel (its math in rose/models/gte.py)
+    "nomic_bert": ("nomic-bert", "nomic_bert"),  # nomic-embed-text (its math in rose/models/nomic_bert.py)
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
+# Encoders pooled by mean when the folder has no sentence-transformers files (decoders: the last token)
+MEAN_POOLED_ARCHS = ("bert", "modernbert", "mpnet", "distilbert", "gte", "nomic_bert")
+# Families whose config.json spells the standard fields its own way: their name -> the standard name (added
+# beside the original, so the layer stack keeps reading its own names and the rest of ROSE the standard ones).
+_CONFIG_ALIASES = {
+    "distilbert": {"dim": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+                   "hidden_dim": "intermediate_size"},
+    "nomic_bert": {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+                   "n_inner": "intermediate_size", "n_positions": "max_position_embeddings"},
+}
+# Absolute position rows before a sequence's first token: max_length = max_position_embeddings - offset.
+_POSITION_OFFSETS = {"mpnet": 2}  # MPNet: fairseq's padding index 1, fixed in its code
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     model_dir: Path
     model_id: str
-    family: str  # bert | roberta | xlm-roberta | qwen3 | pplx-qwen3 | pplx-qwen3-context
-    arch: str  # bert | qwen3: which layer stack ROSE builds
+    family: str  # a _FAMILIES family (bert, roberta, ..., qwen3, pplx-qwen3, modernbert, gte), or pplx-qwen3-context
+    arch: str  # which layer stack ROSE builds (rose.models.build_model): a _FAMILIES architecture
     config: dict[str, Any] = field(repr=False)
     causal: bool
     pooling: str  # mean | cls | last
@@ -99,6 +116,9 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
             f"{model_dir / 'config.json'}: unsupported architecture model_type={model_type!r} {archs}; "
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     family, arch = _FAMILIES[model_type]
+    aliases = _CONFIG_ALIASES.get(model_type, {})
+    config = {**config, **{std: config[own] for own, std in aliases.items()
+                           if config.get(own) is not None and std not in config}}
     if family == "qwen3" and config.get("use_bidirectional_attention"):
         family = "pplx-qwen3"
     pplx = family == "pplx-qwen3"
@@ -109,7 +129,7 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
     from rose.st_modules import read_pipeline  # it imports this module's ModelFolderError
 
     st = read_pipeline(model_dir, int(config["hidden_size"]), native_int8=pplx)
-    default_pooling = "mean" if arch == "bert" or pplx else "last"
+    default_pooling = "mean" if arch in MEAN_POOLED_ARCHS or pplx else "last"
     pooling = (st and st.pooling) or config.get("pooling") or default_pooling
     normalize = (not pplx) if st is None else st.normalize
     dense = st.dense if st is not None else ()
@@ -117,6 +137,11 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
     max_length = int(config.get("max_position_embeddings", 512))
     if arch == "bert" and family in ("roberta", "xlm-roberta"):
         max_length -= int(config.get("pad_token_id", 1)) + 1  # positions start after the padding index
+    max_length -= _POSITION_OFFSETS.get(arch, 0)
+    if arch == "nomic_bert" and config.get("rotary_scaling_factor", 1.0) and config.get("rotary_emb_fraction"):
+        # Its dynamic NTK RoPE rescales past the trained length by the padded batch's width: not a per-sequence
+        # function, so ROSE serves the lengths where it is plain RoPE (NomicBertConfig's defaults: 1.0, 2048).
+        max_length = min(max_length, int(config.get("max_trained_positions") or 2048))
     sbert = _optional_json(model_dir / "sentence_bert_config.json") or {}
     if sbert.get("max_seq_length"):
         max_length = min(max_length, int(sbert["max_seq_length"]))

@@ -2,8 +2,9 @@
 
 Prewarm keys come from the caller (e.g. Tulip's --prewarm '128x1,512x1,2048x8') and from the manifest
 of hot layouts recorded from earlier traffic (kept beside the model, `rose_graphs.json`). Each key's
-layout is run twice on probe inputs (eager warm-up, then capture), then once more by replay, and the
-replayed rows are compared with a plain eager run of the same batch (rose.graph_checks.check_replay, the
+layout is captured at its first probe batch (no eager warm-up step first: the capture's own warm run does
+that job), then replayed on a second probe, and the replayed rows are compared with a plain eager run of the
+same batch (rose.graph_checks.check_replay, the
 check every lazily captured graph also gets): a cosine divergence above 0.1 % on any row raises
 GraphVerificationError and the replica must refuse to serve.
 """
@@ -82,15 +83,19 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
             continue
         seen.add(layout)
         t0 = time.perf_counter()
-        while layout not in graphs.graphs and layout not in graphs.eager_only:  # eager warm-up, then the capture
-            runner.step(batch).result()
+        capture_after, graphs.capture_after = graphs.capture_after, 0  # capture at once (module docstring)
+        try:
+            while layout not in graphs.graphs and layout not in graphs.eager_only:
+                runner.step(batch, own_layout=True).result()
+        finally:
+            graphs.capture_after = capture_after
         capture_s = time.perf_counter() - t0
         if layout in graphs.refused:  # its first replay already disagreed with eager (rose.graphs)
             raise GraphVerificationError(f"{graphs.eager_only[layout]}; {REFUSAL}")
         if layout in graphs.eager_only:  # the capture failed (logged by rose.graphs): this layout runs eagerly
             continue
         probe = probe_batch(shape, runner.vocab_size, pooling, seed=1)
-        replayed = runner.step(probe).result()
+        replayed = runner.step(probe, own_layout=True).result()
         eager = runner.step(probe, use_graphs=False).result()
         try:
             worst = check_replay(layout_label(layout), replayed, eager)

@@ -174,6 +174,7 @@ _KNOWN = {
     "captures_failed": "CUDA graph captures that failed (their layouts run eagerly)",
     "graphs_refused": "CUDA graphs refused: first replay disagreed with eager (their layouts run eagerly)",
     "step_seconds_last": "Duration of the engine's last step",
+    "graph_substitutions": "Batches whose own layout had no graph yet, replayed at a larger captured one",
 }
 
 

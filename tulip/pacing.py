@@ -29,6 +29,7 @@ class DeviceTimes:
         self.window = window
         self._seen: dict[int, deque[float]] = {}
         self._per_token: dict[int, deque[float]] = {}
+        self._fastest: float | None = None  # seconds_per_token(), kept per batch: it is read per request
 
     @staticmethod
     def size_class(tokens: int) -> int:
@@ -40,6 +41,7 @@ class DeviceTimes:
             if tokens > 0:
                 size = self.size_class(tokens)
                 self._per_token.setdefault(size, deque(maxlen=self.window)).append(seconds / tokens)
+                self._fastest = min(statistics.median(d) for d in self._per_token.values() if d)
 
     def estimate(self, tokens: int) -> float | None:
         seen = self._seen.get(self.size_class(tokens))
@@ -47,5 +49,4 @@ class DeviceTimes:
 
     def seconds_per_token(self) -> float | None:
         """The fastest recent rate, device seconds per token (None before any measurement)."""
-        medians = [statistics.median(d) for d in list(self._per_token.values()) if d]
-        return min(medians) if medians else None
+        return self._fastest

@@ -6,8 +6,9 @@
 Layers, in this order (`--layers` picks some): `ivy-text` (the gateway with texts), `ivy-ids` (the
 gateway with the client's own token ids), `tulip-grpc` (one Tulip over gRPC with ids, `--tulip-call
 stream|unary`; needs `--tulip`) and, with `--inprocess true`, `inprocess` (rose.Engine in this process,
-last, after the servers' layers; the server may stay up). Every layer runs the same suites on the same
-seeded requests (context.py). Each layer is verified against `--reference` when given, on what it is
+after the servers' layers; the server may stay up) and `inprocess-closed` (the same engine as L closed-loop
+clients with a harness that costs nothing, the concurrency suite only: inprocess_closed.py says why).
+Every layer runs the same suites on the same seeded requests (context.py). Each layer is verified against `--reference` when given, on what it is
 measured with. A step that fails is a record with its `error`; a layer that cannot start (unreachable,
 verification failed, no torch) has one such record per suite; the run goes on. OUT/stack_layers_<model>.json
 is written after every suite and at the end, OUT/stack_layers_<model>.png at the end (redraw one from a
@@ -29,7 +30,7 @@ from benchmarks.stack.__main__ import EXIT_CONFIG, EXIT_SERVER, redact
 from benchmarks.stack.config import BenchConfig, _f
 from benchmarks.stack.context import IdTokenizer, SuiteContext
 from benchmarks.stack.corpus import Corpus, CorpusError, DocumentMaker, TokenCounter
-from benchmarks.stack.layers_report import LAYERS, headline_env, layers_stem, write_layers
+from benchmarks.stack.layers_report import INPROCESS, LAYERS, headline_env, layers_stem, write_layers
 from benchmarks.stack.load import ClientSpec, parse_cpus
 from benchmarks.stack.report import CostBasis, collect_env, failed_record
 from benchmarks.stack.servers import IdsFace, http_server, tulip_server, verification
@@ -69,8 +70,8 @@ def check(config: LayersConfig) -> tuple[tuple[str, ...], list[str]]:
     if unknown := [s for s in wanted if s not in LAYERS]:
         raise ValueError(f"unknown layer(s) {', '.join(unknown)}; choose from {', '.join(LAYERS)}")
     layers = [name for name in LAYERS if name in wanted and (name != "tulip-grpc" or config.tulip)
-              and (name != "inprocess" or config.inprocess)]
-    if "inprocess" in layers and not config.model_dir:
+              and (name not in INPROCESS or config.inprocess)]
+    if set(INPROCESS) & set(layers) and not config.model_dir:
         raise ValueError("--inprocess true needs --model-dir (the engine loads it)")
     if not layers:
         raise ValueError("no layer to run (tulip-grpc needs --tulip, inprocess --inprocess true)")
@@ -119,8 +120,10 @@ class LayersRun:
             self.batch_limits = {k: int(info[k]) for k in ("max_batch_tokens", "max_batch_seqs") if info.get(k)}
             return client, tulip, server, IdsFace(lambda s: client.embed_matrix(s)[0], self.tokenize)
         from benchmarks.stack.inprocess import InprocessLayer  # torch and the engine: only here
+        from benchmarks.stack.inprocess_closed import ClosedLoopInprocessLayer
 
-        engine = InprocessLayer.load(self.config.model_dir or "", self.config.device, **self.batch_limits)
+        kind = ClosedLoopInprocessLayer if layer == "inprocess-closed" else InprocessLayer
+        engine = kind.load(self.config.model_dir or "", self.config.device, **self.batch_limits)
         server = {"engine": engine.describe(), "max_length": int(engine.engine.info.max_length),
                   "batch_limits_source": "tulip Info" if self.batch_limits else "defaults"}
         return engine, None, server, IdsFace(lambda s: engine.engine.embed(s), self.tokenize)
@@ -128,9 +131,14 @@ class LayersRun:
     def run_layer(self, layer: str) -> None:
         c = self.config
         config = dataclasses.replace(c, input="text" if layer == "ivy-text" else "ids")
-        if layer == "inprocess":  # no server to scrape; every distinct request seen 3x (captured, replayed)
+        suites = self.suites
+        if layer in INPROCESS:  # no server to scrape; every distinct request seen 3x (captured, replayed)
             config = dataclasses.replace(config, server_metrics=None,
                                          warmup_requests=max(c.warmup_requests, 3 * c.distinct_inputs))
+        if layer == "inprocess-closed":  # it differs from inprocess only where several clients send
+            suites = tuple(s for s in suites if s == "concurrency")
+            if not suites:
+                return
         say(f"== layer {layer}")
         try:
             client, spec, server, face = self._open(layer, config)
@@ -147,7 +155,7 @@ class LayersRun:
                                CostBasis(c.gpu_hour_price, c.gpus), tokenize=self.tokenize,
                                replay=getattr(client, "replay", None))
             self.skipped[layer] = ctx.skipped
-            done = run_suites(ctx, self.suites, after_suite=lambda so_far: self.write(tag(layer, so_far)))
+            done = run_suites(ctx, suites, after_suite=lambda so_far: self.write(tag(layer, so_far)))
         self.records += tag(layer, done)
         self.write()
 

@@ -14,8 +14,10 @@ from benchmarks.gpu_env import git_commit
 from benchmarks.stack.config import SUITES
 from benchmarks.stack.report import measured, write_result
 
-LAYERS = ("ivy-text", "ivy-ids", "tulip-grpc", "inprocess")
-COLORS = {"ivy-text": "tab:blue", "ivy-ids": "tab:orange", "tulip-grpc": "tab:green", "inprocess": "tab:red"}
+LAYERS = ("ivy-text", "ivy-ids", "tulip-grpc", "inprocess", "inprocess-closed")
+COLORS = {"ivy-text": "tab:blue", "ivy-ids": "tab:orange", "tulip-grpc": "tab:green", "inprocess": "tab:red",
+          "inprocess-closed": "tab:purple"}
+INPROCESS = ("inprocess", "inprocess-closed")  # rose.Engine in the benchmark's process (--inprocess true)
 
 
 def layers_stem(model: str, label: str | None = None) -> str:

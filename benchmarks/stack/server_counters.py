@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 _SUMMED = {"rose_graph_capture_seconds": "capture_seconds", "tulip_batch_seconds_count": "batches",
            "tulip_batch_seconds_sum": "batch_seconds", "tulip_queue_wait_seconds_sum": "queue_wait_seconds",
-           "tulip_queue_wait_seconds_count": "queued_sequences"}
+           "tulip_queue_wait_seconds_count": "queued_sequences", "rose_graph_substitutions": "substitutions"}
 
 
 def scrape(urls: list[str], timeout_s: float = 5.0) -> dict[str, float]:
@@ -49,6 +49,8 @@ def describe(change: dict[str, float]) -> str:
     """One progress-line fragment: 'eager 3 capture 2 replay 950 batches 955 (2.1 ms)'."""
     parts = [f"{mode} {int(change[f'runs_{mode}'])}" for mode in ("eager", "capture", "replay")
              if change.get(f"runs_{mode}")]
+    if change.get("substitutions"):
+        parts.append(f"substituted {int(change['substitutions'])}")
     if change.get("batches"):
         parts.append(f"batches {int(change['batches'])} ({change.get('mean_batch_ms', 0):.1f} ms)")
     return " ".join(parts)

@@ -5,10 +5,19 @@ from __future__ import annotations
 from torch import nn
 
 from rose.models.bert import BertModel
+from rose.models.distilbert import DistilBertModel
+from rose.models.gte import NewModel
+from rose.models.modernbert import ModernBertModel
+from rose.models.mpnet import MPNetModel
+from rose.models.nomic_bert import NomicBertModel
 from rose.models.qwen3 import Qwen3Model
 from rose.spec import ModelFolderError, ModelSpec
 
-__all__ = ["BertModel", "Qwen3Model", "build_model"]
+__all__ = ["BertModel", "DistilBertModel", "MPNetModel", "ModernBertModel", "NewModel", "NomicBertModel", "Qwen3Model",
+           "build_model"]
+# arch -> the class built from config.json alone
+ENCODERS = {"modernbert": ModernBertModel, "mpnet": MPNetModel, "distilbert": DistilBertModel, "gte": NewModel,
+            "nomic_bert": NomicBertModel}
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
@@ -19,6 +28,8 @@ def build_model(spec: ModelSpec) -> nn.Module:
             return BertModel(cfg, position_offset=offset)
         if spec.arch == "qwen3":
             return Qwen3Model(cfg, causal=spec.causal)
+        if spec.arch in ENCODERS:
+            return ENCODERS[spec.arch](cfg)
     except (KeyError, ValueError) as exc:
         detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
         raise ModelFolderError(f"{spec.model_dir / 'config.json'}: {detail}") from None

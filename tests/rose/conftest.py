@@ -28,6 +28,17 @@ def tiny_models(tiny_root):
 
 
 @pytest.fixture(scope="session")
+def encoder_models(tiny_root):
+    """ModernBERT, MPNet, DistilBERT (rose_tiny_encoders) and GTE v1.5 (rose_tiny_remote), keyed by family."""
+    from rose_tiny_encoders import build_encoders
+    from rose_tiny_remote import build_remote
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return {**build_encoders(tiny_root), **build_remote(tiny_root)}
+
+
+@pytest.fixture(scope="session")
 def tiny_spm(tiny_root):
     return build_bert(tiny_root, "xlm-roberta", "mean", seed=3, sentencepiece=True)
 

@@ -2,11 +2,11 @@
 on a CPU, through the real CudaGraphs and ModelRunner.step.
 
 `FakeCuda.install(monkeypatch)` patches torch.cuda.{graph_pool_handle, Stream, current_stream, stream,
-set_stream, CUDAGraph, graph, synchronize}. A fake capture runs the forward eagerly (what a real capture
-records) and remembers how to recompute its output in place from the same static inputs: that is what
-`replay()` does. Knobs: `fail` (raised when the capture ends, as capture_end raises for an invalidated
-capture), `corrupt` (replays write a wrong but finite result). `captures` keeps each torch.cuda.graph call's
-keyword arguments.
+set_stream, CUDAGraph, graph, synchronize}. A fake capture (CUDAGraph.capture_begin .. capture_end, or the
+torch.cuda.graph context) runs the forward eagerly (what a real capture records) and remembers how to recompute
+its output in place from the same static inputs: that is what `replay()` does. Knobs: `fail` (raised when the
+capture ends, as capture_end raises for an invalidated capture), `corrupt` (replays write a wrong but finite
+result). `captures` keeps each capture's keyword arguments.
 """
 
 from __future__ import annotations
@@ -25,9 +25,16 @@ class FakeStream:
 
 
 class FakeGraph:
-    def __init__(self):
+    def __init__(self, cuda: FakeCuda | None = None):
+        self.cuda = cuda
         self.recompute = None
         self.replays = 0
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        self.cuda.begin(self, {"pool": pool, "capture_error_mode": capture_error_mode})
+
+    def capture_end(self):
+        self.cuda.end()
 
     def replay(self):
         self.replays += 1
@@ -45,7 +52,7 @@ class FakeCuda:
         for name, value in (("graph_pool_handle", lambda: ("fake-pool", 0)), ("Stream", FakeStream),
                             ("current_stream", lambda device=None: FakeStream(device)),
                             ("stream", lambda stream: nullcontext()), ("set_stream", lambda stream: None),
-                            ("CUDAGraph", FakeGraph), ("graph", self.graph),
+                            ("CUDAGraph", lambda: FakeGraph(self)), ("graph", self.graph),
                             ("synchronize", lambda device=None: None)):
             monkeypatch.setattr(torch.cuda, name, value)
         return self
@@ -65,16 +72,22 @@ class FakeCuda:
 
         return captured_forward
 
+    def begin(self, cuda_graph, kwargs: dict) -> None:
+        self.captures.append(kwargs)
+        self.capturing = cuda_graph
+
+    def end(self) -> None:
+        self.capturing = None
+        if self.fail is not None:
+            raise self.fail
+
     @contextmanager
     def graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", **kwargs):
-        self.captures.append({"pool": pool, "stream": stream, "capture_error_mode": capture_error_mode, **kwargs})
-        self.capturing = cuda_graph
+        self.begin(cuda_graph, {"pool": pool, "stream": stream, "capture_error_mode": capture_error_mode, **kwargs})
         try:
             yield
         finally:
-            self.capturing = None
-        if self.fail is not None:
-            raise self.fail
+            self.end()
 
 
 def attach_graphs(runner, monkeypatch, **kwargs):

@@ -26,10 +26,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from rose_parity import cosine, random_seqs, reference_rows
+from rose_tiny_encoders import build_base_shapes, build_encoders
+from rose_tiny_remote import build_remote
 from rose_tiny_models import TinyModel, build_all, build_qwen3_06b_shape
 
 BAR = 1e-3
 LENGTHS = [1, 5, 17, 40, 64, 3, 29]
+LONG_LENGTHS = [300, 1, 130, 512, 64, 77]  # past ModernBERT-base's window (64 each way), MPNet's longest (512)
+LONG_MODELS = ("modernbert-base-shape", "mpnet-base-shape")
 
 
 def divergence(a: np.ndarray, b: np.ndarray) -> float:
@@ -42,8 +46,8 @@ def engine(tiny: TinyModel, attention: str, dtype: str = "bfloat16"):
     return Engine.from_pretrained(tiny.path, device="cuda", dtype=dtype, attention=attention)
 
 
-def check_parity(tiny: TinyModel, attention: str) -> dict:
-    seqs = random_seqs(tiny, LENGTHS, seed=1)
+def check_parity(tiny: TinyModel, attention: str, lengths=LENGTHS) -> dict:
+    seqs = random_seqs(tiny, lengths, seed=1)
     eng = engine(tiny, attention)
     ours = eng.embed(seqs)
     ref = reference_rows(tiny, seqs, device="cuda")
@@ -122,6 +126,9 @@ def all_models(root: Path) -> dict[str, TinyModel]:
     models = build_all(root)
     models["qwen3-0.6b-shape"] = build_qwen3_06b_shape(root)
     models["qwen3-0.6b-shape-pplx"] = build_qwen3_06b_shape(root, bidirectional=True)
+    models.update(build_encoders(root))
+    models.update(build_remote(root))
+    models.update(build_base_shapes(root))
     return models
 
 
@@ -130,7 +137,7 @@ def run_all(root: Path) -> list[dict]:
     models = all_models(root)
     for tiny in models.values():
         for attention in ("sdpa", "varlen"):
-            records.append(check_parity(tiny, attention))
+            records.append(check_parity(tiny, attention, LONG_LENGTHS if tiny.name in LONG_MODELS else LENGTHS))
             records.append(check_bucket_padding(tiny, attention))
         records.append(check_backends_agree(tiny))
         records.append(check_batch_invariance(tiny))

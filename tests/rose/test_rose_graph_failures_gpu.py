@@ -78,9 +78,13 @@ def test_a_capture_the_driver_invalidates_falls_back_to_eager(tiny_models):
     engine.close()
 
 
-def test_captures_survive_another_thread_querying_events(tiny_models):
+def test_captures_survive_another_thread_querying_events(tiny_models, monkeypatch):
     """Tulip's completer polls LazyTensor events while the launcher captures: in the default global capture
-    mode each query from another thread invalidates the capture (and raises in that thread)."""
+    mode each query from another thread invalidates the capture (and raises in that thread). Every shape
+    takes the lazy path here (no substitute graphs: each must be captured)."""
+    import rose.graphs
+
+    monkeypatch.setattr(rose.graphs, "SUBSTITUTE_SIGHTS", 0)
     old = sys.getswitchinterval()
     engine = gpu_engine(tiny_models["qwen3"].path)
     done = torch.cuda.Event()

@@ -171,3 +171,90 @@ def test_prewarm_refuses_to_serve_when_a_graph_disagrees(engine, monkeypatch):
     fake.corrupt = True
     with pytest.raises(GraphVerificationError, match="refusing to serve"):
         prewarm_and_verify(runner, [(64, 2, 2, 40)], engine.spec.pooling)
+
+
+def test_prewarm_captures_at_the_first_probe_without_an_eager_warm_up_step(engine, monkeypatch):
+    """The capture's own warm run does the warm-up: prewarm spends no separate eager step per layout (one
+    forward and one host sync fewer each), and serving keeps its eager first run (capture_after)."""
+    from rose.warmup import prewarm_and_verify
+
+    runner = engine.runner
+    attach_graphs(runner, monkeypatch)
+    before = dict(runner.runs)
+    assert len(prewarm_and_verify(runner, [(32, 1, 1, 32)], engine.spec.pooling)) == 1
+    from rose.graphs import layout_label
+
+    (layout,) = runner.graphs.graphs
+    layout_runs = sorted(how for (label, how), n in runner.runs.items()
+                         if label == layout_label(layout) and n > before.get((label, how), 0))
+    assert layout_runs == ["capture", "replay"]
+    assert runner.graphs.capture_after == 1
+    assert hows(runner, dict(runner.runs)) == []
+    other = batch_of(engine, (50, 7))
+    mark = dict(runner.runs)
+    for _ in range(3):
+        runner.step(other).result()
+    assert hows(runner, mark) == ["eager", "capture", "replay"]
+
+
+def _prewarmed(engine, monkeypatch, shapes):
+    from rose.warmup import prewarm_and_verify
+
+    runner = engine.runner
+    attach_graphs(runner, monkeypatch)
+    assert len(prewarm_and_verify(runner, shapes, engine.spec.pooling)) == len(shapes)
+    return runner
+
+
+def test_a_batch_without_its_graph_replays_a_larger_captured_layout(engine, monkeypatch):
+    """rose.graph_substitutes: no eager run and no capture on the request path while a captured layout
+    within the padding bound holds the batch; the rows are the batch's own."""
+    runner = _prewarmed(engine, monkeypatch, [(64, 4, 4, 40), (32, 1, 1, 32)])  # larger first: both captured
+    assert len(runner.graphs.graphs) == 2
+    batch = batch_of(engine, (20, 12, 9))  # 41 tokens, 3 sequences: its own layout t64s4 is captured...
+    small = batch_of(engine, (14, 10))  # 24 tokens: own layout t32s4p4m32, not captured; t64s4 holds it
+    own = runner.graphs.layout_for(24, 2, 2, 14)
+    assert own not in runner.graphs.graphs
+    before = dict(runner.runs)
+    rows = runner.step(small).result()
+    assert hows(runner, before) == ["replay"] and runner.graphs.substituted[own] == 1
+    assert np.allclose(rows, runner.step(small, use_graphs=False).result(), atol=1e-5)
+    assert engine.stats()["graph_substitutions"] == 1
+    assert runner.graphs.pending()[0] == (24, 2, 2, 14), "idle capture would capture its own layout"
+    mark = dict(runner.runs)
+    runner.step(batch).result()
+    assert hows(runner, mark) == ["replay"] and sum(runner.graphs.substituted.values()) == 1
+
+
+def test_no_substitute_beyond_the_padding_bound_and_a_frequent_layout_gets_its_own_graph(engine, monkeypatch):
+    import rose.graphs
+
+    runner = _prewarmed(engine, monkeypatch, [(64, 4, 4, 40)])
+    tiny = batch_of(engine, (5, 4))  # own layout t16: t64 is 4x its tokens, over the 2x bound
+    before = dict(runner.runs)
+    runner.step(tiny).result()
+    assert hows(runner, before) == ["eager"] and not runner.graphs.substituted
+    monkeypatch.setattr(rose.graphs, "SUBSTITUTE_SIGHTS", 2)
+    small = batch_of(engine, (14, 10))
+    seen = []
+    for _ in range(5):
+        mark = dict(runner.runs)
+        rows = runner.step(small).result()
+        seen += hows(runner, mark)
+        assert np.allclose(rows, runner.step(small, use_graphs=False).result(), atol=1e-5)
+    assert seen == ["replay", "replay", "eager", "capture", "replay"], "2 substitutes, then the lazy path"
+    assert runner.graphs.layout_for(24, 2, 2, 14) in runner.graphs.graphs
+
+
+def test_a_graph_holds_a_batch_only_when_its_seqlen_bound_holds_the_padding():
+    from rose.graph_substitutes import find_substitute, holds
+    from rose.meta import MetaLayout
+
+    g = MetaLayout(512, 8, 8, 128)
+    assert holds(g, 400, 3, 3, 100)  # padding 112 <= 128
+    assert not holds(g, 300, 3, 3, 100), "a padding pseudo-sequence of 212 tokens is over Mb = 128"
+    assert not holds(g, 400, 8, 8, 100), "8 sequences + the padding one need 9 slots"
+    own = MetaLayout(384, 4, 4, 128)
+    assert find_substitute(own, [MetaLayout(1024, 8, 8, 512), g], 370, 3, 3, 100) is None  # 370+142 pad > 128
+    assert find_substitute(own, [MetaLayout(1024, 8, 8, 512), MetaLayout(512, 8, 8, 512)], 370, 3, 3, 100) \
+        == MetaLayout(512, 8, 8, 512), "the smallest that holds it, within 2x"

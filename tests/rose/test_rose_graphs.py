@@ -83,12 +83,14 @@ def test_pending_layouts_are_the_warmed_up_uncaptured_ones_hottest_first():
     a, b, c, d = (Layout(t, 2, 2, 128) for t in (64, 96, 128, 160))
     e = Layout(192, 2, 2, 128)
     state = SimpleNamespace(_lock=threading.Lock(), capture_after=1, graphs={c: object()}, eager_only={e: "failed"},
-                            seen=Counter({a: 1, b: 3, c: 5, e: 9}),
+                            seen=Counter({a: 1, b: 3, c: 5, e: 9}), substituted=Counter(),
                             examples={a: (60, 2, 2, 40), b: (90, 2, 2, 50), c: (120, 2, 2, 70), e: (180, 2, 2, 90)})
     assert CudaGraphs.pending(state) == [(90, 2, 2, 50), (60, 2, 2, 40)]  # c has its graph; d never ran; e never will
     state.capture_after = 2  # a has had one of its two eager runs: its next batch still runs eagerly
     assert CudaGraphs.pending(state) == [(90, 2, 2, 50)]
     assert d not in state.seen
+    state.substituted[d], state.examples[d] = 4, (150, 2, 2, 60)  # replayed at a larger graph 4 times
+    assert CudaGraphs.pending(state) == [(150, 2, 2, 60), (90, 2, 2, 50)]
 
 
 # -- GPU ------------------------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""MPNet (all-mpnet-base-v2): BERT's post-LN layers plus a relative position bias on every attention score.
+
+The bias is one learned scalar per head and relative-position bucket (T5-style: 32 buckets, exact up to 8
+positions each way, log-spaced up to 128), shared by all layers, added to q.k / sqrt(d). No backend kernel
+takes an additive bias, so attention is the banded path (rose.attention.banded): ragged, fixed shapes, one
+bias mask per forward. Absolute positions start after the padding index (fairseq, as RoBERTa): token i
+of a sequence uses row i + 2. Module paths mirror Hugging Face's MPNetModel; `attention.attn.qkv_proj` is
+q, k and v concatenated at load.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from rose.attention.banded import banded_attention, biased_band
+from rose.attention.base import AttentionBackend
+from rose.layers import LayerNorm, MergedLinear, get_activation
+from rose.meta import ForwardMeta
+from rose.models.bert import BertDenseNorm, BertIntermediate
+
+PADDING_IDX = 1  # MPNet's embeddings fix it (whatever the config's pad_token_id)
+NUM_BUCKETS = 32  # HF's compute_position_bias always buckets into 32
+MAX_DISTANCE = 128
+
+
+def relative_position_bucket(relative: torch.Tensor) -> torch.Tensor:
+    """Bucket of key position - query position: 0..15 for keys before or at the query, 16..31 after."""
+    half = NUM_BUCKETS // 2
+    exact = half // 2
+    n = -relative
+    side = (n < 0).to(torch.long) * half
+    n = n.abs()
+    large = exact + (torch.log(n.float().clamp(min=1) / exact) / math.log(MAX_DISTANCE / exact)
+                     * (half - exact)).to(torch.long)
+    return side + torch.where(n < exact, n, large.clamp(max=half - 1))
+
+
+class MPNetEmbeddings(nn.Module):
+    def __init__(self, cfg: dict[str, Any], hidden: int) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden)
+        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], hidden)
+        self.LayerNorm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.word_embeddings(input_ids) + self.position_embeddings(positions + PADDING_IDX + 1))
+
+
+class MPNetSelfAttention(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.qkv_proj = MergedLinear(hidden, (hidden, hidden, hidden), bias=True)
+        self.o = nn.Linear(hidden, hidden)
+
+
+class MPNetAttention(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.attn = MPNetSelfAttention(hidden)
+        self.LayerNorm = LayerNorm(hidden, eps=eps)
+
+
+class MPNetLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12)
+        self.num_heads = cfg["num_attention_heads"]
+        self.head_dim = hidden // self.num_heads
+        self.attention = MPNetAttention(hidden, eps)
+        self.intermediate = BertIntermediate(hidden, cfg["intermediate_size"])
+        self.output = BertDenseNorm(cfg["intermediate_size"], hidden, eps)
+        self.act = get_activation(cfg.get("hidden_act", "gelu"))
+
+    def forward(self, x: torch.Tensor, attend) -> torch.Tensor:
+        t = x.shape[0]
+        attn = self.attention.attn
+        q, k, v = attn.qkv_proj.forward_split(x)
+        shape = (t, self.num_heads, self.head_dim)
+        a = attend(q.view(shape), k.view(shape), v.view(shape)).reshape(t, -1)
+        x = self.attention.LayerNorm(attn.o(a) + x)
+        return self.output(self.act(self.intermediate.dense(x)), x)
+
+
+class MPNetEncoder(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(MPNetLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.relative_attention_bias = nn.Embedding(NUM_BUCKETS, cfg["num_attention_heads"])
+
+
+class MPNetModel(nn.Module):
+    """forward(meta, backend) -> last hidden states [Tb, hidden]; the backend is not used (see above)."""
+
+    FUSED = {"attention.attn.qkv_proj": ("attention.attn.q", "attention.attn.k", "attention.attn.v")}
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        if cfg["hidden_size"] % cfg["num_attention_heads"]:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        if int(cfg.get("relative_attention_num_buckets", NUM_BUCKETS)) != NUM_BUCKETS:
+            raise ValueError(f"relative_attention_num_buckets must be {NUM_BUCKETS} (what MPNet's bias uses)")
+        self.scale = (cfg["hidden_size"] // cfg["num_attention_heads"]) ** -0.5
+        self.max_length = int(cfg["max_position_embeddings"]) - PADDING_IDX - 1
+        self.embeddings = MPNetEmbeddings(cfg, cfg["hidden_size"])
+        self.encoder = MPNetEncoder(cfg)
+
+    def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
+        x = self.embeddings(meta.input_ids, meta.positions)
+        table = self.encoder.relative_attention_bias
+        reach = max(0, min(meta.max_seqlen, self.max_length) - 1)  # real sequences are at most max_length long
+        band = biased_band(meta, reach, lambda dist: table(relative_position_bucket(dist)), x.dtype)
+        for layer in self.encoder.layer:
+            x = layer(x, lambda q, k, v: banded_attention(q, k, v, band, self.scale))
+        return x
