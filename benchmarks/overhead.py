@@ -32,7 +32,7 @@ import grpc
 import numpy as np
 import orjson
 
-from benchmarks.stack.connection import Connection, HTTPError, Response
+from ivy.http_connection import Connection, HTTPError, Response
 from protos import embed_pb2, embed_pb2_grpc
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer

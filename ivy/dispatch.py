@@ -75,7 +75,7 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
             return await replica.embed(request, limit if bounded else remaining, response_bytes)
         except CallFailed as exc:
             code = exc.code
-            error = from_grpc(code, exc.details, replica.address, exc.reason)
+            error = from_grpc(code, exc.details, replica.address, exc.reason, exc.retry_after_s)
             if bounded and code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 log.warning("replica %s did not answer a chunk of %d tokens within %.1f s: ejected until its next "
                             "probe; re-sending the chunk elsewhere", replica.address, tokens, limit)

@@ -9,6 +9,7 @@ OpenAI's ``{"error": {"message", "type", "param", "code"}}``. Messages never quo
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Sequence
 
 import grpc
@@ -77,28 +78,38 @@ PROBLEMS: dict[Problem, tuple[int, str]] = {
 
 RETRY_AFTER_S = {Problem.OVERLOADED: 1, Problem.REPLICA_BUSY: 1, Problem.DEADLINE_UNMEETABLE: 1, Problem.UNAVAILABLE: 2,
                  Problem.TOO_MANY_CONNECTIONS: 1}
+MAX_RETRY_AFTER_S = 3600  # an estimate is capped here: a wild one must not park a client for a day
 
 
 class IvyError(Exception):
     """A failure with its row in PROBLEMS, a message that names the field and limit, and the field path."""
 
-    def __init__(self, problem: Problem, message: str, param: str | None = None, limit: int | float | None = None):
+    def __init__(self, problem: Problem, message: str, param: str | None = None, limit: int | float | None = None,
+                 retry_after_s: float | None = None):
         super().__init__(message)
         self.problem = problem
         self.message = message
         self.param = param
         self.limit = limit
+        self.retry_after_s = retry_after_s  # an estimate (Tulip's) that replaces RETRY_AFTER_S's constant
 
     @property
     def status(self) -> int:
         return PROBLEMS[self.problem][0]
+
+    def retry_after(self) -> int:
+        """Retry-After in whole seconds (HTTP's delay-seconds): the estimate rounded up, at least 1, when one
+        came with the error, else the problem's constant."""
+        if self.retry_after_s is not None and self.retry_after_s == self.retry_after_s:  # not nan
+            return max(1, math.ceil(min(self.retry_after_s, MAX_RETRY_AFTER_S)))
+        return RETRY_AFTER_S[self.problem]
 
     def to_response(self) -> Response:
         status, kind = PROBLEMS[self.problem]
         body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.problem.value}}
         headers = {}
         if self.problem in RETRY_AFTER_S:
-            headers["Retry-After"] = str(RETRY_AFTER_S[self.problem])
+            headers["Retry-After"] = str(self.retry_after())
         if self.problem is Problem.UNAUTHORIZED:
             headers["WWW-Authenticate"] = "Bearer"
         if self.problem is Problem.BODY_TIMEOUT:
@@ -126,10 +137,12 @@ def from_validation_errors(errors: Sequence[dict[str, Any]]) -> IvyError:
 _MESSAGE_SIZE_MARKERS = ("larger than max", "message too large", "max message size")
 
 
-def from_grpc(code: grpc.StatusCode, details: str | None, replica: str, reason: str = "") -> IvyError:
+def from_grpc(code: grpc.StatusCode, details: str | None, replica: str, reason: str = "",
+              retry_after_s: float | None = None) -> IvyError:
     """Map a replica's gRPC status to an IvyError (RELIABILITY cases 14, 17, 22). `reason` is Tulip's
     "tulip-reason" trailing metadata, which tells apart errors sharing a status; gRPC's own message-size
-    errors carry none, so their text is checked too."""
+    errors carry none, so their text is checked too. `retry_after_s` is Tulip's estimate of when a retry
+    could succeed ("tulip-retry-after-s"; deadline_unmeetable: the wait ahead in the lane): the Retry-After."""
     details = details or ""
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         if reason == "response_too_large" or any(m in details.lower() for m in _MESSAGE_SIZE_MARKERS):
@@ -137,7 +150,8 @@ def from_grpc(code: grpc.StatusCode, details: str | None, replica: str, reason: 
                             "the request is larger than the largest gRPC message; send fewer or shorter inputs")
         if reason == "deadline_unmeetable":  # refused at once, not retried: the queue ahead outlasts the deadline
             return IvyError(Problem.DEADLINE_UNMEETABLE, "the request cannot finish within its deadline behind the "
-                            "work queued ahead of it in its priority lane; retry later or with a longer deadline")
+                            "work queued ahead of it in its priority lane; retry later or with a longer deadline",
+                            retry_after_s=retry_after_s)
         return IvyError(Problem.REPLICA_BUSY, "the model replicas are at capacity; retry later")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")

@@ -74,7 +74,7 @@ class Replica:
         try:
             return await self.embedder.Embed(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            raise CallFailed(exc.code(), exc.details() or "", _reason(exc)) from None
+            raise CallFailed(exc.code(), exc.details() or "", *_tulip_trailers(exc)) from None
 
     async def close(self) -> None:
         if self.stream is not None:
@@ -126,9 +126,17 @@ STREAM_MAX_MESSAGE_BYTES = 1 << 20
 _BACKGROUND: set[asyncio.Task] = set()  # streams being closed (a task must be referenced until it ends)
 
 
-def _reason(exc: grpc.aio.AioRpcError) -> str:
-    """Tulip's "tulip-reason" trailing metadata (queue_full, response_too_large, shutting_down, ...)."""
+def _tulip_trailers(exc: grpc.aio.AioRpcError) -> tuple[str, float | None]:
+    """Tulip's "tulip-reason" trailing metadata (queue_full, response_too_large, shutting_down, ...) and its
+    "tulip-retry-after-s" estimate (None when absent or unreadable: an older Tulip sends none)."""
+    reason, retry_after = "", None
     for key, value in exc.trailing_metadata() or ():
+        text = value if isinstance(value, str) else value.decode()
         if key == "tulip-reason":
-            return value if isinstance(value, str) else value.decode()
-    return ""
+            reason = text
+        elif key == "tulip-retry-after-s":
+            try:
+                retry_after = float(text)
+            except ValueError:
+                retry_after = None
+    return reason, retry_after

@@ -4,6 +4,7 @@ With an embedding model, cosine scores: queries are templated as queries and doc
 model's prompts, when it has them); everything is embedded in one batch with normalize=true, so a score is
 a dot product of unit vectors. With a cross-encoder (reranker) served, each (query, document) pair is
 scored by the model itself (ivy.cross_encode).
+The priority lane is chosen as for /v1/embeddings (ivy/lanes.py: body `priority`, X-Priority, the key's).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ router = APIRouter()
 
 
 async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: list[str], *, truncate: bool | None,
-                      side: str, deadline: float, names: tuple[str, str]) -> tuple[np.ndarray, np.ndarray, int]:
+                      side: str, deadline: float, names: tuple[str, str],
+                      lane: str | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """Unit vectors for queries and documents (one Gateway.embed call), and the tokens used."""
     cut = gw.config.truncate if truncate is None else truncate
     q_seqs, d_seqs = await asyncio.gather(
@@ -36,7 +38,8 @@ async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: l
                                 param=names[0]),
         gw.encoder.encode_texts(docs, truncate=cut, side=side, prompt=gw.encoder.prompt_for("document", None),
                                 param=names[1]))
-    rows = await unless_disconnected(request, gw.embed(q_seqs + d_seqs, deadline=deadline, normalize=True))
+    rows = await unless_disconnected(request, gw.embed(q_seqs + d_seqs, deadline=deadline, normalize=True,
+                                                          lane=lane))
     return rows[: len(q_seqs)], rows[len(q_seqs):], sum(map(len, q_seqs)) + sum(map(len, d_seqs))
 
 
@@ -44,8 +47,9 @@ async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: l
 async def score(request: Request) -> Response:
     """text_1 (one text) against every text_2, or text_1[i] against text_2[i] when both have the same length."""
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
+    key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, ScoreRequest)  # outside the cap: a slow body holds no slot
+    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
@@ -54,12 +58,13 @@ async def score(request: Request) -> Response:
         if gw.cross_encoder:
             scores, tokens = await cross_scores(request, gw, body.text_1, body.text_2, truncate=body.truncate,
                                                 side=body.truncation_side, deadline=deadline,
-                                                instruction=body.instruction, names=("text_1", "text_2"))
+                                                instruction=body.instruction, names=("text_1", "text_2"), lane=lane)
             inputs = len(scores)
         else:
             check_instruction(gw, body.instruction)
             q, d, tokens = await _embed_pair(request, gw, body.text_1, body.text_2, truncate=body.truncate,
-                                             side=body.truncation_side, deadline=deadline, names=("text_1", "text_2"))
+                                             side=body.truncation_side, deadline=deadline, names=("text_1", "text_2"),
+                                             lane=lane)
             scores = d @ q[0] if len(q) == 1 else np.einsum("ij,ij->i", q, d)
             inputs = len(q) + len(d)
         metrics.INPUTS.labels("/v1/score").inc(inputs)
@@ -76,18 +81,20 @@ async def rerank(request: Request) -> Response:
     """Documents ordered by relevance to the query (cosine, or the cross-encoder's score); `top_n` keeps the
     best n; `return_documents` echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
+    key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, RerankRequest)  # outside the cap: a slow body holds no slot
+    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
         gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")
         if gw.cross_encoder:
             scores, tokens = await cross_scores(request, gw, [body.query], body.documents, truncate=body.truncate,
                                                 side=body.truncation_side, deadline=deadline,
-                                                instruction=body.instruction, names=("query", "documents"))
+                                                instruction=body.instruction, names=("query", "documents"), lane=lane)
         else:
             check_instruction(gw, body.instruction)
             q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,
-                                             side=body.truncation_side, deadline=deadline, names=("query", "documents"))
+                                             side=body.truncation_side, deadline=deadline, names=("query", "documents"),
+                                             lane=lane)
             scores = d @ q[0]
         order = np.argsort(-scores, kind="stable")
         if body.top_n is not None:

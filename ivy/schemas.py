@@ -83,6 +83,7 @@ class ScoreRequest(_Request):
     truncate: bool | None = None
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
 class RerankRequest(_Request):
@@ -95,6 +96,7 @@ class RerankRequest(_Request):
     truncate: bool | None = None
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
 class TeiEmbedRequest(_Request):

@@ -27,9 +27,11 @@ _BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 class CallFailed(Exception):
     """A replica call ended with a non-OK status (unary or streamed)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str = "", reason: str = "") -> None:
+    def __init__(self, code: grpc.StatusCode, details: str = "", reason: str = "",
+                 retry_after_s: float | None = None) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code, self.details, self.reason = code, details, reason
+        self.retry_after_s = retry_after_s  # Tulip's estimate of when a retry could succeed, where it sent one
 
 
 class _Call:
@@ -128,7 +130,8 @@ class ReplicaStream:
                     future.set_result(message.response)
                 else:
                     code = _BY_VALUE.get(message.code, grpc.StatusCode.UNKNOWN)
-                    future.set_exception(CallFailed(code, message.message, message.reason))
+                    future.set_exception(CallFailed(code, message.message, message.reason,
+                                                    message.retry_after_s or None))
         except grpc.aio.AioRpcError as exc:
             failure = CallFailed(grpc.StatusCode.UNAVAILABLE,
                                  f"stream to {self.address} broke: {exc.code().name}")

@@ -74,18 +74,20 @@ class StreamRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[EmbedRequest, _Mapping]] = ..., timeout_s: _Optional[float] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class StreamResponse(_message.Message):
-    __slots__ = ("id", "response", "code", "message", "reason")
+    __slots__ = ("id", "response", "code", "message", "reason", "retry_after_s")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     id: int
     response: EmbedResponse
     code: int
     message: str
     reason: str
-    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[EmbedResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    retry_after_s: float
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[EmbedResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

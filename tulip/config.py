@@ -47,6 +47,8 @@ class TulipConfig:
     request_share: float = _f(0.125, "part of a batch (its tokens and sequences) each waiting request is given, "
                                       "oldest first, before the oldest fill the rest, so a small request behind "
                                       "a huge one rides in the next batch (tulip/scheduler.py); 1 = request FCFS")
+    lanes: bool = _f(True, "priority lanes (interactive first, bulk's share); false = one FCFS lane for every request "
+                           "whatever lane it names, as before issue 17 (the A/B of benchmarks/stack/lanes.py)")
     bulk_share: float = _f(0.25, "priority lanes: while bulk requests wait, interactive ones fill a batch only up to "
                                  "(1 - this) of its tokens, so bulk gets at least this share (tulip/scheduler.py)")
     deadline_admission: bool = _f(True, "refuse at once (RESOURCE_EXHAUSTED deadline_unmeetable) a request whose "

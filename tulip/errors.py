@@ -3,7 +3,9 @@
 The names are grpc.StatusCode member names, so this module imports no grpc and the queue and request
 parsing stay pure logic. Messages name the field and the limit, and never contain token ids. `reason`
 travels as the trailing metadata key "tulip-reason", so a client can tell apart errors that share a
-status (RESOURCE_EXHAUSTED: queue_full -> retry elsewhere / 429; response_too_large -> 413).
+status (RESOURCE_EXHAUSTED: queue_full -> retry elsewhere / 429; response_too_large -> 413). An error that
+knows when a retry could succeed (deadline_unmeetable: the estimated wait ahead in the lane) sends it as
+"tulip-retry-after-s" (seconds, decimal) beside the reason.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ class TulipError(Exception):
     status = "INTERNAL"
     reason = "internal"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.retry_after_s = retry_after_s  # when to retry, where known; "tulip-retry-after-s" on the wire
 
 
 class InvalidRequest(TulipError):
@@ -34,7 +37,8 @@ class QueueFull(TulipError):
 
 class DeadlineUnmeetable(TulipError):
     """Admission (tulip/lanes.py): the tokens queued ahead of the request in its lane, at the fastest
-    device rate measured, already take longer than its deadline allows; refused at once, not after waiting."""
+    device rate measured, already take longer than its deadline allows; refused at once, not after waiting.
+    `retry_after_s`: the estimated wait ahead of it in the lane (those tokens at that rate)."""
 
     status = "RESOURCE_EXHAUSTED"
     reason = "deadline_unmeetable"
@@ -93,6 +97,13 @@ class EngineOverloaded(TulipError):
 
     status = "RESOURCE_EXHAUSTED"
     reason = "engine_overloaded"
+
+
+def error_metadata(exc: TulipError) -> tuple[tuple[str, str], ...]:
+    """The unary call's trailing metadata for `exc`: its reason, and its retry estimate when it has one."""
+    if exc.retry_after_s is None:
+        return (("tulip-reason", exc.reason),)
+    return (("tulip-reason", exc.reason), ("tulip-retry-after-s", f"{exc.retry_after_s:.3f}"))
 
 
 # Engine exceptions recognised by class name, so Tulip need not import torch or rose.lazy to catch them.

@@ -4,7 +4,8 @@ A request names its lane in EmbedRequest.lane (protos: LANE_INTERACTIVE = 0, the
 the queue (tulip/scheduler.py) serves interactive first and guarantees bulk a share of every batch.
 
 Deadline-aware admission: a request with a deadline is refused at once, RESOURCE_EXHAUSTED with reason
-`deadline_unmeetable` (Ivy answers 429 with Retry-After), when the tokens queued ahead of it in its lane
+`deadline_unmeetable` (Ivy answers 429 with a Retry-After of the estimated wait ahead in the lane: the
+tokens queued ahead at the same rate, carried as `retry_after_s`), when the tokens queued ahead of it in its lane
 plus its own would take longer than the time it has left at the fastest device rate recently measured
 (tulip.pacing.DeviceTimes.seconds_per_token). That rate is the optimistic one, and the work of the other
 lane and of the batches already in flight is left out, so the estimate is a lower bound: what is refused
@@ -39,7 +40,8 @@ def check_deadline(lane: int, ahead_tokens: int, tokens: int, remaining: float |
         return
     need = least_seconds(ahead_tokens, tokens, seconds_per_token)
     if need is not None and need > remaining:
+        wait_ahead = least_seconds(ahead_tokens, 0, seconds_per_token)
         raise DeadlineUnmeetable(
             f"the deadline cannot be met: {ahead_tokens} tokens are queued ahead in the {LANES[lane]} lane and "
             f"this request has {tokens}, at least {need:.3f} s of device time, but only {remaining:.3f} s are "
-            "left; retry later, on another replica, or with a longer deadline")
+            "left; retry later, on another replica, or with a longer deadline", retry_after_s=wait_ahead)

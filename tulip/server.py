@@ -26,12 +26,13 @@ from grpc_health.v1.health import aio as health_aio
 from protos import embed_pb2, embed_pb2_grpc
 from tulip.config import TulipConfig
 from tulip.engine_loader import build_engine, probe_full_budget, run_in_daemon_thread, vocab_size
-from tulip.errors import DeadlineExpired, DeadlineUnmeetable, NotReady, QueueFull, ShuttingDown, Stalled, TulipError
+from tulip.errors import (DeadlineExpired, DeadlineUnmeetable, NotReady, QueueFull, ShuttingDown, Stalled, TulipError,
+                          error_metadata)
 from tulip.job import Job
 from tulip.lanes import check_deadline, lane_of
 from tulip.metrics import TulipMetrics
 from tulip.request import RequestLimits, parse_embed_request
-from tulip.scheduler import SequenceQueue
+from tulip.scheduler import INTERACTIVE, SequenceQueue
 from tulip.stream import EmbedStreamSession
 from tulip.version import __version__
 from tulip.watchdog import Watchdog
@@ -235,7 +236,9 @@ class TulipServer:
         if self.stalled:
             raise Stalled("the replica is stalled (a batch is far overdue on the device); retry on another replica")
         parsed = parse_embed_request(request, self.limits)
-        lane = lane_of(request.lane)
+        lane = lane_of(request.lane)  # checked either way: the wire contract
+        if not self.config.lanes:
+            lane = INTERACTIVE  # lanes off: one FCFS lane
         deadline = None
         if remaining is not None:
             if remaining <= 0:
@@ -280,8 +283,7 @@ class TulipServer:
         except TulipError as exc:
             status = exc.status
             self.rejected(request.request_id, exc)
-            await context.abort(grpc.StatusCode[exc.status], exc.message,
-                                trailing_metadata=(("tulip-reason", exc.reason),))
+            await context.abort(grpc.StatusCode[exc.status], exc.message, trailing_metadata=error_metadata(exc))
         finally:
             self.settled(job, status, started, tokens)
 

@@ -101,4 +101,5 @@ class EmbedStreamSession:
 
 
 def _error(request_id: int, exc: TulipError) -> embed_pb2.StreamResponse:
-    return embed_pb2.StreamResponse(id=request_id, code=_CODE[exc.status], message=exc.message, reason=exc.reason)
+    return embed_pb2.StreamResponse(id=request_id, code=_CODE[exc.status], message=exc.message, reason=exc.reason,
+                                    retry_after_s=exc.retry_after_s or 0.0)

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from benchmarks.stack.client import ROUTE_STYLES, StackError
 from benchmarks.stack.config import BenchConfig
-from benchmarks.stack.connection import HTTPError
+from ivy.http_connection import HTTPError
 from benchmarks.stack.context import INPUTS, IdTokenizer
 from benchmarks.stack.corpus import Corpus, CorpusError, DocumentMaker, TokenCounter
 from benchmarks.stack.load import ClientSpec, parse_cpus

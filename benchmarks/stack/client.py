@@ -1,5 +1,5 @@
 """HTTP client for a deployed stack or a peer: one keep-alive connection (standard
-library, see connection.py), client-side wall time per call.
+library, ivy/http_connection.py), client-side wall time per call.
 
 Route styles:
 - `ours`: embeddings on POST /v1/embeddings, scoring on POST /v1/rerank {"model", "query", "documents"}
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from benchmarks.stack.connection import Connection, HTTPError
+from ivy.http_connection import Connection, HTTPError
 
 try:  # orjson is the gateway's dependency and much faster; the client also runs without it
     import orjson
@@ -125,11 +125,14 @@ class StackClient:
         tokens = usage.get("prompt_tokens", usage.get("total_tokens"))
         return int(tokens) if isinstance(tokens, (int, float)) and tokens > 0 else None
 
-    def embeddings(self, texts: list[str] | Sequence[Sequence[int]],
-                   encoding_format: str | None = None) -> tuple[np.ndarray, int | None]:
-        """Embed texts or token-id lists (`input` takes both): the matrix and the usage tokens."""
-        body = self._post("/v1/embeddings", {"model": self.model, "input": texts,
-                                             "encoding_format": encoding_format or self.encoding_format})
+    def embeddings(self, texts: list[str] | Sequence[Sequence[int]], encoding_format: str | None = None,
+                   priority: str | None = None) -> tuple[np.ndarray, int | None]:
+        """Embed texts or token-id lists (`input` takes both): the matrix and the usage tokens. `priority`
+        (ours: the lane, "interactive" | "bulk") is sent only when given."""
+        request = {"model": self.model, "input": texts, "encoding_format": encoding_format or self.encoding_format}
+        if priority is not None:
+            request["priority"] = priority
+        body = self._post("/v1/embeddings", request)
         data = body.get("data")
         if not isinstance(data, list) or len(data) != len(texts):
             raise StackError(f"/v1/embeddings returned {len(data) if isinstance(data, list) else 'no'} "
@@ -154,10 +157,10 @@ class StackClient:
             return "/v1/embeddings, query + documents as one token-id batch, + client cosine"
         return "/v1/rerank" if self.route_style == "ours" else "/v1/embeddings + cosine"
 
-    def embed(self, texts: list[str], client_tokens: int) -> Sample:
-        """One timed embeddings request."""
+    def embed(self, texts: list[str], client_tokens: int, priority: str | None = None) -> Sample:
+        """One timed embeddings request (in the `priority` lane when given)."""
         start = time.perf_counter()
-        _, tokens = self.embeddings(texts)
+        _, tokens = self.embeddings(texts, priority=priority)
         latency = time.perf_counter() - start
         return Sample(start, latency, len(texts), tokens or client_tokens, tokens is not None, cold=self.last_cold)
 

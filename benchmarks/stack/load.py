@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 
 from benchmarks.stack.client import Sample, StackClient, StackError
-from benchmarks.stack.connection import HTTPError
+from ivy.http_connection import HTTPError
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,13 @@ class Request:
     tokens: int
     query: str | None = None
     ids: tuple[tuple[int, ...], ...] | None = None
+    priority: str | None = None  # the body's `priority` lane (embeddings of texts only); None = not sent
 
     def send(self, client: StackClient) -> Sample:
         if self.ids is not None:
             return client.embed_ids(self.ids, self.tokens, score=self.query is not None)
         if self.query is None:
-            return client.embed(list(self.texts), self.tokens)
+            return client.embed(list(self.texts), self.tokens, priority=self.priority)
         return client.score(self.query, list(self.texts), self.tokens)
 
 
@@ -162,6 +163,12 @@ def run_clients(spec: ClientSpec, per_client: Sequence[Sequence[Request]], budge
                 label: str, on_start: Callable[[], object] | None = None) -> list[Sample]:
     """Run one closed-loop client process per entry of `per_client`; all start measuring together, once
     every one has warmed up (`on_start` runs just before: e.g. a reading of the server's counters)."""
+    return [s for samples in run_clients_apart(spec, per_client, budget, label, on_start) for s in samples]
+
+
+def run_clients_apart(spec: ClientSpec, per_client: Sequence[Sequence[Request]], budget: Budget,
+                      label: str, on_start: Callable[[], object] | None = None) -> list[list[Sample]]:
+    """run_clients, each client's samples apart (in `per_client`'s order): traffic of several kinds at once."""
     ctx = mp.get_context("spawn")
     n = len(per_client)
     counter = ctx.Array("q", n, lock=False)
@@ -172,7 +179,7 @@ def run_clients(spec: ClientSpec, per_client: Sequence[Sequence[Request]], budge
     for proc in procs:
         proc.start()
     progress = Progress(label, budget, n)
-    samples: list[Sample] = []
+    samples: list[list[Sample]] = [[] for _ in range(n)]
     finished = False
     try:
         ready = done = 0
@@ -199,7 +206,7 @@ def run_clients(spec: ClientSpec, per_client: Sequence[Sequence[Request]], budge
                     go.set()
             else:
                 done += 1
-                samples.extend(payload)
+                samples[slot] = payload
         finished = True
     finally:
         for proc in procs:

@@ -3,7 +3,8 @@
 `--server-metrics URL[,URL...]` (one per Tulip replica): every record then carries `server`, the change
 over its measurement of the engine's forward passes by mode (`eager` = a graph key's first batch,
 `capture`, `replay`, and the eager runs above the largest bucket), seconds spent capturing, and the
-batches and their mean duration. A latency tail that lines up with eager runs and captures is lazy capture;
+batches and their mean duration, and each priority lane's tokens in launched batches (`lane_tokens_bulk`,
+`lane_tokens_interactive`). A latency tail that lines up with eager runs and captures is lazy capture;
 one that does not is the gateway or the batcher. Peers' metrics have other names: their deltas stay empty.
 """
 
@@ -20,7 +21,7 @@ _SUMMED = {"rose_graph_capture_seconds": "capture_seconds", "tulip_batch_seconds
 
 
 def scrape(urls: list[str], timeout_s: float = 5.0) -> dict[str, float]:
-    """Counters summed over the replicas: runs_<mode>, and the names in _SUMMED."""
+    """Counters summed over the replicas: runs_<mode>, lane_tokens_<lane>, and the names in _SUMMED."""
     totals: dict[str, float] = defaultdict(float)
     for url in urls:
         with urllib.request.urlopen(url, timeout=timeout_s) as answer:
@@ -29,6 +30,8 @@ def scrape(urls: list[str], timeout_s: float = 5.0) -> dict[str, float]:
             for sample in family.samples:
                 if sample.name == "rose_runs_total":
                     totals[f"runs_{sample.labels.get('mode') or 'other'}"] += sample.value
+                elif sample.name == "tulip_lane_batch_tokens_total":  # each priority lane's batched tokens
+                    totals[f"lane_tokens_{sample.labels.get('lane') or 'other'}"] += sample.value
                 elif sample.name in _SUMMED:
                     totals[_SUMMED[sample.name]] += sample.value
     return dict(totals)

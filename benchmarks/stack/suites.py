@@ -19,7 +19,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from benchmarks.stack.client import StackError
-from benchmarks.stack.connection import HTTPError
+from ivy.http_connection import HTTPError
 from benchmarks.stack.context import SuiteContext
 from benchmarks.stack.corpus import CorpusError
 from benchmarks.stack.load import Progress, Request, run_clients, run_loop, warm_up

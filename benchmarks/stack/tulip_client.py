@@ -174,7 +174,7 @@ class TulipClient:
         latency = time.perf_counter() - start
         return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens > 0, cold=self.last_cold)
 
-    def embed(self, texts: list[str], client_tokens: int) -> Sample:
+    def embed(self, texts: list[str], client_tokens: int, priority: str | None = None) -> Sample:
         raise StackError("Tulip takes token ids, not texts (the tulip-grpc layer sends --input ids)")
 
     def score(self, query: str, documents: list[str], client_tokens: int) -> Sample:

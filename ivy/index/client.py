@@ -1,7 +1,7 @@
-"""The remote embedder: POST /v1/embeddings on any OpenAI-compatible server, one keep-alive http.client
-connection per worker thread (the pattern of benchmarks/stack/connection.py: stdlib, TCP_NODELAY, one resend
-when the server closed an idle connection). Float rows travel as base64 float32 (the same values as a JSON
-list, a quarter of the bytes).
+"""The remote embedder: POST /v1/embeddings on any OpenAI-compatible server, one keep-alive connection per
+worker thread (ivy/http_connection.py, shared with the benchmarks: stdlib, TCP_NODELAY, one resend when the
+server closed an idle connection). Float rows travel as base64 float32 (the same values as a JSON list, a
+quarter of the bytes).
 
 Errors: a 400/413/422 is about what the batch carries (`RowError`, with the input index when the server names
 it as `input[i]`); 408, 429, 5xx and broken connections are retried with backoff (Retry-After honoured);
@@ -11,19 +11,17 @@ anything else (401, 404) stops the job.
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import re
-import socket
 import threading
 import time
-from urllib.parse import urlsplit
 
 import numpy as np
 
+from ivy.http_connection import Connection, HTTPError, Response
+
 WIRE = {"float": ("base64", "<f4"), "base64_int8": ("base64_int8", np.int8), "base64_binary": ("base64_binary",
                                                                                                   np.uint8)}
-_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 _INPUT_PARAM = re.compile(r"^input\[(\d+)\]")
 
 
@@ -43,45 +41,6 @@ class _Retry(Exception):
     def __init__(self, message: str, after_s: float | None = None) -> None:
         super().__init__(message)
         self.after_s = after_s
-
-
-class Connection:
-    def __init__(self, url: str, headers: dict[str, str], timeout_s: float) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise FatalError(f"not an http(s) URL: {url!r}")
-        self._cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self._host, self._port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-        self._prefix, self._headers, self._timeout_s = parts.path.rstrip("/"), headers, timeout_s
-        self._conn: http.client.HTTPConnection | None = None
-
-    def request(self, method: str, path: str, body: bytes | None = None) -> http.client.HTTPResponse:
-        for attempt in (0, 1):
-            fresh = self._conn is None
-            try:
-                if fresh:
-                    self._conn = self._cls(self._host, self._port, timeout=self._timeout_s)
-                    self._conn.connect()
-                    self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._conn.request(method, self._prefix + path, body=body, headers=self._headers)
-                answer = self._conn.getresponse()
-                answer.body = answer.read()
-                if answer.will_close:
-                    self.close()
-                return answer
-            except _STALE as exc:
-                self.close()
-                if fresh or attempt:
-                    raise _Retry(f"{method} {path}: {type(exc).__name__}: {exc}") from None
-            except (OSError, http.client.HTTPException) as exc:
-                self.close()
-                raise _Retry(f"{method} {path}: {type(exc).__name__}: {exc}") from None
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 def _error_message(body: bytes) -> tuple[str, str | None]:
@@ -112,14 +71,23 @@ class HttpEmbedder:
     def _conn(self) -> Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = Connection(self._url, self._headers, self._timeout_s)
+            try:
+                conn = self._local.conn = Connection(self._url, self._headers, self._timeout_s)
+            except HTTPError as exc:  # a malformed URL
+                raise FatalError(str(exc)) from None
             self._all.append(conn)  # list.append is atomic
         return conn
 
+    def _request(self, method: str, path: str, body: bytes | None = None) -> Response:
+        try:
+            return self._conn().request(method, path, body)
+        except HTTPError as exc:  # refused, reset, timed out: the server's reasons, retried
+            raise _Retry(str(exc)) from None
+
     def _model_card(self, wanted: str) -> dict:
         try:
-            answer = self._conn().request("GET", "/v1/models")
-            entries = (json.loads(answer.body).get("data") or []) if answer.status == 200 else []
+            answer = self._request("GET", "/v1/models")
+            entries = (json.loads(answer.content).get("data") or []) if answer.status_code == 200 else []
         except (_Retry, ValueError, AttributeError):
             entries = []
         entries = [e for e in entries if isinstance(e, dict)]
@@ -138,17 +106,18 @@ class HttpEmbedder:
         raise AssertionError("unreachable")
 
     def _post(self, body: bytes, n: int) -> tuple[np.ndarray, int]:
-        answer = self._conn().request("POST", "/v1/embeddings", body)
-        if answer.status != 200:
-            message, param = _error_message(answer.body)
-            if answer.status in (400, 413, 422):
+        answer = self._request("POST", "/v1/embeddings", body)
+        status = answer.status_code
+        if status != 200:
+            message, param = _error_message(answer.content)
+            if status in (400, 413, 422):
                 match = _INPUT_PARAM.match(param or "")
                 raise RowError(message, int(match.group(1)) if match else None, param)
-            if answer.status in (408, 429) or answer.status >= 500:
-                after = answer.getheader("retry-after")
-                raise _Retry(f"{answer.status}: {message}", float(after) if after and after.isdigit() else None)
-            raise FatalError(f"POST /v1/embeddings -> {answer.status}: {message}")
-        out = json.loads(answer.body)
+            if status in (408, 429) or status >= 500:
+                after = answer.headers.get("retry-after")
+                raise _Retry(f"{status}: {message}", float(after) if after and after.isdigit() else None)
+            raise FatalError(f"POST /v1/embeddings -> {status}: {message}")
+        out = json.loads(answer.content)
         data = sorted(out.get("data") or [], key=lambda d: d.get("index", 0))
         if len(data) != n:
             raise FatalError(f"/v1/embeddings returned {len(data)} embeddings for {n} inputs")

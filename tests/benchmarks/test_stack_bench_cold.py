@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from benchmarks.stack.client import Sample
-from benchmarks.stack.connection import Connection
+from ivy.http_connection import Connection
 from benchmarks.stack.report import summarize
 
 

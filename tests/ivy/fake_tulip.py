@@ -73,6 +73,7 @@ class FakeTulip:
     fail_with: grpc.StatusCode | None = None
     fail_details: str = "injected failure"
     fail_reason: str = ""  # sent as Tulip's "tulip-reason" trailing metadata when set
+    fail_retry_after_s: float | None = None  # sent as "tulip-retry-after-s" (StreamResponse.retry_after_s)
     fail_times: int = -1  # how many Embed calls fail (-1 = all while fail_with is set)
     delay_s: float = 0.0
     serving: bool = True
@@ -145,9 +146,15 @@ class FakeTulip:
 
 
 class _Fail(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str, reason: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, reason: str, retry_after_s: float | None = None) -> None:
         super().__init__(details)
-        self.code, self.details, self.reason = code, details, reason
+        self.code, self.details, self.reason, self.retry_after_s = code, details, reason, retry_after_s
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        pairs = (("tulip-reason", self.reason),) if self.reason else ()
+        if self.retry_after_s is not None:
+            pairs += (("tulip-retry-after-s", f"{self.retry_after_s:.3f}"),)
+        return pairs
 
 
 class _Embedder(embed_pb2_grpc.EmbedderServicer):
@@ -160,8 +167,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         try:
             return await self._embed(request)
         except _Fail as fail:
-            metadata = (("tulip-reason", fail.reason),) if fail.reason else ()
-            await context.abort(fail.code, fail.details, trailing_metadata=metadata)
+            await context.abort(fail.code, fail.details, trailing_metadata=fail.metadata())
 
     async def EmbedStream(self, request_iterator, context):
         """The stream as Tulip serves it: each message answered by id when done; cancel drops it."""
@@ -175,7 +181,8 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                 out.put_nowait(embed_pb2.StreamResponse(id=message.id, response=response))
             except _Fail as fail:
                 out.put_nowait(embed_pb2.StreamResponse(id=message.id, code=fail.code.value[0],
-                                                        message=fail.details, reason=fail.reason))
+                                                        message=fail.details, reason=fail.reason,
+                                                        retry_after_s=fail.retry_after_s or 0.0))
             finally:
                 tasks.pop(message.id, None)
 
@@ -229,7 +236,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         if fake.fail_with is not None and fake.fail_times != 0:
             if fake.fail_times > 0:
                 fake.fail_times -= 1
-            raise _Fail(fake.fail_with, fake.fail_details, fake.fail_reason)
+            raise _Fail(fake.fail_with, fake.fail_details, fake.fail_reason, fake.fail_retry_after_s)
         ids = np.frombuffer(request.token_ids, dtype="<i4")
         lens = np.frombuffer(request.seq_lens, dtype="<i4")
         offsets = np.concatenate([[0], np.cumsum(lens)])

@@ -79,6 +79,26 @@ def test_lane_from_body_header_key_and_size() -> None:
         assert r.status_code == 200 and fake.calls[-1].lane == BULK
 
 
+@pytest.mark.parametrize("route,body", [("/v1/score", {"text_1": "q", "text_2": ["a", "b"]}),
+                                        ("/v1/rerank", {"query": "q", "documents": ["a", "b"]})])
+def test_scoring_routes_take_the_lane_from_body_header_and_key(route, body) -> None:
+    with FakeTulip() as fake, gateway(fake, api_key="main", api_key_lanes=("idx=bulk",), bulk_above_tokens=1000,
+                                      coalesce=False) as client:
+        def lane(extra=None, key="main", **headers):
+            r = client.post(route, json={**body, **(extra or {})}, headers={"Authorization": f"Bearer {key}",
+                                                                           **headers})
+            assert r.status_code == 200, r.text
+            return fake.calls[-1].lane
+
+        assert lane() == INTERACTIVE  # small and no lane asked: by size
+        assert lane({"priority": "bulk"}) == BULK and lane({"priority": 2}) == BULK
+        assert lane(**{"X-Priority": "bulk"}) == BULK
+        assert lane(key="idx") == BULK
+        assert lane({"priority": "interactive"}, key="idx", **{"X-Priority": "bulk"}) == INTERACTIVE
+        r = client.post(route, json={**body, "priority": "urgent"}, headers={"Authorization": "Bearer main"})
+        assert r.status_code == 422 and r.json()["error"]["param"] == "priority"
+
+
 def test_key_lanes_alone_turn_auth_on() -> None:
     with FakeTulip() as fake, gateway(fake, api_key_lanes=("idx=bulk",)) as client:
         assert client.post("/v1/embeddings", json={"input": "a"}).status_code == 401
@@ -123,6 +143,23 @@ def test_deadline_unmeetable_is_a_429_with_retry_after_and_is_not_retried() -> N
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "deadline_unmeetable"
         assert len(fake.calls) + fake.queue_full <= 1  # answered at once: no pauses and retries as for queue_full
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_retry_after_is_tulips_estimate_of_the_wait_ahead(stream) -> None:
+    with FakeTulip(fail_with=grpc.StatusCode.RESOURCE_EXHAUSTED, fail_reason="deadline_unmeetable",
+                   fail_retry_after_s=4.2) as fake, gateway(fake, grpc_stream=stream) as client:
+        r = client.post("/v1/embeddings", json={"input": "a"})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "deadline_unmeetable"
+        assert r.headers["retry-after"] == "5"  # 4.2 s rounded up to HTTP's whole seconds
+        assert (fake.streams_opened > 0) == stream and (fake.unary_calls > 0) != stream
+
+
+@pytest.mark.parametrize("estimate,header", [(None, "1"), (0.0, "1"), (0.2, "1"), (3.0, "3"), (1e9, "3600"),
+                                             (float("nan"), "1")])
+def test_retry_after_rounds_the_estimate_up_within_bounds(estimate, header) -> None:
+    error = from_grpc(grpc.StatusCode.RESOURCE_EXHAUSTED, "", "r", "deadline_unmeetable", estimate)
+    assert error.to_response().headers["retry-after"] == header
 
 
 def test_proto_round_trip_of_the_lane() -> None:

@@ -11,6 +11,7 @@ from tulip.errors import DeadlineUnmeetable
 from tulip.metrics import TulipMetrics
 from tulip.pacing import DeviceTimes
 from tulip.scheduler import BULK, INTERACTIVE, QueuedSequence, SequenceQueue, Ticket
+from test_tulip_stream import Stream
 from tulip_testkit import FakeEngine, ServerThread, encode_request, make_config, marked_sequence, wait_until
 
 
@@ -85,6 +86,7 @@ def test_seconds_per_token_is_the_fastest_rate_and_admission_uses_it() -> None:
     with pytest.raises(DeadlineUnmeetable) as err:
         check_deadline(BULK, 900, 100, 0.99, times.seconds_per_token())
     assert err.value.reason == "deadline_unmeetable" and err.value.status == "RESOURCE_EXHAUSTED"
+    assert err.value.retry_after_s == pytest.approx(0.9)  # the 900 tokens ahead, not this request's own
     assert "bulk lane" in err.value.message
 
 
@@ -130,7 +132,14 @@ def test_server_refuses_an_unmeetable_deadline_at_once_and_admits_without_a_meas
             s.stub.Embed(lane_request(21, 10, BULK), timeout=0.5)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert ("tulip-reason", "deadline_unmeetable") in err.value.trailing_metadata()
+        assert ("tulip-retry-after-s", "1.000") in err.value.trailing_metadata()  # the wait ahead: 100 x 10 ms
         assert "bulk lane" in err.value.details()
+        stream = Stream(s.stub)  # the stream carries the same refusal and estimate in its answer
+        stream.send(1, lane_request(23, 10, BULK), timeout_s=0.5)
+        answer = stream.answer(1)
+        assert answer.reason == "deadline_unmeetable" and answer.retry_after_s == pytest.approx(1.0)
+        assert answer.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        stream.close()
         # The interactive lane is empty: the same deadline is met there.
         ok = s.stub.Embed.future(lane_request(22, 10, INTERACTIVE), timeout=30)
         wait_until(lambda: s.server.queue.lane_tokens(INTERACTIVE) == 10)
@@ -138,7 +147,7 @@ def test_server_refuses_an_unmeetable_deadline_at_once_and_admits_without_a_meas
         assert ok.result().rows == 1 and tight.result().rows == 1
         assert all(f.result().rows == 1 for f in held + queued)
     seen = [int(x[0]) for x in engine.seen_sequences()]
-    assert 21 not in seen and seen.index(22) < seen.index(10)  # interactive went ahead of queued bulk
+    assert 21 not in seen and 23 not in seen and seen.index(22) < seen.index(10)  # interactive went ahead of queued bulk
 
 
 def test_unknown_lane_is_invalid() -> None:
@@ -146,3 +155,24 @@ def test_unknown_lane_is_invalid() -> None:
         with pytest.raises(grpc.RpcError) as err:
             s.stub.Embed(lane_request(1, 4, 7), timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "lane" in err.value.details()
+
+
+def test_lanes_off_serves_bulk_in_arrival_order_with_interactive() -> None:
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(max_batch_tokens=32, lanes=False, request_share=1.0), engine) as s:
+        held = []
+        for i in range(2):
+            held.append(s.stub.Embed.future(lane_request(900 + i, 8, INTERACTIVE), timeout=60))
+            wait_until(lambda n=i + 1: engine.launched == n, what=f"batch {i + 1} launched")
+        bulk = s.stub.Embed.future(lane_request(10, 30, BULK), timeout=60)
+        wait_until(lambda: s.server.queue.depth()[1] == 30, what="bulk queued")
+        interactive = s.stub.Embed.future(lane_request(22, 10, INTERACTIVE), timeout=60)
+        wait_until(lambda: s.server.queue.depth()[1] == 40, what="interactive queued")
+        assert s.server.queue.lane_tokens(BULK) == 0  # one lane: bulk counted with interactive
+        engine.release(100)
+        assert bulk.result().rows == interactive.result().rows == 1 and all(f.result().rows == 1 for f in held)
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(lane_request(1, 4, 7), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # the lane is still checked
+    seen = [int(x[0]) for x in engine.seen_sequences()]
+    assert seen.index(10) < seen.index(22)  # arrival order: the bulk request first (lanes on: the reverse)

@@ -1,16 +1,18 @@
-"""One keep-alive HTTP/1.1 connection on the standard library, for timing a server without timing a client.
+"""One keep-alive HTTP/1.1 client connection on the standard library: `ivy index`'s and the benchmarks'.
 
 httpx costs ~0.3 ms of Python per request on a 2-core VM (0.08 ms for http.client against the same
-trivial server; benchmarks/NOTES.md), which a latency benchmark would book to the server. This wrapper
-keeps what the benchmark needs: a base URL (http or https), default headers, a timeout, keep-alive, one
-reconnect when the server closed an idle connection, and errors of one type (`HTTPError`).
+trivial server; benchmarks/NOTES.md), which a latency benchmark would book to the server and a batch job
+would spend on the client. This keeps what both need: a base URL (http or https, with a path prefix),
+default headers, a timeout, keep-alive with TCP_NODELAY, one resend on a new connection when the server
+closed an idle one, and errors of one type (`HTTPError`). Stdlib only: the gateway's install carries it.
+One Connection per thread or process; it is not thread-safe.
 """
 
 from __future__ import annotations
 
 import http.client
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 
@@ -22,11 +24,16 @@ class HTTPError(OSError):
 class Response:
     status_code: int
     content: bytes
-    cold: bool = False  # X-Cold-Start: 1 (ours): the request met a CUDA-graph layout without its graph yet
+    headers: dict[str, str] = field(default_factory=dict)  # names in lower case
 
     @property
     def text(self) -> str:
         return self.content.decode("utf-8", "replace")
+
+    @property
+    def cold(self) -> bool:
+        """X-Cold-Start: 1 (ours): the request met a CUDA-graph layout without its graph yet."""
+        return self.headers.get("x-cold-start") == "1"
 
 
 # Failures that mean "the kept-alive connection was closed under us": safe to send once more on a new one.
@@ -64,7 +71,7 @@ class Connection:
                 content = answer.read()
                 if answer.will_close:
                     self.close()
-                return Response(answer.status, content, answer.getheader("x-cold-start") == "1")
+                return Response(answer.status, content, {k.lower(): v for k, v in answer.getheaders()})
             except _STALE as exc:
                 self.close()
                 if fresh or attempt:

@@ -1,4 +1,5 @@
-"""The benchmark's stdlib keep-alive connection: reuse, one reconnect after an idle close, clear errors."""
+"""ivy.http_connection, the stdlib keep-alive connection of ivy index and the benchmarks: reuse, one reconnect
+after an idle close, clear errors, the answer's headers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks.stack.connection import Connection, HTTPError
+from ivy.http_connection import Connection, HTTPError
 
 
 class TinyServer:
@@ -67,6 +68,8 @@ def test_keep_alive_reuses_one_connection_and_sends_the_body(server: TinyServer)
     answers = [conn.post("/v1/embeddings", b'{"input":"a"}').text for _ in range(3)]
     assert answers == ["1", "1", "1"] and server.connections == 1
     assert server.requests[0] == b'POST /prefix/v1/embeddings HTTP/1.1 {"input":"a"}'
+    answer = conn.get("/health")
+    assert answer.headers == {"content-length": "1"} and not answer.cold
     conn.close()
 
 

@@ -1,0 +1,77 @@
+"""benchmarks.stack.lanes: the targets' arithmetic, and a short run on this CPU against two real `ivy up`
+stacks (the bundled MiniLM), lanes off and on, whose Tulip counters show the A/B is real."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from stack_bench_fake import REPO
+
+from benchmarks.stack.lanes_report import table, targets, write_lanes
+
+
+def record(config: str, traffic: str, p99: float, tokens_per_s: float) -> dict:
+    return {"config": config, "traffic": traffic, "clients": 1, "p50_ms": p99 / 2, "p99_ms": p99, "rps": 1.0,
+            "tokens_per_s": tokens_per_s, "errors": 0}
+
+
+def test_targets_compare_lanes_with_idle_and_fcfs() -> None:
+    records = [record("idle", "interactive", 4.0, 100), record("fcfs", "interactive", 40.0, 50),
+               record("fcfs", "bulk", 80.0, 1000), record("lanes", "interactive", 8.0, 100),
+               record("lanes", "bulk", 90.0, 899)]
+    t = targets(records)
+    assert t["interactive_p99_over_idle"] == 2.0 and t["interactive_p99_met"] is True
+    assert t["bulk_tokens_over_fcfs"] == 0.899 and t["bulk_tokens_met"] is False
+    lines = table(records).splitlines()
+    assert [line.split()[:2] for line in lines[1:6]] == [["idle", "interactive"], ["fcfs", "interactive"],
+                                                          ["fcfs", "bulk"], ["lanes", "interactive"],
+                                                          ["lanes", "bulk"]]
+    assert lines[-2].endswith("2.00 x MET") and lines[-1].endswith("89.9% MISSED")
+    missing = targets([record("lanes", "bulk", 1.0, 1.0), {**record("fcfs", "bulk", 1, 1), "error": "x"}])
+    assert missing["bulk_tokens_met"] is None and missing["interactive_p99_met"] is None
+
+
+def test_the_file_holds_targets_and_the_plot_is_drawn(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    records = [record("idle", "interactive", 4.0, 100), record("fcfs", "bulk", 80.0, 1000),
+               {**record("lanes", "interactive", 0, 0), "error": "stack lanes-on: StackFailed"}]
+    paths = write_lanes(tmp_path, "lanes", {"model": "m", "commit": "abc"}, records)
+    assert [p.name for p in paths] == ["lanes.json", "lanes.png"] and paths[1].stat().st_size > 10_000
+    data = json.loads(paths[0].read_text())
+    assert list(data) == ["env", "targets", "records"] and data["targets"]["interactive_p99_met"] is None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_short_run_on_two_real_stacks_lanes_off_and_on(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-m", "benchmarks.stack.lanes", "--out", str(tmp_path), "--configs", "fcfs,lanes",
+            "--duration-s", "0.5", "--plot", "false", "--warmup-requests", "1", "--bulk-clients", "2", "--bulk-docs", "3",
+            "--distinct-inputs", "2", "--doc-max-tokens", "32", "--startup-timeout-s", "90",
+            "--port", str(free_port()), "--tulip-port", str(free_port()), "--metrics-port", str(free_port())]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((tmp_path / "lanes.json").read_text())
+    got = {(r["config"], r["traffic"]): r for r in data["records"]}
+    assert sorted(got) == [("fcfs", "bulk"), ("fcfs", "interactive"), ("lanes", "bulk"), ("lanes", "interactive")]
+    for r in got.values():
+        assert r["requests"] > 0 and r["errors"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0 and r["tokens_per_s"] > 0
+    assert got["lanes", "bulk"]["clients"] == 2 and got["lanes", "interactive"]["clients"] == 1
+    # The A/B is real: lanes off, Tulip batched the bulk requests in the one FCFS lane; on, in the bulk lane.
+    assert got["fcfs", "bulk"]["server"]["lane_tokens_bulk"] == 0
+    assert got["lanes", "bulk"]["server"]["lane_tokens_bulk"] > 0
+    assert data["env"]["stacks"]["lanes-off"]["TULIP_LANES"] == "false" and data["env"]["model"]
+    assert data["targets"]["bulk_tokens_over_fcfs"] is not None and data["env"]["commit"]
+    assert done.stdout.strip().splitlines()[-1].startswith("target: bulk tokens/s with lanes")
