@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rose.windows import layer_windows
+
 
 class ModelFolderError(ValueError):
     """The folder is missing a file, has a malformed one, or holds an unsupported architecture."""
@@ -24,6 +26,9 @@ _FAMILIES = {
     "xlm-roberta": ("xlm-roberta", "bert"),
     "qwen3": ("qwen3", "qwen3"),
     "bidirectional_pplx_qwen3": ("pplx-qwen3", "qwen3"),
+    "qwen2": ("qwen2", "qwen3"),  # gte-Qwen2: the Qwen3 stack with QKV biases and no QK-norm
+    "mistral": ("mistral", "qwen3"),  # e5-mistral: no biases, no QK-norm, a sliding window
+    "gemma3_text": ("gemma3", "gemma3"),  # EmbeddingGemma
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
 
@@ -32,8 +37,8 @@ SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
 class ModelSpec:
     model_dir: Path
     model_id: str
-    family: str  # bert | roberta | xlm-roberta | qwen3 | pplx-qwen3 | pplx-qwen3-context
-    arch: str  # bert | qwen3: which layer stack ROSE builds
+    family: str  # bert | roberta | xlm-roberta | qwen3 | pplx-qwen3 | pplx-qwen3-context | qwen2 | mistral | gemma3
+    arch: str  # bert | qwen3 | gemma3: which layer stack ROSE builds
     config: dict[str, Any] = field(repr=False)
     causal: bool
     pooling: str  # mean | cls | last
@@ -45,6 +50,7 @@ class ModelSpec:
     default_prompt_name: str | None
     chunk_separator: str | None  # text joined between a document's chunks (late chunking)
     dense: tuple = ()  # rose.st_modules.DenseSpec per sentence-transformers Dense, applied after pooling
+    layer_windows: tuple = ()  # decoders: each layer's sliding window (rose.windows; FULL = none)
 
     @property
     def is_contextual(self) -> bool:
@@ -104,12 +110,12 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
     pplx = family == "pplx-qwen3"
     if pplx and (config.get("contextual") or "context" in model_dir.name.lower()):
         family = "pplx-qwen3-context"
-    causal = arch == "qwen3" and not pplx and not config.get("use_bidirectional_attention", False)
+    causal = arch in ("qwen3", "gemma3") and not pplx and not config.get("use_bidirectional_attention", False)
 
     from rose.st_modules import read_pipeline  # it imports this module's ModelFolderError
 
     st = read_pipeline(model_dir, int(config["hidden_size"]), native_int8=pplx)
-    default_pooling = "mean" if arch == "bert" or pplx else "last"
+    default_pooling = "last" if causal else "mean"
     pooling = (st and st.pooling) or config.get("pooling") or default_pooling
     normalize = (not pplx) if st is None else st.normalize
     dense = st.dense if st is not None else ()
@@ -124,6 +130,11 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
     tok_max = tok_cfg.get("model_max_length")
     if isinstance(tok_max, int) and 0 < tok_max < max_length:
         max_length = tok_max
+
+    try:
+        windows = layer_windows(family, config, causal, max_length) if arch != "bert" else ()
+    except (TypeError, ValueError) as exc:
+        raise ModelFolderError(f"{model_dir / 'config.json'}: {exc}") from None
 
     st_cfg = _optional_json(model_dir / "config_sentence_transformers.json") or {}
     prompts = {str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()}
@@ -146,6 +157,7 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         default_prompt_name=st_cfg.get("default_prompt_name"),
         chunk_separator=config.get("chunk_separator"),
         dense=dense,
+        layer_windows=windows,
     )
 
 
