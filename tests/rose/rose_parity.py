@@ -51,9 +51,12 @@ def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
 
 def reference_rows(tiny: TinyModel, seqs, pooling: str | None = None, device: str = "cpu",
                    dtype: torch.dtype = torch.float32, hidden=None) -> np.ndarray:
-    """What Engine.embed must return: pooled, pplx-transformed, normalized as the model's default."""
+    """What Engine.embed must return: pooled, through the Dense modules, pplx-transformed, normalized as the
+    model's default."""
     hidden = hidden if hidden is not None else hf_hidden(tiny, seqs, device, dtype)
     rows = np.stack([pool(h, pooling or tiny.pooling) for h in hidden])
+    for weight in tiny.dense:
+        rows = rows @ weight.double().numpy().T
     if tiny.native_int8:
         rows = np.round(127.0 * np.tanh(rows))
     if tiny.normalize:
