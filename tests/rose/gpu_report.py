@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from rose_parity import cosine, random_seqs, reference_rows
+from rose_tiny_decoders import build_decoders
 from rose_tiny_models import TinyModel, build_all, build_qwen3_06b_shape
 
 BAR = 1e-3
@@ -122,6 +123,7 @@ def all_models(root: Path) -> dict[str, TinyModel]:
     models = build_all(root)
     models["qwen3-0.6b-shape"] = build_qwen3_06b_shape(root)
     models["qwen3-0.6b-shape-pplx"] = build_qwen3_06b_shape(root, bidirectional=True)
+    models.update(build_decoders(root))  # EmbeddingGemma, gte-Qwen2, e5-mistral
     return models
 
 

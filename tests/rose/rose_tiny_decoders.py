@@ -49,56 +49,62 @@ def _finish(hf: torch.nn.Module) -> torch.nn.Module:
     return hf.eval()
 
 
-def build_qwen2(root: Path, seed: int = 31) -> TinyModel:
+def build_qwen2(root: Path, seed: int = 31, name: str = "tiny-gte-qwen2", overrides: dict | None = None,
+                std: float = 0.1) -> TinyModel:
     """gte-Qwen2 style: Qwen2 (biases on q/k/v), causal, last token of `... <|endoftext|>`, normalized."""
     from transformers import Qwen2Config, Qwen2Model
 
-    path = _fresh(root, "tiny-gte-qwen2")
-    cfg = Qwen2Config(num_hidden_layers=2, rope_theta=10000.0, use_sliding_window=False, tie_word_embeddings=False,
-                      **DIMS)
+    path = _fresh(root, name)
+    dims = {**DIMS, "num_hidden_layers": 2, "rope_theta": 10000.0, **(overrides or {})}
+    cfg = Qwen2Config(use_sliding_window=False, tie_word_embeddings=False, **dims)
     torch.manual_seed(seed)
     hf = Qwen2Model(cfg)
-    _randomize(hf, seed)
+    _randomize(hf, seed, std)
     hf.save_pretrained(path, safe_serialization=True)
     _word_tokenizer(path, eos_suffix=True)
-    _write_st_files(path, 64, "last", True, 128, prompts={"query": "Instruct: find it\nQuery: ", "document": ""})
-    return TinyModel("tiny-gte-qwen2", path, _finish(hf), 0, False, "last", True, False)
+    _write_st_files(path, cfg.hidden_size, "last", True, cfg.max_position_embeddings,
+                    prompts={"query": "Instruct: find it\nQuery: ", "document": ""})
+    return TinyModel(name, path, _finish(hf), 0, False, "last", True, False)
 
 
-def build_mistral(root: Path, seed: int = 32, sliding_window: int = 16) -> TinyModel:
+def build_mistral(root: Path, seed: int = 32, name: str = "tiny-e5-mistral", overrides: dict | None = None,
+                  std: float = 0.1) -> TinyModel:
     """e5-mistral style: Mistral, causal, a sliding window, last token; tokenizer.json adds only <s> while
     tokenizer_config.json asks for <s> and </s> (as e5-mistral's folder does)."""
     from transformers import MistralConfig, MistralModel
 
-    path = _fresh(root, "tiny-e5-mistral")
-    cfg = MistralConfig(num_hidden_layers=2, head_dim=16, rope_theta=10000.0, sliding_window=sliding_window,
-                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, **DIMS)
+    path = _fresh(root, name)
+    dims = {**DIMS, "num_hidden_layers": 2, "head_dim": 16, "rope_theta": 10000.0, "sliding_window": 16,
+            **(overrides or {})}
+    cfg = MistralConfig(tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, **dims)
     torch.manual_seed(seed)
     hf = MistralModel(cfg)
-    _randomize(hf, seed)
+    _randomize(hf, seed, std)
     hf.save_pretrained(path, safe_serialization=True)
     _special_tokenizer(path, ["<unk>", "<s>", "</s>"], "<s> $A",
                        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "add_eos_token": True})
-    _write_st_files(path, 64, "last", True, 128, prompts={"query": "Instruct: find it\nQuery: ", "document": ""})
-    return TinyModel("tiny-e5-mistral", path, _finish(hf), 0, False, "last", True, False)
+    _write_st_files(path, cfg.hidden_size, "last", True, cfg.max_position_embeddings,
+                    prompts={"query": "Instruct: find it\nQuery: ", "document": ""})
+    return TinyModel(name, path, _finish(hf), 0, False, "last", True, False)
 
 
-def build_gemma3(root: Path, seed: int = 33) -> TinyModel:
+def build_gemma3(root: Path, seed: int = 33, name: str = "tiny-embeddinggemma", overrides: dict | None = None,
+                 std: float = 0.1) -> TinyModel:
     """EmbeddingGemma style: Gemma 3 text, bidirectional (local layers |q - k| <= 8), mean pooling, Dense
-    64 -> 128 -> 64 without bias or activation, Normalize; `<bos> ... <eos>` around every input."""
+    hidden -> 2 hidden -> hidden without bias or activation, Normalize; `<bos> ... <eos>` around every input."""
     from safetensors.torch import save_file
     from transformers import Gemma3TextConfig, Gemma3TextModel
 
-    path = _fresh(root, "tiny-embeddinggemma")
-    window = 16
-    cfg = Gemma3TextConfig(num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24, sliding_window=window,
-                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                           rope_theta=1000000.0, rope_local_base_freq=10000.0, use_bidirectional_attention=True,
+    path = _fresh(root, name)
+    dims = {**DIMS, "num_hidden_layers": 3, "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 16,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], **(overrides or {})}
+    cfg = Gemma3TextConfig(rope_theta=1000000.0, rope_local_base_freq=10000.0, use_bidirectional_attention=True,
                            hidden_activation="gelu_pytorch_tanh", pad_token_id=0, eos_token_id=1, bos_token_id=2,
-                           **DIMS)
+                           **dims)
+    hidden, window = cfg.hidden_size, dims["sliding_window"]
     torch.manual_seed(seed)
     model = Gemma3TextModel(cfg)
-    _randomize(model, seed)
+    _randomize(model, seed, std)
     with torch.no_grad():  # Gemma's norms scale by (1 + weight): centre the weights on 0, as trained ones are
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -112,13 +118,13 @@ def build_gemma3(root: Path, seed: int = 33) -> TinyModel:
     _special_tokenizer(path, ["<pad>", "<eos>", "<bos>", "<unk>"], "<bos> $A <eos>",
                        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "add_bos_token": True,
                         "add_eos_token": True})
-    _write_st_files(path, 64, "mean", False, 128,
+    _write_st_files(path, hidden, "mean", False, cfg.max_position_embeddings,
                     prompts={"query": "task: search result | query: ", "document": "title: none | text: "})
     gen = torch.Generator().manual_seed(seed)
     modules = json.loads((path / "modules.json").read_text())
     dense = []
-    for i, (d_in, d_out) in enumerate(((64, 128), (128, 64)), start=2):
-        weight = 0.15 * torch.randn(d_out, d_in, generator=gen)
+    for i, (d_in, d_out) in enumerate(((hidden, 2 * hidden), (2 * hidden, hidden)), start=2):
+        weight = 1.2 * d_in ** -0.5 * torch.randn(d_out, d_in, generator=gen)
         (path / f"{i}_Dense").mkdir()
         save_file({"linear.weight": weight}, str(path / f"{i}_Dense" / "model.safetensors"))
         _write_json(path / f"{i}_Dense" / "config.json", {"in_features": d_in, "out_features": d_out, "bias": False,
@@ -127,9 +133,33 @@ def build_gemma3(root: Path, seed: int = 33) -> TinyModel:
         dense.append(weight)
     modules.append({"idx": 4, "name": "4", "path": "4_Normalize", "type": "sentence_transformers.models.Normalize"})
     _write_json(path / "modules.json", modules)
-    return TinyModel("tiny-embeddinggemma", path, _finish(hf), 0, False, "mean", True, False, dense=tuple(dense))
+    return TinyModel(name, path, _finish(hf), 0, False, "mean", True, False, dense=tuple(dense))
 
 
 def build_decoders(root: Path) -> dict[str, TinyModel]:
     """The decoder families, keyed by a short name."""
     return {"gemma3": build_gemma3(root), "qwen2": build_qwen2(root), "mistral": build_mistral(root)}
+
+
+def build_real_widths(root: Path) -> dict[str, TinyModel]:
+    """Two layers each at the real models' attention shapes, so the kernels see the real head dims, GQA
+    ratios and windows (GPU tests): EmbeddingGemma-300m (3 query heads, 1 KV head of 256, window 512 ->
+    |q - k| <= 256), gte-Qwen2-1.5B (12 / 2 heads of 128), e5-mistral-7B (32 / 8 heads of 128; its window
+    4096 covers every input it takes, so a 256 window here makes the local kernel run; one layer of 7B widths)."""
+    long = {"max_position_embeddings": 1024}
+    models = {
+        "gemma3-300m-shape": build_gemma3(root, 41, "embeddinggemma-300m-shape", std=0.02, overrides={
+            **long, "hidden_size": 768, "intermediate_size": 1152, "num_attention_heads": 3, "num_key_value_heads": 1,
+            "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512, "num_hidden_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"]}),
+        "qwen2-1.5b-shape": build_qwen2(root, 42, "gte-qwen2-1.5b-shape", std=0.02, overrides={
+            **long, "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
+            "num_key_value_heads": 2, "rope_theta": 1000000.0}),
+        "mistral-7b-shape": build_mistral(root, 43, "e5-mistral-7b-shape", std=0.02, overrides={
+            **long, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "sliding_window": 256, "num_hidden_layers": 1}),
+    }
+    for tiny in models.values():  # the word tokenizers' configs cap inputs at 128 tokens
+        tok_config = tiny.path / "tokenizer_config.json"
+        _write_json(tok_config, {**json.loads(tok_config.read_text()), "model_max_length": 1024})
+    return models
