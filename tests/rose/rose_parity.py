@@ -72,3 +72,18 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def random_seqs(tiny: TinyModel, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [tiny.random_ids(rng, n) for n in lengths]
+
+
+def attention_written_out(q, k, v, lengths, causal, window, scale):
+    """Attention per sequence with the band as a boolean mask, in float64, GQA by repeating K/V."""
+    out, at = [], 0
+    rep = q.shape[1] // k.shape[1]
+    for n in lengths:
+        qs, ks, vs = (x[at:at + n].double().transpose(0, 1) for x in (q, k, v))
+        ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        visible = ((i - j).abs() <= window) & ((j <= i) if causal else True)
+        scores = (qs @ ks.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))
+        out.append((scores.softmax(-1) @ vs).transpose(0, 1))
+        at += n
+    return torch.cat(out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from rose_parity import cosine, random_seqs, reference_rows
+from rose_parity import attention_written_out, cosine, random_seqs, reference_rows
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -126,3 +126,29 @@ def test_flashinfer_refuses_sliding_windows_and_serves_the_others(tiny_decoders)
         make_backend("flashinfer-fa2", device, dtype, load_spec(tiny_decoders["qwen2"].path))
     except AttentionBackendError as exc:
         assert "flashinfer" in str(exc).lower() and "sliding" not in str(exc)  # only a missing package
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "varlen", "fa4"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_windowed_attention_matches_attention_written_out(attention, causal):
+    """Each backend's sliding window on a ragged batch (sequences shorter and longer than it), bf16."""
+    from rose.attention import AttentionBackendError, AttentionShape, make_backend
+    from rose.batch import Batch
+    from rose.meta import ForwardMeta, pack_batch
+
+    lengths, window, scale = [300, 40, 700, 1], 255, 128 ** -0.5
+    try:
+        backend = make_backend(attention, torch.device("cuda"), torch.bfloat16,
+                               shape=AttentionShape(8, 2, 128, causal, window))
+    except AttentionBackendError as exc:  # fa4 not installed here
+        pytest.skip(str(exc))
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(sum(lengths), h, 128, generator=gen) for h in (8, 2, 2))
+    want = attention_written_out(q, k, v, lengths, causal, window, scale)
+    host = pack_batch(Batch.from_sequences([np.ones(n, np.int32) for n in lengths]))
+    meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed).cuda(), host.layout, host.max_seqlen, host)
+    backend.plan(meta)
+    qb, kb, vb = (x.cuda().bfloat16() for x in (q, k, v))
+    got = backend.forward(qb, kb, vb, meta, causal, scale, backend.prepare(meta, causal, window), window)
+    err = float((got.double().cpu() - want).norm() / want.norm())
+    assert err < 1e-2, err
