@@ -132,7 +132,7 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         max_length = tok_max
 
     try:
-        windows = layer_windows(family, config, causal, max_length) if arch != "bert" else ()
+        windows = layer_windows(family, config, causal, max_length) if arch in ("qwen3", "gemma3") else ()
     except (TypeError, ValueError) as exc:
         raise ModelFolderError(f"{model_dir / 'config.json'}: {exc}") from None
 
