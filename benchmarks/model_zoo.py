@@ -30,8 +30,10 @@ DECODER_CONFIGS = {  # name -> (transformers model class, config, ST pooling, De
     "embeddinggemma-300m": ("Gemma3TextModel", dict(
         hidden_size=768, num_hidden_layers=24, num_attention_heads=3, num_key_value_heads=1, head_dim=256,
         intermediate_size=1152, vocab_size=262144, max_position_embeddings=2048, query_pre_attn_scalar=256,
-        sliding_window=512, layer_types=GEMMA3_LAYERS * 4, rope_theta=1000000.0, rope_local_base_freq=10000.0,
-        use_bidirectional_attention=True, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6),
+        sliding_window=512, layer_types=GEMMA3_LAYERS * 4, use_bidirectional_attention=True,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6),
         "mean", (3072, 768), 2048),
     "gte-qwen2-1.5b": ("Qwen2Model", dict(
         hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,

@@ -20,6 +20,8 @@ from rose_tiny_models import VOCAB, WORDS, TinyModel, _randomize, _word_tokenize
 DIMS = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=128, rms_norm_eps=1e-6, attention_dropout=0.0)
 IDENTITY = "torch.nn.modules.linear.Identity"
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},  # transformers 5's layout
+               "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}
 
 
 def _fresh(root: Path, name: str) -> Path:
@@ -98,7 +100,7 @@ def build_gemma3(root: Path, seed: int = 33, name: str = "tiny-embeddinggemma", 
     path = _fresh(root, name)
     dims = {**DIMS, "num_hidden_layers": 3, "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 16,
             "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], **(overrides or {})}
-    cfg = Gemma3TextConfig(rope_theta=1000000.0, rope_local_base_freq=10000.0, use_bidirectional_attention=True,
+    cfg = Gemma3TextConfig(rope_parameters=GEMMA3_ROPE, use_bidirectional_attention=True,
                            hidden_activation="gelu_pytorch_tanh", pad_token_id=0, eos_token_id=1, bos_token_id=2,
                            **dims)
     hidden, window = cfg.hidden_size, dims["sliding_window"]
