@@ -5,6 +5,9 @@ shapes), weights are random (seeded) in the requested dtype, and the tokenizer i
 tokenizer.json (benchmarks feed token ids; Ivy's benchmarks tokenize real text with it). MiniLM is
 all-MiniLM-L6-v2's folder (benchmarks/assets) with random weights. ModernBERT-base, all-mpnet-base-v2 and
 distilbert-base-uncased are their published configs with random weights and MiniLM's tokenizer.
+all-MiniLM-L6-v2's folder (benchmarks/assets) with random weights. The decoder embedders (DECODER_CONFIGS:
+EmbeddingGemma-300m, gte-Qwen2-1.5B, e5-mistral-7B) get their published configs and sentence-transformers
+pipelines the same way (EmbeddingGemma: mean, Dense 768 -> 3072 -> 768, Normalize; the others: last token).
 
     python -m benchmarks.model_zoo qwen3-0.6b /tmp/models/qwen3-0.6b [--dtype bfloat16] [--family pplx]
 """
@@ -35,7 +38,26 @@ ENCODER_CONFIGS = {
     "distilbert-base": ("DistilBertConfig", "DistilBertModel", {}, 512),
 }
 BERT_LIKE = ("minilm-l6", *ENCODER_CONFIGS)  # short-context encoders: benchmarked on bs1-128 and docs-100
-MODELS = (*QWEN3_CONFIGS, "minilm-l6", *ENCODER_CONFIGS)
+GEMMA3_LAYERS = ["sliding_attention"] * 5 + ["full_attention"]
+DECODER_CONFIGS = {  # name -> (transformers model class, config, ST pooling, Dense widths, max_seq_length)
+    "embeddinggemma-300m": ("Gemma3TextModel", dict(
+        hidden_size=768, num_hidden_layers=24, num_attention_heads=3, num_key_value_heads=1, head_dim=256,
+        intermediate_size=1152, vocab_size=262144, max_position_embeddings=2048, query_pre_attn_scalar=256,
+        sliding_window=512, layer_types=GEMMA3_LAYERS * 4, use_bidirectional_attention=True,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6),
+        "mean", (3072, 768), 2048),
+    "gte-qwen2-1.5b": ("Qwen2Model", dict(
+        hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
+        vocab_size=151646, max_position_embeddings=131072, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        use_sliding_window=False), "last", (), 8192),
+    "e5-mistral-7b": ("MistralModel", dict(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+        vocab_size=32000, max_position_embeddings=32768, rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=4096),
+        "last", (), 4096),
+}
+MODELS = (*QWEN3_CONFIGS, "minilm-l6", *ENCODER_CONFIGS, *DECODER_CONFIGS)
 
 
 MINILM_SKELETON = Path(__file__).resolve().parent / "assets" / "minilm-l6"  # its files without the weights
@@ -88,6 +110,56 @@ def make_qwen3_folder(name: str, out: Path, dtype: str = "bfloat16", family: str
     # normalizer/pre-tokenizer of this tokenizer.json: the reference would tokenize differently from Ivy.
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768, "cls_token": "[CLS]",
+         "sep_token": "[SEP]", "unk_token": "[UNK]", "pad_token": "[PAD]"}))
+    del model
+    return out
+
+
+def make_decoder_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """A DECODER_CONFIGS model: random weights (std 0.02; norms as transformers initializes them), its
+    sentence-transformers files (Dense weights random too) and MiniLM's tokenizer (ids < 30522 fit every
+    vocabulary here; last-token pooling reads [SEP] as these models read their EOS)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    cls_name, cfg, pooling, dense, max_seq = DECODER_CONFIGS[name]
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    cls = getattr(transformers, cls_name)
+    config = getattr(transformers, cls_name.replace("Model", "Config"))(**cfg)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = cls(config).to(getattr(torch, dtype))
+    for p in model.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.02)
+    model.save_pretrained(out, safe_serialization=True)
+    config_json = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config_json, **cfg}, indent=2))  # the published values
+    hidden = cfg["hidden_size"]
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    width = hidden
+    for i, d_out in enumerate(dense, start=2):
+        folder = out / f"{i}_Dense"
+        folder.mkdir(exist_ok=True)
+        save_file({"linear.weight": (0.02 * torch.randn(d_out, width)).to(getattr(torch, dtype))},
+                  str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps({"in_features": width, "out_features": d_out, "bias": False,
+                                                        "activation_function": "torch.nn.modules.linear.Identity"}))
+        modules.append({"idx": i, "name": str(i), "path": folder.name, "type": "sentence_transformers.models.Dense"})
+        width = d_out
+    n = len(modules)
+    modules.append({"idx": n, "name": str(n), "path": f"{n}_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": hidden, "pooling_mode_mean_tokens": pooling == "mean",
+         "pooling_mode_lasttoken": pooling == "last"}))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq}))
+    _copy_tokenizer(out / "tokenizer.json")
+    (out / "tokenizer_config.json").write_text(json.dumps(  # the generic class: see make_qwen3_folder
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_seq, "cls_token": "[CLS]",
          "sep_token": "[SEP]", "unk_token": "[UNK]", "pad_token": "[PAD]"}))
     del model
     return out
@@ -146,6 +218,8 @@ def make_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qw
         return make_minilm_folder(out, dtype)
     if name in ENCODER_CONFIGS:
         return make_encoder_folder(name, out, dtype)
+    if name in DECODER_CONFIGS:
+        return make_decoder_folder(name, out, dtype)
     return make_qwen3_folder(name, out, dtype, family)
 
 

@@ -4,12 +4,16 @@
     python -m benchmarks.rose_gpu --models modernbert-base,mpnet-base,distilbert-base --tag _encoders
 
 The encoder families of issue 16 (and MiniLM) run bs1-128 and docs-100 only.
+    python -m benchmarks.rose_gpu --out benchmarks/results --tag _decoders \
+        --models embeddinggemma-300m,gte-qwen2-1.5b,e5-mistral-7b --variants hf-eager,rose-eager,rose-graphs
 
 Host->host latency (token ids on the CPU in, the embedding on the CPU out), in one run:
 hf-eager, hf-compile (torch.compile reduce-overhead; 0.6B at 128/512 tokens only, its compile time
 reported), rose-eager, rose-graphs, rose-graphs-overlap (two batches in flight), and with --profiles
 rose-best (graphs, attention per token bucket from the A/B's serving profile). Random bf16 weights of
 the real configs (benchmarks.model_zoo). Writes rose_gpu.json and saturation.png; prints a table last.
+MiniLM and the decoder embedders run bs1-128 and docs-100 only. HF's pooling here is mean or last token
+and normalize; EmbeddingGemma's two Dense layers after it (two small GEMMs) are left out of the HF side.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 import torch
 
 from benchmarks import gpu_env
-from benchmarks.model_zoo import BERT_LIKE, make_folder
+from benchmarks.model_zoo import BERT_LIKE, DECODER_CONFIGS, make_folder
 from rose.attention.profile import PROFILE_NAME
 
 VARIANTS = ("hf-eager", "hf-compile", "rose-eager", "rose-graphs", "rose-graphs-overlap", "saturation",
@@ -32,6 +36,7 @@ VARIANTS = ("hf-eager", "hf-compile", "rose-eager", "rose-graphs", "rose-graphs-
 SUITES = {  # name -> list of sequence lengths in one request
     "bs1-128": [128], "bs1-512": [512], "bs1-4096": [4096], "score-50x512": [512] * 50,
 }
+SHORT_RUN = {*BERT_LIKE, *DECODER_CONFIGS}  # models timed on bs1-128 (and docs-100) only
 
 
 DEVICE = "cuda"  # --device cpu: a smoke run of this script where there is no GPU (numbers meaningless)
@@ -153,7 +158,7 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
     spec = load_spec(model_dir)
     (model_dir / PROFILE_NAME).unlink(missing_ok=True)  # rose-eager/-graphs: the default attention
     max_len = spec.max_length
-    suites = {k: v for k, v in SUITES.items() if max(v) <= max_len and (name not in BERT_LIKE or k == "bs1-128")}
+    suites = {k: v for k, v in SUITES.items() if max(v) <= max_len and (name not in SHORT_RUN or k == "bs1-128")}
     suites["docs-100"] = docs_100(max_len)
     iters = 10 if quick else 40
     inputs = {k: [make_ids(v, seed) for seed in range(4)] for k, v in suites.items()}

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rose.windows import layer_windows
+
 
 class ModelFolderError(ValueError):
     """The folder is missing a file, has a malformed one, or holds an unsupported architecture."""
@@ -30,10 +32,11 @@ _FAMILIES = {
     "distilbert": ("distilbert", "distilbert"),
     "new": ("gte", "gte"),  # GTE v1.5 / mGTE: Alibaba-NLP/new-impl's NewModel (its math in rose/models/gte.py)
     "nomic_bert": ("nomic-bert", "nomic_bert"),  # nomic-embed-text (its math in rose/models/nomic_bert.py)
+    "qwen2": ("qwen2", "qwen3"),  # gte-Qwen2: the Qwen3 stack with QKV biases and no QK-norm
+    "mistral": ("mistral", "qwen3"),  # e5-mistral: no biases, no QK-norm, a sliding window
+    "gemma3_text": ("gemma3", "gemma3"),  # EmbeddingGemma
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
-# Encoders pooled by mean when the folder has no sentence-transformers files (decoders: the last token)
-MEAN_POOLED_ARCHS = ("bert", "modernbert", "mpnet", "distilbert", "gte", "nomic_bert")
 # Families whose config.json spells the standard fields its own way: their name -> the standard name (added
 # beside the original, so the layer stack keeps reading its own names and the rest of ROSE the standard ones).
 _CONFIG_ALIASES = {
@@ -50,7 +53,7 @@ _POSITION_OFFSETS = {"mpnet": 2}  # MPNet: fairseq's padding index 1, fixed in i
 class ModelSpec:
     model_dir: Path
     model_id: str
-    family: str  # a _FAMILIES family (bert, roberta, ..., qwen3, pplx-qwen3, modernbert, gte), or pplx-qwen3-context
+    family: str  # a _FAMILIES family (bert, roberta, ..., qwen3, pplx-qwen3, qwen2, mistral, gemma3, modernbert, gte), or pplx-qwen3-context
     arch: str  # which layer stack ROSE builds (rose.models.build_model): a _FAMILIES architecture
     config: dict[str, Any] = field(repr=False)
     causal: bool
@@ -64,6 +67,7 @@ class ModelSpec:
     chunk_separator: str | None  # text joined between a document's chunks (late chunking)
     dense: tuple = ()  # rose.st_modules.DenseSpec per sentence-transformers Dense, applied after pooling
     score_head: Any = None  # rose.cross_spec.ScoreHead of a cross-encoder (its native row is the score)
+    layer_windows: tuple = ()  # decoders: each layer's sliding window (rose.windows; FULL = none)
 
     @property
     def is_contextual(self) -> bool:
@@ -141,14 +145,14 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
     pplx = family == "pplx-qwen3"
     if pplx and (config.get("contextual") or "context" in model_dir.name.lower()):
         family = "pplx-qwen3-context"
-    causal = arch == "qwen3" and not pplx and not config.get("use_bidirectional_attention", False)
+    causal = arch in ("qwen3", "gemma3") and not pplx and not config.get("use_bidirectional_attention", False)
 
     from rose.cross_spec import read_score_head  # they import this module's ModelFolderError
     from rose.st_modules import read_pipeline
 
     head = read_score_head(model_dir, config, family, arch)
     st = read_pipeline(model_dir, int(config["hidden_size"]), native_int8=pplx) if head is None else None
-    default_pooling = "mean" if arch in MEAN_POOLED_ARCHS or pplx else "last"
+    default_pooling = "last" if causal else "mean"
     pooling = (st and st.pooling) or config.get("pooling") or default_pooling
     if head is not None:  # the classifier reads the CLS token; a yes/no reranker the next-token state
         pooling = "last" if head.kind == "yes_no" else "cls"
@@ -170,6 +174,11 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
     tok_max = tok_cfg.get("model_max_length")
     if isinstance(tok_max, int) and 0 < tok_max < max_length:
         max_length = tok_max
+
+    try:
+        windows = layer_windows(family, config, causal, max_length) if arch in ("qwen3", "gemma3") else ()
+    except (TypeError, ValueError) as exc:
+        raise ModelFolderError(f"{model_dir / 'config.json'}: {exc}") from None
 
     st_cfg = _optional_json(model_dir / "config_sentence_transformers.json") or {}
     prompts = {str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()}
@@ -193,6 +202,7 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         chunk_separator=config.get("chunk_separator"),
         dense=dense,
         score_head=head,
+        layer_windows=windows,
     )
 
 

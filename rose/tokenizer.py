@@ -4,11 +4,14 @@ tokenizer.json through Hugging Face `tokenizers`, or a SentencePiece `.model` th
 (XLM-R style folders without tokenizer.json, with fairseq's id offset). Truncation keeps the special
 tokens: the content is cut to max_length minus the specials, then the post-processor adds them. Pairs
 (cross-encoders) are cut longest first, as HF tokenizers' truncation="longest_first" cuts them.
+tokenizer_config.json's add_bos_token / add_eos_token add the BOS / EOS that tokenizer.json's
+post-processor leaves out (see _config_specials).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -59,10 +62,12 @@ class Tokenizer:
             self._hf = HFTokenizer.from_file(str(tok_json))
             self._hf.no_truncation()
             self._hf.no_padding()
+            config_path = spec.model_dir / "tokenizer_config.json"
+            changed = _config_specials(self._hf, config_path)
             # Without character offsets (nothing here reads them): 150 vs 191 us for 128 BERT tokens.
             self._encode_many = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
             self._spm = None
-            self._files = [tok_json]
+            self._files = [tok_json, config_path] if changed else [tok_json]
             self.num_special = self._hf.num_special_tokens_to_add(False)
             self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
             self._wrap = self._fixed_wrap()
@@ -174,6 +179,47 @@ class Tokenizer:
         if self._spm is not None:
             return self._spm.token_id(token)
         return self._hf.token_to_id(token)
+
+
+def _config_specials(hf, config_path: Path) -> bool:
+    """Add the BOS / EOS that tokenizer_config.json's add_bos_token / add_eos_token ask for and tokenizer.json's
+    post-processor does not add; True when it changed the post-processor. Why: folders disagree with
+    themselves (e5-mistral: add_eos_token in the config, only <s> in tokenizer.json). transformers 4 rebuilt
+    the post-processor from the flags at load, which is how such models were trained and evaluated;
+    transformers 5 takes tokenizer.json as it is and drops the EOS that last-token pooling reads (mteb
+    fixed its e5-mistral by passing both flags). ROSE keeps the ids the model was trained on."""
+    from tokenizers import processors
+
+    cfg = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    wanted = {side: _token_text(cfg.get(f"{side}_token")) for side in ("bos", "eos") if cfg.get(f"add_{side}_token") is True}
+    wanted = {side: tok for side, tok in wanted.items() if tok is not None}
+    if not wanted:
+        return False
+    content = hf.encode("hello world", add_special_tokens=False).ids
+    full = hf.encode("hello world", add_special_tokens=True).ids
+    at = next((i for i in range(len(full) - len(content) + 1) if full[i:i + len(content)] == content), None)
+    if at is None:
+        raise ModelFolderError(f"{config_path}: add_bos/eos_token with a post-processor that changes the content")
+    ids = {side: hf.token_to_id(tok) for side, tok in wanted.items()}
+    for side, i in ids.items():
+        if i is None:
+            raise ModelFolderError(f"{config_path}: add_{side}_token names {wanted[side]!r}, not in tokenizer.json")
+    prefix, suffix = full[:at], full[at + len(content):]
+    new_prefix = ([ids["bos"]] if "bos" in ids and prefix[:1] != [ids["bos"]] else []) + prefix
+    new_suffix = suffix + ([ids["eos"]] if "eos" in ids and suffix[-1:] != [ids["eos"]] else [])
+    if (new_prefix, new_suffix) == (prefix, suffix):
+        return False
+    before, after = [hf.id_to_token(i) for i in new_prefix], [hf.id_to_token(i) for i in new_suffix]
+    hf.post_processor = processors.TemplateProcessing(
+        single=" ".join([*before, "$A", *after]),
+        pair=" ".join([*before, "$A", *after, *(f"{t}:1" for t in before), "$B:1", *(f"{t}:1" for t in after)]),
+        special_tokens=sorted({(hf.id_to_token(i), i) for i in new_prefix + new_suffix}))
+    return True
+
+
+def _token_text(token) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict."""
+    return token.get("content") if isinstance(token, dict) else token
 
 
 class _SentencePiece:

@@ -4,9 +4,12 @@ A forward over a ragged batch calls the backend in three places:
 - `plan(meta)`: host side, before the forward and outside any CUDA graph. A backend that needs host
   work per batch (FlashInfer's plan into fixed workspace buffers) does it here; a graph runner calls it
   before every replay with the new batch's HostMeta in `meta.host`.
-- `prepare(meta, causal)`: device side, once per forward, inside the graph (e.g. SDPA's block-diagonal
-  mask). Must be capturable: no host syncs, shapes fixed by the layout.
-- `forward(q, k, v, meta, causal, scale, state)`: per layer; q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D].
+- `prepare(meta, causal, window)`: device side, once per forward and window, inside the graph (e.g. SDPA's
+  block-diagonal mask). Must be capturable: no host syncs, shapes fixed by the layout.
+- `forward(q, k, v, meta, causal, scale, state, window)`: per layer; q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D].
+
+`window` is a sliding window (Mistral, Gemma 3's local layers): a query attends only keys at most `window`
+positions from it, on either side (causal still hides the later ones); FULL (-1) = no window.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 
 from rose.meta import ForwardMeta
+from rose.windows import FULL  # noqa: F401 (no sliding window; re-exported)
 
 
 class AttentionBackendError(ValueError):
@@ -30,28 +34,30 @@ class AttentionBackend:
     def plan(self, meta: ForwardMeta) -> None:
         """Host-side per-batch work, outside the graph. Default: nothing."""
 
-    def prepare(self, meta: ForwardMeta, causal: bool) -> Any:
-        """Device-side per-forward state shared by all layers. Default: none."""
+    def prepare(self, meta: ForwardMeta, causal: bool, window: int = FULL) -> Any:
+        """Device-side per-forward state shared by the layers of one window. Default: none."""
         return None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMeta,
-                causal: bool, scale: float, state: Any = None) -> torch.Tensor:
+                causal: bool, scale: float, state: Any = None, window: int = FULL) -> torch.Tensor:
         raise NotImplementedError
 
 
 @dataclass
 class AttentionContext:
-    """What a layer needs to attend: built once per forward by the model, called once per layer."""
+    """What a layer needs to attend: built once per forward (and window) by the model, called once per layer."""
 
     backend: AttentionBackend
     meta: ForwardMeta
     causal: bool
     scale: float
     state: Any = None
+    window: int = FULL
 
     @classmethod
-    def build(cls, backend: AttentionBackend, meta: ForwardMeta, causal: bool, scale: float) -> AttentionContext:
-        return cls(backend, meta, causal, scale, backend.prepare(meta, causal))
+    def build(cls, backend: AttentionBackend, meta: ForwardMeta, causal: bool, scale: float,
+              window: int = FULL) -> AttentionContext:
+        return cls(backend, meta, causal, scale, backend.prepare(meta, causal, window), window)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.backend.forward(q, k, v, self.meta, self.causal, self.scale, self.state)
+        return self.backend.forward(q, k, v, self.meta, self.causal, self.scale, self.state, self.window)

@@ -1,7 +1,8 @@
 """FlashAttention 4 (`flash-attn-4`, `flash_attn.cute.flash_attn_varlen_func`) behind ROSE's interface.
 
 Packed q/k/v with cu_seqlens on the device, like torch's varlen: nothing to plan on the host, so a CUDA
-graph captures it as is (max_seqlen = Tb is an upper bound the kernel accepts). GQA is native (K/V keep
+graph captures it as is (max_seqlen = Tb is an upper bound the kernel accepts). A sliding window is its
+`window_size` (left, right; None = unbounded). GQA is native (K/V keep
 their heads; FA4 packs the query heads of a group). FA4 compiles its kernels with the CuTe DSL on the
 first call of each (dtype, head dim, mask) combination; the eager warm-up run before a graph capture takes
 that cost, and `rose build-kernels` moves it to image build time (rose.attention.kernels).
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rose.attention.base import AttentionBackend, AttentionBackendError
+from rose.attention.base import FULL, AttentionBackend, AttentionBackendError
 from rose.attention.shape import AttentionShape
 from rose.meta import ForwardMeta
 
@@ -60,11 +61,18 @@ class Fa4Backend(AttentionBackend):
         if missing:
             raise AttentionBackendError(f"this flash-attn-4 has no {sorted(missing)} in flash_attn_varlen_func")
         self._has_max_seqlen = "max_seqlen_q" in params
+        self._has_window = "window_size" in params
+        if shape is not None and shape.window != FULL and not self._has_window:
+            raise AttentionBackendError("this flash-attn-4 has no window_size (the model has sliding-window layers)")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMeta,
-                causal: bool, scale: float, state: Any = None) -> torch.Tensor:
+                causal: bool, scale: float, state: Any = None, window: int = FULL) -> torch.Tensor:
         kwargs: dict[str, Any] = {"cu_seqlens_q": meta.cu_seqlens, "cu_seqlens_k": meta.cu_seqlens,
                                   "softmax_scale": scale, "causal": causal}
+        if window != FULL:
+            if not self._has_window:
+                raise AttentionBackendError("this flash-attn-4 has no window_size (sliding-window attention)")
+            kwargs["window_size"] = (window, 0 if causal else window)
         if self._has_max_seqlen:
             kwargs["max_seqlen_q"] = kwargs["max_seqlen_k"] = meta.max_seqlen
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))

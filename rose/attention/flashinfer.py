@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rose.attention.base import AttentionBackend, AttentionBackendError
+from rose.attention.base import FULL, AttentionBackend, AttentionBackendError
 from rose.attention.shape import AttentionShape
 from rose.meta import ForwardMeta
 
@@ -77,6 +77,8 @@ def check_supported(variant: str, device: torch.device, dtype: torch.dtype, shap
         raise AttentionBackendError(f"attention '{name}' supports head dims {FA3_HEAD_DIMS}, not {shape.head_dim}")
     if shape.num_qo_heads % shape.num_kv_heads:
         raise AttentionBackendError(f"{shape.num_qo_heads} query heads are not a multiple of {shape.num_kv_heads} KV heads")
+    if shape.window != FULL:  # one plan per batch bakes one window in; mixed local/global layers would need two
+        raise AttentionBackendError(f"attention '{name}' does not plan sliding-window layers here; use varlen or fa4")
 
 
 def int_workspace_bytes(tokens: int, seqs: int, shape: AttentionShape) -> int:
@@ -169,13 +171,15 @@ class FlashInferBackend(AttentionBackend):
         slot.copied.record()
         slot.planned = (meta.layout.tokens, meta.layout.seqs)
 
-    def prepare(self, meta: ForwardMeta, causal: bool) -> Any:
+    def prepare(self, meta: ForwardMeta, causal: bool, window: int = FULL) -> Any:
+        if window != FULL:
+            raise AttentionBackendError(f"{self.name} was planned without a sliding window, asked for {window}")
         if causal != self.shape.causal:
             raise AttentionBackendError(f"{self.name} was planned for causal={self.shape.causal}, asked for {causal}")
         return None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMeta,
-                causal: bool, scale: float, state: Any = None) -> torch.Tensor:
+                causal: bool, scale: float, state: Any = None, window: int = FULL) -> torch.Tensor:
         slot = self._slot(meta, create=False)
         if slot is None or slot.planned != (meta.layout.tokens, meta.layout.seqs):
             raise AttentionBackendError(f"{self.name}: plan(meta) must run before forward for layout {meta.layout}")

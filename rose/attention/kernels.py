@@ -18,12 +18,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rose.attention.shape import AttentionShape
+from rose.windows import FULL
 
 log = logging.getLogger("rose.attention")
 CACHE_ENV = "ROSE_KERNEL_CACHE_DIR"
@@ -71,7 +73,8 @@ def build_kernels(shape: AttentionShape, backends=JIT_BACKENDS, device: torch.de
     """Plan and run each backend once on a small ragged batch of `shape`, which compiles (or loads from the
     cache) every kernel it serves with: one FlashInfer module covers causal and bidirectional; FA4 compiles
     per mask, so it runs both. One record per backend: status built | unavailable (cannot run here: package
-    missing, GPU or shape unsupported) | failed (the build or the run broke), seconds of first use, error."""
+    missing, GPU or shape unsupported) | failed (the build or the run broke), seconds of first use, error.
+    A model with sliding-window layers runs its window too (FA4 compiles local attention separately)."""
     from rose.attention import AttentionBackendError, make_backend
     from rose.batch import Batch
     from rose.meta import ForwardMeta, MetaLayout, pack_batch
@@ -89,17 +92,18 @@ def build_kernels(shape: AttentionShape, backends=JIT_BACKENDS, device: torch.de
         record = {"backend": name, "status": "built"}
         for causal in (shape.causal, not shape.causal) if name == "fa4" else (shape.causal,):
             try:
-                backend = make_backend(name, device, dtype, shape=AttentionShape(
-                    shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, causal))
+                backend = make_backend(name, device, dtype, shape=replace(shape, causal=causal))
             except AttentionBackendError as exc:
                 record.update(status="unavailable", error=str(exc)[:400])
                 break
             try:
                 backend.plan(meta)
-                o = backend.forward(q, k, v, meta, causal, shape.scale, backend.prepare(meta, causal))
-                torch.cuda.synchronize(device)
-                if not bool(torch.isfinite(o[: host.num_tokens]).all()):
-                    raise RuntimeError("non-finite output")
+                for window in {FULL, shape.window}:  # a model's local layers compile a kernel of their own
+                    o = backend.forward(q, k, v, meta, causal, shape.scale, backend.prepare(meta, causal, window),
+                                        window)
+                    torch.cuda.synchronize(device)
+                    if not bool(torch.isfinite(o[: host.num_tokens]).all()):
+                        raise RuntimeError("non-finite output")
             except Exception as exc:  # noqa: BLE001 - a JIT or kernel failure is reported, not raised
                 record.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:400])
                 break

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rose.attention.base import AttentionBackend, AttentionBackendError
+from rose.attention.base import FULL, AttentionBackend, AttentionBackendError
 from rose.meta import ForwardMeta
 
 PROFILE_NAME = "rose_profile.json"
@@ -127,11 +127,12 @@ class PerBucketBackend(AttentionBackend):
     def plan(self, meta: ForwardMeta) -> None:
         self.backend_for(meta).plan(meta)
 
-    def prepare(self, meta: ForwardMeta, causal: bool) -> Any:
-        return self.backend_for(meta).prepare(meta, causal)
+    def prepare(self, meta: ForwardMeta, causal: bool, window: int = FULL) -> Any:
+        return self.backend_for(meta).prepare(meta, causal, window)
 
-    def forward(self, q, k, v, meta: ForwardMeta, causal: bool, scale: float, state: Any = None):
-        return self.backend_for(meta).forward(q, k, v, meta, causal, scale, state)
+    def forward(self, q, k, v, meta: ForwardMeta, causal: bool, scale: float, state: Any = None,
+                window: int = FULL):
+        return self.backend_for(meta).forward(q, k, v, meta, causal, scale, state, window)
 
 
 def _ranges(profile: ServingProfile) -> list[tuple[int, str]]:

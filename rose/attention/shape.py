@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rose.windows import FULL
+
 
 @dataclass(frozen=True)
 class AttentionShape:
@@ -12,11 +14,13 @@ class AttentionShape:
     num_kv_heads: int
     head_dim: int
     causal: bool = False
+    window: int = FULL  # the sliding window of the model's local layers (FULL: none)
+    softmax_scale: float | None = None  # None: 1/sqrt(head_dim)
 
     @property
     def scale(self) -> float:
-        """Softmax scale: 1/sqrt(head_dim) in every family ROSE serves (BERT and Qwen3)."""
-        return self.head_dim ** -0.5
+        """Softmax scale: 1/sqrt(head_dim), or the model's own (Gemma 3: 1/sqrt(query_pre_attn_scalar))."""
+        return self.head_dim ** -0.5 if self.softmax_scale is None else self.softmax_scale
 
     @property
     def group(self) -> int:
@@ -28,10 +32,12 @@ class AttentionShape:
         """The shape of a loaded model folder (rose.spec.ModelSpec)."""
         cfg = spec.config
         heads = int(cfg["num_attention_heads"])
-        if spec.arch == "qwen3":
+        if spec.arch in ("qwen3", "gemma3"):
             kv = int(cfg.get("num_key_value_heads") or heads)
-            head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
-            return cls(heads, kv, head_dim, bool(spec.causal))
+            head_dim = int(cfg.get("head_dim") or (256 if spec.arch == "gemma3" else cfg["hidden_size"] // heads))
+            window = max(getattr(spec, "layer_windows", ()), default=FULL)
+            scale = float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5 if spec.arch == "gemma3" else None
+            return cls(heads, kv, head_dim, bool(spec.causal), window, scale)
         return cls(heads, heads, int(cfg["hidden_size"]) // heads, False)  # BERT family: bidirectional MHA
 
 

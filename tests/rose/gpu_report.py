@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from rose_parity import cosine, random_seqs, reference_rows
+from rose_tiny_decoders import build_decoders
 from rose_tiny_encoders import build_base_shapes, build_encoders
 from rose_tiny_remote import build_remote
 from rose_tiny_models import TinyModel, build_all, build_qwen3_06b_shape
@@ -129,6 +130,7 @@ def all_models(root: Path) -> dict[str, TinyModel]:
     models.update(build_encoders(root))
     models.update(build_remote(root))
     models.update(build_base_shapes(root))
+    models.update(build_decoders(root))  # EmbeddingGemma, gte-Qwen2, e5-mistral
     return models
 
 

@@ -51,9 +51,12 @@ def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
 
 def reference_rows(tiny: TinyModel, seqs, pooling: str | None = None, device: str = "cpu",
                    dtype: torch.dtype = torch.float32, hidden=None) -> np.ndarray:
-    """What Engine.embed must return: pooled, pplx-transformed, normalized as the model's default."""
+    """What Engine.embed must return: pooled, through the Dense modules, pplx-transformed, normalized as the
+    model's default."""
     hidden = hidden if hidden is not None else hf_hidden(tiny, seqs, device, dtype)
     rows = np.stack([pool(h, pooling or tiny.pooling) for h in hidden])
+    for weight in tiny.dense:
+        rows = rows @ weight.double().numpy().T
     if tiny.native_int8:
         rows = np.round(127.0 * np.tanh(rows))
     if tiny.normalize:
@@ -69,3 +72,18 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def random_seqs(tiny: TinyModel, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [tiny.random_ids(rng, n) for n in lengths]
+
+
+def attention_written_out(q, k, v, lengths, causal, window, scale):
+    """Attention per sequence with the band as a boolean mask, in float64, GQA by repeating K/V."""
+    out, at = [], 0
+    rep = q.shape[1] // k.shape[1]
+    for n in lengths:
+        qs, ks, vs = (x[at:at + n].double().transpose(0, 1) for x in (q, k, v))
+        ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        visible = ((i - j).abs() <= window) & ((j <= i) if causal else True)
+        scores = (qs @ ks.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))
+        out.append((scores.softmax(-1) @ vs).transpose(0, 1))
+        at += n
+    return torch.cat(out)

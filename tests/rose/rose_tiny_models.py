@@ -32,6 +32,7 @@ class TinyModel:
     pooling: str
     normalize: bool
     native_int8: bool
+    dense: tuple = ()  # sentence-transformers Dense weights [out, in] (no bias, identity), applied after pooling
 
     def random_ids(self, rng: np.random.Generator, length: int) -> list[int]:
         """Ids that avoid the special/pad range (RoBERTa derives positions from the pad id)."""

@@ -137,11 +137,11 @@ class FakeBackend(AttentionBackend):
     def plan(self, meta):
         self.calls.append(("plan", meta.layout.tokens))
 
-    def prepare(self, meta, causal):
+    def prepare(self, meta, causal, window=-1):
         self.calls.append(("prepare", meta.layout.tokens))
         return self.name
 
-    def forward(self, q, k, v, meta, causal, scale, state=None):
+    def forward(self, q, k, v, meta, causal, scale, state=None, window=-1):
         assert state == self.name, "the state comes from the same backend's prepare"
         self.calls.append(("forward", meta.layout.tokens))
         return q * 0 + len(self.name)
