@@ -51,6 +51,12 @@ class TulipConfig:
                            "whatever lane it names, as before issue 17 (the A/B of benchmarks/stack/lanes.py)")
     bulk_share: float = _f(0.25, "priority lanes: while bulk requests wait, interactive ones fill a batch only up to "
                                  "(1 - this) of its tokens, so bulk gets at least this share (tulip/scheduler.py)")
+    interactive_batch_tokens: int = _f(0, "priority lanes: while interactive requests wait or arrived within "
+                                          "interactive_recent_ms, every batch is capped at this many tokens, so a "
+                                          "query waits for at most such a batch, not a full bulk one; 0 = off "
+                                          "(tulip/scheduler.py; the trade in benchmarks/results/lanes.json)")
+    interactive_recent_ms: float = _f(100.0, "how long after an interactive request interactive_batch_tokens still "
+                                             "caps batches")
     deadline_admission: bool = _f(True, "refuse at once (RESOURCE_EXHAUSTED deadline_unmeetable) a request whose "
                                         "deadline the tokens queued ahead of it in its lane already exceed at the "
                                         "fastest measured device rate; no measurement yet = admit")
@@ -119,6 +125,8 @@ class TulipConfig:
             raise ValueError(f"request_share must be in (0, 1], got {self.request_share}")
         if not 0 <= self.bulk_share < 1:
             raise ValueError(f"bulk_share must be in [0, 1), got {self.bulk_share}")
+        if self.interactive_batch_tokens < 0 or self.interactive_recent_ms < 0:
+            raise ValueError("interactive_batch_tokens and interactive_recent_ms must be >= 0")
         if self.watchdog_s < 0 or self.watchdog_factor <= 0:
             raise ValueError(f"watchdog_s must be 0 (off) or positive and watchdog_factor positive, got "
                              f"{self.watchdog_s}, {self.watchdog_factor}")

@@ -136,7 +136,9 @@ class TulipServer:
                                        config.max_batch_seqs, int(info.max_length), vocab)
         queue_tokens = max(config.max_queue_tokens, self.batch_tokens)
         self.queue = SequenceQueue(self.batch_tokens, config.max_batch_seqs, queue_tokens, share=config.request_share,
-                                   bulk_share=config.bulk_share)
+                                   bulk_share=config.bulk_share,
+                                   interactive_batch_tokens=config.interactive_batch_tokens,
+                                   interactive_recent_s=config.interactive_recent_ms / 1e3)
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3)

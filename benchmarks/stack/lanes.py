@@ -2,15 +2,17 @@
 
     python -m benchmarks.stack.lanes --model-dir DIR --out OUT [--duration-s 10] [--up-flags "--gpus 0"]
 
-One run, three configurations, each measured for `--duration-s` after every client warmed up:
+One run, four configurations, each measured for `--duration-s` after every client warmed up:
 - idle:  the interactive client alone;
 - fcfs:  interactive + bulk with TULIP_LANES=false (every request in one FCFS lane, whatever it names);
-- lanes: interactive + bulk with lanes on (Tulip's default: interactive first, bulk's guaranteed share).
+- lanes: interactive + bulk with lanes on (Tulip's default: interactive first, bulk's guaranteed share);
+- capped: lanes on with TULIP_INTERACTIVE_BATCH_TOKENS=`--capped-batch-tokens` (2048): every batch capped
+  while interactive traffic is about (tulip/scheduler.py).
 Interactive: 1 closed-loop client sending single `--query-tokens` (32) token queries, priority interactive.
 Bulk: `--bulk-clients` (4) closed-loop clients sending `--bulk-docs` (100) lognormal documents a request
 (benchmarks/stack/corpus.py), priority bulk. This command starts the stacks itself with `ivy up` (the same
 flags and environment, e.g. IVY_WORKERS, plus `--up-flags`): one with lanes on for idle and lanes, one with
-lanes off for fcfs, since TULIP_LANES is read at start. Every client is its own process (load.py).
+lanes off for fcfs, one capped, since Tulip reads them at start. Every client is its own process (load.py).
 
 Writes OUT/lanes[_<label>].json = {"env" (commit, GPU, model, stacks), "targets", "records": [{"config",
 "traffic", "clients", "p50_ms", "p99_ms", "rps", "tokens_per_s", ...}]} and OUT/lanes[_<label>].png, and
@@ -74,6 +76,7 @@ class LanesConfig:
     startup_timeout_s: float = _f(300.0, "most seconds a stack may take to become ready")
     client_cpus: str | None = _f(None, "CPUs for the client processes, e.g. 8-15; default: no pinning")
     plot: bool = _f(True, "draw OUT/lanes[_<label>].png at the end (needs matplotlib)")
+    capped_batch_tokens: int = _f(2048, "the capped configuration's TULIP_INTERACTIVE_BATCH_TOKENS")
 
     def chosen(self) -> tuple[str, ...]:
         wanted = [c.strip() for c in self.configs.split(",") if c.strip()]
@@ -131,19 +134,21 @@ class LanesRun:
         self.env["model_dir"] = self.model_dir
 
     def run(self, configs: tuple[str, ...]) -> None:
-        groups = [("lanes-on", "true", [c for c in configs if c != "fcfs"]),
-                  ("lanes-off", "false", [c for c in configs if c == "fcfs"])]
-        for name, lanes, members in groups:
+        capped = {"TULIP_LANES": "true", "TULIP_INTERACTIVE_BATCH_TOKENS": str(self.config.capped_batch_tokens)}
+        groups = [("lanes-on", {"TULIP_LANES": "true"}, [c for c in configs if c in ("idle", "lanes")]),
+                  ("lanes-off", {"TULIP_LANES": "false"}, [c for c in configs if c == "fcfs"]),
+                  ("lanes-capped", capped, [c for c in configs if c == "capped"])]
+        for name, env, members in groups:
             if members:
-                self.on_stack(name, lanes, members)
+                self.on_stack(name, env, members)
 
-    def on_stack(self, name: str, lanes: str, members: list[str]) -> None:
+    def on_stack(self, name: str, env: dict[str, str], members: list[str]) -> None:
         c = self.config
         stack = UpStack(self.model_dir, Path(c.logs or c.out) / f"{self.stem}_{name}.log", port=c.port, tulip_port=c.tulip_port,
-                        metrics_port=c.metrics_port or None, env={"TULIP_LANES": lanes},
+                        metrics_port=c.metrics_port or None, env=env,
                         flags=shlex.split(c.up_flags), startup_timeout_s=c.startup_timeout_s)
-        say(f"== stack {name} (TULIP_LANES={lanes}): starting ivy up")
-        facts = self.stacks[name] = {"TULIP_LANES": lanes, "argv": stack.argv()[1:]}
+        say(f"== stack {name} ({' '.join(f'{k}={v}' for k, v in env.items())}): starting ivy up")
+        facts = self.stacks[name] = {**env, "argv": stack.argv()[1:]}
         try:
             stack.start()
             facts["ready_s"] = stack.ready_s

@@ -1,7 +1,8 @@
 """The lanes run's targets, file, plot and table (benchmarks/stack/lanes.py).
 
 Targets (issue 17), with lanes on: the interactive p99 at most 2 x its idle p99, and bulk tokens/s at least
-90 % of its FCFS (lanes off) throughput. OUT/lanes[_<label>].json = {"env", "targets", "records"}; the PNG
+90 % of its FCFS (lanes off) throughput; the same ratios for `capped` (lanes on with TULIP_INTERACTIVE_BATCH_TOKENS,
+batches capped while interactive traffic is about: the trade of latency against bulk throughput). OUT/lanes[_<label>].json = {"env", "targets", "records"}; the PNG
 has the interactive latency per configuration (p50 solid, p99 light, the 2 x idle p99 line) and the bulk
 throughput (the 90 % of FCFS line). Redraw: python -m benchmarks.stack.lanes_report FILE.json.
 """
@@ -13,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-CONFIGS = ("idle", "fcfs", "lanes")
+CONFIGS = ("idle", "fcfs", "lanes", "capped")
 P99_FACTOR, BULK_SHARE = 2.0, 0.9
 
 
@@ -25,19 +26,25 @@ def find(records: Sequence[dict[str, Any]], config: str, traffic: str) -> dict[s
 
 
 def targets(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Each target's measured ratio and verdict (None where a configuration it needs is missing)."""
-    idle, lanes_i = find(records, "idle", "interactive"), find(records, "lanes", "interactive")
-    fcfs_b, lanes_b = find(records, "fcfs", "bulk"), find(records, "lanes", "bulk")
-    p99 = lanes_i["p99_ms"] / idle["p99_ms"] if idle and lanes_i and idle["p99_ms"] else None
-    bulk = lanes_b["tokens_per_s"] / fcfs_b["tokens_per_s"] if fcfs_b and lanes_b and fcfs_b["tokens_per_s"] else None
-    return {
-        "interactive_p99_over_idle": None if p99 is None else round(p99, 3),
-        "interactive_p99_target": f"<= {P99_FACTOR:g}",
-        "interactive_p99_met": None if p99 is None else p99 <= P99_FACTOR,
-        "bulk_tokens_over_fcfs": None if bulk is None else round(bulk, 3),
-        "bulk_tokens_target": f">= {BULK_SHARE:g}",
-        "bulk_tokens_met": None if bulk is None else bulk >= BULK_SHARE,
-    }
+    """Each target's measured ratio and verdict (None where a configuration it needs is missing): for lanes,
+    and the same ratios under `capped_` for the capped configuration."""
+    out: dict[str, Any] = {}
+    for config, prefix in (("lanes", ""), ("capped", "capped_")):
+        idle, on_i = find(records, "idle", "interactive"), find(records, config, "interactive")
+        fcfs_b, on_b = find(records, "fcfs", "bulk"), find(records, config, "bulk")
+        p99 = on_i["p99_ms"] / idle["p99_ms"] if idle and on_i and idle["p99_ms"] else None
+        bulk = on_b["tokens_per_s"] / fcfs_b["tokens_per_s"] if fcfs_b and on_b and fcfs_b["tokens_per_s"] else None
+        if prefix and p99 is None and bulk is None:
+            continue  # no capped configuration in this run
+        out.update({
+            f"{prefix}interactive_p99_over_idle": None if p99 is None else round(p99, 3),
+            f"{prefix}interactive_p99_target": f"<= {P99_FACTOR:g}",
+            f"{prefix}interactive_p99_met": None if p99 is None else p99 <= P99_FACTOR,
+            f"{prefix}bulk_tokens_over_fcfs": None if bulk is None else round(bulk, 3),
+            f"{prefix}bulk_tokens_target": f">= {BULK_SHARE:g}",
+            f"{prefix}bulk_tokens_met": None if bulk is None else bulk >= BULK_SHARE,
+        })
+    return out
 
 
 def write_lanes(out_dir: Path, stem: str, env: dict[str, Any], records: list[dict[str, Any]],
@@ -91,7 +98,7 @@ def write_lanes_plot(path: Path, records: list[dict[str, Any]], title: str) -> P
     right.set(title="bulk: closed-loop batches, priority bulk", ylabel="k tokens/s")
     for ax in (left, right):
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"{title}: priority lanes (idle / FCFS = lanes off / lanes on), one run")
+    fig.suptitle(f"{title}: priority lanes (idle / FCFS = lanes off / lanes on / capped batches), one run")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -114,11 +121,14 @@ def table(records: Sequence[dict[str, Any]]) -> str:
     def verdict(met: bool | None) -> str:
         return "n/a" if met is None else "MET" if met else "MISSED"
 
-    p99, bulk = t["interactive_p99_over_idle"], t["bulk_tokens_over_fcfs"]
-    lines.append(f"target: interactive p99 with lanes <= 2 x idle p99: "
-                 f"{'n/a' if p99 is None else f'{p99:.2f} x'} {verdict(t['interactive_p99_met'])}")
-    lines.append(f"target: bulk tokens/s with lanes >= 90 % of FCFS: "
-                 f"{'n/a' if bulk is None else f'{bulk:.1%}'} {verdict(t['bulk_tokens_met'])}")
+    for prefix, name in (("", "lanes"), ("capped_", "capped")):
+        if f"{prefix}interactive_p99_over_idle" not in t:
+            continue
+        p99, bulk = t[f"{prefix}interactive_p99_over_idle"], t[f"{prefix}bulk_tokens_over_fcfs"]
+        lines.append(f"target: interactive p99 with {name} <= 2 x idle p99: "
+                     f"{'n/a' if p99 is None else f'{p99:.2f} x'} {verdict(t[f'{prefix}interactive_p99_met'])}")
+        lines.append(f"target: bulk tokens/s with {name} >= 90 % of FCFS: "
+                     f"{'n/a' if bulk is None else f'{bulk:.1%}'} {verdict(t[f'{prefix}bulk_tokens_met'])}")
     return "\n".join(lines)
 
 

@@ -176,3 +176,26 @@ def test_lanes_off_serves_bulk_in_arrival_order_with_interactive() -> None:
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # the lane is still checked
     seen = [int(x[0]) for x in engine.seen_sequences()]
     assert seen.index(10) < seen.index(22)  # arrival order: the bulk request first (lanes on: the reverse)
+
+
+def test_interactive_batch_cap_shortens_every_batch_while_interactive_traffic_is_about() -> None:
+    now = [0.0]
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=100, max_queue_tokens=100_000, share=1.0,
+                      bulk_share=0.25, interactive_batch_tokens=40, interactive_recent_s=0.5, clock=lambda: now[0])
+    push(q, BULK, *[10] * 50, marker=500)
+    assert q.next_batch(timeout=0).tokens == 100, "no interactive request yet: the full budget"
+    push(q, INTERACTIVE, 5, marker=1)
+    packed = q.next_batch(timeout=0)
+    assert markers(packed)[0] == 1 and packed.tokens <= 40 and packed.lane_tokens == [5, 30]
+    now[0] = 0.3  # the interactive request is served, but one arrived 0.3 s ago: still capped
+    assert q.next_batch(timeout=0).tokens == 40
+    now[0] = 0.6  # none for 0.6 s: bulk gets full batches again
+    assert q.next_batch(timeout=0).tokens == 100
+
+
+def test_interactive_batch_cap_off_by_default_keeps_full_batches() -> None:
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=100, max_queue_tokens=100_000, share=1.0, bulk_share=0.25)
+    push(q, BULK, *[10] * 50, marker=500)
+    push(q, INTERACTIVE, 5, marker=1)
+    packed = q.next_batch(timeout=0)
+    assert packed.tokens == 95 and packed.lane_tokens == [5, 90]
