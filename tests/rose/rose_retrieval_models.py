@@ -120,3 +120,28 @@ def build_bge_m3(root: Path, seed: int = 42) -> Path:
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
     """BGE-M3's colbert_score: each query vector's best dot product with the document's, averaged."""
     return float((query @ document.T).max(axis=1).sum() / query.shape[0])
+
+
+def build_splade_files(root: Path, seed: int = 41) -> Path:
+    """The files SparseEncoder.save writes for `splade`, written here without sentence-transformers (its
+    version on the device may differ): BertForMaskedLM, tokenizer, modules.json, SpladePooling max / relu."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    path = _fresh(root, "splade-files")
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(cfg)
+    _randomize(model, seed, std=0.15)
+    model.save_pretrained(path, safe_serialization=True)
+    _bert_tokenizer(path)
+    _write_json(path / "modules.json", [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_SpladePooling",
+         "type": "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"}])
+    _write_json(path / "sentence_bert_config.json", {"transformer_task": "fill-mask",
+                                                     "module_output_name": "token_embeddings"})
+    _write_json(path / "config_sentence_transformers.json", {"model_type": "SparseEncoder", "prompts": {}})
+    _write_json(path / "1_SpladePooling" / "config.json", {"pooling_strategy": "max", "activation_function": "relu",
+                                                           "embedding_dimension": None})
+    return path
