@@ -21,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ivy import __version__, connections, docs, metrics, routes_embeddings, routes_scoring, routes_tokenize
+from ivy import (__version__, connections, docs, metrics, routes_embeddings, routes_retrieval, routes_scoring,
+                 routes_tokenize)
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.errors import IvyError, Problem, from_validation_errors
 from ivy.gateway import Gateway
@@ -50,7 +51,7 @@ def create_app(config: IvyConfig) -> FastAPI:
     app = FastAPI(title="Ivy", version=__version__, lifespan=lifespan,
                   description="HTTP gateway of the Ivy -> Tulip -> ROSE embedding stack.",
                   **docs.fastapi_options(config))
-    routers = (routes_embeddings.router, routes_scoring.router, routes_tokenize.router)
+    routers = (routes_embeddings.router, routes_scoring.router, routes_tokenize.router, routes_retrieval.router)
     for router in routers:
         app.include_router(router)
     _add_ops_routes(app)

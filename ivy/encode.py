@@ -53,14 +53,15 @@ def decode_rows(response: embed_pb2.EmbedResponse) -> np.ndarray:
 def embed_request(seqs: Sequence[Sequence[int]], tokens: int, *, dimensions: int, normalize: bool | None,
                   encoding: Encoding | int, request_id: str,
                   spans: Sequence[Sequence[tuple[int, int]]] | None = None, lane: int = 0,
-                  token_types: Sequence[Sequence[int]] | None = None) -> embed_pb2.EmbedRequest:
+                  token_types: Sequence[Sequence[int]] | None = None, output: str = "") -> embed_pb2.EmbedRequest:
     """One Embed call's request: `seqs` (holding `tokens` ids) packed little-endian int32, with optional
-    (sequence, start, end) span triples and token types (one uint8 per id, cross-encoder pairs).
+    (sequence, start, end) span triples and token types (one uint8 per id, cross-encoder pairs); `output`: which
+    of the model's outputs (rose.retrieval_spec; "" = its first).
     chain.from_iterable flattens in C, not a Python loop per token."""
     req = embed_pb2.EmbedRequest(
         token_ids=np.fromiter(chain.from_iterable(seqs), dtype="<i4", count=tokens).tobytes(),
         seq_lens=np.fromiter(map(len, seqs), dtype="<i4", count=len(seqs)).tobytes(),
-        dimensions=dimensions, encoding=int(encoding), request_id=request_id, lane=lane)
+        dimensions=dimensions, encoding=int(encoding), request_id=request_id, lane=lane, output=output)
     if normalize is not None:
         req.normalize = normalize
     if spans is not None:

@@ -207,10 +207,10 @@ class Gateway:
     async def embed(self, sequences: Sequence[Sequence[int]], *, deadline: float, dimensions: int = 0,
                     normalize: bool | None = None, encoding: Encoding = Encoding.FLOAT32,
                     spans: Sequence[Sequence[tuple[int, int]]] | None = None, lane: str | None = None,
-                    token_types: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+                    token_types: Sequence[Sequence[int]] | None = None, output: str = "") -> np.ndarray:
         """Rows for `sequences` in input order (one per sequence, or one per span of each sequence), in the
         priority `lane` (None: bulk above --bulk-above-tokens tokens, else interactive). `token_types`: one
-        list per sequence (BERT cross-encoder pairs)."""
+        list per sequence (BERT cross-encoder pairs). `output`: one of the model's outputs (ivy.retrieval)."""
         lengths = [len(s) for s in sequences]
         wire_lane = lane_value(lane, sum(lengths), self.config.bulk_above_tokens)
         rows_per_seq = [len(s) for s in spans] if spans is not None else [1] * len(sequences)
@@ -218,7 +218,7 @@ class Gateway:
         if not await self.pool.any_serving_now():
             raise IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
         request_id = metrics.REQUEST_ID.get() or uuid.uuid4().hex
-        if (self.coalescer is not None and spans is None and token_types is None and len(chunks) == 1
+        if (self.coalescer is not None and spans is None and token_types is None and not output and len(chunks) == 1
                 and (self.coalescer.has_open_group() or self.pool.busy())):  # alone: straight out, no extra turn
             return await self.coalescer.embed(sequences, chunks[0].tokens, deadline=deadline, dimensions=dimensions,
                                               normalize=normalize, encoding=encoding, request_id=request_id,
@@ -226,7 +226,8 @@ class Gateway:
         requests = [embed_request(sequences[c.first: c.first + c.count], c.tokens, dimensions=dimensions,
                                   normalize=normalize, encoding=encoding, request_id=request_id, lane=wire_lane,
                                   spans=None if spans is None else spans[c.first: c.first + c.count],
-                                  token_types=None if token_types is None else token_types[c.first: c.first + c.count])
+                                  token_types=None if token_types is None else token_types[c.first: c.first + c.count],
+                                  output=output)
                     for c in chunks]
         if len(chunks) == 1:
             results = [await self.pool.call(requests[0], chunks[0].tokens, deadline)]

@@ -113,6 +113,32 @@ class TeiEmbedRequest(_Request):
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
+class SparseEmbedRequest(_Request):
+    """POST /embed_sparse (text-embeddings-inference's route): `inputs` as /embed takes them; `top_k` keeps each
+    vector's k largest weights (0 or absent: all non-zero ones)."""
+
+    inputs: Annotated[Inputs, PlainValidator(lambda v: parse_inputs(v, "inputs")), WithJsonSchema({"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "integer"}}, _ID_LISTS]})]
+    top_k: int | None = Field(default=None, ge=0, le=1_000_000, description="Keep the k largest weights per input.")
+    truncate: bool | None = None
+    truncation_side: Side = "right"
+    prompt_name: str | None = None
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+
+
+class MultiVectorEmbedRequest(_Request):
+    """POST /embed_multi_vector: one L2-normalized vector per token of each input (BGE-M3 / ColBERT)."""
+
+    inputs: Annotated[Inputs, PlainValidator(lambda v: parse_inputs(v, "inputs")), WithJsonSchema({"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "integer"}}, _ID_LISTS]})]
+    truncate: bool | None = None
+    truncation_side: Side = "right"
+    prompt_name: str | None = None
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+
+
 class TokenizeRequest(_Request):
     """vLLM's /tokenize: the token ids of one text, never truncated."""
 
@@ -191,7 +217,7 @@ class ModelCard(BaseModel):
     owned_by: str
     max_model_len: int
     dimensions: int
-    tasks: list[Literal["embed", "rerank"]] = Field(description="What the model does: embed (/v1/embeddings; /v1/score "
+    tasks: list[Literal["embed", "rerank", "sparse", "multi-vector"]] = Field(description="What the model does: embed (/v1/embeddings; /v1/score "
                                                     "and /v1/rerank by cosine) or rerank (a cross-encoder: "
                                                     "/v1/score and /v1/rerank score each pair).")
 

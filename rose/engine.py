@@ -26,6 +26,7 @@ from rose.head import OutputOptions, apply_head
 from rose.graphs import probe_batch
 from rose.lazy import LazyTensor, PinnedPool
 from rose.runner import ModelRunner
+from rose.retrieval_head import attach_retrieval_heads
 from rose.score_head import attach_score_head
 from rose.st_head import attach_dense
 from rose.spec import EngineInfo, ModelSpec, load_spec  # noqa: F401 (EngineInfo re-exported)
@@ -75,7 +76,7 @@ class Engine:
             native_int8=spec.native_int8, normalize_default=spec.normalize,
             attention_backend=runner.backend.name, device=str(runner.device),
             dtype=str(runner.dtype).removeprefix("torch."), tasks=spec.tasks,
-            type_vocab_size=spec.type_vocab_size)
+            type_vocab_size=spec.type_vocab_size, outputs=spec.retrieval.outputs if spec.retrieval else ())
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str | torch.device | None = None,
@@ -102,6 +103,7 @@ class Engine:
         runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool, graphs)
         attach_dense(runner, spec)  # sentence-transformers Dense modules, inside forward (and its graphs)
         attach_score_head(runner, spec, tokenizer)  # a cross-encoder's classifier / yes-no head, likewise
+        attach_retrieval_heads(runner, spec)  # SPLADE's MLM pooling, BGE-M3's ColBERT and sparse heads, likewise
         engine = cls(spec, tokenizer, runner)
         engine.prewarm = tuple(prewarm)
         engine.graph_manifest = (default_manifest_path(spec.model_dir) if graph_manifest == "auto"
@@ -123,20 +125,29 @@ class Engine:
     def embed(self, sequences: Sequence[Sequence[int]], pooling: str | None = None,
               spans: Sequence[tuple[int, int, int]] | None = None,
               options: OutputOptions | None = None,
-              token_types: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+              token_types: Sequence[Sequence[int]] | None = None, output: str | None = None) -> np.ndarray:
         """What sentence-transformers returns for these token ids (pplx-embed: the int8 values as float32;
         a cross-encoder: CrossEncoder.predict's score per pair, [n, 1]). `spans` are (sequence index, start,
-        end) rows instead of one row per sequence; `token_types` one list per sequence (BERT pairs)."""
+        end) rows instead of one row per sequence; `token_types` one list per sequence (BERT pairs). `output`:
+        which of the model's outputs (rose.retrieval_spec: vocab-weights, token-vectors, ...; default the first)."""
         pooling = pooling or self.spec.pooling
         rows = self._native_rows([list(s) if not isinstance(s, np.ndarray) else s for s in sequences],
                                  pooling, spans, token_types)
+        normalize = self.spec.normalize
+        if self.spec.retrieval is not None:
+            chosen = self.spec.retrieval.output(output or self.spec.retrieval.outputs[0].name)
+            if chosen is None:
+                raise ValueError(f"output {output!r}: the model's are {[o.name for o in self.spec.retrieval.outputs]}")
+            rows, normalize = rows[:, chosen.start:chosen.start + chosen.width], chosen.normalize
+        elif output not in (None, "embed"):
+            raise ValueError(f"output {output!r}: the model has one output, 'embed'")
         return apply_head(rows, options or OutputOptions(), native_int8=self.spec.native_int8,
-                          default_normalize=self.spec.normalize)
+                          default_normalize=normalize)
 
     def _native_rows(self, sequences: list, pooling: str, spans, token_types=None) -> np.ndarray:
         """Step in chunks of about EMBED_CHUNK_TOKENS tokens; rows come back in input order."""
         all_spans = spans if spans is not None else [(i, None, None) for i in range(len(sequences))]
-        out = np.zeros((len(all_spans), self.spec.dimensions), dtype=np.float32)
+        out = np.zeros((len(all_spans), self.runner.dimensions), dtype=np.float32)
         by_seq: dict[int, list[int]] = {}
         for row, (seq, _, _) in enumerate(all_spans):
             if not 0 <= seq < len(sequences):

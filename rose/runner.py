@@ -55,6 +55,7 @@ class ModelRunner:
         self.spec, self.device, self.dtype, self.pool = spec, device, dtype, pool
         self.model = load_model(spec, device, dtype)
         self.backend = make_backend(attention, device, dtype, spec)
+        self.pooler = segment_mean  # hidden, span_index, span_count -> rows (SPLADE: rose.retrieval_head)
         self.transform = output_transform(spec.native_int8)
         self.dimensions = spec.dimensions
         self.vocab_size = int(spec.config["vocab_size"])
@@ -76,7 +77,7 @@ class ModelRunner:
         """float32 [Pb, dimensions]: pooled rows after the family's transform, or a cross-encoder's score
         head (rose.score_head; rows >= P are filler)."""
         hidden = self.model(meta, self.backend)
-        return self.transform(segment_mean(hidden, meta.span_index, meta.span_count))
+        return self.transform(self.pooler(hidden, meta.span_index, meta.span_count))
 
     def eager(self, host: HostMeta, staged: torch.Tensor) -> torch.Tensor:
         """Run the packed batch `host` (its words in `staged`) eagerly at its layout: [Pb, dimensions].

@@ -68,6 +68,7 @@ class ModelSpec:
     dense: tuple = ()  # rose.st_modules.DenseSpec per sentence-transformers Dense, applied after pooling
     score_head: Any = None  # rose.cross_spec.ScoreHead of a cross-encoder (its native row is the score)
     layer_windows: tuple = ()  # decoders: each layer's sliding window (rose.windows; FULL = none)
+    retrieval: Any = None  # rose.retrieval_spec.RetrievalHeads: SPLADE / BGE-M3 outputs (sparse, multi-vector)
 
     @property
     def is_contextual(self) -> bool:
@@ -76,6 +77,8 @@ class ModelSpec:
     @property
     def tasks(self) -> tuple[str, ...]:
         """What the model serves: ("embed",) for an embedding model, ("rerank",) for a cross-encoder."""
+        if self.retrieval is not None:  # SPLADE: sparse; BGE-M3: embed, multi-vector, sparse
+            return self.retrieval.tasks
         return ("rerank",) if self.score_head is not None else ("embed",)
 
     @property
@@ -104,6 +107,8 @@ class EngineInfo:
     dtype: str
     tasks: tuple[str, ...] = ("embed",)  # embed | rerank (ModelSpec.tasks)
     type_vocab_size: int = 1  # token types a request may carry (ModelSpec.type_vocab_size)
+    # rose.retrieval_spec.Output per output side by side in the native row; () = one "embed" of `dimensions`
+    outputs: tuple = ()
 
 
 def config_vocab_size(config: dict[str, Any]) -> int:
@@ -148,16 +153,23 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
     causal = arch in ("qwen3", "gemma3") and not pplx and not config.get("use_bidirectional_attention", False)
 
     from rose.cross_spec import read_score_head  # they import this module's ModelFolderError
+    from rose.retrieval_spec import is_splade_folder, read_retrieval_heads
     from rose.st_modules import read_pipeline
 
     head = read_score_head(model_dir, config, family, arch)
-    st = read_pipeline(model_dir, int(config["hidden_size"]), native_int8=pplx) if head is None else None
+    splade = head is None and is_splade_folder(model_dir)  # its pipeline is read by rose.retrieval_spec
+    st = read_pipeline(model_dir, int(config["hidden_size"]), native_int8=pplx) if head is None and not splade else None
     default_pooling = "last" if causal else "mean"
     pooling = (st and st.pooling) or config.get("pooling") or default_pooling
     if head is not None:  # the classifier reads the CLS token; a yes/no reranker the next-token state
         pooling = "last" if head.kind == "yes_no" else "cls"
     normalize = (not pplx and head is None) if st is None else st.normalize
     dense = st.dense if st is not None else ()
+    retrieval = read_retrieval_heads(model_dir, config, family, arch, normalize) if head is None else None
+    if retrieval is not None and dense:
+        raise ModelFolderError(f"{model_dir / 'modules.json'}: Dense modules with {retrieval.kind} heads are not applied")
+    if retrieval is not None and retrieval.kind == "splade":  # rows over whole sequences, max-pooled on the device
+        pooling, normalize = "mean", False
 
     max_length = int(config.get("max_position_embeddings", 512))
     if arch == "bert" and family in ("roberta", "xlm-roberta"):
@@ -196,13 +208,15 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         normalize=normalize,
         native_int8=pplx,
         max_length=max_length,
-        dimensions=1 if head is not None else dense[-1].out_features if dense else int(config["hidden_size"]),
+        dimensions=1 if head is not None else retrieval.outputs[0].width if retrieval is not None
+        else dense[-1].out_features if dense else int(config["hidden_size"]),
         prompts=prompts,
         default_prompt_name=st_cfg.get("default_prompt_name"),
         chunk_separator=config.get("chunk_separator"),
         dense=dense,
         score_head=head,
         layer_windows=windows,
+        retrieval=retrieval,
     )
 
 

@@ -49,7 +49,10 @@ class Job(Ticket):
         types = parsed.token_types or [None] * len(parsed.sequences)
         self.sequences = [QueuedSequence(ticket=self, tokens=t, spans=s, rows=r, types=y)
                           for t, s, r, y in zip(parsed.sequences, parsed.spans, parsed.rows, types)]
-        self._out = np.empty((parsed.num_rows, native_dimensions), dtype=np.float32)
+        self._columns = parsed.columns  # the requested output's columns of the native rows (None: all)
+        self._normalize_default = parsed.normalize_default
+        width = parsed.columns[1] if parsed.columns is not None else native_dimensions
+        self._out = np.empty((parsed.num_rows, width), dtype=np.float32)
         self._pending = len(self.sequences)
         self.settled = False
         self.cold = False  # set by the completer: a batch of this job's ran without its CUDA graph yet
@@ -60,6 +63,8 @@ class Job(Ticket):
         """Store one sequence's pooled rows; True when this was the job's last outstanding sequence."""
         if self.settled:
             return False
+        if self._columns is not None:
+            rows = rows[:, self._columns[0]:self._columns[0] + self._columns[1]]
         self._out[seq.rows] = rows
         self._pending -= 1
         return self._pending == 0
@@ -68,6 +73,8 @@ class Job(Ticket):
         """Apply the request's output head (off the event loop) and hand the bytes to the caller."""
         if self.settled:
             return
+        if self._normalize_default is not None:  # the output's own default (BGE-M3's ColBERT vectors: normalized)
+            default_normalize = self._normalize_default
         try:
             out = apply_head(self._out, self.options, native_int8=native_int8, default_normalize=default_normalize)
         except ValueError as exc:  # validated at admission; here only if the engine's width changed

@@ -27,6 +27,7 @@ class RequestLimits:
     vocab_size: int = 0  # ids must be < vocab_size; 0 = unknown, unchecked
     max_response_bytes: int = 0  # 0 = unchecked
     type_vocab_size: int = 1  # token types must be < type_vocab_size (BERT cross-encoders: 2)
+    outputs: tuple = ()  # rose.retrieval_spec.Output per output of the native row; () = one embed of `dimensions`
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class ParsedRequest:
     num_tokens: int  # tokens of the sequences that are embedded
     options: OutputOptions
     token_types: list[np.ndarray] | None = None  # uint8 per sequence, as `sequences`; None = type 0
+    columns: tuple[int, int] | None = None  # (start, width) of the requested output in the native row; None = all
+    normalize_default: bool | None = None  # that output's own default; None = the model's
 
 
 def _int32_field(data: bytes, name: str, width: int = 4) -> np.ndarray:
@@ -95,9 +98,11 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
     except ValueError:
         raise InvalidRequest(f"encoding = {request.encoding} is not one of "
                              f"{[e.value for e in Encoding]}") from None
+    chosen = _output(str(getattr(request, "output", "")), limits.outputs)
+    width = chosen.width if chosen is not None else limits.dimensions
     dims = int(request.dimensions)
-    if dims > limits.dimensions:
-        raise InvalidRequest(f"dimensions = {dims} exceeds the model's {limits.dimensions}")
+    if dims > width:
+        raise InvalidRequest(f"dimensions = {dims} exceeds the model's {width}")
     normalize = request.normalize if request.HasField("normalize") else None
     options = OutputOptions(dimensions=dims, normalize=normalize, encoding=encoding)
 
@@ -142,14 +147,28 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
         num_tokens = total
 
     if limits.max_response_bytes:
-        size = num_rows * bytes_per_row(dims or limits.dimensions, encoding) + _RESPONSE_OVERHEAD_BYTES
+        size = num_rows * bytes_per_row(dims or width, encoding) + _RESPONSE_OVERHEAD_BYTES
         if size > limits.max_response_bytes:
             raise ResponseTooLarge(
                 f"the response would be {size} bytes ({num_rows} rows); the message limit is "
                 f"{limits.max_response_bytes} bytes (max_message_mb): send fewer sequences per request")
     return ParsedRequest(sequences=parsed_seqs, spans=parsed_spans, rows=parsed_rows,
                          num_rows=num_rows, num_tokens=num_tokens, options=options,
-                         token_types=type_rows if types is not None else None)
+                         token_types=type_rows if types is not None else None,
+                         columns=(chosen.start, chosen.width) if chosen is not None else None,
+                         normalize_default=chosen.normalize if chosen is not None else None)
+
+
+def _output(name: str, outputs: tuple):
+    """The requested output of the model's (None: a model with one output, all its columns); unknown refused."""
+    if not outputs:
+        if name not in ("", "embed"):
+            raise InvalidRequest(f"output = {name!r}: this model has one output, 'embed'")
+        return None
+    found = next((o for o in outputs if o.name == (name or outputs[0].name)), None)
+    if found is None:
+        raise InvalidRequest(f"output = {name!r} is not one of this model's {[o.name for o in outputs]}")
+    return found
 
 
 def _token_types(data: bytes, num_ids: int, limit: int) -> np.ndarray | None:

@@ -130,7 +130,8 @@ class TulipServer:
         self.limits = RequestLimits(max_length=int(info.max_length), dimensions=int(info.dimensions),
                                     pooling=info.pooling, vocab_size=vocab,
                                     max_response_bytes=config.max_message_bytes,
-                                    type_vocab_size=int(getattr(info, "type_vocab_size", 1)))
+                                    type_vocab_size=int(getattr(info, "type_vocab_size", 1)),
+                                    outputs=tuple(getattr(info, "outputs", ())))
         if config.probe_full_batch_on(str(info.device)):
             await run_in_daemon_thread(probe_full_budget, self.engine, self.batch_tokens,
                                        config.max_batch_seqs, int(info.max_length), vocab)

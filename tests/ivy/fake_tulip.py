@@ -51,6 +51,16 @@ def fake_scores(sequences: list[list[int]], token_types: list[list[int]] | None 
     return np.asarray(out, dtype=np.float32).reshape(-1, 1)
 
 
+def fake_output_rows(spec, output: str, sequences, spans=None) -> tuple[np.ndarray, bool]:
+    """A sparse / multi-vector model's fake rows of `output` (rose.retrieval_spec) and its normalize default:
+    weights are relu of the fake rows (so some are 0), vectors the fake rows themselves."""
+    chosen = spec.retrieval.output(output or spec.retrieval.outputs[0].name)
+    if chosen is None:
+        raise ValueError(f"output {output!r}")
+    rows = fake_rows(sequences, chosen.width, spec.pooling, spans)
+    return (np.maximum(rows, 0) if chosen.name.endswith("weights") else rows), chosen.normalize
+
+
 @dataclass
 class Call:
     seqs: int
@@ -62,6 +72,7 @@ class Call:
     lane: int = 0  # protos Lane: 0 interactive, 1 bulk
     token_types: bytes = b""  # as sent (one uint8 per token id), empty when absent
     token_ids: bytes = b""  # as sent (int32 little-endian)
+    output: str = ""  # as sent
 
 
 @dataclass
@@ -250,6 +261,8 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                 flat = np.frombuffer(request.token_types, dtype=np.uint8)
                 types = [flat[offsets[i]:offsets[i + 1]].tolist() for i in range(len(lens))]
             native = fake_scores(seqs, types)
+        elif fake.spec.retrieval is not None:
+            native, normalize_default = fake_output_rows(fake.spec, request.output, seqs, spans)
         else:
             native = fake_rows(seqs, fake.spec.dimensions, fake.spec.pooling, spans)
         if fake.spec.native_int8:  # pplx-embed's native output: round(127 * tanh(x)) as floats
@@ -257,10 +270,12 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         options = OutputOptions(dimensions=request.dimensions,
                                 normalize=request.normalize if request.HasField("normalize") else None,
                                 encoding=Encoding(request.encoding))
-        out = apply_head(native, options, native_int8=fake.spec.native_int8, default_normalize=fake.spec.normalize)
-        dims = request.dimensions or fake.spec.dimensions
+        if fake.spec.retrieval is None:
+            normalize_default = fake.spec.normalize
+        out = apply_head(native, options, native_int8=fake.spec.native_int8, default_normalize=normalize_default)
+        dims = request.dimensions or native.shape[1]
         fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding, request.request_id,
-                               request.lane, request.token_types, request.token_ids))
+                               request.lane, request.token_types, request.token_ids, request.output))
         return embed_pb2.EmbedResponse(embeddings=out.astype(out.dtype.newbyteorder("<")).tobytes(),
                                        rows=out.shape[0], dimensions=dims, encoding=request.encoding,
                                        tokens=int(lens.sum()), cold=fake.cold)

@@ -1,0 +1,68 @@
+"""POST /embed_sparse (text-embeddings-inference's route) and POST /embed_multi_vector, for sparse and
+multi-vector models (SPLADE, BGE-M3; ivy.retrieval). Same path as /embed: auth -> bounded body -> schema ->
+model and task checks -> admission -> tokenize off the loop -> Gateway.embed -> the answer.
+
+/embed_sparse answers `[{"indices": [...], "values": [...]}, ...]`, one per input, ids ascending (vLLM's and
+TEI's sparse shape as one object per input); /embed_multi_vector `[[[float, ...], ...], ...]`: per input its
+token vectors.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ivy import metrics
+from ivy.retrieval import Retrieval
+from ivy.schemas import MultiVectorEmbedRequest, SparseEmbedRequest
+from ivy.web import gateway_of, json_response, request_body, unless_disconnected
+
+router = APIRouter()
+
+
+def retrieval_of(gw) -> Retrieval:
+    found = getattr(gw, "_retrieval", None)
+    if found is None:
+        found = gw._retrieval = Retrieval(gw)
+    return found
+
+
+async def _sequences(request: Request, gw, body, route: str):
+    gw.check_count(len(body.inputs), gw.config.max_inputs_per_request, "inputs")
+    truncate = gw.config.truncate if body.truncate is None else body.truncate
+    if body.inputs.texts is not None:
+        seqs = await gw.encoder.encode_texts(body.inputs.texts, truncate=truncate, side=body.truncation_side,
+                                             prompt=gw.encoder.prompt_for(None, body.prompt_name), param="inputs")
+    else:
+        seqs = await gw.encoder.check_ids(body.inputs.ids, truncate=truncate, side=body.truncation_side, param="inputs")
+    metrics.INPUTS.labels(route).inc(len(seqs))
+    metrics.TOKENS.labels(route).inc(sum(map(len, seqs)))
+    return seqs
+
+
+@router.post("/embed_sparse", openapi_extra=request_body(SparseEmbedRequest))
+async def embed_sparse(request: Request) -> Response:
+    gw = gateway_of(request)
+    key_lane = gw.authorize(request.headers.get("authorization"))
+    body, deadline = await gw.read_request(request, SparseEmbedRequest)
+    gw.require_task("sparse", "/embed_sparse")
+    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    with gw.admit():
+        seqs = await _sequences(request, gw, body, "/embed_sparse")
+        found = await unless_disconnected(request, retrieval_of(gw).sparse(seqs, deadline=deadline,
+                                                                           top_k=body.top_k or 0, lane=lane))
+        return json_response([{"indices": idx, "values": vals} for idx, vals in found])
+
+
+@router.post("/embed_multi_vector", openapi_extra=request_body(MultiVectorEmbedRequest))
+async def embed_multi_vector(request: Request) -> Response:
+    gw = gateway_of(request)
+    key_lane = gw.authorize(request.headers.get("authorization"))
+    body, deadline = await gw.read_request(request, MultiVectorEmbedRequest)
+    gw.require_task("multi-vector", "/embed_multi_vector")
+    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    with gw.admit():
+        seqs = await _sequences(request, gw, body, "/embed_multi_vector")
+        found = await unless_disconnected(request, retrieval_of(gw).vectors(seqs, deadline=deadline, lane=lane))
+        return json_response(found)
