@@ -6,12 +6,13 @@ Three ways to prewarm the same layouts (the default prewarm sets), each on a fre
 in one run:
 - `context-eager`: the old way: each layout's eager warm-up step, then a capture inside torch.cuda.graph's
   context manager (which synchronizes the device and empties the allocator's cache at every capture);
-- `raw-eager`: the eager warm-up step, then rose.graphs' capture (capture_begin/capture_end on its side
-  stream, no device sync, cache kept);
-- `raw`: what ROSE does now: the capture at the layout's first probe, no warm-up step.
+- `raw-eager`: what ROSE does: the eager warm-up step, then rose.graphs' capture (capture_begin/capture_end
+  on its side stream, no device sync, cache kept);
+- `raw`: the capture at the layout's first probe, no warm-up step (measured slower: NOTES, "Capture cost").
 Each then replays a second probe and checks it against eager, as the prewarm does. Reports the whole prewarm's
 seconds and the median per layout. A warm-up engine runs first so the first mode does not pay CUDA's
-start. Writes DIR/capture_cost.json and prints a table last. `--device cpu` is refused (graphs need CUDA).
+start (but not the Triton compiles of the QK-norm+RoPE variants the mix's sizes need, which the first mode
+pays: compare the per-layout medians). Writes DIR/capture_cost.json and prints a table last. `--device cpu` is refused (graphs need CUDA).
 """
 
 from __future__ import annotations

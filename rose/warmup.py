@@ -2,11 +2,11 @@
 
 Prewarm keys come from the caller (e.g. Tulip's --prewarm '128x1,512x1,2048x8') and from the manifest
 of hot layouts recorded from earlier traffic (kept beside the model, `rose_graphs.json`). Each key's
-layout is captured at its first probe batch (no eager warm-up step first: the capture's own warm run does
-that job), then replayed on a second probe, and the replayed rows are compared with a plain eager run of the
-same batch (rose.graph_checks.check_replay, the
+layout is run twice on probe inputs (eager warm-up, then capture), then once more by replay, and the
+replayed rows are compared with a plain eager run of the same batch (rose.graph_checks.check_replay, the
 check every lazily captured graph also gets): a cosine divergence above 0.1 % on any row raises
-GraphVerificationError and the replica must refuse to serve.
+GraphVerificationError and the replica must refuse to serve. (Capturing at the first probe, without the eager
+step, was measured slower per layout: benchmarks/NOTES.md, "Capture cost".)
 """
 
 from __future__ import annotations
@@ -83,12 +83,8 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
             continue
         seen.add(layout)
         t0 = time.perf_counter()
-        capture_after, graphs.capture_after = graphs.capture_after, 0  # capture at once (module docstring)
-        try:
-            while layout not in graphs.graphs and layout not in graphs.eager_only:
-                runner.step(batch, own_layout=True).result()
-        finally:
-            graphs.capture_after = capture_after
+        while layout not in graphs.graphs and layout not in graphs.eager_only:  # eager warm-up, then the capture
+            runner.step(batch, own_layout=True).result()
         capture_s = time.perf_counter() - t0
         if layout in graphs.refused:  # its first replay already disagreed with eager (rose.graphs)
             raise GraphVerificationError(f"{graphs.eager_only[layout]}; {REFUSAL}")

@@ -173,30 +173,6 @@ def test_prewarm_refuses_to_serve_when_a_graph_disagrees(engine, monkeypatch):
         prewarm_and_verify(runner, [(64, 2, 2, 40)], engine.spec.pooling)
 
 
-def test_prewarm_captures_at_the_first_probe_without_an_eager_warm_up_step(engine, monkeypatch):
-    """The capture's own warm run does the warm-up: prewarm spends no separate eager step per layout (one
-    forward and one host sync fewer each), and serving keeps its eager first run (capture_after)."""
-    from rose.warmup import prewarm_and_verify
-
-    runner = engine.runner
-    attach_graphs(runner, monkeypatch)
-    before = dict(runner.runs)
-    assert len(prewarm_and_verify(runner, [(32, 1, 1, 32)], engine.spec.pooling)) == 1
-    from rose.graphs import layout_label
-
-    (layout,) = runner.graphs.graphs
-    layout_runs = sorted(how for (label, how), n in runner.runs.items()
-                         if label == layout_label(layout) and n > before.get((label, how), 0))
-    assert layout_runs == ["capture", "replay"]
-    assert runner.graphs.capture_after == 1
-    assert hows(runner, dict(runner.runs)) == []
-    other = batch_of(engine, (50, 7))
-    mark = dict(runner.runs)
-    for _ in range(3):
-        runner.step(other).result()
-    assert hows(runner, mark) == ["eager", "capture", "replay"]
-
-
 def _prewarmed(engine, monkeypatch, shapes):
     from rose.warmup import prewarm_and_verify
 
