@@ -25,6 +25,7 @@ def test_a_capture_does_not_synchronize_the_device_or_empty_the_cache(tiny_model
     rng = np.random.default_rng(0)
     batch = Batch.from_sequences([rng.integers(1, 200, size=n).astype(np.int32) for n in (30, 9)],
                                  engine.spec.pooling)
+    engine.warmup()  # as a replica starts: every Triton variant compiled and loaded (a module load syncs)
     runner.step(batch).result()  # the layout's eager warm-up: its next batch captures
     host = runner.pack(batch, runner._layout(batch))
     staged = torch.from_numpy(host.packed).pin_memory()
