@@ -71,3 +71,11 @@ class Retrieval:
             out[i] = rows[at:at + len(per_seq[i])]
             at += len(per_seq[i])
         return out
+
+
+def retrieval_of(gw: Gateway) -> Retrieval:
+    """The gateway's Retrieval, made on first use (the multi-vector and sparse routes, MaxSim scoring)."""
+    found = getattr(gw, "_retrieval", None)
+    if found is None:
+        found = gw._retrieval = Retrieval(gw)
+    return found

@@ -14,18 +14,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ivy import metrics
-from ivy.retrieval import Retrieval
+from ivy.retrieval import retrieval_of
 from ivy.schemas import MultiVectorEmbedRequest, SparseEmbedRequest
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected
 
 router = APIRouter()
-
-
-def retrieval_of(gw) -> Retrieval:
-    found = getattr(gw, "_retrieval", None)
-    if found is None:
-        found = gw._retrieval = Retrieval(gw)
-    return found
 
 
 async def _sequences(request: Request, gw, body, route: str):

@@ -3,7 +3,10 @@
 With an embedding model, cosine scores: queries are templated as queries and documents as documents (the
 model's prompts, when it has them); everything is embedded in one batch with normalize=true, so a score is
 a dot product of unit vectors. With a cross-encoder (reranker) served, each (query, document) pair is
-scored by the model itself (ivy.cross_encode).
+scored by the model itself (ivy.cross_encode). With a multi-vector model (BGE-M3, ColBERT), `scoring`
+chooses cosine or late interaction (MaxSim over the token vectors, ivy.late_interaction); omitted, a model
+that embeds (BGE-M3) scores by cosine as vLLM and text-embeddings-inference do, a multi-vector-only one by
+MaxSim; a mode the model cannot compute is a 422 naming `scoring`.
 The priority lane is chosen as for /v1/embeddings (ivy/lanes.py: body `priority`, X-Priority, the key's).
 """
 
@@ -22,6 +25,7 @@ from ivy import metrics
 from ivy.cross_encode import check_instruction, cross_scores
 from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
+from ivy.late_interaction import CROSS, MAXSIM, maxsim_scores, scoring_of
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.schemas import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
 
@@ -45,21 +49,30 @@ async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: l
 
 @router.post("/v1/score", openapi_extra=request_body(ScoreRequest), responses={200: {"model": ScoreResponse}})
 async def score(request: Request) -> Response:
-    """text_1 (one text) against every text_2, or text_1[i] against text_2[i] when both have the same length."""
+    """text_1 (one text) against every text_2, or text_1[i] against text_2[i] when both have the same length;
+    cosine, MaxSim (`scoring`; a BGE-M3 defaults to cosine, a multi-vector-only model to MaxSim) or the
+    cross-encoder's score."""
     gw = gateway_of(request)
     key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, ScoreRequest)  # outside the cap: a slow body holds no slot
     lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    mode = scoring_of(gw, body.scoring, "/v1/score")
     with gw.admit():
         gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
             raise IvyError(Problem.INVALID_PARAMETER, f"text_1 has {len(body.text_1)} texts; it needs 1 or as many "
                            f"as text_2 ({len(body.text_2)})", param="text_1")
-        if gw.cross_encoder:
+        if mode == CROSS:
             scores, tokens = await cross_scores(request, gw, body.text_1, body.text_2, truncate=body.truncate,
                                                 side=body.truncation_side, deadline=deadline,
                                                 instruction=body.instruction, names=("text_1", "text_2"), lane=lane)
             inputs = len(scores)
+        elif mode == MAXSIM:
+            check_instruction(gw, body.instruction)
+            scores, tokens = await maxsim_scores(request, gw, body.text_1, body.text_2, truncate=body.truncate,
+                                                 side=body.truncation_side, deadline=deadline,
+                                                 names=("text_1", "text_2"), lane=lane)
+            inputs = len(body.text_1) + len(body.text_2)
         else:
             check_instruction(gw, body.instruction)
             q, d, tokens = await _embed_pair(request, gw, body.text_1, body.text_2, truncate=body.truncate,
@@ -78,18 +91,25 @@ async def score(request: Request) -> Response:
 @router.post("/v2/rerank", openapi_extra=request_body(RerankRequest), responses={200: {"model": RerankResponse}},
              include_in_schema=False)  # where Cohere's v2 client posts; same body and answer
 async def rerank(request: Request) -> Response:
-    """Documents ordered by relevance to the query (cosine, or the cross-encoder's score); `top_n` keeps the
-    best n; `return_documents` echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
+    """Documents ordered by relevance to the query: cosine, MaxSim (`scoring`; a BGE-M3 defaults to cosine, a
+    multi-vector-only model to MaxSim) or the cross-encoder's score; `top_n` keeps the best n;
+    `return_documents` echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
     gw = gateway_of(request)
     key_lane = gw.authorize(request.headers.get("authorization"))
     body, deadline = await gw.read_request(request, RerankRequest)  # outside the cap: a slow body holds no slot
     lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    mode = scoring_of(gw, body.scoring, "/v1/rerank")
     with gw.admit():
         gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")
-        if gw.cross_encoder:
+        if mode == CROSS:
             scores, tokens = await cross_scores(request, gw, [body.query], body.documents, truncate=body.truncate,
                                                 side=body.truncation_side, deadline=deadline,
                                                 instruction=body.instruction, names=("query", "documents"), lane=lane)
+        elif mode == MAXSIM:
+            check_instruction(gw, body.instruction)
+            scores, tokens = await maxsim_scores(request, gw, [body.query], body.documents, truncate=body.truncate,
+                                                 side=body.truncation_side, deadline=deadline,
+                                                 names=("query", "documents"), lane=lane)
         else:
             check_instruction(gw, body.instruction)
             q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,

@@ -21,6 +21,10 @@ _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "norm
 PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING})
 INSTRUCTION = ("The task line of a yes/no reranker's prompt (Qwen3-Reranker's <Instruct>); omitted = its default, "
                "web search. Other models refuse it.")
+SCORING = ("cosine (dense unit vectors) or maxsim (late interaction over the token vectors, BGE-M3 / ColBERT); "
+           "omitted = cosine for a model that embeds (BGE-M3 included), maxsim for a multi-vector-only model. "
+           "Cross-encoders refuse it.")
+Scoring = Literal["cosine", "maxsim"]
 
 
 class _Request(BaseModel):
@@ -83,6 +87,7 @@ class ScoreRequest(_Request):
     truncate: bool | None = None
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)
+    scoring: Scoring | None = Field(default=None, description=SCORING)
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
@@ -96,6 +101,7 @@ class RerankRequest(_Request):
     truncate: bool | None = None
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)
+    scoring: Scoring | None = Field(default=None, description=SCORING)
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 

@@ -74,7 +74,10 @@ def _top(idx: np.ndarray, values: np.ndarray, top_k: int) -> tuple[list[int], li
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
     """BGE-M3's late-interaction score: the mean over query vectors of the best dot product with a document vector
-    (FlagEmbedding's colbert_score; both sides L2-normalized). 0 when either side has no vectors."""
+    (both sides L2-normalized, CLS left out). Follows FlagEmbedding's BGEM3FlagModel.colbert_score (inference):
+    einsum('in,jn->ij'), max over the document's j, summed and divided by the query's vector count; its
+    training BGEM3Model.colbert_score divides by q_mask[:, 1:].sum(), the same count without padding.
+    0 when either side has no vectors (an input of its CLS only)."""
     if query.shape[0] == 0 or document.shape[0] == 0:
         return 0.0
     return float((query @ document.T).max(axis=1).mean())
