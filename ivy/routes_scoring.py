@@ -12,7 +12,6 @@ The priority lane is chosen as for /v1/embeddings (ivy/lanes.py: body `priority`
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -25,7 +24,7 @@ from ivy import metrics
 from ivy.cross_encode import check_instruction, cross_scores
 from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
-from ivy.late_interaction import CROSS, MAXSIM, maxsim_scores, scoring_of
+from ivy.late_interaction import CROSS, MAXSIM, encode_queries_and_documents, maxsim_scores, scoring_of
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.schemas import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
 
@@ -36,12 +35,7 @@ async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: l
                       side: str, deadline: float, names: tuple[str, str],
                       lane: str | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """Unit vectors for queries and documents (one Gateway.embed call), and the tokens used."""
-    cut = gw.config.truncate if truncate is None else truncate
-    q_seqs, d_seqs = await asyncio.gather(
-        gw.encoder.encode_texts(queries, truncate=cut, side=side, prompt=gw.encoder.prompt_for("query", None),
-                                param=names[0]),
-        gw.encoder.encode_texts(docs, truncate=cut, side=side, prompt=gw.encoder.prompt_for("document", None),
-                                param=names[1]))
+    q_seqs, d_seqs = await encode_queries_and_documents(gw, queries, docs, truncate=truncate, side=side, names=names)
     rows = await unless_disconnected(request, gw.embed(q_seqs + d_seqs, deadline=deadline, normalize=True,
                                                           lane=lane))
     return rows[: len(q_seqs)], rows[len(q_seqs):], sum(map(len, q_seqs)) + sum(map(len, d_seqs))
