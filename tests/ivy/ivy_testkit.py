@@ -91,3 +91,37 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
+
+
+_TCP_LISTEN = "0A"
+
+
+def server_sockets(port: int) -> list[tuple[str, int]]:
+    """(TCP state, bytes not yet read by the server) of each connection the server on `port` holds (from
+    /proc/net/tcp: the server's side of each, listening socket left out): what the server has read, and
+    which connections it still has open, seen from outside its process, so a test waits for those states
+    instead of sleeping. States: 01 established, 08 close-wait (the client closed, the server not yet)."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if int(local.rsplit(":", 1)[1], 16) == port and state != _TCP_LISTEN:
+            found.append((state, int(queues.split(":")[1], 16)))
+    return found
+
+
+def server_has_read_everything(port: int) -> bool:
+    """Every byte sent to the server on `port` has been read by its process (no receive queue left)."""
+    return all(unread == 0 for _, unread in server_sockets(port))
+
+
+def server_connections_open(port: int) -> int:
+    """Connections the server on `port` has not closed (established or close-wait on its side)."""
+    return sum(state in ("01", "08") for state, _ in server_sockets(port))
+
+
+def event_loop_turned(port: int) -> None:
+    """One answer from the server on a new connection: the event loop has run everything that was ready
+    before it (requests whose bytes it had read have had their turns)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as r:
+        assert r.status == 200

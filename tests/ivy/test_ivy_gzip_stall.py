@@ -5,13 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 from fake_tulip import FakeTulip
-from ivy_testkit import ivy_server
+from fake_tulip import wait_until
+from ivy_testkit import event_loop_turned, ivy_server, server_has_read_everything
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +25,10 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _settled_rss(pid: int) -> int:
-    time.sleep(1.0)  # the server has read what was sent
+def _settled_rss(port: int, pid: int) -> int:
+    """RSS once the server has read every byte sent and its event loop has handled them."""
+    wait_until(lambda: server_has_read_everything(port), timeout=30)
+    event_loop_turned(port)
     return _rss_bytes(pid)
 
 
@@ -47,13 +49,13 @@ def test_stalled_gzip_bodies_hold_their_compressed_size() -> None:
         warm.settimeout(10)
         assert warm.recv(4096).startswith(b"HTTP/1.1 200")
         warm.close()
-        before = _settled_rss(proc.pid)
+        before = _settled_rss(port, proc.pid)
         stalled = []
         for _ in range(SOCKETS):
             s = socket.create_connection(("127.0.0.1", port))
             s.sendall(head(len(body)) + body[:-8])
             stalled.append(s)
-        grown = _settled_rss(proc.pid) - before
+        grown = _settled_rss(port, proc.pid) - before
         for s in stalled:
             s.close()
     # Inflated as it arrived, each held ~1.9 MB (+76 MB for 40); compressed, ~2 KB each plus the connection.

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from fake_tulip import FakeTulip
-from ivy_testkit import ivy_process
+from fake_tulip import FakeTulip, wait_until
+from ivy_testkit import ivy_process, server_connections_open
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ class _Latencies(threading.Thread):
     def run(self) -> None:
         while not self.done.is_set():
             self.results.append(_embed(self.port))
-            time.sleep(0.02)
+            time.sleep(0.02)  # pacing, not a wait: a steady client that leaves the CPU to the server and attacker
 
     def stop(self) -> list[tuple[int, float]]:
         self.done.set()
@@ -69,7 +69,7 @@ def test_huge_headers_get_431_fast_while_others_are_served(shape) -> None:
     with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address) as port:
         others = _Latencies(port)
         others.start()
-        time.sleep(0.3)
+        wait_until(lambda: len(others.results) >= 2, timeout=30)  # the other client is being served
         attacker = socket.create_connection(("127.0.0.1", port))
         attacker.settimeout(2)
         piece = b"a" * 65536 if shape == "one huge header" else b"X-A: b\r\n" * 8192
@@ -84,7 +84,8 @@ def test_huge_headers_get_431_fast_while_others_are_served(shape) -> None:
         cut_after = time.monotonic() - started
         reply = _reply(attacker, 5)
         attacker.close()
-        time.sleep(0.3)
+        during = len(others.results)
+        wait_until(lambda: len(others.results) >= during + 2, timeout=30)  # and still is, after the attack
         results = others.stop()
     assert reply is not None and (reply == b"" or reply.startswith(b"HTTP/1.1 431")), (reply or b"")[:200]
     assert sent < 16 * 2**20, f"the server read {sent / 2**20:.0f} MiB of headers"
@@ -99,7 +100,8 @@ def test_idle_and_trickling_connections_are_closed_and_capped() -> None:
     once the idle ones are gone new clients are served again."""
     env = dict(IVY_KEEP_ALIVE_TIMEOUT_S="1", IVY_HEADER_READ_TIMEOUT_S="2", IVY_MAX_CONNECTIONS="24")
     with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
-        time.sleep(1.5)  # the readiness probes' keep-alive connections have timed out
+        # The readiness probes' connections are gone: the cap below counts only this test's connections.
+        wait_until(lambda: server_connections_open(port) == 0, timeout=30)
         silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
         kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         kept.request("GET", "/health")
@@ -131,5 +133,5 @@ def test_idle_and_trickling_connections_are_closed_and_capped() -> None:
         assert refused >= 8 and time.monotonic() - started < 5
         for s in crowd:
             s.close()
-        time.sleep(0.5)
+        wait_until(lambda: server_connections_open(port) == 0, timeout=30)  # the server has let them go
         assert _embed(port)[0] == 200

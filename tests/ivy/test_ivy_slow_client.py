@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from fake_tulip import FakeTulip
-from ivy_testkit import ivy_process
+from fake_tulip import FakeTulip, wait_until
+from ivy_testkit import ivy_process, server_has_read_everything, server_sockets
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +30,15 @@ def test_trickling_body_gets_408_and_closed_while_others_are_served() -> None:
         slow.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:5])
         started = time.monotonic()
-        time.sleep(0.3)  # let the server start reading the slow body
+        # The server has read the headers and the first bytes: the slow request is in its body read now.
+        wait_until(lambda: server_sockets(port) and server_has_read_everything(port), timeout=30)
         # While the slow body trickles, a normal request is answered at once, not refused with 429.
         assert _post(f"http://127.0.0.1:{port}/v1/embeddings", {"input": ["a normal client"]}) == 200
         slow.settimeout(0.2)
         reply = b""
-        for byte in body[5:]:  # one byte every 0.2 s: the whole body would take seconds
+        # One byte every 0.2 s (pacing: the client must be slow): the whole body would take ~7 s, far past the
+        # 1 s body timeout, and the 408 is asserted within 5 s of the first byte (4 s of margin for load).
+        for byte in body[5:]:
             try:
                 slow.sendall(bytes([byte]))
             except OSError:

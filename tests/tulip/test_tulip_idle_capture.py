@@ -18,6 +18,7 @@ from tulip_testkit import (
 )
 
 from tulip.config import TulipConfig
+from tulip.scheduler import SequenceQueue
 
 
 class CapturingEngine(FakeEngine):
@@ -39,10 +40,36 @@ class CapturingEngine(FakeEngine):
             raise RuntimeError("capture failed")
         if self.pending == 0:
             return False
-        time.sleep(self.capture_seconds)
+        time.sleep(self.capture_seconds)  # the capture's own device time (the fake's work), not a wait
         self.pending -= 1
         self.captures += 1
         return True
+
+
+class WaitsForWork:
+    """Watches the launcher's waits on the queue (SequenceQueue.next_batch, patched before the server starts).
+    Capture decisions are taken between such waits, so these show the worker had its chances to capture,
+    however slow the machine: a fixed sleep can pass while the worker thread never ran."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.idle_windows = 0  # timed waits that ended empty: the worker then decides about capturing
+        self.blocked = 0  # waits without a timeout in progress: the worker has decided not to capture now
+        next_batch = SequenceQueue.next_batch
+
+        def counted(queue, timeout=None):
+            self.blocked += timeout is None
+            try:
+                packed = next_batch(queue, timeout)
+            finally:
+                self.blocked -= timeout is None
+            self.idle_windows += packed is None
+            return packed
+
+        monkeypatch.setattr(SequenceQueue, "next_batch", counted)
+
+    def idle_and_waiting(self, tulip: ServerThread) -> bool:
+        """Nothing in flight and the launcher waits for work with no idle window: no capture is coming."""
+        return self.blocked > 0 and tulip.server.worker.inflight == 0
 
 
 def _embed(tulip: ServerThread, seqs):
@@ -61,7 +88,8 @@ def test_pending_layouts_are_captured_while_idle_and_requests_still_served() -> 
         assert tulip.server.worker.idle_captures == 5
 
 
-def test_no_capture_while_a_batch_is_in_flight() -> None:
+def test_no_capture_while_a_batch_is_in_flight(monkeypatch) -> None:
+    waits = WaitsForWork(monkeypatch)
     engine = CapturingEngine(pending=3, gated=True)
     with ServerThread(make_config(idle_capture_ms=2), engine=engine) as tulip:
         wait_until(lambda: engine.captures == 3, what="captures while idle")
@@ -70,8 +98,8 @@ def test_no_capture_while_a_batch_is_in_flight() -> None:
         t = threading.Thread(target=lambda: results.append(_embed(tulip, [[4] * 20])))
         t.start()
         wait_until(lambda: engine.launched == 1, what="the batch launched")
-        before = engine.captures  # the queue is empty now, but the device holds the batch
-        time.sleep(0.1)
+        before, windows = engine.captures, waits.idle_windows  # the queue is empty, the device holds the batch
+        wait_until(lambda: waits.idle_windows >= windows + 20, what="twenty idle windows with the batch in flight")
         assert engine.captures == before
         engine.release(1)
         t.join(10)
@@ -81,23 +109,27 @@ def test_no_capture_while_a_batch_is_in_flight() -> None:
         assert engine.busy_at_capture == 0
 
 
-def test_off_by_default() -> None:
+def test_off_by_default(monkeypatch) -> None:
     assert TulipConfig().idle_capture_ms == 0
+    waits = WaitsForWork(monkeypatch)
     engine = CapturingEngine(pending=3)
     with ServerThread(make_config(), engine=engine) as tulip:
         _embed(tulip, [[5] * 10])
-        time.sleep(0.1)
+        wait_until(lambda: waits.idle_and_waiting(tulip), what="the worker idle after the request")
         assert engine.captures == 0
 
 
-def test_a_failing_capture_turns_idle_capture_off_and_the_replica_keeps_serving() -> None:
+def test_a_failing_capture_turns_idle_capture_off_and_the_replica_keeps_serving(monkeypatch) -> None:
+    waits = WaitsForWork(monkeypatch)
     engine = CapturingEngine(pending=3, fail=True)
     with ServerThread(make_config(idle_capture_ms=2), engine=engine) as tulip:
         wait_until(lambda: engine.captures >= 1, what="the first capture")
-        time.sleep(0.05)
+        wait_until(lambda: waits.idle_and_waiting(tulip), what="the worker idle after the failure")
         assert engine.captures == 1, "tried again after a failure"
         got, want = _embed(tulip, [[9] * 16])
         assert (got == want).all()
+        wait_until(lambda: waits.idle_and_waiting(tulip), what="the worker idle after the request")
+        assert engine.captures == 1, "tried again after a failure"
 
 
 def test_negative_value_is_refused() -> None:
