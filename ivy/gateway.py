@@ -1,9 +1,9 @@
 """The gateway's runtime state and its one inference path, shared by every route (no HTTP in here).
 
 `Gateway.embed` takes already-tokenized sequences (and optional late-chunking spans), splits them into
-chunks by token budget and sequence count, sends the chunks concurrently through the ReplicaPool, and
-reassembles the rows in input order. Admission (the concurrency cap), auth, model-name checks and the
-request deadline live here too so that every route applies them the same way.
+chunks by token budget and sequence count (ivy.chunking), sends the chunks concurrently through the
+ReplicaPool, and reassembles the rows in input order. Admission (the concurrency cap), auth, model-name
+checks and the request deadline live here too so that every route applies them the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import hmac
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from ivy import metrics
 from ivy.body import M, read_model
+from ivy.chunking import plan_chunks
 from ivy.coalesce import Coalescer
 from ivy.config import IvyConfig
 from ivy.encode import checked_rows, embed_request
@@ -31,33 +31,6 @@ from ivy.tokenization import InputEncoder
 from rose.head import Encoding
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A contiguous run of sequences sent as one EmbedRequest; `rows` output rows come back."""
-
-    first: int  # index of the first sequence
-    count: int
-    tokens: int
-    rows: int
-
-
-def plan_chunks(lengths: Sequence[int], rows_per_seq: Sequence[int], max_tokens: int, max_seqs: int) -> list[Chunk]:
-    """Greedy split in input order: a chunk takes sequences while its tokens fit `max_tokens` and its
-    sequences `max_seqs`; a sequence longer than the budget goes alone."""
-    chunks: list[Chunk] = []
-    first, tokens, rows = 0, 0, 0
-    for i, n in enumerate(lengths):
-        count = i - first
-        if count and (tokens + n > max_tokens or count >= max_seqs):
-            chunks.append(Chunk(first, count, tokens, rows))
-            first, tokens, rows = i, 0, 0
-        tokens += n
-        rows += rows_per_seq[i]
-    if len(lengths) > first:
-        chunks.append(Chunk(first, len(lengths) - first, tokens, rows))
-    return chunks
 
 
 class Gateway:

@@ -7,27 +7,26 @@ Children's output is relayed to stderr with a prefix; if a child exits during st
 printed and `ivy up` exits 1. Ctrl-C or SIGTERM stops the gateway first, then the Tulips (they drain).
 Before anything starts, the model folder is read and every port is checked: a port another stack holds
 would otherwise let `ivy up` report that stack's readiness as its own (exit 1, naming the port).
+Here: UpConfig, the GPU list, the start-up order and the banner; the supervised child process is
+ivy.up_process's, the port checks and readiness probes ivy.up_checks'.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ivy.config import ENV_PREFIX, IvyConfig
+from ivy.up_checks import _ivy_ready, _port_free, _taken_port, _tulip_connect_host, _tulip_serving
+from ivy.up_process import Child
 from rose.flags import config_to_env
 from rose.spec import ModelFolderError, load_spec
 
@@ -50,65 +49,6 @@ class UpConfig:
     startup_timeout_s: float = field(default=900.0, metadata={"help": "Most seconds to wait for every process "
                                                               "to be ready before giving up."})
 
-
-class Child:
-    """A supervised child process whose merged output is relayed with a prefix and kept as a short tail."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        self.name = name
-        self.tail: deque[str] = deque(maxlen=60)
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_parent_death_signal())
-        self._pump = threading.Thread(target=self._relay, daemon=True, name=f"relay-{name}")
-        self._pump.start()
-
-    def _relay(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            self.tail.append(line)
-            print(f"[{self.name}] {line}", file=sys.stderr, flush=True)
-
-    def exited(self) -> int | None:
-        return self.proc.poll()
-
-    def failure(self, when: str) -> str:
-        self._pump.join(timeout=2)
-        lines = "\n".join(f"  {line}" for line in self.tail) or "  (no output)"
-        return f"ivy up: {self.name} exited with code {self.proc.returncode} {when}; its last output:\n{lines}"
-
-    def stop(self, timeout: float) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._pump.join(timeout=2)
-
-
-def _parent_death_signal():
-    """A preexec_fn that makes the child get SIGTERM when `ivy up` dies, even by SIGKILL or the OOM killer
-    (Linux; None elsewhere). The children run in their own session (a terminal's Ctrl-C reaches only
-    `ivy up`, which stops them in order), so without it a killed `ivy up` would leave them holding the
-    ports. libc's prctl is resolved here, in the parent: between fork and exec the child only calls it
-    (no imports, no dlopen while the relay threads of earlier children may hold locks)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-    PR_SET_PDEATHSIG = 1
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # ivy up died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def visible_gpus(spec: str) -> list[str | None]:
@@ -136,71 +76,6 @@ def visible_gpus(spec: str) -> list[str | None]:
     ids = [line.strip() for line in out.splitlines() if line.strip()]
     return ids or [None]
 
-
-def _port_free(host: str, port: int) -> bool:
-    host = (host or "0.0.0.0").strip("[]")
-    try:
-        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except OSError:
-        return True  # cannot tell: let Tulip try, and report its own error
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Tulip's metrics server binds:
-        try:  # a port in TIME_WAIT from an earlier run is free to it
-            probe.bind(address)
-        except OSError:
-            return False
-    return True
-
-
-def _taken_port(config: IvyConfig, tulip_ports: list[int]) -> str:
-    """Why the gateway's or a Tulip's port cannot be ours ("" when all are free): in use by another process
-    (another stack's Tulip or gateway would answer our readiness checks), or given to two of ours."""
-    tulip_host = os.environ.get("TULIP_HOST", "127.0.0.1")
-    wanted = [(config.host, config.port, "the gateway (--port)")]
-    wanted += [(tulip_host, p, f"Tulip replica {k} (--tulip-port)") for k, p in enumerate(tulip_ports)]
-    seen: dict[int, str] = {}
-    for host, port, what in wanted:
-        if port in seen:
-            return f"port {port} is given to both {seen[port]} and {what}"
-        seen[port] = what
-        if not _port_free(host, port):
-            return (f"port {port}, for {what}: address already in use on {host or '0.0.0.0'} (another stack or "
-                    f"program holds it)")
-    return ""
-
-
-def _tulip_connect_host() -> str:
-    host = os.environ.get("TULIP_HOST", "127.0.0.1")
-    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
-
-
-def _tulip_serving(address: str) -> bool:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-        except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
-def _ivy_ready(url: str) -> tuple[bool, str]:
-    """(ready, why a replica can never be used: its model_mismatch detail, else "")."""
-    try:
-        with urllib.request.urlopen(f"{url}/ready", timeout=5.0) as response:  # it probes replicas: 2 x 2 s
-            return response.status == 200, ""
-    except urllib.error.HTTPError as exc:
-        try:
-            replicas = json.loads(exc.read()).get("replicas", [])
-        except (ValueError, AttributeError, OSError):
-            return False, ""
-        details = [f"{r.get('address')}: {r.get('detail', '')}" for r in replicas
-                   if isinstance(r, dict) and r.get("state") == "model_mismatch"]
-        return False, "; ".join(details)
-    except (urllib.error.URLError, OSError):
-        return False, ""
 
 
 def _resolve_model(config: IvyConfig) -> str:

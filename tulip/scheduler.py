@@ -39,52 +39,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from tulip.errors import QueueClosed, QueueFull
+from tulip.queue_types import BULK, INTERACTIVE, LANES, PackedBatch, QueuedSequence, Ticket
 
-INTERACTIVE, BULK = 0, 1  # = protos Lane values
-LANES = ("interactive", "bulk")  # metric labels, by lane
-
-
-class Ticket:
-    """What the queue needs to know of a request. `cancelled` and the queued counters are guarded
-    by the queue's lock; `deadline` is a time.monotonic() value or None."""
-
-    def __init__(self, deadline: float | None = None, flow: str = "", lane: int = 0) -> None:
-        self.deadline = deadline
-        self.lane = BULK if lane == BULK else INTERACTIVE
-        self.flow = flow  # tickets with the same non-empty flow share one place in the queue
-        self.cancelled = False
-        self.expired = False
-        self.queued_tokens = 0
-        self.queued_seqs = 0
-
-
-@dataclass(eq=False, slots=True)
-class QueuedSequence:
-    ticket: Ticket
-    tokens: np.ndarray  # int32 [n] this sequence's ids
-    spans: np.ndarray  # int32 [k, 2] spans to pool, relative to the sequence
-    rows: np.ndarray  # int [k] where each span's row goes in the request's output
-    enqueued_at: float = 0.0
-    types: np.ndarray | None = None  # uint8 [n] token types (BERT cross-encoder pairs); None = all 0
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.tokens.shape[0])
-
-
-@dataclass
-class PackedBatch:
-    sequences: list[QueuedSequence] = field(default_factory=list)
-    expired: list[Ticket] = field(default_factory=list)  # requests whose deadline passed in the queue
-    tokens: int = 0
-    taken_at: float = 0.0
-    skipped: int = 0  # sequences of cancelled/expired requests removed without running
-    lane_tokens: list[int] = field(default_factory=lambda: [0, 0])  # tokens of each lane in this batch
+__all__ = ["BULK", "INTERACTIVE", "LANES", "PackedBatch", "QueuedSequence", "SequenceQueue", "Ticket"]
 
 
 class SequenceQueue:

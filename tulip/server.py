@@ -3,13 +3,9 @@
 Life cycle: bind and report NOT_SERVING -> load the model, warm up, verify -> SERVING -> on SIGTERM:
 NOT_SERVING at once, new Embed calls refused with UNAVAILABLE, every accepted call answered, then stop
 (bounded by shutdown_timeout_s). The event loop only validates, enqueues and awaits futures; packing and
-engine work run on the worker's threads.
-
-Channel options. The server sets (from TulipConfig): max send/receive message = max_message_mb;
-keepalive ping every keepalive_time_s; keepalive_permit_without_calls=1; and it tolerates client pings
-without data every min_client_ping_interval_s (10 s) or slower; faster ones earn ping strikes and, after
-two, a GOAWAY "too_many_pings". Clients (Ivy) should use CLIENT_CHANNEL_OPTIONS below (mirror them;
-Ivy does not import tulip): a 30 s keepalive is 3x the server's floor.
+engine work run on the worker's threads. Admission (`admit`, `settled`, `rejected`) lives here; the RPCs
+are tulip.servicer's (unary) and tulip.stream's (EmbedStream); the channel options tulip.channel_options'
+(CLIENT_CHANNEL_OPTIONS and server_options are re-exported from here).
 """
 
 from __future__ import annotations
@@ -24,47 +20,24 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from protos import embed_pb2, embed_pb2_grpc
+from tulip.channel_options import CLIENT_CHANNEL_OPTIONS, server_options
 from tulip.config import TulipConfig
 from tulip.engine_loader import build_engine, probe_full_budget, run_in_daemon_thread, vocab_size
-from tulip.errors import (DeadlineExpired, DeadlineUnmeetable, NotReady, QueueFull, ShuttingDown, Stalled, TulipError,
-                          error_metadata)
+from tulip.errors import DeadlineExpired, DeadlineUnmeetable, NotReady, QueueFull, ShuttingDown, Stalled, TulipError
 from tulip.job import Job
 from tulip.lanes import check_deadline, lane_of
 from tulip.metrics import TulipMetrics
 from tulip.request import RequestLimits, parse_embed_request
 from tulip.scheduler import INTERACTIVE, SequenceQueue
-from tulip.stream import EmbedStreamSession
-from tulip.version import __version__
+from tulip.servicer import TulipEmbedderServicer
 from tulip.watchdog import Watchdog
 from tulip.worker import Worker
+
+__all__ = ["CLIENT_CHANNEL_OPTIONS", "SERVICE_NAME", "TulipServer", "server_options"]
 
 log = logging.getLogger("tulip.server")
 
 SERVICE_NAME = embed_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name  # "tulip.v1.Embedder"
-MIB = 1024 * 1024
-
-CLIENT_CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_send_message_length", 16 * MIB),  # = the server's max_message_mb (default 16)
-    ("grpc.max_receive_message_length", 16 * MIB),
-    ("grpc.keepalive_time_ms", 30_000),  # >= the server's min_client_ping_interval_s (10 s)
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),  # the server permits pings without calls too
-    ("grpc.http2.max_pings_without_data", 0),  # keep pinging idle channels
-]
-
-
-def server_options(config: TulipConfig) -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.keepalive_time_ms", int(config.keepalive_time_s * 1000)),
-        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_client_ping_interval_s * 1000)),
-        ("grpc.http2.max_ping_strikes", 2),
-        ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.so_reuseport", 0),  # a second replica on the same port must fail to bind, not share it
-    ]
 
 
 class TulipServer:
@@ -107,7 +80,7 @@ class TulipServer:
         self._loop = asyncio.get_running_loop()
         self._idle = asyncio.Event()
         server = grpc.aio.server(options=server_options(self.config))
-        embed_pb2_grpc.add_EmbedderServicer_to_server(_EmbedderServicer(self), server)
+        embed_pb2_grpc.add_EmbedderServicer_to_server(TulipEmbedderServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -226,7 +199,7 @@ class TulipServer:
                 log.exception("engine close failed")
         self.metrics.shutdown()
 
-    # -- RPCs -----------------------------------------------------------------------------------
+    # -- admission (tulip.servicer and tulip.stream call these) ---------------------------------
 
     def admit(self, request: embed_pb2.EmbedRequest, remaining: float | None) -> Job:
         """Validate and queue one request (unary or streamed): its Job, counted as accepted until
@@ -268,54 +241,3 @@ class TulipServer:
         quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull, Stalled, DeadlineUnmeetable))  # counted in metrics; no log flood
         log.log(logging.DEBUG if quiet else logging.INFO, "Embed %s rejected: %s: %s",
                 request_id or "-", exc.status, exc.message)
-
-    async def embed(self, request: embed_pb2.EmbedRequest, context: grpc.aio.ServicerContext):
-        started = time.perf_counter()
-        status, tokens, job = "OK", 0, None
-        try:
-            job = self.admit(request, context.time_remaining())
-            try:
-                result = await job.future
-            except asyncio.CancelledError:  # client cancelled or its deadline passed: drop queued work
-                self.queue.cancel(job)
-                expired = job.deadline is not None and time.monotonic() >= job.deadline
-                status = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
-                raise
-            tokens = result.tokens
-            return result.proto()
-        except TulipError as exc:
-            status = exc.status
-            self.rejected(request.request_id, exc)
-            await context.abort(grpc.StatusCode[exc.status], exc.message, trailing_metadata=error_metadata(exc))
-        finally:
-            self.settled(job, status, started, tokens)
-
-    async def embed_stream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
-        await EmbedStreamSession(self, context).run(request_iterator)
-
-    async def info(self, request: embed_pb2.InfoRequest, context: grpc.aio.ServicerContext):
-        if self.engine is None or self.limits is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading")
-        info = self.engine.info
-        return embed_pb2.InfoResponse(
-            model_id=self.model_id, family=info.family, max_length=int(info.max_length),
-            dimensions=int(info.dimensions), pooling=info.pooling,
-            tokenizer_fingerprint=info.tokenizer_fingerprint,
-            native_dtype="int8" if info.native_int8 else "float32", normalized=bool(info.normalize_default),
-            max_batch_tokens=self.batch_tokens, max_batch_seqs=self.config.max_batch_seqs,
-            attention_backend=str(getattr(info, "attention_backend", "")), device=str(info.device),
-            version=__version__, tasks=list(getattr(info, "tasks", ("embed",))))
-
-
-class _EmbedderServicer(embed_pb2_grpc.EmbedderServicer):
-    def __init__(self, server: TulipServer) -> None:
-        self._server = server
-
-    async def Embed(self, request, context):
-        return await self._server.embed(request, context)
-
-    async def EmbedStream(self, request_iterator, context):
-        await self._server.embed_stream(request_iterator, context)
-
-    async def Info(self, request, context):
-        return await self._server.info(request, context)

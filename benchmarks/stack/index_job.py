@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.stack.up_stack import REPO
-from ivy.up import _parent_death_signal  # the job gets SIGTERM when the benchmark dies
+from ivy.up_process import _parent_death_signal  # the job gets SIGTERM when the benchmark dies
 
 
 def committed(output: Path) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ivy.http_connection import Connection, HTTPError
-from ivy.up import _parent_death_signal  # ivy up's own: its children get SIGTERM when it dies
+from ivy.up_process import _parent_death_signal  # ivy up's own: its children get SIGTERM when it dies
 
 
 REPO = Path(__file__).resolve().parents[2]
