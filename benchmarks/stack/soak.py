@@ -209,6 +209,8 @@ class SoakRun:
                 take_probe(now)
 
         self.result["clients"] = open_loop(run, self.queries, self.batches, on_start, on_tick)
+        if ticks:  # the clients finished before the last tick came round: the last probe now
+            take_probe(time.perf_counter() - clock["t0"])
 
     def conclude(self) -> None:
         if self.probes:

@@ -109,10 +109,9 @@ def _open_worker(run: OpenLoop, queries: Sequence[Request], batches: Sequence[Re
         rng = random.Random(f"{run.seed}:open:{slot}")
         rate, t0 = run.rate_per_s / run.procs, start.value
         end, at, flushed, count = t0 + run.duration_s, t0 + rng.expovariate(rate), time.perf_counter(), 0
-        while at < end:
-            now = time.perf_counter()
-            if at > now:
-                time.sleep(min(at - now, 0.05))
+        while (now := time.perf_counter()) < end:  # to the end, though the next arrival may fall past it
+            if at > now or at >= end:
+                time.sleep(min(min(at, end) - now, 0.05))
             else:
                 kind = BATCH if rng.random() < run.batch_share else QUERY
                 pool = batches if kind == BATCH else queries
