@@ -54,6 +54,11 @@ class UpStack:
         self.ready_s: float | None = None
         self._proc: subprocess.Popen | None = None
 
+    @property
+    def pid(self) -> int | None:
+        """`ivy up`'s process id while it runs (the root of the stack's process tree)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
     def argv(self) -> list[str]:
         model = ["--model", self.model_dir] if self.model_dir else []
         return [sys.executable, "-m", "ivy", "up", *model, "--port", str(self.port), "--tulip-port",

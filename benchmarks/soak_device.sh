@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Soak (issue 15) on the Qwen3-0.6B config (random bf16): ivy up, saturation found, then open-loop Poisson load at 70 % of it; RSS, pinned bytes, p99 flat?
+# Carry .whl. From the repository root (one whole call, ~9.5 min; run it alone):
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh soak
+# The device limit: one command runs at most 600 s and the machine does not stay up between calls, so the
+# issue's 10-minute soak cannot run; the load phase is sized by $BUDGET: what is left of the call after the
+# model (written here), the stack's start (~60 s), the saturation ramp (~45 s) and the wrap-up (~45 s), at
+# most 480 s (about 6 minutes in a fresh call). DURATION overrides it. IVY_WORKERS=4, no graph manifest,
+# ports 8080 / 50051 / 50151, clients on CPUs 8-15. SOAK_FLAGS: more benchmarks.stack.soak flags.
+# SMOKE=1: the bundled MiniLM on this machine's CPU, tiny sizes, no wheels needed (checks the script, not speed).
+# Results: $OUT/soak_<model>.json + .png, the run's and the stack's logs in $OUT/soak_device.log; the table last.
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
+[ -n "${SMOKE:-}" ] || require_carried .whl
+export IVY_WORKERS=${IVY_WORKERS:-4} TULIP_GRAPH_MANIFEST=off
+t0=$(date +%s)
+log=$OUT/soak_device.log logs=/tmp/soak_logs
+rm -rf $logs
+if [ -n "${SMOKE:-}" ]; then
+  export IVY_WORKERS=1
+  args=(--duration-s ${DURATION:-4} --interval-s 1 --saturation-step-s 1 --saturation-max-clients 2 --load-procs 1
+        --load-threads 4 --batch-docs 4 --distinct-inputs 2 --doc-max-tokens 32
+        --port 18580 --tulip-port 18551 --metrics-port 18651)  # ports of their own: this machine may run other stacks
+else
+  dir=/tmp/m/qwen3-0.6b
+  if [ ! -f $dir/config.json ]; then
+    python3 -m benchmarks.model_zoo qwen3-0.6b $dir --dtype bfloat16 2>&1 | grep -v Writing | tail -1
+  fi
+  [ -f $dir/config.json ] || { echo "soak: no model folder at $dir" >&2; exit 1; }
+  echo "model ready ($(( $(date +%s) - t0 )) s)"
+  left=$(( ${BUDGET:-570} - $(date +%s) + t0 ))
+  duration=$(( left - 150 )); [ $duration -gt 480 ] && duration=480
+  duration=${DURATION:-$duration}
+  [ "$duration" -ge 60 ] || { echo "soak: only $left s left in this call; run it first, alone" >&2; exit 1; }
+  echo "soak: $duration s of load ($left s left in the call)"
+  args=(--model-dir $dir --duration-s $duration --client-cpus ${CLIENT_CPUS:-8-15})
+fi
+limit=$(( ${BUDGET:-570} - $(date +%s) + t0 - 5 ))
+set -o pipefail
+# shellcheck disable=SC2086  # SOAK_FLAGS are words
+timeout $limit python3 -m benchmarks.stack.soak "${args[@]}" --out $OUT --logs $logs ${SOAK_FLAGS:-} 2>&1 | tee -a $log
+rc=$?
+cat $logs/*.log >> $log 2> /dev/null
+exit $rc
