@@ -8,6 +8,7 @@ distilbert-base-uncased are their published configs with random weights and Mini
 all-MiniLM-L6-v2's folder (benchmarks/assets) with random weights. The decoder embedders (DECODER_CONFIGS:
 EmbeddingGemma-300m, gte-Qwen2-1.5B, e5-mistral-7B) get their published configs and sentence-transformers
 pipelines the same way (EmbeddingGemma: mean, Dense 768 -> 3072 -> 768, Normalize; the others: last token).
+The cross-encoders, SPLADE and BGE-M3 (HEAD_MODELS) are built by benchmarks.model_zoo_heads.
 
     python -m benchmarks.model_zoo qwen3-0.6b /tmp/models/qwen3-0.6b [--dtype bfloat16] [--family pplx]
 """
@@ -57,7 +58,8 @@ DECODER_CONFIGS = {  # name -> (transformers model class, config, ST pooling, De
         vocab_size=32000, max_position_embeddings=32768, rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=4096),
         "last", (), 4096),
 }
-MODELS = (*QWEN3_CONFIGS, "minilm-l6", *ENCODER_CONFIGS, *DECODER_CONFIGS)
+HEAD_MODELS = ("ms-marco-minilm-l6", "bge-reranker-v2-m3", "splade-cocondenser", "bge-m3")  # model_zoo_heads
+MODELS = (*QWEN3_CONFIGS, "minilm-l6", *ENCODER_CONFIGS, *DECODER_CONFIGS, *HEAD_MODELS)
 
 
 MINILM_SKELETON = Path(__file__).resolve().parent / "assets" / "minilm-l6"  # its files without the weights
@@ -220,6 +222,10 @@ def make_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qw
         return make_encoder_folder(name, out, dtype)
     if name in DECODER_CONFIGS:
         return make_decoder_folder(name, out, dtype)
+    if name in HEAD_MODELS:  # rerankers, SPLADE, BGE-M3
+        from benchmarks.model_zoo_heads import make_head_folder
+
+        return make_head_folder(name, out, dtype)
     return make_qwen3_folder(name, out, dtype, family)
 
 

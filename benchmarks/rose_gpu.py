@@ -3,7 +3,9 @@
     python -m benchmarks.rose_gpu --out benchmarks/results [--models qwen3-0.6b,qwen3-4b,minilm-l6] [--quick]
     python -m benchmarks.rose_gpu --models modernbert-base,mpnet-base,distilbert-base --tag _encoders
 
-The encoder families of issue 16 (and MiniLM) run bs1-128 and docs-100 only.
+The encoder families of issue 16 (and MiniLM) run bs1-128 and docs-100 only; so do the cross-encoders,
+SPLADE and BGE-M3 (HF: benchmarks.hf_heads; ROSE returns its native row: score, vocabulary row, dense + heads).
+    python -m benchmarks.rose_gpu --models ms-marco-minilm-l6,bge-reranker-v2-m3,splade-cocondenser,bge-m3 --tag _heads
     python -m benchmarks.rose_gpu --out benchmarks/results --tag _decoders \
         --models embeddinggemma-300m,gte-qwen2-1.5b,e5-mistral-7b --variants hf-eager,rose-eager,rose-graphs
 
@@ -27,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import gpu_env
-from benchmarks.model_zoo import BERT_LIKE, DECODER_CONFIGS, make_folder
+from benchmarks import gpu_env, hf_heads
+from benchmarks.model_zoo import BERT_LIKE, DECODER_CONFIGS, HEAD_MODELS, make_folder
 from rose.attention.profile import PROFILE_NAME
 
 VARIANTS = ("hf-eager", "hf-compile", "rose-eager", "rose-graphs", "rose-graphs-overlap", "saturation",
@@ -36,7 +38,7 @@ VARIANTS = ("hf-eager", "hf-compile", "rose-eager", "rose-graphs", "rose-graphs-
 SUITES = {  # name -> list of sequence lengths in one request
     "bs1-128": [128], "bs1-512": [512], "bs1-4096": [4096], "score-50x512": [512] * 50,
 }
-SHORT_RUN = {*BERT_LIKE, *DECODER_CONFIGS}  # models timed on bs1-128 (and docs-100) only
+SHORT_RUN = {*BERT_LIKE, *DECODER_CONFIGS, *HEAD_MODELS}  # models timed on bs1-128 (and docs-100) only
 
 
 DEVICE = "cuda"  # --device cpu: a smoke run of this script where there is no GPU (numbers meaningless)
@@ -84,23 +86,28 @@ def hf_runner(model_dir: Path, pooling: str, compile_mode: str | None):
 
     @torch.inference_mode()
     def run(seqs: list[np.ndarray]) -> np.ndarray:
-        n = max(len(s) for s in seqs)
-        ids = np.zeros((len(seqs), n), dtype=np.int64)
-        mask = np.zeros((len(seqs), n), dtype=np.int64)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = s
-            mask[i, : len(s)] = 1
-        ids_t = torch.from_numpy(ids).to(DEVICE, non_blocking=True)
-        mask_t = torch.from_numpy(mask).to(DEVICE, non_blocking=True)
+        ids_t, mask_t = hf_heads.pad(seqs, DEVICE)
         hidden = model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
         if pooling == "last":
             pooled = hidden[torch.arange(len(seqs), device=DEVICE), mask_t.sum(1) - 1]
+        elif pooling == "cls":
+            pooled = hidden[:, 0]
         else:
             m = mask_t[..., None].to(hidden.dtype)
             pooled = (hidden * m).sum(1) / m.sum(1)
         return torch.nn.functional.normalize(pooled.float(), dim=-1).cpu().numpy()
 
     return run
+
+
+def hf_baseline(model_dir: Path, spec, compile_mode: str | None):
+    """The transformers model the folder holds: a cross-encoder's score, SPLADE's vocabulary row, else the
+    pooled hidden state (BGE-M3: its dense CLS output)."""
+    if spec.score_head is not None:
+        return hf_heads.hf_cross_runner(model_dir, spec.score_head.activation, DEVICE)
+    if spec.retrieval is not None and spec.retrieval.kind == "splade":
+        return hf_heads.hf_splade_runner(model_dir, DEVICE)
+    return hf_runner(model_dir, spec.pooling, compile_mode)
 
 
 # -- ROSE ----------------------------------------------------------------------------------------
@@ -174,7 +181,7 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
     for compile_mode in (None, "reduce-overhead"):
         if (compile_mode and name != "qwen3-0.6b") or ("hf-compile" if compile_mode else "hf-eager") not in variants:
             continue
-        run = hf_runner(model_dir, spec.pooling, compile_mode)
+        run = hf_baseline(model_dir, spec, compile_mode)
         variant = "hf-compile" if compile_mode else "hf-eager"
         for suite, batches in inputs.items():
             if compile_mode and suite not in compile_suites:

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The cross-encoders, SPLADE and BGE-M3 of issue 16 in benchmarks.rose_gpu beside HF (bs1-128, docs-100), one run.
+# Carry .whl. Builds ms-marco-MiniLM-L-6-v2, bge-reranker-v2-m3, splade-cocondenser-ensembledistil and BGE-M3 at
+# their published shapes with random bf16 weights (benchmarks.model_zoo_heads; the two XLM-R large folders are
+# ~1.1 GB each), then hf-eager (benchmarks.hf_heads), rose-eager, rose-graphs and rose-graphs-overlap into
+# $OUT/rose_gpu_heads.json and $OUT/rose_gpu_heads.log. BENCH_ARGS passes through (e.g. --quick).
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh heads
+set -u
+source "$(dirname "$0")/device_env.sh" || exit 1
+require_carried .whl
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+t0=$(date +%s)
+timeout $(( ${BUDGET:-570} - 20 )) python3 -m benchmarks.rose_gpu --out $OUT --tag _heads \
+  --models ms-marco-minilm-l6,splade-cocondenser,bge-m3,bge-reranker-v2-m3 \
+  --variants hf-eager,rose-eager,rose-graphs,rose-graphs-overlap ${BENCH_ARGS:-} 2>&1 | grep -v Writing \
+  > $OUT/rose_gpu_heads.log
+rc=${PIPESTATUS[0]}
+echo "rose_gpu heads rc=$rc in $(( $(date +%s) - t0 )) s"
+tail -40 $OUT/rose_gpu_heads.log
+exit $rc
