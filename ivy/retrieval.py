@@ -36,41 +36,41 @@ class Retrieval:
         if VOCAB_WEIGHTS in self.names:
             rows = await self.gw.embed(seqs, deadline=deadline, lane=lane, output=VOCAB_WEIGHTS)
             return [sparse_from_row(row, top_k) for row in rows]
-        triples = token_weight_spans(seqs, self.excluded)
-        per_seq: list[list[tuple[int, int]]] = [[] for _ in seqs]
-        for s, start, end in triples:
-            per_seq[s].append((start, end))
-        keep = [i for i, spans in enumerate(per_seq) if spans]  # an input of special tokens only: no weights
-        out: list[tuple[list[int], list[float]]] = [([], []) for _ in seqs]
-        if not keep:
-            return out
-        weights = await self.gw.embed([seqs[i] for i in keep], spans=[per_seq[i] for i in keep], deadline=deadline,
-                                      lane=lane, output=TOKEN_WEIGHTS)
-        at = 0
-        for i in keep:
-            ids = [seqs[i][start] for start, _ in per_seq[i]]
-            out[i] = sparse_from_tokens(ids, weights[at:at + len(ids), 0], top_k)
-            at += len(ids)
-        return out
+        per_seq = _per_sequence(token_weight_spans(seqs, self.excluded), len(seqs))
+        weights = await self._span_rows(seqs, per_seq, TOKEN_WEIGHTS, 1, deadline=deadline, lane=lane)
+        return [sparse_from_tokens([ids[start] for start, _ in spans], w[:, 0], top_k)
+                for ids, spans, w in zip(seqs, per_seq, weights)]
 
     async def vectors(self, seqs: Sequence[Sequence[int]], *, deadline: float,
                       lane: str | None = None) -> list[np.ndarray]:
         """float32 [tokens - 1, dim] L2-normalized vectors per sequence (BGE-M3: its CLS left out)."""
-        per_seq: list[list[tuple[int, int]]] = [[] for _ in seqs]
-        for s, start, end in token_vector_spans([len(q) for q in seqs]):
-            per_seq[s].append((start, end))
-        keep = [i for i, spans in enumerate(per_seq) if spans]
+        per_seq = _per_sequence(token_vector_spans([len(q) for q in seqs]), len(seqs))
         width = self.gw.spec.retrieval.output(TOKEN_VECTORS).width
+        return await self._span_rows(seqs, per_seq, TOKEN_VECTORS, width, deadline=deadline, lane=lane)
+
+    async def _span_rows(self, seqs: Sequence[Sequence[int]], per_seq: list[list[tuple[int, int]]], output: str,
+                         width: int, *, deadline: float, lane: str | None) -> list[np.ndarray]:
+        """One Gateway.embed of `output` over the sequences' spans; float32 [spans, width] per sequence (a
+        sequence without spans, e.g. special tokens only, is not sent and gets no rows)."""
         out = [np.zeros((0, width), np.float32) for _ in seqs]
+        keep = [i for i, spans in enumerate(per_seq) if spans]
         if not keep:
             return out
         rows = await self.gw.embed([seqs[i] for i in keep], spans=[per_seq[i] for i in keep], deadline=deadline,
-                                   lane=lane, output=TOKEN_VECTORS)
+                                   lane=lane, output=output)
         at = 0
         for i in keep:
             out[i] = rows[at:at + len(per_seq[i])]
             at += len(per_seq[i])
         return out
+
+
+def _per_sequence(triples: Sequence[tuple[int, int, int]], count: int) -> list[list[tuple[int, int]]]:
+    """(sequence, start, end) triples -> each sequence's (start, end) spans."""
+    per_seq: list[list[tuple[int, int]]] = [[] for _ in range(count)]
+    for s, start, end in triples:
+        per_seq[s].append((start, end))
+    return per_seq
 
 
 def retrieval_of(gw: Gateway) -> Retrieval:

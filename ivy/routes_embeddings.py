@@ -65,18 +65,25 @@ async def _embed_inputs(request: Request, inputs, deadline: float, *, route: str
     gw = gateway_of(request)
     gw.check_count(len(inputs), gw.config.max_inputs_per_request, param)
     dims = gw.check_dimensions(dimensions)
+    seqs = await encode_inputs(gw, inputs, route=route, param=param, truncate=truncate, side=side, prompt=prompt)
+    rows = await unless_disconnected(request, gw.embed(
+        seqs, deadline=deadline, dimensions=dims, normalize=normalize, encoding=WIRE_ENCODING[fmt], lane=lane))
+    return rows, sum(map(len, seqs))
+
+
+async def encode_inputs(gw, inputs, *, route: str, param: str, truncate: bool | None, side: str,
+                        prompt: tuple[str | None, str | None]) -> list[list[int]]:
+    """Texts (templated by `prompt` = (input_type, prompt_name), tokenized) or token ids (checked) -> the
+    sequences to send, counted in the route's input and token metrics (the caller checks the input count)."""
     truncate = gw.config.truncate if truncate is None else truncate
     if inputs.texts is not None:
         seqs = await gw.encoder.encode_texts(inputs.texts, truncate=truncate, side=side,
                                              prompt=gw.encoder.prompt_for(*prompt), param=param)
     else:
         seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param)
-    rows = await unless_disconnected(request, gw.embed(
-        seqs, deadline=deadline, dimensions=dims, normalize=normalize, encoding=WIRE_ENCODING[fmt], lane=lane))
-    tokens = sum(map(len, seqs))
     metrics.INPUTS.labels(route).inc(len(seqs))
-    metrics.TOKENS.labels(route).inc(tokens)
-    return rows, tokens
+    metrics.TOKENS.labels(route).inc(sum(map(len, seqs)))
+    return seqs
 
 
 @router.post("/v1/contextualizedembeddings", openapi_extra=request_body(ContextualizedEmbeddingsRequest),

@@ -13,25 +13,12 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ivy import metrics
 from ivy.retrieval import retrieval_of
+from ivy.routes_embeddings import encode_inputs
 from ivy.schemas import MultiVectorEmbedRequest, SparseEmbedRequest
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected
 
 router = APIRouter()
-
-
-async def _sequences(request: Request, gw, body, route: str):
-    gw.check_count(len(body.inputs), gw.config.max_inputs_per_request, "inputs")
-    truncate = gw.config.truncate if body.truncate is None else body.truncate
-    if body.inputs.texts is not None:
-        seqs = await gw.encoder.encode_texts(body.inputs.texts, truncate=truncate, side=body.truncation_side,
-                                             prompt=gw.encoder.prompt_for(None, body.prompt_name), param="inputs")
-    else:
-        seqs = await gw.encoder.check_ids(body.inputs.ids, truncate=truncate, side=body.truncation_side, param="inputs")
-    metrics.INPUTS.labels(route).inc(len(seqs))
-    metrics.TOKENS.labels(route).inc(sum(map(len, seqs)))
-    return seqs
 
 
 @router.post("/embed_sparse", openapi_extra=request_body(SparseEmbedRequest))
@@ -42,7 +29,9 @@ async def embed_sparse(request: Request) -> Response:
     gw.require_task("sparse", "/embed_sparse")
     lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
-        seqs = await _sequences(request, gw, body, "/embed_sparse")
+        gw.check_count(len(body.inputs), gw.config.max_inputs_per_request, "inputs")
+        seqs = await encode_inputs(gw, body.inputs, route="/embed_sparse", param="inputs", truncate=body.truncate,
+                                   side=body.truncation_side, prompt=(None, body.prompt_name))
         found = await unless_disconnected(request, retrieval_of(gw).sparse(seqs, deadline=deadline,
                                                                            top_k=body.top_k or 0, lane=lane))
         return json_response([{"indices": idx, "values": vals} for idx, vals in found])
@@ -56,6 +45,8 @@ async def embed_multi_vector(request: Request) -> Response:
     gw.require_task("multi-vector", "/embed_multi_vector")
     lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
     with gw.admit():
-        seqs = await _sequences(request, gw, body, "/embed_multi_vector")
+        gw.check_count(len(body.inputs), gw.config.max_inputs_per_request, "inputs")
+        seqs = await encode_inputs(gw, body.inputs, route="/embed_multi_vector", param="inputs",
+                                   truncate=body.truncate, side=body.truncation_side, prompt=(None, body.prompt_name))
         found = await unless_disconnected(request, retrieval_of(gw).vectors(seqs, deadline=deadline, lane=lane))
         return json_response(found)
