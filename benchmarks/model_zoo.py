@@ -182,24 +182,33 @@ def make_minilm_folder(out: Path, dtype: str = "bfloat16", seed: int = 0) -> Pat
     return out
 
 
-def make_encoder_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
-    """An ENCODER_CONFIGS model with random weights (std 0.02), MiniLM's tokenizer (its ids fit every one of
-    these vocabularies) and sentence-transformers files: mean pooling, normalized (as all-mpnet-base-v2)."""
+def save_random_model(out: Path, config_cls: str, model_cls: str, values: dict, dtype: str, seed: int,
+                      on_gpu: bool, **model_kwargs):
+    """A fresh `out` holding transformers' `model_cls` of `config_cls(**values)` with seeded random weights
+    (std 0.02 on every matrix) in `dtype`, drawn on the GPU when `on_gpu` and one is there; returns the config."""
     import torch
     import transformers
 
-    config_cls, model_cls, values, max_seq = ENCODER_CONFIGS[name]
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     torch.manual_seed(seed)
     config = getattr(transformers, config_cls)(**values)
-    extra = {"add_pooling_layer": False} if model_cls == "MPNetModel" else {}
-    model = getattr(transformers, model_cls)(config, **extra)
-    for p in model.parameters():
-        if p.dim() > 1:
-            torch.nn.init.normal_(p, std=0.02)
+    with torch.device("cuda" if on_gpu and torch.cuda.is_available() else "cpu"):
+        model = getattr(transformers, model_cls)(config, **model_kwargs)
+        for p in model.parameters():
+            if p.dim() > 1:
+                torch.nn.init.normal_(p, std=0.02)
     model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    return config
+
+
+def make_encoder_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """An ENCODER_CONFIGS model with random weights (std 0.02), MiniLM's tokenizer (its ids fit every one of
+    these vocabularies) and sentence-transformers files: mean pooling, normalized (as all-mpnet-base-v2)."""
+    config_cls, model_cls, values, max_seq = ENCODER_CONFIGS[name]
+    extra = {"add_pooling_layer": False} if model_cls == "MPNetModel" else {}
+    config = save_random_model(out, config_cls, model_cls, values, dtype, seed, on_gpu=False, **extra)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]

@@ -15,7 +15,6 @@ every vocabulary here), written with transformers' save_pretrained plus the file
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 XLMR_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
@@ -76,21 +75,13 @@ def _st_files(out: Path, name: str, hidden: int, max_seq: int) -> None:
 
 def make_head_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
     import torch
-    import transformers
+
+    from benchmarks.model_zoo import save_random_model
 
     config_cls, model_cls, values, max_seq = HEAD_CONFIGS[name]
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    torch.manual_seed(seed)
-    config = getattr(transformers, config_cls)(**values)
     extra = {"add_pooling_layer": False} if model_cls == "XLMRobertaModel" else {}
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # XLM-R large: ~0.6 B values to draw
-        model = getattr(transformers, model_cls)(config, **extra)
-        for p in model.parameters():
-            if p.dim() > 1:
-                torch.nn.init.normal_(p, std=0.02)
-    model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    # drawn on the GPU where there is one: XLM-R large is ~0.6 B values
+    config = save_random_model(out, config_cls, model_cls, values, dtype, seed, on_gpu=True, **extra)
     hidden = config.hidden_size
     _st_files(out, name, hidden, max_seq)
     if name == "bge-m3":
@@ -99,5 +90,4 @@ def make_head_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int = 
             torch.save({"weight": (0.02 * torch.randn(width, hidden, generator=gen)).to(getattr(torch, dtype)),
                         "bias": torch.zeros(width, dtype=getattr(torch, dtype))}, out / file)
     _tokenizer(out, max_seq)
-    del model
     return out
