@@ -38,6 +38,23 @@ def encoder_models(tiny_root):
     return {**build_encoders(tiny_root), **build_remote(tiny_root)}
 
 
+@pytest.fixture(scope="module")
+def engine_of(encoder_models):
+    """engine_of(family): a CPU Engine of an encoder_models folder, made once per test module."""
+    from rose.engine import Engine
+
+    engines: dict = {}
+
+    def get(name: str):
+        if name not in engines:
+            engines[name] = Engine.from_pretrained(encoder_models[name].path, device="cpu")
+        return engines[name]
+
+    yield get
+    for engine in engines.values():
+        engine.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_spm(tiny_root):
     return build_bert(tiny_root, "xlm-roberta", "mean", seed=3, sentencepiece=True)

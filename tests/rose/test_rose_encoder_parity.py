@@ -15,24 +15,6 @@ from rose_tiny_encoders import ENCODER_FAMILIES
 LENGTHS = [1, 2, 7, 16, 33, 64]
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog.", "", "Ünïcødé café 東京 🚀",
          "rose tulip ivy embed model token batch graph span " * 12]
-_ENGINES: dict = {}
-
-
-@pytest.fixture(scope="module")
-def engine_of(encoder_models):
-    from rose.engine import Engine
-
-    def get(name: str):
-        if name not in _ENGINES:
-            _ENGINES[name] = Engine.from_pretrained(encoder_models[name].path, device="cpu")
-        return _ENGINES[name]
-
-    yield get
-    for engine in _ENGINES.values():
-        engine.close()
-    _ENGINES.clear()
-
-
 @pytest.mark.parametrize("name", ENCODER_FAMILIES)
 def test_embed_matches_transformers(name, encoder_models, engine_of):
     tiny, engine = encoder_models[name], engine_of(name)

@@ -15,22 +15,6 @@ from rose_tiny_remote import REMOTE_FAMILIES, gte_config
 
 from rose.engine import Engine
 
-_ENGINES: dict = {}
-
-
-@pytest.fixture(scope="module")
-def engine_of(encoder_models):
-    def get(name: str):
-        if name not in _ENGINES:
-            _ENGINES[name] = Engine.from_pretrained(encoder_models[name].path, device="cpu")
-        return _ENGINES[name]
-
-    yield get
-    for engine in _ENGINES.values():
-        engine.close()
-    _ENGINES.clear()
-
-
 @pytest.mark.parametrize("name", REMOTE_FAMILIES)
 def test_embed_matches_the_reference(name, encoder_models, engine_of):
     tiny, engine = encoder_models[name], engine_of(name)
