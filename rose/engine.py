@@ -86,7 +86,7 @@ class Engine:
                         token_buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
                         seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS,
                         prewarm: Sequence[tuple[int, int]] = DEFAULT_PREWARM,
-                        graph_manifest: str | Path | None = "auto") -> Engine:
+                        graph_manifest: str | Path | None = "auto", express_tokens: int = 0) -> Engine:
         """Load a Hugging Face model folder. device None = CUDA when available; dtype None = float32 on
         a CPU, bfloat16 on CUDA; attention "auto" = the winners per token bucket in the model's serving
         profile (rose_profile.json beside it, written by benchmarks.attention_ab) when present, else torch
@@ -106,6 +106,7 @@ class Engine:
         attach_retrieval_heads(runner, spec)  # SPLADE's MLM pooling, BGE-M3's ColBERT and sparse heads, likewise
         engine = cls(spec, tokenizer, runner)
         engine.prewarm = tuple(prewarm)
+        engine.express = express_tokens > 0 and runner.enable_express(express_tokens)
         engine.graph_manifest = (default_manifest_path(spec.model_dir) if graph_manifest == "auto"
                                  else Path(graph_manifest) if graph_manifest else None)
         return engine
@@ -116,11 +117,14 @@ class Engine:
             raise RuntimeError("engine is closed")
         return self._runner
 
-    def step(self, batch: Batch) -> LazyTensor:
+    express = False  # an express lane (from_pretrained's express_tokens): step(batch, express=True)
+
+    def step(self, batch: Batch, express: bool = False) -> LazyTensor:
         """Native rows float32 [batch.num_rows, dimensions]: pooled hidden states, not normalized (for
         pplx-embed round(127*tanh(x)); for a cross-encoder its score, width 1). Returns at once on a GPU;
-        waits (or raises PinnedPoolExhausted) while the pinned pool is at its cap."""
-        return self.runner.step(batch)
+        waits (or raises PinnedPoolExhausted) while the pinned pool is at its cap. express: on the express
+        lane, beside whatever the bulk lane runs (rose.express)."""
+        return self.runner.step(batch, express=express)
 
     def embed(self, sequences: Sequence[Sequence[int]], pooling: str | None = None,
               spans: Sequence[tuple[int, int, int]] | None = None,
@@ -195,7 +199,11 @@ class Engine:
         if self.runner.graphs is None:
             return []
         shapes = prewarm_shapes(self.runner, self.prewarm, self.graph_manifest)
-        return prewarm_and_verify(self.runner, shapes, self.spec.pooling)
+        verified = prewarm_and_verify(self.runner, shapes, self.spec.pooling)
+        lane = self.runner.express
+        if lane is not None and lane.graphs is not None:
+            verified += prewarm_and_verify(self.runner, lane.prewarm_shapes(shapes), self.spec.pooling, express=True)
+        return verified
 
     def capture_pending(self) -> bool:
         """Capture the hottest layout that ran eagerly but has no graph yet, by stepping a probe batch of its
@@ -232,7 +240,8 @@ class Engine:
                 "captures_failed": graphs.captures_failed if graphs else 0,
                 "graphs_refused": graphs.graphs_refused if graphs else 0,
                 "graph_substitutions": sum(graphs.substituted.values()) if graphs else 0,
-                "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last}
+                "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last,
+                **(r.express.stats() if r.express is not None else {})}
 
     def close(self) -> None:
         if self._runner is not None:

@@ -34,6 +34,7 @@ import torch
 
 from rose.attention import make_backend
 from rose.batch import Batch
+from rose.express import ExpressLane
 from rose.graphs import CudaGraphs, layout_label
 from rose.layers import output_transform, segment_mean
 from rose.lazy import LazyTensor, PinnedBuffer, PinnedPool
@@ -52,7 +53,7 @@ class ModelRunner:
     def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype, attention: str,
                  pool: PinnedPool, graphs: dict | None = None) -> None:
         """graphs: None = eager only; else CudaGraphs keyword arguments (token_buckets, seq_buckets)."""
-        self.spec, self.device, self.dtype, self.pool = spec, device, dtype, pool
+        self.spec, self.device, self.dtype, self.pool, self.attention = spec, device, dtype, pool, attention
         self.model = load_model(spec, device, dtype)
         self.backend = make_backend(attention, device, dtype, spec)
         self.pooler = segment_mean  # hidden, span_index, span_count -> rows (SPLADE: rose.retrieval_head)
@@ -65,6 +66,7 @@ class ModelRunner:
         self.step_seconds_last = 0.0
         self._lock = threading.Lock()  # one batch at a time through the device-side sequence
         self.graphs: CudaGraphs | None = None
+        self.express: ExpressLane | None = None  # enable_express(): small batches beside long ones
         if graphs is not None and device.type == "cuda" and self.backend.graph_safe:
             self.graphs = CudaGraphs(self.forward, self.backend.plan, self.eager, device, **graphs)
 
@@ -73,21 +75,22 @@ class ModelRunner:
         return self.device.type == "cuda"
 
     # -- the capturable part and the one eager path -----------------------------------------------
-    def forward(self, meta: ForwardMeta) -> torch.Tensor:
+    def forward(self, meta: ForwardMeta, backend=None) -> torch.Tensor:
         """float32 [Pb, dimensions]: pooled rows after the family's transform, or a cross-encoder's score
-        head (rose.score_head; rows >= P are filler)."""
-        hidden = self.model(meta, self.backend)
+        head (rose.score_head; rows >= P are filler). backend: the express lane's, else the runner's."""
+        hidden = self.model(meta, backend or self.backend)
         return self.transform(self.pooler(hidden, meta.span_index, meta.span_count))
 
-    def eager(self, host: HostMeta, staged: torch.Tensor) -> torch.Tensor:
+    def eager(self, host: HostMeta, staged: torch.Tensor, backend=None) -> torch.Tensor:
         """Run the packed batch `host` (its words in `staged`) eagerly at its layout: [Pb, dimensions].
         A bucket layout passes its max-seqlen bound (the shapes its graph will see), an exact one the
         batch's own longest sequence."""
         dev = staged.to(self.device, non_blocking=True) if self.on_cuda else staged
         bound = host.layout.seqlen_bound if host.layout.max_seqlen else host.max_seqlen
         meta = ForwardMeta.from_buffer(dev, host.layout, bound, host)
-        self.backend.plan(meta)
-        return self.forward(meta)
+        backend = backend or self.backend
+        backend.plan(meta)
+        return self.forward(meta, backend)
 
     # -- host side ------------------------------------------------------------------------------
     def pack(self, batch: Batch, layout: MetaLayout | None = None) -> HostMeta:
@@ -95,21 +98,37 @@ class ModelRunner:
         return pack_batch(batch, layout, pad_id=self.pad_id, max_length=self.spec.max_length,
                           vocab_size=self.vocab_size, type_vocab_size=self.type_vocab_size)
 
-    def step(self, batch: Batch, use_graphs: bool = True, own_layout: bool = False) -> LazyTensor:
+    def enable_express(self, max_tokens: int) -> bool:
+        """Give small batches a lane of their own beside long ones (rose.express); CUDA only. False on a CPU."""
+        if not self.on_cuda:
+            return False
+        if self.express is None:
+            self.express = ExpressLane.build(self, max_tokens)
+        return True
+
+    def step(self, batch: Batch, use_graphs: bool = True, own_layout: bool = False,
+             express: bool = False) -> LazyTensor:
         """own_layout: run at the batch's own graph layout, never a larger captured one (rose.graph_substitutes):
-        what prewarm and idle capture step, to warm and capture that layout."""
+        what prewarm and idle capture step, to warm and capture that layout. express: on the express lane
+        (enable_express), concurrently with the bulk lane's steps."""
         start = time.perf_counter()
-        layout = self._layout(batch, own_layout) if use_graphs else None
+        lane = self.express if express else None
+        if express and lane is None:
+            raise RuntimeError("express step without an express lane (enable_express)")
+        graphs = lane.graphs if lane is not None else self.graphs
+        layout = self._layout(graphs, batch, own_layout) if use_graphs else None
         host = self.pack(batch, layout)
         if host.num_rows == 0:
             return LazyTensor(None, None, (0, self.dimensions))
         buf = self.pool.acquire(self._buffer_bytes(host))
         try:
-            with self._lock, torch.inference_mode(), _device_scope(self.device):
+            with (lane.lock if lane else self._lock), torch.inference_mode(), _device_scope(self.device), \
+                    (torch.cuda.stream(lane.stream) if lane else nullcontext()):
                 staged = self._stage(host, buf)
-                out, how = self._dispatch(host, staged, graph_layout=layout is not None)
+                out, how = self._dispatch(graphs if layout is not None else None, host, staged,
+                                          lane.backend if lane else None)
                 event = self._copy_back(out, host, buf)
-                self._count(host, layout, how)
+                self._count(host, layout, how, "x" if lane else "")
         except BaseException:
             self._release_after_failure(buf)
             raise
@@ -120,13 +139,14 @@ class ModelRunner:
         return lazy
 
     # -- the steps of step() ----------------------------------------------------------------------
-    def _layout(self, batch: Batch, own: bool = False) -> MetaLayout | None:
+    @staticmethod
+    def _layout(graphs: CudaGraphs | None, batch: Batch, own: bool = False) -> MetaLayout | None:
         """1. The graph bucket layout `batch` runs at (its own, or a captured larger one: CudaGraphs.serving_layout);
         None without graphs or above the largest bucket."""
-        if self.graphs is None:
+        if graphs is None:
             return None
         longest = int(batch.seq_lens.max()) if batch.num_seqs else 1
-        choose = self.graphs.layout_for if own else self.graphs.serving_layout
+        choose = graphs.layout_for if own else graphs.serving_layout
         return choose(batch.num_tokens, batch.num_seqs, batch.num_rows, longest)
 
     def _out_bytes(self, host: HostMeta) -> int:
@@ -147,11 +167,13 @@ class ModelRunner:
         staged.numpy()[:] = host.packed
         return staged
 
-    def _dispatch(self, host: HostMeta, staged: torch.Tensor, graph_layout: bool) -> tuple[torch.Tensor, str]:
-        """3. Rows [>= P, dimensions] on the device and how they were made (replay | capture | eager)."""
-        if graph_layout:
-            return self.graphs.run(host, staged)
-        return self.eager(host, staged), "eager"
+    def _dispatch(self, graphs: CudaGraphs | None, host: HostMeta, staged: torch.Tensor,
+                  backend=None) -> tuple[torch.Tensor, str]:
+        """3. Rows [>= P, dimensions] on the device and how they were made (replay | capture | eager):
+        through `graphs` for a graph layout, else eagerly at the exact size."""
+        if graphs is not None:
+            return graphs.run(host, staged)
+        return self.eager(host, staged, backend), "eager"
 
     def _copy_back(self, out: torch.Tensor, host: HostMeta, buf: PinnedBuffer):
         """4. The one copy out: the real rows into the pinned buffer, then an event after it (CUDA)."""
@@ -163,10 +185,11 @@ class ModelRunner:
         event.record()
         return event
 
-    def _count(self, host: HostMeta, layout: MetaLayout | None, how: str) -> None:
-        """5. One run of this layout (graph layouts by their label, exact sizes by token class)."""
+    def _count(self, host: HostMeta, layout: MetaLayout | None, how: str, lane: str = "") -> None:
+        """5. One run of this layout (graph layouts by their label, exact sizes by token class; the express
+        lane's prefixed with "x")."""
         label = layout_label(layout) if layout is not None else token_bucket_label(host.num_tokens)
-        self.runs[(label, how)] += 1
+        self.runs[(lane + label, how)] += 1
 
     def _release_after_failure(self, buf: PinnedBuffer) -> None:
         """A step failed: let work already enqueued (which may still write into `buf`) drain, then give the

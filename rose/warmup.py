@@ -69,11 +69,13 @@ def prewarm_shapes(runner, keys: Iterable[tuple[int, int]], manifest: Path | Non
     return shapes
 
 
-def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pooling: str) -> list[VerifiedLayout]:
+def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pooling: str,
+                       express: bool = False) -> list[VerifiedLayout]:
     """Capture the graph of each shape and check replay == eager on fresh probes; raises
-    GraphVerificationError on a mismatch. Shapes above the largest bucket or impossible are skipped."""
+    GraphVerificationError on a mismatch. Shapes above the largest bucket or impossible are skipped.
+    express: into the express lane's graphs (rose.express), stepping on that lane."""
     done, seen = [], set()
-    graphs = runner.graphs
+    graphs = runner.express.graphs if express else runner.graphs
     for shape in shapes:
         batch = probe_batch(shape, runner.vocab_size, pooling, seed=0)
         if batch is None or int(batch.seq_lens.max()) > runner.spec.max_length:
@@ -84,14 +86,14 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
         seen.add(layout)
         t0 = time.perf_counter()
         while layout not in graphs.graphs and layout not in graphs.eager_only:  # eager warm-up, then the capture
-            runner.step(batch, own_layout=True).result()
+            runner.step(batch, own_layout=True, express=express).result()
         capture_s = time.perf_counter() - t0
         if layout in graphs.refused:  # its first replay already disagreed with eager (rose.graphs)
             raise GraphVerificationError(f"{graphs.eager_only[layout]}; {REFUSAL}")
         if layout in graphs.eager_only:  # the capture failed (logged by rose.graphs): this layout runs eagerly
             continue
         probe = probe_batch(shape, runner.vocab_size, pooling, seed=1)
-        replayed = runner.step(probe, own_layout=True).result()
+        replayed = runner.step(probe, own_layout=True, express=express).result()
         eager = runner.step(probe, use_graphs=False).result()
         try:
             worst = check_replay(layout_label(layout), replayed, eager)

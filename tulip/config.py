@@ -55,6 +55,10 @@ class TulipConfig:
                                           "interactive_recent_ms, every batch is capped at this many tokens, so a "
                                           "query waits for at most such a batch, not a full bulk one; 0 = off "
                                           "(tulip/scheduler.py; the trade in benchmarks/results/lanes.json)")
+    express_batch_tokens: int = _f(1024, "priority lanes on a GPU: while bulk work is queued or running, interactive "
+                                         "requests run beside it in batches of at most this many tokens, on a "
+                                         "higher-priority CUDA stream with graphs of their own (tulip/express.py, "
+                                         "rose/express.py); 0 = off (they wait for the bulk batch)")
     interactive_recent_ms: float = _f(100.0, "how long after an interactive request interactive_batch_tokens still "
                                              "caps batches")
     deadline_admission: bool = _f(True, "refuse at once (RESOURCE_EXHAUSTED deadline_unmeetable) a request whose "
@@ -127,6 +131,8 @@ class TulipConfig:
             raise ValueError(f"bulk_share must be in [0, 1), got {self.bulk_share}")
         if self.interactive_batch_tokens < 0 or self.interactive_recent_ms < 0:
             raise ValueError("interactive_batch_tokens and interactive_recent_ms must be >= 0")
+        if self.express_batch_tokens < 0:
+            raise ValueError("express_batch_tokens must be >= 0")
         if self.watchdog_s < 0 or self.watchdog_factor <= 0:
             raise ValueError(f"watchdog_s must be 0 (off) or positive and watchdog_factor positive, got "
                              f"{self.watchdog_s}, {self.watchdog_factor}")

@@ -22,6 +22,7 @@ Names (all exported by `TulipMetrics`):
   tulip_lane_wait_seconds{lane}                      histogram: queue wait per sequence, per lane
   tulip_lane_batches_total{lane}                     counter: batches that carried sequences of the lane
   tulip_lane_batch_tokens_total{lane}                counter: tokens of the lane in launched batches (its share)
+  tulip_express_batches_total                        counter: batches run on the express lane (tulip/express.py)
   rose_pinned_bytes_in_use, rose_pinned_bytes_cap, rose_graphs_captured, rose_graph_capture_seconds,
   rose_step_seconds_last, rose_runs_total{bucket,mode}, and rose_<key> for any other numeric stat
 """
@@ -81,6 +82,8 @@ class TulipMetrics:
                                     registry=r)
         self.lane_batch_tokens = Counter("tulip_lane_batch_tokens", "Tokens of the lane in launched batches",
                                          ["lane"], registry=r)
+        self.express_batches = Counter("tulip_express_batches", "Batches run on the express lane beside bulk work",
+                                       registry=r)
         self._lane_wait = [self.lane_wait.labels(lane=name) for name in LANES]
         self._lane_batches = [self.lane_batches.labels(lane=name) for name in LANES]
         self._lane_batch_tokens = [self.lane_batch_tokens.labels(lane=name) for name in LANES]
@@ -88,7 +91,9 @@ class TulipMetrics:
 
     # -- hot path -------------------------------------------------------------------------------
 
-    def observe_launch(self, packed, batch, launch_seconds: float, lazy: Any) -> None:
+    def observe_launch(self, packed, batch, launch_seconds: float, lazy: Any, express: bool = False) -> None:
+        if express:
+            self.express_batches.inc()
         taken = packed.taken_at
         for seq in packed.sequences:
             wait = max(0.0, taken - seq.enqueued_at)

@@ -13,6 +13,7 @@ import numpy as np
 
 INTERACTIVE, BULK = 0, 1  # = protos Lane values
 LANES = ("interactive", "bulk")  # metric labels, by lane
+MAIN, EXPRESS = 0, 1  # the workers that take from the queue (Ticket.owner; tulip.express)
 
 
 class Ticket:
@@ -27,6 +28,8 @@ class Ticket:
         self.expired = False
         self.queued_tokens = 0
         self.queued_seqs = 0
+        self.owner: int | None = None  # the worker (MAIN | EXPRESS) that took its first sequence: it takes
+        # the rest too, so one completer thread alone touches the request (tulip.worker)
 
 
 @dataclass(eq=False, slots=True)

@@ -31,6 +31,7 @@ from tulip.request import RequestLimits, parse_embed_request
 from tulip.scheduler import INTERACTIVE, SequenceQueue
 from tulip.servicer import TulipEmbedderServicer
 from tulip.watchdog import Watchdog
+from tulip.express import ExpressWorker
 from tulip.worker import Worker
 
 __all__ = ["CLIENT_CHANNEL_OPTIONS", "SERVICE_NAME", "TulipServer", "server_options"]
@@ -51,6 +52,7 @@ class TulipServer:
         self.port: int | None = None
         self.queue: SequenceQueue | None = None
         self.worker: Worker | None = None
+        self.express: ExpressWorker | None = None  # tulip.express, when on and the engine has an express lane
         self.watchdog: Watchdog | None = None
         self._watchdog_task: asyncio.Task | None = None
         self.limits: RequestLimits | None = None
@@ -63,7 +65,7 @@ class TulipServer:
         self.metrics.bind_state(
             queue_depth=lambda: self.queue.depth() if self.queue else (0, 0),
             lane_depth=lambda lane: self.queue.lane_tokens(lane) if self.queue else 0,
-            inflight=lambda: self.worker.inflight if self.worker else 0,
+            inflight=lambda: sum(w.inflight for w in (self.worker, self.express) if w is not None),
             ready=lambda: self.ready and not self.stalled,
             engine_stats=self._engine_stats)
 
@@ -117,6 +119,10 @@ class TulipServer:
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3)
         self.worker.start()
+        if config.express_batch_tokens and config.lanes and getattr(self.engine, "express", False):
+            self.queue.express_tokens = config.express_batch_tokens
+            self.express = ExpressWorker(self.engine, self.queue, metrics=self.metrics)
+            self.express.start()
         if config.watchdog_s > 0:
             self.watchdog = Watchdog(self.worker, floor_s=config.watchdog_s, factor=config.watchdog_factor,
                                      on_change=self._on_stall)
@@ -191,6 +197,8 @@ class TulipServer:
             await self._grpc.stop(grace)
         if self.worker is not None:
             await asyncio.to_thread(self.worker.stop, 2.0)
+        if self.express is not None:
+            await asyncio.to_thread(self.express.stop, 2.0)
         close = getattr(self.engine, "close", None)
         if callable(close):  # ROSE records its hot graph layouts (the prewarm manifest) on close
             try:

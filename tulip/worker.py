@@ -25,7 +25,7 @@ from tulip.errors import DeadlineExpired, engine_error
 from tulip.job import Handoff
 from tulip.packing import FailedBatch, Launched, build_batch, jobs_of, release_lazy
 from tulip.pacing import DeviceTimes
-from tulip.scheduler import PackedBatch, SequenceQueue
+from tulip.scheduler import BULK, PackedBatch, SequenceQueue
 
 log = logging.getLogger("tulip.worker")
 
@@ -33,6 +33,9 @@ _STOP = object()
 
 
 class Worker:
+    express = False  # tulip.express.ExpressWorker: steps on ROSE's express lane
+    name = "tulip"
+
     def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
                  idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0) -> None:
         self.engine = engine
@@ -58,8 +61,8 @@ class Worker:
         self._inflight = 0  # launched, not yet delivered (read by metrics; written under _count_lock)
         self._count_lock = threading.Lock()
         self.batches_launched = 0
-        self._threads = [threading.Thread(target=self._launch_loop, name="tulip-launcher", daemon=True),
-                         threading.Thread(target=self._complete_loop, name="tulip-completer", daemon=True)]
+        self._threads = [threading.Thread(target=self._launch_loop, name=f"{self.name}-launcher", daemon=True),
+                         threading.Thread(target=self._complete_loop, name=f"{self.name}-completer", daemon=True)]
 
     @property
     def inflight(self) -> int:
@@ -153,9 +156,11 @@ class Worker:
         t0 = time.perf_counter()
         self._stepping_since = time.monotonic()
         try:
-            lazy = self.engine.step(batch)
+            lazy = self.engine.step(batch, express=True) if self.express else self.engine.step(batch)
         finally:
             self._stepping_since = 0.0
+        if packed.lane_tokens[BULK]:
+            self.queue.bulk_launched()  # interactive work goes express until it is delivered
         t1 = time.perf_counter()
         now = time.monotonic()
         estimate = self.device_times.estimate(packed.tokens) or 0.0
@@ -168,7 +173,7 @@ class Worker:
         self._launched.put(Launched(packed, row_starts, lazy, t0, now))
         if self.metrics is not None:
             try:
-                self.metrics.observe_launch(packed, batch, t1 - t0, lazy)
+                self.metrics.observe_launch(packed, batch, t1 - t0, lazy, express=self.express)
             except Exception:
                 log.debug("metrics failed", exc_info=True)
 
@@ -210,6 +215,8 @@ class Worker:
             on_device_from = max(item.launched_mono, self._last_done)  # it queued behind the previous one
             self._last_done = now
             self._tail_end = now + sum(self._estimates)
+        if item.packed.lane_tokens[BULK]:
+            self.queue.bulk_delivered()
         self.device_times.observe(item.packed.tokens, now - on_device_from)
 
     def _deliver(self, item: Launched) -> None:

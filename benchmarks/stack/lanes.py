@@ -2,12 +2,15 @@
 
     python -m benchmarks.stack.lanes --model-dir DIR --out OUT [--duration-s 10] [--up-flags "--gpus 0"]
 
-One run, four configurations, each measured for `--duration-s` after every client warmed up:
-- idle:  the interactive client alone;
+One run, up to five configurations, each measured for `--duration-s` after every client warmed up:
+- idle:  the interactive client alone (Tulip's defaults);
 - fcfs:  interactive + bulk with TULIP_LANES=false (every request in one FCFS lane, whatever it names);
-- lanes: interactive + bulk with lanes on (Tulip's default: interactive first, bulk's guaranteed share);
-- capped: lanes on with TULIP_INTERACTIVE_BATCH_TOKENS=`--capped-batch-tokens` (2048): every batch capped
-  while interactive traffic is about (tulip/scheduler.py).
+- lanes: interactive + bulk with lanes on and express off (TULIP_EXPRESS_BATCH_TOKENS=0: interactive first,
+  bulk's guaranteed share, every batch run to completion);
+- express: interactive + bulk with Tulip's defaults: lanes on, interactive work beside the bulk batch on
+  the express lane (tulip/express.py, rose/express.py);
+- capped: express off, TULIP_INTERACTIVE_BATCH_TOKENS=`--capped-batch-tokens` (2048): every batch capped
+  while interactive traffic is about (tulip/packer.py); not run by default (`--configs` names it).
 Interactive: 1 closed-loop client sending single `--query-tokens` (32) token queries, priority interactive.
 Bulk: `--bulk-clients` (4) closed-loop clients sending `--bulk-docs` (100) lognormal documents a request
 (benchmarks/stack/corpus.py), priority bulk. This command starts the stacks itself with `ivy up` (the same
@@ -56,7 +59,7 @@ class LanesConfig:
     out: str = _f("benchmarks/results", "folder for lanes[_<label>].json and .png")
     label: str | None = _f(None, "suffix of the result files: lanes_<label>.json")
     logs: str = _f("", "folder for each stack's `ivy up` log (lanes[_<label>]_<stack>.log); empty = --out")
-    configs: str = _f(",".join(CONFIGS), "configurations to run, some of " + ", ".join(CONFIGS))
+    configs: str = _f("idle,fcfs,lanes,express", "configurations to run, some of " + ", ".join(CONFIGS))
     duration_s: float = _f(10.0, "measuring time per configuration, seconds")
     warmup_requests: int = _f(3, "untimed requests per client before each configuration is measured")
     distinct_inputs: int = _f(8, "distinct requests per client, sent round-robin")
@@ -134,9 +137,12 @@ class LanesRun:
         self.env["model_dir"] = self.model_dir
 
     def run(self, configs: tuple[str, ...]) -> None:
-        capped = {"TULIP_LANES": "true", "TULIP_INTERACTIVE_BATCH_TOKENS": str(self.config.capped_batch_tokens)}
-        groups = [("lanes-on", {"TULIP_LANES": "true"}, [c for c in configs if c in ("idle", "lanes")]),
+        capped = {"TULIP_LANES": "true", "TULIP_EXPRESS_BATCH_TOKENS": "0",
+                  "TULIP_INTERACTIVE_BATCH_TOKENS": str(self.config.capped_batch_tokens)}
+        groups = [("defaults", {"TULIP_LANES": "true"}, [c for c in configs if c in ("idle", "express")]),
                   ("lanes-off", {"TULIP_LANES": "false"}, [c for c in configs if c == "fcfs"]),
+                  ("express-off", {"TULIP_LANES": "true", "TULIP_EXPRESS_BATCH_TOKENS": "0"},
+                   [c for c in configs if c == "lanes"]),
                   ("lanes-capped", capped, [c for c in configs if c == "capped"])]
         for name, env, members in groups:
             if members:

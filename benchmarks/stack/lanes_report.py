@@ -1,8 +1,9 @@
 """The lanes run's targets, file, plot and table (benchmarks/stack/lanes.py).
 
-Targets (issue 17), with lanes on: the interactive p99 at most 2 x its idle p99, and bulk tokens/s at least
-90 % of its FCFS (lanes off) throughput; the same ratios for `capped` (lanes on with TULIP_INTERACTIVE_BATCH_TOKENS,
-batches capped while interactive traffic is about: the trade of latency against bulk throughput). OUT/lanes[_<label>].json = {"env", "targets", "records"}; the PNG
+Targets (issue 17), with Tulip's defaults (`express`: lanes on, interactive work beside bulk on the express
+lane): the interactive p99 at most 2 x its idle p99, and bulk tokens/s at least 90 % of its FCFS (lanes off)
+throughput; the same ratios for `lanes` (lanes on, express off: TULIP_EXPRESS_BATCH_TOKENS=0) and `capped`
+(express off, TULIP_INTERACTIVE_BATCH_TOKENS: batches capped while interactive traffic is about). OUT/lanes[_<label>].json = {"env", "targets", "records"}; the PNG
 has the interactive latency per configuration (p50 solid, p99 light, the 2 x idle p99 line) and the bulk
 throughput (the 90 % of FCFS line). Redraw: python -m benchmarks.stack.lanes_report FILE.json.
 """
@@ -14,7 +15,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-CONFIGS = ("idle", "fcfs", "lanes", "capped")
+CONFIGS = ("idle", "fcfs", "lanes", "express", "capped")
+TARGETED = (("express", ""), ("lanes", "lanes_"), ("capped", "capped_"))  # configuration, its targets' prefix
 P99_FACTOR, BULK_SHARE = 2.0, 0.9
 
 
@@ -26,10 +28,10 @@ def find(records: Sequence[dict[str, Any]], config: str, traffic: str) -> dict[s
 
 
 def targets(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Each target's measured ratio and verdict (None where a configuration it needs is missing): for lanes,
-    and the same ratios under `capped_` for the capped configuration."""
+    """Each target's measured ratio and verdict (None where a configuration it needs is missing): for express
+    (the defaults), and the same ratios under `lanes_` and `capped_` for those configurations."""
     out: dict[str, Any] = {}
-    for config, prefix in (("lanes", ""), ("capped", "capped_")):
+    for config, prefix in TARGETED:
         idle, on_i = find(records, "idle", "interactive"), find(records, config, "interactive")
         fcfs_b, on_b = find(records, "fcfs", "bulk"), find(records, config, "bulk")
         p99 = on_i["p99_ms"] / idle["p99_ms"] if idle and on_i and idle["p99_ms"] else None
@@ -98,7 +100,8 @@ def write_lanes_plot(path: Path, records: list[dict[str, Any]], title: str) -> P
     right.set(title="bulk: closed-loop batches, priority bulk", ylabel="k tokens/s")
     for ax in (left, right):
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"{title}: priority lanes (idle / FCFS = lanes off / lanes on / capped batches), one run")
+    fig.suptitle(f"{title}: priority lanes (idle / FCFS = lanes off / lanes, express off / express / capped), one run",
+                 fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -121,7 +124,7 @@ def table(records: Sequence[dict[str, Any]]) -> str:
     def verdict(met: bool | None) -> str:
         return "n/a" if met is None else "MET" if met else "MISSED"
 
-    for prefix, name in (("", "lanes"), ("capped_", "capped")):
+    for name, prefix in TARGETED:
         if f"{prefix}interactive_p99_over_idle" not in t:
             continue
         p99, bulk = t[f"{prefix}interactive_p99_over_idle"], t[f"{prefix}bulk_tokens_over_fcfs"]

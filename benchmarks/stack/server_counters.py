@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 _SUMMED = {"rose_graph_capture_seconds": "capture_seconds", "tulip_batch_seconds_count": "batches",
            "tulip_batch_seconds_sum": "batch_seconds", "tulip_queue_wait_seconds_sum": "queue_wait_seconds",
-           "tulip_queue_wait_seconds_count": "queued_sequences", "rose_graph_substitutions": "substitutions"}
+           "tulip_queue_wait_seconds_count": "queued_sequences", "rose_graph_substitutions": "substitutions",
+           "tulip_express_batches_total": "express_batches"}
 
 
 def scrape(urls: list[str], timeout_s: float = 5.0) -> dict[str, float]:

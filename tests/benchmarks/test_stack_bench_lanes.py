@@ -21,26 +21,31 @@ def record(config: str, traffic: str, p99: float, tokens_per_s: float) -> dict:
             "tokens_per_s": tokens_per_s, "errors": 0}
 
 
-def test_targets_compare_lanes_with_idle_and_fcfs() -> None:
+def test_targets_compare_express_and_lanes_with_idle_and_fcfs() -> None:
     records = [record("idle", "interactive", 4.0, 100), record("fcfs", "interactive", 40.0, 50),
-               record("fcfs", "bulk", 80.0, 1000), record("lanes", "interactive", 8.0, 100),
-               record("lanes", "bulk", 90.0, 899)]
+               record("fcfs", "bulk", 80.0, 1000), record("lanes", "interactive", 40.0, 100),
+               record("lanes", "bulk", 90.0, 1001), record("express", "interactive", 8.0, 100),
+               record("express", "bulk", 90.0, 899)]
     t = targets(records)
-    assert t["interactive_p99_over_idle"] == 2.0 and t["interactive_p99_met"] is True
+    assert t["interactive_p99_over_idle"] == 2.0 and t["interactive_p99_met"] is True  # express: the defaults
     assert t["bulk_tokens_over_fcfs"] == 0.899 and t["bulk_tokens_met"] is False
+    assert t["lanes_interactive_p99_over_idle"] == 10.0 and t["lanes_bulk_tokens_met"] is True
+    assert "capped_interactive_p99_met" not in t  # no capped configuration in this run
     lines = table(records).splitlines()
-    assert [line.split()[:2] for line in lines[1:6]] == [["idle", "interactive"], ["fcfs", "interactive"],
+    assert [line.split()[:2] for line in lines[1:8]] == [["idle", "interactive"], ["fcfs", "interactive"],
                                                           ["fcfs", "bulk"], ["lanes", "interactive"],
-                                                          ["lanes", "bulk"]]
-    assert lines[-2].endswith("2.00 x MET") and lines[-1].endswith("89.9% MISSED")
-    missing = targets([record("lanes", "bulk", 1.0, 1.0), {**record("fcfs", "bulk", 1, 1), "error": "x"}])
+                                                          ["lanes", "bulk"], ["express", "interactive"],
+                                                          ["express", "bulk"]]
+    assert lines[-4].endswith("2.00 x MET") and lines[-3].endswith("89.9% MISSED")
+    assert lines[-2].endswith("10.00 x MISSED") and lines[-1].endswith("100.1% MET")
+    missing = targets([record("express", "bulk", 1.0, 1.0), {**record("fcfs", "bulk", 1, 1), "error": "x"}])
     assert missing["bulk_tokens_met"] is None and missing["interactive_p99_met"] is None
 
 
 def test_the_file_holds_targets_and_the_plot_is_drawn(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     records = [record("idle", "interactive", 4.0, 100), record("fcfs", "bulk", 80.0, 1000),
-               {**record("lanes", "interactive", 0, 0), "error": "stack lanes-on: StackFailed"}]
+               {**record("express", "interactive", 0, 0), "error": "stack defaults: StackFailed"}]
     paths = write_lanes(tmp_path, "lanes", {"model": "m", "commit": "abc"}, records)
     assert [p.name for p in paths] == ["lanes.json", "lanes.png"] and paths[1].stat().st_size > 10_000
     data = json.loads(paths[0].read_text())
@@ -73,5 +78,5 @@ def test_a_short_run_on_two_real_stacks_lanes_off_and_on(tmp_path: Path) -> None
     assert got["fcfs", "bulk"]["server"]["lane_tokens_bulk"] == 0
     assert got["lanes", "bulk"]["server"]["lane_tokens_bulk"] > 0
     assert data["env"]["stacks"]["lanes-off"]["TULIP_LANES"] == "false" and data["env"]["model"]
-    assert data["targets"]["bulk_tokens_over_fcfs"] is not None and data["env"]["commit"]
+    assert data["targets"]["lanes_bulk_tokens_over_fcfs"] is not None and data["env"]["commit"]
     assert done.stdout.strip().splitlines()[-1].startswith("target: bulk tokens/s with lanes")

@@ -17,8 +17,8 @@ import torch
 
 
 class FakeStream:
-    def __init__(self, device=None):
-        self.device = device
+    def __init__(self, device=None, priority=0):
+        self.device, self.priority = device, priority
 
     def wait_stream(self, other):
         pass
@@ -98,3 +98,15 @@ def attach_graphs(runner, monkeypatch, **kwargs):
     graphs = CudaGraphs(fake.wrap(runner.forward), runner.backend.plan, runner.eager, runner.device, **kwargs)
     monkeypatch.setattr(runner, "graphs", graphs)
     return fake
+
+
+def attach_express(runner, monkeypatch, fake: FakeCuda, max_tokens: int):
+    """Give a CPU runner with fake graphs (attach_graphs) an express lane built by ExpressLane.build, its graphs'
+    forward recorded by `fake` as attach_graphs records the main graphs'; returns the lane."""
+    import rose.express
+    from rose.graphs import CudaGraphs
+
+    monkeypatch.setattr(rose.express, "CudaGraphs", lambda forward, *a, **k: CudaGraphs(fake.wrap(forward), *a, **k))
+    lane = rose.express.ExpressLane.build(runner, max_tokens)
+    monkeypatch.setattr(runner, "express", lane)
+    return lane

@@ -30,7 +30,8 @@ def test_every_eager_run_takes_the_runners_one_eager_path(engine, monkeypatch):
     runner = engine.runner
     seen = []
     real = runner.eager
-    monkeypatch.setattr(runner, "eager", lambda host, staged: seen.append(host.layout) or real(host, staged))
+    monkeypatch.setattr(runner, "eager",
+                        lambda host, staged, backend=None: seen.append(host.layout) or real(host, staged, backend))
     attach_graphs(runner, monkeypatch)
     batch = batch_of(engine)
     graph_rows = runner.step(batch).result()  # a graph layout's eager warm-up
@@ -119,7 +120,7 @@ def test_a_failed_step_returns_its_pinned_buffer_even_when_the_device_cannot_syn
     def sticky(device=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    def failing_eager(host, staged):
+    def failing_eager(host, staged, backend=None):
         raise ValueError("the kernel failed")
 
     monkeypatch.setattr(torch.cuda, "synchronize", sticky)

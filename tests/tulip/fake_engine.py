@@ -5,6 +5,8 @@ its own sequence, dimension), so a row depends only on its own sequence's tokens
 (bit for bit) whatever batch it runs in: packing, offset or span bugs change the numbers.
 
 `step()` returns at once and the work runs on one device thread in launch order, like a CUDA stream.
+`express=True` gives it an express lane (rose.express): `step(batch, express=True)` runs on a second device
+thread, never gated, beside the first (a higher-priority stream); `express_batches` records those batches.
 Options: `step_seconds` (simulated device time per batch), `gated` (each batch waits for
 `release(n)`; lets tests hold batches in flight deterministically), `fail_when(batch)` (True or an
 exception instance: that batch fails on the "device"), `raise_in_step(batch)` (an exception instance or
@@ -93,8 +95,11 @@ class FakeLazy:
 class FakeEngine:
     def __init__(self, info: FakeInfo | None = None, *, step_seconds: float = 0.0, gated: bool = False,
                  fail_when: Callable[[Batch], bool] | None = None,
-                 raise_in_step: Callable[[Batch], BaseException | None] | None = None) -> None:
+                 raise_in_step: Callable[[Batch], BaseException | None] | None = None,
+                 express: bool = False) -> None:
         self.info = info or FakeInfo()
+        self.express = express
+        self.express_batches: list[Batch] = []
         self.raise_in_step = raise_in_step
         self.step_seconds = step_seconds
         self.fail_when = fail_when
@@ -108,7 +113,11 @@ class FakeEngine:
         self.warmed_up = False
         self.cold_when: Callable[[Batch], bool] | None = None  # batches reported as cold hits (no graph yet)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._device_loop, name="fake-device", daemon=True).start()
+        threading.Thread(target=self._device_loop, args=(self._work, True), name="fake-device", daemon=True).start()
+        self._express_work: queue.SimpleQueue = queue.SimpleQueue()
+        if express:
+            threading.Thread(target=self._device_loop, args=(self._express_work, False), name="fake-express",
+                             daemon=True).start()
 
     @classmethod
     def from_pretrained(cls, model_dir: str, device: str = "cpu", dtype=None, attention: str = "auto",
@@ -119,7 +128,9 @@ class FakeEngine:
     def warmup(self) -> None:
         self.warmed_up = True
 
-    def step(self, batch: Batch) -> FakeLazy:
+    def step(self, batch: Batch, express: bool = False) -> FakeLazy:
+        if express and not self.express:
+            raise RuntimeError("express step without an express lane")
         error = self.raise_in_step(batch) if self.raise_in_step is not None else None
         if error is not None:
             raise error
@@ -133,7 +144,9 @@ class FakeEngine:
             self.launched += 1
             self.max_outstanding = max(self.max_outstanding, outstanding + 1)
             self.batches.append(batch)
-        self._work.put((batch, lazy))
+            if express:
+                self.express_batches.append(batch)
+        (self._express_work if express else self._work).put((batch, lazy))
         return lazy
 
     def release(self, n: int = 1) -> None:
@@ -155,10 +168,10 @@ class FakeEngine:
             out.extend(np.split(b.token_ids, b.cu_seqlens[1:-1]))
         return out
 
-    def _device_loop(self) -> None:
+    def _device_loop(self, work: queue.SimpleQueue, gated: bool) -> None:
         while True:
-            batch, lazy = self._work.get()
-            if self._gate is not None:
+            batch, lazy = work.get()
+            if gated and self._gate is not None:
                 self._gate.acquire()
             if self.step_seconds:
                 threading.Event().wait(self.step_seconds)  # simulated device time

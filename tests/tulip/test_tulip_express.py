@@ -1,0 +1,163 @@
+"""The express worker (tulip/express.py): interactive requests run beside a bulk batch on the engine's
+express lane while bulk is busy, and through the main worker otherwise; a request never splits across
+the two workers. Queue rules tested pure; the workers through a real server on a gated fake engine whose
+express lane is a second, ungated device thread."""
+
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from tulip.scheduler import BULK, EXPRESS, INTERACTIVE, MAIN, SequenceQueue
+from test_tulip_lanes import lane_request, markers, push
+from tulip_testkit import FakeEngine, ServerThread, make_config, wait_until
+
+
+def express_queue(express_tokens: int = 40) -> SequenceQueue:
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=100, max_queue_tokens=100_000, share=1.0, bulk_share=0.25)
+    q.express_tokens = express_tokens
+    return q
+
+
+def test_while_bulk_waits_interactive_goes_express_and_main_takes_bulk_only() -> None:
+    q = express_queue()
+    push(q, BULK, *[10] * 20, marker=500)
+    small = push(q, INTERACTIVE, 5, 5, marker=1)
+    main = q.next_batch(timeout=0)
+    assert main.lane_tokens == [0, 100], "interactive is left for the express worker"
+    express = q.next_express(timeout=0)
+    assert markers(express) == [1, 2] and express.lane_tokens == [10, 0]
+    assert small.owner == EXPRESS
+
+
+def test_express_batches_are_capped_and_take_interactive_only() -> None:
+    q = express_queue(express_tokens=40)
+    push(q, BULK, 10, marker=500)
+    push(q, INTERACTIVE, *[10] * 6, marker=1)
+    first, second = q.next_express(timeout=0), q.next_express(timeout=0)
+    assert markers(first) == [1, 2, 3, 4] and first.tokens == 40
+    assert markers(second) == [5, 6]
+    assert q.lane_tokens(BULK) == 10, "bulk is never taken by the express worker"
+
+
+def test_without_bulk_about_interactive_stays_with_the_main_worker() -> None:
+    q = express_queue()
+    push(q, INTERACTIVE, 5, marker=1)
+    assert q.next_express(timeout=0) is None
+    assert markers(q.next_batch(timeout=0)) == [1]
+
+
+def test_bulk_on_the_device_is_express_time_until_it_is_delivered() -> None:
+    q = express_queue()
+    push(q, BULK, 10, marker=500)
+    q.next_batch(timeout=0)
+    q.bulk_launched()  # the main worker launched it: nothing bulk is queued, but it runs
+    push(q, INTERACTIVE, 5, marker=1)
+    assert q.next_batch(timeout=0) is None
+    assert markers(q.next_express(timeout=0)) == [1]
+    push(q, INTERACTIVE, 5, marker=2)
+    q.bulk_delivered()
+    assert q.next_express(timeout=0) is None
+    assert markers(q.next_batch(timeout=0)) == [2]
+
+
+def test_a_request_stays_with_the_worker_that_took_its_first_sequence() -> None:
+    q = express_queue(express_tokens=20)
+    push(q, BULK, 10, marker=500)
+    started = push(q, INTERACTIVE, 10, 10, 10, marker=1)  # express takes two, one is left
+    assert markers(q.next_express(timeout=0)) == [1, 2]
+    assert markers(q.next_batch(timeout=0)) == [500]  # bulk gone, not launched: no longer express time
+    assert q.next_batch(timeout=0) is None, "the main worker never takes the express worker's request"
+    assert markers(q.next_express(timeout=0)) == [3] and started.owner == EXPRESS
+    q2 = express_queue()
+    mine = push(q2, INTERACTIVE, 60, 60, marker=1)
+    assert markers(q2.next_batch(timeout=0)) == [1] and mine.owner == MAIN  # before bulk came
+    push(q2, BULK, 10, marker=500)
+    assert q2.next_express(timeout=0) is None, "the express worker never takes the main worker's request"
+    assert markers(q2.next_batch(timeout=0))[0] == 2
+
+
+def test_expired_requests_are_failed_by_their_owner_only() -> None:
+    now = [0.0]
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=100, max_queue_tokens=100_000, share=1.0,
+                      clock=lambda: now[0])
+    q.express_tokens = 40
+    push(q, BULK, 10, marker=500)
+    late = push(q, INTERACTIVE, 5, marker=1, deadline=1.0)
+    now[0] = 2.0
+    assert q.next_batch(timeout=0).expired == []  # not the main worker's to fail while express time
+    q.bulk_launched()
+    assert q.next_express(timeout=0).expired == [late]
+
+
+def test_closing_hands_what_is_left_to_the_main_worker() -> None:
+    q = express_queue()
+    push(q, BULK, 10, marker=500)
+    push(q, INTERACTIVE, 5, marker=1)
+    q.close()
+    assert markers(q.next_express(timeout=0)) == [1]  # draining: still taken while bulk is queued
+    assert q.next_express(timeout=0) is None and q.express_tokens == 0  # nothing left: express is off
+    push_after = q.next_batch(timeout=0)
+    assert markers(push_after) == [500] and q.next_batch(timeout=0) is None
+
+
+def test_a_query_runs_beside_a_held_bulk_batch_on_the_express_lane() -> None:
+    engine = FakeEngine(gated=True, express=True)
+    config = make_config(max_batch_tokens=64, express_batch_tokens=32, pack_ahead_ms=0)
+    with ServerThread(config, engine) as s:
+        assert s.server.express is not None and s.server.queue.express_tokens == 32
+        bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
+        wait_until(lambda: engine.launched == 1, what="the bulk batch launched (held on the device)")
+        query = s.stub.Embed(lane_request(7, 12, INTERACTIVE), timeout=10)  # answered while bulk is held
+        assert query.rows == 1 and not bulk.done()
+        assert [int(b.token_ids[0]) for b in engine.express_batches] == [7]
+        assert s.server.metrics.express_batches._value.get() == 1
+        engine.release(10)
+        assert bulk.result().rows == 1
+        wait_until(lambda: s.server.worker.inflight == 0, what="bulk delivered")
+        alone = s.stub.Embed.future(lane_request(8, 12, INTERACTIVE), timeout=10)
+        wait_until(lambda: engine.launched == 3, what="the query alone launched")
+        engine.release(1)  # no bulk about: the main worker (gated) ran it
+        assert alone.result().rows == 1 and len(engine.express_batches) == 1
+
+
+def test_express_rows_equal_the_main_lanes_and_off_means_one_worker() -> None:
+    engine = FakeEngine(gated=True, express=True)
+    with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32), engine) as s:
+        bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
+        wait_until(lambda: engine.launched == 1)
+        beside = s.stub.Embed(lane_request(7, 12, INTERACTIVE), timeout=10)
+        engine.release(10)
+        bulk.result()
+        wait_until(lambda: s.server.worker.inflight == 0)
+        done = threading.Event()
+        alone = s.stub.Embed.future(lane_request(7, 12, INTERACTIVE), timeout=10)
+        alone.add_done_callback(lambda _: done.set())
+        engine.release(1)
+        assert done.wait(10)
+        rows = [np.frombuffer(r.embeddings, np.float32) for r in (beside, alone.result())]
+        assert np.array_equal(*rows)
+    for off in (make_config(express_batch_tokens=0), make_config(lanes=False)):
+        with ServerThread(off, FakeEngine(express=True)) as s:
+            assert s.server.express is None and s.server.queue.express_tokens == 0
+    with ServerThread(make_config(), FakeEngine()) as s:  # an engine without an express lane
+        assert s.server.express is None
+
+
+def test_express_batch_tokens_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="express_batch_tokens"):
+        make_config(express_batch_tokens=-1)
+
+
+def test_a_failing_express_batch_fails_its_request_only() -> None:
+    engine = FakeEngine(gated=True, express=True, fail_when=lambda b: int(b.token_ids[0]) == 9)
+    with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32), engine) as s:
+        bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
+        wait_until(lambda: engine.launched == 1)
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(lane_request(9, 12, INTERACTIVE), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INTERNAL
+        assert s.stub.Embed(lane_request(7, 12, INTERACTIVE), timeout=10).rows == 1
+        engine.release(10)
+        assert bulk.result().rows == 1
