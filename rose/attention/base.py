@@ -10,6 +10,8 @@ A forward over a ragged batch calls the backend in three places:
 
 `window` is a sliding window (Mistral, Gemma 3's local layers): a query attends only keys at most `window`
 positions from it, on either side (causal still hides the later ones); FULL (-1) = no window.
+`bidirectional_window` says whether a backend runs such a window without causal (|i - j| <= window, ModernBERT's
+local layers); a model whose backend cannot takes another path (rose.attention.banded).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class AttentionBackendError(ValueError):
 class AttentionBackend:
     name = "base"
     graph_safe = True  # whether forward() may be captured in a CUDA graph
+    bidirectional_window = False  # whether forward() runs a window with causal=False (keys on both sides)
 
     def plan(self, meta: ForwardMeta) -> None:
         """Host-side per-batch work, outside the graph. Default: nothing."""

@@ -62,6 +62,7 @@ class Fa4Backend(AttentionBackend):
             raise AttentionBackendError(f"this flash-attn-4 has no {sorted(missing)} in flash_attn_varlen_func")
         self._has_max_seqlen = "max_seqlen_q" in params
         self._has_window = "window_size" in params
+        self.bidirectional_window = self._has_window  # (window, window): FA4's local mask, both sides
         if shape is not None and shape.window != FULL and not self._has_window:
             raise AttentionBackendError("this flash-attn-4 has no window_size (the model has sliding-window layers)")
 

@@ -119,6 +119,7 @@ class PerBucketBackend(AttentionBackend):
             raise AttentionBackendError(f"per-bucket dispatch needs graph-safe backends; {unsafe} are not")
         self.profile, self.backends = profile, backends
         self.graph_safe = True
+        self.bidirectional_window = all(b.bidirectional_window for b in backends.values())
         self.name = "profile(" + ",".join(f"{name}<={edge}" for edge, name in _ranges(profile)) + ")"
 
     def backend_for(self, meta: ForwardMeta) -> AttentionBackend:

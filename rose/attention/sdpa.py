@@ -52,6 +52,7 @@ class _Uniform:
 
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
+    bidirectional_window = True  # every layout's mask is |i - j| <= window, causal only when asked
 
     def __init__(self, device: torch.device) -> None:
         self.host_planned = device.type != "cuda"

@@ -34,6 +34,7 @@ def varlen_available() -> bool:
 class VarlenBackend(AttentionBackend):
     name = "varlen"
     graph_safe = True
+    bidirectional_window = "window_size" in _PARAMS  # (window, window): FlashAttention's local, both sides
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
         if _varlen_attn is None:

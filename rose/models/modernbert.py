@@ -2,8 +2,10 @@
 
 Layer i is global when config `layer_types[i]` says "full_attention" (older configs: i is a multiple of
 `global_attn_every_n_layers`), else local: a key at most `local_attention // 2` positions away (as HF's
-mask, |i - j| <= window). Global layers use the configured attention backend; local ones the banded path
-(rose.attention.banded), which stays ragged on every device and inside CUDA graphs. RoPE has one theta per
+mask, |i - j| <= window). Global layers use the configured attention backend; local ones too, with that
+window on both sides (FlashAttention's window_size=(w, w)), when the backend runs one
+(`bidirectional_window`), else the banded path (rose.attention.banded, ~1.5x the keys per query and a copy
+of K/V into bands per layer). Both stay ragged and capturable in a CUDA graph. RoPE has one theta per
 kind (global_rope_theta 160000 / local_rope_theta 10000, or rope_parameters per layer type). Biases and
 norm biases follow attention_bias / mlp_bias / norm_bias (all off in the published models). Module paths
 mirror Hugging Face's ModernBertModel (`Wqkv` is already one fused tensor in the checkpoint).
@@ -126,9 +128,15 @@ class ModernBertModel(nn.Module):
         rope = {False: self.rotary_global(meta.positions, x.dtype)}
         attend = {False: global_attn}
         if any(layer.local for layer in self.layers):
-            band = window_band(meta, self.window)  # built once; the local layers share it
             rope[True] = self.rotary_local(meta.positions, x.dtype)
-            attend[True] = lambda q, k, v: banded_attention(q, k, v, band, self.scale)
+            attend[True] = self.local_attention(meta, backend)
         for layer in self.layers:
             x = layer(x, *rope[layer.local], attend[layer.local])
         return self.final_norm(x)
+
+    def local_attention(self, meta: ForwardMeta, backend: AttentionBackend):
+        """The local layers' attend(q, k, v), built once per forward and shared by them."""
+        if backend.bidirectional_window:
+            return AttentionContext.build(backend, meta, causal=False, scale=self.scale, window=self.window)
+        band = window_band(meta, self.window)
+        return lambda q, k, v: banded_attention(q, k, v, band, self.scale)

@@ -99,3 +99,30 @@ def tiny_decoders(tiny_root):
 
     hf_logging.disable_progress_bar()
     return build_decoders(tiny_root)
+
+
+@pytest.fixture
+def local_attention_paths(monkeypatch):
+    """spy(backend) -> a list that ModernBERT's local layers append to while the test runs: "window" for each
+    backend call with a sliding window, "banded" for each call of the banded path."""
+    import rose.models.modernbert as modernbert
+    from rose.windows import FULL
+
+    def spy(backend) -> list[str]:
+        paths: list[str] = []
+        forward, banded = backend.forward, modernbert.banded_attention
+
+        def windowed_forward(q, k, v, meta, causal, scale, state=None, window=FULL):
+            if window != FULL:
+                paths.append("window")
+            return forward(q, k, v, meta, causal, scale, state, window)
+
+        def counted_banded(*args, **kwargs):
+            paths.append("banded")
+            return banded(*args, **kwargs)
+
+        monkeypatch.setattr(backend, "forward", windowed_forward)
+        monkeypatch.setattr(modernbert, "banded_attention", counted_banded)
+        return paths
+
+    return spy

@@ -1,6 +1,7 @@
 """ModernBERT, MPNet, DistilBERT and GTE v1.5 on the GPU: bf16 parity with transformers fp32 (divergence <= 0.1 %) per
 backend, varlen == SDPA, batch invariance, bucket padding, and the CUDA-graph path (capture, replay, prewarm
-verification) against the fp32 reference. Skipped without CUDA; run on the H200 (`pytest -m gpu tests/rose`).
+verification) against the fp32 reference; ModernBERT's local layers on varlen's own window, not the banded path.
+Skipped without CUDA; run on the H200 (`pytest -m gpu tests/rose`).
 """
 
 from __future__ import annotations
@@ -91,3 +92,33 @@ def test_prewarm_captures_and_verifies_real_widths(name, base_shapes):
     assert all(v.max_divergence <= BAR for v in verified)
     assert engine.stats()["graphs_captured"] == 3
     engine.close()
+
+
+@pytest.mark.parametrize("name", ["modernbert", "modernbert-base-shape"])
+def test_modernbert_local_layers_take_the_varlen_window(name, encoder_models, base_shapes, local_attention_paths,
+                                                        tmp_path):
+    """bf16 on varlen: the local layers run FlashAttention's window (w, w), never the banded path; one layout
+    eager, captured, replayed, each within the bar of HF fp32 (sequences past the window: 8 / 64 each way)."""
+    from rose import Batch
+    from rose.attention.varlen import VarlenBackend
+    from rose.engine import Engine
+    from rose_parity import cosine, random_seqs, reference_rows
+
+    assert VarlenBackend.bidirectional_window, "this torch's varlen_attn has no window_size"
+    tiny = {**encoder_models, **base_shapes}[name]
+    engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", attention="varlen", prewarm=(),
+                                    graph_manifest=tmp_path / "m.json")
+    paths = local_attention_paths(engine.runner.backend)
+    local = sum(layer.local for layer in engine.runner.model.layers)
+    hows = []
+    for i in range(3):
+        seqs = random_seqs(tiny, [100, 70, 33, 1], seed=i)
+        before = dict(engine.runner.runs)
+        rows = engine.step(Batch.from_sequences(seqs, engine.spec.pooling)).result()
+        assert 1.0 - cosine(rows, reference_rows(tiny, seqs, device="cuda")).min() <= BAR, i
+        hows += [k[1] for k, v in engine.runner.runs.items() if v > before.get(k, 0)]
+        if i == 0:
+            assert paths == ["window"] * local  # the eager run: one windowed call per local layer
+    engine.close()
+    assert hows == ["eager", "capture", "replay"]
+    assert local > 0 and set(paths) == {"window"}  # the capture recorded the window path too, never banded
