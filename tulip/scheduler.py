@@ -47,7 +47,10 @@ class SequenceQueue(LanePacker):
         self._lane_tokens = [0, 0]
         self._seqs = 0
         self._closed = False
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # the main worker's launcher waits on it
+        self._express_cond = threading.Condition(lock)  # the express worker's (a wake-up of its own: a push
+        # while no bulk is about wakes the main launcher alone, so express costs idle traffic nothing)
         self.express_tokens = 0  # > 0 while an express worker takes interactive work (set by Tulip's server)
         self._bulk_inflight = 0  # batches with bulk tokens launched and not yet delivered (bulk_launched/_done)
 
@@ -82,7 +85,8 @@ class SequenceQueue(LanePacker):
             self._tokens += tokens
             self._lane_tokens[ticket.lane] += tokens
             self._seqs += len(seqs)
-            self._notify_locked()
+            self._cond.notify()
+            self._wake_express_locked()
 
     def cancel(self, ticket: Ticket) -> None:
         """Drop a request's queued sequences (client gone or deadline hit): they free queue space now
@@ -128,23 +132,23 @@ class SequenceQueue(LanePacker):
                         self.express_tokens = 0
                         self._cond.notify_all()
                     return None
-                self._cond.wait(remaining)
+                self._express_cond.wait(remaining)
 
     def bulk_launched(self) -> None:
         """MAIN launched a batch that carries bulk tokens: express time until it is delivered."""
         with self._cond:
             self._bulk_inflight += 1
+            self._wake_express_locked()
 
     def bulk_delivered(self) -> None:
         with self._cond:
             self._bulk_inflight -= 1
-            self._notify_locked()
+            if not self._express_time_locked() and self._lanes[INTERACTIVE]:
+                self._cond.notify()  # interactive requests no one owns are the main worker's again
 
-    def _notify_locked(self) -> None:
-        if self.express_tokens:
-            self._cond.notify_all()  # two consumers wait on one condition: wake both, each re-checks its work
-        else:
-            self._cond.notify()
+    def _wake_express_locked(self) -> None:
+        if self._lanes[INTERACTIVE] and self._express_time_locked():
+            self._express_cond.notify()
 
     def hold(self, until: float, stop: Callable[[], bool]) -> None:
         """Wait (the launcher, before packing late) until the clock reaches `until`, a full batch is
@@ -167,6 +171,7 @@ class SequenceQueue(LanePacker):
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._express_cond.notify_all()
 
     @property
     def closed(self) -> bool:
