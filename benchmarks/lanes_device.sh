@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Priority lanes (issue 17) on the Qwen3-0.6B config (random bf16): 1 interactive client beside 4 bulk clients, idle / FCFS (TULIP_LANES=false) / lanes on, one run.
-# Carry .whl. From the repository root (~2.5 min; `lanes index` together ~7.5 min, one call):
+# Priority lanes (issue 17) on the Qwen3-0.6B config (random bf16): 1 interactive client beside 4 bulk clients, idle / FCFS (TULIP_LANES=false) / lanes (TULIP_EXPRESS_BATCH_TOKENS=0) / express (the defaults), one run.
+# Carry .whl. From the repository root (~3 min: three stacks):
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh lanes
 # benchmarks.stack.lanes starts its two stacks with `ivy up` itself (IVY_WORKERS=4, no graph manifest), ports
 # 8080 / 50051 / 50151. DURATION: seconds per configuration (10). LANES_FLAGS: more benchmarks.stack.lanes flags.
