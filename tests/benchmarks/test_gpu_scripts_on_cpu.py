@@ -129,3 +129,17 @@ def test_a_script_that_needs_carried_wheels_says_so(tmp_path: Path) -> None:
     bench, env = _sandbox(tmp_path)
     run = _bash(str(bench / "device.sh"), "needs-wheels", env=env)
     assert run.returncode == 1 and "pwd=" not in run.stdout and "carry .whl" in run.stderr
+
+
+def test_express_inprocess_runs_its_variants_on_cpu(tmp_path: Path, minilm_dir: Path) -> None:
+    """On a CPU there is no express lane: alone, bulk-alone and main run, each with its counts."""
+    from benchmarks import express_inprocess
+
+    assert express_inprocess.main(["--model-dir", str(minilm_dir), "--device", "cpu", "--seconds", "0.3",
+                                   "--bulk-docs", "2", "--doc-tokens", "32", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "express_inprocess.json").read_text())
+    got = {r["variant"]: r for r in data["records"]}
+    assert list(got) == ["alone", "bulk-alone", "main"] and data["env"]["commit"]
+    assert got["alone"]["queries"] > 0 and got["alone"]["bulk_tokens_per_s"] == 0
+    assert got["bulk-alone"]["queries"] == 0 and got["bulk-alone"]["bulk_tokens_per_s"] > 0
+    assert got["main"]["queries"] > 0 and got["main"]["bulk_tokens_per_s"] > 0
