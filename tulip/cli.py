@@ -110,8 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if config.gil_switch_interval_ms > 0:
-        sys.setswitchinterval(config.gil_switch_interval_ms / 1e3)
     return run_loop(serve(config), config.event_loop)
 
 

@@ -100,9 +100,6 @@ class TulipConfig:
             "empty = rose.Engine.from_pretrained")
     event_loop: str = _f("auto", "auto (uvloop when installed, else asyncio), uvloop or asyncio: uvloop cut "
                          "Tulip's CPU per call 6-12 % on the 2-core VM (benchmarks/NOTES.md)")
-    gil_switch_interval_ms: float = _f(0.0, "Python's thread switch interval in Tulip (sys.setswitchinterval): how long "
-                                            "a thread that wants the GIL waits for a busy one before asking it to "
-                                            "let go; 0 = Python's default (5 ms)")
     log_level: str = _f("info", "debug, info, warning or error; logs never contain token ids")
 
     def __post_init__(self) -> None:
@@ -112,8 +109,6 @@ class TulipConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_batch_tokens < 0:
             raise ValueError(f"max_batch_tokens must be 0 (by device) or positive, got {self.max_batch_tokens}")
-        if self.gil_switch_interval_ms < 0:
-            raise ValueError(f"gil_switch_interval_ms must be >= 0, got {self.gil_switch_interval_ms}")
         if self.event_loop not in ("auto", "uvloop", "asyncio"):
             raise ValueError(f"event_loop must be auto, uvloop or asyncio, got {self.event_loop!r}")
         if str(self.cuda_graphs).lower() not in _WARMUP_CHOICES:
