@@ -71,4 +71,6 @@ class ExpressLane:
     def stats(self) -> dict:
         g = self.graphs
         return {"express_graphs_captured": len(g.graphs) if g else 0,
-                "express_graph_capture_seconds": g.capture_seconds if g else 0.0}
+                "express_graph_capture_seconds": g.capture_seconds if g else 0.0,
+                "express_captures_failed": g.captures_failed if g else 0,
+                "express_graphs_refused": g.graphs_refused if g else 0}

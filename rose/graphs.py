@@ -35,6 +35,19 @@ from rose.graph_substitutes import SUBSTITUTE_SIGHTS, find_substitute
 from rose.meta import ForwardMeta, HostMeta, MetaLayout
 
 log = logging.getLogger("rose.graphs")
+_capturing = 0  # graph captures in progress, any lane (rose.express): PinnedPool leaves the host cache alone
+_capturing_lock = threading.Lock()
+
+
+def capturing() -> bool:
+    """Whether some thread is capturing a CUDA graph now (device-wide calls would invalidate its capture)."""
+    return _capturing > 0
+
+
+def _count_capture(delta: int) -> None:
+    global _capturing
+    with _capturing_lock:
+        _capturing += delta
 
 
 def layout_label(layout: MetaLayout) -> str:
@@ -179,13 +192,17 @@ class CudaGraphs:
                 # Thread-local: the completer, the metrics thread and LazyTensor releases keep querying events
                 # while the launcher thread captures; in the default (global) mode any of those calls from
                 # another thread invalidates the capture (and raises there).
-                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                _count_capture(1)
                 try:
-                    static_out = self.forward(meta)
-                except BaseException:
-                    _end_failed_capture(graph)
-                    raise
-                graph.capture_end()
+                    graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                    try:
+                        static_out = self.forward(meta)
+                    except BaseException:
+                        _end_failed_capture(graph)
+                        raise
+                    graph.capture_end()
+                finally:
+                    _count_capture(-1)
             stream.wait_stream(side)
         except BaseException:
             torch.cuda.set_stream(stream)  # the eager runs that follow belong on the stream this step started on

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rose.graphs import capturing
+
 MIN_CLASS_BYTES = 4096
 
 
@@ -141,8 +143,9 @@ class PinnedPool:
                 bucket.pop()
                 self.bytes_allocated -= size
                 freed += size
-        if freed and self.pin and hasattr(torch._C, "_host_emptyCache"):
-            torch._C._host_emptyCache()  # hand the dropped blocks back instead of keeping them cached
+        if freed and self.pin and hasattr(torch._C, "_host_emptyCache") and not capturing():
+            torch._C._host_emptyCache()  # hand the dropped blocks back instead of keeping them cached (not
+            # while another lane's thread captures a graph: cudaFreeHost synchronizes; torch keeps them till later)
 
 
 def _done(event: Any) -> bool:

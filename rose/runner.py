@@ -64,7 +64,9 @@ class ModelRunner:
         self.pad_id = 0
         self.runs: Counter[tuple[str, str]] = Counter()
         self.step_seconds_last = 0.0
-        self._lock = threading.Lock()  # one batch at a time through the device-side sequence
+        self._lock = threading.Lock()  # one batch at a time through the device-side sequence (the express
+        # lane has a lock of its own)
+        self._count_lock = threading.Lock()
         self.graphs: CudaGraphs | None = None
         self.express: ExpressLane | None = None  # enable_express(): small batches beside long ones
         if graphs is not None and device.type == "cuda" and self.backend.graph_safe:
@@ -130,7 +132,7 @@ class ModelRunner:
                 event = self._copy_back(out, host, buf)
                 self._count(host, layout, how, "x" if lane else "")
         except BaseException:
-            self._release_after_failure(buf)
+            self._release_after_failure(buf, lane.stream if lane else None)
             raise
         self.step_seconds_last = time.perf_counter() - start
         lazy = LazyTensor(self.pool, buf, (host.num_rows, self.dimensions), event)
@@ -189,15 +191,17 @@ class ModelRunner:
         """5. One run of this layout (graph layouts by their label, exact sizes by token class; the express
         lane's prefixed with "x")."""
         label = layout_label(layout) if layout is not None else token_bucket_label(host.num_tokens)
-        self.runs[(lane + label, how)] += 1
+        with self._count_lock:  # two lanes step from two threads
+            self.runs[(lane + label, how)] += 1
 
-    def _release_after_failure(self, buf: PinnedBuffer) -> None:
-        """A step failed: let work already enqueued (which may still write into `buf`) drain, then give the
-        buffer back whatever the drain says (a device that cannot synchronize runs nothing more). The
-        step's own exception is the one that propagates."""
+    def _release_after_failure(self, buf: PinnedBuffer, stream=None) -> None:
+        """A step failed: let work already enqueued on its stream (which may still write into `buf`) drain,
+        then give the buffer back whatever the drain says (a device that cannot synchronize runs nothing
+        more). The step's stream only, not the device: the other lane may be capturing a graph, and a device
+        synchronize then invalidates its capture. The step's own exception is the one that propagates."""
         try:
             if self.on_cuda:
-                torch.cuda.synchronize(self.device)
+                (stream or torch.cuda.current_stream(self.device)).synchronize()
         except Exception:  # noqa: BLE001
             log.warning("could not synchronize the device after a failed step", exc_info=True)
         finally:

@@ -47,6 +47,18 @@ class LanePacker:
         """Express time: an express worker is about and bulk work is queued or on the device."""
         return bool(self.express_tokens) and (self._bulk_inflight > 0 or self._lane_tokens[BULK] > 0)
 
+    def _express_may_claim_locked(self, ticket: Ticket, busy: bool) -> bool:
+        """Whether the express worker takes this unowned interactive request: in express time, when each of its
+        sequences fits the express budget (a longer one would run eagerly beside bulk, its activations on top)."""
+        return busy and ticket.longest <= self.express_tokens
+
+    def _main_may_claim_locked(self, ticket: Ticket, busy: bool) -> bool:
+        """Whether the main worker takes this unowned request: bulk always; interactive outside express time,
+        when express would not take it, or when more interactive work waits than two express batches hold
+        (heavy interactive traffic beside a trickle of bulk is not squeezed through express batches alone)."""
+        return (ticket.lane == BULK or not busy or not self._express_may_claim_locked(ticket, busy)
+                or self._lane_tokens[INTERACTIVE] > 2 * self.express_tokens)
+
     def batch_cap(self, now: float) -> int:
         """This batch's token budget: interactive_batch_tokens while interactive traffic is about, else the
         full budget (module docstring)."""
@@ -69,22 +81,23 @@ class LanePacker:
             if self._fill_lane_locked(lane, packed, limit, MAIN):
                 break
         self._bulk_owed = both and packed.lane_tokens[BULK] == 0
+        if packed.lane_tokens[BULK]:
+            self._bulk_inflight += 1  # express time from now until it is delivered (SequenceQueue.bulk_done)
         return packed
 
     def _fill_lane_locked(self, lane: int, packed: PackedBatch, limit: int, who: int) -> bool:
         """One lane's two passes (its requests' shares, then the room left up to `limit`) for worker `who`;
         True when full."""
         flows = self._lanes[lane]
-        busy = self._express_time_locked() or (self.express_tokens and packed.lane_tokens[BULK] > 0)  # bulk
+        busy = self._express_time_locked() or bool(self.express_tokens and packed.lane_tokens[BULK] > 0)  # bulk
         # queued, on the device, or in this very batch, with an express worker about
-        claim = busy if who == EXPRESS else lane == BULK or not busy  # may `who` take requests no one owns
         full = False
         emptied = []
         for share_tokens, share_seqs in ((self.share_tokens, self.share_seqs), (None, None)):  # the two passes
             for key, flow in flows.items():
                 if not flow:
                     continue  # emptied in the first pass
-                full = self._take_from_locked(flow, packed, share_tokens, share_seqs, limit, who, claim)
+                full = self._take_from_locked(flow, packed, share_tokens, share_seqs, limit, who, busy)
                 if not flow:
                     emptied.append(key)
                 if full:
@@ -96,9 +109,10 @@ class LanePacker:
         return full
 
     def _take_from_locked(self, flow: deque[QueuedSequence], packed: PackedBatch, share_tokens: int | None,
-                          share_seqs: int | None, limit: int, who: int = MAIN, claim: bool = True) -> bool:
+                          share_seqs: int | None, limit: int, who: int = MAIN, busy: bool = False) -> bool:
         """Move one flow's next sequences into `packed` (within its share, when given) for worker `who`,
-        which takes only requests it owns, and unowned ones when `claim`; True when full."""
+        which takes the requests it owns and the unowned ones it may claim (`busy`: express time); True when
+        full."""
         now = packed.taken_at
         tokens = seqs = 0
         while flow:
@@ -108,8 +122,12 @@ class LanePacker:
                 flow.popleft()
                 packed.skipped += 1
                 continue
-            if ticket.owner != who and (ticket.owner is not None or not claim):
-                return False  # another worker's request, or one left for it
+            if ticket.owner is None:
+                claim = (self._express_may_claim_locked if who == EXPRESS else self._main_may_claim_locked)
+                if not claim(ticket, busy):
+                    return False  # left for the other worker
+            elif ticket.owner != who:
+                return False  # another worker's request
             if ticket.deadline is not None and ticket.deadline <= now:
                 flow.popleft()
                 packed.skipped += 1

@@ -28,6 +28,7 @@ class Ticket:
         self.expired = False
         self.queued_tokens = 0
         self.queued_seqs = 0
+        self.longest = 0  # its longest sequence (set by the queue's push): express takes none above its budget
         self.owner: int | None = None  # the worker (MAIN | EXPRESS) that took its first sequence: it takes
         # the rest too, so one completer thread alone touches the request (tulip.worker)
 

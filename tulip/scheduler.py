@@ -52,7 +52,7 @@ class SequenceQueue(LanePacker):
         self._express_cond = threading.Condition(lock)  # the express worker's (a wake-up of its own: a push
         # while no bulk is about wakes the main launcher alone, so express costs idle traffic nothing)
         self.express_tokens = 0  # > 0 while an express worker takes interactive work (set by Tulip's server)
-        self._bulk_inflight = 0  # batches with bulk tokens launched and not yet delivered (bulk_launched/_done)
+        self._bulk_inflight = 0  # batches with bulk tokens taken by MAIN and not yet delivered (bulk_done)
 
     # -- producer side (event loop) -------------------------------------------------------------
 
@@ -82,6 +82,7 @@ class SequenceQueue(LanePacker):
             flow.extend(seqs)
             ticket.queued_tokens += tokens
             ticket.queued_seqs += len(seqs)
+            ticket.longest = max(ticket.longest, max((s.num_tokens for s in seqs), default=0))
             self._tokens += tokens
             self._lane_tokens[ticket.lane] += tokens
             self._seqs += len(seqs)
@@ -93,6 +94,9 @@ class SequenceQueue(LanePacker):
         and are skipped, unbatched, when they reach the head."""
         with self._cond:
             self._drop_locked(ticket)
+            if self.express_tokens:  # a dropped head may uncover a request the other worker takes
+                self._cond.notify()
+                self._express_cond.notify()
 
     # -- consumer side (launcher thread) --------------------------------------------------------
 
@@ -105,6 +109,7 @@ class SequenceQueue(LanePacker):
                 if self._lanes[0] or self._lanes[1]:
                     packed = self._take_locked()
                     if packed.sequences or packed.expired or packed.skipped:
+                        self._wake_express_locked()  # its bulk began express time, or it uncovered express's
                         return packed
                 if self._closed and not (self._lanes[0] or self._lanes[1]):  # what is left, express takes
                     return None
@@ -125,6 +130,8 @@ class SequenceQueue(LanePacker):
                     self._cap = self.express_tokens
                     self._fill_lane_locked(INTERACTIVE, packed, self.express_tokens, EXPRESS)
                     if packed.sequences or packed.expired or packed.skipped:
+                        if self._lanes[INTERACTIVE]:
+                            self._cond.notify()  # it may have uncovered a request that is the main worker's
                         return packed
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if self._closed or not self.express_tokens or (remaining is not None and remaining <= 0):
@@ -134,13 +141,8 @@ class SequenceQueue(LanePacker):
                     return None
                 self._express_cond.wait(remaining)
 
-    def bulk_launched(self) -> None:
-        """MAIN launched a batch that carries bulk tokens: express time until it is delivered."""
-        with self._cond:
-            self._bulk_inflight += 1
-            self._wake_express_locked()
-
-    def bulk_delivered(self) -> None:
+    def bulk_done(self) -> None:
+        """A batch of MAIN's that carried bulk tokens left the device (delivered, or failed to launch)."""
         with self._cond:
             self._bulk_inflight -= 1
             if not self._express_time_locked() and self._lanes[INTERACTIVE]:

@@ -125,7 +125,7 @@ class TulipServer:
             self.express.start()
         if config.watchdog_s > 0:
             self.watchdog = Watchdog(self.worker, floor_s=config.watchdog_s, factor=config.watchdog_factor,
-                                     on_change=self._on_stall)
+                                     on_change=self._on_stall, others=(self.express,) if self.express else ())
             self._watchdog_task = asyncio.ensure_future(self.watchdog.run())
         self.ready = True
         for service in ("", SERVICE_NAME):

@@ -44,8 +44,10 @@ def overdue(on_device: tuple[float, float] | None, stepping_since: float, now: f
 
 class Watchdog:
     def __init__(self, worker, *, floor_s: float, factor: float,
-                 on_change: Callable[[bool], Awaitable[None]]) -> None:
+                 on_change: Callable[[bool], Awaitable[None]], others: tuple = ()) -> None:
+        """worker: the main worker; others: more workers watched the same way (the express worker)."""
         self.worker = worker
+        self.workers = (worker, *others)
         self.floor_s = floor_s
         self.factor = factor
         self.on_change = on_change  # awaited with True when the replica stalls, False when it recovers
@@ -53,8 +55,11 @@ class Watchdog:
         self.trips = 0
 
     def check(self, now: float | None = None) -> tuple[float, float] | None:
+        """The most overdue of the workers' batches (seconds, limit), None when none is."""
         now = time.monotonic() if now is None else now
-        return overdue(self.worker.on_device(), self.worker.stepping_since, now, self.factor, self.floor_s)
+        late = [found for w in self.workers
+                if (found := overdue(w.on_device(), w.stepping_since, now, self.factor, self.floor_s)) is not None]
+        return max(late, key=lambda x: x[0] - x[1], default=None)
 
     async def run(self) -> None:
         interval = min(1.0, self.floor_s / 4)

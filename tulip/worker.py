@@ -106,6 +106,8 @@ class Worker:
                 jobs = jobs_of(packed.sequences)
                 for job in jobs:  # before the slot frees: the next batch must not take their other sequences
                     self.queue.cancel(job)
+                if packed.lane_tokens[BULK]:
+                    self.queue.bulk_done()  # it never reached the device
                 self._launched.put(FailedBatch(jobs, engine_error(exc)))
                 self._slots.release()
 
@@ -159,8 +161,6 @@ class Worker:
             lazy = self.engine.step(batch, express=True) if self.express else self.engine.step(batch)
         finally:
             self._stepping_since = 0.0
-        if packed.lane_tokens[BULK]:
-            self.queue.bulk_launched()  # interactive work goes express until it is delivered
         t1 = time.perf_counter()
         now = time.monotonic()
         estimate = self.device_times.estimate(packed.tokens) or 0.0
@@ -216,7 +216,7 @@ class Worker:
             self._last_done = now
             self._tail_end = now + sum(self._estimates)
         if item.packed.lane_tokens[BULK]:
-            self.queue.bulk_delivered()
+            self.queue.bulk_done()  # counted by the queue when it handed the batch out
         self.device_times.observe(item.packed.tokens, now - on_device_from)
 
     def _deliver(self, item: Launched) -> None:

@@ -45,7 +45,8 @@ def test_express_steps_capture_and_replay_in_graphs_of_their_own(engine, monkeyp
     express_runs = {k: n - before.get(k, 0) for k, n in runner.runs.items() if k[0].startswith("x")}
     assert sorted(how for (_, how), n in express_runs.items() for _ in range(n)) == ["capture", "eager", "replay"]
     assert len(lane.graphs.graphs) == 1 and len(runner.graphs.graphs) == 1, "each lane captured its own"
-    assert engine.stats()["express_graphs_captured"] == 1
+    stats = engine.stats()
+    assert stats["express_graphs_captured"] == 1 and stats["express_captures_failed"] == 0
 
 
 def test_express_batches_above_its_buckets_run_eagerly_on_the_lane(engine, monkeypatch):

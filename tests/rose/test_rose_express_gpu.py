@@ -75,9 +75,15 @@ def test_express_lane_rows_stay_right_beside_the_bulk_lane(tiny_models, tmp_path
         t.start()
     for t in threads:
         t.join(300)
+    assert not any(t.is_alive() for t in threads), "a lane hung"
     assert not errors, errors
     assert worst[0] <= BAR and worst[1] <= BAR, worst
     express_runs = {k: n for k, n in engine.runner.runs.items() if k[0].startswith("x")}
     assert sum(n for (_, how), n in express_runs.items() if how == "replay") >= 60
-    assert engine.stats()["captures_failed"] == 0 and engine.stats()["graphs_refused"] == 0
+    stats = engine.stats()
+    assert stats["captures_failed"] == stats["graphs_refused"] == 0
+    assert stats["express_captures_failed"] == stats["express_graphs_refused"] == 0
+    late = small[-1]  # not prewarmed: the express lane captured it while the bulk lane ran
+    layout = lane.graphs.layout_for(late.num_tokens, late.num_seqs, late.num_rows, int(late.seq_lens.max()))
+    assert layout in lane.graphs.graphs, "the lazily captured express layout has a graph"
     engine.close()

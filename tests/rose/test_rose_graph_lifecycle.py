@@ -117,13 +117,14 @@ def test_a_failed_step_returns_its_pinned_buffer_even_when_the_device_cannot_syn
     monkeypatch.setattr(runner, "device", torch.device("cuda", 0))  # the CUDA step path, on a CPU
     monkeypatch.setattr(rose.runner, "_device_scope", lambda device: __import__("contextlib").nullcontext())
 
-    def sticky(device=None):
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    class Sticky:  # the step's stream, on a device that cannot synchronize any more
+        def synchronize(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     def failing_eager(host, staged, backend=None):
         raise ValueError("the kernel failed")
 
-    monkeypatch.setattr(torch.cuda, "synchronize", sticky)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Sticky())
     monkeypatch.setattr(runner, "eager", failing_eager)
     in_use = runner.pool.stats()["bytes_in_use"]
     with pytest.raises(ValueError, match="the kernel failed"):  # the step's own error, not the sync's

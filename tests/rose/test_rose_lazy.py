@@ -160,3 +160,25 @@ def test_lazy_tensor_gc_makes_no_cuda_call():
     assert event.queries == 0 and pool.bytes_in_use == 4096
     event.broken, event.done = False, True
     assert pool.stats()["bytes_in_use"] == 0
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_eviction_leaves_the_host_cache_alone_while_a_graph_is_captured(monkeypatch, capturing):
+    """cudaFreeHost (torch's host emptyCache) synchronizes: while another lane's thread captures a graph it
+    would invalidate that capture, so eviction only drops the pool's references then (rose.express)."""
+    import torch
+
+    import rose.graphs
+    from rose.lazy import PinnedPool
+
+    calls = []
+    monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: calls.append(1), raising=False)
+    pool = PinnedPool(16384, pin=False)
+    pool.release(pool.acquire(8192))  # a cached 8 KiB buffer
+    monkeypatch.setattr(rose.graphs, "_capturing", 1 if capturing else 0)
+    monkeypatch.setattr(pool, "pin", True)  # from here a pinning pool (this CPU allocates them unpinned)
+    original_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: original_empty(*a, **k))
+    pool.acquire(16384)  # over the cap with the cached buffer: it is evicted
+    assert pool.stats()["bytes_allocated"] == 16384
+    assert calls == ([] if capturing else [1])

@@ -6,7 +6,8 @@ its own sequence, dimension), so a row depends only on its own sequence's tokens
 
 `step()` returns at once and the work runs on one device thread in launch order, like a CUDA stream.
 `express=True` gives it an express lane (rose.express): `step(batch, express=True)` runs on a second device
-thread, never gated, beside the first (a higher-priority stream); `express_batches` records those batches.
+thread beside the first (a higher-priority stream), gated by `release_express(n)` only with
+`express_gated=True`; `express_batches` records those batches.
 Options: `step_seconds` (simulated device time per batch), `gated` (each batch waits for
 `release(n)`; lets tests hold batches in flight deterministically), `fail_when(batch)` (True or an
 exception instance: that batch fails on the "device"), `raise_in_step(batch)` (an exception instance or
@@ -96,9 +97,10 @@ class FakeEngine:
     def __init__(self, info: FakeInfo | None = None, *, step_seconds: float = 0.0, gated: bool = False,
                  fail_when: Callable[[Batch], bool] | None = None,
                  raise_in_step: Callable[[Batch], BaseException | None] | None = None,
-                 express: bool = False) -> None:
+                 express: bool = False, express_gated: bool = False) -> None:
         self.info = info or FakeInfo()
         self.express = express
+        self._express_gate = threading.Semaphore(0) if express_gated else None
         self.express_batches: list[Batch] = []
         self.raise_in_step = raise_in_step
         self.step_seconds = step_seconds
@@ -113,11 +115,12 @@ class FakeEngine:
         self.warmed_up = False
         self.cold_when: Callable[[Batch], bool] | None = None  # batches reported as cold hits (no graph yet)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._device_loop, args=(self._work, True), name="fake-device", daemon=True).start()
+        threading.Thread(target=self._device_loop, args=(self._work, self._gate), name="fake-device",
+                         daemon=True).start()
         self._express_work: queue.SimpleQueue = queue.SimpleQueue()
         if express:
-            threading.Thread(target=self._device_loop, args=(self._express_work, False), name="fake-express",
-                             daemon=True).start()
+            threading.Thread(target=self._device_loop, args=(self._express_work, self._express_gate),
+                             name="fake-express", daemon=True).start()
 
     @classmethod
     def from_pretrained(cls, model_dir: str, device: str = "cpu", dtype=None, attention: str = "auto",
@@ -149,6 +152,11 @@ class FakeEngine:
         (self._express_work if express else self._work).put((batch, lazy))
         return lazy
 
+    def release_express(self, n: int = 1) -> None:
+        """Let n gated express batches run."""
+        assert self._express_gate is not None, "the express lane is not gated"
+        self._express_gate.release(n)
+
     def release(self, n: int = 1) -> None:
         """Let n gated batches run."""
         assert self._gate is not None, "engine is not gated"
@@ -168,11 +176,11 @@ class FakeEngine:
             out.extend(np.split(b.token_ids, b.cu_seqlens[1:-1]))
         return out
 
-    def _device_loop(self, work: queue.SimpleQueue, gated: bool) -> None:
+    def _device_loop(self, work: queue.SimpleQueue, gate: threading.Semaphore | None) -> None:
         while True:
             batch, lazy = work.get()
-            if gated and self._gate is not None:
-                self._gate.acquire()
+            if gate is not None:
+                gate.acquire()
             if self.step_seconds:
                 threading.Event().wait(self.step_seconds)  # simulated device time
             try:

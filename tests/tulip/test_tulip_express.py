@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tulip.scheduler import BULK, EXPRESS, INTERACTIVE, MAIN, SequenceQueue
+from tulip.scheduler import BULK, EXPRESS, INTERACTIVE, MAIN, QueuedSequence, SequenceQueue, Ticket
 from test_tulip_lanes import lane_request, markers, push
 from tulip_testkit import FakeEngine, ServerThread, make_config, wait_until
 
@@ -48,16 +48,15 @@ def test_without_bulk_about_interactive_stays_with_the_main_worker() -> None:
     assert markers(q.next_batch(timeout=0)) == [1]
 
 
-def test_bulk_on_the_device_is_express_time_until_it_is_delivered() -> None:
+def test_bulk_on_the_device_is_express_time_until_it_is_done() -> None:
     q = express_queue()
     push(q, BULK, 10, marker=500)
-    q.next_batch(timeout=0)
-    q.bulk_launched()  # the main worker launched it: nothing bulk is queued, but it runs
+    q.next_batch(timeout=0)  # taken by the main worker: nothing bulk is queued, but it runs from now on
     push(q, INTERACTIVE, 5, marker=1)
     assert q.next_batch(timeout=0) is None
     assert markers(q.next_express(timeout=0)) == [1]
     push(q, INTERACTIVE, 5, marker=2)
-    q.bulk_delivered()
+    q.bulk_done()
     assert q.next_express(timeout=0) is None
     assert markers(q.next_batch(timeout=0)) == [2]
 
@@ -67,7 +66,8 @@ def test_a_request_stays_with_the_worker_that_took_its_first_sequence() -> None:
     push(q, BULK, 10, marker=500)
     started = push(q, INTERACTIVE, 10, 10, 10, marker=1)  # express takes two, one is left
     assert markers(q.next_express(timeout=0)) == [1, 2]
-    assert markers(q.next_batch(timeout=0)) == [500]  # bulk gone, not launched: no longer express time
+    assert markers(q.next_batch(timeout=0)) == [500]
+    q.bulk_done()  # bulk gone: no longer express time
     assert q.next_batch(timeout=0) is None, "the main worker never takes the express worker's request"
     assert markers(q.next_express(timeout=0)) == [3] and started.owner == EXPRESS
     q2 = express_queue()
@@ -76,6 +76,62 @@ def test_a_request_stays_with_the_worker_that_took_its_first_sequence() -> None:
     push(q2, BULK, 10, marker=500)
     assert q2.next_express(timeout=0) is None, "the express worker never takes the main worker's request"
     assert markers(q2.next_batch(timeout=0))[0] == 2
+
+
+def test_a_request_uncovered_by_the_other_worker_wakes_the_worker_that_takes_it() -> None:
+    """Two chunks of one HTTP request (one flow): express owns the first; once bulk is done, the second is the
+    main worker's, and the main launcher, waiting because express's chunk was at the head, is woken."""
+    q = express_queue(express_tokens=10)
+    push(q, BULK, 10, marker=500)
+    assert markers(q.next_batch(timeout=0)) == [500]  # bulk on the device
+    first = push_flow(q, "req-1", 10, 10, marker=1)
+    second = push_flow(q, "req-1", 10, marker=3)
+    assert markers(q.next_express(timeout=0)) == [1] and first.owner == EXPRESS
+    q.bulk_done()  # express time is over: `second` will be the main worker's
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(q.next_batch()), daemon=True)  # no timeout: only a wake-up
+    waiting.start()
+    wait_until(lambda: q._cond._waiters, what="the main launcher waiting")  # express's chunk is at the head
+    assert markers(q.next_express(timeout=0)) == [2]
+    waiting.join(10)
+    stranded = waiting.is_alive()
+    q.close()  # frees the thread if it was stranded
+    assert not stranded, "the main launcher was never woken for the request it takes"
+    assert markers(got[0]) == [3] and second.owner == MAIN
+
+
+def push_flow(q: SequenceQueue, flow: str, *lengths: int, marker: int = 0) -> Ticket:
+    t = Ticket(None, flow=flow, lane=INTERACTIVE)
+    q.push(t, [QueuedSequence(ticket=t, tokens=np.full(n, marker + i, np.int32), spans=np.array([[0, n]], np.int32),
+                              rows=np.array([0])) for i, n in enumerate(lengths)])
+    return t
+
+
+def test_requests_longer_than_the_express_budget_and_backlogs_go_to_the_main_worker() -> None:
+    q = express_queue(express_tokens=40)
+    push(q, BULK, 10, marker=500)
+    long = push(q, INTERACTIVE, 60, marker=1)
+    assert q.next_express(timeout=0) is None, "a 60-token sequence would run eagerly beside bulk"
+    packed = q.next_batch(timeout=0)
+    assert markers(packed)[0] == 1 and long.owner == MAIN
+    q2 = express_queue(express_tokens=10)
+    push(q2, BULK, 10, marker=500)
+    for i in range(3):  # 30 interactive tokens wait: more than two express batches hold
+        push(q2, INTERACTIVE, 10, marker=10 * (i + 1))
+    assert markers(q2.next_batch(timeout=0))[0] == 10, "the main worker shares a backlog"
+
+
+def test_the_express_worker_never_fails_the_main_workers_expired_request() -> None:
+    now = [0.0]
+    q = SequenceQueue(max_batch_tokens=80, max_batch_seqs=100, max_queue_tokens=100_000, share=1.0,
+                      clock=lambda: now[0])
+    q.express_tokens = 40
+    mine = push(q, INTERACTIVE, 60, 30, marker=1, deadline=1.0)
+    assert markers(q.next_batch(timeout=0)) == [1] and mine.owner == MAIN  # its 30 did not fit beside the 60
+    push(q, BULK, 10, marker=500)
+    now[0] = 2.0
+    assert q.next_express(timeout=0) is None
+    assert q.next_batch(timeout=0).expired == [mine]
 
 
 def test_expired_requests_are_failed_by_their_owner_only() -> None:
@@ -87,7 +143,6 @@ def test_expired_requests_are_failed_by_their_owner_only() -> None:
     late = push(q, INTERACTIVE, 5, marker=1, deadline=1.0)
     now[0] = 2.0
     assert q.next_batch(timeout=0).expired == []  # not the main worker's to fail while express time
-    q.bulk_launched()
     assert q.next_express(timeout=0).expired == [late]
 
 
@@ -98,8 +153,12 @@ def test_closing_hands_what_is_left_to_the_main_worker() -> None:
     q.close()
     assert markers(q.next_express(timeout=0)) == [1]  # draining: still taken while bulk is queued
     assert q.next_express(timeout=0) is None and q.express_tokens == 0  # nothing left: express is off
-    push_after = q.next_batch(timeout=0)
-    assert markers(push_after) == [500] and q.next_batch(timeout=0) is None
+    assert markers(q.next_batch(timeout=0)) == [500] and q.next_batch(timeout=0) is None
+    q2 = express_queue()
+    push(q2, INTERACTIVE, 5, marker=1)  # no bulk about: not express's to take
+    q2.close()
+    assert q2.next_express(timeout=0) is None and q2.express_tokens == 0
+    assert markers(q2.next_batch(timeout=0)) == [1]
 
 
 def test_a_query_runs_beside_a_held_bulk_batch_on_the_express_lane() -> None:
@@ -115,6 +174,7 @@ def test_a_query_runs_beside_a_held_bulk_batch_on_the_express_lane() -> None:
         assert s.server.metrics.express_batches._value.get() == 1
         engine.release(10)
         assert bulk.result().rows == 1
+        wait_until(lambda: s.server.queue._bulk_inflight == 0, what="bulk accounted as done")
         wait_until(lambda: s.server.worker.inflight == 0, what="bulk delivered")
         alone = s.stub.Embed.future(lane_request(8, 12, INTERACTIVE), timeout=10)
         wait_until(lambda: engine.launched == 3, what="the query alone launched")
@@ -145,13 +205,39 @@ def test_express_rows_equal_the_main_lanes_and_off_means_one_worker() -> None:
         assert s.server.express is None
 
 
+def test_a_hung_express_batch_trips_the_watchdog() -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def status(s) -> int:
+        return health_pb2_grpc.HealthStub(s.channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+
+    engine = FakeEngine(gated=True, express=True, express_gated=True)
+    with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32, watchdog_s=0.3), engine) as s:
+        bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
+        wait_until(lambda: engine.launched == 1)
+        query = s.stub.Embed.future(lane_request(7, 12, INTERACTIVE), timeout=60)
+        wait_until(lambda: len(engine.express_batches) == 1, what="the query on the express lane")
+        engine.release(10)  # the bulk batch completes; the express one stays stuck
+        assert bulk.result().rows == 1
+        wait_until(lambda: status(s) == health_pb2.HealthCheckResponse.NOT_SERVING, what="watchdog fired")
+        engine.release_express(10)
+        assert query.result().rows == 1
+        wait_until(lambda: status(s) == health_pb2.HealthCheckResponse.SERVING, what="recovered")
+
+
 def test_express_batch_tokens_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="express_batch_tokens"):
         make_config(express_batch_tokens=-1)
 
 
-def test_a_failing_express_batch_fails_its_request_only() -> None:
-    engine = FakeEngine(gated=True, express=True, fail_when=lambda b: int(b.token_ids[0]) == 9)
+@pytest.mark.parametrize("where", ["on the device", "at launch"])
+def test_a_failing_express_batch_fails_its_request_only(where) -> None:
+    failing = (lambda b: int(b.token_ids[0]) == 9)
+    if where == "on the device":
+        engine = FakeEngine(gated=True, express=True, fail_when=failing)
+    else:
+        engine = FakeEngine(gated=True, express=True,
+                            raise_in_step=lambda b: RuntimeError("CUDA error: launch failed") if failing(b) else None)
     with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32), engine) as s:
         bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
         wait_until(lambda: engine.launched == 1)
@@ -161,3 +247,4 @@ def test_a_failing_express_batch_fails_its_request_only() -> None:
         assert s.stub.Embed(lane_request(7, 12, INTERACTIVE), timeout=10).rows == 1
         engine.release(10)
         assert bulk.result().rows == 1
+        wait_until(lambda: s.server.queue._bulk_inflight == 0, what="bulk accounted as done")
