@@ -1,6 +1,6 @@
-"""The express worker (tulip/express.py): interactive requests run beside a bulk batch on the engine's
-express lane while bulk is busy, and through the main worker otherwise; a request never splits across
-the two workers. Queue rules tested pure; the workers through a real server on a gated fake engine whose
+"""RELIABILITY 38, the express worker (tulip/express.py): interactive requests run beside a bulk batch on
+the engine's express lane while bulk is busy, and through the main worker otherwise; a request never splits
+across the two workers. Queue rules tested pure; the workers through a real server on a gated fake engine whose
 express lane is a second, ungated device thread."""
 
 import threading
