@@ -85,6 +85,7 @@ def main(argv=None) -> int:
     engine = Engine.from_pretrained(args.model_dir, device=args.device, graph_manifest=None,
                                     prewarm=((args.query_tokens, 1), bulk_shape), express_tokens=args.express_tokens)
     engine.warmup()
+    engine.prewarm_express()
     vocab = engine.runner.vocab_size
     bulk, query = batch(args.bulk_docs, args.doc_tokens, 0, vocab), batch(1, args.query_tokens, 1, vocab)
     variants = ["alone", "bulk-alone", "main"] + (["express"] if engine.express else [])

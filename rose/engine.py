@@ -199,11 +199,17 @@ class Engine:
         if self.runner.graphs is None:
             return []
         shapes = prewarm_shapes(self.runner, self.prewarm, self.graph_manifest)
-        verified = prewarm_and_verify(self.runner, shapes, self.spec.pooling)
+        return prewarm_and_verify(self.runner, shapes, self.spec.pooling)
+
+    def prewarm_express(self) -> list[VerifiedLayout]:
+        """Capture and verify the express lane's graphs (the small prewarm layouts that fit it, rose.express)
+        on that lane alone: a caller may run it while the main lane serves (Tulip's express worker does, after
+        ready, so the express prewarm is not on the start-up). Raises GraphVerificationError like warmup()."""
         lane = self.runner.express
-        if lane is not None and lane.graphs is not None:
-            verified += prewarm_and_verify(self.runner, lane.prewarm_shapes(shapes), self.spec.pooling, express=True)
-        return verified
+        if lane is None or lane.graphs is None:
+            return []
+        shapes = prewarm_shapes(self.runner, self.prewarm, self.graph_manifest)
+        return prewarm_and_verify(self.runner, lane.prewarm_shapes(shapes), self.spec.pooling, express=True)
 
     def capture_pending(self) -> bool:
         """Capture the hottest layout that ran eagerly but has no graph yet, by stepping a probe batch of its

@@ -73,7 +73,7 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
                        express: bool = False) -> list[VerifiedLayout]:
     """Capture the graph of each shape and check replay == eager on fresh probes; raises
     GraphVerificationError on a mismatch. Shapes above the largest bucket or impossible are skipped.
-    express: into the express lane's graphs (rose.express), stepping on that lane."""
+    express: into the express lane's graphs (rose.express), every step (the eager checks too) on that lane."""
     done, seen = [], set()
     graphs = runner.express.graphs if express else runner.graphs
     for shape in shapes:
@@ -94,7 +94,7 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
             continue
         probe = probe_batch(shape, runner.vocab_size, pooling, seed=1)
         replayed = runner.step(probe, own_layout=True, express=express).result()
-        eager = runner.step(probe, use_graphs=False).result()
+        eager = runner.step(probe, use_graphs=False, express=express).result()
         try:
             worst = check_replay(layout_label(layout), replayed, eager)
         except GraphVerificationError as exc:

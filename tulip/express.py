@@ -11,21 +11,45 @@ While no bulk is about, interactive requests go through the main worker as befor
 traffic keeps its batching and graphs.
 
 A request's sequences all run on the worker that took its first one (Ticket.owner): each worker's
-completer alone touches its requests. The watchdog watches the main worker only.
+completer alone touches its requests. The watchdog watches both workers.
+
+The express lane's graphs are prewarmed here, on the express launcher, after the replica is ready (not on
+its start-up: ~1.5 s for a 0.6B); express turns on (SequenceQueue.enable_express) once they are captured
+and verified. Until then, or for good when that prewarm fails (logged), interactive requests go through
+the main worker as with express off.
 """
 
 from __future__ import annotations
 
+import logging
+
 from tulip.scheduler import PackedBatch
-from tulip.worker import Worker
+from tulip.worker import _STOP, Worker
+
+log = logging.getLogger("tulip.express")
 
 
 class ExpressWorker(Worker):
     express = True
     name = "tulip-express"
 
-    def __init__(self, engine, queue, *, max_inflight: int = 2, metrics=None) -> None:
+    def __init__(self, engine, queue, *, express_tokens: int, max_inflight: int = 2, metrics=None) -> None:
         super().__init__(engine, queue, max_inflight=max_inflight, metrics=metrics)
+        self.express_tokens = express_tokens
+        self.prewarm_failed = False
+
+    def _launch_loop(self) -> None:
+        prewarm = getattr(self.engine, "prewarm_express", None)
+        try:
+            verified = prewarm() if callable(prewarm) else []
+        except Exception:  # noqa: BLE001 - serving goes on without the lane
+            log.exception("express lane prewarm failed: express stays off (interactive requests wait for bulk)")
+            self.prewarm_failed = True
+            self._launched.put(_STOP)
+            return
+        log.info("express lane on: %d graphs prewarmed, batches up to %d tokens", len(verified), self.express_tokens)
+        self.queue.enable_express(self.express_tokens)
+        super()._launch_loop()
 
     def _next_batch(self) -> PackedBatch | None:
         return self.queue.next_express()

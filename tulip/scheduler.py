@@ -51,7 +51,7 @@ class SequenceQueue(LanePacker):
         self._cond = threading.Condition(lock)  # the main worker's launcher waits on it
         self._express_cond = threading.Condition(lock)  # the express worker's (a wake-up of its own: a push
         # while no bulk is about wakes the main launcher alone, so express costs idle traffic nothing)
-        self.express_tokens = 0  # > 0 while an express worker takes interactive work (set by Tulip's server)
+        self.express_tokens = 0  # > 0 while an express worker takes interactive work (enable_express)
         self._bulk_inflight = 0  # batches with bulk tokens taken by MAIN and not yet delivered (bulk_done)
 
     # -- producer side (event loop) -------------------------------------------------------------
@@ -140,6 +140,13 @@ class SequenceQueue(LanePacker):
                         self._cond.notify_all()
                     return None
                 self._express_cond.wait(remaining)
+
+    def enable_express(self, tokens: int) -> None:
+        """An express worker takes interactive work from now on (unless the queue closed meanwhile)."""
+        with self._cond:
+            if not self._closed:
+                self.express_tokens = tokens
+                self._wake_express_locked()
 
     def bulk_done(self) -> None:
         """A batch of MAIN's that carried bulk tokens left the device (delivered, or failed to launch)."""

@@ -120,9 +120,9 @@ class TulipServer:
                              pack_ahead_s=config.pack_ahead_ms / 1e3)
         self.worker.start()
         if config.express_batch_tokens and config.lanes and getattr(self.engine, "express", False):
-            self.queue.express_tokens = config.express_batch_tokens
-            self.express = ExpressWorker(self.engine, self.queue, metrics=self.metrics)
-            self.express.start()
+            self.express = ExpressWorker(self.engine, self.queue, express_tokens=config.express_batch_tokens,
+                                         metrics=self.metrics)
+            self.express.start()  # prewarms its lane's graphs, then turns express on (tulip/express.py)
         if config.watchdog_s > 0:
             self.watchdog = Watchdog(self.worker, floor_s=config.watchdog_s, factor=config.watchdog_factor,
                                      on_change=self._on_stall, others=(self.express,) if self.express else ())

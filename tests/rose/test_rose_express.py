@@ -60,14 +60,20 @@ def test_express_batches_above_its_buckets_run_eagerly_on_the_lane(engine, monke
     assert not lane.graphs.graphs and runner.runs[("xt256", "eager")] == 3
 
 
-def test_warmup_prewarms_the_express_lane_with_the_layouts_that_fit_it(engine, monkeypatch):
+def test_prewarm_express_captures_the_small_prewarm_layouts_on_the_lane_alone(engine, monkeypatch):
     runner = engine.runner
     fake = attach_graphs(runner, monkeypatch)
     lane = attach_express(runner, monkeypatch, fake, max_tokens=64)
     monkeypatch.setattr(engine, "prewarm", ((32, 1), (64, 2), (200, 4)))
     monkeypatch.setattr(engine, "graph_manifest", None)
-    verified = engine.warmup()
+    assert len(engine.warmup()) == 3 and not lane.graphs.graphs, "the main prewarm leaves the lane alone"
+    def main_runs():
+        return {k: n for k, n in runner.runs.items() if not k[0].startswith("x")}
+
+    before = main_runs()
+    verified = engine.prewarm_express()
     main_tokens = sorted(layout.tokens for layout in runner.graphs.graphs)
     express_tokens = sorted(layout.tokens for layout in lane.graphs.graphs)
     assert main_tokens == [32, 64, 256] and express_tokens == [32, 64]
-    assert len(verified) == 5 and all(v.max_divergence < 1e-3 for v in verified)
+    assert len(verified) == 2 and all(v.max_divergence < 1e-3 for v in verified)
+    assert main_runs() == before, "every step of the express prewarm, the eager checks too, ran on the express lane"

@@ -54,6 +54,7 @@ def test_express_lane_rows_stay_right_beside_the_bulk_lane(tiny_models, tmp_path
     assert engine.express and lane is not None and lane.graphs is not None
     assert lane.stream.priority < torch.cuda.current_stream().priority
     engine.warmup()
+    engine.prewarm_express()
     assert engine.stats()["express_graphs_captured"] >= 3  # 32x1, 128x1, 64x2 fit its 256 tokens; 2048x8 does not
     bulk = [batch_of(lengths, seed=s) for s, lengths in enumerate(SHAPES[model][0])]
     small = [batch_of(lengths, seed=10 + s) for s, lengths in enumerate(SHAPES[model][1])]

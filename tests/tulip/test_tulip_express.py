@@ -165,7 +165,8 @@ def test_a_query_runs_beside_a_held_bulk_batch_on_the_express_lane() -> None:
     engine = FakeEngine(gated=True, express=True)
     config = make_config(max_batch_tokens=64, express_batch_tokens=32, pack_ahead_ms=0)
     with ServerThread(config, engine) as s:
-        assert s.server.express is not None and s.server.queue.express_tokens == 32
+        wait_until(lambda: s.server.queue.express_tokens == 32, what="express on once its lane is prewarmed")
+        assert s.server.express is not None
         bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
         wait_until(lambda: engine.launched == 1, what="the bulk batch launched (held on the device)")
         query = s.stub.Embed(lane_request(7, 12, INTERACTIVE), timeout=10)  # answered while bulk is held
@@ -185,6 +186,7 @@ def test_a_query_runs_beside_a_held_bulk_batch_on_the_express_lane() -> None:
 def test_express_rows_equal_the_main_lanes_and_off_means_one_worker() -> None:
     engine = FakeEngine(gated=True, express=True)
     with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32), engine) as s:
+        wait_until(lambda: s.server.queue.express_tokens == 32, what="express on")
         bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
         wait_until(lambda: engine.launched == 1)
         beside = s.stub.Embed(lane_request(7, 12, INTERACTIVE), timeout=10)
@@ -213,6 +215,7 @@ def test_a_hung_express_batch_trips_the_watchdog() -> None:
 
     engine = FakeEngine(gated=True, express=True, express_gated=True)
     with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32, watchdog_s=0.3), engine) as s:
+        wait_until(lambda: s.server.queue.express_tokens == 32, what="express on")
         bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
         wait_until(lambda: engine.launched == 1)
         query = s.stub.Embed.future(lane_request(7, 12, INTERACTIVE), timeout=60)
@@ -223,6 +226,46 @@ def test_a_hung_express_batch_trips_the_watchdog() -> None:
         engine.release_express(10)
         assert query.result().rows == 1
         wait_until(lambda: status(s) == health_pb2.HealthCheckResponse.SERVING, what="recovered")
+
+
+class SlowPrewarmEngine(FakeEngine):
+    """An express lane whose prewarm waits for `prewarmed` (or raises `fails`)."""
+
+    def __init__(self, fails: BaseException | None = None, **kwargs) -> None:
+        super().__init__(express=True, **kwargs)
+        self.prewarmed, self.fails = threading.Event(), fails
+
+    def prewarm_express(self) -> list:
+        self.prewarmed.wait(30)
+        if self.fails is not None:
+            raise self.fails
+        return []
+
+
+def test_express_turns_on_after_its_prewarm_and_stays_off_when_it_fails(caplog) -> None:
+    engine = SlowPrewarmEngine(gated=True)
+    one_slot = make_config(max_batch_tokens=64, express_batch_tokens=32, max_inflight_batches=1)  # the main
+    with ServerThread(one_slot, engine) as s:  # worker cannot take the query while the bulk batch is held
+        assert s.server.ready and s.server.queue.express_tokens == 0, "ready before the express prewarm ends"
+        bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
+        wait_until(lambda: engine.launched == 1)
+        query = s.stub.Embed.future(lane_request(7, 12, INTERACTIVE), timeout=60)
+        wait_until(lambda: s.server.queue.lane_tokens(INTERACTIVE) == 12, what="the query waiting")
+        engine.prewarmed.set()  # the lane is ready: the waiting query goes express at once
+        assert query.result().rows == 1 and not bulk.done() and len(engine.express_batches) == 1
+        engine.release(10)
+        assert bulk.result().rows == 1
+    failing = SlowPrewarmEngine(fails=RuntimeError("graph verification failed"), gated=True)
+    failing.prewarmed.set()
+    with caplog.at_level("ERROR", logger="tulip.express"):
+        with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32), failing) as s:
+            wait_until(lambda: s.server.express.prewarm_failed, what="the prewarm failed")
+            bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
+            wait_until(lambda: failing.launched == 1)
+            query = s.stub.Embed.future(lane_request(7, 12, INTERACTIVE), timeout=60)
+            failing.release(10)  # the query waits for the bulk batch, on the main worker, as with express off
+            assert bulk.result().rows == query.result().rows == 1 and failing.express_batches == []
+    assert any("express lane prewarm failed" in r.getMessage() for r in caplog.records)
 
 
 def test_express_batch_tokens_must_not_be_negative() -> None:
@@ -239,6 +282,7 @@ def test_a_failing_express_batch_fails_its_request_only(where) -> None:
         engine = FakeEngine(gated=True, express=True,
                             raise_in_step=lambda b: RuntimeError("CUDA error: launch failed") if failing(b) else None)
     with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32), engine) as s:
+        wait_until(lambda: s.server.queue.express_tokens == 32, what="express on")
         bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
         wait_until(lambda: engine.launched == 1)
         with pytest.raises(grpc.RpcError) as err:
