@@ -59,7 +59,8 @@ DECODER_CONFIGS = {  # name -> (transformers model class, config, ST pooling, De
         "last", (), 4096),
 }
 HEAD_MODELS = ("ms-marco-minilm-l6", "bge-reranker-v2-m3", "splade-cocondenser", "bge-m3")  # model_zoo_heads
-MODELS = (*QWEN3_CONFIGS, "minilm-l6", *ENCODER_CONFIGS, *DECODER_CONFIGS, *HEAD_MODELS)
+REMOTE_NAMES = ("gte-base-en-v1.5", "nomic-embed-text-v1.5")  # = model_zoo_remote.REMOTE_MODELS
+MODELS = (*QWEN3_CONFIGS, "minilm-l6", *ENCODER_CONFIGS, *DECODER_CONFIGS, *HEAD_MODELS, *REMOTE_NAMES)
 
 
 MINILM_SKELETON = Path(__file__).resolve().parent / "assets" / "minilm-l6"  # its files without the weights
@@ -235,6 +236,10 @@ def make_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qw
         from benchmarks.model_zoo_heads import make_head_folder
 
         return make_head_folder(name, out, dtype)
+    from benchmarks.model_zoo_remote import REMOTE_MODELS, make_remote_folder
+
+    if name in REMOTE_MODELS:  # GTE v1.5, NomicBERT: no HF class, ROSE rows only
+        return make_remote_folder(name, out, dtype)
     return make_qwen3_folder(name, out, dtype, family)
 
 

@@ -6,6 +6,8 @@
 The encoder families of issue 16 (and MiniLM) run bs1-128 and docs-100 only; so do the cross-encoders,
 SPLADE and BGE-M3 (HF: benchmarks.hf_heads; ROSE returns its native row: score, vocabulary row, dense + heads).
     python -m benchmarks.rose_gpu --models ms-marco-minilm-l6,bge-reranker-v2-m3,splade-cocondenser,bge-m3 --tag _heads
+    python -m benchmarks.rose_gpu --models gte-base-en-v1.5,nomic-embed-text-v1.5 --variants rose-eager,rose-graphs \
+        --tag _remote                                          # ROSE only: no HF class (benchmarks/model_zoo_remote.py)
     python -m benchmarks.rose_gpu --out benchmarks/results --tag _decoders \
         --models embeddinggemma-300m,gte-qwen2-1.5b,e5-mistral-7b --variants hf-eager,rose-eager,rose-graphs
 
@@ -31,6 +33,7 @@ import torch
 
 from benchmarks import gpu_env, hf_heads
 from benchmarks.model_zoo import BERT_LIKE, DECODER_CONFIGS, HEAD_MODELS, make_folder
+from benchmarks.model_zoo_remote import REMOTE_MODELS
 from rose.attention.profile import PROFILE_NAME
 
 VARIANTS = ("hf-eager", "hf-compile", "rose-eager", "rose-graphs", "rose-graphs-overlap", "saturation",
@@ -38,7 +41,7 @@ VARIANTS = ("hf-eager", "hf-compile", "rose-eager", "rose-graphs", "rose-graphs-
 SUITES = {  # name -> list of sequence lengths in one request
     "bs1-128": [128], "bs1-512": [512], "bs1-4096": [4096], "score-50x512": [512] * 50,
 }
-SHORT_RUN = {*BERT_LIKE, *DECODER_CONFIGS, *HEAD_MODELS}  # models timed on bs1-128 (and docs-100) only
+SHORT_RUN = {*BERT_LIKE, *DECODER_CONFIGS, *HEAD_MODELS, *REMOTE_MODELS}  # timed on bs1-128 (and docs-100) only
 
 
 DEVICE = "cuda"  # --device cpu: a smoke run of this script where there is no GPU (numbers meaningless)
@@ -180,6 +183,10 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
 
     for compile_mode in (None, "reduce-overhead"):
         if (compile_mode and name != "qwen3-0.6b") or ("hf-compile" if compile_mode else "hf-eager") not in variants:
+            continue
+        if name in REMOTE_MODELS:
+            print(f"  {name}: no HF baseline (transformers has no class for it; its HF code is remote code)",
+                  flush=True)
             continue
         run = hf_baseline(model_dir, spec, compile_mode)
         variant = "hf-compile" if compile_mode else "hf-eager"
