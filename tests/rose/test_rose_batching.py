@@ -124,3 +124,43 @@ def test_embed_chunks_large_inputs_and_keeps_order(engine_for, tiny_models, monk
     assert np.allclose(engine.embed(seqs), whole, atol=1e-5)
     assert np.allclose(engine.embed(seqs, spans=spans), whole_spans, atol=1e-5)
     assert engine.embed([]).shape == (0, 64)
+
+
+def test_the_one_row_per_sequence_shortcut_packs_as_the_general_rule():
+    """rose.meta._span_index's shortcut (one span per sequence, whole or one token, each inside its own
+    sequence) gives the general rule's rows, and everything else (shuffled, several spans a sequence, a span
+    outside its sequence) still takes the general rule, with its errors."""
+    from rose.meta import _span_index
+
+    rng = np.random.default_rng(7)
+    shortcut = 0
+    for trial in range(400):
+        lens = rng.integers(1, 9, size=int(rng.integers(1, 6))).astype(np.int32)
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        kind = trial % 5
+        if kind == 0:  # mean: each sequence whole
+            spans = np.stack([cu[:-1], cu[1:]], 1)
+        elif kind in (1, 2):  # CLS or last token, or any one token of each sequence
+            pick = cu[:-1] if kind == 1 else cu[:-1] + rng.integers(0, lens)
+            spans = np.stack([pick, pick + 1], 1)
+        elif kind == 3:  # the same rows, shuffled: the general rule's order
+            spans = np.stack([cu[:-1], cu[1:]], 1)[rng.permutation(len(lens))]
+        else:  # random spans anywhere, often invalid
+            a = rng.integers(0, cu[-1], size=len(lens))
+            spans = np.stack([a, a + rng.integers(0, 4, size=len(lens))], 1)
+        spans = spans.astype(np.int32)
+        seq_ids = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+        layout = MetaLayout(int(cu[-1]) + 3, len(lens) + 1, len(lens) + 1)
+        results = []
+        for with_cu in (None, cu):
+            try:
+                results.append(_span_index(spans, seq_ids, int(cu[-1]), layout, with_cu))
+            except BatchError as exc:
+                results.append(type(exc))
+        general, fast = results
+        if isinstance(general, np.ndarray):
+            assert isinstance(fast, np.ndarray) and np.array_equal(general, fast), (lens, spans)
+            shortcut += kind in (0, 1, 2)
+        else:
+            assert fast is general, (lens, spans)
+    assert shortcut >= 200  # the shortcut's cases were met, and agree
