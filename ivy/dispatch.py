@@ -12,8 +12,9 @@ replica with the fewest outstanding tokens and, while the request's deadline all
   chunk is re-sent elsewhere;
 - REPLICA_BUSY (the replica's queue is full, RESOURCE_EXHAUSTED): another replica now; when every one is
   busy, a pause (jittered, doubling from BUSY_PAUSE_S[0] to [1]) and again on any of them, until the
-  deadline leaves no room for another pause (RELIABILITY 31: a request larger than the free queues waits
-  for room instead of a 429 while nothing else is queued). Then the 429 is the answer;
+  deadline leaves no room for another pause and an attempt of MIN_ATTEMPT_S after it (RELIABILITY 31: a
+  request larger than the free queues waits for room instead of a 429 while nothing else is queued). Then
+  the 429 is the answer (also when a pause overran the deadline on a loaded host);
 - any other error is the answer.
 """
 
@@ -41,6 +42,7 @@ _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 # Pauses while every replica's queue is full: the first about one batch on a GPU (a full Tulip queue drains
 # in ~1 s there), then doubling up to about one batch on a CPU replica (~1.5 s).
 BUSY_PAUSE_S = (0.02, 1.0)
+MIN_ATTEMPT_S = 0.05  # after a busy pause, at least this much of the deadline must be left to try again
 
 
 async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
@@ -54,7 +56,7 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
         replica = pool.pick(tried | busy)
         if replica is None and busy:
             wait = pause * random.uniform(0.5, 1.5)
-            if deadline - time.monotonic() <= wait:
+            if deadline - time.monotonic() <= wait + MIN_ATTEMPT_S:
                 raise last  # type: ignore[misc]  # REPLICA_BUSY: the last replica tried answered queue full
             await asyncio.sleep(wait)
             pause = min(2 * pause, BUSY_PAUSE_S[1])
@@ -64,6 +66,8 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
             raise last or IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            if last is not None and last.problem is Problem.REPLICA_BUSY:
+                raise last  # the pause overran a loaded host's clock: the queue being full is still the answer
             raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")
         limit = pool.attempt_timeout_s
         bounded = 0 < limit < remaining and pool.has_other(tried, replica)
