@@ -16,6 +16,15 @@ if [ -z "${DEVICE_ENV_READY:-}" ]; then
   export PYTHONPATH=/tmp/site:$PWD DEVICE_ENV_READY=1
 fi
 
+# zoo_folder NAME DIR: the benchmark zoo's NAME (random bf16, benchmarks.model_zoo) at DIR unless it is there
+# already (a warm machine keeps /tmp); fails naming DIR when it could not be written.
+zoo_folder() {
+  if [ ! -f "$2/config.json" ]; then
+    python3 -m benchmarks.model_zoo "$1" "$2" --dtype bfloat16 2>&1 | grep -v Writing | tail -1
+  fi
+  [ -f "$2/config.json" ] || { echo "no model folder at $2" >&2; return 1; }
+}
+
 # require_carried DIR: stop unless DIR/*.whl came with this call (the run's `carry` must name DIR).
 require_carried() {
   ls "$1"/*.whl > /dev/null 2>&1 || { echo "no $1/*.whl in this tree: carry $1" >&2; exit 1; }

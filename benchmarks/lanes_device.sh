@@ -18,10 +18,7 @@ if [ -n "${SMOKE:-}" ]; then
         --port 18380 --tulip-port 18351 --metrics-port 18451)  # ports of their own: this machine may run other stacks
 else
   dir=/tmp/m/qwen3-0.6b
-  if [ ! -f $dir/config.json ]; then
-    python3 -m benchmarks.model_zoo qwen3-0.6b $dir --dtype bfloat16 2>&1 | grep -v Writing | tail -1
-  fi
-  [ -f $dir/config.json ] || { echo "lanes: no model folder at $dir" >&2; exit 1; }
+  zoo_folder qwen3-0.6b $dir || exit 1
   echo "model ready ($(( $(date +%s) - t0 )) s)"
   args=(--model-dir $dir --duration-s ${DURATION:-10} --client-cpus ${CLIENT_CPUS:-8-15})
 fi

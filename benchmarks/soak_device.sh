@@ -53,10 +53,7 @@ if [ -n "${SMOKE:-}" ]; then
         --port 18580 --tulip-port 18551 --metrics-port 18651)  # ports of their own: this machine may run other stacks
 else
   dir=/tmp/m/qwen3-0.6b
-  if [ ! -f $dir/config.json ]; then
-    python3 -m benchmarks.model_zoo qwen3-0.6b $dir --dtype bfloat16 2>&1 | grep -v Writing | tail -1
-  fi
-  [ -f $dir/config.json ] || { echo "soak: no model folder at $dir" >&2; exit 1; }
+  zoo_folder qwen3-0.6b $dir || exit 1
   echo "model ready ($(( $(date +%s) - t0 )) s)"
   left=$(( ${BUDGET:-570} - $(date +%s) + t0 ))
   duration=$(( left - 150 )); [ $duration -gt 480 ] && duration=480

@@ -81,6 +81,17 @@ class Gateway:
         self.check_model(body.model)
         return body, deadline
 
+    async def open_request(self, request, schema: type[M], task: str | None = None,
+                           route: str = "") -> tuple[M, float, str | None]:
+        """(body, deadline, lane): every inference route's prologue. Auth first (a 401 before any body is
+        read), then read_request (before admit()), the model's `task` for `route` when given, and the lane
+        the request asks for (lane_for)."""
+        key_lane = self.authorize(request.headers.get("authorization"))
+        body, deadline = await self.read_request(request, schema)
+        if task is not None:
+            self.require_task(task, route)
+        return body, deadline, self.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+
     def authorize(self, authorization: str | None) -> str | None:
         """Bearer auth with constant-time compares; the key is never logged or echoed. Accepted: --api-key
         and every key of --api-key-lanes; returns the lane of the key used (None: no default lane)."""

@@ -24,10 +24,7 @@ router = APIRouter()
              responses={200: {"model": EmbeddingsResponse}})
 async def create_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
-    key_lane = gw.authorize(request.headers.get("authorization"))
-    body, deadline = await gw.read_request(request, EmbeddingsRequest)  # outside the cap: a slow body holds no slot
-    gw.require_task("embed", "/v1/embeddings")
-    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    body, deadline, lane = await gw.open_request(request, EmbeddingsRequest, "embed", "/v1/embeddings")
     with gw.admit():
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
         rows, tokens = await _embed_inputs(request, body.input, deadline, route="/v1/embeddings", param="input",
@@ -45,10 +42,7 @@ async def tei_embed(request: Request) -> Response:
     (normalized unless `normalize: false`); errors keep the OpenAI shape of every other route. Also at
     POST / as TEI serves it (huggingface_hub's feature_extraction posts to the base URL)."""
     gw = gateway_of(request)
-    key_lane = gw.authorize(request.headers.get("authorization"))
-    body, deadline = await gw.read_request(request, TeiEmbedRequest)
-    gw.require_task("embed", "/embed")
-    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    body, deadline, lane = await gw.open_request(request, TeiEmbedRequest, "embed", "/embed")
     with gw.admit():
         rows, _ = await _embed_inputs(request, body.inputs, deadline, route="/embed", param="inputs", fmt="float",
                                       truncate=body.truncate, side=body.truncation_side,
@@ -92,10 +86,8 @@ async def create_contextualized_embeddings(request: Request) -> Response:
     """One embedding per chunk, computed with its whole document as context: the document's chunks are
     joined into one sequence and each chunk's token span is mean-pooled (late chunking)."""
     gw = gateway_of(request)
-    key_lane = gw.authorize(request.headers.get("authorization"))
-    body, deadline = await gw.read_request(request, ContextualizedEmbeddingsRequest)  # outside the cap
-    gw.require_task("embed", "/v1/contextualizedembeddings")
-    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    body, deadline, lane = await gw.open_request(request, ContextualizedEmbeddingsRequest, "embed",
+                                                 "/v1/contextualizedembeddings")
     with gw.admit():
         gw.check_count(len(body.input), gw.config.max_inputs_per_request)
         gw.check_count(sum(map(len, body.input)), gw.config.max_chunks_per_request, "input chunks")

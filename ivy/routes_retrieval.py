@@ -24,10 +24,7 @@ router = APIRouter()
 @router.post("/embed_sparse", openapi_extra=request_body(SparseEmbedRequest))
 async def embed_sparse(request: Request) -> Response:
     gw = gateway_of(request)
-    key_lane = gw.authorize(request.headers.get("authorization"))
-    body, deadline = await gw.read_request(request, SparseEmbedRequest)
-    gw.require_task("sparse", "/embed_sparse")
-    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    body, deadline, lane = await gw.open_request(request, SparseEmbedRequest, "sparse", "/embed_sparse")
     with gw.admit():
         gw.check_count(len(body.inputs), gw.config.max_inputs_per_request, "inputs")
         seqs = await encode_inputs(gw, body.inputs, route="/embed_sparse", param="inputs", truncate=body.truncate,
@@ -40,10 +37,8 @@ async def embed_sparse(request: Request) -> Response:
 @router.post("/embed_multi_vector", openapi_extra=request_body(MultiVectorEmbedRequest))
 async def embed_multi_vector(request: Request) -> Response:
     gw = gateway_of(request)
-    key_lane = gw.authorize(request.headers.get("authorization"))
-    body, deadline = await gw.read_request(request, MultiVectorEmbedRequest)
-    gw.require_task("multi-vector", "/embed_multi_vector")
-    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    body, deadline, lane = await gw.open_request(request, MultiVectorEmbedRequest, "multi-vector",
+                                                 "/embed_multi_vector")
     with gw.admit():
         gw.check_count(len(body.inputs), gw.config.max_inputs_per_request, "inputs")
         seqs = await encode_inputs(gw, body.inputs, route="/embed_multi_vector", param="inputs",

@@ -47,9 +47,7 @@ async def score(request: Request) -> Response:
     cosine, MaxSim (`scoring`; a BGE-M3 defaults to cosine, a multi-vector-only model to MaxSim) or the
     cross-encoder's score."""
     gw = gateway_of(request)
-    key_lane = gw.authorize(request.headers.get("authorization"))
-    body, deadline = await gw.read_request(request, ScoreRequest)  # outside the cap: a slow body holds no slot
-    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    body, deadline, lane = await gw.open_request(request, ScoreRequest)  # outside the cap: a slow body holds no slot
     mode = scoring_of(gw, body.scoring, "/v1/score")
     with gw.admit():
         gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
@@ -89,9 +87,7 @@ async def rerank(request: Request) -> Response:
     multi-vector-only model to MaxSim) or the cross-encoder's score; `top_n` keeps the best n;
     `return_documents` echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
     gw = gateway_of(request)
-    key_lane = gw.authorize(request.headers.get("authorization"))
-    body, deadline = await gw.read_request(request, RerankRequest)  # outside the cap: a slow body holds no slot
-    lane = gw.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
+    body, deadline, lane = await gw.open_request(request, RerankRequest)  # outside the cap: a slow body holds no slot
     mode = scoring_of(gw, body.scoring, "/v1/rerank")
     with gw.admit():
         gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")

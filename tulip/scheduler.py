@@ -9,6 +9,7 @@ before batching, so they never reach the engine.
 The queue is shared by the gRPC event loop (push, cancel: short critical sections, no waiting) and the
 worker's launcher thread (next_batch, which blocks while the queue is empty).
 """
+
 from __future__ import annotations
 
 import threading
@@ -59,7 +60,8 @@ class SequenceQueue(LanePacker):
     def push(self, ticket: Ticket, sequences: Iterable[QueuedSequence]) -> None:
         """Admit all of a request's sequences, or none: raises QueueFull / QueueClosed."""
         seqs = list(sequences)
-        tokens = sum(s.num_tokens for s in seqs)
+        lengths = [s.num_tokens for s in seqs]
+        tokens = sum(lengths)
         with self._cond:
             if self._closed:
                 raise QueueClosed("tulip is shutting down and takes no new work; retry on another replica")
@@ -82,7 +84,7 @@ class SequenceQueue(LanePacker):
             flow.extend(seqs)
             ticket.queued_tokens += tokens
             ticket.queued_seqs += len(seqs)
-            ticket.longest = max(ticket.longest, max((s.num_tokens for s in seqs), default=0))
+            ticket.longest = max(ticket.longest, max(lengths, default=0))
             self._tokens += tokens
             self._lane_tokens[ticket.lane] += tokens
             self._seqs += len(seqs)

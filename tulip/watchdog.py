@@ -46,7 +46,6 @@ class Watchdog:
     def __init__(self, worker, *, floor_s: float, factor: float,
                  on_change: Callable[[bool], Awaitable[None]], others: tuple = ()) -> None:
         """worker: the main worker; others: more workers watched the same way (the express worker)."""
-        self.worker = worker
         self.workers = (worker, *others)
         self.floor_s = floor_s
         self.factor = factor

@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from benchmarks.stack.index_job import run_ivy_index
 from benchmarks.stack.index_report import table, verdicts
 from benchmarks.stack.layers_report import headline_env
 from benchmarks.stack.report import collect_env
-from benchmarks.stack.up_stack import StackFailed, UpStack, raise_on_sigterm
+from benchmarks.stack.up_stack import StackFailed, UpStack, UpStackFields, raise_on_sigterm
 from rose.flags import add_config_arguments, config_from_args
 from rose.spec import bundled_model_dir, load_spec
 
@@ -45,7 +44,7 @@ ENV_PREFIX = "BENCH_INDEX"
 
 
 @dataclass(frozen=True)
-class IndexBenchConfig:
+class IndexBenchConfig(UpStackFields):
     model_dir: str = _f("", "model folder served by `ivy up` and loaded in-process; empty = the bundled MiniLM")
     model: str = _f("", "name in the result file, index_<model>.json; empty = the folder's name")
     out: str = _f("benchmarks/results", "folder for index_<model>.json")
@@ -61,11 +60,6 @@ class IndexBenchConfig:
     sort_window: int = _f(10_000, "ivy index --sort-window (documents per shard and per sorted window)")
     kill_resume: bool = _f(True, "run the SIGKILL and --resume check")
     device: str = _f("", "in-process device (cpu, cuda); empty = Tulip's auto")
-    port: int = _f(8080, "the gateway's port (ivy up --port)")
-    tulip_port: int = _f(50051, "the first Tulip's port (ivy up --tulip-port)")
-    metrics_port: int = _f(0, "the first Tulip's metrics port; 0 = tulip_port + 100")
-    up_flags: str = _f("", "more `ivy up` flags, one shell-quoted string")
-    startup_timeout_s: float = _f(300.0, "most seconds the stack may take to become ready")
 
 
 def say(message: str) -> None:
@@ -150,9 +144,7 @@ class IndexRun:
         count, half = len(texts), len(texts) // 2
         docs, warm = write_jsonl(self.path("docs.jsonl"), texts), write_jsonl(self.path("warm.jsonl"), texts,
                                                                               c.sort_window)
-        stack = UpStack(self.model_dir, self.path("up.log"), port=c.port, tulip_port=c.tulip_port,
-                        metrics_port=c.metrics_port or None, flags=shlex.split(c.up_flags),
-                        startup_timeout_s=c.startup_timeout_s)
+        stack = UpStack.of(self.model_dir, self.path("up.log"), c)
         say("== ivy up")
         try:
             stack.start()

@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import math
 import random
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,7 @@ from benchmarks.stack.layers_report import headline_env
 from benchmarks.stack.load import Budget, ClientSpec, Request, parse_cpus, run_clients_apart
 from benchmarks.stack.report import collect_env, failed_record, summarize
 from benchmarks.stack.server_counters import delta, scrape
-from benchmarks.stack.up_stack import StackFailed, Terminated, UpStack, raise_on_sigterm
+from benchmarks.stack.up_stack import StackFailed, Terminated, UpStack, UpStackFields, raise_on_sigterm
 from ivy.http_connection import HTTPError
 from rose.flags import add_config_arguments, config_from_args
 from rose.spec import bundled_model_dir, load_spec
@@ -54,7 +53,7 @@ ENV_PREFIX = "BENCH_LANES"
 
 
 @dataclass(frozen=True)
-class LanesConfig:
+class LanesConfig(UpStackFields):
     model_dir: str = _f("", "model folder `ivy up` serves; its tokenizer cuts the texts; empty = the bundled MiniLM")
     out: str = _f("benchmarks/results", "folder for lanes[_<label>].json and .png")
     label: str | None = _f(None, "suffix of the result files: lanes_<label>.json")
@@ -72,11 +71,6 @@ class LanesConfig:
     doc_max_tokens: int = _f(512, "bulk: longest document in tokens (clip; also clipped to the model's max length)")
     seed: int = _f(0, "seed of every input choice")
     timeout_s: float = _f(300.0, "timeout of one HTTP request, seconds")
-    port: int = _f(8080, "the gateway's port (ivy up --port)")
-    tulip_port: int = _f(50051, "the first Tulip's port (ivy up --tulip-port)")
-    metrics_port: int = _f(0, "the first Tulip's metrics port; 0 = tulip_port + 100")
-    up_flags: str = _f("", "more `ivy up` flags, one shell-quoted string (e.g. \"--gpus 0\")")
-    startup_timeout_s: float = _f(300.0, "most seconds a stack may take to become ready")
     client_cpus: str | None = _f(None, "CPUs for the client processes, e.g. 8-15; default: no pinning")
     plot: bool = _f(True, "draw OUT/lanes[_<label>].png at the end (needs matplotlib)")
     capped_batch_tokens: int = _f(2048, "the capped configuration's TULIP_INTERACTIVE_BATCH_TOKENS")
@@ -150,9 +144,7 @@ class LanesRun:
 
     def on_stack(self, name: str, env: dict[str, str], members: list[str]) -> None:
         c = self.config
-        stack = UpStack(self.model_dir, Path(c.logs or c.out) / f"{self.stem}_{name}.log", port=c.port, tulip_port=c.tulip_port,
-                        metrics_port=c.metrics_port or None, env=env,
-                        flags=shlex.split(c.up_flags), startup_timeout_s=c.startup_timeout_s)
+        stack = UpStack.of(self.model_dir, Path(c.logs or c.out) / f"{self.stem}_{name}.log", c, env)
         say(f"== stack {name} ({' '.join(f'{k}={v}' for k, v in env.items())}): starting ivy up")
         facts = self.stacks[name] = {**env, "argv": stack.argv()[1:]}
         try:

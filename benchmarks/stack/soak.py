@@ -29,7 +29,6 @@ import dataclasses
 import math
 import random
 import re
-import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from benchmarks.stack.report import collect_env
 from benchmarks.stack.soak_load import Finished, OpenLoop, open_loop, ramp
 from benchmarks.stack.soak_probe import sample_rss, scrape_gauges, stack_processes
 from benchmarks.stack.soak_report import intervals, table, verdict, write_soak
-from benchmarks.stack.up_stack import StackFailed, Terminated, UpStack, raise_on_sigterm
+from benchmarks.stack.up_stack import StackFailed, Terminated, UpStack, UpStackFields, raise_on_sigterm
 from ivy.http_connection import HTTPError
 from rose.flags import add_config_arguments, config_from_args
 from rose.lazy import size_class
@@ -56,7 +55,7 @@ ENV_PREFIX = "BENCH_SOAK"
 
 
 @dataclass(frozen=True)
-class SoakConfig:
+class SoakConfig(UpStackFields):
     model_dir: str = _f("", "model folder `ivy up` serves; its tokenizer cuts the texts; empty = the bundled MiniLM")
     out: str = _f("benchmarks/results", "folder for soak_<model>[_<label>].json and .png")
     label: str | None = _f(None, "suffix of the result files: soak_<model>_<label>.json")
@@ -80,11 +79,6 @@ class SoakConfig:
     max_batch_seqs: int = _f(256, "Tulip's sequences per batch (TULIP_MAX_BATCH_SEQS): sizes one batch's pinned bytes")
     seed: int = _f(0, "seed of every input choice and of the arrivals")
     timeout_s: float = _f(60.0, "timeout of one HTTP request, seconds")
-    port: int = _f(8080, "the gateway's port (ivy up --port)")
-    tulip_port: int = _f(50051, "the first Tulip's port (ivy up --tulip-port)")
-    metrics_port: int = _f(0, "the first Tulip's metrics port; 0 = tulip_port + 100")
-    up_flags: str = _f("", "more `ivy up` flags, one shell-quoted string (e.g. \"--gpus 0\")")
-    startup_timeout_s: float = _f(300.0, "most seconds the stack may take to become ready")
     client_cpus: str | None = _f(None, "CPUs for the client processes, e.g. 8-15; default: no pinning")
     plot: bool = _f(True, "draw the PNG at the end (needs matplotlib)")
 
@@ -143,9 +137,7 @@ class SoakRun:
 
     def run(self) -> None:
         c = self.config
-        stack = UpStack(self.model_dir, Path(c.logs or c.out) / f"soak_{Path(self.model_dir).name}.log", port=c.port,
-                        tulip_port=c.tulip_port, metrics_port=c.metrics_port or None, flags=shlex.split(c.up_flags),
-                        startup_timeout_s=c.startup_timeout_s)
+        stack = UpStack.of(self.model_dir, Path(c.logs or c.out) / f"soak_{Path(self.model_dir).name}.log", c)
         self.stack_facts["argv"] = stack.argv()[1:]
         say("== starting ivy up")
         try:

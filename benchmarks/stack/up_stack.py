@@ -10,12 +10,16 @@ when the benchmark dies, even by SIGKILL (Linux), so a killed benchmark never le
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+from benchmarks.stack.config import _f
 
 from ivy.http_connection import Connection, HTTPError
 from ivy.up_process import _parent_death_signal  # ivy up's own: its children get SIGTERM when it dies
@@ -40,7 +44,26 @@ def raise_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+@dataclass(frozen=True)
+class UpStackFields:
+    """The `ivy up` flags of a benchmark that starts its own stacks (its config dataclass derives from this)."""
+
+    port: int = _f(8080, "the gateway's port (ivy up --port)")
+    tulip_port: int = _f(50051, "the first Tulip's port (ivy up --tulip-port)")
+    metrics_port: int = _f(0, "the first Tulip's metrics port; 0 = tulip_port + 100")
+    up_flags: str = _f("", "more `ivy up` flags, one shell-quoted string (e.g. \"--gpus 0\")")
+    startup_timeout_s: float = _f(300.0, "most seconds a stack may take to become ready")
+
+
 class UpStack:
+    @classmethod
+    def of(cls, model_dir: str, log_path: Path, config: UpStackFields,
+           env: dict[str, str] | None = None) -> UpStack:
+        """The stack a benchmark's config asks for."""
+        return cls(model_dir, log_path, port=config.port, tulip_port=config.tulip_port,
+                   metrics_port=config.metrics_port or None, env=env, flags=shlex.split(config.up_flags),
+                   startup_timeout_s=config.startup_timeout_s)
+
     def __init__(self, model_dir: str, log_path: Path, *, port: int = 8080, tulip_port: int = 50051,
                  metrics_port: int | None = None, env: dict[str, str] | None = None, flags: Sequence[str] = (),
                  startup_timeout_s: float = 300.0) -> None:

@@ -55,6 +55,17 @@ def engine_of(encoder_models):
         engine.close()
 
 
+@pytest.fixture(scope="module")
+def engines(folders):
+    """{name: a CPU Engine} of the test module's own `folders` fixture ({name: model folder})."""
+    from rose.engine import Engine
+
+    made = {name: Engine.from_pretrained(path, device="cpu") for name, path in folders.items()}
+    yield made
+    for engine in made.values():
+        engine.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_spm(tiny_root):
     return build_bert(tiny_root, "xlm-roberta", "mean", seed=3, sentencepiece=True)

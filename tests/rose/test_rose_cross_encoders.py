@@ -33,16 +33,6 @@ def folders(tmp_path_factory):
     return build_all_cross(tmp_path_factory.mktemp("cross-encoders"))
 
 
-@pytest.fixture(scope="module")
-def engines(folders):
-    from rose.engine import Engine
-
-    made = {name: Engine.from_pretrained(path, device="cpu") for name, path in folders.items()}
-    yield made
-    for engine in made.values():
-        engine.close()
-
-
 def pair_scores(engine, pairs) -> np.ndarray:
     encoded = engine.tokenizer.encode_pairs(pairs)
     return engine.embed([p.ids for p in encoded], token_types=[p.type_ids for p in encoded])[:, 0]

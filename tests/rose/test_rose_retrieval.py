@@ -33,16 +33,6 @@ def folders(tmp_path_factory):
     return made
 
 
-@pytest.fixture(scope="module")
-def engines(folders):
-    from rose.engine import Engine
-
-    made = {name: Engine.from_pretrained(path, device="cpu") for name, path in folders.items()}
-    yield made
-    for engine in made.values():
-        engine.close()
-
-
 @pytest.mark.parametrize("activation,strategy", SPLADES)
 def test_splade_matches_sparse_encoder(activation, strategy, folders, engines):
     name = f"splade-{activation}-{strategy}"

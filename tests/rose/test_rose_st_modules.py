@@ -31,16 +31,6 @@ def folders(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def engines(folders):
-    from rose.engine import Engine
-
-    made = {name: Engine.from_pretrained(path, device="cpu") for name, path in folders.items()}
-    yield made
-    for engine in made.values():
-        engine.close()
-
-
 def seqs(seed=4, lengths=(1, 3, 9, 21, 40)):
     rng = np.random.default_rng(seed)
     return [[int(x) for x in rng.integers(5, 256, size=n)] for n in lengths]
