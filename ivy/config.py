@@ -99,9 +99,10 @@ class IvyConfig:
     health_interval_s: float = field(default=2.0, metadata=_help(
         "Seconds between health and Info probes of each replica."))
     replica_timeout_s: float = field(default=10.0, metadata=_help(
-        "A chunk a replica has not answered in this many seconds, while another replica could take it and the "
-        "request's deadline is further away, is cancelled there and re-sent elsewhere; the replica is ejected "
-        "until a probe answers (a hung replica: SIGSTOP, a stuck GPU). Above a full Tulip queue's work on a GPU "
+        "A chunk a replica has not answered in this many seconds, while another replica is shown to answer "
+        "(idle, or answered since) and the request's deadline is further away, is cancelled there and re-sent "
+        "elsewhere; the replica is ejected until a probe answers (a hung replica: SIGSTOP, a stuck GPU). Every "
+        "replica late at once (a stalled host) is waited for. Above a full Tulip queue's work on a GPU "
         "(~1-3 s) and equal to Tulip's watchdog floor; 0 = wait until the deadline."))
     query_prefix: str = field(default="", metadata=_help(
         "Text prepended for input_type=query when the model has no `query` prompt."))

@@ -4,12 +4,15 @@
 replica with the fewest outstanding tokens and, while the request's deadline allows:
 - UNAVAILABLE or CANCELLED (the replica went away, drains, or its watchdog says it is stalled): the replica
   is marked UNREACHABLE until its next probe and the chunk goes to another one (RELIABILITY 17);
-- no answer within the attempt timeout (`attempt_timeout_s`, IVY_REPLICA_TIMEOUT_S), applied only while
-  another replica could take the chunk and the deadline is further away (RELIABILITY 28: a hung replica,
-  SIGSTOP or a stuck GPU, keeps its connection and may still answer health SERVING): the replica is
-  ejected (UNREACHABLE until a probe answers, its stream closed so every chunk in flight on it fails over
-  now; Tulip drops the work of a closed stream, and a timed-out request is cancelled on it) and the
-  chunk is re-sent elsewhere;
+- no answer within the attempt timeout (`attempt_timeout_s`, IVY_REPLICA_TIMEOUT_S) while another replica
+  is shown to answer (SERVING, not tried, and idle or answered something since this attempt began) and
+  the deadline is further away (RELIABILITY 28: a hung replica, SIGSTOP or a stuck GPU, keeps its
+  connection and may still answer health SERVING): the replica is ejected (UNREACHABLE until a probe
+  answers, its stream closed so every chunk in flight on it fails over now; Tulip drops the work of a
+  closed stream, and a cancelled request is cancelled on it) and the chunk is re-sent elsewhere. With no
+  such replica the attempt goes on and is looked at again after another attempt timeout: a stall of the
+  whole host (every replica late at once) must not eject every replica and fail the chunk. The replica
+  is always given the request's own deadline; the attempt timeout is Ivy's alone;
 - REPLICA_BUSY (the replica's queue is full, RESOURCE_EXHAUSTED): another replica now; when every one is
   busy, a pause (jittered, doubling from BUSY_PAUSE_S[0] to [1]) and again on any of them, until the
   deadline leaves no room for another pause and an attempt of MIN_ATTEMPT_S after it (RELIABILITY 31: a
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ivy.replicas")
 
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+_SILENT = (*_GONE, grpc.StatusCode.DEADLINE_EXCEEDED)  # failures that are no answer from the replica
 # Pauses while every replica's queue is full: the first about one batch on a GPU (a full Tulip queue drains
 # in ~1 s there), then doubling up to about one batch on a CPU replica (~1.5 s).
 BUSY_PAUSE_S = (0.02, 1.0)
@@ -69,23 +73,24 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
             if last is not None and last.problem is Problem.REPLICA_BUSY:
                 raise last  # the pause overran a loaded host's clock: the queue being full is still the answer
             raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")
-        limit = pool.attempt_timeout_s
-        bounded = 0 < limit < remaining and pool.has_other(tried, replica)
         replica.outstanding_tokens += tokens
         replica.m_outstanding.inc(tokens)
         replica.m_chunks.inc()
         start = time.perf_counter()
         try:
-            return await replica.embed(request, limit if bounded else remaining, response_bytes)
+            return await _attempt(pool, replica, tried, request, remaining, response_bytes)
+        except _Overdue:
+            limit = pool.attempt_timeout_s
+            log.warning("replica %s did not answer a chunk of %d tokens within %.1f s while another replica "
+                        "answers: ejected until its next probe; re-sending the chunk elsewhere",
+                        replica.address, tokens, limit)
+            replica.eject(f"no answer within {limit:g} s")
+            reason = "TIMEOUT"
+            error = IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")
         except CallFailed as exc:
             code = exc.code
             error = from_grpc(code, exc.details, replica.address, exc.reason, exc.retry_after_s)
-            if bounded and code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                log.warning("replica %s did not answer a chunk of %d tokens within %.1f s: ejected until its next "
-                            "probe; re-sending the chunk elsewhere", replica.address, tokens, limit)
-                replica.eject(f"no answer within {limit:g} s")
-                reason = "TIMEOUT"
-            elif code in _GONE:
+            if code in _GONE:
                 replica.mark_down(f"Embed failed: {code.name}")
                 reason = code.name
             elif error.problem is Problem.REPLICA_BUSY:
@@ -95,15 +100,55 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
                 continue  # (finally runs first) not a failure of the replica: no warning per chunk
             else:
                 raise error from None
-            log.warning("chunk of %d tokens failed on %s with %s; trying another replica",
-                        tokens, replica.address, reason)
-            metrics.RETRIES.labels(reason).inc()
-            tried.add(replica)
-            last = error
         finally:
             replica.outstanding_tokens -= tokens
             replica.m_outstanding.dec(tokens)
             replica.m_grpc_seconds.observe(time.perf_counter() - start)
+        log.warning("chunk of %d tokens failed on %s with %s; trying another replica", tokens, replica.address, reason)
+        metrics.RETRIES.labels(reason).inc()
+        tried.add(replica)
+        last = error
+
+
+class _Overdue(Exception):
+    """The attempt outlived the attempt timeout while another replica answers (it was cancelled)."""
+
+
+async def _attempt(pool: ReplicaPool, replica: Replica, tried: set[Replica], request: embed_pb2.EmbedRequest,
+                   remaining: float, response_bytes: int) -> embed_pb2.EmbedResponse:
+    """The replica's answer within `remaining` seconds (the call's own timeout), or _Overdue once it is
+    `pool.attempt_timeout_s` late while another replica is shown to answer. Raises CallFailed."""
+    began = time.monotonic()
+    token = object()
+    replica.attempts[token] = began
+    call = asyncio.ensure_future(replica.embed(request, remaining, response_bytes))
+    try:
+        limit = pool.attempt_timeout_s
+        end = began + remaining
+        while 0 < limit < end - time.monotonic():
+            done, _ = await asyncio.wait((call,), timeout=limit)
+            if done:
+                break
+            if pool.answering_other(tried, replica, since=began):
+                raise _Overdue
+        response = await call
+    except CallFailed as exc:
+        if exc.code not in _SILENT:
+            replica.last_answer = time.monotonic()  # it answered, if not with rows
+        raise
+    else:
+        replica.last_answer = time.monotonic()
+        return response
+    finally:
+        del replica.attempts[token]
+        if not call.done():
+            call.cancel()  # the replica drops its work (a stream cancel message, or the unary call's cancel)
+            call.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: an attempt that failed after it was given up logs nothing
 
 
 def _rows(request: embed_pb2.EmbedRequest) -> int:

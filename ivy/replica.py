@@ -60,6 +60,8 @@ class Replica:
         self.detail = ""
         self.info: embed_pb2.InfoResponse | None = None
         self.outstanding_tokens = 0
+        self.attempts: dict[object, float] = {}  # chunk attempts in flight -> when each began (monotonic)
+        self.last_answer = float("-inf")  # when it last answered a chunk (rows or an error of its own)
         # Labelled children resolved once: labels() costs a lock and a dict lookup on every call.
         self.m_outstanding = metrics.OUTSTANDING.labels(address)
         self.m_chunks = metrics.CHUNKS.labels(address)
