@@ -10,6 +10,7 @@ pytest.importorskip("grpc_tools")
 
 
 def test_committed_stubs_match_proto(tmp_path: Path) -> None:
+    """RELIABILITY 25: the committed stubs are what the pinned grpcio-tools generates from protos/."""
     generate(tmp_path)
     for name in ("embed_pb2.py", "embed_pb2.pyi", "embed_pb2_grpc.py"):
         fresh = (tmp_path / "protos" / name).read_text()

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_disconnect_cancels_the_replica_call() -> None:
+    """RELIABILITY 16 on Ivy's side: a client gone mid-request cancels its call on the replica."""
     gate = threading.Event()
     with FakeTulip(gate=gate) as fake, ivy_process(IVY_REPLICAS=fake.address) as port:
         body = json.dumps({"input": ["held at the replica"]}).encode()

@@ -106,6 +106,7 @@ def test_full_queue_on_one_replica_goes_to_the_other() -> None:
 
 
 def test_killed_replica_mid_request_loses_nothing() -> None:
+    """RELIABILITY 17: the chunks of a replica killed mid-request are answered by another one."""
     gate = threading.Event()
     with FakeTulip(gate=gate) as doomed, FakeTulip() as survivor:
         with gateway(doomed, survivor, chunk_max_seqs=1) as client:

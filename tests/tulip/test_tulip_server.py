@@ -129,6 +129,8 @@ def _hold_two_batches(s: ServerThread, engine: FakeEngine):
 
 
 def test_expired_deadline_never_reaches_the_engine() -> None:
+    """RELIABILITY 14 and 15: a deadline shorter than the queued work ends DEADLINE_EXCEEDED promptly, its work
+    never reaches the engine, and the next call is correct."""
     engine = FakeEngine(gated=True)
     with ServerThread(make_config(), engine) as s:
         held = _hold_two_batches(s, engine)
@@ -145,6 +147,7 @@ def test_expired_deadline_never_reaches_the_engine() -> None:
 
 
 def test_cancelled_rpc_is_dropped_and_neighbours_are_correct() -> None:
+    """RELIABILITY 16 on Tulip's side: a cancelled call's sequences are dropped; its neighbours are correct."""
     engine = FakeEngine(gated=True)
     with ServerThread(make_config(), engine) as s:
         held = _hold_two_batches(s, engine)
