@@ -117,38 +117,44 @@ class _Overdue(Exception):
 async def _attempt(pool: ReplicaPool, replica: Replica, tried: set[Replica], request: embed_pb2.EmbedRequest,
                    remaining: float, response_bytes: int) -> embed_pb2.EmbedResponse:
     """The replica's answer within `remaining` seconds (the call's own timeout), or _Overdue once it is
-    `pool.attempt_timeout_s` late while another replica is shown to answer. Raises CallFailed."""
+    `pool.attempt_timeout_s` late while another replica is shown to answer. Raises CallFailed.
+    The call runs inline; a timer looks at it every attempt timeout and cancels this task to give it up
+    (as asyncio.timeout does): no task or wait per chunk on the hot path."""
     began = time.monotonic()
     token = object()
     replica.attempts[token] = began
-    call = asyncio.ensure_future(replica.embed(request, remaining, response_bytes))
+    limit = pool.attempt_timeout_s
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    overdue = False
+    timer: asyncio.TimerHandle | None = None
+
+    def look() -> None:
+        nonlocal overdue, timer
+        if pool.answering_other(tried, replica, since=began):
+            overdue = True
+            task.cancel()  # the call's own cancellation tells the replica to drop the work
+        elif time.monotonic() + limit < began + remaining:
+            timer = loop.call_later(limit, look)  # nowhere better to go yet: look again later
+
+    if 0 < limit < remaining:
+        timer = loop.call_later(limit, look)
     try:
-        limit = pool.attempt_timeout_s
-        end = began + remaining
-        while 0 < limit < end - time.monotonic():
-            done, _ = await asyncio.wait((call,), timeout=limit)
-            if done:
-                break
-            if pool.answering_other(tried, replica, since=began):
-                raise _Overdue
-        response = await call
+        response = await replica.embed(request, remaining, response_bytes)
+    except asyncio.CancelledError:
+        if overdue and task.uncancel() == 0:  # ours alone; a caller's cancellation goes on up
+            raise _Overdue from None
+        raise
     except CallFailed as exc:
         if exc.code not in _SILENT:
             replica.last_answer = time.monotonic()  # it answered, if not with rows
         raise
-    else:
-        replica.last_answer = time.monotonic()
-        return response
     finally:
+        if timer is not None:
+            timer.cancel()
         del replica.attempts[token]
-        if not call.done():
-            call.cancel()  # the replica drops its work (a stream cancel message, or the unary call's cancel)
-            call.add_done_callback(_retrieve)
-
-
-def _retrieve(task: asyncio.Future) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: an attempt that failed after it was given up logs nothing
+    replica.last_answer = time.monotonic()
+    return response
 
 
 def _rows(request: embed_pb2.EmbedRequest) -> int:
