@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import zlib
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -154,8 +155,13 @@ def check_misspelled_fields(data: Any, model: type[BaseModel]) -> None:
             return
 
 
-async def read_model(request: Request, model: type[M], limit: int, timeout_s: float | None = None) -> M:
+async def read_model(request: Request, model: type[M] | Callable[[Any], type[M]], limit: int,
+                     timeout_s: float | None = None) -> M:
+    """The body validated against `model`, or against the model `model(data)` chooses from the parsed JSON
+    (a route that takes two peers' shapes: POST /rerank)."""
     data = parse_json(await read_body(request, limit, timeout_s))
+    if not isinstance(model, type):
+        model = model(data)
     check_misspelled_fields(data, model)
     try:
         return model.model_validate(data)

@@ -92,7 +92,11 @@ class Replica:
             pass
 
     def mark_down(self, detail: str) -> None:
-        """A call failed as if the replica were gone: not routed to until a probe finds it SERVING."""
+        """A call failed as if the replica were gone: not routed to until a probe finds it SERVING. A replica
+        already down keeps the first cause (an ejection's "no answer within", not the UNAVAILABLE its own
+        closed stream then gives the other chunks in flight)."""
+        if self.state is State.UNREACHABLE and self.detail:
+            return
         self.set_state(State.UNREACHABLE, detail)
 
     def eject(self, detail: str) -> None:

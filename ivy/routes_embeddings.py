@@ -22,6 +22,7 @@ router = APIRouter()
 
 @router.post("/v1/embeddings", openapi_extra=request_body(EmbeddingsRequest),
              responses={200: {"model": EmbeddingsResponse}})
+@router.post("/embeddings", openapi_extra=request_body(EmbeddingsRequest), include_in_schema=False)  # Infinity's
 async def create_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
     body, deadline, lane = await gw.open_request(request, EmbeddingsRequest, "embed", "/v1/embeddings")

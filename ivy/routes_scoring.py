@@ -1,4 +1,5 @@
-"""POST /v1/score (vLLM's shape) and POST /v1/rerank (Cohere's and Jina's shape): relevance scores.
+"""POST /v1/score (vLLM's shape; also at /score) and POST /v1/rerank (Cohere's and Jina's shape; also at
+/v2/rerank, and at /rerank, which takes text-embeddings-inference's shape too): relevance scores.
 
 With an embedding model, cosine scores: queries are templated as queries and documents as documents (the
 model's prompts, when it has them); everything is embedded in one batch with normalize=true, so a score is
@@ -26,7 +27,7 @@ from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
 from ivy.late_interaction import CROSS, MAXSIM, encode_queries_and_documents, maxsim_scores, scoring_of
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
-from ivy.schemas import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
+from ivy.schemas import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRerankRequest, rerank_schema
 
 router = APIRouter()
 
@@ -42,6 +43,7 @@ async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: l
 
 
 @router.post("/v1/score", openapi_extra=request_body(ScoreRequest), responses={200: {"model": ScoreResponse}})
+@router.post("/score", openapi_extra=request_body(ScoreRequest), include_in_schema=False)  # vLLM serves both
 async def score(request: Request) -> Response:
     """text_1 (one text) against every text_2, or text_1[i] against text_2[i] when both have the same length;
     cosine, MaxSim (`scoring`; a BGE-M3 defaults to cosine, a multi-vector-only model to MaxSim) or the
@@ -86,36 +88,56 @@ async def rerank(request: Request) -> Response:
     """Documents ordered by relevance to the query: cosine, MaxSim (`scoring`; a BGE-M3 defaults to cosine, a
     multi-vector-only model to MaxSim) or the cross-encoder's score; `top_n` keeps the best n;
     `return_documents` echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
+    return await _rerank(request, RerankRequest, "/v1/rerank")
+
+
+@router.post("/rerank", openapi_extra=request_body(RerankRequest), responses={200: {"model": RerankResponse}})
+async def rerank_peers(request: Request) -> Response:
+    """Where text-embeddings-inference, vLLM and Infinity serve rerank: a body with `texts` (TEI's: `query`,
+    `texts`, `return_text`, `raw_scores` false) is answered in TEI's shape, a list of {"index", "score",
+    "text"?} by score; one with `documents` as /v1/rerank."""
+    return await _rerank(request, rerank_schema, "/rerank")
+
+
+async def _rerank(request: Request, schema, route: str) -> Response:
     gw = gateway_of(request)
-    body, deadline, lane = await gw.open_request(request, RerankRequest)  # outside the cap: a slow body holds no slot
-    mode = scoring_of(gw, body.scoring, "/v1/rerank")
+    body, deadline, lane = await gw.open_request(request, schema)  # outside the cap: a slow body holds no slot
+    tei = isinstance(body, TeiRerankRequest)
+    documents = body.texts if tei else body.documents
+    names = ("query", "texts" if tei else "documents")
+    if tei and body.raw_scores:
+        raise IvyError(Problem.INVALID_PARAMETER, "raw_scores must be false: scores are served with the model's "
+                       "activation applied (a cross-encoder's sigmoid, or cosine)", param="raw_scores")
+    mode = scoring_of(gw, None if tei else body.scoring, route)
+    instruction = None if tei else body.instruction
     with gw.admit():
-        gw.check_count(len(body.documents), gw.config.max_inputs_per_request, "documents")
+        gw.check_count(len(documents), gw.config.max_inputs_per_request, names[1])
         if mode == CROSS:
-            scores, tokens = await cross_scores(request, gw, [body.query], body.documents, truncate=body.truncate,
+            scores, tokens = await cross_scores(request, gw, [body.query], documents, truncate=body.truncate,
                                                 side=body.truncation_side, deadline=deadline,
-                                                instruction=body.instruction, names=("query", "documents"), lane=lane)
+                                                instruction=instruction, names=names, lane=lane)
         elif mode == MAXSIM:
-            check_instruction(gw, body.instruction)
-            scores, tokens = await maxsim_scores(request, gw, [body.query], body.documents, truncate=body.truncate,
-                                                 side=body.truncation_side, deadline=deadline,
-                                                 names=("query", "documents"), lane=lane)
+            check_instruction(gw, instruction)
+            scores, tokens = await maxsim_scores(request, gw, [body.query], documents, truncate=body.truncate,
+                                                 side=body.truncation_side, deadline=deadline, names=names, lane=lane)
         else:
-            check_instruction(gw, body.instruction)
-            q, d, tokens = await _embed_pair(request, gw, [body.query], body.documents, truncate=body.truncate,
-                                             side=body.truncation_side, deadline=deadline, names=("query", "documents"),
-                                             lane=lane)
+            check_instruction(gw, instruction)
+            q, d, tokens = await _embed_pair(request, gw, [body.query], documents, truncate=body.truncate,
+                                             side=body.truncation_side, deadline=deadline, names=names, lane=lane)
             scores = d @ q[0]
         order = np.argsort(-scores, kind="stable")
+        metrics.INPUTS.labels(route).inc(1 + len(documents))
+        metrics.TOKENS.labels(route).inc(tokens)
+        if tei:
+            return json_response([{"index": int(i), "score": float(scores[i]),
+                                   **({"text": documents[i]} if body.return_text else {})} for i in order])
         if body.top_n is not None:
             order = order[: body.top_n]
         results = []
         for i in order:
             item = {"index": int(i), "relevance_score": float(scores[i])}
             if body.return_documents:
-                item["document"] = {"text": body.documents[i]}
+                item["document"] = {"text": documents[i]}
             results.append(item)
-        metrics.INPUTS.labels("/v1/rerank").inc(1 + len(body.documents))
-        metrics.TOKENS.labels("/v1/rerank").inc(tokens)
         return json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": gw.model_name, "results": results,
                               "usage": usage(tokens)})

@@ -105,6 +105,28 @@ class RerankRequest(_Request):
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
+class TeiRerankRequest(_Request):
+    """text-embeddings-inference's rerank request (POST /rerank with `texts`): answered as a list of
+    {"index", "score", "text"?} by score, TEI's shape. Scores are the model's own (a cross-encoder's activation
+    applied, or cosine); `raw_scores` (the logits before it) is not served."""
+
+    query: Query
+    texts: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "texts")), WithJsonSchema(
+        {"type": "array", "items": {"type": "string", "minLength": 1}})]
+    raw_scores: bool = Field(default=False, description="Must be false: scores come with the model's activation.")
+    return_text: bool = False
+    truncate: bool | None = None
+    truncation_side: Side = "right"
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+
+
+def rerank_schema(data: Any) -> type[RerankRequest] | type[TeiRerankRequest]:
+    """POST /rerank's body: text-embeddings-inference's when it has `texts` and no `documents`, else Cohere's /
+    Jina's (what vLLM and Infinity take there too)."""
+    tei = isinstance(data, dict) and "texts" in data and "documents" not in data
+    return TeiRerankRequest if tei else RerankRequest
+
+
 class TeiEmbedRequest(_Request):
     """text-embeddings-inference's /embed request (its truncation_direction is read as truncation_side)."""
 

@@ -4,6 +4,7 @@ another replica within the request's deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from fake_tulip import FakeTulip, wait_until
+from ivy.replica import Replica
 from ivy.replicas import State
 from ivy_testkit import gateway
 
@@ -75,3 +77,19 @@ def test_every_replica_late_at_once_is_waited_for_not_ejected(stream: bool) -> N
 
 def _retries(reason: str) -> float:
     return REGISTRY.get_sample_value("ivy_chunk_retries_total", {"reason": reason}) or 0.0
+
+
+def test_a_replica_down_keeps_its_first_cause() -> None:
+    """An ejection closes the replica's stream, so its other chunks in flight then fail UNAVAILABLE: the
+    replica's detail (in /ready's body) still says why it went down."""
+    async def run() -> tuple[str, str]:
+        replica = Replica("127.0.0.1:1", [], stream=False)
+        replica.eject("no answer within 0.5 s")
+        replica.mark_down("Embed failed: UNAVAILABLE")
+        first = replica.detail
+        replica.set_state(State.SERVING)  # a probe answered
+        replica.mark_down("Embed failed: UNAVAILABLE")
+        await replica.close()
+        return first, replica.detail
+
+    assert asyncio.run(run()) == ("no answer within 0.5 s", "Embed failed: UNAVAILABLE")

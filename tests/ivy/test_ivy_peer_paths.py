@@ -1,0 +1,62 @@
+"""The peers' paths for the same work, so their clients need no change: POST /rerank (text-embeddings-inference's
+`texts` shape answered in its list shape; `documents` as /v1/rerank, as vLLM and Infinity take it), POST /score
+(vLLM) and POST /embeddings (Infinity) as their /v1 routes."""
+
+from __future__ import annotations
+
+import numpy as np
+from cross_folders import bert_reranker
+from fake_tulip import FakeTulip, fake_scores
+from ivy_testkit import gateway
+from test_ivy_scoring import DOCS, QUERY, _cosines
+
+from rose.spec import load_spec
+from rose.tokenizer import Tokenizer
+
+
+def test_tei_rerank_shape_by_cosine(client) -> None:
+    r = client.post("/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True})
+    assert r.status_code == 200, r.text
+    expected = _cosines(QUERY, DOCS)
+    body = r.json()
+    assert isinstance(body, list) and [x["index"] for x in body] == list(np.argsort(-expected, kind="stable"))
+    for item in body:
+        assert abs(item["score"] - expected[item["index"]]) < 1e-5 and item["text"] == DOCS[item["index"]]
+    plain = client.post("/rerank", json={"query": QUERY, "texts": DOCS, "truncation_direction": "Left"}).json()
+    assert [x["index"] for x in plain] == [x["index"] for x in body] and "text" not in plain[0]
+
+
+def test_tei_rerank_errors_name_its_fields(client) -> None:
+    r = client.post("/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "raw_scores"
+    r = client.post("/rerank", json={"query": QUERY, "texts": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "texts"
+    r = client.post("/rerank", json={"query": QUERY, "texts": ["ok", ""]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "texts[1]"
+
+
+def test_rerank_with_documents_is_the_v1_route(client) -> None:
+    body = {"query": QUERY, "documents": DOCS, "top_n": 2, "return_documents": True}
+    v1, peer = client.post("/v1/rerank", json=body).json(), client.post("/rerank", json=body).json()
+    assert peer["results"] == v1["results"] and len(peer["results"]) == 2 and peer["usage"] == v1["usage"]
+
+
+def test_score_and_embeddings_paths_answer_as_the_v1_routes(client) -> None:
+    score = {"text_1": QUERY, "text_2": DOCS}
+    assert client.post("/score", json=score).json()["data"] == client.post("/v1/score", json=score).json()["data"]
+    embed = {"input": ["hello world", "good morning"]}
+    infinity, v1 = client.post("/embeddings", json=embed).json(), client.post("/v1/embeddings", json=embed).json()
+    assert infinity["data"] == v1["data"] and infinity["usage"] == v1["usage"]
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/rerank" in paths and "/score" not in paths and "/embeddings" not in paths  # the twins stay out
+
+
+def test_tei_rerank_with_a_cross_encoder(tmp_path) -> None:
+    folder = bert_reranker(tmp_path)
+    with FakeTulip(model_dir=folder) as fake, gateway(fake, model=str(folder)) as client:
+        r = client.post("/rerank", json={"query": QUERY, "texts": DOCS})
+        assert r.status_code == 200, r.text
+        enc = Tokenizer(load_spec(folder)).encode_pairs([(QUERY, d) for d in DOCS])
+        want = fake_scores([e.ids for e in enc], [e.type_ids for e in enc])[:, 0]
+        assert [x["index"] for x in r.json()] == list(np.argsort(-want, kind="stable"))
+        np.testing.assert_allclose(sorted(x["score"] for x in r.json()), sorted(want), atol=1e-6)
