@@ -53,7 +53,7 @@ def test_a_failed_request_is_a_stack_error_with_its_status(tulip: FakeTulipThrea
 
 
 def test_a_stream_request_past_its_deadline_is_cancelled_and_its_late_answer_skipped(tulip: FakeTulipThread) -> None:
-    tulip.servicer.delay_token, tulip.servicer.delay_s = 999, 0.6
+    tulip.servicer.delay_token, tulip.servicer.delay_s = 999, 2.0  # far past 0.1 s, also on a stalled host
     with TulipClient(tulip.address, "stream", timeout_s=0.1) as client:
         with pytest.raises(StackError, match="DEADLINE_EXCEEDED"):
             client.embed_matrix(((999, 5, 6),))

@@ -184,8 +184,9 @@ def _gateway_at(address: str):
 def test_replica_status_codes_map_to_http(fake, client, code, details, reason, status) -> None:
     """RELIABILITY 22 and the rest of the gRPC -> HTTP table, with a single replica (nowhere to retry)."""
     fake.fail_with, fake.fail_details, fake.fail_reason = code, details, reason
-    # a full queue is retried until the deadline (RELIABILITY 31): a short one keeps the 429 rows quick
-    r = client.post("/v1/embeddings", json={"input": "a"}, headers={"X-Request-Timeout": "0.5"})
+    # a full queue is retried until the deadline (RELIABILITY 31): a short one keeps the 429 rows quick, with room
+    # for a stall of the loaded host (at 0.5 s a stall before the first answer turned the rows into 504s)
+    r = client.post("/v1/embeddings", json={"input": "a"}, headers={"X-Request-Timeout": "2"})
     assert r.status_code == status, r.text
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
 

@@ -91,7 +91,7 @@ def test_huge_headers_get_431_fast_while_others_are_served(shape) -> None:
     assert sent < 16 * 2**20, f"the server read {sent / 2**20:.0f} MiB of headers"
     assert cut_after < 5
     assert results and all(status == 200 for status, _ in results), results
-    assert max(seconds for _, seconds in results) < 1.0, results
+    assert max(seconds for _, seconds in results) < 3.0, results  # ~0.05 s on a loaded 2-core VM; no limit: 9 s
 
 
 def test_idle_and_trickling_connections_are_closed_and_capped() -> None:

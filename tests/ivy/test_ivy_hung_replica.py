@@ -52,10 +52,10 @@ def test_every_replica_is_given_the_request_deadline_the_attempt_timeout_is_ivys
             assert client.post("/v1/embeddings", json={"input": "x"},
                                headers={"X-Request-Timeout": "20"}).status_code == 200
         (two,) = a.timeouts + b.timeouts
-        with gateway(a, replica_timeout_s=3) as client:
+        with gateway(a, replica_timeout_s=10) as client:
             assert client.post("/v1/embeddings", json={"input": "x"},
-                               headers={"X-Request-Timeout": "2"}).status_code == 200
-    assert 15 < two <= 20 and 1 < a.timeouts[-1] <= 2
+                               headers={"X-Request-Timeout": "5"}).status_code == 200
+    assert 15 < two <= 20 and 1 < a.timeouts[-1] <= 5  # seconds of margin for a stall of the loaded host
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -53,7 +53,8 @@ def test_every_queue_full_until_the_deadline_is_429_with_retry_after() -> None:
             held = threading.Thread(target=lambda: client.post("/v1/embeddings", json={"input": TEXTS[0]}))
             held.start()  # fills the queue and stays
             wait_until(lambda: full.waiting == 1)
-            r = client.post("/v1/embeddings", json={"input": TEXTS[1]}, headers={"X-Request-Timeout": "0.5"})
+            # 2 s: room for the retries (queue_full > 1) on a loaded host, whose stall would leave no time for one
+            r = client.post("/v1/embeddings", json={"input": TEXTS[1]}, headers={"X-Request-Timeout": "2"})
             assert r.status_code == 429 and r.headers["retry-after"] and full.queue_full > 1  # retried, then 429
             gate.set()
             held.join(10)

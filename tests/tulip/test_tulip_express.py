@@ -214,7 +214,9 @@ def test_a_hung_express_batch_trips_the_watchdog() -> None:
         return health_pb2_grpc.HealthStub(s.channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
 
     engine = FakeEngine(gated=True, express=True, express_gated=True)
-    with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32, watchdog_s=0.3), engine) as s:
+    # 2 s: the bulk batch is held until the query is on the express lane; a stall of the loaded host longer than
+    # the limit there tripped the watchdog on the bulk batch and the query was refused (0.3 s was too tight)
+    with ServerThread(make_config(max_batch_tokens=64, express_batch_tokens=32, watchdog_s=2), engine) as s:
         wait_until(lambda: s.server.queue.express_tokens == 32, what="express on")
         bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)
         wait_until(lambda: engine.launched == 1)

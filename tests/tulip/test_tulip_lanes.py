@@ -127,17 +127,19 @@ def test_server_refuses_an_unmeetable_deadline_at_once_and_admits_without_a_meas
         # No device time measured yet: a tight deadline is admitted (it may still expire in the queue).
         tight = s.stub.Embed.future(lane_request(20, 10, BULK), timeout=5)
         wait_until(lambda: s.server.queue.lane_tokens(BULK) == 100)
-        s.server.worker.device_times.observe(32, 0.32)  # 10 ms per token: 100 queued bulk tokens = 1 s
+        # 50 ms per token: 100 queued bulk tokens = 5 s, against deadlines of 3 s (seconds of room for a stall of
+        # the loaded host before Tulip reads them; at 0.5 s a stall made them DEADLINE_EXCEEDED)
+        s.server.worker.device_times.observe(32, 1.6)
         with pytest.raises(grpc.RpcError) as err:
-            s.stub.Embed(lane_request(21, 10, BULK), timeout=0.5)
+            s.stub.Embed(lane_request(21, 10, BULK), timeout=3)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert ("tulip-reason", "deadline_unmeetable") in err.value.trailing_metadata()
-        assert ("tulip-retry-after-s", "1.000") in err.value.trailing_metadata()  # the wait ahead: 100 x 10 ms
+        assert ("tulip-retry-after-s", "5.000") in err.value.trailing_metadata()  # the wait ahead: 100 x 50 ms
         assert "bulk lane" in err.value.details()
         stream = Stream(s.stub)  # the stream carries the same refusal and estimate in its answer
-        stream.send(1, lane_request(23, 10, BULK), timeout_s=0.5)
+        stream.send(1, lane_request(23, 10, BULK), timeout_s=3)
         answer = stream.answer(1)
-        assert answer.reason == "deadline_unmeetable" and answer.retry_after_s == pytest.approx(1.0)
+        assert answer.reason == "deadline_unmeetable" and answer.retry_after_s == pytest.approx(5.0)
         assert answer.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
         stream.close()
         # The interactive lane is empty: the same deadline is met there.
