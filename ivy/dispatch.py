@@ -17,7 +17,7 @@ replica with the fewest outstanding tokens and, while the request's deadline all
   busy, a pause (jittered, doubling from BUSY_PAUSE_S[0] to [1]) and again on any of them, until the
   deadline leaves no room for another pause and an attempt of MIN_ATTEMPT_S after it (RELIABILITY 31: a
   request larger than the free queues waits for room instead of a 429 while nothing else is queued). Then
-  the 429 is the answer (also when a pause overran the deadline on a loaded host);
+  the 429 is the answer (also when a pause, or the last retry itself, overran the deadline on a loaded host);
 - any other error is the answer.
 """
 
@@ -98,6 +98,9 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
                 busy.add(replica)
                 last = error
                 continue  # (finally runs first) not a failure of the replica: no warning per chunk
+            elif code == grpc.StatusCode.DEADLINE_EXCEEDED and last is not None \
+                    and last.problem is Problem.REPLICA_BUSY:
+                raise last from None  # a retry after queue full ran out of deadline (a stalled host): still the 429
             else:
                 raise error from None
         finally:

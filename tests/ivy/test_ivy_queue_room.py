@@ -5,8 +5,13 @@ a jittered pause (on the same replica or another) until the deadline."""
 from __future__ import annotations
 
 import threading
+import time
 
+import grpc
 import numpy as np
+import pytest
+
+import ivy.replica as replica_module
 
 from fake_tulip import FakeTulip, wait_until
 from ivy_testkit import gateway
@@ -58,3 +63,24 @@ def test_every_queue_full_until_the_deadline_is_429_with_retry_after() -> None:
             assert r.status_code == 429 and r.headers["retry-after"] and full.queue_full > 1  # retried, then 429
             gate.set()
             held.join(10)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_stall_during_the_last_retry_after_queue_full_is_still_429(monkeypatch, stream: bool) -> None:
+    """The host stalls (a GC pause, a starved CPU) while the last retry after queue full is in flight, past
+    the deadline: the answer is still the queue being full (429), not a 504."""
+    real = replica_module.Replica.embed
+    timeouts: list[float] = []
+
+    async def stalled(self, request, timeout, response_bytes):
+        timeouts.append(timeout)
+        if len(timeouts) > 1 and timeout < 1.0:  # the last retry: the replica's host freezes past its deadline
+            fake._loop.call_soon_threadsafe(time.sleep, timeout + 0.05)
+        return await real(self, request, timeout, response_bytes)
+
+    monkeypatch.setattr(replica_module.Replica, "embed", stalled)
+    with FakeTulip(fail_with=grpc.StatusCode.RESOURCE_EXHAUSTED, fail_details="the queue holds too many tokens",
+                   fail_reason="queue_full") as fake, gateway(fake, grpc_stream=stream) as client:
+        r = client.post("/v1/embeddings", json={"input": "a"}, headers={"X-Request-Timeout": "2"})
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] and min(timeouts) < 1.0  # the stalled retry did run
