@@ -93,3 +93,18 @@ def test_a_replica_down_keeps_its_first_cause() -> None:
         return first, replica.detail
 
     assert asyncio.run(run()) == ("no answer within 0.5 s", "Embed failed: UNAVAILABLE")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_one_chunk_request_on_a_hung_replica_is_answered_by_the_other(stream: bool) -> None:
+    """One chunk runs in the request's own task (no gather): giving the attempt up cancels that task and
+    takes the cancellation back, and the request goes on to the other replica."""
+    hung = FakeTulip(gate=threading.Event())
+    timeouts = _retries("TIMEOUT")
+    with hung, FakeTulip() as good:
+        with gateway(hung, good, replica_timeout_s=0.5, health_interval_s=60, grpc_stream=stream) as client:
+            for _ in range(2):  # the first pick may land on either; the second goes where the first did not
+                r = client.post("/v1/embeddings", json={"input": "one text"}, headers={"X-Request-Timeout": "20"})
+                assert r.status_code == 200, r.text
+            assert len(good.calls) == 2 and hung.calls == []
+    assert _retries("TIMEOUT") == timeouts + 1  # one of the two went to the hung replica first
