@@ -5,14 +5,15 @@ replica with the fewest outstanding tokens and, while the request's deadline all
 - UNAVAILABLE or CANCELLED (the replica went away, drains, or its watchdog says it is stalled): the replica
   is marked UNREACHABLE until its next probe and the chunk goes to another one (RELIABILITY 17);
 - no answer within the attempt timeout (`attempt_timeout_s`, IVY_REPLICA_TIMEOUT_S) while another replica
-  is shown to answer (SERVING, not tried, and idle or answered something since this attempt began) and
-  the deadline is further away (RELIABILITY 28: a hung replica, SIGSTOP or a stuck GPU, keeps its
-  connection and may still answer health SERVING): the replica is ejected (UNREACHABLE until a probe
-  answers, its stream closed so every chunk in flight on it fails over now; Tulip drops the work of a
-  closed stream, and a cancelled request is cancelled on it) and the chunk is re-sent elsewhere. With no
-  such replica the attempt goes on and is looked at again after another attempt timeout: a stall of the
-  whole host (every replica late at once) must not eject every replica and fail the chunk. The replica
-  is always given the request's own deadline; the attempt timeout is Ivy's alone;
+  is shown to answer (SERVING, not tried, and idle or answered something since this attempt began; a
+  queue-full answer does not count) and the deadline is further away (RELIABILITY 28: a hung replica,
+  SIGSTOP or a stuck GPU, keeps its connection and may still answer health SERVING): the replica is
+  ejected (UNREACHABLE until a probe answers, its stream closed so every chunk in flight on it fails over
+  now; Tulip drops the work of a closed stream, and a cancelled request is cancelled on it) and the chunk
+  is re-sent elsewhere. With no such replica the attempt goes on and is looked at again after another
+  attempt timeout: a stall of the whole host (every replica late at once) must not eject every replica
+  and fail the chunk. The replica is always given the request's own deadline; the attempt timeout is
+  Ivy's alone;
 - REPLICA_BUSY (the replica's queue is full, RESOURCE_EXHAUSTED): another replica now; when every one is
   busy, a pause (jittered, doubling from BUSY_PAUSE_S[0] to [1]) and again on any of them, until the
   deadline leaves no room for another pause and an attempt of MIN_ATTEMPT_S after it (RELIABILITY 31: a
@@ -42,7 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ivy.replicas")
 
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-_SILENT = (*_GONE, grpc.StatusCode.DEADLINE_EXCEEDED)  # failures that are no answer from the replica
+# Failures that do not show the replica can take a chunk: no answer from it, or its queue full.
+_NO_ROOM = (*_GONE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+LATE_LOOK_S = 0.05  # a look this late was held by the loop: it looks again once pending answers are read
 # Pauses while every replica's queue is full: the first about one batch on a GPU (a full Tulip queue drains
 # in ~1 s there), then doubling up to about one batch on a CPU replica (~1.5 s).
 BUSY_PAUSE_S = (0.02, 1.0)
@@ -79,12 +82,12 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
         start = time.perf_counter()
         try:
             return await _attempt(pool, replica, tried, request, remaining, response_bytes)
-        except _Overdue:
-            limit = pool.attempt_timeout_s
-            log.warning("replica %s did not answer a chunk of %d tokens within %.1f s while another replica "
+        except _Overdue as late:
+            waited = late.args[0]
+            log.warning("replica %s did not answer a chunk of %d tokens in %.1f s while another replica "
                         "answers: ejected until its next probe; re-sending the chunk elsewhere",
-                        replica.address, tokens, limit)
-            replica.eject(f"no answer within {limit:g} s")
+                        replica.address, tokens, waited)
+            replica.eject(f"no answer within {pool.attempt_timeout_s:g} s")
             reason = "TIMEOUT"
             error = IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline")
         except CallFailed as exc:
@@ -114,7 +117,8 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
 
 
 class _Overdue(Exception):
-    """The attempt outlived the attempt timeout while another replica answers (it was cancelled)."""
+    """The attempt outlived the attempt timeout while another replica answers (it was cancelled); its
+    argument: how long it ran."""
 
 
 async def _attempt(pool: ReplicaPool, replica: Replica, tried: set[Replica], request: embed_pb2.EmbedRequest,
@@ -122,34 +126,47 @@ async def _attempt(pool: ReplicaPool, replica: Replica, tried: set[Replica], req
     """The replica's answer within `remaining` seconds (the call's own timeout), or _Overdue once it is
     `pool.attempt_timeout_s` late while another replica is shown to answer. Raises CallFailed.
     The call runs inline; a timer looks at it every attempt timeout and cancels this task to give it up
-    (as asyncio.timeout does): no task or wait per chunk on the hot path."""
+    (as asyncio.timeout does): no task or wait per chunk on the hot path. The give-up runs one loop turn
+    after the look, so an answer already in hand is returned, not lost; a look that fires late (the loop
+    itself was held: a stalled host) looks once more after the answers that waited meanwhile are read."""
     began = time.monotonic()
     token = object()
     replica.attempts[token] = began
     limit = pool.attempt_timeout_s
     task = asyncio.current_task()
+    cancelling = task.cancelling()  # a caller's cancellations already pending are not ours to take back
     loop = asyncio.get_running_loop()
     overdue = False
-    timer: asyncio.TimerHandle | None = None
+    timer: asyncio.Handle | None = None
+    planned = loop.time() + limit
 
-    def look() -> None:
-        nonlocal overdue, timer
-        if pool.answering_other(tried, replica, since=began):
-            overdue = True
-            task.cancel()  # the call's own cancellation tells the replica to drop the work
+    def look(again: bool = False) -> None:
+        nonlocal timer, planned
+        now = loop.time()
+        if not again and now - planned > LATE_LOOK_S:
+            planned = now + LATE_LOOK_S
+            timer = loop.call_at(planned, look, True)
+        elif pool.answering_other(tried, replica, since=began):
+            timer = loop.call_soon(give_up)
         elif time.monotonic() + limit < began + remaining:
-            timer = loop.call_later(limit, look)  # nowhere better to go yet: look again later
+            planned = now + limit
+            timer = loop.call_at(planned, look)  # nowhere better to go yet: look again later
+
+    def give_up() -> None:
+        nonlocal overdue
+        overdue = True
+        task.cancel()  # the call's own cancellation tells the replica to drop the work
 
     if 0 < limit < remaining:
-        timer = loop.call_later(limit, look)
+        timer = loop.call_at(planned, look)
     try:
         response = await replica.embed(request, remaining, response_bytes)
     except asyncio.CancelledError:
-        if overdue and task.uncancel() == 0:  # ours alone; a caller's cancellation goes on up
-            raise _Overdue from None
+        if overdue and task.uncancel() <= cancelling:  # ours alone; a caller's cancellation goes on up
+            raise _Overdue(time.monotonic() - began) from None
         raise
     except CallFailed as exc:
-        if exc.code not in _SILENT:
+        if exc.code not in _NO_ROOM:
             replica.last_answer = time.monotonic()  # it answered, if not with rows
         raise
     finally:

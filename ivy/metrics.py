@@ -50,7 +50,8 @@ DEGRADED = Gauge("ivy_degraded", "1 while ready with some replica not serving (/
                  multiprocess_mode="livemax")
 
 KNOWN_ROUTES = {"/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v2/rerank", "/v1/models",
-                "/embed", "/tokenize", "/health", "/ready", "/metrics"}
+                "/embed", "/embed_sparse", "/embed_multi_vector", "/tokenize", "/health", "/ready", "/metrics",
+                "/rerank", "/score", "/embeddings"}  # the last three: the peers' paths
 
 
 _REQUEST_CHILDREN: dict[tuple[str, int], tuple] = {}

@@ -27,7 +27,8 @@ from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
 from ivy.late_interaction import CROSS, MAXSIM, encode_queries_and_documents, maxsim_scores, scoring_of
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
-from ivy.schemas import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRerankRequest, rerank_schema
+from ivy.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRerankRequest, TeiRerankResult,
+                         rerank_schema)
 
 router = APIRouter()
 
@@ -91,7 +92,8 @@ async def rerank(request: Request) -> Response:
     return await _rerank(request, RerankRequest, "/v1/rerank")
 
 
-@router.post("/rerank", openapi_extra=request_body(RerankRequest), responses={200: {"model": RerankResponse}})
+@router.post("/rerank", openapi_extra=request_body(RerankRequest, TeiRerankRequest),
+             responses={200: {"model": RerankResponse | list[TeiRerankResult]}})
 async def rerank_peers(request: Request) -> Response:
     """Where text-embeddings-inference, vLLM and Infinity serve rerank: a body with `texts` (TEI's: `query`,
     `texts`, `return_text`, `raw_scores` false) is answered in TEI's shape, a list of {"index", "score",

@@ -120,6 +120,14 @@ class TeiRerankRequest(_Request):
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
+class TeiRerankResult(BaseModel):
+    """One of text-embeddings-inference's rerank answers (a list of them, by score)."""
+
+    index: int
+    score: float
+    text: str | None = Field(default=None, description="The text, with return_text.")
+
+
 def rerank_schema(data: Any) -> type[RerankRequest] | type[TeiRerankRequest]:
     """POST /rerank's body: text-embeddings-inference's when it has `texts` and no `documents`, else Cohere's /
     Jina's (what vLLM and Infinity take there too)."""

@@ -26,9 +26,12 @@ def json_response(body: Any, status_code: int = 200) -> Response:
                     media_type="application/json")
 
 
-def request_body(model: type[BaseModel]) -> dict[str, Any]:
-    """OpenAPI for a route that reads its body by hand (size caps and exact errors, see ivy.body)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+def request_body(*models: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI for a route that reads its body by hand (size caps and exact errors, see ivy.body); with
+    several models, one of them (a route that takes two peers' shapes)."""
+    schemas = [m.model_json_schema() for m in models]
+    schema = schemas[0] if len(schemas) == 1 else {"oneOf": schemas}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def usage(tokens: int) -> dict[str, int]:

@@ -45,7 +45,8 @@ class Workspace:
     """The partials and tile counters of one GEMM shape (reused across calls; counters come back to zero)."""
 
     def __init__(self, m: int, n: int, config: SplitConfig, device: torch.device | str) -> None:
-        tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+        self.m, self.n, self.config = m, n, config
+        tiles = -(-m // config.block_m) * -(-n // config.block_n)
         self.partials = torch.empty(tiles * config.split * config.block_m * config.block_n, dtype=torch.float32,
                                     device=device)
         self.counters = torch.zeros(tiles, dtype=torch.int32, device=device)
@@ -62,7 +63,14 @@ def splitk_linear(x: torch.Tensor, weight: torch.Tensor, config: SplitConfig, wo
         raise ValueError(f"K = {k} does not split into {config.split} slices of {config.block_k}-wide blocks")
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("x and weight must be contiguous along K")
+    if x.dtype != weight.dtype:
+        raise ValueError(f"x is {x.dtype}, weight is {weight.dtype}")
+    if (workspace.m, workspace.n, workspace.config) != (m, n, config):
+        raise ValueError(f"the workspace is for {workspace.m} x {workspace.n} with {workspace.config.label()}, "
+                         f"not {m} x {n} with {config.label()}")  # a smaller one would be written past its end
     out = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
+    if out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be a {m} x {n} {x.dtype} tensor contiguous along N")
     grid = (triton.cdiv(n, config.block_n), config.split, triton.cdiv(m, config.block_m))
     _splitk_kernel[grid](x, weight, out, workspace.partials, workspace.counters, m, n, k // config.split,
                          x.stride(0), weight.stride(0), out.stride(0), ITERS=k // (config.split * config.block_k),

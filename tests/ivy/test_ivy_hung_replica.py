@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
 from fake_tulip import FakeTulip, wait_until
+from ivy import dispatch
 from ivy.replica import Replica
 from ivy.replicas import State
 from ivy_testkit import gateway
@@ -108,3 +110,67 @@ def test_a_one_chunk_request_on_a_hung_replica_is_answered_by_the_other(stream: 
                 assert r.status_code == 200, r.text
             assert len(good.calls) == 2 and hung.calls == []
     assert _retries("TIMEOUT") == timeouts + 1  # one of the two went to the hung replica first
+
+
+class _Pool:
+    attempt_timeout_s = 0.2
+
+    def __init__(self, other_answers: bool = True) -> None:
+        self.other_answers = other_answers
+
+    def answering_other(self, tried, replica, since) -> bool:
+        return self.other_answers
+
+
+class _Replica:
+    address = "test"
+
+    def __init__(self, answer: asyncio.Future) -> None:
+        self.attempts: dict = {}
+        self.last_answer = float("-inf")
+        self.answer = answer
+
+    async def embed(self, request, timeout, response_bytes):
+        return await self.answer
+
+
+def test_an_answer_in_the_same_loop_turn_as_the_look_is_returned_not_lost() -> None:
+    """The answer and the look land in one turn of the loop (after a stall, say): the rows come back."""
+    async def run():
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        when = loop.time() + 0.2  # the look's own time: both callbacks run in the same turn, the answer first
+        loop.call_at(when, answer.set_result, "rows")
+        return await dispatch._attempt(_Pool(), _Replica(answer), set(), None, 5.0, 0)
+
+    assert asyncio.run(run()) == "rows"
+
+
+def test_a_late_look_reads_the_answers_that_waited_first() -> None:
+    """The loop is held past the look's time (a stalled host) while the answer arrives; reading it takes a few
+    turns of the loop (as the stream's reader task does). The late look looks once more, so the answer is
+    returned; a replica that still has not answered by then is given up."""
+    async def run(answered: bool):
+        loop = asyncio.get_running_loop()
+        replica = _Replica(loop.create_future())
+
+        async def reader() -> None:
+            for _ in range(3):
+                await asyncio.sleep(0)
+            replica.answer.set_result("rows")
+
+        def stall() -> None:
+            if answered:  # arrives during the stall; its callback runs once the loop turns again
+                threading.Thread(target=lambda: loop.call_soon_threadsafe(loop.create_task, reader())).start()
+            time.sleep(0.4)
+
+        loop.call_later(0.05, stall)
+        try:
+            return await dispatch._attempt(_Pool(), replica, set(), None, 5.0, 0)
+        except dispatch._Overdue:
+            return "given up"
+        finally:
+            assert replica.attempts == {} and asyncio.current_task().cancelling() == 0
+
+    assert asyncio.run(run(answered=True)) == "rows"
+    assert asyncio.run(run(answered=False)) == "given up"

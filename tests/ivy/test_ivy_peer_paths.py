@@ -49,6 +49,11 @@ def test_score_and_embeddings_paths_answer_as_the_v1_routes(client) -> None:
     assert infinity["data"] == v1["data"] and infinity["usage"] == v1["usage"]
     paths = client.get("/openapi.json").json()["paths"]
     assert "/rerank" in paths and "/score" not in paths and "/embeddings" not in paths  # the twins stay out
+    body = paths["/rerank"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {s["title"] for s in body["oneOf"]} == {"RerankRequest", "TeiRerankRequest"}
+    exposition = client.get("/metrics").text  # counted under their own paths, not "other"
+    assert 'ivy_requests_total{route="/score",status="200"}' in exposition
+    assert 'ivy_requests_total{route="/embeddings",status="200"}' in exposition
 
 
 def test_tei_rerank_with_a_cross_encoder(tmp_path) -> None:

@@ -77,3 +77,10 @@ def test_refuses_a_k_that_does_not_split():
     x, w = _operands(4, 64, 96)
     with pytest.raises(ValueError, match="does not split"):
         splitk_linear(x, w, SplitConfig(block_k=64, split=2), Workspace(4, 64, SplitConfig(split=2), "cuda"))
+
+
+def test_refuses_a_workspace_of_another_shape():
+    config = SplitConfig(split=2)
+    x, w = _operands(128, 64, 256)
+    with pytest.raises(ValueError, match="workspace is for 64 x 64"):
+        splitk_linear(x, w, config, Workspace(64, 64, config, "cuda"))
