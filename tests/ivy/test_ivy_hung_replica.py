@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
@@ -16,6 +17,7 @@ from fake_tulip import FakeTulip, wait_until
 from ivy import dispatch
 from ivy.replica import Replica
 from ivy.replicas import State
+from ivy.stream import CallFailed
 from ivy_testkit import gateway
 
 TEXTS = [f"sentence number {i} about topic {i % 3}" for i in range(9)]
@@ -174,3 +176,26 @@ def test_a_late_look_reads_the_answers_that_waited_first() -> None:
 
     assert asyncio.run(run(answered=True)) == "rows"
     assert asyncio.run(run(answered=False)) == "given up"
+
+
+def test_a_queue_full_answer_does_not_show_room_for_a_chunk() -> None:
+    """A replica that answers queue full is alive but cannot take a late chunk: its answer does not make it a
+    place to re-send one (answering_other reads last_answer); an answer with rows, or another error, does."""
+    async def attempt(code):
+        loop = asyncio.get_running_loop()
+        replica = _Replica(loop.create_future())
+        if code is None:
+            replica.answer.set_result("rows")
+        else:
+            replica.answer.set_exception(CallFailed(code, "details"))
+        try:
+            await dispatch._attempt(_Pool(other_answers=False), replica, set(), None, 5.0, 0)
+        except CallFailed:
+            pass
+        return replica.last_answer > float("-inf")
+
+    shown = {code: asyncio.run(attempt(code)) for code in (None, grpc.StatusCode.INVALID_ARGUMENT,
+                                                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                            grpc.StatusCode.UNAVAILABLE)}
+    assert shown == {None: True, grpc.StatusCode.INVALID_ARGUMENT: True,
+                     grpc.StatusCode.RESOURCE_EXHAUSTED: False, grpc.StatusCode.UNAVAILABLE: False}
