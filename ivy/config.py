@@ -79,6 +79,12 @@ class IvyConfig:
     max_connections: int = field(default=0, metadata=_help(
         "Open connections per worker process; a new one over it gets 503 and is closed at once. "
         "0 = the process's open-file limit minus 256 (so sockets never take every descriptor)."))
+    send_timeout_s: float = field(default=30.0, metadata=_help(
+        "Seconds an answer may wait on a client that reads nothing (the connection's send buffer stays full: "
+        "no progress at all, however slow the link); then the connection is dropped with its unsent bytes. "
+        "Progress is what the kernel takes from the buffer, in steps of about a third of the socket's send "
+        "buffer (~1 MB): keep it above the time the slowest client takes to read that much. "
+        "0 = never (a client that never reads holds its answer's memory for as long as it stays connected)."))
     body_read_timeout_s: float = field(default=10.0, metadata=_help(
         "Seconds the whole request body may take to arrive; a client trickling bytes gets 408 and is closed."))
     request_timeout_s: float = field(default=30.0, metadata=_help(
@@ -141,6 +147,8 @@ class IvyConfig:
         if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0:
             raise SystemExit("ivy: --header-read-timeout-s and --keep-alive-timeout-s must be positive, "
                              "--max-connections at least 0")
+        if self.send_timeout_s < 0:
+            raise SystemExit("ivy: --send-timeout-s must be 0 (never) or positive")
         if self.docs not in ("auto", "on", "off"):
             raise SystemExit("ivy: --docs must be auto, on or off")
         from ivy.discovery import is_dns, parse  # torch-free, tiny

@@ -1,4 +1,5 @@
-"""Per-connection limits uvicorn lacks: header size, header read timeout, idle new connections, a cap.
+"""Per-connection limits uvicorn lacks: header size, header read timeout, idle new connections, a cap, a send
+timeout.
 
 uvicorn's httptools protocol has no header size limit, and httptools joins the pieces of one header with
 `bytes +=` (quadratic): one unauthenticated 150 MB header held the event loop ~20 s, long enough for the
@@ -10,7 +11,11 @@ descriptor. `ivy serve` runs these subclasses of uvicorn's protocols instead (RE
   httptools is missing, bounds its own buffer at the same size and answers 400);
 - headers not complete --header-read-timeout-s after their first byte: 408 and closed;
 - a new connection that sends nothing: closed after the keep-alive timeout, like an idle kept-alive one;
-- over --max-connections open in this process: 503 with Retry-After and closed at once.
+- over --max-connections open in this process: 503 with Retry-After and closed at once;
+- an answer the client does not read: while the transport's send buffer is over its high-water mark (from
+  asyncio's pause_writing to resume_writing), each --send-timeout-s must see some of it sent; a client that
+  read nothing in that time is aborted, which frees the unsent bytes (a slow reader is only watched longer). 30 stalled readers of 2048-input
+  answers held +382 MiB in one worker, indefinitely, before (RELIABILITY 40).
 
 Bytes are counted only between requests (no request of this connection in progress), where every byte
 received is part of the next request's line or headers, so the count is exact and the hot path pays two
@@ -43,6 +48,7 @@ class ConnectionLimits:
     max_header_bytes: int = 64 * 1024
     header_timeout_s: float = 10.0
     max_connections: int = 0  # 0: no cap
+    send_timeout_s: float = 30.0  # 0: never
 
     @classmethod
     def from_config(cls, config: IvyConfig) -> ConnectionLimits:
@@ -50,7 +56,7 @@ class ConnectionLimits:
         if cap == 0:  # auto: what this process's open-file limit leaves room for
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
             cap = 0 if soft == resource.RLIM_INFINITY else max(64, soft - FD_RESERVE)
-        return cls(config.max_header_bytes, config.header_read_timeout_s, cap)
+        return cls(config.max_header_bytes, config.header_read_timeout_s, cap, config.send_timeout_s)
 
 
 LIMITS = ConnectionLimits()
@@ -82,6 +88,7 @@ class _Limits:
 
     _header_bytes = 0
     _header_timer: asyncio.TimerHandle | None = None
+    _send_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -111,7 +118,38 @@ class _Limits:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._cancel_send_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The send buffer is over its high-water mark: the client has not read what was sent."""
+        super().pause_writing()
+        if LIMITS.send_timeout_s and self._send_timer is None:
+            self._watch_send(self.transport.get_write_buffer_size())
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel_send_timer()
+
+    def _watch_send(self, unsent: int) -> None:
+        self._send_timer = self.loop.call_later(LIMITS.send_timeout_s, self._send_timeout, unsent)
+
+    def _send_timeout(self, unsent_before: int) -> None:
+        """A send timeout passed with the buffer still over its mark: dropped if nothing of it was sent since
+        (the client read nothing), watched again if some was (a slow link still makes progress)."""
+        self._send_timer = None  # (connection_lost cancels it; a transport closing after `Connection: close`
+        unsent = self.transport.get_write_buffer_size()  # still holds its unsent bytes until they are read)
+        if unsent < unsent_before:
+            self._watch_send(unsent)
+            return
+        metrics.CONNECTIONS_REFUSED.labels("send_timeout").inc()
+        log.info("a client read nothing of its answer for %g s: connection dropped", LIMITS.send_timeout_s)
+        self.transport.abort()  # close now, unsent bytes discarded (close() would wait to flush them)
+
+    def _cancel_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
 
     def _header_timeout(self, cycle) -> None:
         self._header_timer = None

@@ -37,7 +37,7 @@ COALESCED = Histogram("ivy_requests_per_call", "Requests sharing one gRPC call (
                       buckets=(1, 2, 4, 8, 16, 32, 64))
 RETRIES = Counter("ivy_chunk_retries", "Chunks retried on another replica", ["reason"])
 CONNECTIONS_REFUSED = Counter("ivy_connections_refused", "Connections answered and closed by ivy.connections' limits "
-                              "(header_too_large, header_timeout, connection_cap)", ["reason"])
+                              "(header_too_large, header_timeout, connection_cap, send_timeout)", ["reason"])
 REPLICA_UP = Gauge("ivy_replica_up", "1 when the replica is SERVING the expected model", ["replica"],
                    multiprocess_mode="livemax")
 OUTSTANDING = Gauge("ivy_replica_outstanding_tokens", "Tokens sent to a replica and not answered", ["replica"],
