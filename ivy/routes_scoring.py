@@ -43,6 +43,23 @@ async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: l
     return rows[: len(q_seqs)], rows[len(q_seqs):], sum(map(len, q_seqs)) + sum(map(len, d_seqs))
 
 
+async def _scores(request: Request, gw: Gateway, mode: str, queries: list[str], docs: list[str], *,
+                  truncate: bool | None, side: str, deadline: float, instruction: str | None,
+                  names: tuple[str, str], lane: str | None) -> tuple[np.ndarray, int]:
+    """Scores of queries[i] with docs[i], or of the one query with every document, by `mode` (the cross-encoder's,
+    MaxSim or cosine), and the tokens sent."""
+    if mode == CROSS:
+        return await cross_scores(request, gw, queries, docs, truncate=truncate, side=side, deadline=deadline,
+                                  instruction=instruction, names=names, lane=lane)
+    check_instruction(gw, instruction)
+    if mode == MAXSIM:
+        return await maxsim_scores(request, gw, queries, docs, truncate=truncate, side=side, deadline=deadline,
+                                   names=names, lane=lane)
+    q, d, tokens = await _embed_pair(request, gw, queries, docs, truncate=truncate, side=side, deadline=deadline,
+                                     names=names, lane=lane)
+    return (d @ q[0] if len(q) == 1 else np.einsum("ij,ij->i", q, d)), tokens
+
+
 @router.post("/v1/score", openapi_extra=request_body(ScoreRequest), responses={200: {"model": ScoreResponse}})
 @router.post("/score", openapi_extra=request_body(ScoreRequest), include_in_schema=False)  # vLLM serves both
 async def score(request: Request) -> Response:
@@ -57,24 +74,10 @@ async def score(request: Request) -> Response:
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
             raise IvyError(Problem.INVALID_PARAMETER, f"text_1 has {len(body.text_1)} texts; it needs 1 or as many "
                            f"as text_2 ({len(body.text_2)})", param="text_1")
-        if mode == CROSS:
-            scores, tokens = await cross_scores(request, gw, body.text_1, body.text_2, truncate=body.truncate,
-                                                side=body.truncation_side, deadline=deadline,
-                                                instruction=body.instruction, names=("text_1", "text_2"), lane=lane)
-            inputs = len(scores)
-        elif mode == MAXSIM:
-            check_instruction(gw, body.instruction)
-            scores, tokens = await maxsim_scores(request, gw, body.text_1, body.text_2, truncate=body.truncate,
-                                                 side=body.truncation_side, deadline=deadline,
-                                                 names=("text_1", "text_2"), lane=lane)
-            inputs = len(body.text_1) + len(body.text_2)
-        else:
-            check_instruction(gw, body.instruction)
-            q, d, tokens = await _embed_pair(request, gw, body.text_1, body.text_2, truncate=body.truncate,
-                                             side=body.truncation_side, deadline=deadline, names=("text_1", "text_2"),
-                                             lane=lane)
-            scores = d @ q[0] if len(q) == 1 else np.einsum("ij,ij->i", q, d)
-            inputs = len(q) + len(d)
+        scores, tokens = await _scores(request, gw, mode, body.text_1, body.text_2, truncate=body.truncate,
+                                       side=body.truncation_side, deadline=deadline, instruction=body.instruction,
+                                       names=("text_1", "text_2"), lane=lane)
+        inputs = len(scores) if mode == CROSS else len(body.text_1) + len(body.text_2)
         metrics.INPUTS.labels("/v1/score").inc(inputs)
         metrics.TOKENS.labels("/v1/score").inc(tokens)
         data = [{"object": "score", "index": i, "score": float(s)} for i, s in enumerate(scores)]
@@ -114,19 +117,9 @@ async def _rerank(request: Request, schema, route: str) -> Response:
     instruction = None if tei else body.instruction
     with gw.admit():
         gw.check_count(len(documents), gw.config.max_inputs_per_request, names[1])
-        if mode == CROSS:
-            scores, tokens = await cross_scores(request, gw, [body.query], documents, truncate=body.truncate,
-                                                side=body.truncation_side, deadline=deadline,
-                                                instruction=instruction, names=names, lane=lane)
-        elif mode == MAXSIM:
-            check_instruction(gw, instruction)
-            scores, tokens = await maxsim_scores(request, gw, [body.query], documents, truncate=body.truncate,
-                                                 side=body.truncation_side, deadline=deadline, names=names, lane=lane)
-        else:
-            check_instruction(gw, instruction)
-            q, d, tokens = await _embed_pair(request, gw, [body.query], documents, truncate=body.truncate,
-                                             side=body.truncation_side, deadline=deadline, names=names, lane=lane)
-            scores = d @ q[0]
+        scores, tokens = await _scores(request, gw, mode, [body.query], documents, truncate=body.truncate,
+                                       side=body.truncation_side, deadline=deadline, instruction=instruction,
+                                       names=names, lane=lane)
         order = np.argsort(-scores, kind="stable")
         metrics.INPUTS.labels(route).inc(1 + len(documents))
         metrics.TOKENS.labels(route).inc(tokens)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.request
 
 import pytest
 
@@ -53,7 +54,6 @@ def _content_length(head: bytes) -> int:
 
 
 def _dropped(port: int) -> float:
-    import urllib.request
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     lines = [line for line in text.splitlines() if line.startswith('ivy_connections_refused_total{reason="send_timeout"}')]
     return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
