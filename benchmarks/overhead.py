@@ -109,15 +109,20 @@ def _shadow_accelerators() -> str:
 
 
 class Stack:
-    def __init__(self, ivy_workers: int, model_dir: str, pure_python: bool = False) -> None:
+    """`tulip serve` (the zero-cost engine unless `factory` names another; "" = ROSE) and `ivy serve` in front
+    of it. env: more environment for both; metrics_port: Tulip's /metrics port (0 = off)."""
+
+    def __init__(self, ivy_workers: int, model_dir: str, pure_python: bool = False, factory: str = FACTORY,
+                 env: dict[str, str] | None = None, metrics_port: int = 0) -> None:
         self.grpc_port, self.http_port = free_port(), free_port()
         path = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         if pure_python:  # as on a host without uvloop/httptools: uvicorn falls back to asyncio + h11
             path.insert(0, _shadow_accelerators())
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+        env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(path)}
         self.tulip = subprocess.Popen(
             [sys.executable, "-m", "tulip", "serve", "--port", str(self.grpc_port), "--device", "cpu",
-             "--model", model_dir, "--engine-factory", FACTORY, "--log-level", "warning"], env=env, cwd=REPO)
+             "--model", model_dir, "--engine-factory", factory, "--metrics-port", str(metrics_port),
+             "--log-level", "warning"], env=env, cwd=REPO)
         self.ivy = subprocess.Popen(
             [sys.executable, "-m", "ivy", "serve", "--port", str(self.http_port), "--model", model_dir,
              "--replicas", f"127.0.0.1:{self.grpc_port}", "--workers", str(ivy_workers), "--log-level",

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The stack's layers apart on the Qwen3-0.6B config (random bf16): STEP=layers (default) runs ROSE's GPU tests, then ivy-text, ivy-ids, tulip-grpc and in-process on the same requests in one run; STEP=ab runs stack A/Bs (stream vs unary, idle capture, Tulips per GPU).
-# Carry .whl. From the repository root:
+# The stack's layers apart on the Qwen3-0.6B config (random bf16): STEP=layers (default) runs ROSE's GPU tests, then ivy-text, ivy-ids, tulip-grpc and in-process on the same requests in one run; STEP=ab runs stack A/Bs (stream vs unary, idle capture, Tulips per GPU); STEP=commits runs an older commit's services beside this tree's.
+# Carry .whl (STEP=commits: .whl and .base). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-layers     # STEP=layers
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-ab         # STEP=ab
+#   BASE=48731df; rm -rf .base && mkdir .base && git archive $BASE ivy tulip rose protos | tar -x -C .base
+#   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh stack-commits
 # Prints one table last. Results: $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
-# $OUT/stack_layers_qwen3-0.6b_<variant>.json (STEP=ab).
+# $OUT/stack_layers_qwen3-0.6b_<variant>.json (STEP=ab), $OUT/stack_layers_qwen3-0.6b_{base,head}{1,2}.json
+# (STEP=commits: the same client, this tree's, against `ivy up` from .base and from this tree, alternating
+# twice; ivy-text, ivy-ids and tulip-grpc at 1 x 128, 1 x 4096 and 1-16 clients).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 require_carried .whl
@@ -43,6 +47,20 @@ if [ "${STEP:-layers}" = layers ]; then
   start_stack layers python3 -m ivy up
   layers "" $metrics1 --suite all --inprocess true --duration-s ${DURATION:-2}
   stop_stack layers
+elif [ "${STEP}" = commits ]; then
+  [ -f .base/ivy/__init__.py ] || { echo "no .base tree in this call: carry .base (see this script's header)" >&2; exit 1; }
+  echo "base ${BASE_COMMIT:-?} (.base) vs head $GIT_COMMIT (this tree)"
+  for round in 1 2; do
+    for side in base head; do
+      path=$PWD; [ $side = base ] && path=$PWD/.base
+      cd $path  # `python3 -m` puts the working directory first on sys.path: the side's own packages
+      start_stack $side$round PYTHONPATH=/tmp/site:$path python3 -m ivy up
+      cd - > /dev/null
+      layers $side$round $metrics1 --layers ivy-text,ivy-ids,tulip-grpc --suite embed-latency,concurrency \
+        --embed-tokens 128,4096 --duration-s ${DURATION:-2}
+      stop_stack $side$round
+    done
+  done
 else
   for variant in ${VARIANTS:-"stream" "unary IVY_GRPC_STREAM=false" "idle1 TULIP_IDLE_CAPTURE_MS=1" "tulips2 --tulips-per-gpu 2"}; do
     set -- $variant

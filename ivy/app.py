@@ -28,6 +28,7 @@ from ivy.errors import IvyError, Problem, from_validation_errors
 from ivy.gateway import Gateway
 from ivy.web import gateway_of, json_response
 from ivy.schemas import ModelList
+from rose import gc_pauses
 from rose.flags import config_from_args
 
 log = logging.getLogger("ivy")
@@ -41,11 +42,17 @@ def create_app(config: IvyConfig) -> FastAPI:
         await gateway.start()
         app.state.gateway = gateway
         _drain_on_sigterm(gateway, config.drain_delay_s)
+        gc_timer = gc_pauses.PauseTimer(metrics.observe_gc_pause).install()
+        if config.gc_freeze:  # the started worker's heap out of every later collection (rose/gc_pauses.py)
+            gc_pauses.freeze()
         log.info("ivy serving %s; replicas: %s", gateway.model_name,
                  ", ".join(f"{r['address']} ({r['state']})" for r in gateway.pool.describe()))
         try:
             yield
         finally:
+            gc_timer.remove()
+            if config.gc_freeze:
+                gc_pauses.unfreeze()
             await gateway.close()
 
     app = FastAPI(title="Ivy", version=__version__, lifespan=lifespan,

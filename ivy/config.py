@@ -79,6 +79,10 @@ class IvyConfig:
     max_connections: int = field(default=0, metadata=_help(
         "Open connections per worker process; a new one over it gets 503 and is closed at once. "
         "0 = the process's open-file limit minus 256 (so sockets never take every descriptor)."))
+    gc_freeze: bool = field(default=True, metadata=_help(
+        "once a worker serves, move every object alive into the garbage collector's permanent generation "
+        "(gc.freeze), so full collections walk only what requests made, not FastAPI's, pydantic's and the "
+        "tokenizer's ~75 k objects (rose/gc_pauses.py); false = off"))
     send_timeout_s: float = field(default=30.0, metadata=_help(
         "Seconds an answer may wait on a client that reads nothing (the connection's send buffer stays full: "
         "no progress at all, however slow the link); then the connection is dropped with its unsent bytes. "

@@ -49,6 +49,15 @@ REPLICAS_SERVING = Gauge("ivy_replicas_serving", "Replicas SERVING the expected 
 DEGRADED = Gauge("ivy_degraded", "1 while ready with some replica not serving (/ready says degraded)",
                  multiprocess_mode="livemax")
 
+GC_PAUSE = Histogram("ivy_gc_pause_seconds", "Pauses of the cyclic garbage collector (the worker's requests wait), "
+                     "by generation", ["generation"], buckets=(0.0001, 0.00025, 0.0005) + _LATENCY)
+_GC_PAUSE = [GC_PAUSE.labels(str(g)) for g in range(3)]
+
+
+def observe_gc_pause(generation: int, seconds: float) -> None:
+    _GC_PAUSE[generation].observe(seconds)
+
+
 KNOWN_ROUTES = {"/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v2/rerank", "/v1/models",
                 "/embed", "/embed_sparse", "/embed_multi_vector", "/tokenize", "/health", "/ready", "/metrics",
                 "/rerank", "/score", "/embeddings"}  # the last three: the peers' paths

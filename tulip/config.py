@@ -83,6 +83,9 @@ class TulipConfig:
     idle_capture_ms: float = _f(0.0, "when the queue has been empty this long with nothing in flight, capture the "
                                      "graph of a layout that ran eagerly (its next batch would capture on the "
                                      "request path); 0 = off, the default until measured on a GPU")
+    gc_freeze: bool = _f(True, "once ready, move every object alive into the garbage collector's permanent "
+                               "generation (gc.freeze), so full collections walk only what requests made, "
+                               "not torch's and the model's ~300 k objects (rose/gc_pauses.py); false = off")
     pinned_cap_mb: int = _f(256, "cap on ROSE's page-locked host memory for results, in MiB")
     metrics_port: int = _f(0, "Prometheus /metrics port on its own HTTP server; 0 = off")
     metrics_host: str = _f("127.0.0.1", "address the metrics server binds")

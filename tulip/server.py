@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from protos import embed_pb2, embed_pb2_grpc
+from rose import gc_pauses
 from tulip.channel_options import CLIENT_CHANNEL_OPTIONS, server_options
 from tulip.config import TulipConfig
 from tulip.engine_loader import build_engine, probe_full_budget, run_in_daemon_thread, vocab_size
@@ -62,6 +63,8 @@ class TulipServer:
         self._active = 0  # accepted Embed calls not yet answered
         self.calls_seen = 0  # Embed calls and stream requests that reached admit(), refused ones too
         self._idle: asyncio.Event | None = None
+        self._gc_timer = gc_pauses.PauseTimer(self.metrics.observe_gc_pause)
+        self._frozen = False
         self.metrics.bind_state(
             queue_depth=lambda: self.queue.depth() if self.queue else (0, 0),
             lane_depth=lambda lane: self.queue.lane_tokens(lane) if self.queue else 0,
@@ -90,6 +93,7 @@ class TulipServer:
         self.port = server.add_insecure_port(address)  # raises RuntimeError when the port is taken
         await server.start()
         self._grpc = server
+        self._gc_timer.install()
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         log.info("tulip listening on %s:%d", self.config.host, self.port)
 
@@ -127,6 +131,9 @@ class TulipServer:
             self.watchdog = Watchdog(self.worker, floor_s=config.watchdog_s, factor=config.watchdog_factor,
                                      on_change=self._on_stall, others=(self.express,) if self.express else ())
             self._watchdog_task = asyncio.ensure_future(self.watchdog.run())
+        if config.gc_freeze:  # the loaded, warmed heap out of every later collection (rose/gc_pauses.py)
+            log.info("garbage collector: %d start-up objects frozen", gc_pauses.freeze())
+            self._frozen = True
         self.ready = True
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -206,6 +213,10 @@ class TulipServer:
             except Exception:  # noqa: BLE001 - shutting down anyway
                 log.exception("engine close failed")
         self.metrics.shutdown()
+        self._gc_timer.remove()
+        if self._frozen:
+            gc_pauses.unfreeze()
+            self._frozen = False
 
     # -- admission (tulip.servicer and tulip.stream call these) ---------------------------------
 

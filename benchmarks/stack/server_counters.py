@@ -4,8 +4,9 @@
 over its measurement of the engine's forward passes by mode (`eager` = a graph key's first batch,
 `capture`, `replay`, and the eager runs above the largest bucket), seconds spent capturing, and the
 batches and their mean duration, and each priority lane's tokens in launched batches (`lane_tokens_bulk`,
-`lane_tokens_interactive`). A latency tail that lines up with eager runs and captures is lazy capture;
-one that does not is the gateway or the batcher. Peers' metrics have other names: their deltas stay empty.
+`lane_tokens_interactive`), and Tulip's full garbage collections (`gc_full`, `gc_full_seconds`). A latency
+tail that lines up with eager runs and captures is lazy capture; one that lines up with full collections is
+the collector; one that does neither is the gateway or the batcher. Peers' metrics have other names: their deltas stay empty.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ _SUMMED = {"rose_graph_capture_seconds": "capture_seconds", "tulip_batch_seconds
            "tulip_batch_seconds_sum": "batch_seconds", "tulip_queue_wait_seconds_sum": "queue_wait_seconds",
            "tulip_queue_wait_seconds_count": "queued_sequences", "rose_graph_substitutions": "substitutions",
            "tulip_express_batches_total": "express_batches"}
+_GC_FULL = {"tulip_gc_pause_seconds_count": "gc_full", "tulip_gc_pause_seconds_sum": "gc_full_seconds"}
 
 
 def scrape(urls: list[str], timeout_s: float = 5.0) -> dict[str, float]:
@@ -33,6 +35,8 @@ def scrape(urls: list[str], timeout_s: float = 5.0) -> dict[str, float]:
                     totals[f"runs_{sample.labels.get('mode') or 'other'}"] += sample.value
                 elif sample.name == "tulip_lane_batch_tokens_total":  # each priority lane's batched tokens
                     totals[f"lane_tokens_{sample.labels.get('lane') or 'other'}"] += sample.value
+                elif sample.name in _GC_FULL and sample.labels.get("generation") == "2":
+                    totals[_GC_FULL[sample.name]] += sample.value
                 elif sample.name in _SUMMED:
                     totals[_SUMMED[sample.name]] += sample.value
     return dict(totals)
@@ -52,6 +56,8 @@ def describe(change: dict[str, float]) -> str:
              if change.get(f"runs_{mode}")]
     if change.get("substitutions"):
         parts.append(f"substituted {int(change['substitutions'])}")
+    if change.get("gc_full"):
+        parts.append(f"gc2 {int(change['gc_full'])} ({change.get('gc_full_seconds', 0) * 1e3:.0f} ms)")
     if change.get("batches"):
         parts.append(f"batches {int(change['batches'])} ({change.get('mean_batch_ms', 0):.1f} ms)")
     return " ".join(parts)

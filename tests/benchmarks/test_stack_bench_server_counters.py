@@ -102,3 +102,32 @@ def test_unreachable_metrics_leave_records_without(fake_stack: FakeStack, tmp_pa
     assert main(argv) == 0
     record = json.loads((tmp_path / f"stack_{MODEL}.json").read_text())["records"][0]
     assert "server" not in record
+
+
+def test_full_garbage_collections_are_read_from_tulips_own_histogram() -> None:
+    from tulip.metrics import TulipMetrics
+
+    metrics = TulipMetrics()
+    metrics.observe_gc_pause(0, 0.0001)
+    metrics.observe_gc_pause(2, 0.120)
+    metrics.observe_gc_pause(2, 0.060)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(metrics.registry)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        now = scrape([f"http://127.0.0.1:{server.server_address[1]}/metrics"])
+    finally:
+        server.shutdown()
+    assert now["gc_full"] == 2 and now["gc_full_seconds"] == pytest.approx(0.18)  # generation 0 left out
+    assert describe(delta({}, now)) == "gc2 2 (180 ms)"

@@ -27,7 +27,7 @@ def test_a_capture_does_not_synchronize_the_device_or_empty_the_cache(tiny_model
                                  engine.spec.pooling)
     engine.warmup()  # as a replica starts: every Triton variant compiled and loaded (a module load syncs)
     runner.step(batch).result()  # the layout's eager warm-up: its next batch captures
-    host = runner.pack(batch, runner._layout(batch))
+    host = runner.pack(batch, runner._layout(graphs, batch))
     staged = torch.from_numpy(host.packed).pin_memory()
     with torch.inference_mode(), torch.cuda.device(runner.device):
         spare = torch.empty(256 << 20, dtype=torch.uint8, device=runner.device)
