@@ -58,7 +58,8 @@ DECODER_CONFIGS = {  # name -> (transformers model class, config, ST pooling, De
         vocab_size=32000, max_position_embeddings=32768, rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=4096),
         "last", (), 4096),
 }
-HEAD_MODELS = ("ms-marco-minilm-l6", "bge-reranker-v2-m3", "splade-cocondenser", "bge-m3")  # model_zoo_heads
+HEAD_MODELS = ("ms-marco-minilm-l6", "bge-reranker-v2-m3", "qwen3-reranker-0.6b", "splade-cocondenser",
+               "bge-m3")  # model_zoo_heads
 REMOTE_NAMES = ("gte-base-en-v1.5", "nomic-embed-text-v1.5")  # = model_zoo_remote.REMOTE_MODELS
 MODELS = (*QWEN3_CONFIGS, "minilm-l6", *ENCODER_CONFIGS, *DECODER_CONFIGS, *HEAD_MODELS, *REMOTE_NAMES)
 

@@ -6,6 +6,9 @@ every vocabulary here), written with transformers' save_pretrained plus the file
   12 heads, one label), config.json's `sentence_transformers.activation_fn` Identity as its hub folder says.
 - `bge-reranker-v2-m3`: XLMRobertaForSequenceClassification at XLM-R large (24 layers of 1024, vocabulary
   250002, 8194 positions), one label, no sentence-transformers files (CrossEncoder's default Sigmoid).
+- `qwen3-reranker-0.6b`: Qwen3ForCausalLM at Qwen3-0.6B (Qwen/Qwen3-Reranker-0.6B: 28 layers of 1024, tied
+  embeddings) with vLLM's `is_original_qwen3_reranker` in config.json: the score is P("yes") from the last
+  token's "yes" and "no" logits (MiniLM's tokenizer resolves both words).
 - `splade-cocondenser`: BertForMaskedLM at bert-base (naver/splade-cocondenser-ensembledistil) in
   sentence-transformers' SparseEncoder layout: Transformer (fill-mask) then SpladePooling max / relu.
 - `bge-m3`: XLMRobertaModel at XLM-R large with CLS pooling + Normalize and FlagEmbedding's colbert_linear.pt
@@ -17,6 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks.model_zoo import QWEN3_CONFIGS
+
 XLMR_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
                   vocab_size=250002, max_position_embeddings=8194, type_vocab_size=1, layer_norm_eps=1e-5,
                   pad_token_id=1, bos_token_id=0, eos_token_id=2)
@@ -26,6 +31,8 @@ HEAD_CONFIGS = {  # name -> (transformers config and model class, the published 
         max_position_embeddings=512, num_labels=1), 512),
     "bge-reranker-v2-m3": ("XLMRobertaConfig", "XLMRobertaForSequenceClassification", dict(XLMR_LARGE, num_labels=1),
                            8192),
+    "qwen3-reranker-0.6b": ("Qwen3Config", "Qwen3ForCausalLM", dict(QWEN3_CONFIGS["qwen3-0.6b"],
+                                                                    is_original_qwen3_reranker=True), 32768),
     "splade-cocondenser": ("BertConfig", "BertForMaskedLM", dict(vocab_size=30522), 512),
     "bge-m3": ("XLMRobertaConfig", "XLMRobertaModel", dict(XLMR_LARGE), 8192),
 }

@@ -107,7 +107,7 @@ def hf_baseline(model_dir: Path, spec, compile_mode: str | None):
     """The transformers model the folder holds: a cross-encoder's score, SPLADE's vocabulary row, else the
     pooled hidden state (BGE-M3: its dense CLS output)."""
     if spec.score_head is not None:
-        return hf_heads.hf_cross_runner(model_dir, spec.score_head.activation, DEVICE)
+        return hf_heads.hf_cross_runner(model_dir, spec.score_head, DEVICE)
     if spec.retrieval is not None and spec.retrieval.kind == "splade":
         return hf_heads.hf_splade_runner(model_dir, DEVICE)
     return hf_runner(model_dir, spec.pooling, compile_mode)

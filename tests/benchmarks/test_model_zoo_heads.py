@@ -11,13 +11,14 @@ import torch
 from benchmarks import model_zoo_heads
 
 TINY = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=96)
-TASKS = {"ms-marco-minilm-l6": ("rerank",), "bge-reranker-v2-m3": ("rerank",), "splade-cocondenser": ("sparse",),
-         "bge-m3": ("embed", "multi-vector", "sparse")}
+TASKS = {"ms-marco-minilm-l6": ("rerank",), "bge-reranker-v2-m3": ("rerank",), "qwen3-reranker-0.6b": ("rerank",),
+         "splade-cocondenser": ("sparse",), "bge-m3": ("embed", "multi-vector", "sparse")}
+QWEN3_TINY = dict(num_key_value_heads=2, head_dim=16)  # Qwen3's grouped heads at TINY's width
 
 
 @pytest.fixture
 def tiny_heads(monkeypatch):
-    shrunk = {name: (cfg, cls, {**values, **TINY, "vocab_size": 30600,
+    shrunk = {name: (cfg, cls, {**values, **TINY, **(QWEN3_TINY if cfg == "Qwen3Config" else {}), "vocab_size": 30600,
                                 "max_position_embeddings": min(values.get("max_position_embeddings", 512), 514)}, seq)
               for name, (cfg, cls, values, seq) in model_zoo_heads.HEAD_CONFIGS.items()}
     monkeypatch.setattr(model_zoo_heads, "HEAD_CONFIGS", shrunk)
@@ -43,7 +44,9 @@ def test_head_folders_load_as_their_models_and_match_the_hf_baseline(name, tiny_
         ours = engine.step(Batch.from_sequences(seqs, spec.pooling)).result()
     if spec.score_head is not None:
         assert spec.score_head.activation == ("identity" if name == "ms-marco-minilm-l6" else "sigmoid")
-        hf = hf_heads.hf_cross_runner(folder, spec.score_head.activation, "cpu", torch.float32)(seqs)
+        assert spec.score_head.kind == ("yes_no" if name == "qwen3-reranker-0.6b" else spec.score_head.kind)
+        hf = hf_heads.hf_cross_runner(folder, spec.score_head, "cpu", torch.float32)(seqs)
+        assert np.ptp(hf) > 1e-3, "the pairs' scores do not differ: the comparison would show nothing"
         np.testing.assert_allclose(ours[:, 0], hf, atol=1e-4)
         return
     if name == "splade-cocondenser":
@@ -61,7 +64,7 @@ def test_head_folders_load_as_their_models_and_match_the_hf_baseline(name, tiny_
         assert float(row[:64] @ cls / np.linalg.norm(cls)) >= 0.9999  # the dense output: normalized CLS
 
 
-@pytest.mark.parametrize("name", ["ms-marco-minilm-l6", "splade-cocondenser", "bge-m3"])
+@pytest.mark.parametrize("name", ["ms-marco-minilm-l6", "qwen3-reranker-0.6b", "splade-cocondenser", "bge-m3"])
 def test_rose_gpu_runs_the_head_suites_on_cpu(name, tiny_heads, tmp_path, monkeypatch):
     from benchmarks import rose_gpu
 
