@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections import deque
 
 import pytest
 
@@ -50,3 +51,25 @@ def test_every_collection_reports_its_generation_and_pause() -> None:
     assert all(s >= 0 for _, s in seen)
     gc.collect()
     assert len(seen) == 2, "a removed timer still observed"
+
+
+def test_after_the_freeze_full_collections_follow_the_requests_garbage_not_the_frozen_heap(unfrozen) -> None:
+    heap = [{"i": i, "l": [i]} for i in range(150_000)]  # a served process's start-up heap: ~300 k objects
+    gc.collect()  # all of it long-lived, as after start-up: the collector counts it
+    gc_pauses.freeze()
+    full: list[float] = []
+    timer = gc_pauses.PauseTimer(lambda gen, s: gen == 2 and full.append(s)).install()
+    try:
+        in_flight: deque = deque()
+        for _ in range(200_000):  # requests whose objects form cycles, 64 in flight at a time
+            a: dict = {}
+            a["b"] = {"a": a}
+            in_flight.append(a)
+            if len(in_flight) > 64:
+                in_flight.popleft()
+    finally:
+        timer.remove()
+    # gc.freeze alone leaves the long-lived count at the frozen heap's size, and no full collection would
+    # come before ~75 k survivors (none here): the garbage that reached the oldest generation would stay.
+    assert len(full) >= 2, f"{len(full)} full collections: the collector still waits on the frozen heap's size"
+    assert len(heap) == 150_000
