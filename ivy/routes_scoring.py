@@ -1,5 +1,6 @@
 """POST /v1/score (vLLM's shape; also at /score) and POST /v1/rerank (Cohere's and Jina's shape; also at
-/v2/rerank, and at /rerank, which takes text-embeddings-inference's shape too): relevance scores.
+/v2/rerank, and at /rerank, which takes text-embeddings-inference's shape too): relevance scores. POST
+/similarity (text-embeddings-inference's): the symmetric cosine of one sentence with others.
 
 With an embedding model, cosine scores: queries are templated as queries and documents as documents (the
 model's prompts, when it has them); everything is embedded in one batch with normalize=true, so a score is
@@ -13,6 +14,7 @@ The priority lane is chosen as for /v1/embeddings (ivy/lanes.py: body `priority`
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -27,8 +29,8 @@ from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
 from ivy.late_interaction import CROSS, MAXSIM, encode_queries_and_documents, maxsim_scores, scoring_of
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
-from ivy.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRerankRequest, TeiRerankResult,
-                         rerank_schema)
+from ivy.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, SimilarityParameters,
+                         SimilarityRequest, TeiRerankRequest, TeiRerankResult, rerank_schema)
 
 router = APIRouter()
 
@@ -136,3 +138,28 @@ async def _rerank(request: Request, schema, route: str) -> Response:
             results.append(item)
         return json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": gw.model_name, "results": results,
                               "usage": usage(tokens)})
+
+
+@router.post("/similarity", openapi_extra=request_body(SimilarityRequest), responses={200: {"model": list[float]}})
+async def similarity(request: Request) -> Response:
+    """The cosine of `inputs.source_sentence` with each of `inputs.sentences`, in their order (a list of floats).
+    Symmetric, as text-embeddings-inference computes it: every text gets the same prompt (`parameters.
+    prompt_name`, else the model's default), not query and document templates; an embedding model only."""
+    gw = gateway_of(request)
+    body, deadline, lane = await gw.open_request(request, SimilarityRequest, task="embed", route="/similarity")
+    params = body.parameters or SimilarityParameters()
+    sentences = body.inputs.sentences
+    with gw.admit():
+        gw.check_count(1 + len(sentences), gw.config.max_inputs_per_request, "inputs.sentences")
+        cut = gw.config.truncate if params.truncate is None else params.truncate
+        prompt = gw.encoder.prompt_for(None, params.prompt_name)
+        source, seqs = await asyncio.gather(*(
+            gw.encoder.encode_texts(texts, truncate=cut, side=params.truncation_side, prompt=prompt, param=name)
+            for texts, name in (([body.inputs.source_sentence], "inputs.source_sentence"),
+                                (sentences, "inputs.sentences"))))
+        rows = await unless_disconnected(request, gw.embed(source + seqs, deadline=deadline, normalize=True,
+                                                              lane=lane))
+        tokens = sum(map(len, source)) + sum(map(len, seqs))
+        metrics.INPUTS.labels("/similarity").inc(1 + len(seqs))
+        metrics.TOKENS.labels("/similarity").inc(tokens)
+        return json_response((rows[1:] @ rows[0]).tolist())

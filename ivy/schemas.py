@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
 from ivy.lanes import PRIORITY_RULE, lane_name
-from ivy.inputs import (_ID_LISTS, Dimensions, DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType,
+from ivy.inputs import (_ID_LISTS, _empty, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType,
                         Query, RerankDocuments, Side, TextOrTexts, parse_inputs, parse_texts)
 
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
@@ -27,12 +27,10 @@ SCORING = ("cosine (dense unit vectors) or maxsim (late interaction over the tok
 Scoring = Literal["cosine", "maxsim"]
 
 
-class _Request(BaseModel):
+class _Body(BaseModel):
     # Strict: "dimensions": "128" is a 422, not silently coerced. Unknown fields are ignored (other servers
     # and SDKs send their own), except near misses of ours (ivy.body.check_misspelled_fields).
     model_config = ConfigDict(strict=True, extra="ignore")
-
-    model: str | None = Field(default=None, description="The served model's name; omitted = the served model.")
 
     @model_validator(mode="before")
     @classmethod
@@ -49,6 +47,10 @@ class _Request(BaseModel):
             if theirs in data and ours not in data and ours in cls.model_fields:
                 data = {**data, ours: data[theirs]}
         return data
+
+
+class _Request(_Body):
+    model: str | None = Field(default=None, description="The served model's name; omitted = the served model.")
 
 
 Priority = Annotated[str | None, PlainValidator(lambda v: None if v is None else lane_name(v)), WithJsonSchema({
@@ -180,6 +182,48 @@ class TokenizeRequest(_Request):
 
     prompt: str
     add_special_tokens: bool = True
+
+
+def _source_sentence(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _wrong("inputs.source_sentence", "a string")
+    if not value:
+        raise _empty("inputs.source_sentence")
+    return value
+
+
+class SimilarityInputs(_Body):
+    source_sentence: Annotated[str, PlainValidator(_source_sentence), WithJsonSchema({"type": "string", "minLength": 1})]
+    sentences: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "inputs.sentences")), WithJsonSchema(
+        {"type": "array", "items": {"type": "string", "minLength": 1}})]
+
+
+class SimilarityParameters(_Body):
+    truncate: bool | None = None
+    truncation_side: Side = "right"
+    prompt_name: str | None = Field(default=None, description="A sentence-transformers prompt, applied to every text.")
+
+
+class SimilarityRequest(_Request):
+    """text-embeddings-inference's (and the Hugging Face sentence-similarity task's) POST /similarity: the
+    cosine of the source sentence's embedding with each sentence's, answered as a list of floats."""
+
+    inputs: SimilarityInputs
+    parameters: SimilarityParameters | None = None
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+
+
+class DetokenizeRequest(_Request):
+    """vLLM's /detokenize: the text of token ids, special tokens left out."""
+
+    tokens: list[int]
+
+
+class DecodeRequest(_Request):
+    """text-embeddings-inference's /decode: the text of one id list or of several, answered as a list."""
+
+    ids: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
 
 
 # ---- responses (documentation of the shapes the routes return) ----

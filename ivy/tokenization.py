@@ -224,6 +224,22 @@ class InputEncoder:
                            f"{cap}", param="prompt", limit=cap)
         return await self._run(self._tokenize, text, add_special_tokens, size=len(text))
 
+    async def decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
+        """The text of each id list (POST /decode, /detokenize); names[i] is seqs[i]'s field, for errors: at most
+        max_length ids each, every id in the vocabulary (a 422 naming `names[i][j]`)."""
+        return await self._run(self._decode, seqs, skip_special_tokens, names, size=_size(seqs, self.inline_chars))
+
+    def _decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
+        vocab = self.vocab_limit
+        for seq, name in zip(seqs, names):
+            if len(seq) > self.max_length:
+                raise too_long(name, len(seq), self.max_length)
+            j = next((k for k, t in enumerate(seq) if not 0 <= t < vocab), -1)  # max_length ids at most
+            if j >= 0:
+                raise IvyError(Problem.INVALID_PARAMETER, f"{name}[{j}] is token id {seq[j]}, outside the model's "
+                               f"vocabulary (0..{vocab - 1})", param=f"{name}[{j}]", limit=vocab - 1)
+        return [self.tokenizer.decode(seq, skip_special_tokens) for seq in seqs]
+
     def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         if add_special_tokens:
             return self.splitter.encode_batch([text], 1 << 30)[0].ids

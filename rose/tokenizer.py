@@ -180,6 +180,13 @@ class Tokenizer:
             return self._spm.token_id(token)
         return self._hf.token_to_id(token)
 
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of token ids (ids in 0..vocab_size - 1; the caller checks), as the tokenizer's decoder
+        writes it; special tokens left out unless `skip_special_tokens` is false."""
+        if self._spm is not None:
+            return self._spm.decode(ids, skip_special_tokens)
+        return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
 
 def _config_specials(hf, config_path: Path) -> bool:
     """Add the BOS / EOS that tokenizer_config.json's add_bos_token / add_eos_token ask for and tokenizer.json's
@@ -259,6 +266,37 @@ class _SentencePiece:
         a, b = (a[:k1], b[:k2]) if side == "right" else (a[n1 - k1:], b[n2 - k2:])
         ids = [self.bos, *a, self.eos, self.eos, *b, self.eos]
         return EncodedPair(ids, [0] * len(ids), n1 + n2 + 4, (k1, k2) != (n1, n2))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
+        """Pieces decoded in runs between special tokens; a special token is its own text (<s>, <mask>, ...)
+        when kept. fairseq: 0..3 are <s> <pad> </s> <unk>, the last id <mask>, the others piece id + 1."""
+        out: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            piece, special = self._piece(int(i))
+            if special is None:
+                run.append(piece)
+                continue
+            if run:
+                out.append(self._sp.decode(run))
+                run = []
+            if not skip_special_tokens:
+                out.append(special)
+        if run:
+            out.append(self._sp.decode(run))
+        return "".join(out)
+
+    def _piece(self, i: int) -> tuple[int, str | None]:
+        """(SentencePiece id, None) for an ordinary piece, (-1, its text) for a special token."""
+        if self.fairseq:
+            if i < 4:
+                return -1, ("<s>", "<pad>", "</s>", "<unk>")[i]
+            if i == self.vocab_size - 1:
+                return -1, "<mask>"
+            i -= self.offset
+        if self._sp.is_control(i) or self._sp.is_unknown(i):
+            return -1, self._sp.id_to_piece(i)
+        return i, None
 
     def token_id(self, token: str) -> int | None:
         if self.fairseq and token in ("<s>", "<pad>", "</s>", "<unk>"):

@@ -1,6 +1,6 @@
 """The peers' paths for the same work, so their clients need no change: POST /rerank (text-embeddings-inference's
 `texts` shape answered in its list shape; `documents` as /v1/rerank, as vLLM and Infinity take it), POST /score
-(vLLM) and POST /embeddings (Infinity) as their /v1 routes."""
+(vLLM) and POST /embeddings (Infinity) as their /v1 routes; TEI's /similarity and /decode, vLLM's /detokenize."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from cross_folders import bert_reranker
 from fake_tulip import FakeTulip, fake_scores
 from ivy_testkit import gateway
-from test_ivy_scoring import DOCS, QUERY, _cosines
+from test_ivy_scoring import DOCS, QUERY, TOKENIZER, _cosines
 
 from rose.spec import load_spec
 from rose.tokenizer import Tokenizer
@@ -65,3 +65,53 @@ def test_tei_rerank_with_a_cross_encoder(tmp_path) -> None:
         want = fake_scores([e.ids for e in enc], [e.type_ids for e in enc])[:, 0]
         assert [x["index"] for x in r.json()] == list(np.argsort(-want, kind="stable"))
         np.testing.assert_allclose(sorted(x["score"] for x in r.json()), sorted(want), atol=1e-6)
+
+
+def test_tei_similarity_is_the_symmetric_cosine(client) -> None:
+    r = client.post("/similarity", json={"inputs": {"source_sentence": QUERY, "sentences": DOCS},
+                                         "parameters": {"truncate": True, "truncation_direction": "Left"}})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json(), _cosines(QUERY, DOCS), atol=1e-5)  # no query/document templates
+    assert client.post("/similarity", json={"inputs": {"source_sentence": QUERY, "sentences": DOCS}}).json() == r.json()
+    assert 'ivy_requests_total{route="/similarity",status="200"}' in client.get("/metrics").text
+
+
+def test_tei_similarity_errors_name_its_fields(client) -> None:
+    def param(body) -> str:
+        r = client.post("/similarity", json=body)
+        assert 400 <= r.status_code < 500, r.text
+        return r.json()["error"]["param"]
+
+    assert param({"inputs": {"source_sentence": "", "sentences": DOCS}}) == "inputs.source_sentence"
+    assert param({"inputs": {"source_sentence": QUERY, "sentences": ["ok", ""]}}) == "inputs.sentences[1]"
+    assert param({"inputs": {"source_sentence": QUERY, "sentences": DOCS},
+                  "parameters": {"prompt_name": "nope"}}) == "prompt_name"
+    assert param({"inputs": {"sentences": DOCS}}).startswith("inputs")
+
+
+def test_similarity_needs_an_embedding_model(tmp_path) -> None:
+    folder = bert_reranker(tmp_path)
+    with FakeTulip(model_dir=folder) as fake, gateway(fake, model=str(folder)) as client:
+        r = client.post("/similarity", json={"inputs": {"source_sentence": QUERY, "sentences": DOCS}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+        assert "rerank" in r.json()["error"]["message"]
+
+
+def test_detokenize_and_decode_are_the_way_back_from_tokenize(client) -> None:
+    ids = TOKENIZER.encode("hello world, good morning").ids
+    r = client.post("/detokenize", json={"tokens": ids})
+    assert r.status_code == 200 and r.json() == {"prompt": "hello world, good morning"}
+    assert client.post("/decode", json={"ids": ids}).json() == ["hello world, good morning"]
+    both = client.post("/decode", json={"ids": [ids, ids[:3]], "skip_special_tokens": False}).json()
+    assert both == [TOKENIZER.hf.decode(ids, skip_special_tokens=False), "[CLS] hello world"]
+    assert client.post("/decode", json={"ids": []}).json() == [""]
+
+
+def test_detokenize_and_decode_errors_name_the_id(client) -> None:
+    r = client.post("/detokenize", json={"tokens": [101, 10**6]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "tokens[1]", r.text
+    r = client.post("/decode", json={"ids": [[101], [7, -1]]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "ids[1][1]"
+    r = client.post("/decode", json={"ids": list(range(1000, 1300))})  # over the model's 256
+    assert r.status_code == 422 and r.json()["error"]["param"] == "ids"
+    assert client.post("/detokenize", json={"tokens": ["a"]}).status_code == 422

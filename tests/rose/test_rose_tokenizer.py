@@ -28,3 +28,29 @@ def test_ids_and_truncation_match_the_reference_tokenizer() -> None:
             expected = [full[0], *body, full[-1]] if len(full) > 12 else full
             assert cut.ids == expected and cut.truncated == (len(full) > 12), (text[:20], side)
     assert ours.count_tokens(TEXTS) == [len(ref.encode(t).ids) for t in TEXTS]
+
+
+def test_decode_is_the_tokenizers_own_and_keeps_special_tokens_on_request() -> None:
+    spec = load_spec(bundled_model_dir())
+    ours = Tokenizer(spec)
+    ref = HFTokenizer.from_file(str(spec.model_dir / "tokenizer.json"))
+    for text in TEXTS:
+        ids = ours.encode(text, max_length=10**6).ids
+        assert ours.decode(ids) == ref.decode(ids)
+        assert ours.decode(ids, skip_special_tokens=False) == ref.decode(ids, skip_special_tokens=False)
+    assert ours.decode(ours.encode("hello world").ids, skip_special_tokens=False) == "[CLS] hello world [SEP]"
+
+
+def test_sentencepiece_decode_maps_fairseq_ids_back(tiny_spm) -> None:
+    import sentencepiece as spm
+
+    from rose_tiny_models import WORDS
+
+    ours = Tokenizer(load_spec(tiny_spm.path))
+    sp = spm.SentencePieceProcessor(model_file=str(tiny_spm.path / "sentencepiece.bpe.model"))
+    text = " ".join(WORDS[:6])
+    ids = ours.encode(text).ids  # <s> pieces (+1) </s>
+    plain = sp.decode(sp.encode(text))
+    assert ids[0] == 0 and ids[-1] == 2 and ours.decode(ids) == plain
+    assert ours.decode(ids, skip_special_tokens=False) == f"<s>{plain}</s>"
+    assert ours.decode([*ids[:-1], ours.vocab_size - 1], skip_special_tokens=False) == f"<s>{plain}<mask>"
