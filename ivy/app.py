@@ -106,6 +106,14 @@ def _add_ops_routes(app: FastAPI) -> None:
                            f"{gw.model_name!r}", param="model")
         return json_response(_model_card(gw))
 
+    @app.get("/info")
+    async def info(request: Request) -> Response:
+        """text-embeddings-inference's model and limits (its clients read max_client_batch_size and
+        max_input_length to size their requests)."""
+        gw = gateway_of(request)
+        gw.authorize(request.headers.get("authorization"))
+        return json_response(_tei_info(gw))
+
     @app.get("/health")
     async def health() -> Response:
         """Alive: 200 as soon as the process serves HTTP, whatever the replicas do."""
@@ -154,6 +162,29 @@ def _drain_on_sigterm(gateway: Gateway, delay_s: float) -> None:
         loop.call_soon_threadsafe(loop.call_later, delay_s, uvicorn_handler, sig, None)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _tei_info(gw: Gateway) -> dict:
+    """text-embeddings-inference's GET /info, from what this gateway and its replicas know. model_type: a
+    reranker's {"reranker": labels}, else {"embedding": {"pooling"}} (SPLADE's "splade"); model_dtype: the
+    dtype the replicas' rows come in (Tulip's native_dtype: float32 or int8), not their compute dtype;
+    max_batch_tokens: the replicas' batch budget (Tulip's Info), else the chunk size Ivy sends;
+    max_client_batch_size: the inputs one request may hold."""
+    spec, config = gw.spec, gw.config
+    if "rerank" in spec.tasks:
+        model_type = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+    else:
+        sparse_only = spec.tasks == ("sparse",)
+        model_type = {"embedding": {"pooling": "splade" if sparse_only else spec.pooling}}
+    infos = [r.info for r in gw.pool.replicas if r.info is not None]
+    budgets = [i.max_batch_tokens for i in infos if i.max_batch_tokens]
+    dtype = next((i.native_dtype for i in infos if i.native_dtype), "float32")
+    return {"model_id": gw.model_name, "model_sha": None, "model_dtype": dtype, "model_type": model_type,
+            "max_concurrent_requests": config.max_concurrent_requests, "max_input_length": spec.max_length,
+            "max_batch_tokens": min(budgets) if budgets else config.chunk_max_tokens, "max_batch_requests": None,
+            "max_client_batch_size": config.max_inputs_per_request, "auto_truncate": config.truncate,
+            "tokenization_workers": config.tokenizer_thread_count(), "version": __version__, "sha": None,
+            "docker_label": None}
 
 
 def _model_card(gw: Gateway) -> dict:

@@ -115,3 +115,21 @@ def test_detokenize_and_decode_errors_name_the_id(client) -> None:
     r = client.post("/decode", json={"ids": list(range(1000, 1300))})  # over the model's 256
     assert r.status_code == 422 and r.json()["error"]["param"] == "ids"
     assert client.post("/detokenize", json={"tokens": ["a"]}).status_code == 422
+
+
+def test_tei_info_reports_the_model_and_the_limits_clients_size_requests_by(client, fake) -> None:
+    r = client.get("/info")
+    assert r.status_code == 200, r.text
+    info = r.json()
+    assert info["model_id"] == client.get("/v1/models").json()["data"][0]["id"]
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}}
+    assert info["max_input_length"] == 256 and info["max_client_batch_size"] == 2048
+    assert info["max_batch_tokens"] > 0 and info["auto_truncate"] is False and info["model_dtype"] == "float32"
+
+
+def test_tei_info_of_a_reranker(tmp_path) -> None:
+    folder = bert_reranker(tmp_path)
+    with FakeTulip(model_dir=folder) as fake, gateway(fake, model=str(folder), api_key="k") as client:
+        assert client.get("/info").status_code == 401  # behind the key like every route but the probes
+        info = client.get("/info", headers={"authorization": "Bearer k"}).json()
+        assert list(info["model_type"]) == ["reranker"]
