@@ -42,16 +42,22 @@ def create_app(config: IvyConfig) -> FastAPI:
         await gateway.start()
         app.state.gateway = gateway
         _drain_on_sigterm(gateway, config.drain_delay_s)
-        gc_timer = gc_pauses.PauseTimer(metrics.observe_gc_pause).install()
-        if config.gc_freeze:  # the started worker's heap out of every later collection (rose/gc_pauses.py)
-            gc_pauses.freeze()
         log.info("ivy serving %s; replicas: %s", gateway.model_name,
                  ", ".join(f"{r['address']} ({r['state']})" for r in gateway.pool.describe()))
+        pauses, frozen = None, False
         try:
+            GC_TIMER.install()
+            if config.gc_freeze:  # the started worker's heap out of every later collection (rose/gc_pauses.py)
+                gc_pauses.freeze()
+                frozen = True
+            pauses = asyncio.ensure_future(_drain_gc_pauses())
             yield
         finally:
-            gc_timer.remove()
-            if config.gc_freeze:
+            if pauses is not None:
+                pauses.cancel()
+                await asyncio.gather(pauses, return_exceptions=True)
+            GC_TIMER.remove()
+            if frozen:
                 gc_pauses.unfreeze()
             await gateway.close()
 
@@ -83,6 +89,18 @@ def _serve_lean(app: FastAPI, routers) -> None:
     lean = [Route(r.path, r.endpoint, methods=["POST"], name=r.name, include_in_schema=False)
             for router in routers for r in router.routes if isinstance(r, APIRoute) and r.methods == {"POST"}]
     app.router.routes[0:0] = lean
+
+
+GC_TIMER = gc_pauses.PauseTimer(metrics.observe_gc_pause, deferred=True)  # one per worker process
+
+
+async def _drain_gc_pauses(every_s: float = 1.0) -> None:
+    """The collector's pauses into ivy_gc_pause_seconds every `every_s` (and at each scrape) while the worker
+    serves. Deferred: in multiprocess mode a metric's value takes the process's one metrics lock, which a
+    collection can interrupt while it is held (an observation from the collection would wait on it forever)."""
+    while True:
+        await asyncio.sleep(every_s)
+        GC_TIMER.drain()
 
 
 def app_from_env() -> FastAPI:
@@ -135,6 +153,7 @@ def _add_ops_routes(app: FastAPI) -> None:
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
+        GC_TIMER.drain()
         data, content_type = metrics.render()
         return Response(data, media_type=content_type)
 

@@ -9,16 +9,23 @@ meet them as rare, long stalls (benchmarks/NOTES.md, "Garbage collector pauses")
 
 `freeze()` moves everything alive once the service is ready into the collector's permanent generation
 (gc.freeze), which no collection walks: full collections then cost in proportion to what requests made,
-which they still find and free, and run as often as those survivors call for. `unfreeze()` undoes it when the service stops (an in-process server in a
-test leaves a collectable heap behind). `PauseTimer` reports every collection's pause and generation to
-a callback (the services' `*_gc_pause_seconds` histograms). Torch-free.
+which they still find and free, and run as often as those survivors call for. `unfreeze()` undoes it when
+the last service of the process that froze stops (an in-process server in a test leaves a collectable heap
+behind; freezes are counted, so one server stopping does not unfreeze another's). `PauseTimer` reports every
+collection's pause and generation (the services' `*_gc_pause_seconds` histograms): at once, or, deferred,
+when its owner drains it from ordinary code, for metrics that take a lock a collection may interrupt
+(prometheus-client's multiprocess values share one lock per process, taken while it allocates). Torch-free.
 """
 
 from __future__ import annotations
 
 import gc
 import time
+from collections import deque
 from collections.abc import Callable
+
+
+_frozen = 0  # freeze() calls not yet undone by unfreeze()
 
 
 def freeze() -> int:
@@ -32,27 +39,47 @@ def freeze() -> int:
     oldest generation, while the garbage that did (cycles of requests in flight at a young collection)
     held memory (the soak's RSS climbing ~10 MiB a minute between collections). After it, full collections
     run every few thousand survivors and cost what those are."""
+    global _frozen
+    _frozen += 1
     gc.freeze()
     gc.collect()
     return gc.get_freeze_count()
 
 
 def unfreeze() -> None:
-    gc.unfreeze()
+    """Undo one freeze(); the heap goes back to the collector when none is left."""
+    global _frozen
+    _frozen = max(0, _frozen - 1)
+    if _frozen == 0:
+        gc.unfreeze()
 
 
 class PauseTimer:
-    """gc.callbacks hook: observe(generation, seconds) after each collection. install() / remove()."""
+    """gc.callbacks hook: observe(generation, seconds) for each collection, at once or, when `deferred`, at
+    the next drain(). install() / remove(). Collections never nest or overlap (CPython runs one at a time)."""
 
-    def __init__(self, observe: Callable[[int, float], None]) -> None:
+    def __init__(self, observe: Callable[[int, float], None], deferred: bool = False) -> None:
         self.observe = observe
-        self._started = 0.0
+        self.deferred = deferred
+        self._started: float | None = None
+        self._pending: deque[tuple[int, float]] = deque()  # deferred observations (append/popleft: thread-safe)
 
     def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":  # collections do not nest: one start time is enough
+        if phase == "start":
             self._started = time.perf_counter()
+            return
+        if self._started is None:  # installed during a collection: its start was not seen
+            return
+        seconds, self._started = time.perf_counter() - self._started, None
+        if self.deferred:
+            self._pending.append((int(info["generation"]), seconds))
         else:
-            self.observe(int(info["generation"]), time.perf_counter() - self._started)
+            self.observe(int(info["generation"]), seconds)
+
+    def drain(self) -> None:
+        """Observe the deferred pauses (call from ordinary code, never from a collection)."""
+        while self._pending:
+            self.observe(*self._pending.popleft())
 
     def install(self) -> PauseTimer:
         if self not in gc.callbacks:
@@ -62,3 +89,4 @@ class PauseTimer:
     def remove(self) -> None:
         if self in gc.callbacks:
             gc.callbacks.remove(self)
+        self.drain()

@@ -63,7 +63,9 @@ class TulipServer:
         self._active = 0  # accepted Embed calls not yet answered
         self.calls_seen = 0  # Embed calls and stream requests that reached admit(), refused ones too
         self._idle: asyncio.Event | None = None
-        self._gc_timer = gc_pauses.PauseTimer(self.metrics.observe_gc_pause)
+        # Observed at once: Tulip's registry is not in multiprocess mode, its values' locks are each their own
+        # and held over no allocation, so a collection cannot interrupt one of them (rose/gc_pauses.py).
+        self.gc_timer = gc_pauses.PauseTimer(self.metrics.observe_gc_pause)
         self._frozen = False
         self.metrics.bind_state(
             queue_depth=lambda: self.queue.depth() if self.queue else (0, 0),
@@ -93,7 +95,7 @@ class TulipServer:
         self.port = server.add_insecure_port(address)  # raises RuntimeError when the port is taken
         await server.start()
         self._grpc = server
-        self._gc_timer.install()
+        self.gc_timer.install()
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         log.info("tulip listening on %s:%d", self.config.host, self.port)
 
@@ -198,6 +200,15 @@ class TulipServer:
         await self._shutdown(grace=0)
 
     async def _shutdown(self, grace: float) -> None:
+        try:
+            await self._stop_parts(grace)
+        finally:  # whatever failed above: no timer left holding this server, no heap left frozen for it
+            self.gc_timer.remove()
+            if self._frozen:
+                gc_pauses.unfreeze()
+                self._frozen = False
+
+    async def _stop_parts(self, grace: float) -> None:
         if self._watchdog_task is not None:
             self._watchdog_task.cancel()
         if self._grpc is not None:
@@ -213,10 +224,6 @@ class TulipServer:
             except Exception:  # noqa: BLE001 - shutting down anyway
                 log.exception("engine close failed")
         self.metrics.shutdown()
-        self._gc_timer.remove()
-        if self._frozen:
-            gc_pauses.unfreeze()
-            self._frozen = False
 
     # -- admission (tulip.servicer and tulip.stream call these) ---------------------------------
 

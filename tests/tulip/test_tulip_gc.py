@@ -13,7 +13,7 @@ def _pause_count(server, generation: str) -> float:
 
 
 def test_ready_freezes_the_heap_and_stop_unfreezes_it() -> None:
-    gc.unfreeze()
+    assert gc.get_freeze_count() == 0, "a server of an earlier test left the heap frozen"
     t = ServerThread(make_config(gc_freeze=True), engine=FakeEngine())
     try:
         assert t.server.ready and gc.get_freeze_count() > 0
@@ -26,7 +26,7 @@ def test_ready_freezes_the_heap_and_stop_unfreezes_it() -> None:
 
 
 def test_gc_freeze_off_leaves_the_heap_to_the_collector() -> None:
-    gc.unfreeze()
+    assert gc.get_freeze_count() == 0, "a server of an earlier test left the heap frozen"
     t = ServerThread(make_config(gc_freeze=False), engine=FakeEngine())
     try:
         assert t.server.ready and gc.get_freeze_count() == 0
