@@ -150,7 +150,7 @@ async def similarity(request: Request) -> Response:
     params = body.parameters or SimilarityParameters()
     sentences = body.inputs.sentences
     with gw.admit():
-        gw.check_count(1 + len(sentences), gw.config.max_inputs_per_request, "inputs.sentences")
+        gw.check_count(len(sentences), gw.config.max_inputs_per_request - 1, "inputs.sentences")  # + the source
         cut = gw.config.truncate if params.truncate is None else params.truncate
         prompt = gw.encoder.prompt_for(None, params.prompt_name)
         source, seqs = await asyncio.gather(*(

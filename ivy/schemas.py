@@ -219,10 +219,27 @@ class DetokenizeRequest(_Request):
     tokens: list[int]
 
 
+def _id_lists(value: Any) -> list[list[int]] | list[int]:
+    """One list of token ids or a list of them; an error names the element (ids[1][3])."""
+    if not isinstance(value, list):
+        raise _wrong("ids", "a list of token ids or a list of such lists")
+    several = bool(value) and isinstance(value[0], list)
+    for i, item in enumerate(value):
+        items = item if several else [item]
+        if several and not isinstance(item, list):
+            raise _wrong(f"ids[{i}]", "a list of token ids, as ids[0] is")
+        for j, token in enumerate(items):
+            if isinstance(token, bool) or not isinstance(token, int):
+                where = f"ids[{i}][{j}]" if several else f"ids[{i}]"
+                raise _wrong(where, "a token id (an integer)")
+    return value
+
+
 class DecodeRequest(_Request):
     """text-embeddings-inference's /decode: the text of one id list or of several, answered as a list."""
 
-    ids: list[int] | list[list[int]]
+    ids: Annotated[list, PlainValidator(_id_lists), WithJsonSchema({"anyOf": [
+        {"type": "array", "items": {"type": "integer"}}, _ID_LISTS]})]
     skip_special_tokens: bool = True
 
 

@@ -87,6 +87,8 @@ def test_tei_similarity_errors_name_its_fields(client) -> None:
     assert param({"inputs": {"source_sentence": QUERY, "sentences": DOCS},
                   "parameters": {"prompt_name": "nope"}}) == "prompt_name"
     assert param({"inputs": {"sentences": DOCS}}).startswith("inputs")
+    r = client.post("/similarity", json={"inputs": {"source_sentence": QUERY, "sentences": ["b"] * 2048}})
+    assert r.status_code == 422 and "2048 items; at most 2047" in r.json()["error"]["message"]  # + the source
 
 
 def test_similarity_needs_an_embedding_model(tmp_path) -> None:
@@ -115,6 +117,10 @@ def test_detokenize_and_decode_errors_name_the_id(client) -> None:
     r = client.post("/decode", json={"ids": list(range(1000, 1300))})  # over the model's 256
     assert r.status_code == 422 and r.json()["error"]["param"] == "ids"
     assert client.post("/detokenize", json={"tokens": ["a"]}).status_code == 422
+    for ids, where in (([[1], 2], "ids[1]"), ([1, [2]], "ids[1]"), ([[[1]]], "ids[0][0]"), ([True], "ids[0]"),
+                       ("abc", "ids")):
+        r = client.post("/decode", json={"ids": ids})
+        assert r.status_code == 422 and r.json()["error"]["param"] == where, (ids, r.text)
 
 
 def test_tei_info_reports_the_model_and_the_limits_clients_size_requests_by(client, fake) -> None:
