@@ -1,6 +1,6 @@
 """POST /tokenize (vLLM's shape): a text's token ids and count, as the served model tokenizes it, with
 its max length beside them, so a client can chunk documents to fit before embedding them. The way back:
-POST /detokenize (vLLM's: {"tokens"} -> {"prompt"}) and POST /decode (text-embeddings-inference's: {"ids":
+POST /detokenize (vLLM's: {"tokens"} -> {"prompt"}, special tokens kept as vLLM keeps them) and POST /decode (text-embeddings-inference's: {"ids":
 one list or several, "skip_special_tokens"} -> a list of texts)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ async def detokenize(request: Request) -> Response:
     gw.authorize(request.headers.get("authorization"))
     body, _ = await gw.read_request(request, DetokenizeRequest)
     with gw.admit():
-        (text,) = await gw.encoder.decode([body.tokens], True, ["tokens"])
+        (text,) = await gw.encoder.decode([body.tokens], False, ["tokens"])  # vLLM keeps them
     return json_response({"prompt": text})
 
 

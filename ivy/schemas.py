@@ -214,7 +214,7 @@ class SimilarityRequest(_Request):
 
 
 class DetokenizeRequest(_Request):
-    """vLLM's /detokenize: the text of token ids, special tokens left out."""
+    """vLLM's /detokenize: the text of token ids, special tokens kept (as vLLM's tokenizer.decode does)."""
 
     tokens: list[int]
 

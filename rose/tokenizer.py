@@ -268,22 +268,29 @@ class _SentencePiece:
         return EncodedPair(ids, [0] * len(ids), n1 + n2 + 4, (k1, k2) != (n1, n2))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
-        """Pieces decoded in runs between special tokens; a special token is its own text (<s>, <mask>, ...)
-        when kept. fairseq: 0..3 are <s> <pad> </s> <unk>, the last id <mask>, the others piece id + 1."""
+        """Skipping specials: the ordinary pieces decoded as one run (a word after a dropped <unk> keeps its
+        space). Keeping them: runs between specials, each special its own text (<s>, <mask>, ...), and a run
+        whose first piece begins a word ("▁") after a special keeps that word's space. fairseq: 0..3 are
+        <s> <pad> </s> <unk>, the last id <mask>, the others piece id + 1."""
+        pieces = [self._piece(int(i)) for i in ids]
+        if skip_special_tokens:
+            return self._sp.decode([p for p, special in pieces if special is None])
         out: list[str] = []
         run: list[int] = []
-        for i in ids:
-            piece, special = self._piece(int(i))
+
+        def flush() -> None:
+            if run:
+                word = out and self._sp.id_to_piece(run[0]).startswith("\u2581")
+                out.append((" " if word else "") + self._sp.decode(run))
+                run.clear()
+
+        for piece, special in pieces:
             if special is None:
                 run.append(piece)
-                continue
-            if run:
-                out.append(self._sp.decode(run))
-                run = []
-            if not skip_special_tokens:
+            else:
+                flush()
                 out.append(special)
-        if run:
-            out.append(self._sp.decode(run))
+        flush()
         return "".join(out)
 
     def _piece(self, i: int) -> tuple[int, str | None]:

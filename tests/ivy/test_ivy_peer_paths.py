@@ -102,7 +102,8 @@ def test_similarity_needs_an_embedding_model(tmp_path) -> None:
 def test_detokenize_and_decode_are_the_way_back_from_tokenize(client) -> None:
     ids = TOKENIZER.encode("hello world, good morning").ids
     r = client.post("/detokenize", json={"tokens": ids})
-    assert r.status_code == 200 and r.json() == {"prompt": "hello world, good morning"}
+    assert r.status_code == 200 and r.json() == {"prompt": TOKENIZER.hf.decode(ids, skip_special_tokens=False)}
+    assert r.json()["prompt"].startswith("[CLS] hello world")  # vLLM keeps the special tokens
     assert client.post("/decode", json={"ids": ids}).json() == ["hello world, good morning"]
     both = client.post("/decode", json={"ids": [ids, ids[:3]], "skip_special_tokens": False}).json()
     assert both == [TOKENIZER.hf.decode(ids, skip_special_tokens=False), "[CLS] hello world"]

@@ -52,5 +52,10 @@ def test_sentencepiece_decode_maps_fairseq_ids_back(tiny_spm) -> None:
     ids = ours.encode(text).ids  # <s> pieces (+1) </s>
     plain = sp.decode(sp.encode(text))
     assert ids[0] == 0 and ids[-1] == 2 and ours.decode(ids) == plain
-    assert ours.decode(ids, skip_special_tokens=False) == f"<s>{plain}</s>"
-    assert ours.decode([*ids[:-1], ours.vocab_size - 1], skip_special_tokens=False) == f"<s>{plain}<mask>"
+    assert ours.decode(ids, skip_special_tokens=False) == f"<s> {plain}</s>"  # as Metaspace decodes after <s>
+    assert ours.decode([*ids[:-1], ours.vocab_size - 1], skip_special_tokens=False) == f"<s> {plain}<mask>"
+
+    unk_between = [*ids[:-1][:3], 3, *ids[3:]]  # <unk> inside the text: skipping it keeps the next word's space
+    words = plain.split(" ")
+    assert ours.decode(unk_between) == sp.decode([i - 1 for i in unk_between if i > 3])
+    assert ours.decode(unk_between, skip_special_tokens=False).startswith("<s> " + " ".join(words[:2]))
