@@ -119,12 +119,17 @@ def parse_texts(value: Any, name: str) -> list[str]:
     return out
 
 
-def _query(value: Any) -> str:
+def one_text(value: Any, name: str) -> str:
+    """A non-empty string, else the error naming `name`."""
     if not isinstance(value, str):
-        raise _wrong("query", "a string")
+        raise _wrong(name, "a string")
     if not value:
-        raise _empty("query")
+        raise _empty(name)
     return value
+
+
+def _query(value: Any) -> str:
+    return one_text(value, "query")
 
 
 _ID_LISTS = {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}

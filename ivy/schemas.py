@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
 from ivy.lanes import PRIORITY_RULE, lane_name
-from ivy.inputs import (_ID_LISTS, _empty, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType,
-                        Query, RerankDocuments, Side, TextOrTexts, parse_inputs, parse_texts)
+from ivy.inputs import (_ID_LISTS, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType,
+                        Query, RerankDocuments, Side, TextOrTexts, one_text, parse_inputs, parse_texts)
 
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
                  "output_dimension": "dimensions", "truncate_dim": "dimensions"}  # Voyage/Cohere v2, sentence-transformers
@@ -184,16 +184,8 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool = True
 
 
-def _source_sentence(value: Any) -> str:
-    if not isinstance(value, str):
-        raise _wrong("inputs.source_sentence", "a string")
-    if not value:
-        raise _empty("inputs.source_sentence")
-    return value
-
-
 class SimilarityInputs(_Body):
-    source_sentence: Annotated[str, PlainValidator(_source_sentence), WithJsonSchema({"type": "string", "minLength": 1})]
+    source_sentence: Annotated[str, PlainValidator(lambda v: one_text(v, "inputs.source_sentence")), WithJsonSchema({"type": "string", "minLength": 1})]
     sentences: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "inputs.sentences")), WithJsonSchema(
         {"type": "array", "items": {"type": "string", "minLength": 1}})]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -26,17 +27,9 @@ class _EngineCollector:
         yield from engine_stat_families(self.stats)
 
 
-@pytest.fixture()
-def metrics_url(fake_stack: FakeStack) -> Iterator[str]:
-    """A Tulip-shaped /metrics whose replay count is the fake stack's embedding calls (one batch each)."""
-    def stats() -> dict:
-        calls = fake_stack.hits["/v1/embeddings"]
-        return {"runs": {("t128", "eager"): 1, ("t128", "capture"): 1, ("t128", "replay"): calls},
-                "graphs_captured": 1, "graph_capture_seconds": 0.04}
-
-    registry = CollectorRegistry()
-    registry.register(_EngineCollector(stats))
-
+@contextmanager
+def _serving(registry) -> Iterator[str]:
+    """`registry`'s exposition at a loopback /metrics URL while the block runs."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = generate_latest(registry)
@@ -50,8 +43,25 @@ def metrics_url(fake_stack: FakeStack) -> Iterator[str]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture()
+def metrics_url(fake_stack: FakeStack) -> Iterator[str]:
+    """A Tulip-shaped /metrics whose replay count is the fake stack's embedding calls (one batch each)."""
+    def stats() -> dict:
+        calls = fake_stack.hits["/v1/embeddings"]
+        return {"runs": {("t128", "eager"): 1, ("t128", "capture"): 1, ("t128", "replay"): calls},
+                "graphs_captured": 1, "graph_capture_seconds": 0.04}
+
+    registry = CollectorRegistry()
+    registry.register(_EngineCollector(stats))
+
+    with _serving(registry) as url:
+        yield url
 
 
 def test_scrape_reads_tulips_names(metrics_url: str, fake_stack: FakeStack) -> None:
@@ -112,22 +122,7 @@ def test_full_garbage_collections_are_read_from_tulips_own_histogram() -> None:
     metrics.observe_gc_pause(2, 0.120)
     metrics.observe_gc_pause(2, 0.060)
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = generate_latest(metrics.registry)
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        now = scrape([f"http://127.0.0.1:{server.server_address[1]}/metrics"])
-    finally:
-        server.shutdown()
+    with _serving(metrics.registry) as url:
+        now = scrape([url])
     assert now["gc_full"] == 2 and now["gc_full_seconds"] == pytest.approx(0.18)  # generation 0 left out
     assert describe(delta({}, now)) == "gc2 2 (180 ms)"
