@@ -185,7 +185,8 @@ def _drain_on_sigterm(gateway: Gateway, delay_s: float) -> None:
 
 def _tei_info(gw: Gateway) -> dict:
     """text-embeddings-inference's GET /info, from what this gateway and its replicas know. model_type: a
-    reranker's {"reranker": labels}, else {"embedding": {"pooling"}} (SPLADE's "splade"); model_dtype: the
+    reranker's {"reranker": labels}, else {"embedding": {"pooling"}} (TEI's names: cls, mean, last_token, splade);
+    model_id and served_model_name: the name requests use (TEI's model_id is the hub id); model_dtype: the
     dtype the replicas' rows come in (Tulip's native_dtype: float32 or int8), not their compute dtype;
     max_batch_tokens: the replicas' batch budget (Tulip's Info), else the chunk size Ivy sends;
     max_client_batch_size: the inputs one request may hold."""
@@ -194,11 +195,12 @@ def _tei_info(gw: Gateway) -> dict:
         model_type = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
     else:
         sparse_only = spec.tasks == ("sparse",)
-        model_type = {"embedding": {"pooling": "splade" if sparse_only else spec.pooling}}
+        pooling = {"last": "last_token"}.get(spec.pooling, spec.pooling)  # TEI's name for it
+        model_type = {"embedding": {"pooling": "splade" if sparse_only else pooling}}
     infos = [r.info for r in gw.pool.replicas if r.info is not None]
     budgets = [i.max_batch_tokens for i in infos if i.max_batch_tokens]
     dtype = next((i.native_dtype for i in infos if i.native_dtype), "float32")
-    return {"model_id": gw.model_name, "model_sha": None, "model_dtype": dtype, "model_type": model_type,
+    return {"model_id": gw.model_name, "served_model_name": gw.model_name, "model_sha": None, "model_dtype": dtype, "model_type": model_type,
             "max_concurrent_requests": config.max_concurrent_requests, "max_input_length": spec.max_length,
             "max_batch_tokens": min(budgets) if budgets else config.chunk_max_tokens, "max_batch_requests": None,
             "max_client_batch_size": config.max_inputs_per_request, "auto_truncate": config.truncate,

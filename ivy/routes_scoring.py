@@ -152,11 +152,12 @@ async def similarity(request: Request) -> Response:
     with gw.admit():
         gw.check_count(len(sentences), gw.config.max_inputs_per_request - 1, "inputs.sentences")  # + the source
         cut = gw.config.truncate if params.truncate is None else params.truncate
-        prompt = gw.encoder.prompt_for(None, params.prompt_name)
+        prompt = gw.encoder.prompt_for(None, params.prompt_name, param="parameters.prompt_name")
         source, seqs = await asyncio.gather(*(
-            gw.encoder.encode_texts(texts, truncate=cut, side=params.truncation_side, prompt=prompt, param=name)
-            for texts, name in (([body.inputs.source_sentence], "inputs.source_sentence"),
-                                (sentences, "inputs.sentences"))))
+            gw.encoder.encode_texts(texts, truncate=cut, side=params.truncation_side, prompt=prompt, param=name,
+                                    one=one)
+            for texts, name, one in (([body.inputs.source_sentence], "inputs.source_sentence", True),
+                                     (sentences, "inputs.sentences", False))))
         rows = await unless_disconnected(request, gw.embed(source + seqs, deadline=deadline, normalize=True,
                                                               lane=lane))
         tokens = sum(map(len, source)) + sum(map(len, seqs))

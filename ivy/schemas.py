@@ -42,7 +42,9 @@ class _Body(BaseModel):
             return data
         if "truncation_direction" in data and "truncation_side" not in data:
             side = data["truncation_direction"]
-            data = {**data, "truncation_side": side.lower() if isinstance(side, str) else side}
+            if not (isinstance(side, str) and side.lower() in ("left", "right")):
+                raise _wrong("truncation_direction", '"Left" or "Right"')  # named as sent, not as ours
+            data = {**data, "truncation_side": side.lower()}
         for theirs, ours in _SAME_MEANING.items():
             if theirs in data and ours not in data and ours in cls.model_fields:
                 data = {**data, ours: data[theirs]}

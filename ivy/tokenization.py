@@ -98,14 +98,15 @@ class InputEncoder:
 
     # ---- templating ----
 
-    def prompt_for(self, input_type: str | None, prompt_name: str | None) -> str:
-        """The text prepended to every input: a named prompt, a query/document prompt, or the model default."""
+    def prompt_for(self, input_type: str | None, prompt_name: str | None, param: str = "prompt_name") -> str:
+        """The text prepended to every input: a named prompt, a query/document prompt, or the model default.
+        param: where the request put prompt_name (errors name it)."""
         prompts = self.spec.prompts
         if prompt_name is not None:
             if prompt_name not in prompts:
                 known = ", ".join(sorted(prompts)) or "none"
-                raise IvyError(Problem.INVALID_PARAMETER, f"prompt_name is not one of the model's prompts ({known})",
-                               param="prompt_name")
+                raise IvyError(Problem.INVALID_PARAMETER, f"{param} is not one of the model's prompts ({known})",
+                               param=param)
             return prompts[prompt_name]
         if input_type is not None:
             kind = _QUERY_TYPES[input_type]
@@ -121,26 +122,28 @@ class InputEncoder:
     # ---- texts ----
 
     async def encode_texts(self, texts: Sequence[str], *, truncate: bool, side: str, prompt: str = "",
-                           param: str = "input") -> list[list[int]]:
+                           param: str = "input", one: bool = False) -> list[list[int]]:
+        """one: `param` is a single text sent as itself, not a list (errors name it without an index)."""
         size = _size(texts, self.inline_chars, extra=len(prompt))
-        return await self._run(self._encode_texts, texts, truncate, side, prompt, param, size=size)
+        return await self._run(self._encode_texts, texts, truncate, side, prompt, param, one, size=size)
 
     def _encode_texts(self, texts: Sequence[str], truncate: bool, side: str, prompt: str,
-                      param: str) -> list[list[int]]:
+                      param: str, one: bool = False) -> list[list[int]]:
         cap = self.char_cap
         capped = []
+        at = (lambda i: param) if one else (lambda i: f"{param}[{i}]")
         for i, text in enumerate(texts):
             if len(text) > cap:
                 if not truncate:
-                    raise IvyError(Problem.INPUT_TOO_LONG, f"{param}[{i}] has {len(text)} characters; the limit "
-                                   f"is {cap} (send truncate=true to cut it)", param=f"{param}[{i}]", limit=cap)
+                    raise IvyError(Problem.INPUT_TOO_LONG, f"{at(i)} has {len(text)} characters; the limit "
+                                   f"is {cap} (send truncate=true to cut it)", param=at(i), limit=cap)
                 text = text[:cap] if side == "right" else text[-cap:]
             capped.append(prompt + text if prompt else text)
         encoded = self.splitter.encode_batch(capped, self.max_length, side)
         if not truncate:
             for i, enc in enumerate(encoded):
                 if enc.truncated:
-                    raise too_long(f"{param}[{i}]", enc.original_length, self.max_length)
+                    raise too_long(at(i), enc.original_length, self.max_length)
         return [enc.ids for enc in encoded]
 
     # ---- (query, document) pairs of a cross-encoder ----

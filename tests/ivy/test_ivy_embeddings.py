@@ -88,7 +88,7 @@ def test_token_id_inputs(client) -> None:
     right = client.post("/v1/embeddings", json={"input": [long_ids], "truncate": True})
     assert _vectors(tei.json()).tolist() == _vectors(cut.json()).tolist() != _vectors(right.json()).tolist()
     bad = client.post("/v1/embeddings", json={"input": [long_ids], "truncation_direction": "middle"})
-    assert bad.status_code == 422 and bad.json()["error"]["param"] == "truncation_side"
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "truncation_direction"  # the field sent
 
 
 def test_too_long_input_422_or_truncated_with_exact_usage(client) -> None:

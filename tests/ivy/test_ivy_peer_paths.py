@@ -85,7 +85,10 @@ def test_tei_similarity_errors_name_its_fields(client) -> None:
     assert param({"inputs": {"source_sentence": "", "sentences": DOCS}}) == "inputs.source_sentence"
     assert param({"inputs": {"source_sentence": QUERY, "sentences": ["ok", ""]}}) == "inputs.sentences[1]"
     assert param({"inputs": {"source_sentence": QUERY, "sentences": DOCS},
-                  "parameters": {"prompt_name": "nope"}}) == "prompt_name"
+                  "parameters": {"prompt_name": "nope"}}) == "parameters.prompt_name"
+    assert param({"inputs": {"source_sentence": "word " * 400, "sentences": DOCS}}) == "inputs.source_sentence"
+    assert param({"inputs": {"source_sentence": QUERY, "sentences": DOCS},
+                  "parameters": {"truncation_direction": "Up"}}) == "truncation_direction"  # TEI's name, as sent
     assert param({"inputs": {"sentences": DOCS}}).startswith("inputs")
     r = client.post("/similarity", json={"inputs": {"source_sentence": QUERY, "sentences": ["b"] * 2048}})
     assert r.status_code == 422 and "2048 items; at most 2047" in r.json()["error"]["message"]  # + the source
@@ -128,10 +131,20 @@ def test_tei_info_reports_the_model_and_the_limits_clients_size_requests_by(clie
     r = client.get("/info")
     assert r.status_code == 200, r.text
     info = r.json()
-    assert info["model_id"] == client.get("/v1/models").json()["data"][0]["id"]
+    assert info["model_id"] == info["served_model_name"] == client.get("/v1/models").json()["data"][0]["id"]
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["max_input_length"] == 256 and info["max_client_batch_size"] == 2048
     assert info["max_batch_tokens"] > 0 and info["auto_truncate"] is False and info["model_dtype"] == "float32"
+
+
+def test_tei_info_names_last_token_pooling_as_tei_does(client) -> None:
+    from dataclasses import replace
+
+    from ivy.app import _tei_info
+
+    gw = client.app.state.gateway
+    gw.spec = replace(gw.spec, pooling="last")  # a decoder embedder's (Qwen3, e5-mistral)
+    assert _tei_info(gw)["model_type"] == {"embedding": {"pooling": "last_token"}}
 
 
 def test_tei_info_of_a_reranker(tmp_path) -> None:
