@@ -18,8 +18,7 @@ router = APIRouter()
 @router.post("/tokenize", openapi_extra=request_body(TokenizeRequest))
 async def tokenize(request: Request) -> Response:
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
-    body, _ = await gw.read_request(request, TokenizeRequest)
+    body, _, _ = await gw.open_request(request, TokenizeRequest)
     with gw.admit():
         ids = await gw.encoder.tokenize(body.prompt, body.add_special_tokens)
     return json_response({"count": len(ids), "max_model_len": gw.spec.max_length, "tokens": ids})
@@ -28,8 +27,7 @@ async def tokenize(request: Request) -> Response:
 @router.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))
 async def detokenize(request: Request) -> Response:
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
-    body, _ = await gw.read_request(request, DetokenizeRequest)
+    body, _, _ = await gw.open_request(request, DetokenizeRequest)
     with gw.admit():
         (text,) = await gw.encoder.decode([body.tokens], False, ["tokens"])  # vLLM keeps them
     return json_response({"prompt": text})
@@ -38,8 +36,7 @@ async def detokenize(request: Request) -> Response:
 @router.post("/decode", openapi_extra=request_body(DecodeRequest), responses={200: {"model": list[str]}})
 async def decode(request: Request) -> Response:
     gw = gateway_of(request)
-    gw.authorize(request.headers.get("authorization"))
-    body, _ = await gw.read_request(request, DecodeRequest)
+    body, _, _ = await gw.open_request(request, DecodeRequest)
     several = bool(body.ids) and isinstance(body.ids[0], list)
     seqs = body.ids if several else [body.ids]
     names = [f"ids[{i}]" for i in range(len(seqs))] if several else ["ids"]

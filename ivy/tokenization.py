@@ -233,15 +233,21 @@ class InputEncoder:
         return await self._run(self._decode, seqs, skip_special_tokens, names, size=_size(seqs, self.inline_chars))
 
     def _decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
-        vocab = self.vocab_limit
+        vocab, cap = self.vocab_limit, self.char_cap  # /tokenize gives at most about one id per character
         for seq, name in zip(seqs, names):
-            if len(seq) > self.max_length:
-                raise too_long(name, len(seq), self.max_length)
-            j = next((k for k, t in enumerate(seq) if not 0 <= t < vocab), -1)  # max_length ids at most
+            if len(seq) > cap:
+                raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(seq)} ids; at most {cap} are decoded (the "
+                               "characters one input may have)", param=name, limit=cap)
+            try:
+                arr = np.asarray(seq, dtype=np.int64)
+                bad = np.flatnonzero((arr < 0) | (arr >= vocab))
+                j = int(bad[0]) if bad.size else -1
+            except OverflowError:  # beyond int64: find it the slow way
+                j = next(k for k, t in enumerate(seq) if not 0 <= t < vocab)
             if j >= 0:
                 raise IvyError(Problem.INVALID_PARAMETER, f"{name}[{j}] is token id {seq[j]}, outside the model's "
                                f"vocabulary (0..{vocab - 1})", param=f"{name}[{j}]", limit=vocab - 1)
-        return [self.tokenizer.decode(seq, skip_special_tokens) for seq in seqs]
+        return self.tokenizer.decode_batch(seqs, skip_special_tokens)
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         if add_special_tokens:

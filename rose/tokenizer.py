@@ -187,6 +187,12 @@ class Tokenizer:
             return self._spm.decode(ids, skip_special_tokens)
         return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def decode_batch(self, seqs: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        """decode() of each id list; a tokenizer.json's in one call that releases the GIL."""
+        if self._spm is not None:
+            return [self._spm.decode(ids, skip_special_tokens) for ids in seqs]
+        return self._hf.decode_batch([list(ids) for ids in seqs], skip_special_tokens=skip_special_tokens)
+
 
 def _config_specials(hf, config_path: Path) -> bool:
     """Add the BOS / EOS that tokenizer_config.json's add_bos_token / add_eos_token ask for and tokenizer.json's

@@ -20,6 +20,9 @@ INFERENCE_ROUTES = {
     "/v1/rerank": {"query": "a", "documents": ["b"]},
     "/tokenize": {"prompt": "hello"},
     "/embed": {"inputs": "hello"},
+    "/similarity": {"inputs": {"source_sentence": "a", "sentences": ["b"]}},
+    "/decode": {"ids": [101, 102]},
+    "/detokenize": {"tokens": [101, 102]},
 }
 
 

@@ -113,13 +113,21 @@ def test_detokenize_and_decode_are_the_way_back_from_tokenize(client) -> None:
     assert client.post("/decode", json={"ids": []}).json() == [""]
 
 
+def test_decode_takes_the_untruncated_ids_tokenize_gives(client) -> None:
+    text = " ".join(["hello world"] * 200)  # ~400 tokens, over the model's 256
+    ids = client.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+    assert len(ids) > 256
+    r = client.post("/decode", json={"ids": [ids, ids[:3]]})
+    assert r.status_code == 200 and r.json() == [text, "hello world hello"], r.text
+
+
 def test_detokenize_and_decode_errors_name_the_id(client) -> None:
     r = client.post("/detokenize", json={"tokens": [101, 10**6]})
     assert r.status_code == 422 and r.json()["error"]["param"] == "tokens[1]", r.text
     r = client.post("/decode", json={"ids": [[101], [7, -1]]})
     assert r.status_code == 422 and r.json()["error"]["param"] == "ids[1][1]"
-    r = client.post("/decode", json={"ids": list(range(1000, 1300))})  # over the model's 256
-    assert r.status_code == 422 and r.json()["error"]["param"] == "ids"
+    r = client.post("/decode", json={"ids": [1000] * 4097})  # over the 4096 characters an input may have
+    assert r.status_code == 422 and r.json()["error"]["param"] == "ids" and "at most 4096" in r.json()["error"]["message"]
     assert client.post("/detokenize", json={"tokens": ["a"]}).status_code == 422
     for ids, where in (([[1], 2], "ids[1]"), ([1, [2]], "ids[1]"), ([[[1]]], "ids[0][0]"), ([True], "ids[0]"),
                        ("abc", "ids")):
