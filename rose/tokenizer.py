@@ -80,7 +80,7 @@ class Tokenizer:
             self._spm = _SentencePiece(spm_file, fairseq=spec.family in ("xlm-roberta", "roberta"))
             self._wrap = None
             self._files = [spm_file]
-            self.num_special = 2
+            self.num_special = len(self._spm.head) + len(self._spm.tail)
             self.vocab_size = self._spm.vocab_size
         digest = hashlib.sha256()
         for path in self._files:
@@ -249,6 +249,9 @@ class _SentencePiece:
         else:
             self.bos, self.eos, self.offset = self._sp.bos_id(), self._sp.eos_id(), 0
             self.vocab_size = self._sp.get_piece_size()
+        # a model trained without <s> or </s> has id -1 for it: no such token around the content
+        self.head = [self.bos] if self.bos >= 0 else []
+        self.tail = [self.eos] if self.eos >= 0 else []
 
     def piece_ids(self, text: str) -> list[int]:
         ids = self._sp.encode(text)
@@ -262,7 +265,8 @@ class _SentencePiece:
         n = len(ids)
         if n > keep:
             ids = ids[:keep] if side == "right" else ids[n - keep:]
-        return Encoded(ids=[self.bos, *ids, self.eos], original_length=n + 2, truncated=n > keep)
+        return Encoded(ids=[*self.head, *ids, *self.tail], original_length=n + len(self.head) + len(self.tail),
+                       truncated=n > keep)
 
     def encode_pair(self, first: str, second: str, limit: int, side: str) -> EncodedPair:
         """RoBERTa's pair layout <s> a </s></s> b </s> (all type 0), cut longest first to `limit`."""

@@ -59,3 +59,22 @@ def test_sentencepiece_decode_maps_fairseq_ids_back(tiny_spm) -> None:
     words = plain.split(" ")
     assert ours.decode(unk_between) == sp.decode([i - 1 for i in unk_between if i > 3])
     assert ours.decode(unk_between, skip_special_tokens=False).startswith("<s> " + " ".join(words[:2]))
+
+
+def test_sentencepiece_without_bos_adds_no_minus_one(tmp_path) -> None:
+    """A SentencePiece model trained without <s> (bos_id -1, as T5's): no id -1 around the content."""
+    import io
+
+    import sentencepiece as spm
+
+    from rose.tokenizer import _SentencePiece
+
+    buf = io.BytesIO()
+    lines = [f"the quick brown fox {i} jumps over the lazy dog" for i in range(100)]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=40,
+                                   model_type="unigram", bos_id=-1, minloglevel=2)
+    (tmp_path / "spiece.model").write_bytes(buf.getvalue())
+    sp = _SentencePiece(tmp_path / "spiece.model", fairseq=False)
+    enc = sp.encode("the quick fox", keep=100, side="right")
+    assert min(enc.ids) >= 0 and enc.ids[-1] == sp.eos and sp.head == []
+    assert enc.original_length == len(enc.ids) and not enc.truncated
