@@ -108,6 +108,29 @@ def main(argv=None) -> int:
         attempt(records, f"graph green-{smallest}-captured, replayed ordinary", lambda: {
             "ms": timed(graph_of(big, green).replay, ordinary, args.reps)})
 
+    if smallest is not None:
+        def ordering():
+            """Events across the two contexts: the green stream waits for work of the ordinary one, the host
+            for an event recorded on the green stream (what a bulk step switching streams relies on)."""
+            green = contexts[smallest][1]
+            x = torch.zeros(1 << 20, device=dev)
+            with torch.cuda.stream(ordinary):
+                big(8)
+                x.fill_(1.0)
+            green.wait_stream(ordinary)
+            with torch.cuda.stream(green):
+                y = x.clone()
+                big(2)
+                y.add_(1.0)
+                event = torch.cuda.Event()
+                event.record()
+            event.synchronize()
+            ordinary.wait_stream(green)
+            with torch.cuda.stream(ordinary):
+                ok = bool((y == 2.0).all().item())
+            return {"ordered": ok}
+        attempt(records, "events across green and ordinary streams", ordering)
+
     query_stream = torch.cuda.Stream(dev, priority=-1)
     attempt(records, "small chain alone (priority stream)", lambda: {"ms": timed(small_chain, query_stream, args.reps)})
     for n in [None] + sorted(contexts, reverse=True)[:3]:
@@ -139,7 +162,8 @@ def main(argv=None) -> int:
         (args.out / "green_contexts.json").write_text(json.dumps({"env": env, "records": records}, indent=2))
     print(f"{'probe':58s} {'ms':>8s}  note")
     for r in records:
-        note = r.get("error", "") or (f"bulk {r['bulk_gemms_per_s']:.0f} GEMMs/s" if "bulk_gemms_per_s" in r else "")
+        note = r.get("error", "") or (f"bulk {r['bulk_gemms_per_s']:.0f} GEMMs/s" if "bulk_gemms_per_s" in r else
+                                      f"ordered {r['ordered']}" if "ordered" in r else "")
         print(f"{r['probe']:58s} {r.get('ms', float('nan')):8.3f}  {note}")
     return 0
 
