@@ -29,7 +29,7 @@ RUNS=(
   "lanes|lanes_device.sh||.whl|priority lanes on Qwen3-0.6B: 1 interactive client beside 4 bulk, idle / FCFS / lanes (express off) / express (~3 min)"
   "soak|soak_device.sh||.whl|soak at 70 % of saturation on Qwen3-0.6B: RSS, pinned bytes, p99 flat, 0 errors (one whole call ~9.5 min; STEP=start then STEP=finish: 10 min over two calls)"
   "index|index_device.sh||.whl|ivy index through ivy up vs the engine in-process on Qwen3-0.6B, SIGKILL + --resume (~4 min)"
-  "green-contexts|green_contexts_device.sh||.whl|CUDA green contexts: GEMMs and graphs confined to a green stream's SMs, then a query beside bulk held to fewer SMs (~3 min)"
+  "green-contexts|green_contexts_device.sh|||CUDA green contexts: GEMMs and graphs confined to a green stream's SMs, a small GEMM chain beside bulk held to fewer SMs (~20 s)"
   "heads|heads_device.sh||.whl|the cross-encoders, SPLADE and BGE-M3 of issue 16 in benchmarks.rose_gpu beside HF (bs1-128, docs-100)"
   "remote-families|heads_device.sh|TAG=_remote MODELS=gte-base-en-v1.5,nomic-embed-text-v1.5 VARIANTS=rose-eager,rose-graphs|.whl|GTE v1.5 and NomicBERT in benchmarks.rose_gpu, ROSE rows only (no HF class offline; ~1-2 min)"
 )

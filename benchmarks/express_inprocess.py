@@ -7,9 +7,7 @@ Tulip: one thread keeps two `--bulk-docs` x `--doc-tokens` batches in flight on 
 replays, as Tulip's worker does), another steps single `--query-tokens` queries one after another. Variants,
 each for `--seconds`: `alone` (queries only), `main` (queries on the main lane beside bulk: they queue behind
 it on one stream), `express` (queries on the express lane: rose/express.py), and `bulk-alone` (bulk only, its
-tokens/s the reference for what the queries cost it). `--reserved-sms R,...` adds `express-holdR`: the express
-lane with R SMs held back (ExpressLane.hold_sms: bulk steps run on a green context of the other SMs while
-queries are about, rose/green.py). So the part of the lanes run's interactive latency
+tokens/s the reference for what the queries cost it). So the part of the lanes run's interactive latency
 that the GPU sets is told apart from the harness's. Writes OUT/express_inprocess.json; prints a table last.
 """
 
@@ -59,7 +57,7 @@ def run_variant(engine, name: str, seconds: float, bulk, query) -> dict:
             time.sleep(0.05)
             continue
         t0 = time.perf_counter()
-        engine.step(query, express=name.startswith("express")).result()
+        engine.step(query, express=name == "express").result()
         latencies.append((time.perf_counter() - t0) * 1e3)
     elapsed = time.perf_counter() - start
     stop.set()
@@ -80,7 +78,6 @@ def main(argv=None) -> int:
     parser.add_argument("--query-tokens", type=int, default=32)
     parser.add_argument("--express-tokens", type=int, default=1024)
     parser.add_argument("--device", default=None)
-    parser.add_argument("--reserved-sms", default="", help="SMs held back for the express lane, e.g. 12,20")
     args = parser.parse_args(argv)
     from rose.engine import Engine
 
@@ -92,30 +89,17 @@ def main(argv=None) -> int:
     vocab = engine.runner.vocab_size
     bulk, query = batch(args.bulk_docs, args.doc_tokens, 0, vocab), batch(1, args.query_tokens, 1, vocab)
     variants = ["alone", "bulk-alone", "main"] + (["express"] if engine.express else [])
-    holds = {name: 0 for name in variants}
-    holds.update({f"express-hold{r}": r for r in [int(v) for v in args.reserved_sms.split(",") if v]})
-    records, lane = [], engine.runner.express
-    for name, reserved in holds.items():
-        try:
-            if reserved:
-                lane.hold_sms(reserved, engine.runner.device)
-            run_variant(engine, name, 0.3, bulk, query)  # untimed: every layout captured before timing
-            records.append({**run_variant(engine, name, args.seconds, bulk, query),
-                            "bulk_steps_held": lane.held_steps if lane else 0})
-        except Exception as e:  # noqa: BLE001 - a variant that fails is recorded, the run goes on
-            records.append({"variant": name, "error": f"{type(e).__name__}: {e}"[:300], "queries": 0,
-                            "p50_ms": float("nan"), "p99_ms": float("nan"), "bulk_tokens_per_s": float("nan")})
-        finally:
-            if lane is not None:
-                lane.bulk_stream, lane._green, lane.reserved_sms, lane.held_steps = None, None, 0, 0
+    for name in variants:  # untimed pass: every layout of every variant is captured before timing
+        run_variant(engine, name, 0.3, bulk, query)
+    records = [run_variant(engine, name, args.seconds, bulk, query) for name in variants]
     env = {**collect(), "config": {k: str(v) for k, v in vars(args).items()}}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "express_inprocess.json").write_text(json.dumps({"env": env, "records": records}, indent=2))
-    print(f"{'variant':14s} {'queries':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'bulk k tok/s':>13s}")
+    print(f"{'variant':11s} {'queries':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'bulk k tok/s':>13s}")
     for r in records:
-        print(f"{r['variant']:14s} {r['queries']:7d} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
-              f"{r['bulk_tokens_per_s'] / 1e3:13.1f} {r.get('error', '')}")
+        print(f"{r['variant']:11s} {r['queries']:7d} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
+              f"{r['bulk_tokens_per_s'] / 1e3:13.1f}")
     return 0
 
 

@@ -11,6 +11,8 @@ What the express lane's SM share (issue 17, rose/green.py) rests on, measured be
 3. the express lane's case in miniature: a small GEMM chain (M = 32, the 0.6B's projections, 28 x 4) timed
    alone, beside the big GEMMs on the default stream, and beside them on a green stream that leaves SMs free.
 Each step records its error instead of stopping the run. Writes OUT/green_contexts.json; prints a table last.
+What it found is in benchmarks/NOTES.md, "SMs held for the express lane" (a graph is confined by the context
+it was captured in, not by the stream it is replayed on; cuBLAS's GEMMs lose more than the SMs held back).
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu_env import collect
+
+
+def green_stream(num_sms: int, device):
+    """(context, stream): a stream whose work runs on `num_sms` SMs (rounded up to the driver's partition
+    granularity, 8 on Hopper). torch's beta API: keyword arguments and Stream() from 2.11 on."""
+    from torch.cuda.green_contexts import GreenContext
+
+    try:
+        ctx = GreenContext.create(num_sms=num_sms, device_id=device.index)
+    except TypeError:
+        ctx = GreenContext.create(num_sms, device.index)
+    return ctx, ctx.Stream()
 
 
 def timed(fn, stream, reps: int) -> float:
@@ -56,8 +70,6 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args(argv)
     import torch
-
-    from rose.green import green_stream
 
     dev = torch.device("cuda", 0)
     total_sms = torch.cuda.get_device_properties(dev).multi_processor_count

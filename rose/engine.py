@@ -86,17 +86,14 @@ class Engine:
                         token_buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
                         seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS,
                         prewarm: Sequence[tuple[int, int]] = DEFAULT_PREWARM,
-                        graph_manifest: str | Path | None = "auto", express_tokens: int = 0,
-                        express_reserved_sms: int = 0) -> Engine:
+                        graph_manifest: str | Path | None = "auto", express_tokens: int = 0) -> Engine:
         """Load a Hugging Face model folder. device None = CUDA when available; dtype None = float32 on
         a CPU, bfloat16 on CUDA; attention "auto" = the winners per token bucket in the model's serving
         profile (rose_profile.json beside it, written by benchmarks.attention_ab) when present, else torch
         varlen on CUDA (half precision), else SDPA.
         cuda_graphs None = on when the device is CUDA: whole-model graphs per bucket layout, captured
         lazily (2nd occurrence); `prewarm` (tokens, sequences) keys and the manifest's hot layouts are
-        captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off.
-        express_tokens > 0: an express lane (rose.express); express_reserved_sms > 0: that many SMs kept free
-        of bulk blocks while it is in use (a CUDA green context, rose.green)."""
+        captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off."""
         spec = load_spec(model_dir, model_id)
         tokenizer = Tokenizer(spec)
         dev = resolve_device(device)
@@ -109,7 +106,7 @@ class Engine:
         attach_retrieval_heads(runner, spec)  # SPLADE's MLM pooling, BGE-M3's ColBERT and sparse heads, likewise
         engine = cls(spec, tokenizer, runner)
         engine.prewarm = tuple(prewarm)
-        engine.express = express_tokens > 0 and runner.enable_express(express_tokens, express_reserved_sms)
+        engine.express = express_tokens > 0 and runner.enable_express(express_tokens)
         engine.graph_manifest = (default_manifest_path(spec.model_dir) if graph_manifest == "auto"
                                  else Path(graph_manifest) if graph_manifest else None)
         return engine

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
 
@@ -100,15 +100,12 @@ class ModelRunner:
         return pack_batch(batch, layout, pad_id=self.pad_id, max_length=self.spec.max_length,
                           vocab_size=self.vocab_size, type_vocab_size=self.type_vocab_size)
 
-    def enable_express(self, max_tokens: int, reserved_sms: int = 0) -> bool:
-        """Give small batches a lane of their own beside long ones (rose.express); CUDA only. False on a CPU.
-        reserved_sms > 0: bulk steps leave that many SMs free while the lane is in use (ExpressLane.hold_sms)."""
+    def enable_express(self, max_tokens: int) -> bool:
+        """Give small batches a lane of their own beside long ones (rose.express); CUDA only. False on a CPU."""
         if not self.on_cuda:
             return False
         if self.express is None:
             self.express = ExpressLane.build(self, max_tokens)
-            if reserved_sms > 0:
-                self.express.hold_sms(reserved_sms, self.device)
         return True
 
     def step(self, batch: Batch, use_graphs: bool = True, own_layout: bool = False,
@@ -120,9 +117,6 @@ class ModelRunner:
         lane = self.express if express else None
         if express and lane is None:
             raise RuntimeError("express step without an express lane (enable_express)")
-        if lane is not None:
-            lane.last_step = time.monotonic()
-        held = self.express.bulk_stream_now() if lane is None and self.express is not None else None
         graphs = lane.graphs if lane is not None else self.graphs
         layout = self._layout(graphs, batch, own_layout) if use_graphs else None
         host = self.pack(batch, layout)
@@ -131,14 +125,14 @@ class ModelRunner:
         buf = self.pool.acquire(self._buffer_bytes(host))
         try:
             with (lane.lock if lane else self._lock), torch.inference_mode(), _device_scope(self.device), \
-                    (torch.cuda.stream(lane.stream) if lane else _held_stream(held) if held else nullcontext()):
+                    (torch.cuda.stream(lane.stream) if lane else nullcontext()):
                 staged = self._stage(host, buf)
                 out, how = self._dispatch(graphs if layout is not None else None, host, staged,
                                           lane.backend if lane else None)
                 event = self._copy_back(out, host, buf)
                 self._count(host, layout, how, "x" if lane else "")
         except BaseException:
-            self._release_after_failure(buf, lane.stream if lane else held)
+            self._release_after_failure(buf, lane.stream if lane else None)
             raise
         self.step_seconds_last = time.perf_counter() - start
         lazy = LazyTensor(self.pool, buf, (host.num_rows, self.dimensions), event)
@@ -217,18 +211,6 @@ class ModelRunner:
         self.model = None  # type: ignore[assignment]
         if self.on_cuda:
             torch.cuda.empty_cache()
-
-
-@contextmanager
-def _held_stream(stream):
-    """A bulk step on the held-back stream (rose.express, hold_sms), in order with the bulk steps before and
-    after it on the thread's own stream: it waits for what that stream has enqueued, and that stream for it
-    (graphs of one pool share buffers and must never overlap)."""
-    own = torch.cuda.current_stream()
-    stream.wait_stream(own)
-    with torch.cuda.stream(stream):
-        yield
-    own.wait_stream(stream)
 
 
 def _device_scope(device: torch.device):

@@ -59,9 +59,6 @@ class TulipConfig:
                                          "requests run beside it in batches of at most this many tokens, on a "
                                          "higher-priority CUDA stream with graphs of their own (tulip/express.py, "
                                          "rose/express.py); 0 = off (they wait for the bulk batch)")
-    express_reserved_sms: int = _f(0, "with the express lane: SMs kept free of bulk blocks for 50 ms after each "
-                                      "express batch (bulk runs on a CUDA green context of the rest; multiples of 8 on "
-                                      "Hopper; rose/express.py); 0 = off")
     interactive_recent_ms: float = _f(100.0, "how long after an interactive request interactive_batch_tokens still "
                                              "caps batches")
     deadline_admission: bool = _f(True, "refuse at once (RESOURCE_EXHAUSTED deadline_unmeetable) a request whose "
@@ -139,8 +136,6 @@ class TulipConfig:
             raise ValueError("interactive_batch_tokens and interactive_recent_ms must be >= 0")
         if self.express_batch_tokens < 0:
             raise ValueError("express_batch_tokens must be >= 0")
-        if self.express_reserved_sms < 0:
-            raise ValueError("express_reserved_sms must be >= 0")
         if self.watchdog_s < 0 or self.watchdog_factor <= 0:
             raise ValueError(f"watchdog_s must be 0 (off) or positive and watchdog_factor positive, got "
                              f"{self.watchdog_s}, {self.watchdog_factor}")

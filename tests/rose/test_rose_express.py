@@ -77,31 +77,3 @@ def test_prewarm_express_captures_the_small_prewarm_layouts_on_the_lane_alone(en
     assert main_tokens == [32, 64, 256] and express_tokens == [32, 64]
     assert len(verified) == 2 and all(v.max_divergence < 1e-3 for v in verified)
     assert main_runs() == before, "every step of the express prewarm, the eager checks too, ran on the express lane"
-
-
-def test_bulk_steps_are_held_back_only_while_the_lane_is_in_use(monkeypatch):
-    """hold_sms: a bulk step begun within HOLD_S of an express step gets the green-context stream, others
-    the thread's own (None); the green stream itself is the GPU test's (test_rose_express_gpu.py)."""
-    import rose.express as express
-
-    now = [100.0]
-    monkeypatch.setattr(express.time, "monotonic", lambda: now[0])
-    lane = express.ExpressLane(64, backend=None, stream=None, graphs=None)
-    assert lane.bulk_stream_now() is None  # not holding at all
-    lane.bulk_stream = green = object()
-    assert lane.bulk_stream_now() is None, "no express step yet"
-    lane.last_step = now[0]
-    now[0] += express.HOLD_S / 2
-    assert lane.bulk_stream_now() is green
-    now[0] += express.HOLD_S
-    assert lane.bulk_stream_now() is None
-    assert lane.held_steps == 1
-
-
-def test_reserved_sms_need_cuda(engine_for):
-    from rose.engine import Engine
-
-    path = engine_for("bert").spec.model_dir
-    engine = Engine.from_pretrained(path, device="cpu", express_tokens=64, express_reserved_sms=16)
-    assert engine.express is False  # no lane on a CPU, so nothing to hold back
-    engine.close()
