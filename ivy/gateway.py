@@ -85,13 +85,15 @@ class Gateway:
                            route: str = "") -> tuple[M, float, str | None]:
         """(body, deadline, lane): every POST route's prologue (the tokenizer's too). Auth first (a 401 before any body is
         read), then read_request (before admit()), the model's `task` for `route` when given, and the lane
-        the request asks for (lane_for)."""
+        the request asks for (lane_for; None for a body without `priority`: a route that reaches no replica,
+        where X-Priority means nothing)."""
         key_lane = self.authorize(request.headers.get("authorization"))
         body, deadline = await self.read_request(request, schema)
         if task is not None:
             self.require_task(task, route)
-        return body, deadline, self.lane_for(request.headers.get("x-priority"), getattr(body, "priority", None),
-                                             key_lane)
+        if "priority" not in type(body).model_fields:
+            return body, deadline, None
+        return body, deadline, self.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
 
     def authorize(self, authorization: str | None) -> str | None:
         """Bearer auth with constant-time compares; the key is never logged or echoed. Accepted: --api-key

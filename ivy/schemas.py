@@ -8,7 +8,7 @@ Responses are built as plain dicts (serialized with orjson); their models here d
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
@@ -31,6 +31,7 @@ class _Body(BaseModel):
     # Strict: "dimensions": "128" is a 422, not silently coerced. Unknown fields are ignored (other servers
     # and SDKs send their own), except near misses of ours (ivy.body.check_misspelled_fields).
     model_config = ConfigDict(strict=True, extra="ignore")
+    peer_prefix: ClassVar[str] = ""  # where the model sits in a request ("parameters."), for the errors above
 
     @model_validator(mode="before")
     @classmethod
@@ -40,10 +41,10 @@ class _Body(BaseModel):
         which the misspelling check skips; ours wins when both are sent."""
         if not isinstance(data, dict):
             return data
-        if "truncation_direction" in data and "truncation_side" not in data:
+        if "truncation_direction" in data and "truncation_side" not in data and "truncation_side" in cls.model_fields:
             side = data["truncation_direction"]
-            if not (isinstance(side, str) and side.lower() in ("left", "right")):
-                raise _wrong("truncation_direction", '"Left" or "Right"')  # named as sent, not as ours
+            if not (isinstance(side, str) and side.lower() in ("left", "right")):  # named as sent, not as ours
+                raise _wrong(cls.peer_prefix + "truncation_direction", '"Left" or "Right"')
             data = {**data, "truncation_side": side.lower()}
         for theirs, ours in _SAME_MEANING.items():
             if theirs in data and ours not in data and ours in cls.model_fields:
@@ -193,6 +194,7 @@ class SimilarityInputs(_Body):
 
 
 class SimilarityParameters(_Body):
+    peer_prefix: ClassVar[str] = "parameters."
     truncate: bool | None = None
     truncation_side: Side = "right"
     prompt_name: str | None = Field(default=None, description="A sentence-transformers prompt, applied to every text.")

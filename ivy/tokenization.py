@@ -229,15 +229,16 @@ class InputEncoder:
 
     async def decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
         """The text of each id list (POST /decode, /detokenize); names[i] is seqs[i]'s field, for errors: at most
-        max_length ids each, every id in the vocabulary (a 422 naming `names[i][j]`)."""
+        64 times the per-input character cap ids each (what /tokenize takes in characters, so its ids come back),
+        every id in the vocabulary (a 422 naming `names[i][j]`)."""
         return await self._run(self._decode, seqs, skip_special_tokens, names, size=_size(seqs, self.inline_chars))
 
     def _decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
-        vocab, cap = self.vocab_limit, self.char_cap  # /tokenize gives at most about one id per character
+        vocab, cap = self.vocab_limit, 64 * self.char_cap  # /tokenize's own cap, in characters
         for seq, name in zip(seqs, names):
             if len(seq) > cap:
                 raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(seq)} ids; at most {cap} are decoded (the "
-                               "characters one input may have)", param=name, limit=cap)
+                               "characters /tokenize takes)", param=name, limit=cap)
             try:
                 arr = np.asarray(seq, dtype=np.int64)
                 bad = np.flatnonzero((arr < 0) | (arr >= vocab))

@@ -269,13 +269,16 @@ class _SentencePiece:
                        truncated=n > keep)
 
     def encode_pair(self, first: str, second: str, limit: int, side: str) -> EncodedPair:
-        """RoBERTa's pair layout <s> a </s></s> b </s> (all type 0), cut longest first to `limit`."""
+        """RoBERTa's pair layout <s> a </s></s> b </s> (all type 0), cut longest first to `limit`; a model
+        without <s> or </s> leaves those out."""
         a, b = self.piece_ids(first), self.piece_ids(second)
         n1, n2 = len(a), len(b)
-        k1, k2 = longest_first(n1, n2, max(limit - 4, 0))
+        head, mid, tail = self.head, self.tail * 2, self.tail
+        specials = len(head) + len(mid) + len(tail)
+        k1, k2 = longest_first(n1, n2, max(limit - specials, 0))
         a, b = (a[:k1], b[:k2]) if side == "right" else (a[n1 - k1:], b[n2 - k2:])
-        ids = [self.bos, *a, self.eos, self.eos, *b, self.eos]
-        return EncodedPair(ids, [0] * len(ids), n1 + n2 + 4, (k1, k2) != (n1, n2))
+        ids = [*head, *a, *mid, *b, *tail]
+        return EncodedPair(ids, [0] * len(ids), n1 + n2 + specials, (k1, k2) != (n1, n2))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         """Skipping specials: the ordinary pieces decoded as one run (a word after a dropped <unk> keeps its

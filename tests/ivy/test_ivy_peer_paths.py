@@ -88,7 +88,7 @@ def test_tei_similarity_errors_name_its_fields(client) -> None:
                   "parameters": {"prompt_name": "nope"}}) == "parameters.prompt_name"
     assert param({"inputs": {"source_sentence": "word " * 400, "sentences": DOCS}}) == "inputs.source_sentence"
     assert param({"inputs": {"source_sentence": QUERY, "sentences": DOCS},
-                  "parameters": {"truncation_direction": "Up"}}) == "truncation_direction"  # TEI's name, as sent
+                  "parameters": {"truncation_direction": "Up"}}) == "parameters.truncation_direction"  # as sent
     assert param({"inputs": {"sentences": DOCS}}).startswith("inputs")
     r = client.post("/similarity", json={"inputs": {"source_sentence": QUERY, "sentences": ["b"] * 2048}})
     assert r.status_code == 422 and "2048 items; at most 2047" in r.json()["error"]["message"]  # + the source
@@ -113,12 +113,21 @@ def test_detokenize_and_decode_are_the_way_back_from_tokenize(client) -> None:
     assert client.post("/decode", json={"ids": []}).json() == [""]
 
 
+def test_a_peer_field_a_route_does_not_take_is_ignored(client) -> None:
+    """truncation_direction is read only where truncation_side is a field; elsewhere it is ignored like any
+    other unknown field (other servers' SDKs send their own)."""
+    assert client.post("/tokenize", json={"prompt": "hi", "truncation_direction": "bogus"}).status_code == 200
+    assert client.post("/tokenize", json={"prompt": "hi"}, headers={"x-priority": "urgent"}).status_code == 200
+
+
 def test_decode_takes_the_untruncated_ids_tokenize_gives(client) -> None:
     text = " ".join(["hello world"] * 200)  # ~400 tokens, over the model's 256
     ids = client.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
     assert len(ids) > 256
     r = client.post("/decode", json={"ids": [ids, ids[:3]]})
     assert r.status_code == 200 and r.json() == [text, "hello world hello"], r.text
+    ids = client.post("/tokenize", json={"prompt": "!" * 4096}).json()["tokens"]  # the input cap, specials on top
+    assert len(ids) > 4096 and client.post("/decode", json={"ids": ids}).status_code == 200
 
 
 def test_detokenize_and_decode_errors_name_the_id(client) -> None:
@@ -126,8 +135,8 @@ def test_detokenize_and_decode_errors_name_the_id(client) -> None:
     assert r.status_code == 422 and r.json()["error"]["param"] == "tokens[1]", r.text
     r = client.post("/decode", json={"ids": [[101], [7, -1]]})
     assert r.status_code == 422 and r.json()["error"]["param"] == "ids[1][1]"
-    r = client.post("/decode", json={"ids": [1000] * 4097})  # over the 4096 characters an input may have
-    assert r.status_code == 422 and r.json()["error"]["param"] == "ids" and "at most 4096" in r.json()["error"]["message"]
+    r = client.post("/decode", json={"ids": [1000] * (64 * 4096 + 1)})  # over what /tokenize takes, in characters
+    assert r.status_code == 422 and r.json()["error"]["param"] == "ids" and "at most 262144" in r.json()["error"]["message"]
     assert client.post("/detokenize", json={"tokens": ["a"]}).status_code == 422
     for ids, where in (([[1], 2], "ids[1]"), ([1, [2]], "ids[1]"), ([[[1]]], "ids[0][0]"), ([True], "ids[0]"),
                        ("abc", "ids")):

@@ -78,3 +78,6 @@ def test_sentencepiece_without_bos_adds_no_minus_one(tmp_path) -> None:
     enc = sp.encode("the quick fox", keep=100, side="right")
     assert min(enc.ids) >= 0 and enc.ids[-1] == sp.eos and sp.head == []
     assert enc.original_length == len(enc.ids) and not enc.truncated
+    pair = sp.encode_pair("the fox", "lazy dog", 100, "right")
+    assert min(pair.ids) >= 0 and pair.ids.count(sp.eos) == 3 and pair.original_length == len(pair.ids)
+    assert sp.decode(pair.ids, False)  # every id decodes
