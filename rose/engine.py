@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rose.attention.kernels import use_kernel_cache
 from rose.batch import Batch
 from rose.head import OutputOptions, apply_head
 from rose.graphs import probe_batch
@@ -94,6 +95,7 @@ class Engine:
         cuda_graphs None = on when the device is CUDA: whole-model graphs per bucket layout, captured
         lazily (2nd occurrence); `prewarm` (tokens, sequences) keys and the manifest's hot layouts are
         captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off."""
+        use_kernel_cache()  # ROSE_KERNEL_CACHE_DIR: JIT caches (Triton's too) there, before anything compiles
         spec = load_spec(model_dir, model_id)
         tokenizer = Tokenizer(spec)
         dev = resolve_device(device)

@@ -109,6 +109,22 @@ def check_model_volume(objects: dict) -> None:
             assert waits, f"k8s {where}: no init container waits for {marker[1]}"
 
 
+def check_persistent_caches(objects: dict) -> None:
+    """What a Tulip pod learns at its first start and reads at the next lives on its own persistent volume (a
+    volumeClaimTemplate), not in the tmp volume a restart empties: the graph manifest and Triton's cache of
+    ROSE's kernels (TRITON_CACHE_DIR; a cold cache cost the 0.6B ~5-15 s of its start to ready)."""
+    tulip = objects[("StatefulSet", "tulip")]["spec"]
+    claims = {t["metadata"]["name"] for t in tulip.get("volumeClaimTemplates", [])}
+    (container,) = [c for c in tulip["template"]["spec"]["containers"] if c["name"] == "tulip"]
+    persistent = [m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in claims
+                  and not m.get("readOnly")]
+    env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
+    for name in ("TULIP_GRAPH_MANIFEST", "TRITON_CACHE_DIR"):
+        path = env.get(name, "")
+        assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in persistent), (
+            f"k8s StatefulSet/tulip: {name}={path or '(unset)'} is not on a persistent volume {persistent}")
+
+
 # ---- traffic ------------------------------------------------------------------------------------------------
 
 

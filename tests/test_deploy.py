@@ -40,6 +40,7 @@ from deploy_k8s_rules import (
     check_hardening,
     check_model_volume,
     check_network_policy,
+    check_persistent_caches,
     check_schemas,
     check_service_monitors,
 )
@@ -235,6 +236,7 @@ def _exported_metrics() -> set[str]:
 K8S_RULES = {
     "hardening": lambda o: check_hardening(o, dockerfiles()),
     "model volume": check_model_volume,
+    "persistent caches": check_persistent_caches,
     "disruption budgets": check_disruption_budgets,
     "network policy": check_network_policy,
     "autoscaling": lambda o: check_autoscaling(o, dockerfiles()),
@@ -275,6 +277,10 @@ K8S_RULE_BREAKAGES = {
     "tulip writes the model": ("model volume", lambda o: [m.pop("readOnly") for m in _k8s_container(
         o, "tulip")["volumeMounts"] if m["name"] == "model"]),
     "ivy does not wait for the model": ("model volume", lambda o: _pod(o, "ivy").pop("initContainers")),
+    "Triton's cache in the tmp volume": ("persistent caches", lambda o: _k8s_env(o, "tulip", "TRITON_CACHE_DIR",
+                                                                              "/tmp/triton")),
+    "no Triton cache set": ("persistent caches", lambda o: _k8s_container(o, "tulip").update(env=[
+        e for e in _k8s_container(o, "tulip")["env"] if e["name"] != "TRITON_CACHE_DIR"])),
     "no PDB for ivy": ("disruption budgets", lambda o: o.pop(("PodDisruptionBudget", "ivy"))),
     "gRPC open to every pod": ("network policy", lambda o: _policy_rules(o)[0].update(
         **{"from": [{"podSelector": {}}]})),

@@ -9,6 +9,10 @@ Both libraries read their cache location from the environment when they are impo
 use_kernel_cache() must run before either is imported (the backends call it just before importing).
 FlashInfer: FLASHINFER_WORKSPACE_BASE (its cache lives under BASE/.cache/flashinfer/<version>/<arch>).
 FA4: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 and FLASH_ATTENTION_CUTE_DSL_CACHE_DIR.
+ROSE's own Triton kernels (rose.layers.fused) compile at a replica's first start too (a cold Triton cache
+put ~5-15 s on the 0.6B's start to ready on the H200, benchmarks/NOTES.md "The express lane"): TRITON_CACHE_DIR
+goes under the same directory when it is writable, so the next start finds them (Engine.from_pretrained
+calls use_kernel_cache() before any kernel compiles).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ def use_kernel_cache(cache_dir: str | Path | None = None) -> Path | None:
     settings = {"FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer"),
                 "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
                 "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(root / "fa4")}
+    if _writable(root / "triton"):  # a read-only cache (a volume filled once) would fail Triton's first compile
+        settings["TRITON_CACHE_DIR"] = str(root / "triton")
     for key, value in settings.items():
         if explicit or key not in os.environ:
             os.environ[key] = value
@@ -51,6 +57,14 @@ def use_kernel_cache(cache_dir: str | Path | None = None) -> Path | None:
             log.warning("%s was imported before the kernel cache was set; it keeps its old cache dir", module)
     os.environ.setdefault(CACHE_ENV, str(root))
     return root
+
+
+def _writable(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK)
 
 
 def import_kernel_package(importer: Callable[[], Any], needs: str, package: str, pip_hint: str) -> Any:

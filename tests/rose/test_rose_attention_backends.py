@@ -99,9 +99,34 @@ def test_kernel_cache_dir_sets_both_libraries_variables(monkeypatch, tmp_path):
     assert os.environ["FLASHINFER_WORKSPACE_BASE"] == str(root / "flashinfer")
     assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] == str(root / "fa4")
     assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "1" and env["ROSE_KERNEL_CACHE_DIR"] == str(root)
+    assert os.environ["TRITON_CACHE_DIR"] == str(root / "triton") and (root / "triton").is_dir()
     os.environ["FLASHINFER_WORKSPACE_BASE"] = "/elsewhere"
     use_kernel_cache(None)  # the variable only fills gaps: an explicit setting stays
     assert os.environ["FLASHINFER_WORKSPACE_BASE"] == "/elsewhere"
+
+
+def test_triton_cache_only_where_it_can_be_written(monkeypatch, tmp_path):
+    """A kernel cache where Triton cannot write (an image's own folder under a read-only root, a volume
+    filled once) must not become Triton's cache: its first compile would fail the replica's start."""
+    from rose.attention.kernels import use_kernel_cache
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER_", "FLASH_ATTENTION_", "ROSE_KERNEL",
+                                                                    "TRITON_"))}
+    monkeypatch.setattr(os, "environ", env)
+    (tmp_path / "triton").write_text("")  # no directory can be made there (as root too, unlike a chmod)
+    use_kernel_cache(tmp_path)
+    assert "TRITON_CACHE_DIR" not in os.environ and os.environ["FLASHINFER_WORKSPACE_BASE"]
+
+
+def test_an_engine_puts_triton_s_cache_under_the_kernel_cache(monkeypatch, tmp_path, engine_for):
+    from rose.engine import Engine
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER_", "FLASH_ATTENTION_", "TRITON_"))}
+    env["ROSE_KERNEL_CACHE_DIR"] = str(tmp_path / "kernels")
+    monkeypatch.setattr(os, "environ", env)
+    engine = Engine.from_pretrained(engine_for("bert").spec.model_dir, device="cpu")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "kernels" / "triton")
+    engine.close()
 
 
 # -- the serving profile ------------------------------------------------------------------------------------
