@@ -200,7 +200,8 @@ def _tei_info(gw: Gateway) -> dict:
     infos = [r.info for r in gw.pool.replicas if r.info is not None]
     budgets = [i.max_batch_tokens for i in infos if i.max_batch_tokens]
     dtype = next((i.native_dtype for i in infos if i.native_dtype), "float32")
-    return {"model_id": gw.model_name, "served_model_name": gw.model_name, "model_sha": None, "model_dtype": dtype, "model_type": model_type,
+    return {"model_id": gw.model_name, "served_model_name": gw.model_name, "model_sha": None, "model_dtype": dtype,
+            "model_type": model_type,
             "max_concurrent_requests": config.max_concurrent_requests, "max_input_length": spec.max_length,
             "max_batch_tokens": min(budgets) if budgets else config.chunk_max_tokens, "max_batch_requests": None,
             "max_client_batch_size": config.max_inputs_per_request, "auto_truncate": config.truncate,

@@ -128,10 +128,6 @@ def one_text(value: Any, name: str) -> str:
     return value
 
 
-def _query(value: Any) -> str:
-    return one_text(value, "query")
-
-
 _ID_LISTS = {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}
 EmbeddingInput = Annotated[Inputs, PlainValidator(parse_inputs), WithJsonSchema({"anyOf": [
     {"type": "string"}, {"type": "array", "items": {"type": "string"}},
@@ -143,5 +139,5 @@ TextOrTexts = Annotated[list[str], WithJsonSchema(
 RerankDocuments = Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "documents")), WithJsonSchema(
     {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object", "properties": {
         "text": {"type": "string"}}, "required": ["text"]}]}})]
-Query = Annotated[str, PlainValidator(_query), WithJsonSchema({"type": "string", "minLength": 1})]
+Query = Annotated[str, PlainValidator(lambda v: one_text(v, "query")), WithJsonSchema({"type": "string", "minLength": 1})]
 Dimensions = Annotated[int, Field(ge=1, description="Matryoshka: keep the first N dimensions, then re-normalize.")]

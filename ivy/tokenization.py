@@ -47,6 +47,19 @@ def too_long(param: str, n: int, limit: int, hint: str = "send truncate=true to 
                     param=param, limit=limit)
 
 
+def _check_vocab(seq: Sequence[int], where: str, vocab: int) -> None:
+    """A 422 naming `where[j]` for the first id of `seq` outside 0..vocab - 1."""
+    try:
+        arr = np.asarray(seq, dtype=np.int64)
+        bad = np.flatnonzero((arr < 0) | (arr >= vocab))
+        j = int(bad[0]) if bad.size else -1
+    except OverflowError:  # beyond int64: find it the slow way
+        j = next(k for k, t in enumerate(seq) if not 0 <= t < vocab)
+    if j >= 0:
+        raise IvyError(Problem.INVALID_PARAMETER, f"{where}[{j}] is token id {seq[j]}, outside the model's "
+                       f"vocabulary (0..{vocab - 1})", param=f"{where}[{j}]", limit=vocab - 1)
+
+
 def _size(items, limit: int, extra: int = 0) -> int:
     """Total length of `items` (each plus `extra`), counting only until it passes `limit`."""
     total = 0
@@ -164,15 +177,7 @@ class InputEncoder:
         vocab = self.vocab_limit
         out = []
         for i, seq in enumerate(seqs):
-            try:
-                arr = np.asarray(seq, dtype=np.int64)
-                bad = np.flatnonzero((arr < 0) | (arr >= vocab))
-                j = int(bad[0]) if bad.size else -1
-            except OverflowError:  # beyond int64: find it the slow way
-                j = next(k for k, t in enumerate(seq) if not 0 <= t < vocab)
-            if j >= 0:
-                raise IvyError(Problem.INVALID_PARAMETER, f"{param}[{i}][{j}] is token id {seq[j]}, outside the "
-                               f"model's vocabulary (0..{vocab - 1})", param=f"{param}[{i}][{j}]", limit=vocab - 1)
+            _check_vocab(seq, f"{param}[{i}]", vocab)
             if len(seq) > self.max_length:
                 if not truncate:
                     raise too_long(f"{param}[{i}]", len(seq), self.max_length)
@@ -239,15 +244,7 @@ class InputEncoder:
             if len(seq) > cap:
                 raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(seq)} ids; at most {cap} are decoded (the "
                                "characters /tokenize takes)", param=name, limit=cap)
-            try:
-                arr = np.asarray(seq, dtype=np.int64)
-                bad = np.flatnonzero((arr < 0) | (arr >= vocab))
-                j = int(bad[0]) if bad.size else -1
-            except OverflowError:  # beyond int64: find it the slow way
-                j = next(k for k, t in enumerate(seq) if not 0 <= t < vocab)
-            if j >= 0:
-                raise IvyError(Problem.INVALID_PARAMETER, f"{name}[{j}] is token id {seq[j]}, outside the model's "
-                               f"vocabulary (0..{vocab - 1})", param=f"{name}[{j}]", limit=vocab - 1)
+            _check_vocab(seq, name, vocab)
         return self.tokenizer.decode_batch(seqs, skip_special_tokens)
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:

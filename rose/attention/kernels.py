@@ -47,7 +47,8 @@ def use_kernel_cache(cache_dir: str | Path | None = None) -> Path | None:
     settings = {"FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer"),
                 "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
                 "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(root / "fa4")}
-    if _writable(root / "triton"):  # a read-only cache (a volume filled once) would fail Triton's first compile
+    wants_triton = explicit or "TRITON_CACHE_DIR" not in os.environ
+    if wants_triton and _writable(root / "triton"):  # a read-only cache would fail Triton's first compile
         settings["TRITON_CACHE_DIR"] = str(root / "triton")
     for key, value in settings.items():
         if explicit or key not in os.environ:
