@@ -4,9 +4,18 @@ It answers Info exactly like ROSE would for the model folder (model id, dimensio
 tokenizer fingerprint: Ivy's replica check passes) but its step() does no math: it returns a LazyTensor
 that is already complete (as ROSE's is on a CPU), holding a constant unit-norm row per output row.
 Load it with `tulip serve --engine-factory benchmarks/zero_engine.py:ZeroEngine.from_pretrained`.
+
+`ZERO_ENGINE_DEVICE_MS` (default 0) gives it a device that takes that long per batch, batches one after
+another as on one CUDA stream: step() still returns at once, and wait() sleeps until the batch's end
+without the GIL, as a thread blocked on a CUDA event does. The harness's thread hand-offs then cost what
+they cost beside a GPU (a completer asleep, not handed a finished result).
 """
 
 from __future__ import annotations
+
+import os
+import threading
+import time
 
 import numpy as np
 
@@ -35,11 +44,33 @@ class DoneLazy:
         pass
 
 
+class DeviceLazy(DoneLazy):
+    """Complete at `done_at` (time.monotonic()); wait() sleeps until then."""
+
+    __slots__ = ("done_at",)
+
+    def __init__(self, rows: np.ndarray, done_at: float) -> None:
+        super().__init__(rows)
+        self.done_at = done_at
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.done_at
+
+    def wait(self, timeout: float | None = None) -> np.ndarray:
+        remaining = self.done_at - time.monotonic()
+        if remaining > 0:
+            time.sleep(remaining)
+        return self.rows
+
+
 class ZeroEngine:
     def __init__(self, info: EngineInfo, max_rows: int = 4096) -> None:
         self.info = info
         self._rows = np.full((max_rows, info.dimensions), 1.0 / np.sqrt(info.dimensions), dtype=np.float32)
         self.steps = 0
+        self.device_s = float(os.environ.get("ZERO_ENGINE_DEVICE_MS", "0")) / 1e3
+        self._device_free_at = 0.0  # when the last batch leaves the fake device
+        self._lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, model_dir: str, **_ignored) -> ZeroEngine:
@@ -59,7 +90,15 @@ class ZeroEngine:
         self.steps += 1
         n = batch.num_rows
         rows = self._rows[:n] if n <= self._rows.shape[0] else np.resize(self._rows, (n, self.info.dimensions))
-        return DoneLazy(rows)
+        if self.device_s <= 0:
+            return DoneLazy(rows)
+        with self._lock:  # an express lane's steps would queue on the same device
+            done_at = self._device_free_at = max(time.monotonic(), self._device_free_at) + self.device_s
+        return DeviceLazy(rows, done_at)
+
+    def replays(self, batch) -> bool:
+        """Every step is as cheap as a graph replay (Tulip may launch it from its event loop)."""
+        return True
 
     def stats(self) -> dict:
         return {"steps": self.steps}

@@ -128,6 +128,12 @@ class Engine:
         lane, beside whatever the bulk lane runs (rose.express)."""
         return self.runner.step(batch, express=express)
 
+    def replays(self, batch: Batch) -> bool:
+        """Whether step(batch) would replay a captured CUDA graph of the batch's own layout: host work of a
+        fraction of a millisecond, no eager run, capture or host sync (what Tulip checks before stepping on
+        its event loop). Reads only; False on a CPU, without graphs, and on the express lane's layouts."""
+        return self.runner.replays(batch)
+
     def embed(self, sequences: Sequence[Sequence[int]], pooling: str | None = None,
               spans: Sequence[tuple[int, int, int]] | None = None,
               options: OutputOptions | None = None,

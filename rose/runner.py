@@ -140,6 +140,14 @@ class ModelRunner:
         lazy.cold = layout is not None and how != "replay"  # a graph layout without its graph yet
         return lazy
 
+    def replays(self, batch: Batch) -> bool:
+        """Whether step(batch) (the main lane) replays a captured graph of the batch's own layout (Engine.replays)."""
+        graphs = self.graphs
+        if graphs is None or not batch.num_seqs:
+            return False
+        layout = graphs.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows, int(batch.seq_lens.max()))
+        return layout is not None and layout in graphs.graphs
+
     # -- the steps of step() ----------------------------------------------------------------------
     @staticmethod
     def _layout(graphs: CudaGraphs | None, batch: Batch, own: bool = False) -> MetaLayout | None:

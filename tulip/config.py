@@ -65,6 +65,9 @@ class TulipConfig:
                                         "deadline the tokens queued ahead of it in its lane already exceed at the "
                                         "fastest measured device rate; no measurement yet = admit")
     max_inflight_batches: int = _f(2, "batches launched on the engine and not yet delivered (2 = overlap)")
+    inline_launch: bool = _f(True, "while the worker is idle, the event loop launches a request's batch itself when "
+                                   "its CUDA graph is captured, instead of waking the launcher thread (one "
+                                   "thread hand-off less per lone request, tulip/worker.py); off with idle capture")
     pack_ahead_ms: float = _f(1.0, "with a batch on the device, pack the next one this long before that batch is "
                                    "expected to finish (median device time of recent batches of its size), not "
                                    "as soon as a slot frees, so it takes in what arrived meanwhile; 0 = at once")

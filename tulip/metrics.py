@@ -23,6 +23,7 @@ Names (all exported by `TulipMetrics`):
   tulip_lane_batches_total{lane}                     counter: batches that carried sequences of the lane
   tulip_lane_batch_tokens_total{lane}                counter: tokens of the lane in launched batches (its share)
   tulip_express_batches_total                        counter: batches run on the express lane (tulip/express.py)
+  tulip_inline_launches_total                        counter: batches the event loop launched itself (tulip/worker.py)
   tulip_gc_pause_seconds{generation}                 histogram: the garbage collector's pauses (rose/gc_pauses.py)
   rose_pinned_bytes_in_use, rose_pinned_bytes_cap, rose_graphs_captured, rose_graph_capture_seconds,
   rose_step_seconds_last, rose_runs_total{bucket,mode}, and rose_<key> for any other numeric stat
@@ -85,6 +86,8 @@ class TulipMetrics:
                                          ["lane"], registry=r)
         self.express_batches = Counter("tulip_express_batches", "Batches run on the express lane beside bulk work",
                                        registry=r)
+        self.inline_launches = Counter("tulip_inline_launches", "Batches launched on the event loop itself, the "
+                                       "worker idle (no launcher hand-off)", registry=r)
         self.gc_pause = Histogram("tulip_gc_pause_seconds", "Pauses of the cyclic garbage collector (every thread "
                                   "waits), by generation", ["generation"], buckets=_LATENCY_BUCKETS, registry=r)
         self._gc_pause = [self.gc_pause.labels(generation=str(g)) for g in range(3)]
@@ -98,9 +101,12 @@ class TulipMetrics:
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
         self._gc_pause[generation].observe(seconds)
 
-    def observe_launch(self, packed, batch, launch_seconds: float, lazy: Any, express: bool = False) -> None:
+    def observe_launch(self, packed, batch, launch_seconds: float, lazy: Any, express: bool = False,
+                       inline: bool = False) -> None:
         if express:
             self.express_batches.inc()
+        if inline:
+            self.inline_launches.inc()
         taken = packed.taken_at
         for seq in packed.sequences:
             wait = max(0.0, taken - seq.enqueued_at)

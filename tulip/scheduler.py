@@ -54,11 +54,14 @@ class SequenceQueue(LanePacker):
         # while no bulk is about wakes the main launcher alone, so express costs idle traffic nothing)
         self.express_tokens = 0  # > 0 while an express worker takes interactive work (enable_express)
         self._bulk_inflight = 0  # batches with bulk tokens taken by MAIN and not yet delivered (bulk_done)
+        self._parked = False  # the main launcher is inside next_batch's wait (take_parked may take for it)
+        self._handed: deque[PackedBatch] = deque()  # batches taken on the event loop for the launcher to run
 
     # -- producer side (event loop) -------------------------------------------------------------
 
-    def push(self, ticket: Ticket, sequences: Iterable[QueuedSequence]) -> None:
-        """Admit all of a request's sequences, or none: raises QueueFull / QueueClosed."""
+    def push(self, ticket: Ticket, sequences: Iterable[QueuedSequence], wake: bool = True) -> None:
+        """Admit all of a request's sequences, or none: raises QueueFull / QueueClosed. wake=False: the
+        main launcher is not woken; the caller then calls take_parked() (it takes the batch or wakes it)."""
         seqs = list(sequences)
         lengths = [s.num_tokens for s in seqs]
         tokens = sum(lengths)
@@ -88,8 +91,34 @@ class SequenceQueue(LanePacker):
             self._tokens += tokens
             self._lane_tokens[ticket.lane] += tokens
             self._seqs += len(seqs)
-            self._cond.notify()
+            if wake:
+                self._cond.notify()
             self._wake_express_locked()
+
+    def take_parked(self) -> PackedBatch | None:
+        """The event loop's inline launch (tulip.worker.Worker.launch_here): while the main launcher is parked
+        waiting for work, take the next batch here, without waking it; else wake it and return None. A batch
+        taken may hold no sequence (only expired or skipped tickets), as next_batch's may."""
+        with self._cond:
+            if self._parked and not self._handed and (self._lanes[0] or self._lanes[1]):
+                packed = self._take_locked()
+                if packed.sequences or packed.expired or packed.skipped:
+                    self._wake_express_locked()
+                    return packed
+                return None  # nothing of MAIN's (express owns what waits): the launcher has nothing to take
+            self._cond.notify()
+            return None
+
+    def hand_over(self, packed: PackedBatch) -> None:
+        """A batch taken by take_parked that must run on the launcher after all: its next_batch returns it first."""
+        with self._cond:
+            self._handed.append(packed)
+            self._cond.notify()
+
+    def wake(self) -> None:
+        """Wake the main launcher (after a push with wake=False that take_parked did not follow)."""
+        with self._cond:
+            self._cond.notify()
 
     def cancel(self, ticket: Ticket) -> None:
         """Drop a request's queued sequences (client gone or deadline hit): they free queue space now
@@ -108,6 +137,8 @@ class SequenceQueue(LanePacker):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
+                if self._handed:
+                    return self._handed.popleft()
                 if self._lanes[0] or self._lanes[1]:
                     packed = self._take_locked()
                     if packed.sequences or packed.expired or packed.skipped:
@@ -118,7 +149,11 @@ class SequenceQueue(LanePacker):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
-                self._cond.wait(remaining)
+                self._parked = True
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._parked = False
 
     def next_express(self, timeout: float | None = None) -> PackedBatch | None:
         """The express worker's next batch (module docstring): interactive requests only, at most

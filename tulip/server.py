@@ -123,7 +123,7 @@ class TulipServer:
                                    interactive_recent_s=config.interactive_recent_ms / 1e3)
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
-                             pack_ahead_s=config.pack_ahead_ms / 1e3)
+                             pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch)
         self.worker.start()
         if config.express_batch_tokens and config.lanes and getattr(self.engine, "express", False):
             self.express = ExpressWorker(self.engine, self.queue, express_tokens=config.express_batch_tokens,
@@ -251,8 +251,15 @@ class TulipServer:
                                self.worker.device_times.seconds_per_token())
         job = Job(parsed, native_dimensions=self.limits.dimensions, loop=self._loop, deadline=deadline,
                   request_id=request.request_id, lane=lane)
-        self.queue.push(job, job.sequences)
+        inline = self.worker.inline
+        self.queue.push(job, job.sequences, wake=not inline)
         self._active += 1
+        if inline:
+            try:
+                self.worker.launch_here()
+            except Exception:  # noqa: BLE001 - the job is queued: the launcher must get it whatever failed here
+                log.exception("inline launch failed; the launcher takes the request")
+                self.queue.wake()
         return job
 
     def settled(self, job: Job | None, status: str, started: float, tokens: int = 0) -> None:

@@ -9,6 +9,13 @@ Two threads, joined by a FIFO of launched batches:
 - the completer waits for the oldest LazyTensor, copies each sequence's rows to its request, releases the
   pinned buffer and the slot, then applies each finished request's output head and hands the bytes to the
   event loop (one call_soon_threadsafe per batch: see tulip.job.Handoff).
+The event loop itself launches when that saves a thread hand-off (`launch_here`, after a push made with
+wake=False): while nothing is in flight and the launcher is parked waiting for work, it takes the batch and
+steps it on the loop, provided the engine says the batch replays a captured graph (`engine.replays`: a
+fraction of a millisecond of host work; a batch that would run eagerly or capture goes to the launcher as
+taken). A lone request then costs the hand-offs loop -> completer -> loop instead of loop -> launcher ->
+completer -> loop, and its batch reaches the device without waiting for the launcher to wake and take the
+GIL. Under load the launcher is busy or a batch is in flight, and everything goes through it as before.
 Only the completer touches Job state, so a Job needs no lock. Engine errors fail only that batch's jobs,
 and drop those jobs' sequences still queued.
 """
@@ -37,7 +44,7 @@ class Worker:
     name = "tulip"
 
     def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
-                 idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0) -> None:
+                 idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0, inline_launch: bool = False) -> None:
         self.engine = engine
         self.queue = queue
         self.max_inflight = max_inflight
@@ -61,6 +68,11 @@ class Worker:
         self._inflight = 0  # launched, not yet delivered (read by metrics; written under _count_lock)
         self._count_lock = threading.Lock()
         self.batches_launched = 0
+        replays = getattr(engine, "replays", None)
+        # Inline launches need the engine's word that a batch replays, and no idle capture: a launcher that
+        # just timed out of its wait may be about to capture, which the loop's step would then wait behind.
+        self._replays = replays if inline_launch and callable(replays) and idle_capture_s <= 0 else None
+        self.inline_launches = 0
         self._threads = [threading.Thread(target=self._launch_loop, name=f"{self.name}-launcher", daemon=True),
                          threading.Thread(target=self._complete_loop, name=f"{self.name}-completer", daemon=True)]
 
@@ -82,6 +94,11 @@ class Worker:
 
     # -- launcher -------------------------------------------------------------------------------
 
+    @property
+    def inline(self) -> bool:
+        """Whether pushes should be made with wake=False and followed by launch_here()."""
+        return self._replays is not None
+
     def _launch_loop(self) -> None:
         while True:
             self._slots.acquire()
@@ -90,26 +107,56 @@ class Worker:
             if packed is None:  # closed and drained
                 self._launched.put(_STOP)
                 return
-            if self.metrics is not None:
-                self.metrics.observe_skipped(packed.skipped)
-            if packed.expired:
-                self._launched.put(FailedBatch(packed.expired, DeadlineExpired(
-                    "deadline exceeded while queued; the request never reached the engine")))
-            if not packed.sequences:
-                self._slots.release()
-                continue
-            try:
-                self._launch(packed)
-            except Exception as exc:  # a failing batch must not take the replica down
-                log.exception("engine.step failed on a batch of %d sequences / %d tokens",
-                              len(packed.sequences), packed.tokens)
-                jobs = jobs_of(packed.sequences)
-                for job in jobs:  # before the slot frees: the next batch must not take their other sequences
-                    self.queue.cancel(job)
-                if packed.lane_tokens[BULK]:
-                    self.queue.bulk_done()  # it never reached the device
-                self._launched.put(FailedBatch(jobs, engine_error(exc)))
-                self._slots.release()
+            self._run(packed)
+
+    def launch_here(self) -> bool:
+        """On the event loop, right after a push made with wake=False (module docstring): take the batch and
+        launch it here when nothing is in flight, the launcher is parked and the batch replays a captured
+        graph; else the launcher gets it (woken, or handed the batch as taken). True when launched here."""
+        if self._inflight or not self._slots.acquire(blocking=False):
+            self.queue.wake()
+            return False
+        packed = self.queue.take_parked()
+        if packed is None:  # the launcher was not parked (it is woken), or there is nothing of MAIN's
+            self._slots.release()
+            return False
+        try:
+            built = build_batch(packed.sequences) if packed.sequences else None
+            here = built is None or bool(self._replays(built[0]))
+        except Exception:  # noqa: BLE001 - whatever went wrong, the launcher runs it as usual
+            log.exception("inline launch check failed; the launcher runs the batch")
+            built, here = None, False
+        if not here:
+            self._slots.release()
+            self.queue.hand_over(packed)
+            return False
+        self.inline_launches += 1
+        self._run(packed, built, inline=True)
+        return True
+
+    def _run(self, packed: PackedBatch, built=None, inline: bool = False) -> None:
+        """Launch a taken batch whose in-flight slot is held (the launcher's or launch_here's): fail its
+        expired tickets, step its sequences; the slot is released when nothing reaches the device."""
+        if self.metrics is not None:
+            self.metrics.observe_skipped(packed.skipped)
+        if packed.expired:
+            self._launched.put(FailedBatch(packed.expired, DeadlineExpired(
+                "deadline exceeded while queued; the request never reached the engine")))
+        if not packed.sequences:
+            self._slots.release()
+            return
+        try:
+            self._launch(packed, built, inline)
+        except Exception as exc:  # a failing batch must not take the replica down
+            log.exception("engine.step failed on a batch of %d sequences / %d tokens",
+                          len(packed.sequences), packed.tokens)
+            jobs = jobs_of(packed.sequences)
+            for job in jobs:  # before the slot frees: the next batch must not take their other sequences
+                self.queue.cancel(job)
+            if packed.lane_tokens[BULK]:
+                self.queue.bulk_done()  # it never reached the device
+            self._launched.put(FailedBatch(jobs, engine_error(exc)))
+            self._slots.release()
 
     def _hold_until_late(self) -> None:
         """With a batch on the device, wait until shortly before it is expected to finish (tulip.pacing)."""
@@ -153,8 +200,8 @@ class Worker:
                 self.metrics.observe_idle_capture()
         return self.queue.next_batch()
 
-    def _launch(self, packed: PackedBatch) -> None:
-        batch, row_starts = build_batch(packed.sequences)
+    def _launch(self, packed: PackedBatch, built=None, inline: bool = False) -> None:
+        batch, row_starts = built or build_batch(packed.sequences)
         t0 = time.perf_counter()
         self._stepping_since = time.monotonic()
         try:
@@ -173,7 +220,7 @@ class Worker:
         self._launched.put(Launched(packed, row_starts, lazy, t0, now))
         if self.metrics is not None:
             try:
-                self.metrics.observe_launch(packed, batch, t1 - t0, lazy, express=self.express)
+                self.metrics.observe_launch(packed, batch, t1 - t0, lazy, express=self.express, inline=inline)
             except Exception:
                 log.debug("metrics failed", exc_info=True)
 

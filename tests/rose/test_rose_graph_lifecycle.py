@@ -236,3 +236,22 @@ def test_a_graph_holds_a_batch_only_when_its_seqlen_bound_holds_the_padding():
     assert find_substitute(own, [MetaLayout(1024, 8, 8, 512), g], 370, 3, 3, 100) is None  # 370+142 pad > 128
     assert find_substitute(own, [MetaLayout(1024, 8, 8, 512), MetaLayout(512, 8, 8, 512)], 370, 3, 3, 100) \
         == MetaLayout(512, 8, 8, 512), "the smallest that holds it, within 2x"
+
+
+def test_replays_says_whether_a_step_would_replay_its_own_captured_layout(engine, monkeypatch):
+    """Engine.replays (what Tulip checks before stepping on its event loop): false through the eager warm-up
+    and until the capture, true once the layout's graph serves, false for layouts without one; reads only."""
+    batch = batch_of(engine)
+    assert engine.replays(batch) is False  # no graphs at all (a CPU)
+    runner = engine.runner
+    attach_graphs(runner, monkeypatch)
+    said = []
+    for i in range(3):
+        said.append(engine.replays(batch_of(engine, seed=i)))
+        runner.step(batch_of(engine, seed=i)).result()
+    assert said == [False, False, True]  # warm-up, capture, then the replay
+    before = dict(runner.runs)
+    assert engine.replays(batch) and engine.replays(batch)
+    assert dict(runner.runs) == before and runner.graphs.substituted == {}
+    assert engine.replays(batch_of(engine, lengths=(60, 20))) is False  # another layout, not captured
+    assert engine.replays(Batch.from_sequences([], engine.spec.pooling)) is False

@@ -97,8 +97,11 @@ class FakeEngine:
     def __init__(self, info: FakeInfo | None = None, *, step_seconds: float = 0.0, gated: bool = False,
                  fail_when: Callable[[Batch], bool] | None = None,
                  raise_in_step: Callable[[Batch], BaseException | None] | None = None,
-                 express: bool = False, express_gated: bool = False) -> None:
+                 express: bool = False, express_gated: bool = False,
+                 replays_when: Callable[[Batch], bool] | None = None) -> None:
         self.info = info or FakeInfo()
+        self.replays_when = replays_when  # Engine.replays: which batches count as captured-graph replays
+        self.step_threads: list[str] = []  # the thread each step ran on, in launch order
         self.express = express
         self._express_gate = threading.Semaphore(0) if express_gated else None
         self.express_batches: list[Batch] = []
@@ -131,6 +134,10 @@ class FakeEngine:
     def warmup(self) -> None:
         self.warmed_up = True
 
+    def replays(self, batch: Batch) -> bool:
+        """rose.Engine.replays: only the batches replays_when names (none without it)."""
+        return bool(self.replays_when is not None and self.replays_when(batch))
+
     def step(self, batch: Batch, express: bool = False) -> FakeLazy:
         if express and not self.express:
             raise RuntimeError("express step without an express lane")
@@ -145,6 +152,7 @@ class FakeEngine:
             if outstanding:
                 self.launched_while_busy += 1
             self.launched += 1
+            self.step_threads.append(threading.current_thread().name)
             self.max_outstanding = max(self.max_outstanding, outstanding + 1)
             self.batches.append(batch)
             if express:
