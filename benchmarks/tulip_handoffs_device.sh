@@ -7,4 +7,4 @@ set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 require_carried .whl
 python3 -m benchmarks.tulip_handoffs --device-ms 1.7 --requests 400 --inflight 1,4,16 --repeat ${REPEAT:-3} \
-  --env "TULIP_INLINE_LAUNCH=false" --env base --json $OUT/tulip_handoffs.json 2>&1 | tail -8
+  --model benchmarks/assets/minilm-l6 --env "TULIP_INLINE_LAUNCH=false" --env base --json $OUT/tulip_handoffs.json 2>&1 | tail -8

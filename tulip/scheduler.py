@@ -21,8 +21,11 @@ from tulip.errors import QueueClosed, QueueFull
 from tulip.packer import LanePacker
 from tulip.queue_types import BULK, EXPRESS, INTERACTIVE, LANES, MAIN, PackedBatch, QueuedSequence, Ticket
 
-__all__ = ["BULK", "EXPRESS", "INTERACTIVE", "LANES", "MAIN", "PackedBatch", "QueuedSequence", "SequenceQueue",
+__all__ = ["BULK", "EXPRESS", "INTERACTIVE", "LANES", "MAIN", "REHOLD", "PackedBatch", "QueuedSequence", "SequenceQueue",
            "Ticket"]
+
+
+REHOLD = PackedBatch()  # next_batch's answer when its rehold() said so: nothing taken, pace first
 
 
 class SequenceQueue(LanePacker):
@@ -102,6 +105,8 @@ class SequenceQueue(LanePacker):
         with self._cond:
             if self._parked and not self._handed and (self._lanes[0] or self._lanes[1]):
                 packed = self._take_locked()
+                if self._lanes[0] or self._lanes[1]:
+                    self._cond.notify()  # what did not fit in this batch is the launcher's
                 if packed.sequences or packed.expired or packed.skipped:
                     self._wake_express_locked()
                     return packed
@@ -131,9 +136,10 @@ class SequenceQueue(LanePacker):
 
     # -- consumer side (launcher thread) --------------------------------------------------------
 
-    def next_batch(self, timeout: float | None = None) -> PackedBatch | None:
+    def next_batch(self, timeout: float | None = None, rehold: Callable[[], bool] | None = None) -> PackedBatch | None:
         """Block until there is work, then take one FCFS batch. None on timeout, or when the queue is
-        closed and empty. A result may hold only expired tickets (to be failed) and no sequences."""
+        closed and empty. A result may hold only expired tickets (to be failed) and no sequences.
+        rehold: asked when a wait ends; true = return REHOLD without taking (the launcher paces first)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -154,6 +160,8 @@ class SequenceQueue(LanePacker):
                     self._cond.wait(remaining)
                 finally:
                     self._parked = False
+                if rehold is not None and not self._handed and not self._closed and rehold():
+                    return REHOLD
 
     def next_express(self, timeout: float | None = None) -> PackedBatch | None:
         """The express worker's next batch (module docstring): interactive requests only, at most

@@ -15,7 +15,12 @@ steps it on the loop, provided the engine says the batch replays a captured grap
 fraction of a millisecond of host work; a batch that would run eagerly or capture goes to the launcher as
 taken). A lone request then costs the hand-offs loop -> completer -> loop instead of loop -> launcher ->
 completer -> loop, and its batch reaches the device without waiting for the launcher to wake and take the
-GIL. Under load the launcher is busy or a batch is in flight, and everything goes through it as before.
+GIL. Only while traffic is sequential (the last batch carried one request): under concurrent load the
+first arrival after an idle moment would otherwise leave alone in a batch of its own, the next ones in a
+second, and the device would run small batches (H200, 16 closed-loop clients straight to Tulip: -7 %
+requests/s); there the launcher's wake-up gathers them, and everything goes through it as before. For the
+same reason a launcher woken while an inline batch runs paces first (REHOLD: holds until shortly before
+that batch ends) and takes what arrived meanwhile as one batch behind it.
 Only the completer touches Job state, so a Job needs no lock. Engine errors fail only that batch's jobs,
 and drop those jobs' sequences still queued.
 """
@@ -32,7 +37,7 @@ from tulip.errors import DeadlineExpired, engine_error
 from tulip.job import Handoff
 from tulip.packing import FailedBatch, Launched, build_batch, jobs_of, release_lazy
 from tulip.pacing import DeviceTimes
-from tulip.scheduler import BULK, PackedBatch, SequenceQueue
+from tulip.scheduler import BULK, REHOLD, PackedBatch, SequenceQueue
 
 log = logging.getLogger("tulip.worker")
 
@@ -73,6 +78,8 @@ class Worker:
         # just timed out of its wait may be about to capture, which the loop's step would then wait behind.
         self._replays = replays if inline_launch and callable(replays) and idle_capture_s <= 0 else None
         self.inline_launches = 0
+        self._last_requests = 0  # requests in the last batch launched: inline only after a batch of <= 1
+        self._inline_running = False  # an inline batch was launched and the launcher has not paced since
         self._threads = [threading.Thread(target=self._launch_loop, name=f"{self.name}-launcher", daemon=True),
                          threading.Thread(target=self._complete_loop, name=f"{self.name}-completer", daemon=True)]
 
@@ -113,7 +120,7 @@ class Worker:
         """On the event loop, right after a push made with wake=False (module docstring): take the batch and
         launch it here when nothing is in flight, the launcher is parked and the batch replays a captured
         graph; else the launcher gets it (woken, or handed the batch as taken). True when launched here."""
-        if self._inflight or not self._slots.acquire(blocking=False):
+        if self._inflight or self._last_requests > 1 or not self._slots.acquire(blocking=False):
             self.queue.wake()
             return False
         packed = self.queue.take_parked()
@@ -131,6 +138,7 @@ class Worker:
             self.queue.hand_over(packed)
             return False
         self.inline_launches += 1
+        self._inline_running = True
         self._run(packed, built, inline=True)
         return True
 
@@ -198,10 +206,19 @@ class Worker:
             self.idle_captures += 1
             if self.metrics is not None:
                 self.metrics.observe_idle_capture()
-        return self.queue.next_batch()
+        while (packed := self.queue.next_batch(rehold=self._rehold)) is REHOLD:
+            self._inline_running = False
+            self._hold_until_late()
+        return packed
+
+    def _rehold(self) -> bool:
+        """Woken while the loop's inline batch runs: pace (hold until late) before taking, so what arrives
+        during that batch leaves in one batch behind it, not the first arrival alone and the rest after."""
+        return self._inline_running and self._inflight > 0 and self.pack_ahead_s > 0
 
     def _launch(self, packed: PackedBatch, built=None, inline: bool = False) -> None:
         batch, row_starts = built or build_batch(packed.sequences)
+        self._last_requests = _requests_in(packed.sequences)
         t0 = time.perf_counter()
         self._stepping_since = time.monotonic()
         try:
@@ -310,3 +327,9 @@ class Worker:
             self.queue.cancel(job)
             job.fail(error, handoff)
         handoff.flush()
+
+
+def _requests_in(sequences: list) -> int:
+    """How many requests the sequences belong to, counted up to 2 (all that launch_here asks)."""
+    first = sequences[0].ticket if sequences else None
+    return 2 if any(s.ticket is not first for s in sequences) else int(first is not None)

@@ -115,3 +115,47 @@ def test_take_parked_takes_only_from_a_parked_launcher_and_hand_over_comes_first
     queue.hand_over(taken)  # e.g. the batch has no graph yet: the launcher runs it as taken
     launcher.join(10)
     assert got == [taken]
+
+
+def test_what_take_parked_leaves_behind_wakes_the_launcher() -> None:
+    """A request larger than one batch: the loop takes its first batch, the parked launcher is woken for
+    the rest (before this, the rest waited for the next push: a request was stranded)."""
+    queue = SequenceQueue(max_batch_tokens=16, max_batch_seqs=8, max_queue_tokens=1024)
+    got = []
+    launcher = threading.Thread(target=lambda: got.append(queue.next_batch(timeout=10)))
+    launcher.start()
+    wait_until(lambda: queue._parked, what="the launcher parked")
+    ticket = Ticket(None, lane=INTERACTIVE)
+    seqs = [QueuedSequence(ticket=ticket, tokens=np.arange(12, dtype=np.int32), spans=np.array([[0, 12]], dtype=np.int32),
+                           rows=np.array([i])) for i in range(2)]
+    queue.push(ticket, seqs, wake=False)
+    taken = queue.take_parked()
+    assert taken is not None and taken.tokens == 12
+    launcher.join(5)
+    assert not launcher.is_alive() and got[0].tokens == 12  # woken, it took the second sequence
+
+
+def test_after_a_batch_of_several_requests_the_launcher_gathers_the_next_arrivals() -> None:
+    """Concurrent traffic (the last batch carried several requests) goes through the launcher, whose wake-up
+    gathers what arrives together; back to sequential traffic, the loop launches again."""
+    engine = FakeEngine(replays_when=lambda batch: True, gated=True)
+    with ServerThread(make_config(), engine) as s:
+        first = s.stub.Embed.future(encode_request([[3] * 10]), timeout=20)
+        wait_until(lambda: engine.launched == 1, what="the first batch launched")
+        second = s.stub.Embed.future(encode_request([[4] * 10]), timeout=20)
+        wait_until(lambda: engine.launched == 2, what="the second batch launched")
+        more = [s.stub.Embed.future(encode_request([[5 + i] * 10]), timeout=20) for i in range(2)]
+        wait_until(lambda: s.server.queue.depth()[0] == 2, what="two requests queued behind the device")
+        engine.release(2)
+        wait_until(lambda: engine.launched == 3, what="the two queued requests launched together")
+        engine.release(1)
+        for fut in (first, second, *more):
+            fut.result()
+        assert engine.batches[2].num_seqs == 2
+        after = [s.stub.Embed.future(encode_request([[9] * 10]), timeout=20) for _ in range(1)]
+        engine.release(1)
+        after[0].result()
+        last = s.stub.Embed.future(encode_request([[10] * 10]), timeout=20)
+        engine.release(1)
+        last.result()
+        assert engine.step_threads == [LOOP, LAUNCHER, LAUNCHER, LAUNCHER, LOOP]
