@@ -67,10 +67,13 @@ else
     label=$1; shift
     envs=() flags=() metrics=$metrics1
     for a in "$@"; do case $a in *=*) envs+=("$a") ;; *) flags+=("$a") ;; esac; done
-    case " ${flags[*]:-} " in *" --tulips-per-gpu 2 "*) metrics=$metrics1,http://127.0.0.1:50152/metrics ;; esac
+    case " ${flags[*]:-} " in *" --tulips-per-gpu "[2-9]" "*)  # every replica's counters (ports 50151, 50152, ...)
+      n="${flags[*]}"; n=${n##*--tulips-per-gpu }; n=${n%% *}
+      for i in $(seq 2 $n); do metrics=$metrics,http://127.0.0.1:$((50150 + i))/metrics; done ;;
+    esac
     start_stack $label "${envs[@]}" python3 -m ivy up "${flags[@]}"
-    layers $label $metrics --layers ivy-text --suite embed-latency,concurrency --embed-tokens 128,4096 \
-      --duration-s ${DURATION:-3}
+    layers $label $metrics --layers ${LAYERS:-ivy-text} --suite ${SUITES:-embed-latency,concurrency} --embed-tokens 128,4096 \
+      --concurrency-levels ${LEVELS:-1,2,4,8,16} --duration-s ${DURATION:-3}
     stop_stack $label
   done
 fi
