@@ -62,7 +62,9 @@ elif [ "${STEP}" = commits ]; then
     done
   done
 else
-  for variant in ${VARIANTS:-"stream" "unary IVY_GRPC_STREAM=false" "idle1 TULIP_IDLE_CAPTURE_MS=1" "tulips2 --tulips-per-gpu 2"}; do
+  # VARIANTS: ';'-separated, each "LABEL [VAR=value ...] [ivy up flags ...]"
+  IFS=';' read -ra variants <<< "${VARIANTS:-stream;unary IVY_GRPC_STREAM=false;idle1 TULIP_IDLE_CAPTURE_MS=1;tulips2 --tulips-per-gpu 2}"
+  for variant in "${variants[@]}"; do
     set -- $variant
     label=$1; shift
     envs=() flags=() metrics=$metrics1

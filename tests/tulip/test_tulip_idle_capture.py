@@ -56,10 +56,10 @@ class WaitsForWork:
         self.blocked = 0  # waits without a timeout in progress: the worker has decided not to capture now
         next_batch = SequenceQueue.next_batch
 
-        def counted(queue, timeout=None):
+        def counted(queue, timeout=None, rehold=None):
             self.blocked += timeout is None
             try:
-                packed = next_batch(queue, timeout)
+                packed = next_batch(queue, timeout, rehold)
             finally:
                 self.blocked -= timeout is None
             self.idle_windows += packed is None
