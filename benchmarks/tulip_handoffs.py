@@ -8,7 +8,8 @@ Starts `tulip serve` with the zero engine (benchmarks/zero_engine.py) whose fake
 `--device-ms` per batch (wait() sleeps without the GIL, as a thread blocked on a CUDA event does), then
 sends one 128-token request at a time (inflight 1), or keeps K in flight, over one EmbedStream, as an Ivy
 worker does. Each `--env` set (comma-free KEY=VALUE words; "base" = none) is a variant: the variants run
-alternately, `--repeat` rounds, medians reported. Every thread hand-off costs at least one context switch,
+alternately, `--repeat` rounds, medians reported; a variant that sets TULIP_FRAMED_PORT is driven over that
+framed EmbedStream (tulip/framed.py) instead of gRPC. Every thread hand-off costs at least one context switch,
 so switches per request count the hand-offs; "over device" is the p50 minus the device time.
 """
 
@@ -26,6 +27,7 @@ import grpc
 import numpy as np
 
 from benchmarks.overhead import FACTORY, REPO, context_switches, cpu_seconds, free_port, grpc_request
+from tulip.framed import LENGTH
 from protos import embed_pb2, embed_pb2_grpc
 from rose.spec import bundled_model_dir
 
@@ -93,10 +95,40 @@ async def drive(port: int, request: embed_pb2.EmbedRequest, requests: int, infli
         return latencies
 
 
-async def measure(port: int, pid: int, request, requests: int, inflight: int) -> dict:
-    await drive(port, request, min(100, requests), inflight)  # warm-up
+async def drive_framed(port: int, request: embed_pb2.EmbedRequest, requests: int, inflight: int) -> list[float]:
+    """drive() over Tulip's framed EmbedStream (tulip/framed.py) instead of gRPC."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+    next_id = 0
+
+    def send() -> None:
+        nonlocal next_id
+        next_id += 1
+        sent[next_id] = time.perf_counter()
+        out = embed_pb2.StreamRequest(id=next_id, request=request, timeout_s=10).SerializeToString()
+        writer.write(LENGTH.pack(len(out)) + out)
+
+    for _ in range(min(inflight, requests)):
+        send()
+    while sent:
+        (size,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+        answer = embed_pb2.StreamResponse.FromString(await reader.readexactly(size))
+        if answer.code:
+            raise SystemExit(f"tulip answered code {answer.code}: {answer.message}")
+        latencies.append(time.perf_counter() - sent.pop(answer.id))
+        if next_id < requests:
+            send()
+    writer.close()
+    return latencies
+
+
+async def measure(port: int, pid: int, request, requests: int, inflight: int, framed_port: int = 0) -> dict:
+    run = (lambda n: drive_framed(framed_port, request, n, inflight)) if framed_port else (
+        lambda n: drive(port, request, n, inflight))
+    await run(min(100, requests))  # warm-up
     cpu0, sw0, t0 = cpu_seconds([pid]), context_switches([pid]), time.perf_counter()
-    lat = np.asarray(await drive(port, request, requests, inflight)) * 1e3
+    lat = np.asarray(await run(requests)) * 1e3
     wall = time.perf_counter() - t0
     n = len(lat)
     return {"inflight": inflight, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
@@ -121,8 +153,10 @@ async def main_async(args) -> list[dict]:
             proc, port = start_tulip(model_dir, env)
             try:
                 await wait_serving(port, proc)
+                framed = int(env.get("TULIP_FRAMED_PORT", 0))  # a variant with a framed port is driven over it
                 for k in levels:
-                    rounds.setdefault((variant, k), []).append(await measure(port, proc.pid, request, args.requests, k))
+                    rounds.setdefault((variant, k), []).append(
+                        await measure(port, proc.pid, request, args.requests, k, framed))
             finally:
                 proc.terminate()
                 proc.wait(20)

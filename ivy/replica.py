@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from ivy import metrics
+from ivy.framed import FramedStream, host_of
 from ivy.stream import CallFailed, ReplicaStream
 from protos import embed_pb2, embed_pb2_grpc
 
@@ -45,7 +46,7 @@ class State(enum.Enum):
 
 
 class Replica:
-    def __init__(self, address: str, options: list[tuple[str, int]], *, stream: bool = True,
+    def __init__(self, address: str, options: list[tuple[str, int]], *, stream: bool = True, framed: bool = False,
                  max_message_bytes: int = 1 << 30, on_change: Callable[[], None] | None = None) -> None:
         self.address = address
         self._on_change = on_change  # the pool's: its readiness gauges follow every state change
@@ -54,7 +55,9 @@ class Replica:
         self.stream_max_bytes = min(STREAM_MAX_MESSAGE_BYTES, max_message_bytes - 1024)
         self.channel = grpc.aio.insecure_channel(address, options=options)
         self.embedder = embed_pb2_grpc.EmbedderStub(self.channel)
-        self.stream = ReplicaStream(self.embedder, address) if stream else None
+        self.stream: ReplicaStream | FramedStream | None = ReplicaStream(self.embedder, address) if stream else None
+        self.framed = framed  # use the framed EmbedStream once Info names its port (adopt)
+        self.max_message_bytes = max_message_bytes
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.state = State.UNKNOWN
         self.detail = ""
@@ -77,6 +80,20 @@ class Replica:
             return await self.embedder.Embed(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise CallFailed(exc.code(), exc.details() or "", *_tulip_trailers(exc)) from None
+
+    def adopt(self, info: embed_pb2.InfoResponse) -> None:
+        """A probe's Info: kept; with framed on, requests move to the framed EmbedStream it names (ivy/framed.py)
+        from the next one on, and the stream they leave is closed once its requests are answered."""
+        self.info = info
+        port = info.framed_port if self.framed else 0
+        current = self.stream.port if isinstance(self.stream, FramedStream) else 0
+        if port and port != current:
+            old, self.stream = self.stream, FramedStream(host_of(self.address), port, self.address, self.max_message_bytes)
+            log.info("replica %s: requests on its framed stream (port %d)", self.address, port)
+            if old is not None:
+                task = asyncio.ensure_future(_close_when_idle(old))
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
 
     async def close(self) -> None:
         if self.stream is not None:
@@ -146,3 +163,11 @@ def _tulip_trailers(exc: grpc.aio.AioRpcError) -> tuple[str, float | None]:
             except ValueError:
                 retry_after = None
     return reason, retry_after
+
+
+async def _close_when_idle(stream, grace_s: float = 30.0) -> None:
+    """Close a stream requests have left, once what it carries is answered (or after grace_s)."""
+    deadline = asyncio.get_running_loop().time() + grace_s
+    while getattr(getattr(stream, "_current", None), "pending", None) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    await stream.close()

@@ -70,12 +70,12 @@ def probe_timeout_s(health_interval_s: float) -> float:
 
 class ReplicaPool:
     def __init__(self, addresses: tuple[str, ...], expected: Expected, *, health_interval_s: float,
-                 max_message_bytes: int, stream: bool = True, attempt_timeout_s: float = 0.0,
+                 max_message_bytes: int, stream: bool = True, framed: bool = False, attempt_timeout_s: float = 0.0,
                  resolver: Callable = socket.getaddrinfo) -> None:
         self.attempt_timeout_s = attempt_timeout_s  # 0 = a chunk waits on its replica until the deadline
         options = channel_options(max_message_bytes)
-        self._new = functools.partial(Replica, options=options, stream=stream, max_message_bytes=max_message_bytes,
-                                      on_change=self._publish)
+        self._new = functools.partial(Replica, options=options, stream=stream, framed=framed,
+                                      max_message_bytes=max_message_bytes, on_change=self._publish)
         self.discovery = Discovery([a for a in addresses if is_dns(a)], resolver)  # ivy/discovery.py
         self._static = [a for a in addresses if not is_dns(a)]
         self.replicas: list[Replica] = [self._new(a) for a in self._static]  # replaced, never changed in place
@@ -171,7 +171,7 @@ class ReplicaPool:
         except grpc.aio.AioRpcError as exc:
             r.set_state(State.UNREACHABLE, exc.code().name)
             return
-        r.info = info
+        r.adopt(info)
         problem = self.expected.mismatch(info)
         if problem:
             if r.state is not State.MISMATCH:

@@ -32,6 +32,7 @@ from rose.spec import ModelFolderError, load_spec
 
 log = logging.getLogger("ivy.up")
 UP_ENV_PREFIX = "IVY_UP"
+FRAMED_PORT_OFFSET = 200  # with --framed, Tulip k's framed EmbedStream port is its gRPC port + this
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     bind_host = os.environ.get("TULIP_METRICS_HOST", "127.0.0.1")
     shown_host = "127.0.0.1" if bind_host in ("", "0.0.0.0", "::", "[::]") else bind_host
     ports = [first_port + k for k in range(len(devices))]
-    taken = _taken_port(config, ports)
+    taken = _taken_port(config, ports + ([p + FRAMED_PORT_OFFSET for p in ports] if config.framed else []))
     if taken:
         print(f"ivy up: {taken}; nothing was started", file=sys.stderr, flush=True)
         return 1
@@ -136,6 +137,8 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         if config.served_model_name:
             argv += ["--served-model-name", config.served_model_name]
         argv += ["--metrics-port", str(mport)]
+        if config.framed:  # the gateway's --framed: each Tulip serves its framed EmbedStream on its port + 200
+            argv += ["--framed-port", str(port + FRAMED_PORT_OFFSET)]
         if mport:
             metrics_urls.append(f"http://{shown_host}:{mport}/metrics")
         tulips.append(Child(f"tulip:{port}" + (f" gpu {device}" if device is not None else ""), argv, env))

@@ -33,6 +33,7 @@ from tulip.scheduler import INTERACTIVE, SequenceQueue
 from tulip.servicer import TulipEmbedderServicer
 from tulip.watchdog import Watchdog
 from tulip.express import ExpressWorker
+from tulip.framed import FramedListener
 from tulip.worker import Worker
 
 __all__ = ["CLIENT_CHANNEL_OPTIONS", "SERVICE_NAME", "TulipServer", "server_options"]
@@ -59,6 +60,7 @@ class TulipServer:
         self.limits: RequestLimits | None = None
         self.batch_tokens = 0  # the effective token budget, known once the engine's device is
         self._grpc: grpc.aio.Server | None = None
+        self.framed = FramedListener(self)  # tulip.framed: bound only with config.framed_port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._active = 0  # accepted Embed calls not yet answered
         self.calls_seen = 0  # Embed calls and stream requests that reached admit(), refused ones too
@@ -95,6 +97,9 @@ class TulipServer:
         self.port = server.add_insecure_port(address)  # raises RuntimeError when the port is taken
         await server.start()
         self._grpc = server
+        if self.config.framed_port:
+            await self.framed.start(self.config.host, self.config.framed_port)
+            log.info("tulip framed stream on %s:%d", self.config.host, self.framed.port)
         self.gc_timer.install()
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         log.info("tulip listening on %s:%d", self.config.host, self.port)
@@ -213,6 +218,7 @@ class TulipServer:
             self._watchdog_task.cancel()
         if self._grpc is not None:
             await self._grpc.stop(grace)
+        self.framed.close()  # after the drain: what its connections had open is answered
         if self.worker is not None:
             await asyncio.to_thread(self.worker.stop, 2.0)
         if self.express is not None:

@@ -30,32 +30,25 @@ log = logging.getLogger("tulip.stream")
 _CODE = {c.name: c.value[0] for c in grpc.StatusCode}
 
 
-class EmbedStreamSession:
-    def __init__(self, server: TulipServer, context: grpc.aio.ServicerContext) -> None:
-        self.server = server
-        self.context = context
-        self.jobs: dict[int, Job] = {}
-        self.out: asyncio.Queue[embed_pb2.StreamResponse | None] = asyncio.Queue()
+class StreamRequests:
+    """A stream's requests, whatever carries the messages (this gRPC call, or tulip.framed's connection):
+    each StreamRequest admitted as a unary call is, answered through `send` once its job settles, a cancel
+    dropping its work; `cancel_all` when the carrier ends."""
 
-    async def run(self, request_iterator) -> None:
-        writer = asyncio.ensure_future(self._write_loop())
-        try:
-            async for message in request_iterator:
-                if message.cancel:
-                    self._cancel(message.id)
-                else:
-                    self._start(message)
-            # The client closed its side: answer what it is still owed, then end the call.
-            while self.jobs:
-                await asyncio.wait([j.future for j in self.jobs.values()])
-                await asyncio.sleep(0)  # let the done-callbacks queue their answers
-        finally:
-            for request_id in list(self.jobs):
-                self._cancel(request_id)
-            self.out.put_nowait(None)
-            if writer.done() or asyncio.current_task().cancelling():
-                writer.cancel()
-            await asyncio.gather(writer, return_exceptions=True)
+    def __init__(self, server: TulipServer, send) -> None:
+        self.server = server
+        self.jobs: dict[int, Job] = {}
+        self._send = send  # StreamResponse -> None; never blocks
+
+    def handle(self, message: embed_pb2.StreamRequest) -> None:
+        if message.cancel:
+            self._cancel(message.id)
+        else:
+            self._start(message)
+
+    def cancel_all(self) -> None:
+        for request_id in list(self.jobs):
+            self._cancel(request_id)
 
     def _start(self, message: embed_pb2.StreamRequest) -> None:
         started = time.perf_counter()
@@ -67,7 +60,7 @@ class EmbedStreamSession:
         except TulipError as exc:
             self.server.rejected(request.request_id, exc)
             self.server.settled(None, exc.status, started)
-            self.out.put_nowait(_error(message.id, exc))
+            self._send(_error(message.id, exc))
             return
         self.jobs[message.id] = job
         job.future.add_done_callback(lambda f, i=message.id: self._answer(i, job, f, started))
@@ -83,17 +76,40 @@ class EmbedStreamSession:
         if error is None:
             result = future.result()
             self.server.settled(job, "OK", started, result.tokens)
-            self.out.put_nowait(embed_pb2.StreamResponse(id=request_id, response=result.proto()))
+            self._send(embed_pb2.StreamResponse(id=request_id, response=result.proto()))
             return
         exc = error if isinstance(error, TulipError) else engine_error(error)
         self.server.settled(job, exc.status, started)
-        self.out.put_nowait(_error(request_id, exc))
+        self._send(_error(request_id, exc))
 
     def _cancel(self, request_id: int) -> None:
         job = self.jobs.pop(request_id, None)
         if job is not None:
             self.server.queue.cancel(job)
             job.future.cancel()
+
+
+class EmbedStreamSession(StreamRequests):
+    def __init__(self, server: TulipServer, context: grpc.aio.ServicerContext) -> None:
+        self.out: asyncio.Queue[embed_pb2.StreamResponse | None] = asyncio.Queue()
+        super().__init__(server, self.out.put_nowait)
+        self.context = context
+
+    async def run(self, request_iterator) -> None:
+        writer = asyncio.ensure_future(self._write_loop())
+        try:
+            async for message in request_iterator:
+                self.handle(message)
+            # The client closed its side: answer what it is still owed, then end the call.
+            while self.jobs:
+                await asyncio.wait([j.future for j in self.jobs.values()])
+                await asyncio.sleep(0)  # let the done-callbacks queue their answers
+        finally:
+            self.cancel_all()
+            self.out.put_nowait(None)
+            if writer.done() or asyncio.current_task().cancelling():
+                writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
 
     async def _write_loop(self) -> None:
         while (message := await self.out.get()) is not None:

@@ -1,14 +1,15 @@
 """Tulip-direct: the benchmark's client speaking gRPC to one Tulip with token ids (the tulip-grpc layer).
 
-Two ways (`--tulip-call`): `unary`, one `Embed` call per request; `stream` (default), one long-lived
+Three ways (`--tulip-call`): `unary`, one `Embed` call per request; `stream` (default), one long-lived
 `EmbedStream` per client process, each request a `StreamRequest{id, request, timeout_s}` answered by
 the `StreamResponse` with its id (a closed-loop client has one in flight: it writes one message and
-reads one back; a late answer to a request it gave up on is skipped). Token ids travel as packed
+reads one back; a late answer to a request it gave up on is skipped); `framed`, the same messages on
+Tulip's framed EmbedStream (the port its Info names), through Ivy's own client (ivy.framed). Token ids travel as packed
 little-endian int32 (`EmbedRequest.token_ids`, `seq_lens`), packed once per distinct request: what is
 timed is the call, the server and decoding the float32 rows (and, scoring, the client cosine).
 
-grpc.aio on one event loop per client; `tulip` and `ivy` are not imported (client processes start
-light): the channel options mirror tulip.server.CLIENT_CHANNEL_OPTIONS.
+grpc.aio on one event loop per client; `tulip` is not imported and `ivy` only for `framed` (client processes
+start light): the channel options mirror tulip.server.CLIENT_CHANNEL_OPTIONS.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from benchmarks.stack.client import Sample, StackError, cosine_scores
 from protos import embed_pb2, embed_pb2_grpc
 
-CALLS = ("stream", "unary")
+CALLS = ("stream", "unary", "framed")  # framed: Tulip's framed EmbedStream (the port its Info names), Ivy's client
 MIB = 1024 * 1024
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 16 * MIB), ("grpc.max_receive_message_length", 16 * MIB),
                    ("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000),
@@ -76,6 +77,7 @@ class TulipClient:
         self._closed = False
         self._next_id = 0
         self._packed: dict[int, tuple[object, bytes, bytes]] = {}
+        self._framed_stream: Any = None  # ivy.framed.FramedStream, opened by the first framed request
         self._loop.run_until_complete(self._open())
 
     async def _open(self) -> None:
@@ -91,6 +93,8 @@ class TulipClient:
         # loop turns that into an "Event loop is closed" error in the log
 
     async def _close(self) -> None:
+        if self._framed_stream is not None:
+            await self._framed_stream.close()
         if self._stream is not None:
             self._stream.cancel()
             self._stream = None
@@ -117,6 +121,21 @@ class TulipClient:
             return await self._stub.Embed(request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise rpc_error("Embed", exc.code(), exc.details() or "") from None
+
+    async def _framed(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
+        from ivy.framed import FramedStream, host_of
+        from ivy.stream import CallFailed
+
+        if self._framed_stream is None:
+            port = (await self._info()).framed_port
+            if not port:
+                raise rpc_error("framed EmbedStream", grpc.StatusCode.UNAVAILABLE,
+                                "the replica names no framed port (tulip serve --framed-port)")
+            self._framed_stream = FramedStream(host_of(self.address), port, self.address, 1 << 30)
+        try:
+            return await self._framed_stream.embed(request, self.timeout_s)
+        except CallFailed as exc:
+            raise rpc_error("framed EmbedStream", exc.code, exc.details, exc.reason) from None
 
     async def _streamed(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
         if self._stream is None:
@@ -157,7 +176,7 @@ class TulipClient:
     def embed_matrix(self, seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, int]:
         """The float32 rows for `seqs` and the tokens Tulip reports."""
         request = self._request(seqs)
-        call = self._streamed if self.call == "stream" else self._unary
+        call = {"stream": self._streamed, "unary": self._unary, "framed": self._framed}[self.call]
         response = self._loop.run_until_complete(call(request))
         self.last_cold = bool(response.cold)
         rows = np.frombuffer(response.embeddings, dtype="<f4")

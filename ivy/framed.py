@@ -1,0 +1,156 @@
+"""Tulip's framed EmbedStream from Ivy's side (IVY_FRAMED): ReplicaStream's embed() over a plain TCP connection.
+
+Tulip's Info names its framed port (tulip/framed.py); each request is one StreamRequest behind a 4-byte
+little-endian length, each answer one StreamResponse, matched by id. embed() behaves as ReplicaStream.embed
+does: the EmbedResponse, or CallFailed with the status the unary call would have ended with; a timed-out or
+cancelled request sends a cancel. The connection opens on first use; when it breaks every request waiting
+on it fails with UNAVAILABLE (the pool retries elsewhere) and the next request opens a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+
+import grpc
+
+from ivy.stream import _BY_VALUE, CallFailed
+from protos import embed_pb2
+
+log = logging.getLogger("ivy.framed")
+
+LENGTH = struct.Struct("<I")
+
+
+def host_of(address: str) -> str:
+    """The host of a replica's "HOST:PORT" ("[v6]:PORT" too): where its framed port is."""
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, address: str, max_frame_bytes: int) -> None:
+        self.address = address
+        self.max_frame_bytes = max_frame_bytes
+        self.pending: dict[int, asyncio.Future] = {}
+        self.transport: asyncio.Transport | None = None
+        self.live = True
+        self._buffer = bytearray()
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while len(buffer) - start >= LENGTH.size:
+            (size,) = LENGTH.unpack_from(buffer, start)
+            if size > self.max_frame_bytes:
+                self.close(f"an answer of {size} bytes is over the message limit")
+                return
+            end = start + LENGTH.size + size
+            if len(buffer) < end:
+                break
+            message = embed_pb2.StreamResponse.FromString(bytes(buffer[start + LENGTH.size:end]))
+            start = end
+            self._settle(message)
+        del buffer[:start]
+
+    def _settle(self, message: embed_pb2.StreamResponse) -> None:
+        if message.id == 0 and message.code:  # the replica refused the connection's bytes: it closes it
+            self.close(f"{_BY_VALUE.get(message.code, grpc.StatusCode.UNKNOWN).name}: {message.message}")
+            return
+        future = self.pending.pop(message.id, None)
+        if future is None or future.done():
+            return  # cancelled meanwhile
+        if message.code == 0:
+            future.set_result(message.response)
+        else:
+            future.set_exception(CallFailed(_BY_VALUE.get(message.code, grpc.StatusCode.UNKNOWN), message.message,
+                                            message.reason, message.retry_after_s or None))
+
+    def write(self, message: embed_pb2.StreamRequest) -> None:
+        out = message.SerializeToString()
+        self.transport.write(LENGTH.pack(len(out)) + out)
+
+    async def writable(self) -> None:
+        await self._writable.wait()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def close(self, why: str) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self._fail(why)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail("the replica ended the framed stream")
+
+    def _fail(self, why: str) -> None:
+        self.live = False
+        self._writable.set()
+        pending, self.pending = self.pending, {}
+        failure = CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address} broke: {why}")
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(failure)
+
+
+class FramedStream:
+    def __init__(self, host: str, port: int, address: str, max_frame_bytes: int) -> None:
+        self.host, self.port, self.address = host, port, address
+        self.max_frame_bytes = max_frame_bytes
+        self._current: _Connection | None = None
+        self._opening: asyncio.Future | None = None
+        self._ids = itertools.count(1)
+        self.opened = 0
+
+    async def embed(self, request: embed_pb2.EmbedRequest, timeout: float) -> embed_pb2.EmbedResponse:
+        request_id = next(self._ids)
+        connection = None
+        try:
+            async with asyncio.timeout(timeout):
+                connection = await self._connection()
+                await connection.writable()
+                if not connection.live:
+                    raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address} broke")
+                future = asyncio.get_running_loop().create_future()
+                connection.pending[request_id] = future
+                connection.write(embed_pb2.StreamRequest(id=request_id, request=request, timeout_s=timeout))
+                return await future
+        except TimeoutError:
+            raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded on the framed stream") from None
+        finally:
+            if connection is not None and connection.pending.pop(request_id, None) is not None and connection.live:
+                connection.write(embed_pb2.StreamRequest(id=request_id, cancel=True))  # drop its queued work
+
+    async def _connection(self) -> _Connection:
+        if self._current is not None and self._current.live:
+            return self._current
+        if self._opening is None or self._opening.done():  # one connect for every request waiting on it
+            self._opening = asyncio.ensure_future(self._open())
+        return await asyncio.shield(self._opening)
+
+    async def _open(self) -> _Connection:
+        try:
+            _, connection = await asyncio.get_running_loop().create_connection(
+                lambda: _Connection(self.address, self.max_frame_bytes), self.host, self.port)
+        except OSError as exc:
+            raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address}: {exc}") from None
+        self._current = connection
+        self.opened += 1
+        return connection
+
+    async def close(self) -> None:
+        if self._current is not None:
+            self._current.close("closed")
+            self._current = None

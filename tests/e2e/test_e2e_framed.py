@@ -1,0 +1,113 @@
+"""Ivy's Replica on Tulip's framed EmbedStream (IVY_FRAMED, ivy/framed.py <-> tulip/framed.py): a real TulipServer
+with the fake engine on loopback, Ivy's replica object in this thread's event loop."""
+
+import asyncio
+import sys
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "tulip"))  # tulip_testkit, fake_engine
+from tulip_testkit import FakeEngine, ServerThread, decode_response, encode_request, make_config, solo_embedding, wait_until  # noqa: E402
+
+from ivy.framed import FramedStream, host_of  # noqa: E402
+from ivy.replica import Replica, channel_options  # noqa: E402
+from ivy.stream import CallFailed, ReplicaStream  # noqa: E402
+from protos import embed_pb2  # noqa: E402
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _replica(address: str, framed: bool = True) -> Replica:
+    replica = Replica(address, channel_options(16 << 20), framed=framed, max_message_bytes=16 << 20)
+    replica.adopt(await replica.embedder.Info(embed_pb2.InfoRequest(), timeout=10))
+    return replica
+
+
+def test_requests_go_over_the_framed_stream_and_answer_as_the_engine_does() -> None:
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+        rng = np.random.default_rng(1)
+        requests = [encode_request([[int(t) for t in rng.integers(1, 900, size=n)]]) for n in rng.integers(1, 80, size=30)]
+
+        async def main():
+            replica = await _replica(s.address)
+            assert isinstance(replica.stream, FramedStream) and replica.stream.port == s.server.framed.port
+            answers = await asyncio.gather(*(replica.embed(r, 10.0, 4096) for r in requests))
+            opened = replica.stream.opened
+            await replica.close()
+            return answers, opened
+
+        answers, opened = asyncio.run(main())
+        assert opened == 1  # one connection for all of them
+        for req, answer in zip(requests, answers):
+            np.testing.assert_allclose(decode_response(answer), solo_embedding(req), rtol=1e-6, atol=1e-6)
+
+
+def test_without_framed_or_without_a_framed_port_the_grpc_stream_stays() -> None:
+    with ServerThread(make_config(), FakeEngine()) as s:  # no framed port: Info names none
+        async def main():
+            kinds = []
+            for framed in (True, False):
+                replica = await _replica(s.address, framed)
+                kinds.append(type(replica.stream))
+                await replica.embed(encode_request([[1, 2, 3]]), 10.0, 4096)
+                await replica.close()
+            return kinds
+
+        assert asyncio.run(main()) == [ReplicaStream, ReplicaStream]
+
+
+def test_a_timed_out_request_is_cancelled_on_the_replica() -> None:
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+        async def main():
+            replica = await _replica(s.address)
+            busy = [asyncio.ensure_future(replica.embed(encode_request([[i] * 8]), 10.0, 4096)) for i in (1, 2)]
+            await asyncio.to_thread(wait_until, lambda: engine.launched == 2, 10.0, "both slots busy")
+            try:
+                await replica.embed(encode_request([[3] * 8]), 0.3, 4096)
+            except CallFailed as exc:
+                code = exc.code
+            await asyncio.to_thread(wait_until, lambda: s.server.queue.depth()[0] == 0, 10.0, "the cancel arrived")
+            engine.release(5)
+            await asyncio.gather(*busy)
+            await replica.close()
+            return code
+
+        assert asyncio.run(main()) is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert engine.launched == 2  # the timed-out request never ran
+
+
+def test_a_replica_that_goes_away_fails_what_waits_with_unavailable() -> None:
+    engine = FakeEngine(gated=True)
+    s = ServerThread(make_config(framed_port=_free_port()), engine)
+    try:
+        async def main():
+            replica = await _replica(s.address)
+            waiting = asyncio.ensure_future(replica.embed(encode_request([[1] * 8]), 10.0, 4096))
+            await asyncio.to_thread(wait_until, lambda: engine.launched == 1, 10.0, "launched")
+            await asyncio.to_thread(s.run, s.server.stop())
+            try:
+                await waiting
+            except CallFailed as exc:
+                return exc.code
+            finally:
+                await replica.close()
+
+        assert asyncio.run(main()) is grpc.StatusCode.UNAVAILABLE
+    finally:
+        engine.release(5)
+        s.close()
+
+
+def test_host_of_an_address() -> None:
+    assert host_of("10.0.0.7:50051") == "10.0.0.7"
+    assert host_of("[::1]:50051") == "::1"
+    assert host_of("tulip-0.tulip:50051") == "tulip-0.tulip"

@@ -1,0 +1,135 @@
+"""Tulip's framed EmbedStream (tulip/framed.py): EmbedStream's messages behind a 4-byte length on plain TCP, with
+the same answers, cancels, limits and drain as the gRPC stream, and bad frames refused without harm."""
+
+import asyncio
+import socket
+import struct
+
+import grpc
+import numpy as np
+import pytest
+from tulip_testkit import FakeEngine, ServerThread, decode_response, encode_request, make_config, solo_embedding, wait_until
+
+from protos import embed_pb2
+
+LENGTH = struct.Struct("<I")
+
+
+class Framed:
+    """A blocking client of the framed port."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+
+    def send(self, message: embed_pb2.StreamRequest) -> None:
+        self.send_raw(message.SerializeToString())
+
+    def send_raw(self, payload: bytes, length: int | None = None) -> None:
+        self.sock.sendall(LENGTH.pack(len(payload) if length is None else length) + payload)
+
+    def recv(self) -> embed_pb2.StreamResponse | None:
+        head = self._exactly(LENGTH.size)
+        if head is None:
+            return None
+        return embed_pb2.StreamResponse.FromString(self._exactly(LENGTH.unpack(head)[0]))
+
+    def _exactly(self, n: int) -> bytes | None:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                return None
+            out += chunk
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def request(i: int, seqs, timeout_s: float = 20.0) -> embed_pb2.StreamRequest:
+    return embed_pb2.StreamRequest(id=i, request=encode_request(seqs), timeout_s=timeout_s)
+
+
+def test_requests_multiplexed_on_a_framed_connection_equal_their_solo_embeddings() -> None:
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+        info = s.stub.Info(embed_pb2.InfoRequest(), timeout=10)
+        assert info.framed_port == s.server.framed.port > 0
+        client = Framed(info.framed_port)
+        rng = np.random.default_rng(0)
+        sent = {i: [[int(t) for t in rng.integers(1, 900, size=n)] for n in rng.integers(1, 60, size=rng.integers(1, 4))]
+                for i in range(1, 41)}
+        for i, seqs in sent.items():
+            client.send(request(i, seqs))
+        for _ in sent:
+            answer = client.recv()
+            assert answer.code == 0, answer.message
+            rows = decode_response(answer.response)
+            np.testing.assert_allclose(rows, solo_embedding(encode_request(sent[answer.id])), rtol=1e-6, atol=1e-6)
+        bad = embed_pb2.StreamRequest(id=99, request=embed_pb2.EmbedRequest(token_ids=b"\x01\x00\x00\x00",
+                                                                            seq_lens=b"\x02\x00\x00\x00"))
+        client.send(bad)  # lengths that do not add up: answered on its id, the connection stays
+        answer = client.recv()
+        assert answer.id == 99 and answer.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        client.send(request(100, [[5, 6, 7]]))
+        assert client.recv().id == 100
+        client.close()
+
+
+def test_a_cancel_or_a_closed_connection_drops_the_queued_work() -> None:
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+        client = Framed(s.server.framed.port)
+        for i in (1, 2):  # both in-flight slots taken (the engine is gated)
+            client.send(request(i, [[i] * 10]))
+            wait_until(lambda: engine.launched == i, what=f"batch {i} launched")
+        client.send(request(3, [[3] * 10]))
+        client.send(request(4, [[4] * 10]))
+        wait_until(lambda: s.server.queue.depth()[0] == 2, what="two requests queued")
+        client.send(embed_pb2.StreamRequest(id=3, cancel=True))
+        wait_until(lambda: s.server.queue.depth()[0] == 1, what="the cancelled request dropped")
+        client.close()  # request 4 still queued: its connection is gone
+        wait_until(lambda: s.server.queue.depth()[0] == 0, what="the closed connection's request dropped")
+        engine.release(5)
+        wait_until(lambda: engine.completed == 2 and s.server._active == 0, what="nothing else ran")
+        assert engine.launched == 2
+
+
+@pytest.mark.parametrize("payload,length,code", [
+    (b"", 1 << 30, grpc.StatusCode.RESOURCE_EXHAUSTED),  # longer than max_message_mb: not read, refused
+    (b"\xff\xff\xff\xff\xff", None, grpc.StatusCode.INVALID_ARGUMENT),  # not a StreamRequest
+])
+def test_a_bad_frame_is_answered_once_and_its_connection_closed(payload, length, code) -> None:
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+        client = Framed(s.server.framed.port)
+        client.send_raw(payload, length)
+        answer = client.recv()
+        assert answer.id == 0 and answer.code == code.value[0]
+        assert client.recv() is None  # closed
+        other = Framed(s.server.framed.port)  # the replica serves on
+        other.send(request(7, [[4, 5]]))
+        assert other.recv().code == 0
+        other.close()
+
+
+def test_a_draining_replica_refuses_new_framed_requests_and_answers_the_open_ones() -> None:
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(framed_port=_free_port(), shutdown_timeout_s=10), engine) as s:
+        client = Framed(s.server.framed.port)
+        client.send(request(1, [[1] * 10]))
+        wait_until(lambda: engine.launched == 1, what="launched")
+        future = asyncio.run_coroutine_threadsafe(s.server.drain(), s.loop)
+        wait_until(lambda: s.server.draining, what="draining")
+        client.send(request(2, [[2] * 10]))
+        refused = client.recv()
+        assert refused.id == 2 and refused.code == grpc.StatusCode.UNAVAILABLE.value[0]
+        engine.release(1)
+        answered = client.recv()
+        assert answered.id == 1 and answered.code == 0
+        assert future.result(20) is True
+        client.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,130 @@
+"""The framed EmbedStream: EmbedStream's messages over a plain TCP connection, without gRPC's per-message cost.
+
+On the H200 host grpc.aio costs ~0.15 ms and ~0.25 ms of CPU a message on each side (its poller thread and
+the event loop trade every one; benchmarks/NOTES.md, "The hop's own floor"). Here each StreamRequest and
+StreamResponse is its protobuf bytes behind a 4-byte little-endian length, on an asyncio connection: the
+same messages, ids, deadlines and cancels as EmbedStream (tulip.stream.StreamRequests admits and answers
+them), the same admission, limits and drain. Health, Info and the unary Embed stay on gRPC; Info names this
+port (`framed_port`), and Ivy uses it with IVY_FRAMED. Off unless `--framed-port` is set.
+
+Faults: a frame longer than max_message_mb, or bytes that are not a StreamRequest, get one error answer
+(id 0: RESOURCE_EXHAUSTED / INVALID_ARGUMENT) and the connection is closed; every request still open on a
+connection that ends is cancelled (its queued work never reaches the GPU). A client that does not read its
+answers stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new work from it meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import TYPE_CHECKING
+
+from google.protobuf.message import DecodeError
+
+from protos import embed_pb2
+from tulip.errors import TulipError
+from tulip.stream import StreamRequests, _error
+
+if TYPE_CHECKING:
+    from tulip.server import TulipServer
+
+log = logging.getLogger("tulip.framed")
+
+LENGTH = struct.Struct("<I")
+WRITE_HIGH_BYTES = 8 << 20  # unsent answers above which the connection's requests are not read
+
+
+class FrameTooLarge(TulipError):
+    """A frame longer than the message limit: answered once on id 0, then the connection is closed."""
+
+    status = "RESOURCE_EXHAUSTED"
+    reason = "message_too_large"
+
+
+class BadFrame(TulipError):
+    """Bytes that are not a StreamRequest: answered once on id 0, then the connection is closed."""
+
+    status = "INVALID_ARGUMENT"
+    reason = "bad_frame"
+
+
+class FramedSession(asyncio.Protocol):
+    def __init__(self, server: TulipServer, max_frame_bytes: int, sessions: set) -> None:
+        self.requests = StreamRequests(server, self._send)
+        self.max_frame_bytes = max_frame_bytes
+        self._sessions = sessions
+        self._buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
+        self._sessions.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        try:
+            while len(buffer) - start >= LENGTH.size:
+                (size,) = LENGTH.unpack_from(buffer, start)
+                if size > self.max_frame_bytes:
+                    raise FrameTooLarge(f"frame of {size} bytes exceeds the {self.max_frame_bytes}-byte message "
+                                        "limit (max_message_mb)")
+                end = start + LENGTH.size + size
+                if len(buffer) < end:
+                    break
+                try:
+                    message = embed_pb2.StreamRequest.FromString(bytes(buffer[start + LENGTH.size:end]))
+                except DecodeError:
+                    raise BadFrame("a frame is not a StreamRequest") from None
+                start = end
+                self.requests.handle(message)
+        except (FrameTooLarge, BadFrame) as exc:
+            log.info("framed connection closed: %s", exc.message)
+            self._send(_error(0, exc))
+            self.transport.close()
+            return
+        finally:
+            del buffer[:start]
+
+    def pause_writing(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._sessions.discard(self)
+        self.requests.cancel_all()
+
+    def _send(self, message: embed_pb2.StreamResponse) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            out = message.SerializeToString()
+            self.transport.write(LENGTH.pack(len(out)) + out)
+
+
+class FramedListener:
+    """The framed port of one TulipServer: start() binds it, close() stops listening and ends every connection
+    (after the drain has answered what they had open)."""
+
+    def __init__(self, server: TulipServer) -> None:
+        self.server = server
+        self.port = 0
+        self._listener: asyncio.base_events.Server | None = None
+        self._sessions: set[FramedSession] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        max_frame = self.server.config.max_message_bytes
+        self._listener = await asyncio.get_running_loop().create_server(
+            lambda: FramedSession(self.server, max_frame, self._sessions), host, port)
+        self.port = self._listener.sockets[0].getsockname()[1]
+        return self.port
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        for session in list(self._sessions):
+            if session.transport is not None:
+                session.transport.close()
