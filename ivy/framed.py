@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 import struct
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from ivy.stream import _BY_VALUE, CallFailed
 from protos import embed_pb2
@@ -43,6 +45,12 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a replica gone without a word (partition, power loss) is noticed in ~1 min
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+                if hasattr(socket, name):
+                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
@@ -56,7 +64,11 @@ class _Connection(asyncio.Protocol):
             end = start + LENGTH.size + size
             if len(buffer) < end:
                 break
-            message = embed_pb2.StreamResponse.FromString(bytes(buffer[start + LENGTH.size:end]))
+            try:
+                message = embed_pb2.StreamResponse.FromString(bytes(buffer[start + LENGTH.size:end]))
+            except DecodeError:
+                self.close("an answer frame is not a StreamResponse")
+                return
             start = end
             self._settle(message)
         del buffer[:start]
@@ -89,7 +101,7 @@ class _Connection(asyncio.Protocol):
 
     def close(self, why: str) -> None:
         if self.transport is not None:
-            self.transport.close()
+            self.transport.abort()  # not close(): unsent bytes to a hung replica would hold the socket
         self._fail(why)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -113,6 +125,8 @@ class FramedStream:
         self._opening: asyncio.Future | None = None
         self._ids = itertools.count(1)
         self.opened = 0
+        self.connect_failed = False  # the last connect was refused or timed out (Replica.adopt falls back)
+        self._closed = False
 
     async def embed(self, request: embed_pb2.EmbedRequest, timeout: float) -> embed_pb2.EmbedResponse:
         request_id = next(self._ids)
@@ -141,16 +155,24 @@ class FramedStream:
         return await asyncio.shield(self._opening)
 
     async def _open(self) -> _Connection:
+        if self._closed:
+            raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address} was closed")
         try:
             _, connection = await asyncio.get_running_loop().create_connection(
                 lambda: _Connection(self.address, self.max_frame_bytes), self.host, self.port)
         except OSError as exc:
+            self.connect_failed = True
             raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address}: {exc}") from None
+        if self._closed:  # closed while connecting: nobody would close this connection
+            connection.close("closed")
+            raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address} was closed")
+        self.connect_failed = False
         self._current = connection
         self.opened += 1
         return connection
 
     async def close(self) -> None:
+        self._closed = True
         if self._current is not None:
             self._current.close("closed")
             self._current = None

@@ -56,7 +56,8 @@ class Replica:
         self.channel = grpc.aio.insecure_channel(address, options=options)
         self.embedder = embed_pb2_grpc.EmbedderStub(self.channel)
         self.stream: ReplicaStream | FramedStream | None = ReplicaStream(self.embedder, address) if stream else None
-        self.framed = framed  # use the framed EmbedStream once Info names its port (adopt)
+        self.framed = framed and stream  # use the framed EmbedStream once Info names its port (adopt)
+        self._framed_refused = 0  # a framed port that refused connections: not used again
         self.max_message_bytes = max_message_bytes
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.state = State.UNKNOWN
@@ -87,13 +88,25 @@ class Replica:
         self.info = info
         port = info.framed_port if self.framed else 0
         current = self.stream.port if isinstance(self.stream, FramedStream) else 0
-        if port and port != current:
-            old, self.stream = self.stream, FramedStream(host_of(self.address), port, self.address, self.max_message_bytes)
+        if current and self.stream.connect_failed and port == current:
+            log.warning("replica %s: its framed port %d refuses connections; back on its gRPC stream",
+                        self.address, current)
+            self._framed_refused = current  # reachable by gRPC only (a Service or policy without that port)
+        if port == self._framed_refused:
+            port = 0
+        if port == current:
+            return
+        if port:
+            new = FramedStream(host_of(self.address), port, self.address, self.max_message_bytes)
             log.info("replica %s: requests on its framed stream (port %d)", self.address, port)
-            if old is not None:
-                task = asyncio.ensure_future(_close_when_idle(old))
-                _BACKGROUND.add(task)
-                task.add_done_callback(_BACKGROUND.discard)
+        else:  # restarted without a framed port, or its port refused: the gRPC stream again
+            new = ReplicaStream(self.embedder, self.address)
+            log.info("replica %s: requests on its gRPC stream", self.address)
+        old, self.stream = self.stream, new
+        if old is not None:
+            task = asyncio.ensure_future(_close_when_idle(old))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
 
     async def close(self) -> None:
         if self.stream is not None:

@@ -10,7 +10,10 @@ port (`framed_port`), and Ivy uses it with IVY_FRAMED. Off unless `--framed-port
 Faults: a frame longer than max_message_mb, or bytes that are not a StreamRequest, get one error answer
 (id 0: RESOURCE_EXHAUSTED / INVALID_ARGUMENT) and the connection is closed; every request still open on a
 connection that ends is cancelled (its queued work never reaches the GPU). A client that does not read its
-answers stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new work from it meanwhile).
+answers stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new work from it meanwhile), and
+is dropped when they stay there STALL_S; so is one whose frame stays incomplete STALL_S (a trickle). EOF
+ends the stream and cancels what it has open: unlike gRPC's half-close, a TCP EOF cannot tell "done
+sending" from a client gone, and a gone client's work must not reach the GPU (Ivy's client never half-closes).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ log = logging.getLogger("tulip.framed")
 
 LENGTH = struct.Struct("<I")
 WRITE_HIGH_BYTES = 8 << 20  # unsent answers above which the connection's requests are not read
+STALL_S = 30.0  # answers unsent above WRITE_HIGH_BYTES, or a frame incomplete, this long: the connection is dropped
 
 
 class FrameTooLarge(TulipError):
@@ -56,6 +60,7 @@ class FramedSession(asyncio.Protocol):
         self._sessions = sessions
         self._buffer = bytearray()
         self.transport: asyncio.Transport | None = None
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # "frame" (incomplete), "write" (paused): drop when due
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -88,16 +93,38 @@ class FramedSession(asyncio.Protocol):
             return
         finally:
             del buffer[:start]
+        if not buffer:
+            self._disarm("frame")
+        elif start or "frame" not in self._timers:  # a frame completed, or a new one began: its own time
+            self._arm("frame", "a frame stayed incomplete")
 
     def pause_writing(self) -> None:
         self.transport.pause_reading()
+        self._arm("write", "answers stayed unread")
 
     def resume_writing(self) -> None:
         self.transport.resume_reading()
+        self._disarm("write")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        for name in list(self._timers):
+            self._disarm(name)
         self._sessions.discard(self)
         self.requests.cancel_all()
+
+    def _arm(self, name: str, why: str) -> None:
+        self._disarm(name)
+        self._timers[name] = asyncio.get_running_loop().call_later(STALL_S, self._drop, name, why)
+
+    def _disarm(self, name: str) -> None:
+        timer = self._timers.pop(name, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _drop(self, name: str, why: str) -> None:
+        self._timers.pop(name, None)
+        log.info("framed connection dropped: %s for %.0f s", why, STALL_S)
+        self.transport.abort()  # connection_lost follows: its open requests are cancelled
 
     def _send(self, message: embed_pb2.StreamResponse) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -146,7 +146,10 @@ class Worker:
         """Launch a taken batch whose in-flight slot is held (the launcher's or launch_here's): fail its
         expired tickets, step its sequences; the slot is released when nothing reaches the device."""
         if self.metrics is not None:
-            self.metrics.observe_skipped(packed.skipped)
+            try:  # nothing here may lose a taken batch (launch_here has no launcher to fall back on)
+                self.metrics.observe_skipped(packed.skipped)
+            except Exception:  # noqa: BLE001
+                log.debug("metrics failed", exc_info=True)
         if packed.expired:
             self._launched.put(FailedBatch(packed.expired, DeadlineExpired(
                 "deadline exceeded while queued; the request never reached the engine")))

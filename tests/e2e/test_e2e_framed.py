@@ -2,6 +2,7 @@
 with the fake engine on loopback, Ivy's replica object in this thread's event loop."""
 
 import asyncio
+import struct
 import sys
 from pathlib import Path
 
@@ -111,3 +112,52 @@ def test_host_of_an_address() -> None:
     assert host_of("10.0.0.7:50051") == "10.0.0.7"
     assert host_of("[::1]:50051") == "::1"
     assert host_of("tulip-0.tulip:50051") == "tulip-0.tulip"
+
+
+def test_adopt_falls_back_to_the_grpc_stream_when_the_framed_port_goes_or_refuses() -> None:
+    async def main():
+        replica = Replica("127.0.0.1:1", channel_options(16 << 20), framed=True, max_message_bytes=16 << 20)
+        closed_port = _free_port()  # nothing listens there
+        replica.adopt(embed_pb2.InfoResponse(framed_port=closed_port))
+        assert isinstance(replica.stream, FramedStream)
+        replica.adopt(embed_pb2.InfoResponse(framed_port=0))  # restarted without a framed port
+        assert isinstance(replica.stream, ReplicaStream)
+        replica.adopt(embed_pb2.InfoResponse(framed_port=closed_port))
+        try:
+            await replica.stream.embed(encode_request([[1, 2]]), 5.0)
+        except CallFailed as exc:
+            assert exc.code is grpc.StatusCode.UNAVAILABLE
+        replica.adopt(embed_pb2.InfoResponse(framed_port=closed_port))  # refused: back on gRPC, for good
+        first = type(replica.stream)
+        replica.adopt(embed_pb2.InfoResponse(framed_port=closed_port))
+        kinds = (first, type(replica.stream))
+        unused = Replica("127.0.0.1:1", channel_options(16 << 20), stream=False, framed=True)
+        unused.adopt(embed_pb2.InfoResponse(framed_port=closed_port))  # framed rides on the stream setting
+        await replica.close()
+        await unused.close()
+        return kinds, unused.stream
+
+    kinds, unary_only = asyncio.run(main())
+    assert kinds == (ReplicaStream, ReplicaStream) and unary_only is None
+
+
+def test_a_malformed_answer_fails_the_request_with_unavailable() -> None:
+    async def main():
+        async def garbage(reader, writer):
+            await reader.read(4)
+            writer.write(struct.pack("<I", 3) + b"\xff\xff\xff")
+            await writer.drain()
+            await asyncio.sleep(5)
+
+        server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        stream = FramedStream("127.0.0.1", port, f"127.0.0.1:{port}", 1 << 20)
+        try:
+            await stream.embed(encode_request([[1, 2]]), 5.0)
+        except CallFailed as exc:
+            code = exc.code
+        await stream.close()
+        server.close()
+        return code
+
+    assert asyncio.run(main()) is grpc.StatusCode.UNAVAILABLE

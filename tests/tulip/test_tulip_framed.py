@@ -133,3 +133,41 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_a_frame_left_incomplete_or_answers_left_unread_drop_the_connection(monkeypatch) -> None:
+    import tulip.framed as framed
+
+    monkeypatch.setattr(framed, "STALL_S", 0.3)
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+        client = Framed(s.server.framed.port)
+        client.send(request(1, [[1] * 10]))
+        wait_until(lambda: engine.launched == 1, what="launched")
+        payload = request(2, [[2] * 10]).SerializeToString()
+        client.sock.sendall(LENGTH.pack(len(payload)) + payload[:5])  # and the rest never comes
+        assert client.recv() is None  # dropped after STALL_S, its open request cancelled
+        wait_until(lambda: s.server._active == 0, what="the dropped connection's request cancelled")
+        engine.release(5)
+        client.close()
+
+    async def paused() -> bool:  # a client that never reads: the server's writes pause, then it is dropped
+        aborted = asyncio.Event()
+
+        class Transport:
+            def set_write_buffer_limits(self, high):
+                pass
+
+            def pause_reading(self):
+                pass
+
+            def abort(self):
+                aborted.set()
+
+        session = framed.FramedSession.__new__(framed.FramedSession)  # only its timers are exercised
+        session._timers, session.transport = {}, Transport()
+        session.pause_writing()
+        await asyncio.wait_for(aborted.wait(), 5)
+        return True
+
+    assert asyncio.run(paused())
