@@ -11,7 +11,9 @@ Faults: a frame longer than max_message_mb, or bytes that are not a StreamReques
 (id 0: RESOURCE_EXHAUSTED / INVALID_ARGUMENT) and the connection is closed; every request still open on a
 connection that ends is cancelled (its queued work never reaches the GPU). A client that does not read its
 answers stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new work from it meanwhile), and
-is dropped when they stay there STALL_S; so is one whose frame stays incomplete STALL_S (a trickle). EOF
+is dropped when they stay there STALL_S; so is one whose frame stays incomplete STALL_S (a trickle;
+tests/RELIABILITY.md 19 and 40). The port has no connection cap: like the gRPC port, only Ivy may reach it
+(the NetworkPolicy's job, RUNBOOK). EOF
 ends the stream and cancels what it has open: unlike gRPC's half-close, a TCP EOF cannot tell "done
 sending" from a client gone, and a gone client's work must not reach the GPU (Ivy's client never half-closes).
 """

@@ -136,6 +136,7 @@ def _free_port() -> int:
 
 
 def test_a_frame_left_incomplete_or_answers_left_unread_drop_the_connection(monkeypatch) -> None:
+    """RELIABILITY 19 (a trickle) and 40 (answers never read) on the framed port: dropped after STALL_S."""
     import tulip.framed as framed
 
     monkeypatch.setattr(framed, "STALL_S", 0.3)
