@@ -138,7 +138,6 @@ class Worker:
             self.queue.hand_over(packed)
             return False
         self.inline_launches += 1
-        self._inline_running = True
         self._run(packed, built, inline=True)
         return True
 
@@ -222,6 +221,7 @@ class Worker:
     def _launch(self, packed: PackedBatch, built=None, inline: bool = False) -> None:
         batch, row_starts = built or build_batch(packed.sequences)
         self._last_requests = _requests_in(packed.sequences)
+        self._inline_running = inline  # a launcher batch since: REHOLD is for an inline one only
         t0 = time.perf_counter()
         self._stepping_since = time.monotonic()
         try:
