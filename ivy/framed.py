@@ -47,6 +47,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:  # a replica gone without a word (partition, power loss) is noticed in ~1 min
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each frame goes out at once
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
                 if hasattr(socket, name):

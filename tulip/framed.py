@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import struct
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,9 @@ class FramedSession(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each answer goes out at once
         self._sessions.add(self)
 
     def data_received(self, data: bytes) -> None:
