@@ -127,7 +127,7 @@ class FramedStream:
         self._ids = itertools.count(1)
         self.opened = 0
         self.connect_failed = False  # the last connect was refused or timed out (Replica.adopt falls back)
-        self._closed = False
+        self._closes = 0  # close() calls: a connect that finishes after one is dropped, not kept
 
     async def embed(self, request: embed_pb2.EmbedRequest, timeout: float) -> embed_pb2.EmbedResponse:
         request_id = next(self._ids)
@@ -156,15 +156,14 @@ class FramedStream:
         return await asyncio.shield(self._opening)
 
     async def _open(self) -> _Connection:
-        if self._closed:
-            raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address} was closed")
+        closes = self._closes
         try:
             _, connection = await asyncio.get_running_loop().create_connection(
                 lambda: _Connection(self.address, self.max_frame_bytes), self.host, self.port)
         except OSError as exc:
             self.connect_failed = True
             raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address}: {exc}") from None
-        if self._closed:  # closed while connecting: nobody would close this connection
+        if self._closes != closes:  # closed while connecting: nobody would close this connection
             connection.close("closed")
             raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address} was closed")
         self.connect_failed = False
@@ -173,7 +172,9 @@ class FramedStream:
         return connection
 
     async def close(self) -> None:
-        self._closed = True
+        """End the connection (every request on it fails with UNAVAILABLE); the next request opens a new one,
+        as ReplicaStream does after an ejection."""
+        self._closes += 1
         if self._current is not None:
             self._current.close("closed")
             self._current = None

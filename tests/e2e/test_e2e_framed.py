@@ -161,3 +161,19 @@ def test_a_malformed_answer_fails_the_request_with_unavailable() -> None:
         return code
 
     assert asyncio.run(main()) is grpc.StatusCode.UNAVAILABLE
+
+
+def test_after_an_ejection_closes_the_framed_stream_the_next_request_opens_a_new_one() -> None:
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+        async def main():
+            replica = await _replica(s.address)
+            await replica.embed(encode_request([[1, 2, 3]]), 10.0, 4096)
+            await replica.stream.close()  # what Replica.eject does to a hung replica's stream
+            answer = await replica.embed(encode_request([[4, 5, 6]]), 10.0, 4096)
+            opened = replica.stream.opened
+            await replica.close()
+            return answer, opened
+
+        answer, opened = asyncio.run(main())
+        assert opened == 2
+        np.testing.assert_allclose(decode_response(answer), solo_embedding(encode_request([[4, 5, 6]])), rtol=1e-6, atol=1e-6)
