@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tulip"))  # tulip_testkit, fake_engine
 from tulip_testkit import FakeEngine, ServerThread, decode_response, encode_request, make_config, solo_embedding, wait_until  # noqa: E402
@@ -177,3 +178,31 @@ def test_after_an_ejection_closes_the_framed_stream_the_next_request_opens_a_new
         answer, opened = asyncio.run(main())
         assert opened == 2
         np.testing.assert_allclose(decode_response(answer), solo_embedding(encode_request([[4, 5, 6]])), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ivy_up_framed_serves_the_bundled_model_over_the_framed_stream() -> None:
+    """What a user runs: `ivy up --framed` (Tulip on its framed port, Ivy sending there), answers as
+    sentence-transformers does."""
+    import json
+    import urllib.request
+
+    from stack_testkit import ivy_up
+
+    texts = ["hello world", "good morning", "Tulip packs sequences first come, first served."]
+    proc, port = ivy_up("--gpus", "none", "--framed")
+    try:
+        body = json.dumps({"input": texts}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", body,
+                                         {"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as r:
+            got = np.array([d["embedding"] for d in json.loads(r.read())["data"]], dtype=np.float32)
+        proc.wait_for(lambda: "requests on its framed stream" in proc.output(), "Ivy on the framed stream", 30)
+    finally:
+        proc.stop()
+    from sentence_transformers import SentenceTransformer
+
+    from rose.spec import bundled_model_dir
+
+    want = SentenceTransformer(str(bundled_model_dir()), device="cpu").encode(texts, normalize_embeddings=True)
+    assert float((got * want).sum(1).min()) > 0.9999
