@@ -98,7 +98,10 @@ class TulipServer:
         await server.start()
         self._grpc = server
         if self.config.framed_port:
-            await self.framed.start(self.config.host, self.config.framed_port)
+            try:
+                await self.framed.start(self.config.host, self.config.framed_port)
+            except OSError as exc:  # the CLI's "cannot listen" names the gRPC port: say which one failed
+                raise OSError(f"framed port {self.config.framed_port}: {exc}") from exc
             log.info("tulip framed stream on %s:%d", self.config.host, self.framed.port)
         self.gc_timer.install()
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
