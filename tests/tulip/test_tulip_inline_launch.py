@@ -159,3 +159,26 @@ def test_after_a_batch_of_several_requests_the_launcher_gathers_the_next_arrival
         engine.release(1)
         last.result()
         assert engine.step_threads == [LOOP, LAUNCHER, LAUNCHER, LAUNCHER, LOOP]
+
+
+def test_with_an_express_lane_a_query_beside_bulk_goes_express_and_alone_launches_on_the_loop() -> None:
+    from test_tulip_lanes import lane_request
+
+    from tulip.scheduler import BULK
+
+    engine = FakeEngine(gated=True, express=True, replays_when=lambda batch: True)
+    config = make_config(max_batch_tokens=64, express_batch_tokens=32, pack_ahead_ms=0)
+    with ServerThread(config, engine) as s:
+        wait_until(lambda: s.server.queue.express_tokens == 32, what="express on")
+        bulk = s.stub.Embed.future(lane_request(100, 60, BULK), timeout=60)  # alone: on the loop
+        wait_until(lambda: engine.launched == 1, what="bulk launched and held")
+        query = s.stub.Embed(lane_request(7, 12, INTERACTIVE), timeout=10)  # beside bulk: the express lane
+        assert query.rows == 1 and [int(b.token_ids[0]) for b in engine.express_batches] == [7]
+        engine.release(10)
+        bulk.result()
+        wait_until(lambda: s.server.worker.inflight == 0 and s.server.queue._bulk_inflight == 0, what="bulk done")
+        alone = s.stub.Embed.future(lane_request(8, 12, INTERACTIVE), timeout=10)
+        wait_until(lambda: engine.launched == 3, what="the query alone launched")
+        engine.release(1)
+        assert alone.result().rows == 1
+        assert engine.step_threads == [LOOP, "tulip-express-launcher", LOOP]
