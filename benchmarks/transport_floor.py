@@ -16,26 +16,17 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import struct
 import sys
 import time
 
 import grpc
 import numpy as np
 
-from benchmarks.overhead import cpu_seconds, free_port, grpc_request
+from benchmarks.overhead import cpu_seconds, free_port, grpc_request, median_row
+from benchmarks.tulip_handoffs import drive, drive_framed
 from protos import embed_pb2, embed_pb2_grpc
-
-LEN = struct.Struct("<I")
-
-
-def _loop_policy() -> None:
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
+from protos.framing import FrameBuffer, frame
+from tulip.cli import run_loop
 
 
 def _answer(message: embed_pb2.StreamRequest, reply: bytes) -> embed_pb2.StreamResponse:
@@ -54,25 +45,17 @@ class _Echo(embed_pb2_grpc.EmbedderServicer):
 
 class _FramedEcho(asyncio.Protocol):
     def __init__(self, reply: bytes) -> None:
-        self.reply, self.buffer, self.transport = reply, bytearray(), None
+        self.reply, self.frames, self.transport = reply, FrameBuffer(1 << 30), None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while len(self.buffer) >= 4:
-            (n,) = LEN.unpack_from(self.buffer)
-            if len(self.buffer) < 4 + n:
-                return
-            message = embed_pb2.StreamRequest.FromString(bytes(self.buffer[4:4 + n]))
-            del self.buffer[:4 + n]
-            out = _answer(message, self.reply).SerializeToString()
-            self.transport.write(LEN.pack(len(out)) + out)
+        for payload in self.frames.feed(data):
+            self.transport.write(frame(_answer(embed_pb2.StreamRequest.FromString(payload), self.reply)))
 
 
 def serve(kind: str, port: int, reply_bytes: int) -> None:
-    _loop_policy()
     reply = bytes(reply_bytes)
 
     async def main() -> None:
@@ -86,60 +69,7 @@ def serve(kind: str, port: int, reply_bytes: int) -> None:
             server = await asyncio.get_running_loop().create_server(lambda: _FramedEcho(reply), "127.0.0.1", port)
             await server.serve_forever()
 
-    asyncio.run(main())
-
-
-async def _grpc_client(port: int, request, n: int, inflight: int) -> list[float]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        outbox: asyncio.Queue = asyncio.Queue()
-
-        async def messages():
-            while (m := await outbox.get()) is not None:
-                yield m
-
-        call = embed_pb2_grpc.EmbedderStub(channel).EmbedStream(messages())
-        sent, lat, next_id = {}, [], 0
-
-        def send() -> None:
-            nonlocal next_id
-            next_id += 1
-            sent[next_id] = time.perf_counter()
-            outbox.put_nowait(embed_pb2.StreamRequest(id=next_id, request=request, timeout_s=10))
-
-        for _ in range(inflight):
-            send()
-        async for answer in call:
-            lat.append(time.perf_counter() - sent.pop(answer.id))
-            if next_id < n:
-                send()
-            elif not sent:
-                break
-        outbox.put_nowait(None)
-        call.cancel()
-        return lat
-
-
-async def _framed_client(port: int, request, n: int, inflight: int) -> list[float]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    sent, lat, next_id = {}, [], 0
-
-    def send() -> None:
-        nonlocal next_id
-        next_id += 1
-        sent[next_id] = time.perf_counter()
-        out = embed_pb2.StreamRequest(id=next_id, request=request, timeout_s=10).SerializeToString()
-        writer.write(LEN.pack(len(out)) + out)
-
-    for _ in range(inflight):
-        send()
-    while sent:
-        (size,) = LEN.unpack(await reader.readexactly(4))
-        answer = embed_pb2.StreamResponse.FromString(await reader.readexactly(size))
-        lat.append(time.perf_counter() - sent.pop(answer.id))
-        if next_id < n:
-            send()
-    writer.close()
-    return lat
+    run_loop(main(), "auto")
 
 
 def measure(kind: str, args, inflight: int) -> dict:
@@ -147,7 +77,7 @@ def measure(kind: str, args, inflight: int) -> dict:
     server = multiprocessing.get_context("spawn").Process(target=serve, args=(kind, port, args.reply_bytes), daemon=True)
     server.start()
     request = grpc_request(list(range(101, 101 + args.tokens)))
-    client = _grpc_client if kind == "grpc" else _framed_client
+    client = drive if kind == "grpc" else drive_framed
     pids = {"server": [server.pid], "client": [os.getpid()]}
 
     async def session():
@@ -167,7 +97,7 @@ def measure(kind: str, args, inflight: int) -> dict:
         return lat, wall, {k: 1e3 * (cpu_seconds(v) - cpu0[k]) / len(lat) for k, v in pids.items()}
 
     try:
-        lat, wall, cpu = asyncio.run(session())
+        lat, wall, cpu = run_loop(session(), "auto")
         lat = np.asarray(lat) * 1e3
     finally:
         server.kill()
@@ -185,13 +115,10 @@ def main(argv=None) -> int:
     parser.add_argument("--reply-bytes", type=int, default=4096, help="embedding bytes in each answer (1024 floats)")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
-    _loop_policy()
     rows = []
     for k in (int(x) for x in args.inflight.split(",")):
         for kind in ("grpc", "framed"):
-            runs = [measure(kind, args, k) for _ in range(args.repeat)]
-            rows.append({key: (float(np.median([r[key] for r in runs])) if isinstance(runs[0][key], float)
-                               else runs[0][key]) for key in runs[0]})
+            rows.append(median_row([measure(kind, args, k) for _ in range(args.repeat)]))
     print(f"{'transport':10s} {'inflight':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'per s':>9s} {'server cpu':>10s} {'client cpu':>10s}")
     for r in rows:
         print(f"{r['transport']:10s} {r['inflight']:8d} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['per_s']:9.0f} "

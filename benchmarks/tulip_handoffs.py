@@ -26,8 +26,8 @@ import time
 import grpc
 import numpy as np
 
-from benchmarks.overhead import FACTORY, REPO, context_switches, cpu_seconds, free_port, grpc_request
-from tulip.framed import LENGTH
+from benchmarks.overhead import FACTORY, REPO, context_switches, cpu_seconds, free_port, grpc_request, median_row
+from protos.framing import LENGTH, frame
 from protos import embed_pb2, embed_pb2_grpc
 from rose.spec import bundled_model_dir
 
@@ -106,8 +106,7 @@ async def drive_framed(port: int, request: embed_pb2.EmbedRequest, requests: int
         nonlocal next_id
         next_id += 1
         sent[next_id] = time.perf_counter()
-        out = embed_pb2.StreamRequest(id=next_id, request=request, timeout_s=10).SerializeToString()
-        writer.write(LENGTH.pack(len(out)) + out)
+        writer.write(frame(embed_pb2.StreamRequest(id=next_id, request=request, timeout_s=10)))
 
     for _ in range(min(inflight, requests)):
         send()
@@ -162,7 +161,7 @@ async def main_async(args) -> list[dict]:
                 proc.wait(20)
     rows = []
     for (variant, k), rs in rounds.items():
-        row = {key: float(np.median([r[key] for r in rs])) for key in rs[0]}
+        row = median_row(rs)
         row.update(variant=variant, inflight=k, rounds=len(rs), over_device_ms=row["p50_ms"] - args.device_ms)
         rows.append(row)
     return rows

@@ -13,17 +13,15 @@ import asyncio
 import itertools
 import logging
 import socket
-import struct
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from ivy.stream import _BY_VALUE, CallFailed
+from ivy.stream import _BY_VALUE, CallFailed, settle
 from protos import embed_pb2
+from protos.framing import FrameBuffer, frame
 
 log = logging.getLogger("ivy.framed")
-
-LENGTH = struct.Struct("<I")
 
 
 def host_of(address: str) -> str:
@@ -35,11 +33,10 @@ def host_of(address: str) -> str:
 class _Connection(asyncio.Protocol):
     def __init__(self, address: str, max_frame_bytes: int) -> None:
         self.address = address
-        self.max_frame_bytes = max_frame_bytes
         self.pending: dict[int, asyncio.Future] = {}
         self.transport: asyncio.Transport | None = None
         self.live = True
-        self._buffer = bytearray()
+        self._frames = FrameBuffer(max_frame_bytes)
         self._writable = asyncio.Event()
         self._writable.set()
 
@@ -54,42 +51,21 @@ class _Connection(asyncio.Protocol):
                     sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
     def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        start = 0
-        while len(buffer) - start >= LENGTH.size:
-            (size,) = LENGTH.unpack_from(buffer, start)
-            if size > self.max_frame_bytes:
-                self.close(f"an answer of {size} bytes is over the message limit")
-                return
-            end = start + LENGTH.size + size
-            if len(buffer) < end:
-                break
+        for payload in self._frames.feed(data):
             try:
-                message = embed_pb2.StreamResponse.FromString(bytes(buffer[start + LENGTH.size:end]))
+                message = embed_pb2.StreamResponse.FromString(payload)
             except DecodeError:
                 self.close("an answer frame is not a StreamResponse")
                 return
-            start = end
-            self._settle(message)
-        del buffer[:start]
-
-    def _settle(self, message: embed_pb2.StreamResponse) -> None:
-        if message.id == 0 and message.code:  # the replica refused the connection's bytes: it closes it
-            self.close(f"{_BY_VALUE.get(message.code, grpc.StatusCode.UNKNOWN).name}: {message.message}")
-            return
-        future = self.pending.pop(message.id, None)
-        if future is None or future.done():
-            return  # cancelled meanwhile
-        if message.code == 0:
-            future.set_result(message.response)
-        else:
-            future.set_exception(CallFailed(_BY_VALUE.get(message.code, grpc.StatusCode.UNKNOWN), message.message,
-                                            message.reason, message.retry_after_s or None))
+            if message.id == 0 and message.code:  # the replica refused the connection's bytes: it closes it
+                self.close(f"{_BY_VALUE.get(message.code, grpc.StatusCode.UNKNOWN).name}: {message.message}")
+                return
+            settle(self.pending.pop(message.id, None), message)
+        if self._frames.oversize:
+            self.close(f"an answer of {self._frames.oversize} bytes is over the message limit")
 
     def write(self, message: embed_pb2.StreamRequest) -> None:
-        out = message.SerializeToString()
-        self.transport.write(LENGTH.pack(len(out)) + out)
+        self.transport.write(frame(message))
 
     async def writable(self) -> None:
         await self._writable.wait()
@@ -170,6 +146,11 @@ class FramedStream:
         self._current = connection
         self.opened += 1
         return connection
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their answer on the open connection."""
+        return len(self._current.pending) if self._current is not None else 0
 
     async def close(self) -> None:
         """End the connection (every request on it fails with UNAVAILABLE); the next request opens a new one,

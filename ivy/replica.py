@@ -181,6 +181,6 @@ def _tulip_trailers(exc: grpc.aio.AioRpcError) -> tuple[str, float | None]:
 async def _close_when_idle(stream, grace_s: float = 30.0) -> None:
     """Close a stream requests have left, once what it carries is answered (or after grace_s)."""
     deadline = asyncio.get_running_loop().time() + grace_s
-    while getattr(getattr(stream, "_current", None), "pending", None) and asyncio.get_running_loop().time() < deadline:
+    while stream.waiting and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
     await stream.close()

@@ -34,6 +34,18 @@ class CallFailed(Exception):
         self.retry_after_s = retry_after_s  # Tulip's estimate of when a retry could succeed, where it sent one
 
 
+def settle(future: asyncio.Future | None, message: embed_pb2.StreamResponse) -> None:
+    """A stream's answer for the request waiting on `future`: its EmbedResponse, or CallFailed with the status
+    the unary call would have ended with. None or done (cancelled meanwhile): dropped."""
+    if future is None or future.done():
+        return
+    if message.code == 0:
+        future.set_result(message.response)
+    else:
+        future.set_exception(CallFailed(_BY_VALUE.get(message.code, grpc.StatusCode.UNKNOWN), message.message,
+                                        message.reason, message.retry_after_s or None))
+
+
 class _Call:
     """One open EmbedStream call: its requests awaiting answers and the task that reads them."""
 
@@ -75,6 +87,11 @@ class ReplicaStream:
             if stream.pending.pop(request_id, None) is not None and stream.live:
                 # Timed out or cancelled by the caller: drop its work, once the request is on the wire.
                 write.add_done_callback(lambda w: self._cancel_if_sent(w, stream, request_id))
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their answer on the open call."""
+        return len(self._current.pending) if self._current is not None else 0
 
     async def close(self) -> None:
         if self._current is not None:
@@ -123,15 +140,7 @@ class ReplicaStream:
                 message = await stream.call.read()
                 if message is grpc.aio.EOF:
                     break
-                future = stream.pending.pop(message.id, None)
-                if future is None or future.done():
-                    continue  # cancelled meanwhile
-                if message.code == 0:
-                    future.set_result(message.response)
-                else:
-                    code = _BY_VALUE.get(message.code, grpc.StatusCode.UNKNOWN)
-                    future.set_exception(CallFailed(code, message.message, message.reason,
-                                                    message.retry_after_s or None))
+                settle(stream.pending.pop(message.id, None), message)
         except grpc.aio.AioRpcError as exc:
             failure = CallFailed(grpc.StatusCode.UNAVAILABLE,
                                  f"stream to {self.address} broke: {exc.code().name}")

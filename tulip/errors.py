@@ -51,6 +51,22 @@ class ResponseTooLarge(TulipError):
     reason = "response_too_large"
 
 
+class FrameTooLarge(TulipError):
+    """A framed-stream frame longer than the message limit (tulip/framed.py): answered once on id 0, then
+    the connection is closed."""
+
+    status = "RESOURCE_EXHAUSTED"
+    reason = "message_too_large"
+
+
+class BadFrame(TulipError):
+    """Framed-stream bytes that are not a StreamRequest (tulip/framed.py): answered once on id 0, then the
+    connection is closed."""
+
+    status = "INVALID_ARGUMENT"
+    reason = "bad_frame"
+
+
 class DeadlineExpired(TulipError):
     """The request's deadline passed while it waited; its sequences never reached the engine."""
 

@@ -23,45 +23,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import struct
 from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
 from protos import embed_pb2
-from tulip.errors import TulipError
-from tulip.stream import StreamRequests, _error
+from protos.framing import FrameBuffer, frame
+from tulip.errors import BadFrame, FrameTooLarge
+from tulip.stream import StreamRequests, error_answer
 
 if TYPE_CHECKING:
     from tulip.server import TulipServer
 
 log = logging.getLogger("tulip.framed")
 
-LENGTH = struct.Struct("<I")
 WRITE_HIGH_BYTES = 8 << 20  # unsent answers above which the connection's requests are not read
 STALL_S = 30.0  # answers unsent above WRITE_HIGH_BYTES, or a frame incomplete, this long: the connection is dropped
-
-
-class FrameTooLarge(TulipError):
-    """A frame longer than the message limit: answered once on id 0, then the connection is closed."""
-
-    status = "RESOURCE_EXHAUSTED"
-    reason = "message_too_large"
-
-
-class BadFrame(TulipError):
-    """Bytes that are not a StreamRequest: answered once on id 0, then the connection is closed."""
-
-    status = "INVALID_ARGUMENT"
-    reason = "bad_frame"
 
 
 class FramedSession(asyncio.Protocol):
     def __init__(self, server: TulipServer, max_frame_bytes: int, sessions: set) -> None:
         self.requests = StreamRequests(server, self._send)
-        self.max_frame_bytes = max_frame_bytes
+        self._frames = FrameBuffer(max_frame_bytes)
         self._sessions = sessions
-        self._buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}  # "frame" (incomplete), "write" (paused): drop when due
 
@@ -74,34 +58,25 @@ class FramedSession(asyncio.Protocol):
         self._sessions.add(self)
 
     def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        start = 0
+        payloads = self._frames.feed(data)
         try:
-            while len(buffer) - start >= LENGTH.size:
-                (size,) = LENGTH.unpack_from(buffer, start)
-                if size > self.max_frame_bytes:
-                    raise FrameTooLarge(f"frame of {size} bytes exceeds the {self.max_frame_bytes}-byte message "
-                                        "limit (max_message_mb)")
-                end = start + LENGTH.size + size
-                if len(buffer) < end:
-                    break
+            for payload in payloads:
                 try:
-                    message = embed_pb2.StreamRequest.FromString(bytes(buffer[start + LENGTH.size:end]))
+                    message = embed_pb2.StreamRequest.FromString(payload)
                 except DecodeError:
                     raise BadFrame("a frame is not a StreamRequest") from None
-                start = end
                 self.requests.handle(message)
+            if self._frames.oversize:
+                raise FrameTooLarge(f"frame of {self._frames.oversize} bytes exceeds the "
+                                    f"{self._frames.max_bytes}-byte message limit (max_message_mb)")
         except (FrameTooLarge, BadFrame) as exc:
             log.info("framed connection closed: %s", exc.message)
-            self._send(_error(0, exc))
+            self._send(error_answer(0, exc))
             self.transport.close()
             return
-        finally:
-            del buffer[:start]
-        if not buffer:
+        if not self._frames.partial:
             self._disarm("frame")
-        elif start or "frame" not in self._timers:  # a frame completed, or a new one began: its own time
+        elif payloads or "frame" not in self._timers:  # a frame completed, or a new one began: its own time
             self._arm("frame", "a frame stayed incomplete")
 
     def pause_writing(self) -> None:
@@ -134,8 +109,7 @@ class FramedSession(asyncio.Protocol):
 
     def _send(self, message: embed_pb2.StreamResponse) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            out = message.SerializeToString()
-            self.transport.write(LENGTH.pack(len(out)) + out)
+            self.transport.write(frame(message))
 
 
 class FramedListener:

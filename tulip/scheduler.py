@@ -104,13 +104,10 @@ class SequenceQueue(LanePacker):
         taken may hold no sequence (only expired or skipped tickets), as next_batch's may."""
         with self._cond:
             if self._parked and not self._handed and (self._lanes[0] or self._lanes[1]):
-                packed = self._take_locked()
+                packed = self._take_main_locked()
                 if self._lanes[0] or self._lanes[1]:
                     self._cond.notify()  # what did not fit in this batch is the launcher's
-                if packed.sequences or packed.expired or packed.skipped:
-                    self._wake_express_locked()
-                    return packed
-                return None  # nothing of MAIN's (express owns what waits): the launcher has nothing to take
+                return packed
             self._cond.notify()
             return None
 
@@ -146,9 +143,8 @@ class SequenceQueue(LanePacker):
                 if self._handed:
                     return self._handed.popleft()
                 if self._lanes[0] or self._lanes[1]:
-                    packed = self._take_locked()
-                    if packed.sequences or packed.expired or packed.skipped:
-                        self._wake_express_locked()  # its bulk began express time, or it uncovered express's
+                    packed = self._take_main_locked()
+                    if packed is not None:
                         return packed
                 if self._closed and not (self._lanes[0] or self._lanes[1]):  # what is left, express takes
                     return None
@@ -242,6 +238,15 @@ class SequenceQueue(LanePacker):
         return self._lane_tokens[lane]
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _take_main_locked(self) -> PackedBatch | None:
+        """The main worker's next batch from what waits; None when none of it is the main worker's to take
+        (the express worker owns it). A batch may hold only expired or skipped tickets."""
+        packed = self._take_locked()
+        if packed.sequences or packed.expired or packed.skipped:
+            self._wake_express_locked()  # its bulk began express time, or it uncovered express's
+            return packed
+        return None
 
     def _drop_locked(self, ticket: Ticket) -> None:
         if ticket.cancelled:

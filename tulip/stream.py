@@ -60,7 +60,7 @@ class StreamRequests:
         except TulipError as exc:
             self.server.rejected(request.request_id, exc)
             self.server.settled(None, exc.status, started)
-            self._send(_error(message.id, exc))
+            self._send(error_answer(message.id, exc))
             return
         self.jobs[message.id] = job
         job.future.add_done_callback(lambda f, i=message.id: self._answer(i, job, f, started))
@@ -80,7 +80,7 @@ class StreamRequests:
             return
         exc = error if isinstance(error, TulipError) else engine_error(error)
         self.server.settled(job, exc.status, started)
-        self._send(_error(request_id, exc))
+        self._send(error_answer(request_id, exc))
 
     def _cancel(self, request_id: int) -> None:
         job = self.jobs.pop(request_id, None)
@@ -116,6 +116,7 @@ class EmbedStreamSession(StreamRequests):
             await self.context.write(message)
 
 
-def _error(request_id: int, exc: TulipError) -> embed_pb2.StreamResponse:
+def error_answer(request_id: int, exc: TulipError) -> embed_pb2.StreamResponse:
+    """The StreamResponse a refused or failed request gets (what the unary call ends with)."""
     return embed_pb2.StreamResponse(id=request_id, code=_CODE[exc.status], message=exc.message, reason=exc.reason,
                                     retry_after_s=exc.retry_after_s or 0.0)

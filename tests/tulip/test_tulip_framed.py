@@ -172,3 +172,13 @@ def test_a_frame_left_incomplete_or_answers_left_unread_drop_the_connection(monk
         return True
 
     assert asyncio.run(paused())
+
+
+def test_an_engine_failure_is_answered_on_its_id() -> None:
+    """A batch that fails on the device is answered on the framed stream with the request's id (RELIABILITY 36)."""
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine(fail_when=lambda batch: True)) as s:
+        client = Framed(s.server.framed.port)
+        client.send(request(5, [[1, 2, 3]]))
+        answer = client.recv()
+        assert answer.id == 5 and answer.code == grpc.StatusCode.INTERNAL.value[0] and answer.reason == "engine_failed"
+        client.close()

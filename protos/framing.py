@@ -1,0 +1,46 @@
+"""The framed EmbedStream's wire format (tulip/framed.py serves it, ivy/framed.py speaks it): each message is
+its protobuf bytes behind a 4-byte little-endian length."""
+
+from __future__ import annotations
+
+import struct
+
+LENGTH = struct.Struct("<I")
+
+
+def frame(message) -> bytes:
+    """One message, framed."""
+    out = message.SerializeToString()
+    return LENGTH.pack(len(out)) + out
+
+
+class FrameBuffer:
+    """Bytes as they arrive in, the payloads of complete frames out. A length over `max_bytes` is never
+    waited for: `oversize` names it and nothing past it is read."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.oversize = 0
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer
+        buffer += data
+        start, payloads = 0, []
+        while not self.oversize and len(buffer) - start >= LENGTH.size:
+            (size,) = LENGTH.unpack_from(buffer, start)
+            if size > self.max_bytes:
+                self.oversize = size
+                break
+            end = start + LENGTH.size + size
+            if len(buffer) < end:
+                break
+            payloads.append(bytes(buffer[start + LENGTH.size:end]))
+            start = end
+        del buffer[:start]
+        return payloads
+
+    @property
+    def partial(self) -> bool:
+        """Bytes of a frame not yet complete are held."""
+        return bool(self._buffer)
