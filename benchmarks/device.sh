@@ -26,7 +26,7 @@ RUNS=(
   "stack-layers|stack_layers_device.sh||.whl|GPU tests, then the stack's layers apart (ivy-text, ivy-ids, tulip-grpc, in-process) on Qwen3-0.6B, one run"
   "stack-ab|stack_layers_device.sh|STEP=ab|.whl|stack A/Bs on Qwen3-0.6B: stream vs unary gRPC, idle capture, Tulips per GPU"
   "stack-commits|stack_layers_device.sh|STEP=commits|.whl .base|the layers (texts, ids, Tulip) of an older commit's stack (.base, BASE_COMMIT) beside this tree's, alternating twice (~6 min)"
-  "stack-framed|stack_layers_device.sh|STEP=framed|.whl|the framed EmbedStream (ivy up --framed) beside the gRPC stream through the stack, the layers alternating twice (~6 min)"
+  "stack-framed|stack_layers_device.sh|STEP=framed|.whl|the framed EmbedStream (ivy up) beside the gRPC stream (--framed false) through the stack, the layers alternating twice (~6 min)"
   "lanes|lanes_device.sh||.whl|priority lanes on Qwen3-0.6B: 1 interactive client beside 4 bulk, idle / FCFS / lanes (express off) / express (~3 min)"
   "soak|soak_device.sh||.whl|soak at 70 % of saturation on Qwen3-0.6B: RSS, pinned bytes, p99 flat, 0 errors (one whole call ~9.5 min; STEP=start then STEP=finish: 10 min over two calls)"
   "index|index_device.sh||.whl|ivy index through ivy up vs the engine in-process on Qwen3-0.6B, SIGKILL + --resume (~4 min)"

@@ -9,7 +9,7 @@
 # $OUT/stack_layers_qwen3-0.6b_<variant>.json (STEP=ab), $OUT/stack_layers_qwen3-0.6b_{base,head}{1,2}.json
 # (STEP=commits: the same client, this tree's, against `ivy up` from .base and from this tree, alternating
 # twice; ivy-text, ivy-ids and tulip-grpc at 1 x 128, 1 x 4096 and 1-16 clients),
-# $OUT/stack_layers_qwen3-0.6b_{grpc,framed}{1,2}.json (STEP=framed: `ivy up` vs `ivy up --framed`, the same way).
+# $OUT/stack_layers_qwen3-0.6b_{grpc,framed}{1,2}.json (STEP=framed: `ivy up --framed false` vs `ivy up`, the same way).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 require_carried .whl
@@ -63,12 +63,12 @@ elif [ "${STEP}" = commits ]; then
     done
   done
 elif [ "${STEP}" = framed ]; then
-  # The framed EmbedStream (ivy up --framed) beside the gRPC stream, alternating twice: the same client, the
+  # The framed EmbedStream (ivy up's default) beside the gRPC stream (--framed false), alternating twice: the same client, the
   # Tulip-direct layer over the framed port (--tulip-call framed) or the gRPC stream.
   for round in 1 2; do
     for side in grpc framed; do
-      flags=(); call=stream
-      [ $side = framed ] && { flags=(--framed); call=framed; }
+      flags=(--framed false); call=stream  # `ivy up` serves the framed EmbedStream by default
+      [ $side = framed ] && { flags=(--framed true); call=framed; }
       start_stack $side$round python3 -m ivy up "${flags[@]}"
       layers $side$round $metrics1 --layers ivy-text,ivy-ids,tulip-grpc --tulip-call $call \
         --suite embed-latency,concurrency --embed-tokens 128,4096 --duration-s ${DURATION:-2}

@@ -68,10 +68,11 @@ class IvyConfig:
     grpc_stream: bool = field(default=True, metadata=_help(
         "Send requests over one long-lived EmbedStream per replica (multiplexed by id, each with its deadline) "
         "instead of a unary call each; responses over 1 MiB still take a unary call. false = unary only."))
-    framed: bool = field(default=False, metadata=_help(
+    framed: bool = field(default=True, metadata=_help(
         "Send the stream's requests over the replica's framed EmbedStream where its Info names a framed port "
-        "(Tulip's --framed-port: the same messages on plain TCP without gRPC's per-message cost, tulip/framed.py); "
-        "replicas without one, or false, use the gRPC stream. Health, Info and large answers stay on gRPC."))
+        "(Tulip's --framed-port: the same messages on plain TCP without gRPC's per-message cost, tulip/framed.py; "
+        "-0.5 ms a request on the H200, benchmarks/NOTES.md); replicas without one, or a port that refuses, use "
+        "the gRPC stream. Health, Info and large answers stay on gRPC. false = the gRPC stream only."))
     max_header_bytes: int = field(default=64 * 1024, metadata=_help(
         "Largest request line plus headers in bytes; over it: 431 and the connection is closed."))
     header_read_timeout_s: float = field(default=10.0, metadata=_help(

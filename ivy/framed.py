@@ -23,6 +23,10 @@ from protos.framing import FrameBuffer, frame
 
 log = logging.getLogger("ivy.framed")
 
+# A connect not answered in this long counts as refused: a NetworkPolicy or firewall drops the framed port's
+# SYNs rather than resetting them, and requests must not wait out their deadlines on it (one SYN resent at 1 s).
+CONNECT_TIMEOUT_S = 3.0
+
 
 def host_of(address: str) -> str:
     """The host of a replica's "HOST:PORT" ("[v6]:PORT" too): where its framed port is."""
@@ -102,7 +106,8 @@ class FramedStream:
         self._opening: asyncio.Future | None = None
         self._ids = itertools.count(1)
         self.opened = 0
-        self.connect_failed = False  # the last connect was refused or timed out (Replica.adopt falls back)
+        self.connect_failed = False  # the last connect was refused or timed out (Replica falls back to gRPC)
+        self.connect_timeout_s = CONNECT_TIMEOUT_S
         self._closes = 0  # close() calls: a connect that finishes after one is dropped, not kept
 
     async def embed(self, request: embed_pb2.EmbedRequest, timeout: float) -> embed_pb2.EmbedResponse:
@@ -134,11 +139,13 @@ class FramedStream:
     async def _open(self) -> _Connection:
         closes = self._closes
         try:
-            _, connection = await asyncio.get_running_loop().create_connection(
-                lambda: _Connection(self.address, self.max_frame_bytes), self.host, self.port)
-        except OSError as exc:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, connection = await asyncio.get_running_loop().create_connection(
+                    lambda: _Connection(self.address, self.max_frame_bytes), self.host, self.port)
+        except (OSError, TimeoutError) as exc:
             self.connect_failed = True
-            raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address}: {exc}") from None
+            why = exc if isinstance(exc, OSError) else f"no answer to a connect in {self.connect_timeout_s:g} s"
+            raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address}: {why}") from None
         if self._closes != closes:  # closed while connecting: nobody would close this connection
             connection.close("closed")
             raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address} was closed")

@@ -75,8 +75,23 @@ class Replica:
         """One chunk on this replica: over the stream, or a unary call for a large response (on the shared
         stream it would hold the small answers behind it). Raises CallFailed."""
         limit = self.stream_max_bytes
-        if self.stream is not None and response_bytes <= limit and request.ByteSize() <= limit:
-            return await self.stream.embed(request, timeout)
+        stream = self.stream
+        if stream is not None and response_bytes <= limit and request.ByteSize() <= limit:
+            if not isinstance(stream, FramedStream):
+                return await stream.embed(request, timeout)
+            started = asyncio.get_running_loop().time()
+            try:
+                return await stream.embed(request, timeout)
+            except CallFailed:
+                if not stream.connect_failed:
+                    raise
+            # Its framed port refuses or drops connections (a policy without that port): gRPC from now on,
+            # this request included.
+            self._leave_framed(stream)
+            left = timeout - (asyncio.get_running_loop().time() - started)
+            if left <= 0:
+                raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded connecting to the framed stream")
+            return await self.stream.embed(request, left)
         try:
             return await self.embedder.Embed(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
@@ -89,9 +104,8 @@ class Replica:
         port = info.framed_port if self.framed else 0
         current = self.stream.port if isinstance(self.stream, FramedStream) else 0
         if current and self.stream.connect_failed and port == current:
-            log.warning("replica %s: its framed port %d refuses connections; back on its gRPC stream",
-                        self.address, current)
-            self._framed_refused = current  # reachable by gRPC only (a Service or policy without that port)
+            self._leave_framed(self.stream)
+            return
         if port == self._framed_refused:
             port = 0
         if port == current:
@@ -102,6 +116,19 @@ class Replica:
         else:  # restarted without a framed port, or its port refused: the gRPC stream again
             new = ReplicaStream(self.embedder, self.address)
             log.info("replica %s: requests on its gRPC stream", self.address)
+        self._switch(new)
+
+    def _leave_framed(self, stream: FramedStream) -> None:
+        """Its framed port refused or dropped a connect: back on the gRPC stream, and that port not used again
+        (reachable by gRPC only: a Service or policy without that port) until Info names another."""
+        if self.stream is not stream:
+            return
+        log.warning("replica %s: its framed port %d refuses connections; back on its gRPC stream",
+                    self.address, stream.port)
+        self._framed_refused = stream.port
+        self._switch(ReplicaStream(self.embedder, self.address))
+
+    def _switch(self, new: ReplicaStream | FramedStream) -> None:
         old, self.stream = self.stream, new
         if old is not None:
             task = asyncio.ensure_future(_close_when_idle(old))

@@ -27,12 +27,12 @@ from pathlib import Path
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.up_checks import _ivy_ready, _port_free, _taken_port, _tulip_connect_host, _tulip_serving
 from ivy.up_process import Child
+from protos.framing import PORT_OFFSET as FRAMED_PORT_OFFSET
 from rose.flags import config_to_env
 from rose.spec import ModelFolderError, load_spec
 
 log = logging.getLogger("ivy.up")
 UP_ENV_PREFIX = "IVY_UP"
-FRAMED_PORT_OFFSET = 200  # with --framed, Tulip k's framed EmbedStream port is its gRPC port + this
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     bind_host = os.environ.get("TULIP_METRICS_HOST", "127.0.0.1")
     shown_host = "127.0.0.1" if bind_host in ("", "0.0.0.0", "::", "[::]") else bind_host
     ports = [first_port + k for k in range(len(devices))]
-    taken = _taken_port(config, ports + ([p + FRAMED_PORT_OFFSET for p in ports] if config.framed else []))
+    taken = _taken_port(config, ports)
     if taken:
         print(f"ivy up: {taken}; nothing was started", file=sys.stderr, flush=True)
         return 1
@@ -128,6 +128,14 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             log.warning("port %d is taken: Tulip on %d serves no metrics (--tulip-metrics-port to choose)",
                         mport, ports[k])
             mports[k] = 0
+    # The framed EmbedStream's ports (--framed, on by default): a taken one leaves that replica on gRPC.
+    fports = [p + FRAMED_PORT_OFFSET if config.framed and p + FRAMED_PORT_OFFSET < 65536 else 0 for p in ports]
+    tulip_host = os.environ.get("TULIP_HOST", "127.0.0.1")
+    for k, fport in enumerate(fports):
+        if fport and (fport in ports or fport in mports or fport == config.port or not _port_free(tulip_host, fport)):
+            log.warning("port %d is taken: Tulip on %d serves no framed stream (its requests take gRPC)",
+                        fport, ports[k])
+            fports[k] = 0
     for k, device in enumerate(devices):
         port, mport = ports[k], mports[k]
         env = dict(os.environ)
@@ -137,8 +145,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         if config.served_model_name:
             argv += ["--served-model-name", config.served_model_name]
         argv += ["--metrics-port", str(mport)]
-        if config.framed:  # the gateway's --framed: each Tulip serves its framed EmbedStream on its port + 200
-            argv += ["--framed-port", str(port + FRAMED_PORT_OFFSET)]
+        argv += ["--framed-port", str(fports[k])]
         if mport:
             metrics_urls.append(f"http://{shown_host}:{mport}/metrics")
         tulips.append(Child(f"tulip:{port}" + (f" gpu {device}" if device is not None else ""), argv, env))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import struct
 
 LENGTH = struct.Struct("<I")
+# A Tulip's framed port by default (TULIP_FRAMED_PORT=-1, and `ivy up`): its gRPC port + this.
+PORT_OFFSET = 200
 
 
 def frame(message) -> bytes:

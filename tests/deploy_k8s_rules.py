@@ -148,7 +148,7 @@ def check_disruption_budgets(objects: dict) -> None:
 
 
 def check_network_policy(objects: dict) -> None:
-    """Ingress to Tulip: its gRPC port from Ivy's pods only, its metrics port from Prometheus only, no more."""
+    """Ingress to Tulip: its gRPC and framed ports from Ivy's pods only, its metrics port from Prometheus only."""
     tulip_labels = _pod_labels(objects, "StatefulSet", "tulip")
     ivy_labels = _pod_labels(objects, "Deployment", "ivy")
     policies = [o for (k, _), o in objects.items() if k == "NetworkPolicy"
@@ -161,9 +161,10 @@ def check_network_policy(objects: dict) -> None:
         assert rule.get("from") and rule.get("ports"), f"k8s NetworkPolicy: a rule open to all: {rule}"
         for port in rule["ports"]:
             by_port.setdefault(port["port"], []).extend(rule["from"])
-    assert set(by_port) == {"grpc", "metrics"}, f"k8s NetworkPolicy: opens {sorted(map(str, by_port))}"
-    assert all(set(peer) == {"podSelector"} and _selects(peer["podSelector"], ivy_labels)
-               for peer in by_port["grpc"]), f"k8s NetworkPolicy: gRPC open beyond Ivy: {by_port['grpc']}"
+    assert set(by_port) == {"grpc", "framed", "metrics"}, f"k8s NetworkPolicy: opens {sorted(map(str, by_port))}"
+    for name in ("grpc", "framed"):
+        assert all(set(peer) == {"podSelector"} and _selects(peer["podSelector"], ivy_labels)
+                   for peer in by_port[name]), f"k8s NetworkPolicy: {name} open beyond Ivy: {by_port[name]}"
     assert all(set(peer) <= {"podSelector", "namespaceSelector"} and not _selects(peer.get("podSelector", {}),
                ivy_labels) for peer in by_port["metrics"]), f"k8s NetworkPolicy: metrics: {by_port['metrics']}"
 

@@ -40,6 +40,11 @@ def ready_seconds(config) -> float:
     return 2 * probe_timeout_s(config.health_interval_s)
 
 
+def framed_port(config) -> int:
+    """The port a Tulip's framed EmbedStream listens on with this config (0 = none)."""
+    return config.port + 200 if config.framed_port == -1 else config.framed_port
+
+
 def health_address(args, env: dict[str, str]) -> str:
     return args.address or env.get("TULIP_HEALTH_ADDRESS") or default_health_address(env)
 
@@ -54,6 +59,7 @@ def check_dockerfile(kind: str, df) -> None:
     assert df.healthcheck, f"{where}: no HEALTHCHECK"
     if kind == "tulip":
         assert config.metrics_port in df.expose and config.metrics_host == "0.0.0.0", f"{where}: metrics port"
+        assert framed_port(config) in df.expose, f"{where}: framed port {framed_port(config)} is not EXPOSEd"
         prog, args = parse_cli(df.healthcheck, f"{where} HEALTHCHECK")
         assert (prog, args.command) == ("tulip", "health"), f"{where}: HEALTHCHECK runs {df.healthcheck}"
         assert health_address(args, df.env) == f"127.0.0.1:{config.port}", f"{where}: HEALTHCHECK address"
@@ -131,6 +137,7 @@ def check_compose(compose: dict, files: dict, host: dict[str, str]) -> None:
             int(p) for p in service.get("expose", [])} | df.expose
         assert config.host == "0.0.0.0" and config.port in declared, f"{where}: gRPC port {config.port} / host"
         assert config.metrics_port in declared and config.metrics_host == "0.0.0.0", f"{where}: metrics port/host"
+        assert framed_port(config) in declared, f"{where}: framed port {framed_port(config)} is not exposed"
         test = service["healthcheck"]["test"]
         assert test[0] == "CMD", f"{where}: healthcheck must be exec form"
         prog, args = parse_cli(test[1:], f"{where} healthcheck")
@@ -211,7 +218,8 @@ def check_k8s(objects: dict, files: dict) -> None:
     service = objects[("Service", sts["spec"]["serviceName"])]
     assert service["spec"].get("clusterIP") == "None", "k8s tulip: the Service must be headless (per-pod DNS)"
     tulip, tulip_config = container_of("tulip", sts)
-    assert ports(tulip) == {"grpc": tulip_config.port, "metrics": tulip_config.metrics_port}, "k8s tulip: ports"
+    assert ports(tulip) == {"grpc": tulip_config.port, "framed": framed_port(tulip_config),
+                            "metrics": tulip_config.metrics_port}, "k8s tulip: ports"
     assert tulip_config.metrics_host == "0.0.0.0", "k8s tulip: metrics must bind 0.0.0.0 for Prometheus"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert "grpc" in tulip[probe] and tulip[probe]["grpc"]["port"] == tulip_config.port, f"k8s tulip {probe}"

@@ -114,6 +114,7 @@ COMPOSE_BREAKAGES = {
         test=[t.replace("/ready", "/health") for t in c["services"]["ivy"]["healthcheck"]["test"]]),
     "IVY_REPLICAS names no service": lambda c: _env(c["services"]["ivy"], IVY_REPLICAS="tulip-0:50051"),
     "metrics bound to loopback": lambda c: _env(c["services"]["tulip"], TULIP_METRICS_HOST="127.0.0.1"),
+    "framed port not exposed": lambda c: _env(c["services"]["tulip"], TULIP_FRAMED_PORT="50300"),
     "TULIP_MODEL not the mounted folder": lambda c: _env(c["services"]["tulip"], TULIP_MODEL="/models/other"),
     "ivy tokenizes another model": lambda c: _env(c["services"]["ivy"], IVY_MODEL=""),
     "kernels into another cache": lambda c: c["services"]["kernels"].update(
@@ -166,6 +167,8 @@ K8S_BREAKAGES = {
     "metrics bound to loopback": lambda o: _k8s_env(o, "tulip", "TULIP_METRICS_HOST", "127.0.0.1"),
     "grpc port differs from TULIP_PORT": lambda o: _k8s_env(o, "tulip", "TULIP_PORT", "50052"),
     "no GPU": lambda o: _k8s_container(o, "tulip")["resources"]["limits"].pop("nvidia.com/gpu"),
+    "tulip framed port not declared": lambda o: _k8s_container(o, "tulip")["ports"].pop(1),
+    "framed port differs from TULIP_FRAMED_PORT": lambda o: _k8s_env(o, "tulip", "TULIP_FRAMED_PORT", "50252"),
     "service targets no port": lambda o: o[("Service", "tulip-headless")]["spec"]["ports"][0].update(targetPort="rpc"),
 }
 
@@ -180,7 +183,8 @@ def test_k8s_check_catches(breakage) -> None:
 
 
 DOCKERFILE_BREAKAGES = {
-    "tulip grpc port not exposed": ("tulip", "EXPOSE 50051 9400", "EXPOSE 9400"),
+    "tulip grpc port not exposed": ("tulip", "EXPOSE 50051 50251 9400", "EXPOSE 50251 9400"),
+    "tulip framed port not exposed": ("tulip", "EXPOSE 50051 50251 9400", "EXPOSE 50051 9400"),
     "tulip healthcheck not a subcommand": ("tulip", 'CMD ["tulip", "health"]', 'CMD ["tulip", "healthz"]'),
     "tulip metrics on loopback": ("tulip", "TULIP_METRICS_HOST=0.0.0.0", "TULIP_METRICS_HOST=127.0.0.1"),
     "tulip unknown variable": ("tulip", "TULIP_PORT=50051", "TULIP_PORT=50051 TULIP_GRPC_PORT=50051"),
@@ -287,6 +291,9 @@ K8S_RULE_BREAKAGES = {
     "gRPC open to a namespace": ("network policy", lambda o: _policy_rules(o)[0]["from"].append(
         {"namespaceSelector": {"matchLabels": {"team": "x"}}})),
     "a rule open to all": ("network policy", lambda o: _policy_rules(o).append({})),
+    "framed port closed to Ivy": ("network policy", lambda o: _policy_rules(o)[0]["ports"].pop(1)),
+    "framed port open to every pod": ("network policy", lambda o: _policy_rules(o).append(
+        {"from": [{"podSelector": {}}], "ports": [{"port": "framed", "protocol": "TCP"}]})),
     "KEDA on another StatefulSet": ("autoscaling", lambda o: o[("ScaledObject", "tulip")]["spec"][
         "scaleTargetRef"].update(name="tulip-old")),
     "KEDA query over every namespace": ("autoscaling", lambda o: o[("ScaledObject", "tulip")]["spec"]["triggers"][

@@ -90,8 +90,10 @@ class TulipConfig:
                                "generation (gc.freeze), so full collections walk only what requests made, "
                                "not torch's and the model's ~300 k objects (rose/gc_pauses.py); false = off")
     pinned_cap_mb: int = _f(256, "cap on ROSE's page-locked host memory for results, in MiB")
-    framed_port: int = _f(0, "TCP port of the framed EmbedStream (EmbedStream's messages behind a 4-byte length, without "
-                             "gRPC's per-message cost; tulip/framed.py), named in Info for Ivy's IVY_FRAMED; 0 = off")
+    framed_port: int = _f(-1, "TCP port of the framed EmbedStream (EmbedStream's messages behind a 4-byte length, "
+                              "without gRPC's per-message cost; tulip/framed.py), named in Info for Ivy (IVY_FRAMED); "
+                              "-1 = the gRPC port + 200 (ephemeral with --port 0), skipped with a warning when "
+                              "taken; 0 = off")
     metrics_port: int = _f(0, "Prometheus /metrics port on its own HTTP server; 0 = off")
     metrics_host: str = _f("127.0.0.1", "address the metrics server binds")
     shutdown_timeout_s: float = _f(30.0, "on SIGTERM, most seconds to finish accepted work before exiting")
@@ -127,8 +129,8 @@ class TulipConfig:
         if self.max_queue_tokens < self.max_batch_tokens:
             raise ValueError(f"max_queue_tokens ({self.max_queue_tokens}) must be at least "
                              f"max_batch_tokens ({self.max_batch_tokens})")
-        if not all(0 <= p < 65536 for p in (self.port, self.metrics_port, self.framed_port)):
-            raise ValueError("ports must be in 0..65535")
+        if not all(0 <= p < 65536 for p in (self.port, self.metrics_port)) or not -1 <= self.framed_port < 65536:
+            raise ValueError("ports must be in 0..65535 (framed_port -1 = the gRPC port + 200)")
         if self.shutdown_timeout_s < 0:
             raise ValueError("shutdown_timeout_s must not be negative")
         if self.pack_ahead_ms < 0:

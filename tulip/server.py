@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from protos import embed_pb2, embed_pb2_grpc
+from protos.framing import PORT_OFFSET as FRAMED_PORT_OFFSET
 from rose import gc_pauses
 from tulip.channel_options import CLIENT_CHANNEL_OPTIONS, server_options
 from tulip.config import TulipConfig
@@ -97,15 +98,32 @@ class TulipServer:
         self.port = server.add_insecure_port(address)  # raises RuntimeError when the port is taken
         await server.start()
         self._grpc = server
-        if self.config.framed_port:
-            try:
-                await self.framed.start(self.config.host, self.config.framed_port)
-            except OSError as exc:  # the CLI's "cannot listen" names the gRPC port: say which one failed
-                raise OSError(f"framed port {self.config.framed_port}: {exc}") from exc
-            log.info("tulip framed stream on %s:%d", self.config.host, self.framed.port)
+        await self._start_framed()
         self.gc_timer.install()
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         log.info("tulip listening on %s:%d", self.config.host, self.port)
+
+    async def _start_framed(self) -> None:
+        """The framed EmbedStream (tulip/framed.py) on config.framed_port; by default (-1) on the gRPC port +
+        200, or an ephemeral port beside an ephemeral gRPC port, and skipped with a warning when that is taken
+        (Ivy then stays on the gRPC stream). A port set explicitly must bind."""
+        port = self.config.framed_port
+        auto = port == -1
+        if auto:
+            port = self.port + FRAMED_PORT_OFFSET if self.config.port else 0
+            if port > 65535:
+                log.warning("no framed stream: gRPC port %d + %d is past 65535", self.port, FRAMED_PORT_OFFSET)
+                return
+        if not port and not auto:
+            return
+        try:
+            await self.framed.start(self.config.host, port)
+        except OSError as exc:  # the CLI's "cannot listen" names the gRPC port: say which one failed
+            if not auto:
+                raise OSError(f"framed port {port}: {exc}") from exc
+            log.warning("no framed stream: port %d: %s (TULIP_FRAMED_PORT to choose one, 0 for none)", port, exc)
+            return
+        log.info("tulip framed stream on %s:%d", self.config.host, self.framed.port)
 
     async def load(self) -> None:
         """Load (unless an engine was given), warm up, probe the full budget, start the worker, SERVING."""

@@ -53,7 +53,7 @@ def test_requests_go_over_the_framed_stream_and_answer_as_the_engine_does() -> N
 
 
 def test_without_framed_or_without_a_framed_port_the_grpc_stream_stays() -> None:
-    with ServerThread(make_config(), FakeEngine()) as s:  # no framed port: Info names none
+    with ServerThread(make_config(framed_port=0), FakeEngine()) as s:  # no framed port: Info names none
         async def main():
             kinds = []
             for framed in (True, False):
@@ -142,6 +142,56 @@ def test_adopt_falls_back_to_the_grpc_stream_when_the_framed_port_goes_or_refuse
     assert kinds == (ReplicaStream, ReplicaStream) and unary_only is None
 
 
+def _silent_port(held: list) -> int:
+    """A port whose connects are never answered (its listen backlog is full), as behind a NetworkPolicy that
+    drops the port's packets rather than refusing them."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    held.append(listener)
+    port = listener.getsockname()[1]
+    for _ in range(3):
+        client = socket.socket()
+        client.setblocking(False)
+        try:
+            client.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        held.append(client)
+    return port
+
+
+@pytest.mark.parametrize("answer", ["refused", "dropped"])
+def test_a_framed_port_that_refuses_or_drops_connects_costs_no_request(answer) -> None:
+    """A cluster whose policy leaves the framed port closed (RST) or silent (dropped SYNs): the request that
+    found out is answered over gRPC within its deadline, and the replica stays on gRPC."""
+    held: list = []
+    port = _free_port() if answer == "refused" else _silent_port(held)
+    with ServerThread(make_config(framed_port=0), FakeEngine()) as s:
+        async def main():
+            replica = await _replica(s.address)
+            replica.adopt(embed_pb2.InfoResponse(framed_port=port))  # as if Info named an unreachable port
+            assert isinstance(replica.stream, FramedStream)
+            replica.stream.connect_timeout_s = 0.3
+            answers = await asyncio.gather(*(replica.embed(encode_request([[1, 2, 3]]), 5.0, 4096) for _ in range(4)))
+            kind = type(replica.stream)
+            replica.adopt(embed_pb2.InfoResponse(framed_port=port))  # the next probe: not tried again
+            await replica.close()
+            return answers, kind, type(replica.stream)
+
+        try:
+            answers, kind, after = asyncio.run(main())
+        finally:
+            for sock in held:
+                sock.close()
+    want = solo_embedding(encode_request([[1, 2, 3]]))
+    for answer in answers:
+        np.testing.assert_allclose(decode_response(answer), want, rtol=1e-6, atol=1e-6)
+    assert kind is ReplicaStream and after is ReplicaStream
+
+
 def test_a_malformed_answer_fails_the_request_with_unavailable() -> None:
     async def main():
         async def garbage(reader, writer):
@@ -182,7 +232,7 @@ def test_after_an_ejection_closes_the_framed_stream_the_next_request_opens_a_new
 
 @pytest.mark.slow
 def test_ivy_up_framed_serves_the_bundled_model_over_the_framed_stream() -> None:
-    """What a user runs: `ivy up --framed` (Tulip on its framed port, Ivy sending there), answers as
+    """What a user runs: `ivy up`, framed by default (Tulip on its framed port, Ivy sending there), answers as
     sentence-transformers does."""
     import json
     import urllib.request
@@ -190,7 +240,7 @@ def test_ivy_up_framed_serves_the_bundled_model_over_the_framed_stream() -> None
     from stack_testkit import ivy_up
 
     texts = ["hello world", "good morning", "Tulip packs sequences first come, first served."]
-    proc, port = ivy_up("--gpus", "none", "--framed")
+    proc, port = ivy_up("--gpus", "none")
     try:
         body = json.dumps({"input": texts}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", body,

@@ -85,20 +85,30 @@ def test_under_nohup_a_closed_terminal_does_not_stop_the_stack() -> None:
         assert proc.stop() == 0, proc.output()
 
 
-def test_a_taken_metrics_port_costs_the_metrics_not_the_stack() -> None:
+def test_a_taken_metrics_or_framed_port_costs_that_not_the_stack() -> None:
     import socket
 
-    with socket.socket() as holder:
+    with socket.socket() as holder, socket.socket() as framed_holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
+        tulip_port = free_port()
+        framed_holder.bind(("127.0.0.1", tulip_port + 200))  # Tulip's framed port: requests stay on gRPC
+        framed_holder.listen()
         port = free_port()
-        proc = ivy("up", "--port", str(port), "--tulip-port", str(free_port()), "--gpus", "none",
+        proc = ivy("up", "--port", str(port), "--tulip-port", str(tulip_port), "--gpus", "none",
                    "--tulip-metrics-port", str(taken))
         try:
             proc.wait_for(lambda: any("Ivy is ready at" in line for line in proc.out), "ivy up ready")
             assert any(f"port {taken} is taken" in line for line in proc.err), proc.output()
             assert not any(f":{taken}/metrics" in line for line in proc.out)
+            assert any(f"port {tulip_port + 200} is taken" in line for line in proc.err), proc.output()
+            body = json.dumps({"input": ["still served"]}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", body,
+                                             {"content-type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as r:
+                assert len(json.loads(r.read())["data"]) == 1
+            assert not any("framed stream (port" in line for line in proc.err + proc.out), proc.output()
         finally:
             assert proc.stop() == 0, proc.output()
 

@@ -50,6 +50,60 @@ def request(i: int, seqs, timeout_s: float = 20.0) -> embed_pb2.StreamRequest:
     return embed_pb2.StreamRequest(id=i, request=encode_request(seqs), timeout_s=timeout_s)
 
 
+def _port_pair() -> int:
+    """A free gRPC port p whose p + 200 is free as well."""
+    for _ in range(50):
+        port = _free_port()
+        if port + 200 < 65536:
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port + 200))
+                    return port
+                except OSError:
+                    continue
+    pytest.skip("no free pair of ports p, p + 200")
+
+
+def test_by_default_the_framed_port_is_the_grpc_port_plus_200_and_a_taken_one_is_skipped() -> None:
+    with ServerThread(make_config(), FakeEngine()) as s:  # --port 0: an ephemeral framed port beside it
+        assert s.stub.Info(embed_pb2.InfoRequest(), timeout=10).framed_port == s.server.framed.port > 0
+    port = _port_pair()
+    with ServerThread(make_config(port=port), FakeEngine()) as s:
+        assert s.stub.Info(embed_pb2.InfoRequest(), timeout=10).framed_port == port + 200
+        client = Framed(port + 200)
+        client.send(request(1, [[5, 6, 7]]))
+        assert client.recv().code == 0
+        client.close()
+    port = _port_pair()
+    with socket.socket() as holder:  # someone else's listener on p + 200: served without one, on gRPC
+        holder.bind(("127.0.0.1", port + 200))
+        holder.listen()
+        with ServerThread(make_config(port=port), FakeEngine()) as s:
+            assert s.server.framed.port == 0
+            assert s.stub.Info(embed_pb2.InfoRequest(), timeout=10).framed_port == 0
+            response = s.stub.Embed(encode_request([[1, 2, 3]]), timeout=10)
+            assert response.rows == 1
+
+
+def test_an_explicit_framed_port_that_is_taken_fails_the_start() -> None:
+    from tulip.server import TulipServer
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        server = TulipServer(make_config(framed_port=holder.getsockname()[1]), engine=FakeEngine())
+
+        async def main():
+            try:
+                await server.start_listening()
+            finally:
+                if server._grpc is not None:
+                    await server._grpc.stop(None)
+
+        with pytest.raises(OSError, match="framed port"):
+            asyncio.run(main())
+
+
 def test_requests_multiplexed_on_a_framed_connection_equal_their_solo_embeddings() -> None:
     with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
         info = s.stub.Info(embed_pb2.InfoRequest(), timeout=10)
