@@ -31,6 +31,16 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _all_ints(values: list) -> bool:
+    """Every element an int (JSON's numbers without a fraction; never a bool), checked in C: a Python test per
+    id cost 0.86 ms for 4096 ids on a CPU, this 0.11 ms (benchmarks/NOTES.md, "Token ids in the gateway")."""
+    return list(map(type, values)).count(int) == len(values)
+
+
+def _first_not_int(values: list) -> int:
+    return next(i for i, v in enumerate(values) if not _is_int(v))
+
+
 def _empty(param: str) -> IvyError:
     return IvyError(Problem.EMPTY_INPUT, f"{param} must not be empty", param=param)
 
@@ -59,9 +69,8 @@ def parse_inputs(value: Any, name: str = "input") -> Inputs:
                 raise _empty(f"{name}[{i}]")
         return Inputs(texts=value)
     if _is_int(first):
-        for i, v in enumerate(value):
-            if not _is_int(v):
-                raise _wrong(f"{name}[{i}]", "a token id (integer) like the other elements")
+        if not _all_ints(value):
+            raise _wrong(f"{name}[{_first_not_int(value)}]", "a token id (integer) like the other elements")
         return Inputs(ids=[value])
     if isinstance(first, list):
         for i, seq in enumerate(value):
@@ -69,9 +78,8 @@ def parse_inputs(value: Any, name: str = "input") -> Inputs:
                 raise _wrong(f"{name}[{i}]", "a list of token ids like the other inputs")
             if not seq:
                 raise _empty(f"{name}[{i}]")
-            for j, v in enumerate(seq):
-                if not _is_int(v):
-                    raise _wrong(f"{name}[{i}][{j}]", "a token id (integer)")
+            if not _all_ints(seq):
+                raise _wrong(f"{name}[{i}][{_first_not_int(seq)}]", "a token id (integer)")
         return Inputs(ids=value)
     raise _wrong(f"{name}[0]", "a string, a token id or a list of token ids")
 

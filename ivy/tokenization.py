@@ -2,8 +2,8 @@
 
 One `InputEncoder` per worker owns a small thread pool; each request's whole batch is one job there
 (HF `tokenizers` releases the GIL in encode_batch), so the event loop only parses JSON and moves bytes.
-Small inputs (at most `inline_chars` characters, or as many token ids, in the whole request) are encoded
-on the loop instead: the hop to the pool and back (two thread wake-ups, a self-pipe write) cost more than
+Small texts (at most `inline_chars` characters in the whole request) are encoded on the loop instead, and
+token ids are always checked there (the check holds the GIL: a thread would not free the loop): the hop to the pool and back (two thread wake-ups, a self-pipe write) cost more than
 tokenizing a short query (~0.1 ms on this project's CPU; far more on a host where syscalls are slow),
 and the loop is held for at most that long. See benchmarks/OVERHEAD_NOTES.md.
 A text over `split_chars` characters is cut at boundaries the tokenizer splits at anyway and its pieces
@@ -171,7 +171,9 @@ class InputEncoder:
 
     async def check_ids(self, seqs: list[list[int]], *, truncate: bool, side: str,
                         param: str = "input") -> list[list[int]]:
-        return await self._run(self._check_ids, seqs, truncate, side, param, size=_size(seqs, self.inline_chars))
+        # On the loop whatever the size: reading Python ints into an array holds the GIL, so a pool thread would
+        # block the loop as long and add two thread hand-offs (benchmarks/NOTES.md, "Token ids in the gateway").
+        return await self._run(self._check_ids, seqs, truncate, side, param, size=0)
 
     def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str, param: str) -> list[list[int]]:
         vocab = self.vocab_limit

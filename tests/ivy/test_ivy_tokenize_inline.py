@@ -48,3 +48,22 @@ def test_small_request_runs_on_the_loop_and_large_in_the_pool() -> None:
 def test_zero_means_always_the_pool() -> None:
     used, _ = _threads_used(_encoder(inline_chars=0), ["hi"])
     assert all(n.startswith("ivy-tokenize") for n in used)
+
+
+def test_token_ids_are_checked_on_the_loop_whatever_their_size() -> None:
+    """Reading Python ints into an array holds the GIL: a pool thread would add hand-offs and free nothing."""
+    encoder = _encoder(inline_chars=0)
+    seen: set[str] = set()
+    real = encoder._check_ids
+
+    def spy(*args):
+        seen.add(threading.current_thread().name)
+        return real(*args)
+
+    encoder._check_ids = spy  # type: ignore[method-assign]
+    ids = [[101] + [2000] * 200 + [102]] * 20
+    try:
+        assert asyncio.run(encoder.check_ids(ids, truncate=True, side="right")) == [[101] + [2000] * 200 + [102]] * 20
+    finally:
+        encoder.close()
+    assert seen == {threading.current_thread().name}
