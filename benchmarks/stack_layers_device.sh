@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The stack's layers apart on the Qwen3-0.6B config (random bf16): STEP=layers (default) runs ROSE's GPU tests, then ivy-text, ivy-ids, tulip-grpc and in-process on the same requests in one run; STEP=ab runs stack A/Bs (stream vs unary, idle capture, Tulips per GPU); STEP=commits runs an older commit's services beside this tree's.
 # Carry .whl (STEP=commits: .whl and .base). From the repository root:
-#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-layers     # STEP=layers
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-layers     # STEP=layers (GPU_TESTS=0: no tests)
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-ab         # STEP=ab
 #   BASE=48731df; rm -rf .base && mkdir .base && git archive $BASE ivy tulip rose protos | tar -x -C .base
 #   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh stack-commits
@@ -43,8 +43,10 @@ layers() {  # layers LABEL METRICS_URLS [benchmarks.stack.layers flags...]
 
 metrics1=http://127.0.0.1:50151/metrics
 if [ "${STEP:-layers}" = layers ]; then
-  timeout 170 python3 -m pytest -q -m gpu tests/rose -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
-  echo "gpu tests rc=$? ($(el) s)"; tail -2 $OUT/gpu_tests.log
+  if [ "${GPU_TESTS:-1}" = 1 ]; then  # GPU_TESTS=0: the layers alone (a tree whose ROSE is unchanged)
+    timeout 170 python3 -m pytest -q -m gpu tests/rose -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
+    echo "gpu tests rc=$? ($(el) s)"; tail -2 $OUT/gpu_tests.log
+  fi
   start_stack layers python3 -m ivy up
   layers "" $metrics1 --suite all --inprocess true --duration-s ${DURATION:-2}
   stop_stack layers
