@@ -35,8 +35,9 @@ def host_of(address: str) -> str:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, address: str, max_frame_bytes: int) -> None:
+    def __init__(self, address: str, max_frame_bytes: int, on_refused=None) -> None:
         self.address = address
+        self.on_refused = on_refused  # the replica's framed port is full (too_many_connections)
         self.pending: dict[int, asyncio.Future] = {}
         self.transport: asyncio.Transport | None = None
         self.live = True
@@ -61,7 +62,9 @@ class _Connection(asyncio.Protocol):
             except DecodeError:
                 self.close("an answer frame is not a StreamResponse")
                 return
-            if message.id == 0 and message.code:  # the replica refused the connection's bytes: it closes it
+            if message.id == 0 and message.code:  # the replica refused the connection or its bytes: it closes it
+                if message.reason == "too_many_connections" and self.on_refused is not None:
+                    self.on_refused()  # before the requests fail: the replica moves them to gRPC
                 self.close(f"{_BY_VALUE.get(message.code, grpc.StatusCode.UNKNOWN).name}: {message.message}")
                 return
             settle(self.pending.pop(message.id, None), message)
@@ -141,7 +144,7 @@ class FramedStream:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, connection = await asyncio.get_running_loop().create_connection(
-                    lambda: _Connection(self.address, self.max_frame_bytes), self.host, self.port)
+                    lambda: _Connection(self.address, self.max_frame_bytes, self._refused), self.host, self.port)
         except (OSError, TimeoutError) as exc:
             self.connect_failed = True
             why = exc if isinstance(exc, OSError) else f"no answer to a connect in {self.connect_timeout_s:g} s"
@@ -153,6 +156,10 @@ class FramedStream:
         self._current = connection
         self.opened += 1
         return connection
+
+    def _refused(self) -> None:
+        """The replica's framed port is full: counted as a failed connect (Replica goes back to gRPC)."""
+        self.connect_failed = True
 
     @property
     def waiting(self) -> int:

@@ -94,6 +94,8 @@ class TulipConfig:
                               "without gRPC's per-message cost; tulip/framed.py), named in Info for Ivy (IVY_FRAMED); "
                               "-1 = the gRPC port + 200 (ephemeral with --port 0), skipped with a warning when "
                               "taken; 0 = off")
+    framed_max_connections: int = _f(256, "most open connections on the framed port (Ivy opens one per gateway "
+                                          "worker); one more is answered RESOURCE_EXHAUSTED and closed")
     metrics_port: int = _f(0, "Prometheus /metrics port on its own HTTP server; 0 = off")
     metrics_host: str = _f("127.0.0.1", "address the metrics server binds")
     shutdown_timeout_s: float = _f(30.0, "on SIGTERM, most seconds to finish accepted work before exiting")
@@ -131,6 +133,8 @@ class TulipConfig:
                              f"max_batch_tokens ({self.max_batch_tokens})")
         if not all(0 <= p < 65536 for p in (self.port, self.metrics_port)) or not -1 <= self.framed_port < 65536:
             raise ValueError("ports must be in 0..65535 (framed_port -1 = the gRPC port + 200)")
+        if self.framed_max_connections < 1:
+            raise ValueError(f"framed_max_connections must be at least 1, got {self.framed_max_connections}")
         if self.shutdown_timeout_s < 0:
             raise ValueError("shutdown_timeout_s must not be negative")
         if self.pack_ahead_ms < 0:

@@ -59,6 +59,14 @@ class FrameTooLarge(TulipError):
     reason = "message_too_large"
 
 
+class TooManyConnections(TulipError):
+    """A framed-stream connection over framed_max_connections (tulip/framed.py): answered once on id 0, then
+    closed. Ivy then keeps that replica on its gRPC stream."""
+
+    status = "RESOURCE_EXHAUSTED"
+    reason = "too_many_connections"
+
+
 class BadFrame(TulipError):
     """Framed-stream bytes that are not a StreamRequest (tulip/framed.py): answered once on id 0, then the
     connection is closed."""

@@ -5,15 +5,18 @@ the event loop trade every one; benchmarks/NOTES.md, "The hop's own floor"). Her
 StreamResponse is its protobuf bytes behind a 4-byte little-endian length, on an asyncio connection: the
 same messages, ids, deadlines and cancels as EmbedStream (tulip.stream.StreamRequests admits and answers
 them), the same admission, limits and drain. Health, Info and the unary Embed stay on gRPC; Info names this
-port (`framed_port`), and Ivy uses it with IVY_FRAMED. Off unless `--framed-port` is set.
+port (`framed_port`), and Ivy uses it (IVY_FRAMED, on by default). By default on the gRPC port + 200
+(TulipServer._start_framed).
 
 Faults: a frame longer than max_message_mb, or bytes that are not a StreamRequest, get one error answer
 (id 0: RESOURCE_EXHAUSTED / INVALID_ARGUMENT) and the connection is closed; every request still open on a
 connection that ends is cancelled (its queued work never reaches the GPU). A client that does not read its
 answers stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new work from it meanwhile), and
 is dropped when they stay there STALL_S; so is one whose frame stays incomplete STALL_S (a trickle;
-tests/RELIABILITY.md 19 and 40). The port has no connection cap: like the gRPC port, only Ivy may reach it
-(the NetworkPolicy's job, RUNBOOK). EOF
+tests/RELIABILITY.md 19 and 40). Open connections are capped (`framed_max_connections`; Ivy opens one per
+gateway worker): one more gets a RESOURCE_EXHAUSTED answer on id 0 (reason too_many_connections) and is
+closed, so a flood of connections cannot take the process's descriptors from the gRPC port; like the gRPC
+port, only Ivy may reach it (the NetworkPolicy's job, RUNBOOK). EOF
 ends the stream and cancels what it has open: unlike gRPC's half-close, a TCP EOF cannot tell "done
 sending" from a client gone, and a gone client's work must not reach the GPU (Ivy's client never half-closes).
 """
@@ -29,7 +32,7 @@ from google.protobuf.message import DecodeError
 
 from protos import embed_pb2
 from protos.framing import FrameBuffer, frame
-from tulip.errors import BadFrame, FrameTooLarge
+from tulip.errors import BadFrame, FrameTooLarge, TooManyConnections
 from tulip.stream import StreamRequests, error_answer
 
 if TYPE_CHECKING:
@@ -39,10 +42,13 @@ log = logging.getLogger("tulip.framed")
 
 WRITE_HIGH_BYTES = 8 << 20  # unsent answers above which the connection's requests are not read
 STALL_S = 30.0  # answers unsent above WRITE_HIGH_BYTES, or a frame incomplete, this long: the connection is dropped
+REFUSED_LINGER_S = 1.0  # a refused connection: its answer and EOF sent, what it sends read and dropped this long
 
 
 class FramedSession(asyncio.Protocol):
+    _refused = False  # over framed_max_connections: answered, then its bytes dropped until it closes
     def __init__(self, server: TulipServer, max_frame_bytes: int, sessions: set) -> None:
+        self.server = server
         self.requests = StreamRequests(server, self._send)
         self._frames = FrameBuffer(max_frame_bytes)
         self._sessions = sessions
@@ -51,13 +57,28 @@ class FramedSession(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
+        cap = self.server.config.framed_max_connections
+        if len(self._sessions) >= cap:
+            self.server.metrics.framed_refused.inc()
+            log.warning("framed connection refused: %d open (framed_max_connections)", len(self._sessions))
+            self._send(error_answer(0, TooManyConnections(
+                f"{len(self._sessions)} framed connections are open, the most framed_max_connections allows")))
+            # Not close() at once: requests it already sent would be unread, and the kernel would answer with a
+            # reset that can overtake the refusal. EOF after the answer; its bytes are read and dropped.
+            self._refused = True
+            transport.write_eof()
+            self._arm("refused", "refused over framed_max_connections", REFUSED_LINGER_S)
+            return
         transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each answer goes out at once
         self._sessions.add(self)
+        self.server.metrics.framed_connections.set(len(self._sessions))
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:  # over the cap, closing: nothing of it is admitted
+            return
         payloads = self._frames.feed(data)
         try:
             for payload in payloads:
@@ -90,21 +111,25 @@ class FramedSession(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         for name in list(self._timers):
             self._disarm(name)
-        self._sessions.discard(self)
+        if self in self._sessions:
+            self._sessions.discard(self)
+            self.server.metrics.framed_connections.set(len(self._sessions))
         self.requests.cancel_all()
 
-    def _arm(self, name: str, why: str) -> None:
+    def _arm(self, name: str, why: str, after_s: float | None = None) -> None:
         self._disarm(name)
-        self._timers[name] = asyncio.get_running_loop().call_later(STALL_S, self._drop, name, why)
+        after_s = STALL_S if after_s is None else after_s
+        self._timers[name] = asyncio.get_running_loop().call_later(after_s, self._drop, name, why, after_s)
 
     def _disarm(self, name: str) -> None:
         timer = self._timers.pop(name, None)
         if timer is not None:
             timer.cancel()
 
-    def _drop(self, name: str, why: str) -> None:
+    def _drop(self, name: str, why: str, after_s: float) -> None:
         self._timers.pop(name, None)
-        log.info("framed connection dropped: %s for %.0f s", why, STALL_S)
+        if not self._refused:
+            log.info("framed connection dropped: %s for %.0f s", why, after_s)
         self.transport.abort()  # connection_lost follows: its open requests are cancelled
 
     def _send(self, message: embed_pb2.StreamResponse) -> None:

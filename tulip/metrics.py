@@ -36,7 +36,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tulip.scheduler import LANES
@@ -88,6 +88,10 @@ class TulipMetrics:
                                        registry=r)
         self.inline_launches = Counter("tulip_inline_launches", "Batches launched on the event loop itself, the "
                                        "worker idle (no launcher hand-off)", registry=r)
+        self.framed_connections = Gauge("tulip_framed_connections", "Open connections on the framed EmbedStream "
+                                        "port", registry=r)
+        self.framed_refused = Counter("tulip_framed_refused_connections", "Framed connections refused: over "
+                                      "framed_max_connections", registry=r)
         self.gc_pause = Histogram("tulip_gc_pause_seconds", "Pauses of the cyclic garbage collector (every thread "
                                   "waits), by generation", ["generation"], buckets=_LATENCY_BUCKETS, registry=r)
         self._gc_pause = [self.gc_pause.labels(generation=str(g)) for g in range(3)]

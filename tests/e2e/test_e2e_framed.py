@@ -187,9 +187,33 @@ def test_a_framed_port_that_refuses_or_drops_connects_costs_no_request(answer) -
             for sock in held:
                 sock.close()
     want = solo_embedding(encode_request([[1, 2, 3]]))
-    for answer in answers:
-        np.testing.assert_allclose(decode_response(answer), want, rtol=1e-6, atol=1e-6)
+    for got in answers:
+        np.testing.assert_allclose(decode_response(got), want, rtol=1e-6, atol=1e-6)
     assert kind is ReplicaStream and after is ReplicaStream
+
+
+def test_a_full_framed_port_moves_the_replica_to_grpc_with_the_request_that_found_out() -> None:
+    import socket
+
+    with ServerThread(make_config(framed_port=_free_port(), framed_max_connections=1), FakeEngine()) as s:
+        holder = socket.create_connection(("127.0.0.1", s.server.framed.port))  # takes the one connection
+        wait_until(lambda: s.server.metrics.registry.get_sample_value("tulip_framed_connections") == 1)
+
+        async def main():
+            replica = await _replica(s.address)
+            assert isinstance(replica.stream, FramedStream)
+            answer = await replica.embed(encode_request([[1, 2, 3]]), 5.0, 4096)
+            kind = type(replica.stream)
+            await replica.close()
+            return answer, kind
+
+        try:
+            answer, kind = asyncio.run(main())
+        finally:
+            holder.close()
+    np.testing.assert_allclose(decode_response(answer), solo_embedding(encode_request([[1, 2, 3]])), rtol=1e-6,
+                               atol=1e-6)
+    assert kind is ReplicaStream
 
 
 def test_a_malformed_answer_fails_the_request_with_unavailable() -> None:

@@ -236,3 +236,31 @@ def test_an_engine_failure_is_answered_on_its_id() -> None:
         answer = client.recv()
         assert answer.id == 5 and answer.code == grpc.StatusCode.INTERNAL.value[0] and answer.reason == "engine_failed"
         client.close()
+
+
+def test_connections_over_the_cap_are_refused_once_and_closed() -> None:
+    """A flood of connections cannot take the process's descriptors: one over framed_max_connections gets
+    RESOURCE_EXHAUSTED (too_many_connections) on id 0 and is closed; a closed one makes room again."""
+    with ServerThread(make_config(framed_port=_free_port(), framed_max_connections=2), FakeEngine()) as s:
+        port = s.server.framed.port
+        get = s.server.metrics.registry.get_sample_value
+        first, second = Framed(port), Framed(port)
+        for i, client in enumerate((first, second), 1):
+            client.send(request(i, [[5, 6, 7]]))
+            assert client.recv().code == 0
+        assert get("tulip_framed_connections") == 2
+        third = Framed(port)
+        third.send(request(3, [[5, 6, 7]]))  # never admitted
+        answer = third.recv()
+        assert answer.id == 0 and answer.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert answer.reason == "too_many_connections" and "framed_max_connections" in answer.message
+        assert third.recv() is None  # closed
+        assert get("tulip_framed_refused_connections_total") == 1
+        third.close()
+        first.close()
+        wait_until(lambda: get("tulip_framed_connections") == 1)
+        fourth = Framed(port)
+        fourth.send(request(4, [[5, 6, 7]]))
+        assert fourth.recv().code == 0
+        second.close()
+        fourth.close()
