@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import socket
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from ivy.stream import _BY_VALUE, CallFailed, settle
 from protos import embed_pb2
-from protos.framing import FrameBuffer, frame
+from protos.framing import FrameBuffer, frame, keep_alive
 
 log = logging.getLogger("ivy.framed")
 
@@ -47,13 +46,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:  # a replica gone without a word (partition, power loss) is noticed in ~1 min
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each frame goes out at once
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
-                if hasattr(socket, name):
-                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        keep_alive(transport)  # each frame out at once; a replica gone without a word is noticed in ~1 min
 
     def data_received(self, data: bytes) -> None:
         for payload in self._frames.feed(data):
@@ -132,6 +125,10 @@ class FramedStream:
             if connection is not None and connection.pending.pop(request_id, None) is not None and connection.live:
                 connection.write(embed_pb2.StreamRequest(id=request_id, cancel=True))  # drop its queued work
 
+    async def connect(self) -> None:
+        """Open the connection now (Replica.adopt, before any request is moved here); raises CallFailed."""
+        await self._connection()
+
     async def _connection(self) -> _Connection:
         if self._current is not None and self._current.live:
             return self._current
@@ -147,7 +144,8 @@ class FramedStream:
                     lambda: _Connection(self.address, self.max_frame_bytes, self._refused), self.host, self.port)
         except (OSError, TimeoutError) as exc:
             self.connect_failed = True
-            why = exc if isinstance(exc, OSError) else f"no answer to a connect in {self.connect_timeout_s:g} s"
+            # TimeoutError is an OSError: test it first
+            why = f"no answer to a connect in {self.connect_timeout_s:g} s" if isinstance(exc, TimeoutError) else exc
             raise CallFailed(grpc.StatusCode.UNAVAILABLE, f"framed stream to {self.address}: {why}") from None
         if self._closes != closes:  # closed while connecting: nobody would close this connection
             connection.close("closed")

@@ -38,7 +38,8 @@ def _all_ints(values: list) -> bool:
 
 
 def _first_not_int(values: list) -> int:
-    return next(i for i, v in enumerate(values) if not _is_int(v))
+    """Where _all_ints failed (the same test: the type itself, so no int subclass passes one and not the other)."""
+    return next(i for i, v in enumerate(values) if type(v) is not int)
 
 
 def _empty(param: str) -> IvyError:

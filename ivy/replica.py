@@ -57,7 +57,11 @@ class Replica:
         self.embedder = embed_pb2_grpc.EmbedderStub(self.channel)
         self.stream: ReplicaStream | FramedStream | None = ReplicaStream(self.embedder, address) if stream else None
         self.framed = framed and stream  # use the framed EmbedStream once Info names its port (adopt)
-        self._framed_refused = 0  # a framed port that refused connections: not used again
+        self._trying: FramedStream | None = None  # a framed stream connecting; requests move there once it is
+        self._trying_task: asyncio.Task | None = None
+        self._refused_port = 0  # a framed port that refused or dropped a connect: not tried before _retry_at
+        self._retry_at = 0.0
+        self._retry_s = FRAMED_RETRY_S
         self.max_message_bytes = max_message_bytes
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.state = State.UNKNOWN
@@ -85,8 +89,8 @@ class Replica:
             except CallFailed:
                 if not stream.connect_failed:
                     raise
-            # Its framed port refuses or drops connections (a policy without that port): gRPC from now on,
-            # this request included.
+            # Its framed port refused or dropped a reconnect (the replica restarted without it, or it is full):
+            # this request and the next ones on gRPC, the port tried again later (_refuse).
             self._leave_framed(stream)
             left = timeout - (asyncio.get_running_loop().time() - started)
             if left <= 0:
@@ -99,33 +103,68 @@ class Replica:
 
     def adopt(self, info: embed_pb2.InfoResponse) -> None:
         """A probe's Info: kept; with framed on, requests move to the framed EmbedStream it names (ivy/framed.py)
-        from the next one on, and the stream they leave is closed once its requests are answered."""
+        once a connection to it is open (connected in the background: no request waits on that connect), and
+        the stream they leave is closed once its requests are answered. A port that refuses or drops connects
+        is tried again after FRAMED_RETRY_S, doubling up to FRAMED_RETRY_MAX_S."""
         self.info = info
         port = info.framed_port if self.framed else 0
         current = self.stream.port if isinstance(self.stream, FramedStream) else 0
         if current and self.stream.connect_failed and port == current:
             self._leave_framed(self.stream)
             return
-        if port == self._framed_refused:
+        if port and port == self._refused_port and asyncio.get_running_loop().time() < self._retry_at:
             port = 0
-        if port == current:
+        if port == current or (port and self._trying is not None and self._trying.port == port):
             return
         if port:
-            new = FramedStream(host_of(self.address), port, self.address, self.max_message_bytes)
-            log.info("replica %s: requests on its framed stream (port %d)", self.address, port)
-        else:  # restarted without a framed port, or its port refused: the gRPC stream again
-            new = ReplicaStream(self.embedder, self.address)
+            self._try_framed(port)
+        elif current:  # restarted without a framed port, or framed off: the gRPC stream again
             log.info("replica %s: requests on its gRPC stream", self.address)
-        self._switch(new)
+            self._switch(ReplicaStream(self.embedder, self.address))
+
+    def _try_framed(self, port: int) -> None:
+        candidate = FramedStream(host_of(self.address), port, self.address, self.max_message_bytes)
+        self._trying = candidate
+        self._trying_task = task = asyncio.ensure_future(self._connect_then_switch(candidate))
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+
+    async def _connect_then_switch(self, candidate: FramedStream) -> None:
+        try:
+            await candidate.connect()
+        except CallFailed as exc:
+            if self._trying is candidate:
+                self._trying = None
+                self._refuse(candidate.port, exc.details)
+            await candidate.close()
+            return
+        if self._trying is not candidate:  # overtaken (another port, or closed) while connecting
+            await candidate.close()
+            return
+        self._trying = None
+        self._refused_port, self._retry_s = 0, FRAMED_RETRY_S
+        log.info("replica %s: requests on its framed stream (port %d)", self.address, candidate.port)
+        self._switch(candidate)
+
+    async def framed_settled(self) -> None:
+        """Until a framed connect under way has switched the requests over or been given up (tests, tools)."""
+        if self._trying_task is not None:
+            await asyncio.gather(self._trying_task, return_exceptions=True)
+
+    def _refuse(self, port: int, why: str) -> None:
+        """Reachable by gRPC only, for now (a Service or policy without that port, or a full or restarting
+        replica): not tried again for _retry_s, which doubles each time."""
+        log.warning("replica %s: its framed port %d is unreachable (%s); its gRPC stream for %.0f s",
+                    self.address, port, why, self._retry_s)
+        self._refused_port = port
+        self._retry_at = asyncio.get_running_loop().time() + self._retry_s
+        self._retry_s = min(2 * self._retry_s, FRAMED_RETRY_MAX_S)
 
     def _leave_framed(self, stream: FramedStream) -> None:
-        """Its framed port refused or dropped a connect: back on the gRPC stream, and that port not used again
-        (reachable by gRPC only: a Service or policy without that port) until Info names another."""
+        """Its framed port refused or dropped a reconnect: back on the gRPC stream (see _refuse)."""
         if self.stream is not stream:
             return
-        log.warning("replica %s: its framed port %d refuses connections; back on its gRPC stream",
-                    self.address, stream.port)
-        self._framed_refused = stream.port
+        self._refuse(stream.port, "a reconnect failed")
         self._switch(ReplicaStream(self.embedder, self.address))
 
     def _switch(self, new: ReplicaStream | FramedStream) -> None:
@@ -136,6 +175,9 @@ class Replica:
             task.add_done_callback(_BACKGROUND.discard)
 
     async def close(self) -> None:
+        trying, self._trying = self._trying, None
+        if trying is not None:
+            await trying.close()
         if self.stream is not None:
             await self.stream.close()
         await self.channel.close()
@@ -186,6 +228,8 @@ class Replica:
 
 
 STREAM_MAX_MESSAGE_BYTES = 1 << 20
+FRAMED_RETRY_S = 30.0  # a framed port that refused or dropped a connect is tried again after this, doubling
+FRAMED_RETRY_MAX_S = 3600.0
 _BACKGROUND: set[asyncio.Task] = set()  # streams being closed (a task must be referenced until it ends)
 
 

@@ -145,7 +145,8 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         if config.served_model_name:
             argv += ["--served-model-name", config.served_model_name]
         argv += ["--metrics-port", str(mport)]
-        argv += ["--framed-port", str(fports[k])]
+        # -1: Tulip binds its gRPC port + 200 itself and, should that be taken since the check, serves gRPC only
+        argv.append("--framed-port=-1" if fports[k] else "--framed-port=0")
         if mport:
             metrics_urls.append(f"http://{shown_host}:{mport}/metrics")
         tulips.append(Child(f"tulip:{port}" + (f" gpu {device}" if device is not None else ""), argv, env))

@@ -3,6 +3,7 @@ its protobuf bytes behind a 4-byte little-endian length."""
 
 from __future__ import annotations
 
+import socket
 import struct
 
 LENGTH = struct.Struct("<I")
@@ -46,3 +47,17 @@ class FrameBuffer:
     def partial(self) -> bool:
         """Bytes of a frame not yet complete are held."""
         return bool(self._buffer)
+
+
+def keep_alive(transport) -> None:
+    """Both ends of a framed connection: TCP_NODELAY (each frame goes out at once) and keepalive probes, so a
+    peer lost to a partition or a dead node is noticed in ~1 min (Tulip frees its session and its place under
+    the connection cap; Ivy fails its requests over)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)

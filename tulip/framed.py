@@ -15,7 +15,8 @@ answers stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new w
 is dropped when they stay there STALL_S; so is one whose frame stays incomplete STALL_S (a trickle;
 tests/RELIABILITY.md 19 and 40). Open connections are capped (`framed_max_connections`; Ivy opens one per
 gateway worker): one more gets a RESOURCE_EXHAUSTED answer on id 0 (reason too_many_connections) and is
-closed, so a flood of connections cannot take the process's descriptors from the gRPC port; like the gRPC
+closed after REFUSED_LINGER_S, and past as many lingering refusals as the cap a new one is closed at once, so
+a flood of connections holds at most twice the cap of descriptors and cannot starve the gRPC port; like the gRPC
 port, only Ivy may reach it (the NetworkPolicy's job, RUNBOOK). EOF
 ends the stream and cancels what it has open: unlike gRPC's half-close, a TCP EOF cannot tell "done
 sending" from a client gone, and a gone client's work must not reach the GPU (Ivy's client never half-closes).
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
+import time
 from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
 from protos import embed_pb2
-from protos.framing import FrameBuffer, frame
+from protos.framing import FrameBuffer, frame, keep_alive
 from tulip.errors import BadFrame, FrameTooLarge, TooManyConnections
 from tulip.stream import StreamRequests, error_answer
 
@@ -43,6 +44,27 @@ log = logging.getLogger("tulip.framed")
 WRITE_HIGH_BYTES = 8 << 20  # unsent answers above which the connection's requests are not read
 STALL_S = 30.0  # answers unsent above WRITE_HIGH_BYTES, or a frame incomplete, this long: the connection is dropped
 REFUSED_LINGER_S = 1.0  # a refused connection: its answer and EOF sent, what it sends read and dropped this long
+
+
+class _Refusals:
+    """Connections refused over the cap and still lingering (their answer sent), and a log line at most every
+    LOG_EVERY_S seconds."""
+
+    LOG_EVERY_S = 10.0
+
+    def __init__(self) -> None:
+        self.lingering = 0
+        self._logged = float("-inf")
+
+    def should_log(self) -> bool:
+        now = time.monotonic()
+        if now - self._logged < self.LOG_EVERY_S:
+            return False
+        self._logged = now
+        return True
+
+
+_REFUSALS = _Refusals()
 
 
 class FramedSession(asyncio.Protocol):
@@ -60,7 +82,12 @@ class FramedSession(asyncio.Protocol):
         cap = self.server.config.framed_max_connections
         if len(self._sessions) >= cap:
             self.server.metrics.framed_refused.inc()
-            log.warning("framed connection refused: %d open (framed_max_connections)", len(self._sessions))
+            if _REFUSALS.lingering >= cap:  # a flood: no linger, no answer, no log line each
+                transport.abort()
+                return
+            if _REFUSALS.should_log():
+                log.warning("framed connection refused: %d open (framed_max_connections)", len(self._sessions))
+            _REFUSALS.lingering += 1
             self._send(error_answer(0, TooManyConnections(
                 f"{len(self._sessions)} framed connections are open, the most framed_max_connections allows")))
             # Not close() at once: requests it already sent would be unread, and the kernel would answer with a
@@ -70,9 +97,7 @@ class FramedSession(asyncio.Protocol):
             self._arm("refused", "refused over framed_max_connections", REFUSED_LINGER_S)
             return
         transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each answer goes out at once
+        keep_alive(transport)
         self._sessions.add(self)
         self.server.metrics.framed_connections.set(len(self._sessions))
 
@@ -109,6 +134,8 @@ class FramedSession(asyncio.Protocol):
         self._disarm("write")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            _REFUSALS.lingering -= 1
         for name in list(self._timers):
             self._disarm(name)
         if self in self._sessions:
@@ -148,7 +175,11 @@ class FramedListener:
         self._sessions: set[FramedSession] = set()
 
     async def start(self, host: str, port: int) -> int:
+        """Listen on host:port, host as the gRPC port takes it: "[::]" (or "::", "") is every interface of both
+        families, as gRPC's dual-stack socket is (asyncio's "::" alone would refuse IPv4 clients)."""
         max_frame = self.server.config.max_message_bytes
+        host = host.strip("[]")
+        host = None if host in ("", "::") else host
         self._listener = await asyncio.get_running_loop().create_server(
             lambda: FramedSession(self.server, max_frame, self._sessions), host, port)
         self.port = self._listener.sockets[0].getsockname()[1]

@@ -30,6 +30,7 @@ def _free_port() -> int:
 async def _replica(address: str, framed: bool = True) -> Replica:
     replica = Replica(address, channel_options(16 << 20), framed=framed, max_message_bytes=16 << 20)
     replica.adopt(await replica.embedder.Info(embed_pb2.InfoRequest(), timeout=10))
+    await replica.framed_settled()  # its framed connect, in the background, has switched the requests (or not)
     return replica
 
 
@@ -115,31 +116,52 @@ def test_host_of_an_address() -> None:
     assert host_of("tulip-0.tulip:50051") == "tulip-0.tulip"
 
 
-def test_adopt_falls_back_to_the_grpc_stream_when_the_framed_port_goes_or_refuses() -> None:
+def test_adopt_moves_to_a_framed_port_only_once_connected_and_retries_a_refused_one_later(monkeypatch) -> None:
+    import ivy.replica as replica_module
+
     async def main():
         replica = Replica("127.0.0.1:1", channel_options(16 << 20), framed=True, max_message_bytes=16 << 20)
         closed_port = _free_port()  # nothing listens there
         replica.adopt(embed_pb2.InfoResponse(framed_port=closed_port))
-        assert isinstance(replica.stream, FramedStream)
-        replica.adopt(embed_pb2.InfoResponse(framed_port=0))  # restarted without a framed port
-        assert isinstance(replica.stream, ReplicaStream)
+        seen = [type(replica.stream)]  # still gRPC while it connects: no request waits on the connect
+        await replica.framed_settled()
+        seen.append(type(replica.stream))  # refused: gRPC
+        first_task = replica._trying_task
+        replica.adopt(embed_pb2.InfoResponse(framed_port=closed_port))  # within the retry time: not tried
+        tried_again_at_once = replica._trying_task is not first_task
+        monkeypatch.setattr(replica, "_retry_at", 0.0)  # as if the retry time had passed
         replica.adopt(embed_pb2.InfoResponse(framed_port=closed_port))
-        try:
-            await replica.stream.embed(encode_request([[1, 2]]), 5.0)
-        except CallFailed as exc:
-            assert exc.code is grpc.StatusCode.UNAVAILABLE
-        replica.adopt(embed_pb2.InfoResponse(framed_port=closed_port))  # refused: back on gRPC, for good
-        first = type(replica.stream)
-        replica.adopt(embed_pb2.InfoResponse(framed_port=closed_port))
-        kinds = (first, type(replica.stream))
+        tried_later = replica._trying_task is not first_task
+        await replica.framed_settled()
+        retry_doubled = replica._retry_s == 4 * replica_module.FRAMED_RETRY_S
         unused = Replica("127.0.0.1:1", channel_options(16 << 20), stream=False, framed=True)
         unused.adopt(embed_pb2.InfoResponse(framed_port=closed_port))  # framed rides on the stream setting
         await replica.close()
         await unused.close()
-        return kinds, unused.stream
+        return seen, tried_again_at_once, tried_later, retry_doubled, unused.stream
 
-    kinds, unary_only = asyncio.run(main())
-    assert kinds == (ReplicaStream, ReplicaStream) and unary_only is None
+    seen, again, later, doubled, unary_only = asyncio.run(main())
+    assert seen == [ReplicaStream, ReplicaStream]
+    assert not again and later and doubled and unary_only is None
+
+
+def test_a_replica_restarted_without_its_framed_port_is_followed_back_to_grpc() -> None:
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+        async def main():
+            replica = await _replica(s.address)
+            kinds = [type(replica.stream)]
+            answers = [await replica.embed(encode_request([[1, 2, 3]]), 5.0, 4096)]
+            replica.adopt(embed_pb2.InfoResponse(framed_port=0))  # its Info names no framed port any more
+            kinds.append(type(replica.stream))
+            answers.append(await replica.embed(encode_request([[1, 2, 3]]), 5.0, 4096))
+            await replica.close()
+            return kinds, answers
+
+        kinds, answers = asyncio.run(main())
+    assert kinds == [FramedStream, ReplicaStream]
+    for got in answers:
+        np.testing.assert_allclose(decode_response(got), solo_embedding(encode_request([[1, 2, 3]])), rtol=1e-6,
+                                   atol=1e-6)
 
 
 def _silent_port(held: list) -> int:
@@ -164,32 +186,57 @@ def _silent_port(held: list) -> int:
 
 
 @pytest.mark.parametrize("answer", ["refused", "dropped"])
-def test_a_framed_port_that_refuses_or_drops_connects_costs_no_request(answer) -> None:
-    """A cluster whose policy leaves the framed port closed (RST) or silent (dropped SYNs): the request that
-    found out is answered over gRPC within its deadline, and the replica stays on gRPC."""
+def test_a_framed_port_that_refuses_or_drops_connects_costs_no_request(answer, monkeypatch) -> None:
+    """A cluster whose policy leaves the framed port closed (RST) or silent (dropped SYNs): requests sent while
+    Ivy tries it, with deadlines shorter than the connect timeout, are answered over gRPC, and the replica
+    stays there (RELIABILITY 41)."""
+    import time
+
+    import ivy.framed as framed_module
+
+    monkeypatch.setattr(framed_module, "CONNECT_TIMEOUT_S", 1.5)
     held: list = []
     port = _free_port() if answer == "refused" else _silent_port(held)
     with ServerThread(make_config(framed_port=0), FakeEngine()) as s:
         async def main():
             replica = await _replica(s.address)
             replica.adopt(embed_pb2.InfoResponse(framed_port=port))  # as if Info named an unreachable port
-            assert isinstance(replica.stream, FramedStream)
-            replica.stream.connect_timeout_s = 0.3
-            answers = await asyncio.gather(*(replica.embed(encode_request([[1, 2, 3]]), 5.0, 4096) for _ in range(4)))
+            started = time.monotonic()
+            answers = await asyncio.gather(*(replica.embed(encode_request([[1, 2, 3]]), 1.0, 4096) for _ in range(4)))
+            took = time.monotonic() - started
+            await replica.framed_settled()
             kind = type(replica.stream)
-            replica.adopt(embed_pb2.InfoResponse(framed_port=port))  # the next probe: not tried again
             await replica.close()
-            return answers, kind, type(replica.stream)
+            return answers, took, kind
 
         try:
-            answers, kind, after = asyncio.run(main())
+            answers, took, kind = asyncio.run(main())
         finally:
             for sock in held:
                 sock.close()
     want = solo_embedding(encode_request([[1, 2, 3]]))
     for got in answers:
         np.testing.assert_allclose(decode_response(got), want, rtol=1e-6, atol=1e-6)
-    assert kind is ReplicaStream and after is ReplicaStream
+    assert took < 1.0 and kind is ReplicaStream
+
+
+def test_a_framed_port_that_goes_away_moves_the_request_in_hand_to_grpc() -> None:
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+        async def main():
+            replica = await _replica(s.address)
+            assert isinstance(replica.stream, FramedStream)
+            await replica.embed(encode_request([[1, 2, 3]]), 5.0, 4096)
+            s.loop.call_soon_threadsafe(s.server.framed.close)  # its listener and connections gone
+            await asyncio.sleep(0.2)
+            answer = await replica.embed(encode_request([[4, 5, 6]]), 5.0, 4096)  # reconnect refused: gRPC
+            kind = type(replica.stream)
+            await replica.close()
+            return answer, kind
+
+        answer, kind = asyncio.run(main())
+    np.testing.assert_allclose(decode_response(answer), solo_embedding(encode_request([[4, 5, 6]])), rtol=1e-6,
+                               atol=1e-6)
+    assert kind is ReplicaStream
 
 
 def test_a_full_framed_port_moves_the_replica_to_grpc_with_the_request_that_found_out() -> None:

@@ -4,6 +4,7 @@ the same answers, cancels, limits and drain as the gRPC stream, and bad frames r
 import asyncio
 import socket
 import struct
+import time
 
 import grpc
 import numpy as np
@@ -256,6 +257,8 @@ def test_connections_over_the_cap_are_refused_once_and_closed() -> None:
         assert answer.reason == "too_many_connections" and "framed_max_connections" in answer.message
         assert third.recv() is None  # closed
         assert get("tulip_framed_refused_connections_total") == 1
+        time.sleep(0.3)  # what it sent was read and dropped: never admitted, never run
+        assert get("tulip_requests_total", {"status": "OK"}) == 2 and s.server._active == 0
         third.close()
         first.close()
         wait_until(lambda: get("tulip_framed_connections") == 1)
@@ -264,3 +267,21 @@ def test_connections_over_the_cap_are_refused_once_and_closed() -> None:
         assert fourth.recv().code == 0
         second.close()
         fourth.close()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "[::]", "::"])
+def test_the_framed_port_binds_the_host_forms_the_grpc_port_takes(host) -> None:
+    if ":" in host and not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        server = ServerThread(make_config(host=host, framed_port=_free_port()), FakeEngine())
+    except (OSError, RuntimeError) as exc:  # gRPC's RuntimeError: cannot bind [::] where IPv6 is off
+        if ":" in host:
+            pytest.skip(f"IPv6 unavailable here: {exc}")
+        raise
+    with server as s:
+        assert s.server.framed.port > 0
+        client = Framed(s.server.framed.port)  # 127.0.0.1: a wildcard bind (dual-stack for ::) takes it
+        client.send(request(1, [[5, 6, 7]]))
+        assert client.recv().code == 0
+        client.close()
