@@ -15,15 +15,21 @@ def _encoder(inline_chars: int) -> InputEncoder:
     return InputEncoder(spec, Tokenizer(spec), threads=1, char_cap=100_000, inline_chars=inline_chars)
 
 
-def _threads_used(encoder: InputEncoder, texts: list[str]) -> tuple[set[str], list[list[int]]]:
+def _spy(encoder: InputEncoder, method: str) -> set[str]:
+    """The names of the threads that will run encoder.<method> (filled as it runs)."""
     seen: set[str] = set()
-    real = encoder._encode_texts
+    real = getattr(encoder, method)
 
     def spy(*args):
         seen.add(threading.current_thread().name)
         return real(*args)
 
-    encoder._encode_texts = spy  # type: ignore[method-assign]
+    setattr(encoder, method, spy)
+    return seen
+
+
+def _threads_used(encoder: InputEncoder, texts: list[str]) -> tuple[set[str], list[list[int]]]:
+    seen = _spy(encoder, "_encode_texts")
 
     async def run():
         return await encoder.encode_texts(texts, truncate=True, side="right")
@@ -53,14 +59,7 @@ def test_zero_means_always_the_pool() -> None:
 def test_token_ids_are_checked_on_the_loop_whatever_their_size() -> None:
     """Reading Python ints into an array holds the GIL: a pool thread would add hand-offs and free nothing."""
     encoder = _encoder(inline_chars=0)
-    seen: set[str] = set()
-    real = encoder._check_ids
-
-    def spy(*args):
-        seen.add(threading.current_thread().name)
-        return real(*args)
-
-    encoder._check_ids = spy  # type: ignore[method-assign]
+    seen = _spy(encoder, "_check_ids")
     ids = [[101] + [2000] * 200 + [102]] * 20
     try:
         assert asyncio.run(encoder.check_ids(ids, truncate=True, side="right")) == [[101] + [2000] * 200 + [102]] * 20
