@@ -3,8 +3,9 @@
 Tulip's Info names its framed port (tulip/framed.py); each request is one StreamRequest behind a 4-byte
 little-endian length, each answer one StreamResponse, matched by id. embed() behaves as ReplicaStream.embed
 does: the EmbedResponse, or CallFailed with the status the unary call would have ended with; a timed-out or
-cancelled request sends a cancel. The connection opens on first use; when it breaks every request waiting
-on it fails with UNAVAILABLE (the pool retries elsewhere) and the next request opens a new one.
+cancelled request sends a cancel. Replica.adopt opens the connection (connect()) before it moves any request
+here; when it breaks every request waiting on it fails with UNAVAILABLE (the pool retries elsewhere) and the
+next request opens a new one (a refusal then moves the replica back to gRPC: Replica.embed).
 """
 
 from __future__ import annotations
