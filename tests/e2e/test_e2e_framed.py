@@ -327,3 +327,26 @@ def test_ivy_up_framed_serves_the_bundled_model_over_the_framed_stream() -> None
 
     want = SentenceTransformer(str(bundled_model_dir()), device="cpu").encode(texts, normalize_embeddings=True)
     assert float((got * want).sum(1).min()) > 0.9999
+
+
+def test_a_silent_framed_port_says_so() -> None:
+    held: list = []
+    port = _silent_port(held)
+
+    async def main():
+        stream = FramedStream("127.0.0.1", port, f"127.0.0.1:{port}", 16 << 20)
+        stream.connect_timeout_s = 0.2
+        try:
+            await stream.connect()
+        except CallFailed as exc:
+            return exc, stream.connect_failed
+        finally:
+            await stream.close()
+
+    try:
+        failure, failed = asyncio.run(main())
+    finally:
+        for sock in held:
+            sock.close()
+    assert failure.code is grpc.StatusCode.UNAVAILABLE and failed
+    assert "no answer to a connect in 0.2 s" in failure.details

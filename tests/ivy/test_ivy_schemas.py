@@ -15,6 +15,15 @@ def test_input_shapes() -> None:
     assert len(parse_inputs([[1], [2, 3]])) == 2
 
 
+def test_an_int_subclass_is_refused_by_name_not_by_a_crash() -> None:
+    class Id(int):
+        pass
+
+    with pytest.raises(IvyError) as info:
+        parse_inputs([[1, Id(2)]])
+    assert info.value.param == "input[0][1]"
+
+
 @pytest.mark.parametrize("value, problem, param", [
     ([], Problem.EMPTY_INPUT, "input"),
     ("", Problem.EMPTY_INPUT, "input"),

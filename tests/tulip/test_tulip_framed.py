@@ -285,3 +285,26 @@ def test_the_framed_port_binds_the_host_forms_the_grpc_port_takes(host) -> None:
         client.send(request(1, [[5, 6, 7]]))
         assert client.recv().code == 0
         client.close()
+
+
+def test_a_flood_past_the_cap_is_closed_at_once_without_an_answer(monkeypatch) -> None:
+    """Past as many lingering refusals as the cap, a new connection gets no answer and no linger."""
+    from tulip import framed
+
+    monkeypatch.setattr(framed, "REFUSED_LINGER_S", 5.0)
+    with ServerThread(make_config(framed_port=_free_port(), framed_max_connections=1), FakeEngine()) as s:
+        port = s.server.framed.port
+        held = Framed(port)
+        held.send(request(1, [[5, 6, 7]]))
+        assert held.recv().code == 0
+        lingering = Framed(port)  # refused with an answer, then lingers
+        assert lingering.recv().reason == "too_many_connections"
+        flood = Framed(port)  # one refusal already lingers (the cap): closed at once, nothing said
+        try:
+            assert flood.recv() is None
+        except ConnectionResetError:
+            pass  # the abort may reach the client as a reset
+        assert s.server.metrics.registry.get_sample_value("tulip_framed_refused_connections_total") == 2
+        for client in (held, lingering, flood):
+            client.close()
+        wait_until(lambda: framed._REFUSALS.lingering == 0, what="the lingering refusal released")
