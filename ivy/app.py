@@ -97,8 +97,7 @@ class IvyApp(FastAPI):
 
     def serve_hot(self, routers) -> None:
         """POST at exactly these paths (no path parameters) skips the stack; under a root_path it does not."""
-        self._hot = {r.path: r.endpoint for router in routers for r in router.routes
-                     if isinstance(r, APIRoute) and r.methods == {"POST"} and "{" not in r.path}
+        self._hot = {r.path: r.endpoint for r in _post_routes(routers) if "{" not in r.path}
         self._hot_app = metrics.RequestMetrics(self._serve_hot)
 
     async def __call__(self, scope, receive, send) -> None:
@@ -133,8 +132,13 @@ def _serve_lean(app: FastAPI, routers) -> None:
     project's CPU for nothing these routes use (benchmarks/NOTES.md, "the gateway's own cost"); error
     handlers, middleware and app.state are the app's and apply the same."""
     lean = [Route(r.path, r.endpoint, methods=["POST"], name=r.name, include_in_schema=False)
-            for router in routers for r in router.routes if isinstance(r, APIRoute) and r.methods == {"POST"}]
+            for r in _post_routes(routers)]
     app.router.routes[0:0] = lean
+
+
+def _post_routes(routers) -> list[APIRoute]:
+    """The routers' POST routes: they take the bare Request and read their body themselves (ivy.body)."""
+    return [r for router in routers for r in router.routes if isinstance(r, APIRoute) and r.methods == {"POST"}]
 
 
 GC_TIMER = gc_pauses.PauseTimer(metrics.observe_gc_pause, deferred=True)  # one per worker process

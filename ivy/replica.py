@@ -81,18 +81,16 @@ class Replica:
         limit = self.stream_max_bytes
         stream = self.stream
         if stream is not None and response_bytes <= limit and request.ByteSize() <= limit:
-            if not isinstance(stream, FramedStream):
-                return await stream.embed(request, timeout)
-            started = asyncio.get_running_loop().time()
+            deadline = asyncio.get_running_loop().time() + timeout
             try:
                 return await stream.embed(request, timeout)
             except CallFailed:
-                if not stream.connect_failed:
+                if not (isinstance(stream, FramedStream) and stream.connect_failed):
                     raise
             # Its framed port refused or dropped a reconnect (the replica restarted without it, or it is full):
             # this request and the next ones on gRPC, the port tried again later (_refuse).
             self._leave_framed(stream)
-            left = timeout - (asyncio.get_running_loop().time() - started)
+            left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded connecting to the framed stream")
             return await self.stream.embed(request, left)

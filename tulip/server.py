@@ -108,14 +108,14 @@ class TulipServer:
         200, or an ephemeral port beside an ephemeral gRPC port, and skipped with a warning when that is taken
         (Ivy then stays on the gRPC stream). A port set explicitly must bind."""
         port = self.config.framed_port
+        if port == 0:
+            return
         auto = port == -1
         if auto:
             port = self.port + FRAMED_PORT_OFFSET if self.config.port else 0
             if port > 65535:
                 log.warning("no framed stream: gRPC port %d + %d is past 65535", self.port, FRAMED_PORT_OFFSET)
                 return
-        if not port and not auto:
-            return
         try:
             await self.framed.start(self.config.host, port)
         except OSError as exc:  # the CLI's "cannot listen" names the gRPC port: say which one failed
