@@ -1,7 +1,10 @@
 """Whether torch's ragged cuDNN attention (`aten._cudnn_attention_forward` with cumulative lengths) can be captured in
 a CUDA graph, and at what cost eagerly, beside torch's varlen (CUDA only; prints a short table last).
 
-    python -m benchmarks.cudnn_capture_probe
+    python -m benchmarks.cudnn_capture_probe [--modes global,thread_local,relaxed] [--no-eager]
+
+Run one capture mode per process where a failed capture can take the process down (torch 2.11 on the H200:
+a segmentation fault in capture_end).
 
 1. One eager call under `torch.cuda.set_sync_debug_mode("error")`: a host synchronization inside the op (a
    `.item()`, a device-to-host copy) raises with its place, the usual reason a capture is invalidated.
@@ -45,6 +48,12 @@ def eager_us(fn, iters: int = 50) -> float:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modes", default="global,thread_local,relaxed")
+    parser.add_argument("--no-eager", action="store_true", help="skip the eager timings")
+    args = parser.parse_args()
     device = torch.device("cuda")
     case = Case([250, 250], SHAPE, device)
     run = cudnn_call(case)
@@ -59,7 +68,7 @@ def main() -> None:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     rows = []
-    for mode in ("global", "thread_local", "relaxed"):
+    for mode in args.modes.split(","):
         run()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -77,7 +86,7 @@ def main() -> None:
         run = cudnn_call(case)
     varlen = make_backend("varlen", device, torch.bfloat16, shape=SHAPE)
     timings = []
-    for n in (128, 512, 4096):
+    for n in () if args.no_eager else (128, 512, 4096):
         c = Case([n], SHAPE, device)
         fn = cudnn_call(c)
         err = float((fn().float() - c.ref).abs().max())
