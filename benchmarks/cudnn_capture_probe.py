@@ -1,7 +1,7 @@
 """Whether torch's ragged cuDNN attention (`aten._cudnn_attention_forward` with cumulative lengths) can be captured in
 a CUDA graph, and at what cost eagerly, beside torch's varlen (CUDA only; prints a short table last).
 
-    python -m benchmarks.cudnn_capture_probe [--modes global,thread_local,relaxed] [--no-eager]
+    python -m benchmarks.cudnn_capture_probe [--modes global,thread_local,relaxed | none] [--no-eager]
 
 Run one capture mode per process where a failed capture can take the process down (torch 2.11 on the H200:
 a segmentation fault in capture_end).
@@ -68,7 +68,7 @@ def main() -> None:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     rows = []
-    for mode in args.modes.split(","):
+    for mode in [m for m in args.modes.split(",") if m not in ("", "none")]:
         run()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

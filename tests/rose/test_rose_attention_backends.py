@@ -45,7 +45,7 @@ def meta_for(lengths, layout=None, device="cpu", graph=True):
 
 
 # -- errors on machines without the packages or a GPU -------------------------------------------------------
-@pytest.mark.parametrize("name", ["flashinfer-fa2", "flashinfer-fa3", "fa4", "cudnn"])
+@pytest.mark.parametrize("name", ["flashinfer-fa2", "flashinfer-fa3", "fa4"])
 def test_gpu_backends_refuse_a_cpu_with_a_clear_error(name):
     with pytest.raises(AttentionBackendError, match="CUDA only"):
         make_backend(name, CPU, torch.float32, shape=SHAPE)
@@ -259,7 +259,7 @@ def on_gpu(test):
 
 
 SLOW_JIT = os.environ.get("ROSE_TEST_SLOW_JIT") == "1"
-GPU_BACKENDS = ["varlen", "flashinfer-fa2", "cudnn"] + (["flashinfer-fa3", "fa4"] if SLOW_JIT else [])
+GPU_BACKENDS = ["varlen", "flashinfer-fa2"] + (["flashinfer-fa3", "fa4"] if SLOW_JIT else [])
 
 
 def gpu_backend(name, shape):
@@ -292,46 +292,6 @@ def test_backend_matches_float32_reference_on_ragged_padded_batches(name, causal
         real = sum(lengths)
         err = float((out[:real].float() - reference(q, k, v, lengths, shape)[:real]).abs().max())
         assert err < 0.03 and bool(torch.isfinite(out).all()), (lengths, err)
-
-
-@on_gpu
-def test_cudnn_graph_replays_new_batches_of_its_layout():
-    """cuDNN's ragged offsets come from the layout's cu_seqlens on the device: a graph captured on one batch
-    answers later batches of the same layout (other lengths) exactly as a fresh reference does."""
-    shape = AttentionShape(16, 8, 128, True)
-    backend = gpu_backend("cudnn", shape)
-    layout = MetaLayout(512, 8, 8, max_seqlen=256)
-    static = torch.zeros(layout.words, dtype=torch.int64, device="cuda")
-    qkv = [torch.randn(512, h, 128, device="cuda", dtype=torch.bfloat16) for h in (16, 8, 8)]
-    first = pack_batch(Batch.from_sequences([[1] * 250, [1] * 250]), layout)
-    static.copy_(torch.from_numpy(first.packed))
-    meta = ForwardMeta.from_buffer(static, layout, layout.seqlen_bound, first, graph=True)
-    backend.forward(*qkv, meta, True, shape.scale)  # warm-up: builds cuDNN's plan for this layout
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = backend.forward(*qkv, meta, True, shape.scale)
-    for lengths in ([10, 200, 3, 150, 40], [256, 256], [100, 100, 100], [1]):
-        host = pack_batch(Batch.from_sequences([[1] * n for n in lengths]), layout)
-        static.copy_(torch.from_numpy(host.packed))
-        graph.replay()
-        real = sum(lengths)
-        err = float((out[:real].float() - reference(*qkv, lengths, shape)[:real]).abs().max())
-        assert err < 0.03, (lengths, err)
-
-
-@on_gpu
-def test_cudnn_runs_eager_metas_on_varlen():
-    """An exact-size (eager) batch never reaches cuDNN, whose plan per new shape would cost host time."""
-    shape = AttentionShape(16, 8, 128, False)
-    backend = gpu_backend("cudnn", shape)
-    calls = []
-    backend._op = lambda *a, **k: calls.append(a)  # noqa: SLF001 - the cuDNN op must not be called
-    meta = meta_for([5, 300, 77], None, "cuda", graph=False)
-    q, k, v = (torch.randn(382, h, 128, device="cuda", dtype=torch.bfloat16) for h in (16, 8, 8))
-    out = backend.forward(q, k, v, meta, False, shape.scale)
-    assert not calls and out.shape == q.shape
-    assert float((out.float() - reference(q, k, v, [5, 300, 77], shape)).abs().max()) < 0.03
 
 
 @on_gpu
