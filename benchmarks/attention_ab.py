@@ -1,7 +1,7 @@
 """A/B of ROSE's attention backends per model and shape: GPU time inside a CUDA graph (issue 7).
 
     python -m benchmarks.attention_ab [--models qwen3-0.6b,qwen3-4b,minilm-l6] [--model-dir DIR]
-        [--backends sdpa,varlen,flashinfer-fa2,flashinfer-fa3,fa4] [--causal] [--quick]
+        [--backends sdpa,varlen,flashinfer-fa2,flashinfer-fa3,fa4,triton] [--causal] [--quick]
         [--out benchmarks/results] [--profile-dir DIR]
 
 For every shape (1x128 ... 1x16384, 50x512, 100 mixed documents of 16..512 tokens, lognormal, seed 0) and
@@ -42,7 +42,7 @@ from rose.batch import Batch
 from rose.buckets import DEFAULT_TOKEN_BUCKETS
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
 
-BACKENDS = ("sdpa", "varlen", "flashinfer-fa2", "flashinfer-fa3", "fa4")
+BACKENDS = ("sdpa", "varlen", "flashinfer-fa2", "flashinfer-fa3", "fa4", "triton")
 ERR_TOL = 0.05  # a backend further than this from the float32 reference cannot win (bf16 noise is ~1e-2)
 # the graph buckets, plus one entry for the eager batches above them (e.g. 50 x 512 tokens)
 PROFILE_BUCKETS = tuple(sorted(set(DEFAULT_TOKEN_BUCKETS) | {2 * max(DEFAULT_TOKEN_BUCKETS)}))

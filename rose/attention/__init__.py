@@ -2,7 +2,8 @@
 
 Names: sdpa (torch SDPA; CPU and CUDA), varlen (torch's ragged FlashAttention-2; CUDA), flashinfer-fa2 and
 flashinfer-fa3 (FlashInfer's ragged prefill; fa3 on Hopper only; extra `flashinfer`), fa4 (FlashAttention 4;
-Hopper/Blackwell; extra `fa4`), and auto, the default:
+Hopper/Blackwell; extra `fa4`), triton (rose.attention.triton_varlen: ROSE's own ragged kernel; CUDA, Triton
+ships with torch), and auto, the default:
 - on CUDA in half precision with a serving profile beside the model (MODEL_DIR/rose_profile.json, written by
   `python -m benchmarks.attention_ab`): the measured winner per token bucket (rose.attention.profile);
   a backend the profile names that cannot run here falls back to the default below, with a warning;
@@ -33,7 +34,7 @@ from rose.attention.shape import AttentionShape
 from rose.attention.varlen import SUPPORTED_DTYPES as _VARLEN_DTYPES
 from rose.attention.varlen import VarlenBackend, varlen_available
 
-BACKENDS = ("auto", "sdpa", "varlen", "flashinfer-fa2", "flashinfer-fa3", "fa4")
+BACKENDS = ("auto", "sdpa", "varlen", "flashinfer-fa2", "flashinfer-fa3", "fa4", "triton")
 log = logging.getLogger("rose.attention")
 
 __all__ = ["BACKENDS", "PROFILE_NAME", "AttentionBackend", "AttentionBackendError", "AttentionContext",
@@ -67,6 +68,10 @@ def make_backend(name: str, device: torch.device, dtype: torch.dtype, spec=None,
         from rose.attention.fa4 import Fa4Backend
 
         return Fa4Backend(device, dtype, shape)
+    if name == "triton":
+        from rose.attention.triton_varlen import TritonBackend
+
+        return TritonBackend(device, dtype, shape)
     raise AttentionBackendError(f"unknown attention backend {name!r}; expected one of {', '.join(BACKENDS)}")
 
 

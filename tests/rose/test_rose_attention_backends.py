@@ -45,7 +45,7 @@ def meta_for(lengths, layout=None, device="cpu", graph=True):
 
 
 # -- errors on machines without the packages or a GPU -------------------------------------------------------
-@pytest.mark.parametrize("name", ["flashinfer-fa2", "flashinfer-fa3", "fa4"])
+@pytest.mark.parametrize("name", ["flashinfer-fa2", "flashinfer-fa3", "fa4", "triton"])
 def test_gpu_backends_refuse_a_cpu_with_a_clear_error(name):
     with pytest.raises(AttentionBackendError, match="CUDA only"):
         make_backend(name, CPU, torch.float32, shape=SHAPE)
@@ -259,7 +259,7 @@ def on_gpu(test):
 
 
 SLOW_JIT = os.environ.get("ROSE_TEST_SLOW_JIT") == "1"
-GPU_BACKENDS = ["varlen", "flashinfer-fa2"] + (["flashinfer-fa3", "fa4"] if SLOW_JIT else [])
+GPU_BACKENDS = ["varlen", "flashinfer-fa2", "triton"] + (["flashinfer-fa3", "fa4"] if SLOW_JIT else [])
 
 
 def gpu_backend(name, shape):
@@ -292,6 +292,37 @@ def test_backend_matches_float32_reference_on_ragged_padded_batches(name, causal
         real = sum(lengths)
         err = float((out[:real].float() - reference(q, k, v, lengths, shape)[:real]).abs().max())
         assert err < 0.03 and bool(torch.isfinite(out).all()), (lengths, err)
+
+
+@on_gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_triton_graph_replays_new_batches_of_its_layout(causal):
+    """The kernel reads each sequence's bounds from cu_seqlens on the device: a graph captured on one batch
+    answers later batches of the same layout (other lengths, K/V strided views of one buffer, GQA) as the
+    float32 reference does."""
+    shape = AttentionShape(16, 8, 128, causal)
+    backend = gpu_backend("triton", shape)
+    for layout in (MetaLayout(512, 8, 8, max_seqlen=512), MetaLayout(128, 2, 2)):
+        static = torch.zeros(layout.words, dtype=torch.int64, device="cuda")
+        q = torch.randn(layout.tokens, 16, 128, device="cuda", dtype=torch.bfloat16)
+        kv = torch.randn(layout.tokens, 16, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = kv[:, :8], kv[:, 8:]
+        first = [layout.tokens // 2]
+        static.copy_(torch.from_numpy(pack_batch(Batch.from_sequences([[1] * first[0]]), layout).packed))
+        meta = ForwardMeta.from_buffer(static, layout, layout.seqlen_bound, None, graph=True)
+        backend.forward(q, k, v, meta, causal, shape.scale)  # warm-up: compiles the kernel
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = backend.forward(q, k, v, meta, causal, shape.scale)
+        news = ([10, 200, 3, 150, 40], [256, 255], [100, 100, 100, 1]) if layout.tokens == 512 else ([1], [127], [60, 60])
+        for lengths in news:
+            host = pack_batch(Batch.from_sequences([[1] * n for n in lengths]), layout)
+            static.copy_(torch.from_numpy(host.packed))
+            graph.replay()
+            real = sum(lengths)
+            err = float((out[:real].float() - reference(q, k, v, lengths, shape)[:real]).abs().max())
+            assert err < 0.03, (layout, lengths, err)
 
 
 @on_gpu

@@ -25,7 +25,7 @@ from rose.meta import ForwardMeta, pack_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-BACKENDS = ["varlen", "flashinfer-fa2", "flashinfer-fa3", "fa4"]  # varlen: the control
+BACKENDS = ["varlen", "flashinfer-fa2", "flashinfer-fa3", "fa4", "triton"]  # varlen: the control
 LENGTHS = [1, 5, 17, 40, 64, 3, 29, 300]  # ragged, one sequence over two 128-row query tiles
 BAR = 1e-3
 

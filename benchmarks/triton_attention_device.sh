@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# ROSE's Triton ragged attention (attention "triton") beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, then rose-graphs vs rose-best with them (~7 min).
+# No extra package (Triton ships with torch); carry .whl for the tests' imports:
+#     GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention
+# Output in $OUT: attention_backends_triton{,_causal}.json, rose_gpu_triton.json, and triton_attention_run.tar (the
+# logs: gpu_tests, the A/B's and rose_gpu's; profiles/). MODELS (rose_gpu's): qwen3-0.6b,minilm-l6.
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh" || exit 1
+start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - start )); }
+PROFILES=$OUT/profiles
+mkdir -p "$PROFILES"
+python3 -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())"
+
+echo "== GPU tests ($(elapsed) s)"
+timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/rose/test_rose_attention_backends.py \
+  tests/rose/test_rose_backend_parity_gpu.py -k "triton or varlen" > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?"; tail -3 "$OUT/gpu_tests.log"
+
+echo "== attention A/B ($(elapsed) s)"
+timeout 150 python3 -m benchmarks.attention_ab --causal --models qwen3-0.6b,qwen3-4b --backends varlen,triton \
+  --out "$OUT" --tag _triton_causal --profile-dir "$PROFILES" > "$OUT/attention_triton_causal.log" 2>&1
+echo "causal rc=$?"
+timeout 60 python3 -m benchmarks.attention_ab --models minilm-l6 --backends varlen,triton \
+  --out "$OUT" --tag _triton --profile-dir "$PROFILES" > "$OUT/attention_triton.log" 2>&1
+echo "bidirectional rc=$?"
+for f in "$OUT"/attention_backends_triton_causal.json "$OUT"/attention_backends_triton.json; do
+  [ -f "$f" ] && python3 -m benchmarks.attention_ab --print-table "$f" | tail -30
+done
+find "$PROFILES" -name rose_profile.json | while read -r p; do echo "$p: $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['attention'])" "$p")"; done
+
+echo "== engine: rose-graphs vs rose-best ($(elapsed) s)"
+timeout $(( ${BUDGET:-570} - $(elapsed) - 10 )) python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
+  --variants rose-graphs,rose-best --profiles "$PROFILES" --out "$OUT" --tag _triton 2>&1 | grep -v Writing > "$OUT/rose_gpu_triton.log"
+echo "rose_gpu rc=$?"
+grep -A40 "^model " "$OUT/rose_gpu_triton.log" | tail -24
+(cd "$OUT" && tar cf triton_attention_run.tar profiles *.log && rm -rf profiles *.log)
+echo "== done in $(elapsed) s: $(ls "$OUT" | tr '\n' ' ')"

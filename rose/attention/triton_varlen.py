@@ -1,0 +1,150 @@
+"""Ragged attention in Triton (attention "triton"): FlashAttention's online softmax over packed sequences.
+
+Why: torch's varlen runs FlashAttention-2, which on Hopper reaches about half of FlashInfer fa3's speed at
+4096 tokens (398 vs 204 µs a call for the 0.6B's shape, benchmarks/NOTES.md "Attention backends"), and fa3 and
+FA4 are extras with JIT builds of 5-85 s. Triton ships with torch's CUDA builds and lowers `tl.dot` to Hopper's
+warpgroup MMAs, so this kernel comes with the default install.
+
+One program per (query block, sequence, query head): it reads its sequence's bounds from cu_seqlens on the
+device, so a CUDA graph captured at a layout's shapes (grid = blocks of the layout's max-seqlen bound × Sb ×
+heads) serves every later batch of that layout; programs past their sequence's end return at once. Keys are
+streamed in blocks with the running max and sum in float32 (exp2, the scale folded into log2 units); causal
+programs stop at the diagonal and later query blocks start first. GQA reads each K/V head for its group of
+query heads; q, k and v may be strided views (the fused QKV projection's V) as long as the head dim is
+contiguous. Head dims that are powers of two from 16 to 256; no sliding window (models with windowed layers
+use varlen or fa4).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from rose.attention.base import FULL, AttentionBackend, AttentionBackendError
+from rose.attention.shape import AttentionShape
+from rose.meta import ForwardMeta
+
+try:  # Triton ships with CUDA builds of torch; CPU builds do without it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the torch build
+    triton = None
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+HEAD_DIMS = (16, 32, 64, 128, 256)
+LOG2E = 1.4426950408889634
+
+
+def block_config(head_dim: int, bound: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps, stages) for a head dim and a max-seqlen bound: small blocks for short
+    sequences (more programs on the SMs, no wasted rows), 128-row query blocks with 8 warps above 256 tokens."""
+    if bound <= 256 or head_dim > 128:
+        return 64, 64, 4, 2
+    return 128, 64, 8, 3
+
+
+if triton is not None:
+    @triton.jit
+    def _attention_kernel(Q, K, V, O, CU, scale_log2,
+                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                          M_BLOCKS, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+        mb = M_BLOCKS - 1 - tl.program_id(0)  # the longest (causal: most work) query blocks first
+        seq = tl.program_id(1)
+        head = tl.program_id(2)
+        start = tl.load(CU + seq)
+        n = tl.load(CU + seq + 1) - start
+        m0 = mb * BLOCK_M
+        if m0 < n:
+            kv_head = head // GROUP
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            offs_d = tl.arange(0, HEAD_DIM)
+            rows = offs_m[:, None] < n
+            q = tl.load(Q + (start + offs_m)[:, None].to(tl.int64) * stride_qt + head * stride_qh + offs_d[None, :],
+                        mask=rows, other=0.0)
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+            hi = n
+            if CAUSAL:
+                hi = tl.minimum(n, m0 + BLOCK_M)
+            for n0 in range(0, hi, BLOCK_N):
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                cols = offs_n[:, None] < n
+                token = (start + offs_n)[:, None].to(tl.int64)
+                k = tl.load(K + token * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=cols, other=0.0)
+                s = tl.dot(q, tl.trans(k)) * scale_log2
+                valid = offs_n[None, :] < n
+                if CAUSAL:
+                    valid = valid & (offs_m[:, None] >= offs_n[None, :])
+                s = tl.where(valid, s, float("-inf"))
+                # key 0 is in the first block and valid for every row (n > m0 >= 0): no row stays at -inf
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                v = tl.load(V + token * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=cols, other=0.0)
+                acc = acc * alpha[:, None]
+                acc = tl.dot(p.to(v.dtype), v, acc)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                m_i = m_new
+            out = acc / l_i[:, None]
+            tl.store(O + (start + offs_m)[:, None].to(tl.int64) * stride_ot + head * stride_oh + offs_d[None, :],
+                     out.to(O.dtype.element_ty), mask=rows)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                     causal: bool, scale: float) -> torch.Tensor:
+    """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
+    an upper bound on every sequence -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset."""
+    tokens, heads, head_dim = q.shape
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
+    block_m, block_n, warps, stages = block_config(head_dim, max_seqlen)
+    m_blocks = max(1, math.ceil(max_seqlen / block_m))
+    grid = (m_blocks, cu_seqlens.shape[0] - 1, heads)
+    _attention_kernel[grid](q, k, v, out, cu_seqlens, scale * LOG2E,
+                            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                            out.stride(0), out.stride(1), m_blocks,
+                            GROUP=heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+                            CAUSAL=causal, num_warps=warps, num_stages=stages)
+    return out
+
+
+def check_supported(device: torch.device, dtype: torch.dtype, shape: AttentionShape | None) -> None:
+    """Raise AttentionBackendError when this kernel cannot run the model here."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise AttentionBackendError("attention 'triton' runs on CUDA only; use 'sdpa' on a CPU")
+    if triton is None:
+        raise AttentionBackendError("attention 'triton' needs Triton (it ships with torch's CUDA builds)")
+    if dtype not in SUPPORTED_DTYPES:
+        raise AttentionBackendError(f"attention 'triton' needs float16 or bfloat16, not {dtype}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        raise AttentionBackendError(f"attention 'triton' needs sm80 or newer; this GPU is sm{major}{minor}")
+    if shape is None:
+        return
+    if shape.head_dim not in HEAD_DIMS:
+        raise AttentionBackendError(f"attention 'triton' supports head dims {HEAD_DIMS}, not {shape.head_dim}")
+    if shape.window != FULL:
+        raise AttentionBackendError("attention 'triton' runs no sliding window; use varlen or fa4")
+    if shape.num_qo_heads % shape.num_kv_heads:
+        raise AttentionBackendError(f"{shape.num_qo_heads} query heads are not a multiple of {shape.num_kv_heads} KV heads")
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+    graph_safe = True
+    bidirectional_window = False
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, shape: AttentionShape | None = None) -> None:
+        check_supported(device, dtype, shape)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMeta,
+                causal: bool, scale: float, state: Any = None, window: int = FULL) -> torch.Tensor:
+        if window != FULL:
+            raise AttentionBackendError("attention 'triton' runs no sliding window")
+        if q.shape[-1] not in HEAD_DIMS:
+            raise AttentionBackendError(f"attention 'triton' supports head dims {HEAD_DIMS}, not {q.shape[-1]}")
+        return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale)

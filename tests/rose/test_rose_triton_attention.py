@@ -1,0 +1,29 @@
+"""ROSE's Triton ragged attention (rose.attention.triton_varlen) on a CPU, under Triton's interpreter.
+
+The same kernel runs compiled on the GPU in test_rose_attention_backends.py (ragged padded batches, graph replays
+of new batches) and test_rose_backend_parity_gpu.py (the whole model against transformers). Here: the
+interpreter (numpy) in a process of its own, float32 and float16, causal and not, GQA, strided K/V views,
+max-seqlen bounds above the longest sequence. Skipped where Triton is not installed (CPU builds of torch ship
+without it; `pip install triton` to run it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (pip install triton)")
+def test_kernel_matches_float32_reference_under_the_interpreter():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("triton_interpreted.py"))], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count(" ok") == 16, run.stdout

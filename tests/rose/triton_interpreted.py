@@ -1,0 +1,69 @@
+"""rose.attention.triton_varlen under Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU) against float32 SDPA
+per sequence; run by test_rose_triton_attention.py in a process of its own (the interpreter is chosen when the
+kernel module is imported). Prints one line per case and exits 1 on a mismatch."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+
+def patch_interpreter() -> None:
+    """Triton 3.6's interpreter takes int() of a loaded scalar, a 1-element array, which numpy 2 refuses (a
+    loop bound read from memory, as cu_seqlens is here); index its one element instead."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+def reference(q, k, v, lengths, causal, scale):
+    import torch
+    import torch.nn.functional as F
+
+    out, at, group = torch.zeros(q.shape, dtype=torch.float32), 0, q.shape[1] // k.shape[1]
+    for n in lengths:
+        qs, ks, vs = (x[at:at + n].float().transpose(0, 1)[None] for x in (q, k, v))
+        ks, vs = (x.repeat_interleave(group, dim=1) for x in (ks, vs))
+        out[at:at + n] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)[0].transpose(0, 1)
+        at += n
+    return out
+
+
+def main() -> int:
+    patch_interpreter()
+    import torch
+
+    from rose.attention.triton_varlen import varlen_attention
+
+    torch.manual_seed(0)
+    failed = 0
+    # (lengths, max-seqlen bound): ragged with a 1-token sequence; one sequence on 128-row query blocks (bound
+    # above 256); a bound four times the longest (a graph layout's); query blocks ending mid-sequence
+    cases = (([37, 1, 200, 64], 256), ([300], 300), ([5, 70, 3], 280), ([65, 129], 129))
+    for dtype, bar in ((torch.float32, 1e-5), (torch.float16, 3e-3)):
+        for causal in (False, True):
+            for lengths, bound in cases:
+                tokens, hq, hk, d = sum(lengths), 4, 2, 32
+                q = torch.randn(tokens, hq, d, dtype=dtype)
+                kv = torch.randn(tokens, 2 * hk, d, dtype=dtype)
+                k, v = kv[:, :hk], kv[:, hk:]  # strided views, as the fused QKV projection's
+                cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+                out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5)
+                err = float((out.float() - reference(q, k, v, lengths, causal, d ** -0.5)).abs().max())
+                ok = err <= bar
+                failed += not ok
+                print(f"{str(dtype):14s} causal={causal!s:5s} {lengths} bound {bound}: max abs err {err:.2e} "
+                      f"{'ok' if ok else 'FAILED'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
