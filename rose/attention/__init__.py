@@ -7,7 +7,10 @@ ships with torch), and auto, the default:
 - on CUDA in half precision with a serving profile beside the model (MODEL_DIR/rose_profile.json, written by
   `python -m benchmarks.attention_ab`): the measured winner per token bucket (rose.attention.profile);
   a backend the profile names that cannot run here falls back to the default below, with a warning;
-- otherwise the documented default: varlen on CUDA in float16/bfloat16 when torch has it, else sdpa.
+- otherwise the documented default: on CUDA in float16/bfloat16, triton (ROSE's own kernel) where it runs the
+  model's attention (Triton present, sm80+, a power-of-two head dim from 16 to 256, no sliding window), else
+  varlen when torch has it; sdpa elsewhere. On the H200 triton beat torch's varlen at every token bucket of the
+  Qwen3-0.6B and MiniLM shapes (benchmarks/NOTES.md, "ROSE's own ragged attention in Triton").
 A backend asked for by name that cannot run here raises AttentionBackendError naming the reason (and the
 pip extra when its package is missing).
 """
@@ -41,8 +44,16 @@ __all__ = ["BACKENDS", "PROFILE_NAME", "AttentionBackend", "AttentionBackendErro
            "AttentionShape", "ServingProfile", "default_backend_name", "make_backend"]
 
 
-def default_backend_name(device: torch.device, dtype: torch.dtype) -> str:
-    """What auto uses without a serving profile."""
+def default_backend_name(device: torch.device, dtype: torch.dtype, shape: AttentionShape | None = None) -> str:
+    """What auto uses without a serving profile (module docstring)."""
+    if device.type == "cuda" and shape is not None:
+        from rose.attention.triton_varlen import check_supported
+
+        try:
+            check_supported(device, dtype, shape)
+            return "triton"
+        except AttentionBackendError:
+            pass
     return "varlen" if device.type == "cuda" and varlen_available() and dtype in _VARLEN_DTYPES else "sdpa"
 
 
@@ -77,7 +88,7 @@ def make_backend(name: str, device: torch.device, dtype: torch.dtype, spec=None,
 
 def _auto(device: torch.device, dtype: torch.dtype, spec, shape: AttentionShape | None,
           profile: ServingProfile | None) -> AttentionBackend:
-    fallback = default_backend_name(device, dtype)
+    fallback = default_backend_name(device, dtype, shape)
     measured_here = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)  # what profiles measure
     if profile is None and spec is not None and measured_here:
         path = profile_path(spec.model_dir)
@@ -87,7 +98,7 @@ def _auto(device: torch.device, dtype: torch.dtype, spec, shape: AttentionShape 
             except AttentionBackendError as exc:
                 log.warning("ignoring the serving profile: %s; attention %s", exc, fallback)
     if profile is None or not measured_here:
-        return make_backend(fallback, device, dtype)
+        return make_backend(fallback, device, dtype, shape=shape)
     if shape is not None and "causal" in profile.info and bool(profile.info["causal"]) != shape.causal:
         log.warning("the serving profile was measured with causal=%s attention; this model's is causal=%s",
                     profile.info["causal"], shape.causal)

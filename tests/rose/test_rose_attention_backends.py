@@ -32,6 +32,7 @@ from rose.attention.profile import (
 )
 from rose.attention.sdpa import SdpaBackend
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
+from rose.windows import FULL
 
 CPU = torch.device("cpu")
 SHAPE = AttentionShape(16, 8, 128)
@@ -219,6 +220,33 @@ def test_auto_on_a_cpu_ignores_the_profile_and_uses_sdpa(tmp_path):
     assert isinstance(make_backend("auto", CPU, torch.bfloat16, spec), SdpaBackend)
 
 
+def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch):
+    """Without a profile, CUDA in half precision: triton when its checks pass for the model's shape, varlen when
+    they refuse (a sliding window, a head dim it lacks), sdpa without torch's varlen; a CPU gets sdpa."""
+    from rose import attention
+    from rose.attention import default_backend_name, triton_varlen, varlen
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(varlen, "varlen_available", lambda: True)
+    monkeypatch.setattr(attention, "varlen_available", lambda: True)
+    refusals = []
+
+    def check(device, dtype, shape):
+        if shape.window != FULL or shape.head_dim not in triton_varlen.HEAD_DIMS:
+            refusals.append(shape)
+            raise AttentionBackendError("no")
+
+    monkeypatch.setattr(triton_varlen, "check_supported", check)
+    assert default_backend_name(cuda, torch.bfloat16, AttentionShape(16, 8, 128, True)) == "triton"
+    assert default_backend_name(cuda, torch.bfloat16, AttentionShape(16, 8, 128, True, window=4096)) == "varlen"
+    assert default_backend_name(cuda, torch.bfloat16, AttentionShape(12, 12, 80)) == "varlen"
+    assert default_backend_name(cuda, torch.bfloat16) == "varlen", "no shape: nothing to check triton against"
+    assert default_backend_name(CPU, torch.float32, AttentionShape(16, 8, 128)) == "sdpa"
+    assert len(refusals) == 2
+    monkeypatch.setattr(attention, "varlen_available", lambda: False)
+    assert default_backend_name(cuda, torch.bfloat16, AttentionShape(12, 12, 80)) == "sdpa"
+
+
 def test_auto_reads_the_profile_for_a_gpu_and_survives_a_broken_one(tmp_path, caplog):
     """The profile path of auto for a CUDA device in bf16, built (never run) on any machine."""
     from rose.attention import varlen
@@ -315,7 +343,7 @@ def test_triton_graph_replays_new_batches_of_its_layout(causal):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = backend.forward(q, k, v, meta, causal, shape.scale)
-        news = ([10, 200, 3, 150, 40], [256, 255], [100, 100, 100, 1]) if layout.tokens == 512 else ([1], [127], [60, 60])
+        news = ([10, 200, 3, 150, 40], [256, 255], [100, 100, 100, 1]) if layout.tokens == 512 else ([1], [127], [64, 64])
         for lengths in news:
             host = pack_batch(Batch.from_sequences([[1] * n for n in lengths]), layout)
             static.copy_(torch.from_numpy(host.packed))
