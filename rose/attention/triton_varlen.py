@@ -95,13 +95,14 @@ if triton is not None:
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                     causal: bool, scale: float) -> torch.Tensor:
+                     causal: bool, scale: float, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
-    an upper bound on every sequence -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset."""
+    an upper bound on every sequence -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
+    config: (BLOCK_M, BLOCK_N, warps, stages) instead of block_config's (benchmarks.triton_attention_sweep)."""
     tokens, heads, head_dim = q.shape
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
-    block_m, block_n, warps, stages = block_config(head_dim, max_seqlen)
+    block_m, block_n, warps, stages = config or block_config(head_dim, max_seqlen)
     m_blocks = max(1, math.ceil(max_seqlen / block_m))
     grid = (m_blocks, cu_seqlens.shape[0] - 1, heads)
     _attention_kernel[grid](q, k, v, out, cu_seqlens, scale * LOG2E,
