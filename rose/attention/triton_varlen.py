@@ -37,12 +37,13 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 LOG2E = 1.4426950408889634
 
 
-def block_config(head_dim: int, bound: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps, stages) for a head dim and a max-seqlen bound: small blocks for short
-    sequences (more programs on the SMs, no wasted rows), 128-row query blocks with 8 warps above 256 tokens."""
-    if bound <= 256 or head_dim > 128:
-        return 64, 64, 4, 2
-    return 128, 64, 8, 3
+def block_config(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps, stages) for a head dim. Swept on the H200
+    (`benchmarks.triton_attention_sweep`, 24 configurations at 128, 512 and 4096 tokens and 100 mixed documents,
+    causal and not, head dim 128): 64 x 64 blocks, 4 warps, 3 stages came within 11 % of the best at every shape
+    (128-row blocks were up to 46 % slower at 512 tokens and ragged batches, 2 % faster at 4096 bidirectional).
+    Head dims above 128 keep 2 stages for shared memory."""
+    return (64, 64, 4, 3) if head_dim <= 128 else (64, 64, 4, 2)
 
 
 if triton is not None:
@@ -102,7 +103,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     tokens, heads, head_dim = q.shape
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
-    block_m, block_n, warps, stages = config or block_config(head_dim, max_seqlen)
+    block_m, block_n, warps, stages = config or block_config(head_dim)
     m_blocks = max(1, math.ceil(max_seqlen / block_m))
     grid = (m_blocks, cu_seqlens.shape[0] - 1, heads)
     _attention_kernel[grid](q, k, v, out, cu_seqlens, scale * LOG2E,

@@ -24,6 +24,6 @@ REPO = Path(__file__).resolve().parents[2]
 def test_kernel_matches_float32_reference_under_the_interpreter():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, str(Path(__file__).with_name("triton_interpreted.py"))], env=env,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(" ok") == 16, run.stdout
+    assert run.stdout.count(" ok") == 24, run.stdout

@@ -45,23 +45,25 @@ def main() -> int:
 
     torch.manual_seed(0)
     failed = 0
-    # (lengths, max-seqlen bound): ragged with a 1-token sequence; one sequence on 128-row query blocks (bound
-    # above 256); a bound four times the longest (a graph layout's); query blocks ending mid-sequence
-    cases = (([37, 1, 200, 64], 256), ([300], 300), ([5, 70, 3], 280), ([65, 129], 129))
+    # (lengths, max-seqlen bound, block config): ragged with a 1-token sequence; one sequence over several
+    # query blocks; a bound four times the longest (a graph layout's); query blocks ending mid-sequence; the
+    # same on 128-row query blocks and 32-key blocks (configurations benchmarks.triton_attention_sweep tries)
+    cases = (([37, 1, 200, 64], 256, None), ([300], 300, None), ([5, 70, 3], 280, None), ([65, 129], 129, None),
+             ([300, 7], 300, (128, 64, 8, 3)), ([65, 129], 129, (64, 32, 4, 3)))
     for dtype, bar in ((torch.float32, 1e-5), (torch.float16, 3e-3)):
         for causal in (False, True):
-            for lengths, bound in cases:
+            for lengths, bound, config in cases:
                 tokens, hq, hk, d = sum(lengths), 4, 2, 32
                 q = torch.randn(tokens, hq, d, dtype=dtype)
                 kv = torch.randn(tokens, 2 * hk, d, dtype=dtype)
                 k, v = kv[:, :hk], kv[:, hk:]  # strided views, as the fused QKV projection's
                 cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-                out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5)
+                out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, config)
                 err = float((out.float() - reference(q, k, v, lengths, causal, d ** -0.5)).abs().max())
                 ok = err <= bar
                 failed += not ok
-                print(f"{str(dtype):14s} causal={causal!s:5s} {lengths} bound {bound}: max abs err {err:.2e} "
-                      f"{'ok' if ok else 'FAILED'}")
+                print(f"{dtype!s:14s} causal={causal!s:5s} {lengths} bound {bound} {config or 'default'}: "
+                      f"max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
     return 1 if failed else 0
 
 
