@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ROSE's Triton ragged attention (attention "triton") beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, then rose-graphs vs rose-best with them (~7 min).
+# ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, then rose-graphs (the default) vs rose-best with a varlen-only profile (~7 min).
 # No extra package (Triton ships with torch); carry .whl for the tests' imports:
 #     GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention
 # Output in $OUT: attention_backends_triton{,_causal}.json, rose_gpu_triton.json, and triton_attention_run.tar (the
@@ -29,10 +29,20 @@ for f in "$OUT"/attention_backends_triton_causal.json "$OUT"/attention_backends_
 done
 find "$PROFILES" -name rose_profile.json | while read -r p; do echo "$p: $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['attention'])" "$p")"; done
 
-echo "== engine: rose-graphs vs rose-best ($(elapsed) s)"
+echo "== engine: rose-graphs (auto's default) vs rose-best with varlen at every bucket ($(elapsed) s)"
+python3 - "$PROFILES" <<'PY'
+import sys
+from pathlib import Path
+from benchmarks.attention_ab import PROFILE_BUCKETS
+from rose.attention import ServingProfile
+for folder in Path(sys.argv[1]).iterdir():  # the measured profiles' folders, a varlen-only profile in each twin
+    out = Path(sys.argv[1] + "_varlen") / folder.name
+    out.mkdir(parents=True, exist_ok=True)
+    ServingProfile({b: "varlen" for b in PROFILE_BUCKETS}, {"source": "varlen at every bucket"}).save(out / "rose_profile.json")
+PY
 timeout $(( ${BUDGET:-570} - $(elapsed) - 10 )) python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
-  --variants rose-graphs,rose-best --profiles "$PROFILES" --out "$OUT" --tag _triton 2>&1 | grep -v Writing > "$OUT/rose_gpu_triton.log"
+  --variants rose-graphs,rose-best --profiles "${PROFILES}_varlen" --out "$OUT" --tag _triton 2>&1 | grep -v Writing > "$OUT/rose_gpu_triton.log"
 echo "rose_gpu rc=$?"
 grep -A40 "^model " "$OUT/rose_gpu_triton.log" | tail -24
-(cd "$OUT" && tar cf triton_attention_run.tar profiles *.log && rm -rf profiles *.log)
+(cd "$OUT" && tar cf triton_attention_run.tar profiles profiles_varlen *.log && rm -rf profiles profiles_varlen *.log)
 echo "== done in $(elapsed) s: $(ls "$OUT" | tr '\n' ' ')"

@@ -26,7 +26,7 @@ PREFIX = "ROSE"
 class EngineConfig:
     device: str | None = field(default=None, metadata={"help": "cpu, cuda or cuda:N; empty = CUDA when available"})
     dtype: str | None = field(default=None, metadata={"help": "float32, bfloat16 or float16; empty = float32 on CPU, bfloat16 on CUDA"})
-    attention: str = field(default="auto", metadata={"help": "attention backend: auto (the serving profile beside the model, else varlen on CUDA, sdpa on CPU), sdpa, varlen, flashinfer-fa2, flashinfer-fa3 or fa4"})
+    attention: str = field(default="auto", metadata={"help": "attention backend: auto (the serving profile beside the model, else triton on CUDA where it runs the model's attention, else varlen; sdpa on CPU), sdpa, varlen, triton, flashinfer-fa2, flashinfer-fa3 or fa4"})
     pinned_cap_bytes: int = field(default=256 << 20, metadata={"help": "cap on page-locked output buffers, bytes"})
     pinned_timeout_s: float = field(default=30.0, metadata={"help": "seconds a step waits at the pinned cap before failing"})
     model_id: str | None = field(default=None, metadata={"help": "model name to report; empty = the folder's"})

@@ -90,8 +90,8 @@ class Engine:
                         graph_manifest: str | Path | None = "auto", express_tokens: int = 0) -> Engine:
         """Load a Hugging Face model folder. device None = CUDA when available; dtype None = float32 on
         a CPU, bfloat16 on CUDA; attention "auto" = the winners per token bucket in the model's serving
-        profile (rose_profile.json beside it, written by benchmarks.attention_ab) when present, else torch
-        varlen on CUDA (half precision), else SDPA.
+        profile (rose_profile.json beside it, written by benchmarks.attention_ab) when present, else ROSE's
+        Triton kernel on CUDA (half precision) where it runs the model's attention, else torch varlen, else SDPA.
         cuda_graphs None = on when the device is CUDA: whole-model graphs per bucket layout, captured
         lazily (2nd occurrence); `prewarm` (tokens, sequences) keys and the manifest's hot layouts are
         captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off."""

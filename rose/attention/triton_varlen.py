@@ -98,7 +98,8 @@ if triton is not None:
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                      causal: bool, scale: float, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
-    an upper bound on every sequence -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
+    an upper bound on every sequence (rows past it are left unset: the caller's bound must hold, as rose.buckets'
+    layouts do, padding included) -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
     config: (BLOCK_M, BLOCK_N, warps, stages) instead of block_config's (benchmarks.triton_attention_sweep)."""
     tokens, heads, head_dim = q.shape
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
@@ -149,4 +150,6 @@ class TritonBackend(AttentionBackend):
             raise AttentionBackendError("attention 'triton' runs no sliding window")
         if q.shape[-1] not in HEAD_DIMS:
             raise AttentionBackendError(f"attention 'triton' supports head dims {HEAD_DIMS}, not {q.shape[-1]}")
+        if q.shape[1] % k.shape[1]:
+            raise AttentionBackendError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads")
         return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale)

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-try:  # Triton ships with CUDA builds of torch; CPU builds (and CI) use the torch fallbacks below
+try:  # Triton ships with CUDA builds of torch; on a CPU (and in CI, where dev installs Triton) the torch fallbacks run
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the torch build

@@ -221,30 +221,45 @@ def test_auto_on_a_cpu_ignores_the_profile_and_uses_sdpa(tmp_path):
 
 
 def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch):
-    """Without a profile, CUDA in half precision: triton when its checks pass for the model's shape, varlen when
-    they refuse (a sliding window, a head dim it lacks), sdpa without torch's varlen; a CPU gets sdpa."""
+    """Without a profile, CUDA in half precision: triton where its own checks pass for the model's shape (run
+    here against a pretend sm90 GPU), varlen where they refuse (a sliding window, a head dim it lacks, an old
+    GPU) or where ModernBERT's local layers want varlen's two-sided window; sdpa without torch's varlen; a CPU
+    gets sdpa."""
     from rose import attention
-    from rose.attention import default_backend_name, triton_varlen, varlen
+    from rose.attention import default_backend_name, triton_varlen
 
     cuda = torch.device("cuda")
-    monkeypatch.setattr(varlen, "varlen_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(attention, "varlen_available", lambda: True)
-    refusals = []
-
-    def check(device, dtype, shape):
-        if shape.window != FULL or shape.head_dim not in triton_varlen.HEAD_DIMS:
-            refusals.append(shape)
-            raise AttentionBackendError("no")
-
-    monkeypatch.setattr(triton_varlen, "check_supported", check)
-    assert default_backend_name(cuda, torch.bfloat16, AttentionShape(16, 8, 128, True)) == "triton"
-    assert default_backend_name(cuda, torch.bfloat16, AttentionShape(16, 8, 128, True, window=4096)) == "varlen"
-    assert default_backend_name(cuda, torch.bfloat16, AttentionShape(12, 12, 80)) == "varlen"
-    assert default_backend_name(cuda, torch.bfloat16) == "varlen", "no shape: nothing to check triton against"
+    if triton_varlen.triton is None:  # CPU torch without Triton: the checks below are about the shapes
+        monkeypatch.setattr(triton_varlen, "triton", SimpleNamespace())
+    bf16 = torch.bfloat16
+    assert default_backend_name(cuda, bf16, AttentionShape(16, 8, 128, True)) == "triton"
+    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 32)) == "triton"  # MiniLM
+    assert default_backend_name(cuda, bf16, AttentionShape(16, 8, 128, True, window=4096)) == "varlen"
+    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 80)) == "varlen"  # head dim 80
+    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 64, local_window=64)) == "varlen"  # ModernBERT
+    assert default_backend_name(cuda, torch.float32, AttentionShape(16, 8, 128)) == "sdpa", "neither kernel takes fp32"
+    assert default_backend_name(cuda, bf16) == "varlen", "no shape: nothing to check triton against"
     assert default_backend_name(CPU, torch.float32, AttentionShape(16, 8, 128)) == "sdpa"
-    assert len(refusals) == 2
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert default_backend_name(cuda, bf16, AttentionShape(16, 8, 128, True)) == "varlen"
     monkeypatch.setattr(attention, "varlen_available", lambda: False)
-    assert default_backend_name(cuda, torch.bfloat16, AttentionShape(12, 12, 80)) == "sdpa"
+    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 80)) == "sdpa"
+
+
+def test_modernbert_shape_records_its_local_window():
+    """ModernBERT's config puts two of every three layers on a window of local_attention // 2 on each side;
+    a folder whose layers are all global has none."""
+    cfg = {"num_attention_heads": 12, "hidden_size": 768, "num_hidden_layers": 6, "local_attention": 128,
+           "global_attn_every_n_layers": 3}
+    spec = SimpleNamespace(arch="modernbert", config=cfg, causal=False)
+    assert AttentionShape.from_spec(spec) == AttentionShape(12, 12, 64, local_window=64)
+    spec.config = {**cfg, "layer_types": ["full_attention"] * 6}
+    assert AttentionShape.from_spec(spec).local_window == FULL
+    spec.arch = "bert"
+    assert AttentionShape.from_spec(spec) == AttentionShape(12, 12, 64)
 
 
 def test_auto_reads_the_profile_for_a_gpu_and_survives_a_broken_one(tmp_path, caplog):

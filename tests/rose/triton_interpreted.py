@@ -15,7 +15,9 @@ def patch_interpreter() -> None:
     loop bound read from memory, as cu_seqlens is here); index its one element instead."""
     from triton.runtime import interpreter
 
-    original = interpreter._patch_lang_tensor
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:  # a Triton whose interpreter is laid out otherwise: run it as it is
+        return
 
     def patched(tensor, scope):
         original(tensor, scope)
