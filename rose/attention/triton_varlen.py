@@ -11,8 +11,9 @@ heads) serves every later batch of that layout; programs past their sequence's e
 streamed in blocks with the running max and sum in float32 (exp2, the scale folded into log2 units); causal
 programs stop at the diagonal and later query blocks start first. GQA reads each K/V head for its group of
 query heads; q, k and v may be strided views (the fused QKV projection's V) as long as the head dim is
-contiguous. Head dims that are powers of two from 16 to 256; no sliding window (models with windowed layers
-use varlen or fa4).
+contiguous. Head dims that are powers of two from 16 to 256. A sliding window (a query sees keys at most
+`window` positions away, on both sides unless causal) bounds each program's key loop to the blocks its rows
+can see; auto's default leaves windowed models on varlen until the windowed kernel is measured on a GPU.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ if triton is not None:
     @triton.jit
     def _attention_kernel(Q, K, V, O, CU, scale_log2,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                          M_BLOCKS, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+                          M_BLOCKS, window, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
         mb = M_BLOCKS - 1 - tl.program_id(0)  # the longest (causal: most work) query blocks first
         seq = tl.program_id(1)
         head = tl.program_id(2)
@@ -68,10 +69,14 @@ if triton is not None:
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+            lo = 0
             hi = n
             if CAUSAL:
                 hi = tl.minimum(n, m0 + BLOCK_M)
-            for n0 in range(0, hi, BLOCK_N):
+            if WINDOWED:  # keys within `window` of some row of the block: [m0 - window, m0 + BLOCK_M + window)
+                lo = tl.maximum(m0 - window, 0) // BLOCK_N * BLOCK_N
+                hi = tl.minimum(hi, m0 + BLOCK_M + window)
+            for n0 in range(lo, hi, BLOCK_N):
                 offs_n = n0 + tl.arange(0, BLOCK_N)
                 cols = offs_n[:, None] < n
                 token = (start + offs_n)[:, None].to(tl.int64)
@@ -80,11 +85,18 @@ if triton is not None:
                 valid = offs_n[None, :] < n
                 if CAUSAL:
                     valid = valid & (offs_m[:, None] >= offs_n[None, :])
+                if WINDOWED:
+                    gap = offs_m[:, None] - offs_n[None, :]
+                    valid = valid & (gap <= window) & (gap >= -window)
                 s = tl.where(valid, s, float("-inf"))
-                # key 0 is in the first block and valid for every row (n > m0 >= 0): no row stays at -inf
                 m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
+                m_use = m_new
+                if WINDOWED:  # a block may hold no key of a row's window yet: its sums stay 0, its max -inf
+                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                # without a window key 0 is in the first block and valid for every row (n > m0 >= 0): no row
+                # stays at -inf; with one, every real row meets its own key within [lo, hi)
+                alpha = tl.exp2(m_i - m_use)
+                p = tl.exp2(s - m_use[:, None])
                 v = tl.load(V + token * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=cols, other=0.0)
                 acc = acc * alpha[:, None]
                 acc = tl.dot(p.to(v.dtype), v, acc)
@@ -96,11 +108,14 @@ if triton is not None:
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                     causal: bool, scale: float, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                     causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
+                     window: int = FULL) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
     an upper bound on every sequence (rows past it are left unset: the caller's bound must hold, as rose.buckets'
     layouts do, padding included) -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
-    config: (BLOCK_M, BLOCK_N, warps, stages) instead of block_config's (benchmarks.triton_attention_sweep)."""
+    config: (BLOCK_M, BLOCK_N, warps, stages) instead of block_config's (benchmarks.triton_attention_sweep).
+    window: a query attends keys at most `window` positions away on either side (causal still hides later ones);
+    FULL: all."""
     tokens, heads, head_dim = q.shape
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
@@ -109,9 +124,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     grid = (m_blocks, cu_seqlens.shape[0] - 1, heads)
     _attention_kernel[grid](q, k, v, out, cu_seqlens, scale * LOG2E,
                             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                            out.stride(0), out.stride(1), m_blocks,
+                            out.stride(0), out.stride(1), m_blocks, max(window, 0),
                             GROUP=heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-                            CAUSAL=causal, num_warps=warps, num_stages=stages)
+                            CAUSAL=causal, WINDOWED=window != FULL, num_warps=warps, num_stages=stages)
     return out
 
 
@@ -130,8 +145,6 @@ def check_supported(device: torch.device, dtype: torch.dtype, shape: AttentionSh
         return
     if shape.head_dim not in HEAD_DIMS:
         raise AttentionBackendError(f"attention 'triton' supports head dims {HEAD_DIMS}, not {shape.head_dim}")
-    if shape.window != FULL:
-        raise AttentionBackendError("attention 'triton' runs no sliding window; use varlen or fa4")
     if shape.num_qo_heads % shape.num_kv_heads:
         raise AttentionBackendError(f"{shape.num_qo_heads} query heads are not a multiple of {shape.num_kv_heads} KV heads")
 
@@ -139,17 +152,15 @@ def check_supported(device: torch.device, dtype: torch.dtype, shape: AttentionSh
 class TritonBackend(AttentionBackend):
     name = "triton"
     graph_safe = True
-    bidirectional_window = False
+    bidirectional_window = True  # (a window on both sides: ModernBERT's local layers)
 
     def __init__(self, device: torch.device, dtype: torch.dtype, shape: AttentionShape | None = None) -> None:
         check_supported(device, dtype, shape)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMeta,
                 causal: bool, scale: float, state: Any = None, window: int = FULL) -> torch.Tensor:
-        if window != FULL:
-            raise AttentionBackendError("attention 'triton' runs no sliding window")
         if q.shape[-1] not in HEAD_DIMS:
             raise AttentionBackendError(f"attention 'triton' supports head dims {HEAD_DIMS}, not {q.shape[-1]}")
         if q.shape[1] % k.shape[1]:
             raise AttentionBackendError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads")
-        return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale)
+        return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale, window=window)

@@ -95,10 +95,11 @@ def test_prewarm_verifies_graphs(name, tiny_decoders):
 
 
 @pytest.mark.parametrize("name,attention", [(n, a) for n in ("gemma3-300m-shape", "qwen2-1.5b-shape", "mistral-7b-shape")
-                                            for a in ("sdpa", "varlen")]
+                                            for a in ("sdpa", "varlen", "triton")]
                          + [("qwen2-1.5b-shape", "fa4"), ("mistral-7b-shape", "fa4")])
 def test_real_widths_past_the_window(name, attention, real_widths):
-    """Head dims 256 / 128, GQA 3:1 / 6:1 / 4:1, and inputs longer than the local windows (256 and 255)."""
+    """Head dims 256 / 128, GQA 3:1 / 6:1 / 4:1, and inputs longer than the local windows (256 and 255); triton:
+    ROSE's kernel with its window (causal, and EmbeddingGemma-like both ways where the folder says so)."""
     from rose.attention import AttentionBackendError
     from rose.engine import Engine
 

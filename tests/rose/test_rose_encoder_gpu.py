@@ -94,19 +94,22 @@ def test_prewarm_captures_and_verifies_real_widths(name, base_shapes):
     engine.close()
 
 
+@pytest.mark.parametrize("attention", ["varlen", "triton"])
 @pytest.mark.parametrize("name", ["modernbert", "modernbert-base-shape"])
-def test_modernbert_local_layers_take_the_varlen_window(name, encoder_models, base_shapes, local_attention_paths,
-                                                        tmp_path):
-    """bf16 on varlen: the local layers run FlashAttention's window (w, w), never the banded path; one layout
-    eager, captured, replayed, each within the bar of HF fp32 (sequences past the window: 8 / 64 each way)."""
+def test_modernbert_local_layers_take_the_varlen_window(name, attention, encoder_models, base_shapes,
+                                                        local_attention_paths, tmp_path):
+    """bf16 on varlen (FlashAttention's window (w, w)) or triton (ROSE's kernel, its window both ways): the local
+    layers run the backend's window, never the banded path; one layout eager, captured, replayed, each within
+    the bar of HF fp32 (sequences past the window: 8 / 64 each way)."""
     from rose import Batch
     from rose.attention.varlen import VarlenBackend
     from rose.engine import Engine
     from rose_parity import cosine, random_seqs, reference_rows
 
-    assert VarlenBackend.bidirectional_window, "this torch's varlen_attn has no window_size"
+    if attention == "varlen":
+        assert VarlenBackend.bidirectional_window, "this torch's varlen_attn has no window_size"
     tiny = {**encoder_models, **base_shapes}[name]
-    engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", attention="varlen", prewarm=(),
+    engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", attention=attention, prewarm=(),
                                     graph_manifest=tmp_path / "m.json")
     paths = local_attention_paths(engine.runner.backend)
     local = sum(layer.local for layer in engine.runner.model.layers)

@@ -26,7 +26,8 @@ def patch_interpreter() -> None:
     interpreter._patch_lang_tensor = patched
 
 
-def reference(q, k, v, lengths, causal, scale):
+def reference(q, k, v, lengths, causal, scale, window=-1):
+    """float32 SDPA per sequence; a window keeps keys at most `window` positions from the query (-1: all)."""
     import torch
     import torch.nn.functional as F
 
@@ -34,7 +35,11 @@ def reference(q, k, v, lengths, causal, scale):
     for n in lengths:
         qs, ks, vs = (x[at:at + n].float().transpose(0, 1)[None] for x in (q, k, v))
         ks, vs = (x.repeat_interleave(group, dim=1) for x in (ks, vs))
-        out[at:at + n] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)[0].transpose(0, 1)
+        gap = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+        allowed = torch.ones(n, n, dtype=torch.bool) if window < 0 else gap.abs() <= window
+        if causal:
+            allowed &= gap >= 0
+        out[at:at + n] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed, scale=scale)[0].transpose(0, 1)
         at += n
     return out
 
@@ -52,6 +57,9 @@ def main() -> int:
     # same on 128-row query blocks and 32-key blocks (configurations benchmarks.triton_attention_sweep tries)
     cases = (([37, 1, 200, 64], 256, None), ([300], 300, None), ([5, 70, 3], 280, None), ([65, 129], 129, None),
              ([300, 7], 300, (128, 64, 8, 3)), ([65, 129], 129, (64, 32, 4, 3)))
+    # sliding windows (lengths, bound, window): narrower than a key block (whole blocks outside some rows'
+    # windows), wider than one, zero (each query its own key), wider than every sequence
+    windows = (([37, 1, 200, 64], 256, 5), ([300], 300, 70), ([65, 129], 129, 0), ([5, 70, 3], 280, 500))
     for dtype, bar in ((torch.float32, 1e-5), (torch.float16, 3e-3)):
         for causal in (False, True):
             for lengths, bound, config in cases:
@@ -65,6 +73,19 @@ def main() -> int:
                 ok = err <= bar
                 failed += not ok
                 print(f"{dtype!s:14s} causal={causal!s:5s} {lengths} bound {bound} {config or 'default'}: "
+                      f"max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
+            for lengths, bound, window in windows:
+                tokens, hq, hk, d = sum(lengths), 4, 2, 32
+                q = torch.randn(tokens, hq, d, dtype=dtype)
+                kv = torch.randn(tokens, 2 * hk, d, dtype=dtype)
+                k, v = kv[:, :hk], kv[:, hk:]
+                cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+                out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, window=window)
+                ref = reference(q, k, v, lengths, causal, d ** -0.5, window)
+                err = float((out.float() - ref).abs().max())
+                ok = err <= bar and bool(torch.isfinite(out).all())
+                failed += not ok
+                print(f"{dtype!s:14s} causal={causal!s:5s} {lengths} bound {bound} window {window}: "
                       f"max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
     return 1 if failed else 0
 
