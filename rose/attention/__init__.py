@@ -9,8 +9,9 @@ ships with torch), and auto, the default:
   a backend the profile names that cannot run here falls back to the default below, with a warning;
 - otherwise the documented default: on CUDA in float16/bfloat16, triton (ROSE's own kernel) where it runs the
   model's attention (Triton present, sm80+, a power-of-two head dim from 16 to 256) and the model has no
-  sliding-window layers (its windowed path is not measured on a GPU yet; those models, ModernBERT's local
-  layers included, keep varlen's window), else varlen when torch has it; sdpa elsewhere. On the H200 triton beat torch's varlen at every token bucket of the
+  sliding-window layers and no position bias (the kernel's windowed and biased paths are not measured on a GPU
+  yet; those models keep varlen's window, ModernBERT's local layers included, and MPNet its banded path), else
+  varlen when torch has it; sdpa elsewhere. On the H200 triton beat torch's varlen at every token bucket of the
   Qwen3-0.6B and MiniLM shapes (benchmarks/NOTES.md, "ROSE's own ragged attention in Triton").
 A backend asked for by name that cannot run here raises AttentionBackendError naming the reason (and the
 pip extra when its package is missing).
@@ -48,7 +49,8 @@ __all__ = ["BACKENDS", "PROFILE_NAME", "AttentionBackend", "AttentionBackendErro
 
 def default_backend_name(device: torch.device, dtype: torch.dtype, shape: AttentionShape | None = None) -> str:
     """What auto uses without a serving profile (module docstring)."""
-    if device.type == "cuda" and shape is not None and shape.window == FULL and shape.local_window == FULL:
+    plain = shape is not None and shape.window == FULL and shape.local_window == FULL and not shape.position_bias
+    if device.type == "cuda" and plain:  # no window, no bias: the paths measured on the H200
         from rose.attention.triton_varlen import check_supported
 
         try:

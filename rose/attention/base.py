@@ -33,6 +33,7 @@ class AttentionBackend:
     name = "base"
     graph_safe = True  # whether forward() may be captured in a CUDA graph
     bidirectional_window = False  # whether forward() runs a window with causal=False (keys on both sides)
+    position_bias = False  # whether it has forward_biased (an additive bias by relative position: MPNet)
 
     def plan(self, meta: ForwardMeta) -> None:
         """Host-side per-batch work, outside the graph. Default: nothing."""

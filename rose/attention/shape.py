@@ -19,6 +19,7 @@ class AttentionShape:
     # ModernBERT's local layers: a two-sided window they attend through, where a backend has one
     # (`bidirectional_window`), else on the banded path (rose.attention.banded); FULL: no such layers
     local_window: int = FULL
+    position_bias: bool = False  # an additive bias by relative position on every score (MPNet)
 
     @property
     def scale(self) -> float:
@@ -47,7 +48,8 @@ class AttentionShape:
 
             if "sliding_attention" in layer_kinds(cfg):
                 local = int(cfg.get("local_attention", 128)) // 2
-        return cls(heads, heads, int(cfg["hidden_size"]) // heads, False, local_window=local)  # BERT family
+        return cls(heads, heads, int(cfg["hidden_size"]) // heads, False, local_window=local,  # BERT family
+                   position_bias=spec.arch == "mpnet")
 
 
 # The attention shapes of the benchmark models (rose.benchmarks.model_zoo names), bidirectional as served

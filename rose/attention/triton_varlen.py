@@ -49,10 +49,11 @@ def block_config(head_dim: int) -> tuple[int, int, int, int]:
 
 if triton is not None:
     @triton.jit
-    def _attention_kernel(Q, K, V, O, CU, scale_log2,
+    def _attention_kernel(Q, K, V, O, CU, BIAS, scale_log2,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                           M_BLOCKS, window, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
+                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+                          BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr):
         mb = M_BLOCKS - 1 - tl.program_id(0)  # the longest (causal: most work) query blocks first
         seq = tl.program_id(1)
         head = tl.program_id(2)
@@ -82,6 +83,9 @@ if triton is not None:
                 token = (start + offs_n)[:, None].to(tl.int64)
                 k = tl.load(K + token * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=cols, other=0.0)
                 s = tl.dot(q, tl.trans(k)) * scale_log2
+                if BIASED:  # BIAS[head, d + MAX_DISTANCE]: the head's bias for key - query = d, clamped (float32)
+                    d = tl.minimum(tl.maximum(offs_n[None, :] - offs_m[:, None], -MAX_DISTANCE), MAX_DISTANCE)
+                    s += tl.load(BIAS + head * (2 * MAX_DISTANCE + 1) + d + MAX_DISTANCE) * 1.4426950408889634
                 valid = offs_n[None, :] < n
                 if CAUSAL:
                     valid = valid & (offs_m[:, None] >= offs_n[None, :])
@@ -109,24 +113,34 @@ if triton is not None:
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                      causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
-                     window: int = FULL) -> torch.Tensor:
+                     window: int = FULL, position_bias: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
     an upper bound on every sequence (rows past it are left unset: the caller's bound must hold, as rose.buckets'
     layouts do, padding included) -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
     config: (BLOCK_M, BLOCK_N, warps, stages) instead of block_config's (benchmarks.triton_attention_sweep).
     window: a query attends keys at most `window` positions away on either side (causal still hides later ones);
-    FULL: all."""
+    FULL: all. position_bias: float32 [Hq, 2 * D + 1], added to each score (after the scale) by key - query
+    position d, clamped to [-D, D] (MPNet's relative position buckets are constant past D = 128)."""
     tokens, heads, head_dim = q.shape
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
     block_m, block_n, warps, stages = config or block_config(head_dim)
     m_blocks = max(1, math.ceil(max_seqlen / block_m))
     grid = (m_blocks, cu_seqlens.shape[0] - 1, heads)
-    _attention_kernel[grid](q, k, v, out, cu_seqlens, scale * LOG2E,
+    max_distance = 0
+    if position_bias is not None:
+        if position_bias.dtype != torch.float32 or position_bias.shape[0] != heads or position_bias.shape[1] % 2 == 0:
+            raise ValueError(f"position_bias must be float32 [{heads}, 2 * D + 1], not {tuple(position_bias.shape)} "
+                             f"{position_bias.dtype}")
+        position_bias = position_bias.contiguous()
+        max_distance = position_bias.shape[1] // 2
+    _attention_kernel[grid](q, k, v, out, cu_seqlens, position_bias if position_bias is not None else cu_seqlens,
+                            scale * LOG2E,
                             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                             out.stride(0), out.stride(1), m_blocks, max(window, 0),
                             GROUP=heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-                            CAUSAL=causal, WINDOWED=window != FULL, num_warps=warps, num_stages=stages)
+                            CAUSAL=causal, WINDOWED=window != FULL, BIASED=position_bias is not None,
+                            MAX_DISTANCE=max_distance, num_warps=warps, num_stages=stages)
     return out
 
 
@@ -153,6 +167,7 @@ class TritonBackend(AttentionBackend):
     name = "triton"
     graph_safe = True
     bidirectional_window = True  # (a window on both sides: ModernBERT's local layers)
+    position_bias = True  # forward_biased: an additive bias per head and relative position (MPNet)
 
     def __init__(self, device: torch.device, dtype: torch.dtype, shape: AttentionShape | None = None) -> None:
         check_supported(device, dtype, shape)
@@ -164,3 +179,9 @@ class TritonBackend(AttentionBackend):
         if q.shape[1] % k.shape[1]:
             raise AttentionBackendError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads")
         return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale, window=window)
+
+    def forward_biased(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMeta, scale: float,
+                       position_bias: torch.Tensor) -> torch.Tensor:
+        """Bidirectional attention with `position_bias` [Hq, 2 * D + 1] (varlen_attention) on every score."""
+        return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, False, scale,
+                                position_bias=position_bias)

@@ -1,9 +1,11 @@
 """MPNet (all-mpnet-base-v2): BERT's post-LN layers plus a relative position bias on every attention score.
 
 The bias is one learned scalar per head and relative-position bucket (T5-style: 32 buckets, exact up to 8
-positions each way, log-spaced up to 128), shared by all layers, added to q.k / sqrt(d). No backend kernel
-takes an additive bias, so attention is the banded path (rose.attention.banded): ragged, fixed shapes, one
-bias mask per forward. Absolute positions start after the padding index (fairseq, as RoBERTa): token i
+positions each way, log-spaced up to 128), shared by all layers, added to q.k / sqrt(d). A backend whose kernel
+adds such a bias (`position_bias`: ROSE's Triton kernel, given the bias per head and distance -128..128, past
+which the buckets are constant) runs it ragged; with any other backend attention is the banded path
+(rose.attention.banded): ragged, fixed shapes, one bias mask per forward. auto keeps MPNet on the banded path
+until the Triton path is measured on a GPU (AttentionShape.position_bias). Absolute positions start after the padding index (fairseq, as RoBERTa): token i
 of a sequence uses row i + 2. Module paths mirror Hugging Face's MPNetModel; `attention.attn.qkv_proj` is
 q, k and v concatenated at load.
 """
@@ -93,7 +95,8 @@ class MPNetEncoder(nn.Module):
 
 
 class MPNetModel(nn.Module):
-    """forward(meta, backend) -> last hidden states [Tb, hidden]; the backend is not used (see above)."""
+    """forward(meta, backend) -> last hidden states [Tb, hidden]; the backend serves attention only when it adds
+    the position bias itself (see above)."""
 
     FUSED = {"attention.attn.qkv_proj": ("attention.attn.q", "attention.attn.k", "attention.attn.v")}
 
@@ -111,6 +114,12 @@ class MPNetModel(nn.Module):
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         x = self.embeddings(meta.input_ids, meta.positions)
         table = self.encoder.relative_attention_bias
+        if getattr(backend, "position_bias", False):  # a ragged kernel that adds the bias itself (triton)
+            dist = torch.arange(-MAX_DISTANCE, MAX_DISTANCE + 1, device=x.device)  # buckets are constant past it
+            bias = table(relative_position_bucket(dist)).float().t().contiguous()  # [heads, 2 * 128 + 1]
+            for layer in self.encoder.layer:
+                x = layer(x, lambda q, k, v: backend.forward_biased(q, k, v, meta, self.scale, bias))
+            return x
         reach = max(0, min(meta.max_seqlen, self.max_length) - 1)  # real sequences are at most max_length long
         band = biased_band(meta, reach, lambda dist: table(relative_position_bucket(dist)), x.dtype)
         for layer in self.encoder.layer:

@@ -240,6 +240,7 @@ def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch)
     assert default_backend_name(cuda, bf16, AttentionShape(16, 8, 128, True, window=4096)) == "varlen"
     assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 80)) == "varlen"  # head dim 80
     assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 64, local_window=64)) == "varlen"  # ModernBERT
+    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 64, position_bias=True)) == "varlen"  # MPNet
     assert default_backend_name(cuda, torch.float32, AttentionShape(16, 8, 128)) == "sdpa", "neither kernel takes fp32"
     assert default_backend_name(cuda, bf16) == "varlen", "no shape: nothing to check triton against"
     assert default_backend_name(CPU, torch.float32, AttentionShape(16, 8, 128)) == "sdpa"
@@ -251,7 +252,7 @@ def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch)
 
 def test_modernbert_shape_records_its_local_window():
     """ModernBERT's config puts two of every three layers on a window of local_attention // 2 on each side;
-    a folder whose layers are all global has none."""
+    a folder whose layers are all global has none; MPNet's shape records its position bias."""
     cfg = {"num_attention_heads": 12, "hidden_size": 768, "num_hidden_layers": 6, "local_attention": 128,
            "global_attn_every_n_layers": 3}
     spec = SimpleNamespace(arch="modernbert", config=cfg, causal=False)
@@ -260,6 +261,8 @@ def test_modernbert_shape_records_its_local_window():
     assert AttentionShape.from_spec(spec).local_window == FULL
     spec.arch = "bert"
     assert AttentionShape.from_spec(spec) == AttentionShape(12, 12, 64)
+    spec.arch = "mpnet"  # its relative position bias on every score
+    assert AttentionShape.from_spec(spec) == AttentionShape(12, 12, 64, position_bias=True)
 
 
 def test_auto_reads_the_profile_for_a_gpu_and_survives_a_broken_one(tmp_path, caplog):

@@ -81,6 +81,38 @@ def test_lazy_capture_then_replay_matches_transformers(name, encoder_models, tmp
     engine.close()
 
 
+@pytest.mark.parametrize("name", ["mpnet", "mpnet-base-shape"])
+def test_mpnet_on_triton_adds_its_bias_in_the_kernel(name, encoder_models, base_shapes, tmp_path):
+    """attention "triton": MPNet's relative position bias added inside ROSE's ragged kernel (forward_biased, one
+    call per layer), never the banded path; one layout eager, captured, replayed, each within the bar of HF fp32."""
+    from rose.models import mpnet
+    from rose import Batch
+    from rose.engine import Engine
+    from rose_parity import cosine, random_seqs, reference_rows
+
+    tiny = {**encoder_models, **base_shapes}[name]
+    engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", attention="triton", prewarm=(),
+                                    graph_manifest=tmp_path / "m.json")
+    backend, calls, layers = engine.runner.backend, [], len(engine.runner.model.encoder.layer)
+    forward_biased = backend.forward_biased
+    backend.forward_biased = lambda *a, **k: calls.append(1) or forward_biased(*a, **k)
+    banded = mpnet.banded_attention
+    mpnet.banded_attention = lambda *a, **k: pytest.fail("MPNet took the banded path on triton")
+    hows = []
+    try:
+        for i in range(3):
+            seqs = random_seqs(tiny, [100, 70, 33, 1], seed=i)
+            before = dict(engine.runner.runs)
+            rows = engine.step(Batch.from_sequences(seqs, engine.spec.pooling)).result()
+            assert 1.0 - cosine(rows, reference_rows(tiny, seqs, device="cuda")).min() <= BAR, i
+            hows += [k[1] for k, v in engine.runner.runs.items() if v > before.get(k, 0)]
+    finally:
+        mpnet.banded_attention = banded
+        engine.close()
+    assert hows == ["eager", "capture", "replay"]
+    assert calls and len(calls) % layers == 0
+
+
 @pytest.mark.parametrize("name", ["modernbert-base-shape", "mpnet-base-shape"])
 def test_prewarm_captures_and_verifies_real_widths(name, base_shapes):
     from rose.engine import Engine

@@ -94,6 +94,43 @@ def test_modernbert_local_layers_attend_within_the_window(encoder_models, engine
     assert cosine(ours, reference_rows(tiny, seqs)).min() >= 0.9999
 
 
+def test_mpnet_through_a_backend_that_adds_the_position_bias(encoder_models):
+    """The path MPNet takes with attention "triton" (its kernel adds the bias per head and key - query distance,
+    rose.attention.triton_varlen): the model's bias table [heads, 257], its orientation and sign, the scale,
+    checked on a CPU through a torch backend that meets the same forward_biased contract (the kernel itself
+    meets it under Triton's interpreter, test_rose_triton_attention.py), against transformers."""
+    import torch.nn.functional as F
+
+    from rose.attention.sdpa import SdpaBackend
+    from rose.engine import Engine
+
+    class BiasedSdpa(SdpaBackend):
+        position_bias = True
+        calls = 0
+
+        def forward_biased(self, q, k, v, meta, scale, bias):
+            BiasedSdpa.calls += 1
+            reach, out, cu = bias.shape[1] // 2, torch.zeros_like(q), meta.cu_seqlens.tolist()
+            for start, end in zip(cu[:-1], cu[1:]):
+                n = torch.arange(end - start)
+                mask = bias[:, (n[None, :] - n[:, None]).clamp(-reach, reach) + reach]  # key - query
+                seq = (x[start:end].transpose(0, 1)[None] for x in (q, k, v))
+                out[start:end] = F.scaled_dot_product_attention(*seq, attn_mask=mask[None].to(q.dtype),
+                                                                scale=scale)[0].transpose(0, 1)
+            return out
+
+    tiny = encoder_models["mpnet"]
+    seqs = random_seqs(tiny, [60, 1, 25, 128], seed=8)  # 128: the tiny folder's longest
+    engine = Engine.from_pretrained(tiny.path, device="cpu")
+    engine.runner.backend = BiasedSdpa(torch.device("cpu"))
+    try:
+        ours = engine.embed(seqs)
+    finally:
+        engine.close()
+    assert BiasedSdpa.calls == len(tiny.hf.encoder.layer)
+    assert cosine(ours, reference_rows(tiny, seqs)).min() >= 0.9999
+
+
 def test_mpnet_relative_bias_is_applied(encoder_models, engine_of):
     tiny = encoder_models["mpnet"]
     seqs = random_seqs(tiny, [60, 25], seed=8)

@@ -26,8 +26,9 @@ def patch_interpreter() -> None:
     interpreter._patch_lang_tensor = patched
 
 
-def reference(q, k, v, lengths, causal, scale, window=-1):
-    """float32 SDPA per sequence; a window keeps keys at most `window` positions from the query (-1: all)."""
+def reference(q, k, v, lengths, causal, scale, window=-1, bias=None):
+    """float32 SDPA per sequence; a window keeps keys at most `window` positions from the query (-1: all); bias
+    [heads, 2D + 1] is added by key - query position, clamped to [-D, D]."""
     import torch
     import torch.nn.functional as F
 
@@ -39,7 +40,11 @@ def reference(q, k, v, lengths, causal, scale, window=-1):
         allowed = torch.ones(n, n, dtype=torch.bool) if window < 0 else gap.abs() <= window
         if causal:
             allowed &= gap >= 0
-        out[at:at + n] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed, scale=scale)[0].transpose(0, 1)
+        mask = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None]
+        if bias is not None:
+            reach = bias.shape[1] // 2
+            mask = mask + bias[:, (-gap).clamp(-reach, reach) + reach]  # [heads, n, n]: key - query = -gap
+        out[at:at + n] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask[None], scale=scale)[0].transpose(0, 1)
         at += n
     return out
 
@@ -60,6 +65,9 @@ def main() -> int:
     # sliding windows (lengths, bound, window): narrower than a key block (whole blocks outside some rows'
     # windows), wider than one, zero (each query its own key), wider than every sequence
     windows = (([37, 1, 200, 64], 256, 5), ([300], 300, 70), ([65, 129], 129, 0), ([5, 70, 3], 280, 500))
+    # a position bias (MPNet's, by key - query position, past +-reach the edge value): reach under and over a
+    # sequence's length, an asymmetric table
+    biased = (([37, 1, 200, 64], 256, 16), ([300], 300, 128))
     for dtype, bar in ((torch.float32, 1e-5), (torch.float16, 3e-3)):
         for causal in (False, True):
             for lengths, bound, config in cases:
@@ -86,6 +94,20 @@ def main() -> int:
                 ok = err <= bar and bool(torch.isfinite(out).all())
                 failed += not ok
                 print(f"{dtype!s:14s} causal={causal!s:5s} {lengths} bound {bound} window {window}: "
+                      f"max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
+            for lengths, bound, reach in biased if not causal else ():
+                tokens, hq, hk, d = sum(lengths), 4, 2, 32
+                q = torch.randn(tokens, hq, d, dtype=dtype)
+                kv = torch.randn(tokens, 2 * hk, d, dtype=dtype)
+                k, v = kv[:, :hk], kv[:, hk:]
+                bias = torch.randn(hq, 2 * reach + 1) * 2  # float32, as the kernel takes it
+                cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+                out = varlen_attention(q, k, v, cu, bound, False, d ** -0.5, position_bias=bias)
+                ref = reference(q, k, v, lengths, False, d ** -0.5, bias=bias)
+                err = float((out.float() - ref).abs().max())
+                ok = err <= bar and bool(torch.isfinite(out).all())
+                failed += not ok
+                print(f"{dtype!s:14s} biased reach {reach} {lengths} bound {bound}: "
                       f"max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
     return 1 if failed else 0
 
