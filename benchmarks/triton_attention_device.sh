@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, then rose-graphs (the default) vs rose-best with a varlen-only profile (~7 min).
+# ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, rose-graphs (the default) vs rose-best with a varlen-only profile, then MPNet-base banded vs its bias in the kernel (~8 min).
 # No extra package (Triton ships with torch); carry .whl for the tests' imports:
 #     GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention
 # Output in $OUT: attention_backends_triton{,_causal}.json, rose_gpu_triton.json, and triton_attention_run.tar (the
@@ -14,7 +14,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, '| triton', 
 
 echo "== GPU tests ($(elapsed) s)"
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/rose/test_rose_attention_backends.py \
-  tests/rose/test_rose_backend_parity_gpu.py -k "triton or varlen" > "$OUT/gpu_tests.log" 2>&1
+  tests/rose/test_rose_backend_parity_gpu.py tests/rose/test_rose_encoder_gpu.py tests/rose/test_rose_decoders_gpu.py \
+  -k "triton or varlen" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; tail -3 "$OUT/gpu_tests.log"
 
 echo "== attention A/B ($(elapsed) s)"
@@ -44,5 +45,15 @@ timeout $(( ${BUDGET:-570} - $(elapsed) - 10 )) python3 -m benchmarks.rose_gpu -
   --variants rose-graphs,rose-best --profiles "${PROFILES}_varlen" --out "$OUT" --tag _triton 2>&1 | grep -v Writing > "$OUT/rose_gpu_triton.log"
 echo "rose_gpu rc=$?"
 grep -A40 "^model " "$OUT/rose_gpu_triton.log" | tail -24
-(cd "$OUT" && tar cf triton_attention_run.tar profiles profiles_varlen *.log && rm -rf profiles profiles_varlen *.log)
+
+echo "== MPNet-base: the banded path (default) vs its bias in the Triton kernel ($(elapsed) s)"
+mkdir -p "$OUT/profiles_triton/mpnet-base"
+python3 -c "from benchmarks.attention_ab import PROFILE_BUCKETS; from rose.attention import ServingProfile; \
+ServingProfile({b: 'triton' for b in PROFILE_BUCKETS}).save('$OUT/profiles_triton/mpnet-base/rose_profile.json')"
+timeout $(( ${BUDGET:-570} - $(elapsed) - 5 )) python3 -m benchmarks.rose_gpu --models mpnet-base \
+  --variants rose-graphs,rose-best --profiles "$OUT/profiles_triton" --out "$OUT" --tag _triton_mpnet 2>&1 \
+  | grep -v Writing > "$OUT/rose_gpu_triton_mpnet.log"
+echo "rose_gpu mpnet rc=$?"
+grep -A10 "^model " "$OUT/rose_gpu_triton_mpnet.log" | tail -6
+(cd "$OUT" && tar cf triton_attention_run.tar profiles profiles_varlen profiles_triton *.log && rm -rf profiles profiles_varlen profiles_triton *.log)
 echo "== done in $(elapsed) s: $(ls "$OUT" | tr '\n' ' ')"
