@@ -13,7 +13,7 @@ mkdir -p "$PROFILES"
 python3 -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())"
 
 echo "== GPU tests ($(elapsed) s)"
-timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/rose/test_rose_attention_backends.py \
+timeout 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/rose/test_rose_attention_backends.py \
   tests/rose/test_rose_backend_parity_gpu.py tests/rose/test_rose_encoder_gpu.py tests/rose/test_rose_decoders_gpu.py \
   -k "triton or varlen" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; tail -3 "$OUT/gpu_tests.log"
@@ -41,7 +41,7 @@ for folder in Path(sys.argv[1]).iterdir():  # the measured profiles' folders, a 
     out.mkdir(parents=True, exist_ok=True)
     ServingProfile({b: "varlen" for b in PROFILE_BUCKETS}, {"source": "varlen at every bucket"}).save(out / "rose_profile.json")
 PY
-timeout $(( ${BUDGET:-570} - $(elapsed) - 10 )) python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
+timeout $(( ${BUDGET:-570} - $(elapsed) - 120 )) python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
   --variants rose-graphs,rose-best --profiles "${PROFILES}_varlen" --out "$OUT" --tag _triton 2>&1 | grep -v Writing > "$OUT/rose_gpu_triton.log"
 echo "rose_gpu rc=$?"
 grep -A40 "^model " "$OUT/rose_gpu_triton.log" | tail -24
@@ -50,7 +50,8 @@ echo "== MPNet-base: the banded path (default) vs its bias in the Triton kernel 
 mkdir -p "$OUT/profiles_triton/mpnet-base"
 python3 -c "from benchmarks.attention_ab import PROFILE_BUCKETS; from rose.attention import ServingProfile; \
 ServingProfile({b: 'triton' for b in PROFILE_BUCKETS}).save('$OUT/profiles_triton/mpnet-base/rose_profile.json')"
-timeout $(( ${BUDGET:-570} - $(elapsed) - 5 )) python3 -m benchmarks.rose_gpu --models mpnet-base \
+left=$(( ${BUDGET:-570} - $(elapsed) - 5 )); [ $left -gt 30 ] || left=30  # MPNet's step keeps its ~2 minutes
+timeout $left python3 -m benchmarks.rose_gpu --models mpnet-base \
   --variants rose-graphs,rose-best --profiles "$OUT/profiles_triton" --out "$OUT" --tag _triton_mpnet 2>&1 \
   | grep -v Writing > "$OUT/rose_gpu_triton_mpnet.log"
 echo "rose_gpu mpnet rc=$?"

@@ -10,8 +10,8 @@ ships with torch), and auto, the default:
 - otherwise the documented default: on CUDA in float16/bfloat16, triton (ROSE's own kernel) where it runs the
   model's attention (Triton present, sm80+, a power-of-two head dim from 16 to 256) and the model has no
   sliding-window layers and no position bias (the kernel's windowed and biased paths are not measured on a GPU
-  yet; those models keep varlen's window, ModernBERT's local layers included, and MPNet its banded path), else
-  varlen when torch has it; sdpa elsewhere. On the H200 triton beat torch's varlen at every token bucket of the
+  yet; those models keep varlen's window, ModernBERT's local layers included, and MPNet its banded path, also
+  where a serving profile names triton), else varlen when torch has it; sdpa elsewhere. On the H200 triton beat torch's varlen at every token bucket of the
   Qwen3-0.6B and MiniLM shapes (benchmarks/NOTES.md, "ROSE's own ragged attention in Triton").
 A backend asked for by name that cannot run here raises AttentionBackendError naming the reason (and the
 pip extra when its package is missing).
@@ -49,8 +49,7 @@ __all__ = ["BACKENDS", "PROFILE_NAME", "AttentionBackend", "AttentionBackendErro
 
 def default_backend_name(device: torch.device, dtype: torch.dtype, shape: AttentionShape | None = None) -> str:
     """What auto uses without a serving profile (module docstring)."""
-    plain = shape is not None and shape.window == FULL and shape.local_window == FULL and not shape.position_bias
-    if device.type == "cuda" and plain:  # no window, no bias: the paths measured on the H200
+    if device.type == "cuda" and shape is not None and _plain(shape):
         from rose.attention.triton_varlen import check_supported
 
         try:
@@ -106,5 +105,19 @@ def _auto(device: torch.device, dtype: torch.dtype, spec, shape: AttentionShape 
     if shape is not None and "causal" in profile.info and bool(profile.info["causal"]) != shape.causal:
         log.warning("the serving profile was measured with causal=%s attention; this model's is causal=%s",
                     profile.info["causal"], shape.causal)
-    return backend_from_profile(profile, lambda n: make_backend(n, device, dtype, shape=shape), fallback,
-                                log.warning)
+    return backend_from_profile(profile, lambda n: _profiled(n, device, dtype, shape), fallback, log.warning)
+
+
+def _profiled(name: str, device: torch.device, dtype: torch.dtype, shape: AttentionShape | None) -> AttentionBackend:
+    """A backend a profile names. Profiles time plain attention only (benchmarks.attention_ab), so triton is
+    refused for a model with windows or a position bias (its paths for those are not measured yet): the
+    profile's fallback serves those buckets."""
+    if name == "triton" and shape is not None and not _plain(shape):
+        raise AttentionBackendError("the profile's triton is not used for a model with sliding windows or a "
+                                    "position bias (not measured on a GPU yet)")
+    return make_backend(name, device, dtype, shape=shape)
+
+
+def _plain(shape: AttentionShape) -> bool:
+    """No sliding window, no ModernBERT local layers, no position bias: the attention the H200 runs measured."""
+    return shape.window == FULL and shape.local_window == FULL and not shape.position_bias

@@ -13,7 +13,8 @@ programs stop at the diagonal and later query blocks start first. GQA reads each
 query heads; q, k and v may be strided views (the fused QKV projection's V) as long as the head dim is
 contiguous. Head dims that are powers of two from 16 to 256. A sliding window (a query sees keys at most
 `window` positions away, on both sides unless causal) bounds each program's key loop to the blocks its rows
-can see; auto's default leaves windowed models on varlen until the windowed kernel is measured on a GPU.
+can see. auto leaves windowed models on varlen, and MPNet's bias on its banded path, until those paths are
+measured on a GPU (with or without a serving profile: rose.attention).
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     FULL: all. position_bias: float32 [Hq, 2 * D + 1], added to each score (after the scale) by key - query
     position d, clamped to [-D, D] (MPNet's relative position buckets are constant past D = 128)."""
     tokens, heads, head_dim = q.shape
+    if window < FULL or window >= 1 << 30:
+        raise ValueError(f"window must be FULL ({FULL}) or 0 .. 2**30 - 1, not {window}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
     block_m, block_n, warps, stages = config or block_config(head_dim)

@@ -5,7 +5,8 @@ positions each way, log-spaced up to 128), shared by all layers, added to q.k / 
 adds such a bias (`position_bias`: ROSE's Triton kernel, given the bias per head and distance -128..128, past
 which the buckets are constant) runs it ragged; with any other backend attention is the banded path
 (rose.attention.banded): ragged, fixed shapes, one bias mask per forward. auto keeps MPNet on the banded path
-until the Triton path is measured on a GPU (AttentionShape.position_bias). Absolute positions start after the padding index (fairseq, as RoBERTa): token i
+until the Triton path is measured on a GPU (AttentionShape.position_bias), a serving profile too; a profile
+mixing backends (PerBucketBackend) has no forward_biased either. Absolute positions start after the padding index (fairseq, as RoBERTa): token i
 of a sequence uses row i + 2. Module paths mirror Hugging Face's MPNetModel; `attention.attn.qkv_proj` is
 q, k and v concatenated at load.
 """

@@ -250,6 +250,30 @@ def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch)
     assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 80)) == "sdpa"
 
 
+def test_a_profile_naming_triton_keeps_windowed_and_biased_models_off_it(monkeypatch):
+    """Profiles time plain attention; a model with a window, ModernBERT's local layers or MPNet's bias gets the
+    profile's fallback where the profile names triton (with a warning), a plain model gets triton."""
+    from rose import attention
+    from rose.attention import triton_varlen
+    from rose.attention.triton_varlen import TritonBackend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(attention, "varlen_available", lambda: True)
+    if triton_varlen.triton is None:
+        monkeypatch.setattr(triton_varlen, "triton", SimpleNamespace())
+    cuda, warnings = torch.device("cuda"), []
+    monkeypatch.setattr(attention.log, "warning", lambda *a, **k: warnings.append(a[0] % a[1:] if a[1:] else a[0]))
+    profile = ServingProfile({128: "triton", 4096: "triton"})
+    plain = make_backend("auto", cuda, torch.bfloat16, shape=AttentionShape(16, 8, 128, True), profile=profile)
+    assert isinstance(plain, TritonBackend) and not warnings
+    for shape in (AttentionShape(16, 8, 128, True, window=255), AttentionShape(12, 12, 64, local_window=64),
+                  AttentionShape(12, 12, 64, position_bias=True)):
+        backend = make_backend("auto", cuda, torch.bfloat16, shape=shape, profile=profile)
+        assert backend.name == "varlen", shape
+    assert len(warnings) == 3 and all("not measured" in w for w in warnings)
+
+
 def test_modernbert_shape_records_its_local_window():
     """ModernBERT's config puts two of every three layers on a window of local_attention // 2 on each side;
     a folder whose layers are all global has none; MPNet's shape records its position bias."""

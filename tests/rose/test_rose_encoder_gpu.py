@@ -101,7 +101,8 @@ def test_mpnet_on_triton_adds_its_bias_in_the_kernel(name, encoder_models, base_
     hows = []
     try:
         for i in range(3):
-            seqs = random_seqs(tiny, [100, 70, 33, 1], seed=i)
+            longest = 300 if name == "mpnet-base-shape" else 100  # 300: past the buckets' +-128 (the clamp)
+            seqs = random_seqs(tiny, [longest, 70, 33, 1], seed=i)
             before = dict(engine.runner.runs)
             rows = engine.step(Batch.from_sequences(seqs, engine.spec.pooling)).result()
             assert 1.0 - cosine(rows, reference_rows(tiny, seqs, device="cuda")).min() <= BAR, i
