@@ -42,7 +42,7 @@ LOG2E = 1.4426950408889634
 def block_config(head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, warps, stages) for a head dim. Swept on the H200
     (`benchmarks.triton_attention_sweep`, 24 configurations at 128, 512 and 4096 tokens and 100 mixed documents,
-    causal and not, head dim 128): 64 x 64 blocks, 4 warps, 3 stages came within 11 % of the best at every shape
+    causal and not, head dim 128): 64 x 64 blocks, 4 warps, 3 stages came within 12 % of the best at every shape
     (128-row blocks were up to 46 % slower at 512 tokens and ragged batches, 2 % faster at 4096 bidirectional).
     Head dims above 128 keep 2 stages for shared memory."""
     return (64, 64, 4, 3) if head_dim <= 128 else (64, 64, 4, 2)
