@@ -45,6 +45,7 @@ SHORT_RUN = {*BERT_LIKE, *DECODER_CONFIGS, *HEAD_MODELS, *REMOTE_MODELS}  # time
 
 
 DEVICE = "cuda"  # --device cpu: a smoke run of this script where there is no GPU (numbers meaningless)
+ATTENTION = "auto"  # --attention: the backend of rose-eager / rose-graphs
 
 
 def empty_cache() -> None:
@@ -114,12 +115,12 @@ def hf_baseline(model_dir: Path, spec, compile_mode: str | None):
 
 
 # -- ROSE ----------------------------------------------------------------------------------------
-def rose_engine(model_dir: Path, graphs: bool):
+def rose_engine(model_dir: Path, graphs: bool, attention: str = "auto"):
     from rose import Batch, Engine
 
     t0 = time.perf_counter()
     engine = Engine.from_pretrained(model_dir, device=DEVICE, dtype="bfloat16", cuda_graphs=graphs,
-                                    pinned_cap_bytes=1 << 30)
+                                    pinned_cap_bytes=1 << 30, attention=attention)
     engine.warmup()
     ready_s = time.perf_counter() - t0
 
@@ -205,13 +206,13 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
         variant = "rose-graphs" if graphs else "rose-eager"
         if variant not in variants:
             continue
-        engine, run, ready_s = rose_engine(model_dir, graphs)
+        engine, run, ready_s = rose_engine(model_dir, graphs, ATTENTION)
         for suite, batches in inputs.items():
             tc = time.perf_counter()
             run(batches[0])  # first occurrence: eager at the padded shape (lazy capture's warm-up)
             cold_ms = (time.perf_counter() - tc) * 1e3
             times = time_serial(run, batches, iters, 3)
-            extra = {"cold_first_ms": round(cold_ms, 2)}
+            extra = {"cold_first_ms": round(cold_ms, 2), "attention": engine.info.attention_backend}
             if name == "qwen3-0.6b":
                 extra["ready_s"] = round(ready_s, 2)
             record(suite, variant, times, sum(suites[suite]), **extra)
@@ -286,9 +287,11 @@ def main() -> None:
                         help="serving profiles from benchmarks.attention_ab (DIR/<model>[-causal]/rose_profile.json):"
                              " adds the rose-best variant")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: smoke-test the script")
+    parser.add_argument("--attention", default="auto",
+                        help="ROSE's attention backend for rose-eager / rose-graphs (rose-best: the profile's)")
     args = parser.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    global DEVICE, ATTENTION
+    DEVICE, ATTENTION = args.device, args.attention
     variants = set(args.variants.split(","))
     if variants - set(VARIANTS):
         parser.error(f"unknown variants: {sorted(variants - set(VARIANTS))}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, rose-graphs (the default) vs rose-best with a varlen-only profile, then MPNet-base banded vs its bias in the kernel (~8 min).
+# ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, rose-graphs (the default) vs rose-best with a varlen-only profile, then MPNet-base banded (auto) vs --attention triton (~8 min).
 # No extra package (Triton ships with torch); carry .whl for the tests' imports:
 #     GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention
 # Output in $OUT: attention_backends_triton{,_causal}.json, rose_gpu_triton.json, and triton_attention_run.tar (the
@@ -46,15 +46,12 @@ timeout $(( ${BUDGET:-570} - $(elapsed) - 120 )) python3 -m benchmarks.rose_gpu 
 echo "rose_gpu rc=$?"
 grep -A40 "^model " "$OUT/rose_gpu_triton.log" | tail -24
 
-echo "== MPNet-base: the banded path (default) vs its bias in the Triton kernel ($(elapsed) s)"
-mkdir -p "$OUT/profiles_triton/mpnet-base"
-python3 -c "from benchmarks.attention_ab import PROFILE_BUCKETS; from rose.attention import ServingProfile; \
-ServingProfile({b: 'triton' for b in PROFILE_BUCKETS}).save('$OUT/profiles_triton/mpnet-base/rose_profile.json')"
-left=$(( ${BUDGET:-570} - $(elapsed) - 5 )); [ $left -gt 30 ] || left=30  # MPNet's step keeps its ~2 minutes
-timeout $left python3 -m benchmarks.rose_gpu --models mpnet-base \
-  --variants rose-graphs,rose-best --profiles "$OUT/profiles_triton" --out "$OUT" --tag _triton_mpnet 2>&1 \
-  | grep -v Writing > "$OUT/rose_gpu_triton_mpnet.log"
-echo "rose_gpu mpnet rc=$?"
-grep -A10 "^model " "$OUT/rose_gpu_triton_mpnet.log" | tail -6
-(cd "$OUT" && tar cf triton_attention_run.tar profiles profiles_varlen profiles_triton *.log && rm -rf profiles profiles_varlen profiles_triton *.log)
+echo "== MPNet-base: the banded path (auto) vs its bias in the Triton kernel ($(elapsed) s)"
+for attention in auto triton; do  # auto keeps MPNet banded; triton adds the bias in the kernel
+  left=$(( ${BUDGET:-570} - $(elapsed) - 5 )); [ $left -gt 30 ] || left=30
+  timeout $left python3 -m benchmarks.rose_gpu --models mpnet-base --variants rose-graphs --attention $attention \
+    --out "$OUT" --tag _mpnet_$attention 2>&1 | grep -v Writing > "$OUT/rose_gpu_mpnet_$attention.log"
+  echo "rose_gpu mpnet $attention rc=$?"; grep -A4 "^model " "$OUT/rose_gpu_mpnet_$attention.log" | tail -3
+done
+(cd "$OUT" && tar cf triton_attention_run.tar profiles profiles_varlen *.log && rm -rf profiles profiles_varlen *.log)
 echo "== done in $(elapsed) s: $(ls "$OUT" | tr '\n' ' ')"
