@@ -3,7 +3,7 @@
     python -m benchmarks.triton_attention_sweep [--out benchmarks/results/triton_attention_sweep.json]
 
 For the Qwen3-0.6B attention shape, causal and bidirectional, at 1x128, 1x512, 1x4096 and the 100 mixed
-documents: every configuration of the grid below timed as attention_ab times a backend (8 or 2 calls captured
+documents: every configuration of the grid below timed by attention_ab's time_in_graph (8 or 2 calls captured
 in one CUDA graph, median replay / calls), its error against the float32 reference checked, beside
 `block_config`'s own choice and torch's varlen. A configuration that does not compile (shared memory) or
 errs above attention_ab's ERR_TOL is recorded with its status. Prints, last, the best configuration per shape.
@@ -14,31 +14,28 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
-from functools import partial
 from pathlib import Path
 
 import torch
 
-from benchmarks.attention_ab import ERR_TOL, Case, docs_100, replay_times
-from rose.attention import AttentionShape, make_backend
+from benchmarks.attention_ab import ERR_TOL, Case, docs_100, time_in_graph
+from rose.attention import AttentionBackend, AttentionShape, make_backend
 from rose.attention.triton_varlen import block_config, varlen_attention
+from rose.windows import FULL
 
 GRID = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)))
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}
 
 
-def time_call(fn, case: Case) -> tuple[float, float]:
-    out = fn()
-    torch.cuda.synchronize()
-    err = float((out[: case.tokens].float() - case.ref).abs().max())
-    reps = 8 if case.tokens <= 2048 else 2
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    replay_times(graph, 3)
-    return statistics.median(replay_times(graph, 20)) * 1e3 / reps, err
+class Configured(AttentionBackend):
+    """The Triton attention at one (BLOCK_M, BLOCK_N, warps, stages), or block_config's when None, timed as
+    attention_ab times any backend."""
+
+    def __init__(self, config: tuple[int, int, int, int] | None) -> None:
+        self.config = config
+
+    def forward(self, q, k, v, meta, causal, scale, state=None, window=FULL):
+        return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale, self.config)
 
 
 def main(argv=None) -> int:
@@ -52,22 +49,20 @@ def main(argv=None) -> int:
         varlen = make_backend("varlen", device, torch.bfloat16, shape=shape)
         for label, lengths in SHAPES.items():
             case = Case(lengths or docs_100(), shape, device)
-            cu, bound = case.meta.cu_seqlens, case.meta.max_seqlen
             rows = []
             for config in [None, *GRID]:
                 rec = {"causal": causal, "shape": label, "config": list(config or block_config(128)),
                        "default": config is None}
                 try:
-                    run = partial(varlen_attention, case.q, case.k, case.v, cu, bound, causal, shape.scale, config)
-                    us, err = time_call(run, case)
-                    rec.update(us=round(us, 2), err=round(err, 5), status="ok" if err <= ERR_TOL else "wrong")
+                    timed = time_in_graph(Configured(config), case, shape)
+                    rec.update(us=timed["us"], err=timed["max_abs_err"],
+                               status="ok" if timed["max_abs_err"] <= ERR_TOL else "wrong")
                 except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is recorded
                     rec.update(us=None, err=None, status=f"{type(exc).__name__}: {str(exc)[:100]}")
                     torch.cuda.synchronize()
                 records.append(rec)
                 rows.append(rec)
-            us_varlen, _ = time_call(partial(varlen.forward, case.q, case.k, case.v, case.meta, causal, shape.scale),
-                                     case)
+            us_varlen = time_in_graph(varlen, case, shape)["us"]
             ok = [r for r in rows if r["status"] == "ok"]
             top = min(ok, key=lambda r: r["us"]) if ok else None
             default = rows[0]

@@ -11,8 +11,9 @@ ships with torch), and auto, the default:
   model's attention (Triton present, sm80+, a power-of-two head dim from 16 to 256) and the model has no
   sliding-window layers and no position bias (the kernel's windowed and biased paths are not measured on a GPU
   yet; those models keep varlen's window, ModernBERT's local layers included, and MPNet its banded path, also
-  where a serving profile names triton), else varlen when torch has it; sdpa elsewhere. On the H200 triton beat torch's varlen at every token bucket of the
-  Qwen3-0.6B and MiniLM shapes (benchmarks/NOTES.md, "ROSE's own ragged attention in Triton").
+  where a serving profile names triton), else varlen when torch has it; sdpa elsewhere. On the H200 triton
+  beat torch's varlen at every token bucket of the Qwen3-0.6B and MiniLM shapes (benchmarks/NOTES.md, "ROSE's
+  own ragged attention in Triton").
 A backend asked for by name that cannot run here raises AttentionBackendError naming the reason (and the
 pip extra when its package is missing).
 """

@@ -3,11 +3,11 @@
 The bias is one learned scalar per head and relative-position bucket (T5-style: 32 buckets, exact up to 8
 positions each way, log-spaced up to 128), shared by all layers, added to q.k / sqrt(d). A backend whose kernel
 adds such a bias (`position_bias`: ROSE's Triton kernel, given the bias per head and distance -128..128, past
-which the buckets are constant) runs it ragged; with any other backend attention is the banded path
-(rose.attention.banded): ragged, fixed shapes, one bias mask per forward. auto keeps MPNet on the banded path
-until the Triton path is measured on a GPU (AttentionShape.position_bias), a serving profile too; a profile
-mixing backends (PerBucketBackend) has no forward_biased either. Absolute positions start after the padding index (fairseq, as RoBERTa): token i
-of a sequence uses row i + 2. Module paths mirror Hugging Face's MPNetModel; `attention.attn.qkv_proj` is
+which the buckets are constant, computed once) runs it ragged; with any other backend attention is the
+banded path (rose.attention.banded): ragged, fixed shapes, one bias mask per forward. auto keeps MPNet on the
+banded path until the Triton path is measured on a GPU (AttentionShape.position_bias), a serving profile too;
+a profile mixing backends (PerBucketBackend) has no forward_biased either. Absolute positions start after the
+padding index (fairseq, as RoBERTa): token i of a sequence uses row i + 2. Module paths mirror Hugging Face's MPNetModel; `attention.attn.qkv_proj` is
 q, k and v concatenated at load.
 """
 
@@ -111,13 +111,25 @@ class MPNetModel(nn.Module):
         self.max_length = int(cfg["max_position_embeddings"]) - PADDING_IDX - 1
         self.embeddings = MPNetEmbeddings(cfg, cfg["hidden_size"])
         self.encoder = MPNetEncoder(cfg)
+        self._distance_bias: dict[torch.device, torch.Tensor] = {}  # distance_bias(), per device
+
+    def distance_bias(self, device: torch.device) -> torch.Tensor:
+        """float32 [heads, 2 * MAX_DISTANCE + 1]: each head's bias for key - query = -128 .. 128 (the buckets are
+        constant past it). The same for every batch: made once per device, outside any graph capture (one made
+        during a capture lives in the graph's pool and is not kept)."""
+        bias = self._distance_bias.get(device)
+        if bias is None:
+            dist = torch.arange(-MAX_DISTANCE, MAX_DISTANCE + 1, device=device)
+            bias = self.encoder.relative_attention_bias(relative_position_bucket(dist)).float().t().contiguous()
+            if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                self._distance_bias[device] = bias
+        return bias
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         x = self.embeddings(meta.input_ids, meta.positions)
         table = self.encoder.relative_attention_bias
-        if getattr(backend, "position_bias", False):  # a ragged kernel that adds the bias itself (triton)
-            dist = torch.arange(-MAX_DISTANCE, MAX_DISTANCE + 1, device=x.device)  # buckets are constant past it
-            bias = table(relative_position_bucket(dist)).float().t().contiguous()  # [heads, 2 * 128 + 1]
+        if backend.position_bias:  # a ragged kernel that adds the bias itself (triton)
+            bias = self.distance_bias(x.device)
             for layer in self.encoder.layer:
                 x = layer(x, lambda q, k, v: backend.forward_biased(q, k, v, meta, self.scale, bias))
             return x

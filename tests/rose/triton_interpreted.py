@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -49,6 +50,25 @@ def reference(q, k, v, lengths, causal, scale, window=-1, bias=None):
     return out
 
 
+def check(varlen_attention, dtype, bar: float, causal: bool, lengths: list[int], bound: int, label: str,
+          config=None, window: int = -1, reach: int = 0) -> bool:
+    """One case: random q and strided k/v views (as the fused QKV projection's) of 4 query / 2 KV heads of 32, a
+    random float32 bias table [4, 2 * reach + 1] when reach; prints a line and says whether it passed."""
+    import torch
+
+    tokens, hq, hk, d = sum(lengths), 4, 2, 32
+    q = torch.randn(tokens, hq, d, dtype=dtype)
+    kv = torch.randn(tokens, 2 * hk, d, dtype=dtype)
+    k, v = kv[:, :hk], kv[:, hk:]
+    bias = torch.randn(hq, 2 * reach + 1) * 2 if reach else None  # float32, as the kernel takes it
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, config, window=window, position_bias=bias)
+    err = float((out.float() - reference(q, k, v, lengths, causal, d ** -0.5, window, bias)).abs().max())
+    ok = err <= bar  # a NaN or inf anywhere fails this too
+    print(f"{dtype!s:14s} {label} {lengths} bound {bound}: max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
+    return ok
+
+
 def main() -> int:
     patch_interpreter()
     import torch
@@ -56,7 +76,6 @@ def main() -> int:
     from rose.attention.triton_varlen import varlen_attention
 
     torch.manual_seed(0)
-    failed = 0
     # (lengths, max-seqlen bound, block config): ragged with a 1-token sequence; one sequence over several
     # query blocks; a bound four times the longest (a graph layout's); query blocks ending mid-sequence; the
     # same on 128-row query blocks and 32-key blocks (configurations benchmarks.triton_attention_sweep tries)
@@ -68,48 +87,17 @@ def main() -> int:
     # a position bias (MPNet's, by key - query position, past +-reach the edge value): reach under and over a
     # sequence's length, an asymmetric table
     biased = (([37, 1, 200, 64], 256, 16), ([300], 300, 128))
+    results = []
     for dtype, bar in ((torch.float32, 1e-5), (torch.float16, 3e-3)):
         for causal in (False, True):
-            for lengths, bound, config in cases:
-                tokens, hq, hk, d = sum(lengths), 4, 2, 32
-                q = torch.randn(tokens, hq, d, dtype=dtype)
-                kv = torch.randn(tokens, 2 * hk, d, dtype=dtype)
-                k, v = kv[:, :hk], kv[:, hk:]  # strided views, as the fused QKV projection's
-                cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-                out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, config)
-                err = float((out.float() - reference(q, k, v, lengths, causal, d ** -0.5)).abs().max())
-                ok = err <= bar
-                failed += not ok
-                print(f"{dtype!s:14s} causal={causal!s:5s} {lengths} bound {bound} {config or 'default'}: "
-                      f"max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
-            for lengths, bound, window in windows:
-                tokens, hq, hk, d = sum(lengths), 4, 2, 32
-                q = torch.randn(tokens, hq, d, dtype=dtype)
-                kv = torch.randn(tokens, 2 * hk, d, dtype=dtype)
-                k, v = kv[:, :hk], kv[:, hk:]
-                cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-                out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, window=window)
-                ref = reference(q, k, v, lengths, causal, d ** -0.5, window)
-                err = float((out.float() - ref).abs().max())
-                ok = err <= bar and bool(torch.isfinite(out).all())
-                failed += not ok
-                print(f"{dtype!s:14s} causal={causal!s:5s} {lengths} bound {bound} window {window}: "
-                      f"max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
-            for lengths, bound, reach in biased if not causal else ():
-                tokens, hq, hk, d = sum(lengths), 4, 2, 32
-                q = torch.randn(tokens, hq, d, dtype=dtype)
-                kv = torch.randn(tokens, 2 * hk, d, dtype=dtype)
-                k, v = kv[:, :hk], kv[:, hk:]
-                bias = torch.randn(hq, 2 * reach + 1) * 2  # float32, as the kernel takes it
-                cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-                out = varlen_attention(q, k, v, cu, bound, False, d ** -0.5, position_bias=bias)
-                ref = reference(q, k, v, lengths, False, d ** -0.5, bias=bias)
-                err = float((out.float() - ref).abs().max())
-                ok = err <= bar and bool(torch.isfinite(out).all())
-                failed += not ok
-                print(f"{dtype!s:14s} biased reach {reach} {lengths} bound {bound}: "
-                      f"max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
-    return 1 if failed else 0
+            run = partial(check, varlen_attention, dtype, bar, causal)
+            results += [run(lengths, bound, f"causal={causal!s:5s} {config or 'default'}", config)
+                        for lengths, bound, config in cases]
+            results += [run(lengths, bound, f"causal={causal!s:5s} window {window}", window=window)
+                        for lengths, bound, window in windows]
+            results += [run(lengths, bound, f"biased reach {reach}", reach=reach)
+                        for lengths, bound, reach in (biased if not causal else ())]
+    return 0 if all(results) else 1
 
 
 if __name__ == "__main__":
