@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, rose-graphs (the default) vs rose-best with a varlen-only profile, then MPNet-base banded (auto) vs --attention triton (~8 min).
+# ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, rose-graphs (the default) vs rose-best with a varlen-only profile, then MPNet-base banded (auto) vs --attention triton, and the windowed models (ModernBERT-base, EmbeddingGemma-300m) auto (varlen's window) vs --attention triton (~9 min; AB=0 leaves the kernel A/B out, ~6 min).
 # No extra package (Triton ships with torch); carry .whl for the tests' imports:
 #     GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention
 # Output in $OUT: attention_backends_triton{,_causal}.json, rose_gpu_triton.json, and triton_attention_run.tar (the
@@ -18,6 +18,7 @@ timeout 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/rose/test_rose
   -k "triton or varlen" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; tail -3 "$OUT/gpu_tests.log"
 
+if [ "${AB:-1}" = 1 ]; then
 echo "== attention A/B ($(elapsed) s)"
 timeout 150 python3 -m benchmarks.attention_ab --causal --models qwen3-0.6b,qwen3-4b --backends varlen,triton \
   --out "$OUT" --tag _triton_causal --profile-dir "$PROFILES" > "$OUT/attention_triton_causal.log" 2>&1
@@ -29,6 +30,8 @@ for f in "$OUT"/attention_backends_triton_causal.json "$OUT"/attention_backends_
   [ -f "$f" ] && python3 -m benchmarks.attention_ab --print-table "$f" | tail -30
 done
 find "$PROFILES" -name rose_profile.json | while read -r p; do echo "$p: $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['attention'])" "$p")"; done
+fi
+mkdir -p "$PROFILES/qwen3-0.6b-causal" "$PROFILES/minilm-l6"  # the folders the varlen-only profiles go to (the A/B's, or these)
 
 echo "== engine: rose-graphs (auto's default) vs rose-best with varlen at every bucket ($(elapsed) s)"
 python3 - "$PROFILES" <<'PY'
@@ -41,7 +44,7 @@ for folder in Path(sys.argv[1]).iterdir():  # the measured profiles' folders, a 
     out.mkdir(parents=True, exist_ok=True)
     ServingProfile({b: "varlen" for b in PROFILE_BUCKETS}, {"source": "varlen at every bucket"}).save(out / "rose_profile.json")
 PY
-timeout $(( ${BUDGET:-570} - $(elapsed) - 120 )) python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
+timeout $(( ${BUDGET:-570} - $(elapsed) - 240 )) python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
   --variants rose-graphs,rose-best --profiles "${PROFILES}_varlen" --out "$OUT" --tag _triton 2>&1 | grep -v Writing > "$OUT/rose_gpu_triton.log"
 echo "rose_gpu rc=$?"
 grep -A40 "^model " "$OUT/rose_gpu_triton.log" | tail -24
@@ -52,6 +55,13 @@ for attention in auto triton; do  # auto keeps MPNet banded; triton adds the bia
   timeout $left python3 -m benchmarks.rose_gpu --models mpnet-base --variants rose-graphs --attention $attention \
     --out "$OUT" --tag _mpnet_$attention 2>&1 | grep -v Writing > "$OUT/rose_gpu_mpnet_$attention.log"
   echo "rose_gpu mpnet $attention rc=$?"; grep -A4 "^model " "$OUT/rose_gpu_mpnet_$attention.log" | tail -3
+done
+echo "== windowed models: varlen's window (auto) vs the Triton kernel's ($(elapsed) s)"
+for attention in auto triton; do
+  left=$(( ${BUDGET:-570} - $(elapsed) - 5 )); [ $left -gt 30 ] || left=30
+  timeout $left python3 -m benchmarks.rose_gpu --models modernbert-base,embeddinggemma-300m --variants rose-graphs \
+    --attention $attention --quick --out "$OUT" --tag _windowed_$attention 2>&1 | grep -v Writing > "$OUT/rose_gpu_windowed_$attention.log"
+  echo "rose_gpu windowed $attention rc=$?"; grep -A6 "^model " "$OUT/rose_gpu_windowed_$attention.log" | tail -5
 done
 (cd "$OUT" && tar cf triton_attention_run.tar profiles profiles_varlen *.log && rm -rf profiles profiles_varlen *.log)
 echo "== done in $(elapsed) s: $(ls "$OUT" | tr '\n' ' ')"
