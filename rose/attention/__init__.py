@@ -8,12 +8,11 @@ ships with torch), and auto, the default:
   `python -m benchmarks.attention_ab`): the measured winner per token bucket (rose.attention.profile);
   a backend the profile names that cannot run here falls back to the default below, with a warning;
 - otherwise the documented default: on CUDA in float16/bfloat16, triton (ROSE's own kernel) where it runs the
-  model's attention (Triton present, sm80+, a power-of-two head dim from 16 to 256) and the model has no
-  sliding-window layers and no position bias (the kernel's windowed and biased paths are not measured on a GPU
-  yet; those models keep varlen's window, ModernBERT's local layers included, and MPNet its banded path, also
-  where a serving profile names triton), else varlen when torch has it; sdpa elsewhere. On the H200 triton
-  beat torch's varlen at every token bucket of the Qwen3-0.6B and MiniLM shapes (benchmarks/NOTES.md, "ROSE's
-  own ragged attention in Triton").
+  model's attention (Triton present, sm80+, a power-of-two head dim from 16 to 256), sliding windows (Gemma 3,
+  Mistral, ModernBERT's local layers) and MPNet's position bias included; else varlen when torch has it; sdpa
+  elsewhere. On the H200 triton beat torch's varlen at every token bucket of the Qwen3-0.6B and MiniLM shapes,
+  varlen's window on ModernBERT-base (+8 % documents a second) and EmbeddingGemma-300m (+28 %), and MPNet's
+  banded path 2.1 × (benchmarks/NOTES.md, "ROSE's own ragged attention in Triton").
 A backend asked for by name that cannot run here raises AttentionBackendError naming the reason (and the
 pip extra when its package is missing).
 """
@@ -39,7 +38,6 @@ from rose.attention.sdpa import SdpaBackend
 from rose.attention.shape import AttentionShape
 from rose.attention.varlen import SUPPORTED_DTYPES as _VARLEN_DTYPES
 from rose.attention.varlen import VarlenBackend, varlen_available
-from rose.windows import FULL
 
 BACKENDS = ("auto", "sdpa", "varlen", "flashinfer-fa2", "flashinfer-fa3", "fa4", "triton")
 log = logging.getLogger("rose.attention")
@@ -50,7 +48,7 @@ __all__ = ["BACKENDS", "PROFILE_NAME", "AttentionBackend", "AttentionBackendErro
 
 def default_backend_name(device: torch.device, dtype: torch.dtype, shape: AttentionShape | None = None) -> str:
     """What auto uses without a serving profile (module docstring)."""
-    if device.type == "cuda" and shape is not None and _plain(shape):
+    if device.type == "cuda" and shape is not None:
         from rose.attention.triton_varlen import check_supported
 
         try:
@@ -106,19 +104,5 @@ def _auto(device: torch.device, dtype: torch.dtype, spec, shape: AttentionShape 
     if shape is not None and "causal" in profile.info and bool(profile.info["causal"]) != shape.causal:
         log.warning("the serving profile was measured with causal=%s attention; this model's is causal=%s",
                     profile.info["causal"], shape.causal)
-    return backend_from_profile(profile, lambda n: _profiled(n, device, dtype, shape), fallback, log.warning)
-
-
-def _profiled(name: str, device: torch.device, dtype: torch.dtype, shape: AttentionShape | None) -> AttentionBackend:
-    """A backend a profile names. Profiles time plain attention only (benchmarks.attention_ab), so triton is
-    refused for a model with windows or a position bias (its paths for those are not measured yet): the
-    profile's fallback serves those buckets."""
-    if name == "triton" and shape is not None and not _plain(shape):
-        raise AttentionBackendError("the profile's triton is not used for a model with sliding windows or a "
-                                    "position bias (not measured on a GPU yet)")
-    return make_backend(name, device, dtype, shape=shape)
-
-
-def _plain(shape: AttentionShape) -> bool:
-    """No sliding window, no ModernBERT local layers, no position bias: the attention the H200 runs measured."""
-    return shape.window == FULL and shape.local_window == FULL and not shape.position_bias
+    return backend_from_profile(profile, lambda n: make_backend(n, device, dtype, shape=shape), fallback,
+                                log.warning)

@@ -4,9 +4,9 @@ The bias is one learned scalar per head and relative-position bucket (T5-style: 
 positions each way, log-spaced up to 128), shared by all layers, added to q.k / sqrt(d). A backend whose kernel
 adds such a bias (`position_bias`: ROSE's Triton kernel, given the bias per head and distance -128..128, past
 which the buckets are constant, computed once) runs it ragged; with any other backend attention is the
-banded path (rose.attention.banded): ragged, fixed shapes, one bias mask per forward. auto keeps MPNet on the
-banded path until the Triton path is measured on a GPU (AttentionShape.position_bias), a serving profile too;
-a profile mixing backends (PerBucketBackend) has no forward_biased either. Absolute positions start after the
+banded path (rose.attention.banded): ragged, fixed shapes, one bias mask per forward. auto takes triton where it
+runs (2.1 × the banded path's documents a second on the H200, benchmarks/NOTES.md); a serving profile that mixes
+backends (PerBucketBackend) has no forward_biased and keeps the banded path. Absolute positions start after the
 padding index (fairseq, as RoBERTa): token i of a sequence uses row i + 2. Module paths mirror Hugging Face's MPNetModel; `attention.attn.qkv_proj` is
 q, k and v concatenated at load.
 """

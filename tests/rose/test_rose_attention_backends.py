@@ -222,9 +222,8 @@ def test_auto_on_a_cpu_ignores_the_profile_and_uses_sdpa(tmp_path):
 
 def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch):
     """Without a profile, CUDA in half precision: triton where its own checks pass for the model's shape (run
-    here against a pretend sm90 GPU), varlen where they refuse (a sliding window, a head dim it lacks, an old
-    GPU) or where ModernBERT's local layers want varlen's two-sided window; sdpa without torch's varlen; a CPU
-    gets sdpa."""
+    here against a pretend sm90 GPU), sliding windows, ModernBERT's local layers and MPNet's bias included;
+    varlen where they refuse (a head dim it lacks, an old GPU); sdpa without torch's varlen; a CPU gets sdpa."""
     from rose import attention
     from rose.attention import default_backend_name, triton_varlen
 
@@ -237,10 +236,12 @@ def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch)
     bf16 = torch.bfloat16
     assert default_backend_name(cuda, bf16, AttentionShape(16, 8, 128, True)) == "triton"
     assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 32)) == "triton"  # MiniLM
-    assert default_backend_name(cuda, bf16, AttentionShape(16, 8, 128, True, window=4096)) == "varlen"
+    assert default_backend_name(cuda, bf16, AttentionShape(16, 8, 128, True, window=4096)) == "triton"
+    assert default_backend_name(cuda, bf16, AttentionShape(4, 1, 256, True, window=512)) == "triton"  # Gemma 3
     assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 80)) == "varlen"  # head dim 80
-    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 64, local_window=64)) == "varlen"  # ModernBERT
-    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 64, position_bias=True)) == "varlen"  # MPNet
+    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 80, window=4096)) == "varlen"
+    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 64, local_window=64)) == "triton"  # ModernBERT
+    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 64, position_bias=True)) == "triton"  # MPNet
     assert default_backend_name(cuda, torch.float32, AttentionShape(16, 8, 128)) == "sdpa", "neither kernel takes fp32"
     assert default_backend_name(cuda, bf16) == "varlen", "no shape: nothing to check triton against"
     assert default_backend_name(CPU, torch.float32, AttentionShape(16, 8, 128)) == "sdpa"
@@ -250,9 +251,10 @@ def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch)
     assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 80)) == "sdpa"
 
 
-def test_a_profile_naming_triton_keeps_windowed_and_biased_models_off_it(monkeypatch):
-    """Profiles time plain attention; a model with a window, ModernBERT's local layers or MPNet's bias gets the
-    profile's fallback where the profile names triton (with a warning), a plain model gets triton."""
+def test_a_profile_naming_triton_serves_windowed_and_biased_models_too(monkeypatch):
+    """A profile naming triton gives triton to a plain model and to one with a window, ModernBERT's local
+    layers or MPNet's bias (the kernel runs all three), with no warning; one naming a backend that refuses the
+    model (FlashInfer and a sliding window) falls back to the default, with a warning."""
     from rose import attention
     from rose.attention import triton_varlen
     from rose.attention.triton_varlen import TritonBackend
@@ -270,8 +272,21 @@ def test_a_profile_naming_triton_keeps_windowed_and_biased_models_off_it(monkeyp
     for shape in (AttentionShape(16, 8, 128, True, window=255), AttentionShape(12, 12, 64, local_window=64),
                   AttentionShape(12, 12, 64, position_bias=True)):
         backend = make_backend("auto", cuda, torch.bfloat16, shape=shape, profile=profile)
-        assert backend.name == "varlen", shape
-    assert len(warnings) == 3 and all("not measured" in w for w in warnings)
+        assert isinstance(backend, TritonBackend), shape
+    assert not warnings
+    from rose.attention import flashinfer
+    refused = ServingProfile({128: "flashinfer-fa3", 4096: "flashinfer-fa3"})
+    monkeypatch.setattr(flashinfer, "FlashInferBackend", _refuses_windows, raising=False)
+    backend = make_backend("auto", cuda, torch.bfloat16, shape=AttentionShape(16, 8, 128, True, window=255),
+                           profile=refused)
+    assert isinstance(backend, TritonBackend) and len(warnings) == 1 and "window" in warnings[0]
+
+
+def _refuses_windows(device, dtype, shape, variant):
+    """FlashInfer's constructor as it answers a windowed shape (the package itself is not installed here)."""
+    from rose.attention import AttentionBackendError
+
+    raise AttentionBackendError(f"attention 'flashinfer-{variant}' does not plan sliding-window layers here")
 
 
 def test_modernbert_shape_records_its_local_window():

@@ -13,7 +13,6 @@ import pytest
 import torch
 from rose_parity import attention_written_out, cosine, random_seqs, reference_rows
 
-from rose.windows import FULL
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -68,8 +67,7 @@ def test_cuda_graph_replay_matches_transformers(name, tiny_decoders):
 
     tiny = tiny_decoders[name]
     engine = Engine.from_pretrained(tiny.path, device="cuda", prewarm=(), graph_manifest=None)
-    windowed = any(w != FULL for w in engine.runner.spec.layer_windows)
-    assert engine.info.attention_backend == ("varlen" if windowed else "triton"), "auto's default on CUDA"
+    assert engine.info.attention_backend == "triton", "auto's default on CUDA, sliding windows included"
     assert engine.runner.graphs is not None
     seqs = random_seqs(tiny, [20, 12, 40, 5], seed=6)  # crosses the tiny models' windows (8 and 15)
     ref = reference_rows(tiny, seqs, device="cuda")
