@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, rose-graphs (the default) vs rose-best with a varlen-only profile, then MPNet-base banded (auto) vs --attention triton, and the windowed models (ModernBERT-base, EmbeddingGemma-300m) auto (varlen's window) vs --attention triton (~9 min; AB=0 leaves the kernel A/B out, ~6 min).
+# ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, rose-graphs (the default) vs rose-best with a varlen-only profile, then (FAMILIES=1, the default) MPNet-base banded (--attention varlen) vs auto (triton), and the windowed models (ModernBERT-base, EmbeddingGemma-300m) varlen's window vs auto (~9 min; AB=0 leaves the kernel A/B out, ~6 min; SPLIT=1 first times the kernel's unmasked key blocks beside every block masked, ~2 min).
 # No extra package (Triton ships with torch); carry .whl for the tests' imports:
 #     GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention
 # Output in $OUT: attention_backends_triton{,_causal}.json, rose_gpu_triton.json, and triton_attention_run.tar (the
@@ -15,9 +15,15 @@ python3 -c "import torch, triton; print('torch', torch.__version__, '| triton', 
 echo "== GPU tests ($(elapsed) s)"
 timeout 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/rose/test_rose_attention_backends.py \
   tests/rose/test_rose_backend_parity_gpu.py tests/rose/test_rose_encoder_gpu.py tests/rose/test_rose_decoders_gpu.py \
-  -k "triton or varlen" > "$OUT/gpu_tests.log" 2>&1
+  -k "triton or varlen or auto or cuda_graph_replay" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; tail -3 "$OUT/gpu_tests.log"
 
+if [ "${SPLIT:-0}" = 1 ]; then  # the kernel's unmasked key blocks beside every block masked, a few block sizes
+  echo "== masked vs unmasked key blocks ($(elapsed) s)"
+  timeout 240 python3 -m benchmarks.triton_attention_sweep --split --out "$OUT/triton_attention_split.json" \
+    > "$OUT/triton_attention_split.log" 2>&1
+  echo "split rc=$?"; tail -9 "$OUT/triton_attention_split.log"
+fi
 if [ "${AB:-1}" = 1 ]; then
 echo "== attention A/B ($(elapsed) s)"
 timeout 150 python3 -m benchmarks.attention_ab --causal --models qwen3-0.6b,qwen3-4b --backends varlen,triton \
@@ -49,19 +55,21 @@ timeout $(( ${BUDGET:-570} - $(elapsed) - 240 )) python3 -m benchmarks.rose_gpu 
 echo "rose_gpu rc=$?"
 grep -A40 "^model " "$OUT/rose_gpu_triton.log" | tail -24
 
-echo "== MPNet-base: the banded path (auto) vs its bias in the Triton kernel ($(elapsed) s)"
-for attention in auto triton; do  # auto keeps MPNet banded; triton adds the bias in the kernel
+if [ "${FAMILIES:-1}" = 1 ]; then  # the models with a bias or windows: varlen (MPNet: its banded path) vs auto (triton)
+echo "== MPNet-base: the banded path (varlen) vs its bias in the Triton kernel (auto) ($(elapsed) s)"
+for attention in varlen auto; do
   left=$(( ${BUDGET:-570} - $(elapsed) - 5 )); [ $left -gt 30 ] || left=30
   timeout $left python3 -m benchmarks.rose_gpu --models mpnet-base --variants rose-graphs --attention $attention \
     --out "$OUT" --tag _mpnet_$attention 2>&1 | grep -v Writing > "$OUT/rose_gpu_mpnet_$attention.log"
   echo "rose_gpu mpnet $attention rc=$?"; grep -A4 "^model " "$OUT/rose_gpu_mpnet_$attention.log" | tail -3
 done
-echo "== windowed models: varlen's window (auto) vs the Triton kernel's ($(elapsed) s)"
-for attention in auto triton; do
+echo "== windowed models: varlen's window vs the Triton kernel's (auto) ($(elapsed) s)"
+for attention in varlen auto; do
   left=$(( ${BUDGET:-570} - $(elapsed) - 5 )); [ $left -gt 30 ] || left=30
   timeout $left python3 -m benchmarks.rose_gpu --models modernbert-base,embeddinggemma-300m --variants rose-graphs \
     --attention $attention --quick --out "$OUT" --tag _windowed_$attention 2>&1 | grep -v Writing > "$OUT/rose_gpu_windowed_$attention.log"
   echo "rose_gpu windowed $attention rc=$?"; grep -A6 "^model " "$OUT/rose_gpu_windowed_$attention.log" | tail -5
 done
+fi
 (cd "$OUT" && tar cf triton_attention_run.tar profiles profiles_varlen *.log && rm -rf profiles profiles_varlen *.log)
 echo "== done in $(elapsed) s: $(ls "$OUT" | tr '\n' ' ')"

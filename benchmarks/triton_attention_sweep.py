@@ -1,12 +1,15 @@
 """The Triton attention's block sizes per shape: (BLOCK_M, BLOCK_N, warps, stages) swept on the GPU (CUDA only).
 
     python -m benchmarks.triton_attention_sweep [--out benchmarks/results/triton_attention_sweep.json]
+    python -m benchmarks.triton_attention_sweep --split --out benchmarks/results/triton_attention_split.json
 
 For the Qwen3-0.6B attention shape, causal and bidirectional, at 1x128, 1x512, 1x4096 and the 100 mixed
 documents: every configuration of the grid below timed by attention_ab's time_in_graph (8 or 2 calls captured
 in one CUDA graph, median replay / calls), its error against the float32 reference checked, beside
 `block_config`'s own choice and torch's varlen. A configuration that does not compile (shared memory) or
 errs above attention_ab's ERR_TOL is recorded with its status. Prints, last, the best configuration per shape.
+--split: a few configurations each with the kernel's split into unmasked and masked key blocks (the default) and
+with every block masked, side by side.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from rose.attention import AttentionBackend, AttentionShape, make_backend
 from rose.attention.triton_varlen import block_config, varlen_attention
 from rose.windows import FULL
 
-GRID = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)))
+GRID = [(config, True) for config in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))]
+SPLIT_GRID = [(config, split) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3))
+              for split in (True, False)]
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}
 
 
@@ -31,17 +36,20 @@ class Configured(AttentionBackend):
     """The Triton attention at one (BLOCK_M, BLOCK_N, warps, stages), or block_config's when None, timed as
     attention_ab times any backend."""
 
-    def __init__(self, config: tuple[int, int, int, int] | None) -> None:
-        self.config = config
+    def __init__(self, config: tuple[int, int, int, int] | None, split: bool = True) -> None:
+        self.config, self.split = config, split
 
     def forward(self, q, k, v, meta, causal, scale, state=None, window=FULL):
-        return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale, self.config)
+        return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale, self.config,
+                                split=self.split)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/triton_attention_sweep.json"))
+    parser.add_argument("--split", action="store_true", help="masked vs unmasked key blocks, a few configurations")
     args = parser.parse_args(argv)
+    grid = SPLIT_GRID if args.split else GRID
     device = torch.device("cuda")
     records, best = [], []
     for causal in (True, False):
@@ -50,11 +58,11 @@ def main(argv=None) -> int:
         for label, lengths in SHAPES.items():
             case = Case(lengths or docs_100(), shape, device)
             rows = []
-            for config in [None, *GRID]:
+            for config, split in [(None, True), *grid]:
                 rec = {"causal": causal, "shape": label, "config": list(config or block_config(128)),
-                       "default": config is None}
+                       "split": split, "default": config is None}
                 try:
-                    timed = time_in_graph(Configured(config), case, shape)
+                    timed = time_in_graph(Configured(config, split), case, shape)
                     rec.update(us=timed["us"], err=timed["max_abs_err"],
                                status="ok" if timed["max_abs_err"] <= ERR_TOL else "wrong")
                 except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is recorded
@@ -66,7 +74,9 @@ def main(argv=None) -> int:
             ok = [r for r in rows if r["status"] == "ok"]
             top = min(ok, key=lambda r: r["us"]) if ok else None
             default = rows[0]
-            best.append((causal, label, default["config"], default["us"], top and top["config"], top and top["us"],
+            masked = next((r["us"] for r in rows[1:] if r["config"] == default["config"] and not r["split"]), None)
+            best.append((causal, label, default["config"], default["us"], masked,
+                         top and f"{top['config']}{'' if top['split'] else ' masked'}", top and top["us"],
                          round(us_varlen, 2)))
             records.append({"causal": causal, "shape": label, "backend": "varlen", "us": round(us_varlen, 2)})
             print(f"  causal={causal} {label}: block_config {default['config']} {default['us']} us, best "
@@ -74,9 +84,10 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "records": records}, indent=1))
-    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>16s} {'us':>8s} {'best':>16s} {'us':>8s} {'varlen us':>9s}")
-    for causal, label, dcfg, dus, bcfg, bus, vus in best:
-        print(f"{causal!s:6s} {label:9s} {dcfg!s:>16s} {dus!s:>8s} {bcfg!s:>16s} {bus!s:>8s} {vus:9.2f}")
+    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>16s} {'us':>8s} {'all masked':>10s} {'best':>23s} {'us':>8s} "
+          f"{'varlen us':>9s}")
+    for causal, label, dcfg, dus, mus, bcfg, bus, vus in best:
+        print(f"{causal!s:6s} {label:9s} {dcfg!s:>16s} {dus!s:>8s} {mus!s:>10s} {bcfg!s:>23s} {bus!s:>8s} {vus:9.2f}")
     return 0
 
 

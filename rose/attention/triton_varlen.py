@@ -50,11 +50,54 @@ def block_config(head_dim: int) -> tuple[int, int, int, int]:
 
 if triton is not None:
     @triton.jit
+    def _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head, head, scale_log2,
+                   stride_kt, stride_kh, stride_vt, stride_vh, window, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   WINDOWED: tl.constexpr, BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, MASKED: tl.constexpr):
+        """One block of keys [n0, n0 + BLOCK_N) into the running (acc, l_i, m_i). MASKED: the block may hold keys
+        past the sequence, past the diagonal or outside the window; unmasked blocks hold only keys every row of
+        the query block sees (no compare, no select, no load mask)."""
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        token = (start + offs_n)[:, None].to(tl.int64)
+        if MASKED:
+            cols = offs_n[:, None] < n
+            k = tl.load(K + token * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=cols, other=0.0)
+        else:
+            k = tl.load(K + token * stride_kt + kv_head * stride_kh + offs_d[None, :])
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        if BIASED:  # BIAS[head, d + MAX_DISTANCE]: the head's bias for key - query = d, clamped (float32)
+            d = tl.minimum(tl.maximum(offs_n[None, :] - offs_m[:, None], -MAX_DISTANCE), MAX_DISTANCE)
+            s += tl.load(BIAS + head * (2 * MAX_DISTANCE + 1) + d + MAX_DISTANCE) * 1.4426950408889634
+        if MASKED:
+            valid = offs_n[None, :] < n
+            if CAUSAL:
+                valid = valid & (offs_m[:, None] >= offs_n[None, :])
+            if WINDOWED:
+                gap = offs_m[:, None] - offs_n[None, :]
+                valid = valid & (gap <= window) & (gap >= -window)
+            s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = m_new
+        if WINDOWED:  # a block may hold no key of a row's window yet: its sums stay 0, its max -inf
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        # without a window key 0 is in the first block and valid for every row (n > m0 >= 0): no row
+        # stays at -inf; with one, every real row meets its own key within [lo, hi)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        if MASKED:
+            v = tl.load(V + token * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=cols, other=0.0)
+        else:
+            v = tl.load(V + token * stride_vt + kv_head * stride_vh + offs_d[None, :])
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        return acc, l_i, m_new
+
+    @triton.jit
     def _attention_kernel(Q, K, V, O, CU, BIAS, scale_log2,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                           M_BLOCKS, window, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
-                          BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr):
+                          BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, SPLIT: tl.constexpr):
         mb = M_BLOCKS - 1 - tl.program_id(0)  # the longest (causal: most work) query blocks first
         seq = tl.program_id(1)
         head = tl.program_id(2)
@@ -78,35 +121,19 @@ if triton is not None:
             if WINDOWED:  # keys within `window` of some row of the block: [m0 - window, m0 + BLOCK_M + window)
                 lo = tl.maximum(m0 - window, 0) // BLOCK_N * BLOCK_N
                 hi = tl.minimum(hi, m0 + BLOCK_M + window)
-            for n0 in range(lo, hi, BLOCK_N):
-                offs_n = n0 + tl.arange(0, BLOCK_N)
-                cols = offs_n[:, None] < n
-                token = (start + offs_n)[:, None].to(tl.int64)
-                k = tl.load(K + token * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=cols, other=0.0)
-                s = tl.dot(q, tl.trans(k)) * scale_log2
-                if BIASED:  # BIAS[head, d + MAX_DISTANCE]: the head's bias for key - query = d, clamped (float32)
-                    d = tl.minimum(tl.maximum(offs_n[None, :] - offs_m[:, None], -MAX_DISTANCE), MAX_DISTANCE)
-                    s += tl.load(BIAS + head * (2 * MAX_DISTANCE + 1) + d + MAX_DISTANCE) * 1.4426950408889634
-                valid = offs_n[None, :] < n
+            full = lo  # keys [lo, full) in whole blocks every row sees: inside the sequence and, causal, <= m0
+            if SPLIT and not WINDOWED:
+                full = n // BLOCK_N * BLOCK_N
                 if CAUSAL:
-                    valid = valid & (offs_m[:, None] >= offs_n[None, :])
-                if WINDOWED:
-                    gap = offs_m[:, None] - offs_n[None, :]
-                    valid = valid & (gap <= window) & (gap >= -window)
-                s = tl.where(valid, s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_use = m_new
-                if WINDOWED:  # a block may hold no key of a row's window yet: its sums stay 0, its max -inf
-                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                # without a window key 0 is in the first block and valid for every row (n > m0 >= 0): no row
-                # stays at -inf; with one, every real row meets its own key within [lo, hi)
-                alpha = tl.exp2(m_i - m_use)
-                p = tl.exp2(s - m_use[:, None])
-                v = tl.load(V + token * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=cols, other=0.0)
-                acc = acc * alpha[:, None]
-                acc = tl.dot(p.to(v.dtype), v, acc)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                m_i = m_new
+                    full = tl.minimum(n, m0 + 1) // BLOCK_N * BLOCK_N
+            for n0 in range(lo, full, BLOCK_N):
+                acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head, head,
+                                           scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window, BLOCK_N,
+                                           CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, False)
+            for n0 in range(full, hi, BLOCK_N):
+                acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head, head,
+                                           scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window, BLOCK_N,
+                                           CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, True)
             out = acc / l_i[:, None]
             tl.store(O + (start + offs_m)[:, None].to(tl.int64) * stride_ot + head * stride_oh + offs_d[None, :],
                      out.to(O.dtype.element_ty), mask=rows)
@@ -114,14 +141,16 @@ if triton is not None:
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                      causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
-                     window: int = FULL, position_bias: torch.Tensor | None = None) -> torch.Tensor:
+                     window: int = FULL, position_bias: torch.Tensor | None = None, split: bool = True) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
     an upper bound on every sequence (rows past it are left unset: the caller's bound must hold, as rose.buckets'
     layouts do, padding included) -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
     config: (BLOCK_M, BLOCK_N, warps, stages) instead of block_config's (benchmarks.triton_attention_sweep).
     window: a query attends keys at most `window` positions away on either side (causal still hides later ones);
     FULL: all. position_bias: float32 [Hq, 2 * D + 1], added to each score (after the scale) by key - query
-    position d, clamped to [-D, D] (MPNet's relative position buckets are constant past D = 128)."""
+    position d, clamped to [-D, D] (MPNet's relative position buckets are constant past D = 128).
+    split: key blocks every row sees run without masks, the rest (the diagonal, the sequence's tail) with them;
+    False masks every block (benchmarks.triton_attention_sweep --split measures the two)."""
     tokens, heads, head_dim = q.shape
     if window < FULL or window >= 1 << 30:
         raise ValueError(f"window must be FULL ({FULL}) or 0 .. 2**30 - 1, not {window}")
@@ -143,7 +172,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             out.stride(0), out.stride(1), m_blocks, max(window, 0),
                             GROUP=heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                             CAUSAL=causal, WINDOWED=window != FULL, BIASED=position_bias is not None,
-                            MAX_DISTANCE=max_distance, num_warps=warps, num_stages=stages)
+                            MAX_DISTANCE=max_distance, SPLIT=split, num_warps=warps, num_stages=stages)
     return out
 
 

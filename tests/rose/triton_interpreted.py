@@ -51,9 +51,10 @@ def reference(q, k, v, lengths, causal, scale, window=-1, bias=None):
 
 
 def check(varlen_attention, dtype, bar: float, causal: bool, lengths: list[int], bound: int, label: str,
-          config=None, window: int = -1, reach: int = 0) -> bool:
+          config=None, window: int = -1, reach: int = 0, split: bool = True) -> bool:
     """One case: random q and strided k/v views (as the fused QKV projection's) of 4 query / 2 KV heads of 32, a
-    random float32 bias table [4, 2 * reach + 1] when reach; prints a line and says whether it passed."""
+    random float32 bias table [4, 2 * reach + 1] when reach; split=False masks every key block (the kernel's
+    split into unmasked and masked blocks off); prints a line and says whether it passed."""
     import torch
 
     tokens, hq, hk, d = sum(lengths), 4, 2, 32
@@ -62,7 +63,8 @@ def check(varlen_attention, dtype, bar: float, causal: bool, lengths: list[int],
     k, v = kv[:, :hk], kv[:, hk:]
     bias = torch.randn(hq, 2 * reach + 1) * 2 if reach else None  # float32, as the kernel takes it
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, config, window=window, position_bias=bias)
+    out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, config, window=window, position_bias=bias,
+                           split=split)
     err = float((out.float() - reference(q, k, v, lengths, causal, d ** -0.5, window, bias)).abs().max())
     ok = err <= bar  # a NaN or inf anywhere fails this too
     print(f"{dtype!s:14s} {label} {lengths} bound {bound}: max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
@@ -80,7 +82,7 @@ def main() -> int:
     # query blocks; a bound four times the longest (a graph layout's); query blocks ending mid-sequence; the
     # same on 128-row query blocks and 32-key blocks (configurations benchmarks.triton_attention_sweep tries)
     cases = (([37, 1, 200, 64], 256, None), ([300], 300, None), ([5, 70, 3], 280, None), ([65, 129], 129, None),
-             ([300, 7], 300, (128, 64, 8, 3)), ([65, 129], 129, (64, 32, 4, 3)))
+             ([300, 7], 300, (128, 64, 8, 3)), ([65, 129], 129, (64, 32, 4, 3)), ([64, 128, 63], 128, None))
     # sliding windows (lengths, bound, window): narrower than a key block (whole blocks outside some rows'
     # windows), wider than one, zero (each query its own key), wider than every sequence
     windows = (([37, 1, 200, 64], 256, 5), ([300], 300, 70), ([65, 129], 129, 0), ([5, 70, 3], 280, 500))
@@ -97,6 +99,8 @@ def main() -> int:
                         for lengths, bound, window in windows]
             results += [run(lengths, bound, f"biased reach {reach}", reach=reach)
                         for lengths, bound, reach in (biased if not causal else ())]
+            results += [run(lengths, bound, f"causal={causal!s:5s} {config or 'default'} every block masked",
+                            config, split=False) for lengths, bound, config in cases[:1] + cases[-2:]]
     return 0 if all(results) else 1
 
 
