@@ -30,13 +30,15 @@ GRID = [(config, True) for config in itertools.product((64, 128), (32, 64, 128),
 SPLIT_GRID = [(config, split) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3))
               for split in (True, False)]
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}
+SPLIT_SHAPES = {"1x128": [128], "1x512": [512], "1x1024": [1024], "1x2048": [2048], "1x4096": [4096],
+                "50x512": [512] * 50, "100-docs": None}
 
 
 class Configured(AttentionBackend):
     """The Triton attention at one (BLOCK_M, BLOCK_N, warps, stages), or block_config's when None, timed as
     attention_ab times any backend."""
 
-    def __init__(self, config: tuple[int, int, int, int] | None, split: bool = True) -> None:
+    def __init__(self, config: tuple[int, int, int, int] | None, split: bool | None = None) -> None:
         self.config, self.split = config, split
 
     def forward(self, q, k, v, meta, causal, scale, state=None, window=FULL):
@@ -49,18 +51,20 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/triton_attention_sweep.json"))
     parser.add_argument("--split", action="store_true", help="masked vs unmasked key blocks, a few configurations")
     args = parser.parse_args(argv)
-    grid = SPLIT_GRID if args.split else GRID
+    grid, shapes = (SPLIT_GRID, SPLIT_SHAPES) if args.split else (GRID, SHAPES)
     device = torch.device("cuda")
     records, best = [], []
     for causal in (True, False):
         shape = AttentionShape(16, 8, 128, causal)
         varlen = make_backend("varlen", device, torch.bfloat16, shape=shape)
-        for label, lengths in SHAPES.items():
-            case = Case(lengths or docs_100(), shape, device)
+        for label, lengths in shapes.items():
+            lengths = lengths or docs_100()
+            case = Case(lengths, shape, device)
+            chosen = block_config(128, max(lengths), len(lengths), torch.cuda.get_device_capability(device))
             rows = []
-            for config, split in [(None, True), *grid]:
-                rec = {"causal": causal, "shape": label, "config": list(config or block_config(128)),
-                       "split": split, "default": config is None}
+            for config, split in [(None, None), *grid]:
+                rec = {"causal": causal, "shape": label, "config": list(config or chosen[:4]),
+                       "split": chosen[4] if split is None else split, "default": config is None}
                 try:
                     timed = time_in_graph(Configured(config, split), case, shape)
                     rec.update(us=timed["us"], err=timed["max_abs_err"],
@@ -75,7 +79,7 @@ def main(argv=None) -> int:
             top = min(ok, key=lambda r: r["us"]) if ok else None
             default = rows[0]
             masked = next((r["us"] for r in rows[1:] if r["config"] == default["config"] and not r["split"]), None)
-            best.append((causal, label, default["config"], default["us"], masked,
+            best.append((causal, label, f"{default['config']}{'' if default['split'] else ' masked'}", default["us"], masked,
                          top and f"{top['config']}{'' if top['split'] else ' masked'}", top and top["us"],
                          round(us_varlen, 2)))
             records.append({"causal": causal, "shape": label, "backend": "varlen", "us": round(us_varlen, 2)})
@@ -84,10 +88,10 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "records": records}, indent=1))
-    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>16s} {'us':>8s} {'all masked':>10s} {'best':>23s} {'us':>8s} "
+    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {'all masked':>10s} {'best':>23s} {'us':>8s} "
           f"{'varlen us':>9s}")
     for causal, label, dcfg, dus, mus, bcfg, bus, vus in best:
-        print(f"{causal!s:6s} {label:9s} {dcfg!s:>16s} {dus!s:>8s} {mus!s:>10s} {bcfg!s:>23s} {bus!s:>8s} {vus:9.2f}")
+        print(f"{causal!s:6s} {label:9s} {dcfg!s:>23s} {dus!s:>8s} {mus!s:>10s} {bcfg!s:>23s} {bus!s:>8s} {vus:9.2f}")
     return 0
 
 

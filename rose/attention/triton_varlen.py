@@ -13,8 +13,9 @@ programs stop at the diagonal and later query blocks start first. GQA reads each
 query heads; q, k and v may be strided views (the fused QKV projection's V) as long as the head dim is
 contiguous. Head dims that are powers of two from 16 to 256. A sliding window (a query sees keys at most
 `window` positions away, on both sides unless causal) bounds each program's key loop to the blocks its rows
-can see. auto leaves windowed models on varlen, and MPNet's bias on its banded path, until those paths are
-measured on a GPU (with or without a serving profile: rose.attention).
+can see; MPNet's relative position bias is added to each score. Key blocks that every row of a query block
+sees run without masks; the diagonal's and the sequence's last block with them. Block sizes follow the layout
+(block_config).
 """
 
 from __future__ import annotations
@@ -39,13 +40,26 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 LOG2E = 1.4426950408889634
 
 
-def block_config(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps, stages) for a head dim. Swept on the H200
-    (`benchmarks.triton_attention_sweep`, 24 configurations at 128, 512 and 4096 tokens and 100 mixed documents,
-    causal and not, head dim 128): 64 x 64 blocks, 4 warps, 3 stages came within 12 % of the best at every shape
-    (128-row blocks were up to 46 % slower at 512 tokens and ragged batches, 2 % faster at 4096 bidirectional).
-    Head dims above 128 keep 2 stages for shared memory."""
-    return (64, 64, 4, 3) if head_dim <= 128 else (64, 64, 4, 2)
+def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1,
+                 capability: tuple[int, int] = (9, 0)) -> tuple[int, int, int, int, bool]:
+    """(BLOCK_M, BLOCK_N, warps, stages, split) for a layout: its head dim, max-seqlen bound and sequence count
+    (both fixed per graph layout) on a GPU of this capability. Swept on the H200 (`benchmarks.triton_attention_sweep`,
+    head dim 128, causal and not, benchmarks/NOTES.md "ROSE's own ragged attention in Triton"):
+    - long sequences (a bound of 2048 or more) on Hopper: 128 x 128 blocks, 8 warps, 3 stages, the unmasked key
+      blocks split from the masked ones (1 x 4096 causal 196 us against 64 x 64's 213, masked 262);
+    - many short sequences (more than 4): 64 x 32 (100 mixed documents 141 us against 64 x 64's 169);
+    - else 64 x 64, 4 warps, 3 stages, split above a bound of 128 (1 x 512 11.3 us, masked 12.3; at 1 x 128 the
+      split's second loop costs more than its masks save: 6.5 vs 5.4 us).
+    Head dims above 128 keep 64 x 64 and 2 stages for shared memory, as do GPUs other than Hopper for long
+    sequences (128 x 128 x 3 stages does not fit the 99 KB of sm86/sm89)."""
+    split = max_seqlen > 128
+    if head_dim > 128:
+        return 64, 64, 4, 2, split
+    if max_seqlen >= 2048 and capability[0] == 9:
+        return 128, 128, 8, 3, True
+    if seqs > 4:
+        return 64, 32, 4, 3, split
+    return 64, 64, 4, 3, split
 
 
 if triton is not None:
@@ -141,7 +155,8 @@ if triton is not None:
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                      causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
-                     window: int = FULL, position_bias: torch.Tensor | None = None, split: bool = True) -> torch.Tensor:
+                     window: int = FULL, position_bias: torch.Tensor | None = None,
+                     split: bool | None = None) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
     an upper bound on every sequence (rows past it are left unset: the caller's bound must hold, as rose.buckets'
     layouts do, padding included) -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
@@ -150,15 +165,20 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     FULL: all. position_bias: float32 [Hq, 2 * D + 1], added to each score (after the scale) by key - query
     position d, clamped to [-D, D] (MPNet's relative position buckets are constant past D = 128).
     split: key blocks every row sees run without masks, the rest (the diagonal, the sequence's tail) with them;
-    False masks every block (benchmarks.triton_attention_sweep --split measures the two)."""
+    False masks every block; None: block_config's choice (benchmarks.triton_attention_sweep --split measures
+    the two)."""
     tokens, heads, head_dim = q.shape
     if window < FULL or window >= 1 << 30:
         raise ValueError(f"window must be FULL ({FULL}) or 0 .. 2**30 - 1, not {window}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
-    block_m, block_n, warps, stages = config or block_config(head_dim)
+    seqs = cu_seqlens.shape[0] - 1
+    block_m, block_n, warps, stages, default_split = block_config(head_dim, max_seqlen, seqs, _capability(q.device))
+    if config is not None:
+        block_m, block_n, warps, stages = config
+    split = default_split if split is None else split
     m_blocks = max(1, math.ceil(max_seqlen / block_m))
-    grid = (m_blocks, cu_seqlens.shape[0] - 1, heads)
+    grid = (m_blocks, seqs, heads)
     max_distance = 0
     if position_bias is not None:
         if position_bias.dtype != torch.float32 or position_bias.shape[0] != heads or position_bias.shape[1] % 2 == 0:
@@ -174,6 +194,19 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             CAUSAL=causal, WINDOWED=window != FULL, BIASED=position_bias is not None,
                             MAX_DISTANCE=max_distance, SPLIT=split, num_warps=warps, num_stages=stages)
     return out
+
+
+_CAPABILITIES: dict[int, tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The GPU's compute capability, asked once per device (Hopper on the CPU: the interpreter has no GPU)."""
+    if device.type != "cuda":
+        return 9, 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITIES:
+        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITIES[index]
 
 
 def check_supported(device: torch.device, dtype: torch.dtype, shape: AttentionShape | None) -> None:

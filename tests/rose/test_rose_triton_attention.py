@@ -28,3 +28,18 @@ def test_kernel_matches_float32_reference_under_the_interpreter():
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count(" ok") == 60, run.stdout
+
+
+def test_block_config_follows_the_layout():
+    """Blocks per layout (max-seqlen bound, sequence count, GPU), as swept on the H200: 128 x 128 for long
+    sequences on Hopper only, 64 x 32 for many short ones, 64 x 64 else; the unmasked key blocks split off above
+    a bound of 128; head dims above 128 stay at 64 x 64 with 2 stages."""
+    from rose.attention.triton_varlen import block_config
+
+    hopper, ampere = (9, 0), (8, 6)
+    assert block_config(128, 128, 1, hopper) == (64, 64, 4, 3, False)
+    assert block_config(128, 512, 1, hopper) == (64, 64, 4, 3, True)
+    assert block_config(128, 512, 100, hopper) == (64, 32, 4, 3, True)
+    assert block_config(128, 4096, 1, hopper) == (128, 128, 8, 3, True)
+    assert block_config(128, 4096, 1, ampere) == (64, 64, 4, 3, True)
+    assert block_config(256, 4096, 1, hopper) == (64, 64, 4, 2, True)

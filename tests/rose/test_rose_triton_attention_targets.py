@@ -1,9 +1,10 @@
 """ROSE's Triton attention compiles for the GPUs it may meet, within each one's shared memory, without a GPU.
 
-`triton.compile` for a target (Triton's own ptxas): Ampere (sm80), the 100 KB-per-block parts (sm86, sm89: A10,
-L4, RTX 40xx) and Hopper (sm90), at head dims 128 and 256 in the kernel's plain, windowed and biased modes with
-`block_config`'s blocks. A block size or mode that outgrows a part's shared memory fails here rather than at a
-replica's first batch there. Skipped without Triton.
+`triton.compile` for a target (Triton's own ptxas): Ampere (sm80), the 100 KB-per-block parts (sm86, whose
+limit and blocks sm89's L4 and RTX 40xx share) and Hopper (sm90), at head dims 128 and 256: every block size
+`block_config` picks for that target (short, long and many sequences), the one with the most shared memory in
+the kernel's plain, windowed and biased modes. A block size or mode that outgrows a part's shared memory fails
+here rather than at a replica's first batch there. Skipped without Triton.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (pip install triton)")
 
-SHARED_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # opt-in maxima, bytes
+SHARED_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 90: 227 * 1024}  # opt-in maxima, bytes (sm89's as sm86's)
 SIGNATURE = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "CU": "*i32", "BIAS": "*fp32", "scale_log2": "fp32",
              **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
                                          "stride_ot", "stride_oh", "M_BLOCKS", "window")}}
@@ -28,12 +29,19 @@ def test_kernel_fits_shared_memory(capability, head_dim):
 
     from rose.attention import triton_varlen
 
-    block_m, block_n, warps, stages = triton_varlen.block_config(head_dim)
-    for windowed, biased in ((False, False), (True, False), (False, True)):
-        constexprs = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": not biased,
-                      "WINDOWED": windowed, "BIASED": biased, "MAX_DISTANCE": 128 if biased else 0}
-        source = triton.compiler.ASTSource(fn=triton_varlen._attention_kernel, constexprs=constexprs,
-                                           signature={**SIGNATURE, **dict.fromkeys(constexprs, "constexpr")})
-        kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                                options={"num_warps": warps, "num_stages": stages})
-        assert kernel.metadata.shared <= SHARED_PER_BLOCK[capability], (windowed, biased, kernel.metadata.shared)
+    configs = sorted({triton_varlen.block_config(head_dim, bound, seqs, (capability // 10, capability % 10))[:4]
+                      for bound, seqs in ((128, 1), (512, 1), (512, 100), (8192, 1), (8192, 8))},
+                     key=lambda c: c[0] * c[1] * c[3], reverse=True)  # the most shared memory first
+    modes = [(False, False, True), (True, False, False), (False, True, True)]  # plain (split), windowed, biased
+    for i, (block_m, block_n, warps, stages) in enumerate(configs):
+        for windowed, biased, split in modes if i == 0 else modes[:1]:  # every mode at the largest blocks
+            constexprs = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n,
+                          "CAUSAL": not biased, "WINDOWED": windowed, "BIASED": biased,
+                          "MAX_DISTANCE": 128 if biased else 0, "SPLIT": split}
+            source = triton.compiler.ASTSource(fn=triton_varlen._attention_kernel, constexprs=constexprs,
+                                               signature={**SIGNATURE, **dict.fromkeys(constexprs, "constexpr")})
+            kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                                    options={"num_warps": warps, "num_stages": stages})
+            assert kernel.metadata.shared <= SHARED_PER_BLOCK[capability], (block_m, block_n, windowed, biased,
+                                                                            split, kernel.metadata.shared)
+    assert (128, 128, 8, 3) in configs if capability == 90 and head_dim <= 128 else len(configs) <= 2

@@ -80,9 +80,9 @@ def main() -> int:
     torch.manual_seed(0)
     # (lengths, max-seqlen bound, block config): ragged with a 1-token sequence; one sequence over several
     # query blocks; a bound four times the longest (a graph layout's); query blocks ending mid-sequence; the
-    # same on 128-row query blocks and 32-key blocks (configurations benchmarks.triton_attention_sweep tries)
+    # same on 128 x 128 blocks and 32-key blocks (block_config's for long sequences and for many short ones)
     cases = (([37, 1, 200, 64], 256, None), ([300], 300, None), ([5, 70, 3], 280, None), ([65, 129], 129, None),
-             ([300, 7], 300, (128, 64, 8, 3)), ([65, 129], 129, (64, 32, 4, 3)), ([64, 128, 63], 128, None))
+             ([300, 7], 300, (128, 128, 8, 3)), ([65, 129], 129, (64, 32, 4, 3)), ([64, 128, 63], 128, None))
     # sliding windows (lengths, bound, window): narrower than a key block (whole blocks outside some rows'
     # windows), wider than one, zero (each query its own key), wider than every sequence
     windows = (([37, 1, 200, 64], 256, 5), ([300], 300, 70), ([65, 129], 129, 0), ([5, 70, 3], 280, 500))
