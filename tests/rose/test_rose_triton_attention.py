@@ -31,8 +31,8 @@ def test_kernel_matches_float32_reference_under_the_interpreter():
 
 
 def test_block_config_follows_the_layout():
-    """Blocks per layout (max-seqlen bound, sequence count, GPU), as swept on the H200: 128 x 128 for long
-    sequences on Hopper only, 64 x 32 for many short ones, 64 x 64 else; the unmasked key blocks split off above
+    """Blocks per layout (max-seqlen bound, sequence count, GPU), as swept on the H200 at head dim 128: 128 x 128
+    for long sequences on Hopper only, 64 x 32 for many short ones, 64 x 64 else and at other head dims; the unmasked key blocks split off above
     a bound of 128; head dims above 128 stay at 64 x 64 with 2 stages."""
     from rose.attention.triton_varlen import block_config
 
@@ -43,3 +43,5 @@ def test_block_config_follows_the_layout():
     assert block_config(128, 4096, 1, hopper) == (128, 128, 8, 3, True)
     assert block_config(128, 4096, 1, ampere) == (64, 64, 4, 3, True)
     assert block_config(256, 4096, 1, hopper) == (64, 64, 4, 2, True)
+    assert block_config(32, 512, 100, hopper) == (64, 64, 4, 3, True)  # MiniLM: as swept at head dim 128 only
+    assert block_config(64, 4096, 1, hopper) == (64, 64, 4, 3, True)
