@@ -19,7 +19,7 @@ RUNS=(
   "attention|attention_device.sh||.whl_fi|attention backends per token bucket, bidirectional with the JIT build timed, their GPU tests, then causal"
   "profile|best_device.sh|STEP=profile|.whl_fi|causal attention A/B of the Qwen3 shapes -> profiles, then GPU time per kernel class (rose_breakdown)"
   "best|best_device.sh|STEP=best|.whl_fi|rose-graphs vs rose-best (the measured attention profiles) for Qwen3-0.6B, Qwen3-4B and MiniLM"
-  "triton-attention|triton_attention_device.sh||.whl|ROSE's Triton ragged attention beside torch's varlen: GPU tests, the A/B -> profiles, rose-graphs vs rose-best (~7 min)"
+  "triton-attention|triton_attention_device.sh||.whl|ROSE's Triton ragged attention beside torch's varlen: GPU tests, the A/B -> profiles (AB=1), masked vs unmasked key blocks (SPLIT=1), rose-graphs vs varlen, MPNet and the windowed models (FAMILIES=1) (~9 min)"
   "fa4-1|fa4_device.sh|STEP=1|.whl_fa4a|FlashAttention 4, first half of its wheels parked under /root (measures nothing; run fa4-2 next)"
   "fa4-2|fa4_device.sh|STEP=2|.whl_fa4b|FlashAttention 4 joined and installed, its GPU tests, the attention A/B with fa4 (FlashInfer too if installed)"
   "stack|stack_device.sh||.whl|the four suites through HTTP (ivy up) for Qwen3-0.6B and MiniLM, the in-process replay, the zero-cost-engine overhead"

@@ -2,8 +2,10 @@
 # ROSE's Triton ragged attention (attention "triton", auto's default on CUDA) beside torch's varlen: its GPU tests, the attention A/B (causal Qwen3 shapes, MiniLM) -> profiles, rose-graphs (the default) vs rose-best with a varlen-only profile, then (FAMILIES=1, the default) MPNet-base banded (--attention varlen) vs auto (triton), and the windowed models (ModernBERT-base, EmbeddingGemma-300m) varlen's window vs auto (~9 min; AB=0 leaves the kernel A/B out, ~6 min; SPLIT=1 first times the kernel's unmasked key blocks beside every block masked, ~2 min).
 # No extra package (Triton ships with torch); carry .whl for the tests' imports:
 #     GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention
-# Output in $OUT: attention_backends_triton{,_causal}.json, rose_gpu_triton.json, and triton_attention_run.tar (the
-# logs: gpu_tests, the A/B's and rose_gpu's; profiles/). MODELS (rose_gpu's): qwen3-0.6b,minilm-l6.
+# Output in $OUT: attention_backends_triton{,_causal}.json (AB=1), triton_attention_split.json (SPLIT=1),
+# rose_gpu_triton.json, rose_gpu_{mpnet,windowed}_{varlen,auto}.json (FAMILIES=1), and triton_attention_run.tar
+# (the logs: gpu_tests, the A/B's and rose_gpu's; profiles/). MODELS (rose_gpu's): qwen3-0.6b,minilm-l6.
+# Each step's timeout comes out of BUDGET (570 s) with at least 30-60 s each: the whole can pass BUDGET by ~2 min.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh" || exit 1
 start=$(date +%s)
@@ -50,7 +52,8 @@ for folder in Path(sys.argv[1]).iterdir():  # the measured profiles' folders, a 
     out.mkdir(parents=True, exist_ok=True)
     ServingProfile({b: "varlen" for b in PROFILE_BUCKETS}, {"source": "varlen at every bucket"}).save(out / "rose_profile.json")
 PY
-timeout $(( ${BUDGET:-570} - $(elapsed) - 240 )) python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
+left=$(( ${BUDGET:-570} - $(elapsed) - ${FAMILIES_S:-240} )); [ $left -ge 60 ] || left=60  # FAMILIES_S: kept for the families
+timeout $left python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
   --variants rose-graphs,rose-best --profiles "${PROFILES}_varlen" --out "$OUT" --tag _triton 2>&1 | grep -v Writing > "$OUT/rose_gpu_triton.log"
 echo "rose_gpu rc=$?"
 grep -A40 "^model " "$OUT/rose_gpu_triton.log" | tail -24

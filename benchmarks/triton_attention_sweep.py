@@ -26,7 +26,7 @@ from rose.attention import AttentionBackend, AttentionShape, make_backend
 from rose.attention.triton_varlen import block_config, varlen_attention
 from rose.windows import FULL
 
-GRID = [(config, True) for config in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))]
+GRID = [(config, None) for config in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))]  # block_config's split
 SPLIT_GRID = [(config, split) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3))
               for split in (True, False)]
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}

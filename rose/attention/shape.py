@@ -16,10 +16,6 @@ class AttentionShape:
     causal: bool = False
     window: int = FULL  # the sliding window of the model's local layers (FULL: none)
     softmax_scale: float | None = None  # None: 1/sqrt(head_dim)
-    # ModernBERT's local layers: a two-sided window they attend through, where a backend has one
-    # (`bidirectional_window`), else on the banded path (rose.attention.banded); FULL: no such layers
-    local_window: int = FULL
-    position_bias: bool = False  # an additive bias by relative position on every score (MPNet)
 
     @property
     def scale(self) -> float:
@@ -42,14 +38,7 @@ class AttentionShape:
             window = max(getattr(spec, "layer_windows", ()), default=FULL)
             scale = float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5 if spec.arch == "gemma3" else None
             return cls(heads, kv, head_dim, bool(spec.causal), window, scale)
-        local = FULL
-        if spec.arch == "modernbert":
-            from rose.models.modernbert import layer_kinds
-
-            if "sliding_attention" in layer_kinds(cfg):
-                local = int(cfg.get("local_attention", 128)) // 2
-        return cls(heads, heads, int(cfg["hidden_size"]) // heads, False, local_window=local,  # BERT family
-                   position_bias=spec.arch == "mpnet")
+        return cls(heads, heads, int(cfg["hidden_size"]) // heads, False)  # BERT family
 
 
 # The attention shapes of the benchmark models (rose.benchmarks.model_zoo names), bidirectional as served

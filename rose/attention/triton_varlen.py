@@ -43,16 +43,17 @@ LOG2E = 1.4426950408889634
 def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1,
                  capability: tuple[int, int] = (9, 0)) -> tuple[int, int, int, int, bool]:
     """(BLOCK_M, BLOCK_N, warps, stages, split) for a layout: its head dim, max-seqlen bound and sequence count
-    (both fixed per graph layout) on a GPU of this capability. Swept on the H200 (`benchmarks.triton_attention_sweep`,
-    head dim 128, causal and not, benchmarks/NOTES.md "ROSE's own ragged attention in Triton"):
+    (both fixed per graph layout) on a GPU of this capability. Swept on the H200 at head dim 128
+    (`benchmarks.triton_attention_sweep --split`, `results/triton_attention/triton_attention_split.json`, µs a
+    call in a graph, causal):
     - long sequences (a bound of 2048 or more) on Hopper: 128 x 128 blocks, 8 warps, 3 stages, the unmasked key
-      blocks split from the masked ones (1 x 4096 causal 196 us against 64 x 64's 213, masked 262);
-    - many short sequences (more than 4): 64 x 32 (100 mixed documents 141 us against 64 x 64's 169);
-    - else 64 x 64, 4 warps, 3 stages, split above a bound of 128 (1 x 512 11.3 us, masked 12.3; at 1 x 128 the
-      split's second loop costs more than its masks save: 6.5 vs 5.4 us).
-    Head dims above 128 keep 64 x 64 and 2 stages for shared memory, as do GPUs other than Hopper for long
-    sequences (128 x 128 x 3 stages does not fit the 99 KB of sm86/sm89). Smaller head dims keep 64 x 64: the
-    sweep was at 128, and MiniLM's (32) 100 documents ran 20 % slower on 64 x 32 blocks end to end."""
+      blocks split from the masked ones (1 x 4096: 195 us; 64 x 64 split 213, masked 259);
+    - many sequences (more than 4): 64 x 32 (100 mixed documents: 140 us split, 143 masked; 64 x 64 159 masked);
+    - else 64 x 64, 4 warps, 3 stages, split above a bound of 128 (1 x 512: 11.3 us, masked 12.3; at 1 x 128
+      the split's second loop costs more than its masks save: 6.6 vs 5.4 us).
+    Head dims above 128 keep 64 x 64 and 2 stages for shared memory. GPUs other than Hopper keep 64 x 64 for
+    long sequences too (unmeasured there). Smaller head dims keep 64 x 64: MiniLM's (32) 100 documents ran
+    10 % slower on 64 x 32 blocks end to end, one A/B."""
     split = max_seqlen > 128
     if head_dim > 128:
         return 64, 64, 4, 2, split
@@ -193,7 +194,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             out.stride(0), out.stride(1), m_blocks, max(window, 0),
                             GROUP=heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                             CAUSAL=causal, WINDOWED=window != FULL, BIASED=position_bias is not None,
-                            MAX_DISTANCE=max_distance, SPLIT=split, num_warps=warps, num_stages=stages)
+                            MAX_DISTANCE=max_distance, SPLIT=split and window == FULL,  # windows stay masked
+                            num_warps=warps, num_stages=stages)
     return out
 
 

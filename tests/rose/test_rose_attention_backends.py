@@ -32,7 +32,6 @@ from rose.attention.profile import (
 )
 from rose.attention.sdpa import SdpaBackend
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
-from rose.windows import FULL
 
 CPU = torch.device("cpu")
 SHAPE = AttentionShape(16, 8, 128)
@@ -222,8 +221,8 @@ def test_auto_on_a_cpu_ignores_the_profile_and_uses_sdpa(tmp_path):
 
 def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch):
     """Without a profile, CUDA in half precision: triton where its own checks pass for the model's shape (run
-    here against a pretend sm90 GPU), sliding windows, ModernBERT's local layers and MPNet's bias included;
-    varlen where they refuse (a head dim it lacks, an old GPU); sdpa without torch's varlen; a CPU gets sdpa."""
+    here against a pretend sm90 GPU), sliding windows included (ModernBERT's local layers and MPNet's bias
+    need nothing of the shape: the kernel serves both); varlen where they refuse (a head dim it lacks, an old GPU); sdpa without torch's varlen; a CPU gets sdpa."""
     from rose import attention
     from rose.attention import default_backend_name, triton_varlen
 
@@ -240,8 +239,6 @@ def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch)
     assert default_backend_name(cuda, bf16, AttentionShape(4, 1, 256, True, window=512)) == "triton"  # Gemma 3
     assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 80)) == "varlen"  # head dim 80
     assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 80, window=4096)) == "varlen"
-    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 64, local_window=64)) == "triton"  # ModernBERT
-    assert default_backend_name(cuda, bf16, AttentionShape(12, 12, 64, position_bias=True)) == "triton"  # MPNet
     assert default_backend_name(cuda, torch.float32, AttentionShape(16, 8, 128)) == "sdpa", "neither kernel takes fp32"
     assert default_backend_name(cuda, bf16) == "varlen", "no shape: nothing to check triton against"
     assert default_backend_name(CPU, torch.float32, AttentionShape(16, 8, 128)) == "sdpa"
@@ -252,9 +249,9 @@ def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch)
 
 
 def test_a_profile_naming_triton_serves_windowed_and_biased_models_too(monkeypatch):
-    """A profile naming triton gives triton to a plain model and to one with a window, ModernBERT's local
-    layers or MPNet's bias (the kernel runs all three), with no warning; one naming a backend that refuses the
-    model (FlashInfer and a sliding window) falls back to the default, with a warning."""
+    """A profile naming triton gives triton to a plain model and to one with a sliding window, with no warning;
+    one naming a backend that refuses the model (FlashInfer and a sliding window) falls back to the default,
+    with a warning."""
     from rose import attention
     from rose.attention import triton_varlen
     from rose.attention.triton_varlen import TritonBackend
@@ -269,11 +266,9 @@ def test_a_profile_naming_triton_serves_windowed_and_biased_models_too(monkeypat
     profile = ServingProfile({128: "triton", 4096: "triton"})
     plain = make_backend("auto", cuda, torch.bfloat16, shape=AttentionShape(16, 8, 128, True), profile=profile)
     assert isinstance(plain, TritonBackend) and not warnings
-    for shape in (AttentionShape(16, 8, 128, True, window=255), AttentionShape(12, 12, 64, local_window=64),
-                  AttentionShape(12, 12, 64, position_bias=True)):
-        backend = make_backend("auto", cuda, torch.bfloat16, shape=shape, profile=profile)
-        assert isinstance(backend, TritonBackend), shape
-    assert not warnings
+    windowed = make_backend("auto", cuda, torch.bfloat16, shape=AttentionShape(16, 8, 128, True, window=255),
+                            profile=profile)
+    assert isinstance(windowed, TritonBackend) and not warnings
     from rose.attention import flashinfer
     refused = ServingProfile({128: "flashinfer-fa3", 4096: "flashinfer-fa3"})
     monkeypatch.setattr(flashinfer, "FlashInferBackend", _refuses_windows, raising=False)
@@ -287,21 +282,6 @@ def _refuses_windows(device, dtype, shape, variant):
     from rose.attention import AttentionBackendError
 
     raise AttentionBackendError(f"attention 'flashinfer-{variant}' does not plan sliding-window layers here")
-
-
-def test_modernbert_shape_records_its_local_window():
-    """ModernBERT's config puts two of every three layers on a window of local_attention // 2 on each side;
-    a folder whose layers are all global has none; MPNet's shape records its position bias."""
-    cfg = {"num_attention_heads": 12, "hidden_size": 768, "num_hidden_layers": 6, "local_attention": 128,
-           "global_attn_every_n_layers": 3}
-    spec = SimpleNamespace(arch="modernbert", config=cfg, causal=False)
-    assert AttentionShape.from_spec(spec) == AttentionShape(12, 12, 64, local_window=64)
-    spec.config = {**cfg, "layer_types": ["full_attention"] * 6}
-    assert AttentionShape.from_spec(spec).local_window == FULL
-    spec.arch = "bert"
-    assert AttentionShape.from_spec(spec) == AttentionShape(12, 12, 64)
-    spec.arch = "mpnet"  # its relative position bias on every score
-    assert AttentionShape.from_spec(spec) == AttentionShape(12, 12, 64, position_bias=True)
 
 
 def test_auto_reads_the_profile_for_a_gpu_and_survives_a_broken_one(tmp_path, caplog):

@@ -13,7 +13,6 @@ import pytest
 import torch
 from rose_parity import attention_written_out, cosine, random_seqs, reference_rows
 
-
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 NAMES = ("gemma3", "qwen2", "mistral")

@@ -1,6 +1,7 @@
 """ModernBERT, MPNet, DistilBERT and GTE v1.5 on the GPU: bf16 parity with transformers fp32 (divergence <= 0.1 %) per
 backend, varlen == SDPA, batch invariance, bucket padding, and the CUDA-graph path (capture, replay, prewarm
-verification) against the fp32 reference; ModernBERT's local layers on varlen's own window, not the banded path.
+verification) against the fp32 reference; ModernBERT's local layers on the backend's own window (varlen,
+triton), not the banded path.
 Skipped without CUDA; run on the H200 (`pytest -m gpu tests/rose`).
 """
 
@@ -63,9 +64,10 @@ def test_real_widths_long_sequences(name, attention, base_shapes, report):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_lazy_capture_then_replay_matches_transformers(name, encoder_models, tmp_path):
     """The same layout four times: eager, capture, replay, replay; every run within the bar of HF fp32."""
+    from rose_parity import cosine, random_seqs, reference_rows
+
     from rose import Batch
     from rose.engine import Engine
-    from rose_parity import cosine, random_seqs, reference_rows
 
     tiny = encoder_models[name]
     engine = Engine.from_pretrained(tiny.path, device="cuda", prewarm=(), graph_manifest=tmp_path / "m.json")
@@ -85,10 +87,11 @@ def test_lazy_capture_then_replay_matches_transformers(name, encoder_models, tmp
 def test_mpnet_on_triton_adds_its_bias_in_the_kernel(name, encoder_models, base_shapes, tmp_path):
     """attention "triton": MPNet's relative position bias added inside ROSE's ragged kernel (forward_biased, one
     call per layer), never the banded path; one layout eager, captured, replayed, each within the bar of HF fp32."""
-    from rose.models import mpnet
+    from rose_parity import cosine, random_seqs, reference_rows
+
     from rose import Batch
     from rose.engine import Engine
-    from rose_parity import cosine, random_seqs, reference_rows
+    from rose.models import mpnet
 
     tiny = {**encoder_models, **base_shapes}[name]
     engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", attention="triton", prewarm=(),
@@ -129,15 +132,16 @@ def test_prewarm_captures_and_verifies_real_widths(name, base_shapes):
 
 @pytest.mark.parametrize("attention", ["varlen", "triton"])
 @pytest.mark.parametrize("name", ["modernbert", "modernbert-base-shape"])
-def test_modernbert_local_layers_take_the_varlen_window(name, attention, encoder_models, base_shapes,
+def test_modernbert_local_layers_take_the_backend_s_window(name, attention, encoder_models, base_shapes,
                                                         local_attention_paths, tmp_path):
     """bf16 on varlen (FlashAttention's window (w, w)) or triton (ROSE's kernel, its window both ways): the local
     layers run the backend's window, never the banded path; one layout eager, captured, replayed, each within
     the bar of HF fp32 (sequences past the window: 8 / 64 each way)."""
+    from rose_parity import cosine, random_seqs, reference_rows
+
     from rose import Batch
     from rose.attention.varlen import VarlenBackend
     from rose.engine import Engine
-    from rose_parity import cosine, random_seqs, reference_rows
 
     if attention == "varlen":
         assert VarlenBackend.bidirectional_window, "this torch's varlen_attn has no window_size"
