@@ -58,21 +58,21 @@ timeout $left python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minil
 echo "rose_gpu rc=$?"
 grep -A40 "^model " "$OUT/rose_gpu_triton.log" | tail -24
 
+# varlen_vs_auto TAG MODELS [rose_gpu flags]: rose-graphs with --attention varlen, then auto (triton), in one call
+varlen_vs_auto() {
+  local tag=$1 models=$2; shift 2
+  for attention in varlen auto; do
+    left=$(( ${BUDGET:-570} - $(elapsed) - 5 )); [ $left -gt 30 ] || left=30
+    timeout $left python3 -m benchmarks.rose_gpu --models $models --variants rose-graphs --attention $attention "$@" \
+      --out "$OUT" --tag _${tag}_$attention 2>&1 | grep -v Writing > "$OUT/rose_gpu_${tag}_$attention.log"
+    echo "rose_gpu $tag $attention rc=$?"; grep -A8 "^model " "$OUT/rose_gpu_${tag}_$attention.log"
+  done
+}
 if [ "${FAMILIES:-1}" = 1 ]; then  # the models with a bias or windows: varlen (MPNet: its banded path) vs auto (triton)
-echo "== MPNet-base: the banded path (varlen) vs its bias in the Triton kernel (auto) ($(elapsed) s)"
-for attention in varlen auto; do
-  left=$(( ${BUDGET:-570} - $(elapsed) - 5 )); [ $left -gt 30 ] || left=30
-  timeout $left python3 -m benchmarks.rose_gpu --models mpnet-base --variants rose-graphs --attention $attention \
-    --out "$OUT" --tag _mpnet_$attention 2>&1 | grep -v Writing > "$OUT/rose_gpu_mpnet_$attention.log"
-  echo "rose_gpu mpnet $attention rc=$?"; grep -A4 "^model " "$OUT/rose_gpu_mpnet_$attention.log" | tail -3
-done
-echo "== windowed models: varlen's window vs the Triton kernel's (auto) ($(elapsed) s)"
-for attention in varlen auto; do
-  left=$(( ${BUDGET:-570} - $(elapsed) - 5 )); [ $left -gt 30 ] || left=30
-  timeout $left python3 -m benchmarks.rose_gpu --models modernbert-base,embeddinggemma-300m --variants rose-graphs \
-    --attention $attention --quick --out "$OUT" --tag _windowed_$attention 2>&1 | grep -v Writing > "$OUT/rose_gpu_windowed_$attention.log"
-  echo "rose_gpu windowed $attention rc=$?"; grep -A6 "^model " "$OUT/rose_gpu_windowed_$attention.log" | tail -5
-done
+  echo "== MPNet-base: the banded path (varlen) vs its bias in the Triton kernel (auto) ($(elapsed) s)"
+  varlen_vs_auto mpnet mpnet-base
+  echo "== windowed models: varlen's window vs the Triton kernel's (auto) ($(elapsed) s)"
+  varlen_vs_auto windowed modernbert-base,embeddinggemma-300m --quick
 fi
 (cd "$OUT" && tar cf triton_attention_run.tar profiles profiles_varlen *.log && rm -rf profiles profiles_varlen *.log)
 echo "== done in $(elapsed) s: $(ls "$OUT" | tr '\n' ' ')"

@@ -199,17 +199,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return out
 
 
-_CAPABILITIES: dict[int, tuple[int, int]] = {}
-
-
 def _capability(device: torch.device) -> tuple[int, int]:
-    """The GPU's compute capability, asked once per device (Hopper on the CPU: the interpreter has no GPU)."""
-    if device.type != "cuda":
-        return 9, 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABILITIES:
-        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
-    return _CAPABILITIES[index]
+    """The GPU's compute capability (Hopper's on the CPU, where the interpreter runs the kernel). Asked at eager
+    runs and captures only: a graph replay launches the kernel without this function."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else (9, 0)
 
 
 def check_supported(device: torch.device, dtype: torch.dtype, shape: AttentionShape | None) -> None:

@@ -127,13 +127,13 @@ class MPNetModel(nn.Module):
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         x = self.embeddings(meta.input_ids, meta.positions)
-        table = self.encoder.relative_attention_bias
         if backend.position_bias:  # a ragged kernel that adds the bias itself (triton)
             bias = self.distance_bias(x.device)
             for layer in self.encoder.layer:
                 x = layer(x, lambda q, k, v: backend.forward_biased(q, k, v, meta, self.scale, bias))
             return x
         reach = max(0, min(meta.max_seqlen, self.max_length) - 1)  # real sequences are at most max_length long
+        table = self.encoder.relative_attention_bias
         band = biased_band(meta, reach, lambda dist: table(relative_position_bucket(dist)), x.dtype)
         for layer in self.encoder.layer:
             x = layer(x, lambda q, k, v: banded_attention(q, k, v, band, self.scale))

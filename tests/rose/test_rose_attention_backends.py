@@ -222,7 +222,8 @@ def test_auto_on_a_cpu_ignores_the_profile_and_uses_sdpa(tmp_path):
 def test_auto_default_is_triton_where_it_runs_the_shape_else_varlen(monkeypatch):
     """Without a profile, CUDA in half precision: triton where its own checks pass for the model's shape (run
     here against a pretend sm90 GPU), sliding windows included (ModernBERT's local layers and MPNet's bias
-    need nothing of the shape: the kernel serves both); varlen where they refuse (a head dim it lacks, an old GPU); sdpa without torch's varlen; a CPU gets sdpa."""
+    need nothing of the shape: the kernel serves both); varlen where they refuse (a head dim it lacks, an old
+    GPU); sdpa without torch's varlen; a CPU gets sdpa."""
     from rose import attention
     from rose.attention import default_backend_name, triton_varlen
 
