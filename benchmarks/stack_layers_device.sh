@@ -78,7 +78,8 @@ elif [ "${STEP}" = framed ]; then
     done
   done
 else
-  # VARIANTS: ';'-separated, each "LABEL [VAR=value ...] [ivy up flags ...]"
+  # VARIANTS: ';'-separated, each "LABEL [VAR=value ...] [ivy up flags ...]"; LAYERS, SUITES, EMBED (token
+  # counts of embed-latency), LEVELS, DURATION and TULIP_CALL (stream | unary | framed) choose the measurement
   IFS=';' read -ra variants <<< "${VARIANTS:-stream;unary IVY_GRPC_STREAM=false;idle1 TULIP_IDLE_CAPTURE_MS=1;tulips2 --tulips-per-gpu 2}"
   for variant in "${variants[@]}"; do
     set -- $variant
@@ -90,8 +91,9 @@ else
       for i in $(seq 2 $n); do metrics=$metrics,http://127.0.0.1:$((50150 + i))/metrics; done ;;
     esac
     start_stack $label "${envs[@]}" python3 -m ivy up "${flags[@]}"
-    layers $label $metrics --layers ${LAYERS:-ivy-text} --suite ${SUITES:-embed-latency,concurrency} --embed-tokens 128,4096 \
-      --concurrency-levels ${LEVELS:-1,2,4,8,16} --duration-s ${DURATION:-3}
+    layers $label $metrics --layers ${LAYERS:-ivy-text} --suite ${SUITES:-embed-latency,concurrency} \
+      --embed-tokens ${EMBED:-128,4096} --concurrency-levels ${LEVELS:-1,2,4,8,16} --duration-s ${DURATION:-3} \
+      ${TULIP_CALL:+--tulip-call $TULIP_CALL}
     stop_stack $label
   done
 fi

@@ -5,7 +5,8 @@ tokenizer fingerprint: Ivy's replica check passes) but its step() does no math: 
 that is already complete (as ROSE's is on a CPU), holding a constant unit-norm row per output row.
 Load it with `tulip serve --engine-factory benchmarks/zero_engine.py:ZeroEngine.from_pretrained`.
 
-`ZERO_ENGINE_DEVICE_MS` (default 0) gives it a device that takes that long per batch, batches one after
+`ZERO_ENGINE_DEVICE_MS` (default 0) gives it a device that takes that long per batch (plus
+`ZERO_ENGINE_US_PER_TOKEN` microseconds per token of the batch, default 0), batches one after
 another as on one CUDA stream: step() still returns at once, and wait() sleeps until the batch's end
 without the GIL, as a thread blocked on a CUDA event does. The harness's thread hand-offs then cost what
 they cost beside a GPU (a completer asleep, not handed a finished result).
@@ -69,6 +70,7 @@ class ZeroEngine:
         self._rows = np.full((max_rows, info.dimensions), 1.0 / np.sqrt(info.dimensions), dtype=np.float32)
         self.steps = 0
         self.device_s = float(os.environ.get("ZERO_ENGINE_DEVICE_MS", "0")) / 1e3
+        self.token_s = float(os.environ.get("ZERO_ENGINE_US_PER_TOKEN", "0")) / 1e6
         self._device_free_at = 0.0  # when the last batch leaves the fake device
         self._lock = threading.Lock()
 
@@ -90,10 +92,11 @@ class ZeroEngine:
         self.steps += 1
         n = batch.num_rows
         rows = self._rows[:n] if n <= self._rows.shape[0] else np.resize(self._rows, (n, self.info.dimensions))
-        if self.device_s <= 0:
+        device_s = self.device_s + self.token_s * batch.num_tokens
+        if device_s <= 0:
             return DoneLazy(rows)
         with self._lock:  # an express lane's steps would queue on the same device
-            done_at = self._device_free_at = max(time.monotonic(), self._device_free_at) + self.device_s
+            done_at = self._device_free_at = max(time.monotonic(), self._device_free_at) + device_s
         return DeviceLazy(rows, done_at)
 
     def replays(self, batch) -> bool:

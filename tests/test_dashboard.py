@@ -30,7 +30,8 @@ def exported() -> set[str]:
     tulip = TulipMetrics(CollectorRegistry())
     stats = {"pinned_bytes_in_use": 0, "pinned_bytes_cap": 1, "graphs_captured": 2, "graph_capture_seconds": 0.1,
              "step_seconds_last": 0.001, "runs": {("t128", "replay"): 3}}  # the keys ROSE's Engine.stats() has
-    tulip.bind_state(queue_depth=lambda: (0, 0), inflight=lambda: 0, ready=lambda: True, engine_stats=lambda: stats)
+    tulip.bind_state(queue_depth=lambda: (0, 0), inflight=lambda: 0, ready=lambda: True, engine_stats=lambda: stats,
+                     device_busy=lambda: 0.0)  # as TulipServer binds it
     return _sample_names(REGISTRY) | _sample_names(tulip.registry)
 
 

@@ -7,6 +7,9 @@ at scrape time by a custom collector, so they cost nothing between scrapes.
 Names (all exported by `TulipMetrics`):
   tulip_queue_sequences, tulip_queue_tokens          gauges: waiting work
   tulip_batches_in_flight, tulip_ready               gauges
+  tulip_device_busy_seconds_total                    counter: seconds with a batch on the device (its duty cycle)
+  tulip_thread_cpu_seconds_total{thread}             counter: CPU seconds of each Python thread (the event loop is
+                                                     MainThread): which one a saturated replica is short of
   tulip_queue_wait_seconds                           histogram: enqueue -> packed into a batch, per sequence
   tulip_batch_sequences, tulip_batch_tokens          histograms: per launched batch (real tokens)
   tulip_batch_padded_tokens                          histogram: when the engine reports its padded bucket
@@ -32,7 +35,9 @@ Names (all exported by `TulipMetrics`):
 from __future__ import annotations
 
 import logging
+import os
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -150,8 +155,9 @@ class TulipMetrics:
 
     def bind_state(self, *, queue_depth: Callable[[], tuple[int, int]], inflight: Callable[[], int],
                    ready: Callable[[], bool], engine_stats: Callable[[], dict] | None,
-                   lane_depth: Callable[[int], int] | None = None) -> None:
-        self.registry.register(_StateCollector(queue_depth, inflight, ready, engine_stats, lane_depth))
+                   lane_depth: Callable[[int], int] | None = None,
+                   device_busy: Callable[[], float] | None = None) -> None:
+        self.registry.register(_StateCollector(queue_depth, inflight, ready, engine_stats, lane_depth, device_busy))
 
     def serve(self, host: str, port: int) -> None:
         """Start the /metrics HTTP server (a daemon thread); port 0 leaves metrics off."""
@@ -165,9 +171,9 @@ class TulipMetrics:
 
 
 class _StateCollector:
-    def __init__(self, queue_depth, inflight, ready, engine_stats, lane_depth=None) -> None:
+    def __init__(self, queue_depth, inflight, ready, engine_stats, lane_depth=None, device_busy=None) -> None:
         self._queue_depth, self._inflight, self._ready, self._engine_stats = queue_depth, inflight, ready, engine_stats
-        self._lane_depth = lane_depth
+        self._lane_depth, self._device_busy = lane_depth, device_busy
 
     def describe(self):
         return []  # state is dynamic; skip registry-time collision checks
@@ -184,8 +190,34 @@ class _StateCollector:
                                 value=self._inflight())
         yield GaugeMetricFamily("tulip_ready", "1 once the model is loaded, warmed up and verified",
                                 value=1.0 if self._ready() else 0.0)
+        if self._device_busy is not None:
+            yield CounterMetricFamily("tulip_device_busy_seconds", "Seconds with a batch on the device (its duty "
+                                      "cycle as the batcher sees it: launch or the previous delivery to delivery)",
+                                      value=self._device_busy())
+        yield thread_cpu_family()
         if self._engine_stats is not None:
             yield from engine_stat_families(self._engine_stats)
+
+
+def thread_cpu_family() -> CounterMetricFamily:
+    """CPU seconds (user + system) of each live Python thread, by its name, from /proc (Linux; empty elsewhere)."""
+    family = CounterMetricFamily("tulip_thread_cpu_seconds", "CPU seconds of each Python thread (the event loop "
+                                 "runs on MainThread)", labels=["thread"])
+    seconds: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError, TypeError):
+            continue
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime
+        seconds[thread.name] = seconds.get(thread.name, 0.0) + ticks / _CLOCK_TICKS
+    for name, value in sorted(seconds.items()):
+        family.add_metric([name], value)
+    return family
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 _KNOWN = {

@@ -74,6 +74,7 @@ class TulipServer:
             queue_depth=lambda: self.queue.depth() if self.queue else (0, 0),
             lane_depth=lambda lane: self.queue.lane_tokens(lane) if self.queue else 0,
             inflight=lambda: sum(w.inflight for w in (self.worker, self.express) if w is not None),
+            device_busy=lambda: sum(w.device_busy_s for w in (self.worker, self.express) if w is not None),
             ready=lambda: self.ready and not self.stalled,
             engine_stats=self._engine_stats)
 

@@ -63,6 +63,7 @@ class Worker:
         self._stepping_since = 0.0  # monotonic time the launcher entered engine.step(); 0 = not inside it
         self._tail_end = 0.0  # when the last launched batch is expected to leave the device (monotonic)
         self._last_done = 0.0  # when the last delivered batch's rows reached the host (monotonic)
+        self.device_busy_s = 0.0  # seconds with a batch on the device (tulip_device_busy_seconds_total)
         self.held_launches = 0
         self._holding = False  # the launcher waits in queue.hold() for a delivery: poke it
         info = engine.info
@@ -281,6 +282,7 @@ class Worker:
                 self._started.popleft()
             on_device_from = max(item.launched_mono, self._last_done)  # it queued behind the previous one
             self._last_done = now
+            self.device_busy_s += max(0.0, now - on_device_from)
             self._tail_end = now + sum(self._estimates)
         if item.packed.lane_tokens[BULK]:
             self.queue.bulk_done()  # counted by the queue when it handed the batch out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -126,3 +127,28 @@ def test_full_garbage_collections_are_read_from_tulips_own_histogram() -> None:
         now = scrape([url])
     assert now["gc_full"] == 2 and now["gc_full_seconds"] == pytest.approx(0.18)  # generation 0 left out
     assert describe(delta({}, now)) == "gc2 2 (180 ms)"
+
+
+def test_device_duty_cycle_and_thread_cpu_are_read_from_tulips_names() -> None:
+    """tulip_device_busy_seconds_total and the loop's tulip_thread_cpu_seconds_total become shares of the
+    step's wall time: whether the device starved, and whether the event loop was the one short of CPU."""
+    from tulip.metrics import TulipMetrics
+
+    busy = [0.0]
+    metrics = TulipMetrics()
+    metrics.bind_state(queue_depth=lambda: (0, 0), inflight=lambda: 0, ready=lambda: True, engine_stats=None,
+                       device_busy=lambda: busy[0])
+    with _serving(metrics.registry) as url:
+        before = scrape([url])
+        busy[0] = 0.05
+        spin_until = time.process_time() + 0.05
+        while time.process_time() < spin_until:  # the main thread burns 50 ms of CPU
+            pass
+        time.sleep(0.05)
+        after = scrape([url])
+    change = delta(before, after)
+    assert change["device_busy_seconds"] == pytest.approx(0.05)
+    assert 0 < change["device_busy_share"] <= 0.05 / 0.1 + 1e-6  # at least 100 ms of wall went by
+    assert change["cpu_loop"] >= 0.03  # /proc counts in clock ticks (10 ms)
+    assert 0 < change["cpu_loop_share"] <= 1.0
+    assert "busy" in describe(change) and "loop" in describe(change)

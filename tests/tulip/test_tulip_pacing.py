@@ -178,3 +178,17 @@ def test_negative_value_is_refused() -> None:
 
     with pytest.raises(ValueError, match="pack_ahead_ms"):
         TulipConfig(pack_ahead_ms=-1)
+
+
+def test_device_busy_counts_time_with_a_batch_on_the_device_not_the_gaps() -> None:
+    """tulip_device_busy_seconds_total: a batch is on the device from its launch or the previous delivery,
+    whichever is later, to its own delivery; an idle gap between batches is not counted."""
+    from tulip.packing import Launched
+    from tulip.worker import Worker
+
+    worker = Worker(FakeEngine(), SequenceQueue(max_batch_tokens=100, max_batch_seqs=4, max_queue_tokens=1000))
+    packed = types.SimpleNamespace(lane_tokens=[10, 0], tokens=10)
+    for launched, done in ((100.000, 100.010), (100.001, 100.015), (100.020, 100.025)):  # two overlap, a gap
+        worker._inflight += 1
+        worker._account_delivery(Launched(packed, None, None, 0.0, launched_mono=launched, done_mono=done))
+    assert worker.device_busy_s == pytest.approx(0.010 + 0.005 + 0.005)
