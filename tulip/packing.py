@@ -14,8 +14,16 @@ from tulip.scheduler import PackedBatch, QueuedSequence
 log = logging.getLogger("tulip.worker")
 
 
+_ROW_ZERO = np.zeros(1, dtype=np.int64)
+_ROW_ZERO.flags.writeable = False
+
+
 def build_batch(sequences: list[QueuedSequence]) -> tuple[Batch, np.ndarray]:
     """Pack sequences back to back into a rose.Batch; returns it and each sequence's first output row."""
+    if len(sequences) == 1 and sequences[0].types is None:  # a lone query: its own arrays, no concatenation
+        seq = sequences[0]
+        return Batch(token_ids=seq.tokens.astype(np.int32, copy=False), seq_lens=np.array([seq.num_tokens], np.int32),
+                     spans=seq.spans.astype(np.int32, copy=False).reshape(-1, 2)), _ROW_ZERO
     lens = np.fromiter((s.num_tokens for s in sequences), dtype=np.int32, count=len(sequences))
     starts = np.zeros(len(sequences), dtype=np.int32)
     np.cumsum(lens[:-1], out=starts[1:])

@@ -181,3 +181,28 @@ def test_share_one_is_request_fcfs() -> None:
     push_flow(q, [1], first_marker=1)
     assert markers(q.next_batch(timeout=0)) == list(range(100, 110))
     assert markers(q.next_batch(timeout=0)) == [110, 111, 1]
+
+
+def test_build_batch_packs_one_sequence_and_several_alike() -> None:
+    """A lone sequence takes build_batch's short path (its own arrays); it must give the same Batch as the
+    general path gives that sequence beside others, late-chunking spans and token types included."""
+    import numpy as np
+
+    from tulip.packing import build_batch
+    from tulip.queue_types import QueuedSequence
+
+    def seq(n: int, spans, types=None) -> QueuedSequence:
+        return QueuedSequence(ticket=None, tokens=np.arange(100, 100 + n, dtype="<i4"),
+                              spans=np.asarray(spans, np.int32), rows=np.arange(len(spans)), types=types)
+
+    chunked = seq(7, [[0, 3], [3, 7]])
+    alone, rows = build_batch([chunked])
+    assert rows.tolist() == [0]
+    assert alone.token_ids.tolist() == list(range(100, 107)) and alone.seq_lens.tolist() == [7]
+    assert alone.spans.tolist() == [[0, 3], [3, 7]] and alone.token_types is None
+    both, rows = build_batch([seq(2, [[0, 2]]), chunked])
+    assert rows.tolist() == [0, 1] and both.seq_lens.tolist() == [2, 7]
+    assert both.spans.tolist() == [[0, 2], [2, 5], [5, 9]]
+    assert both.token_ids[2:].tolist() == alone.token_ids.tolist()
+    typed, _ = build_batch([seq(3, [[0, 3]], types=np.array([0, 1, 1], np.uint8))])  # pairs: the general path
+    assert typed.token_types.tolist() == [0, 1, 1] and typed.token_types.dtype == np.int32
