@@ -132,8 +132,18 @@ def pack_batch(batch: Batch, layout: MetaLayout | None = None, *, pad_id: int = 
     longest = int(batch.seq_lens.max()) if s else 0
     if max_length is not None and longest > max_length:
         raise BatchError(f"a sequence has {longest} tokens; the model takes at most {max_length}")
+    if s == 1 and p == 1 and types is None:
+        return _pack_one(batch, layout, pad_id)
+    return _pack_general(batch, layout, pad_id, longest)
+
+
+def _pack_general(batch: Batch, layout: MetaLayout, pad_id: int, longest: int) -> HostMeta:
+    """pack_batch's general rule, for a validated batch."""
+    t, s, p = batch.num_tokens, batch.num_seqs, batch.num_rows
+    ids, types = batch.token_ids, batch.token_types
+    cu_seqlens = batch.cu_seqlens
     seq_ids = np.repeat(np.arange(s, dtype=np.int64), batch.seq_lens)
-    span_index = _span_index(batch.spans, seq_ids, t, layout, batch.cu_seqlens)
+    span_index = _span_index(batch.spans, seq_ids, t, layout, cu_seqlens)
 
     packed = np.zeros(layout.words, dtype=np.int64)
     tb = layout.tokens
@@ -148,7 +158,7 @@ def pack_batch(batch: Batch, layout: MetaLayout | None = None, *, pad_id: int = 
     cu_at = 5 * tb
     count_at = cu_at + layout.cu_words
     cu = packed[cu_at:count_at].view(np.int32)[: layout.seqs + 1]
-    cu[: s + 1] = batch.cu_seqlens
+    cu[: s + 1] = cu_seqlens
     cu[s + 1:] = tb
     counts = packed[count_at:count_at + layout.count_words].view(np.float32)[: layout.rows]
     counts[:] = 1.0
@@ -156,6 +166,34 @@ def pack_batch(batch: Batch, layout: MetaLayout | None = None, *, pad_id: int = 
         counts[:p] = batch.spans[:, 1] - batch.spans[:, 0]
     return HostMeta(layout=layout, packed=packed, num_tokens=t, num_seqs=s, num_rows=p,
                     max_seqlen=max(longest, tb - t), cu_seqlens=cu.copy())
+
+
+def _pack_one(batch: Batch, layout: MetaLayout, pad_id: int, longest: int = 0) -> HostMeta:
+    """pack_batch for one sequence pooled into one row (a lone query: what latency is made of), writing the
+    packed words directly instead of through the general rule's ~40 array operations: the same array
+    (tests/rose/test_rose_batching.py holds the two equal)."""
+    t, tb = batch.num_tokens, layout.tokens
+    start, end = int(batch.spans[0, 0]), int(batch.spans[0, 1])
+    if not 0 <= start < end <= t:
+        raise BatchError(f"spans must be non-empty [start, end) ranges within the batch's {t} tokens")
+    packed = np.zeros(layout.words, dtype=np.int64)
+    packed[0:t] = batch.token_ids
+    packed[t:tb] = pad_id
+    packed[tb:tb + t] = np.arange(t, dtype=np.int64)  # positions; padding's stay 0
+    packed[2 * tb + t:3 * tb] = 1  # seq ids: 0 for the sequence (already), 1 for the padding pseudo-sequence
+    span_index = packed[3 * tb:4 * tb]
+    span_index[:] = layout.rows  # tokens outside the span pool into the dummy row
+    span_index[start:end] = 0
+    cu_at = 5 * tb
+    count_at = cu_at + layout.cu_words
+    cu = packed[cu_at:count_at].view(np.int32)[: layout.seqs + 1]
+    cu[1] = t
+    cu[2:] = tb
+    counts = packed[count_at:count_at + layout.count_words].view(np.float32)[: layout.rows]
+    counts[:] = 1.0
+    counts[0] = end - start
+    return HostMeta(layout=layout, packed=packed, num_tokens=t, num_seqs=1, num_rows=1,
+                    max_seqlen=max(t, tb - t), cu_seqlens=cu.copy())
 
 
 def _span_index(spans: np.ndarray, seq_ids: np.ndarray, t: int, layout: MetaLayout,

@@ -164,3 +164,36 @@ def test_the_one_row_per_sequence_shortcut_packs_as_the_general_rule():
         else:
             assert fast is general, (lens, spans)
     assert shortcut >= 200  # the shortcut's cases were met, and agree
+
+
+def test_one_sequence_packs_as_the_general_rule():
+    """pack_batch's lone-query path (rose.meta._pack_one: one sequence, one row, no token types) writes the
+    same packed words and HostMeta as the general rule, at exact sizes and in larger bucket layouts, for a
+    whole, first-token, last-token or inner span; a span outside the sequence is refused by both alike."""
+    from rose.meta import _pack_general, _pack_one
+
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        t = int(rng.integers(1, 40))
+        ids = rng.integers(0, 1000, t).astype(np.int32)
+        kind = trial % 5
+        start, end = [(0, t), (0, 1), (t - 1, t), (int(rng.integers(0, t)), None), (int(rng.integers(-1, t + 1)), None)][kind]
+        if end is None:
+            end = int(rng.integers(start + (kind == 3), t + 2 if kind == 4 else t + 1))
+        batch = Batch(token_ids=ids, seq_lens=np.array([t], np.int32), spans=np.array([[start, end]], np.int32))
+        layout = [None, MetaLayout(t, 1, 1), MetaLayout(t + int(rng.integers(1, 9)), 2, int(rng.integers(1, 4)),
+                                                     int(rng.integers(0, 50)))][trial % 3] or MetaLayout(t, 1, 1)
+        results = []
+        for pack in (_pack_general, _pack_one):
+            try:
+                results.append(pack(batch, layout, 7, t))
+            except BatchError as exc:
+                results.append(type(exc))
+        general, fast = results
+        if isinstance(general, type):
+            assert fast is general, (t, start, end)
+            continue
+        assert np.array_equal(general.packed, fast.packed), (t, start, end, layout)
+        assert np.array_equal(general.cu_seqlens, fast.cu_seqlens)
+        assert (general.num_tokens, general.num_seqs, general.num_rows, general.max_seqlen, general.layout) == \
+            (fast.num_tokens, fast.num_seqs, fast.num_rows, fast.max_seqlen, fast.layout)
