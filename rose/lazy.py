@@ -48,6 +48,19 @@ def size_class(nbytes: int) -> int:
 class PinnedBuffer:
     tensor: torch.Tensor  # uint8 [nbytes], pinned when the pool pins
     nbytes: int  # the size class, what counts against the cap
+    array: np.ndarray | None = None  # the same bytes as numpy, made once (a step reads and writes through it)
+    event: Any = None  # the CUDA event a step records after its copy out; recorded again by the buffer's next
+    # step, which can only have it once the pool saw this one complete (release(after=event))
+
+    def __post_init__(self) -> None:
+        if self.array is None:
+            self.array = self.tensor.numpy()
+
+    def done_event(self) -> Any:
+        """This buffer's CUDA event, created at its first step."""
+        if self.event is None:
+            self.event = torch.cuda.Event()
+        return self.event
 
 
 class PinnedPool:
@@ -177,7 +190,7 @@ class LazyTensor:
         if buffer is None:
             self._array = np.zeros(self.shape, dtype=np.float32)
         else:
-            raw = buffer.tensor.numpy()[offset: offset + nbytes]
+            raw = buffer.array[offset: offset + nbytes]
             self._array = raw.view(np.float32).reshape(self.shape)
 
     @property

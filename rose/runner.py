@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 
 from rose.attention import make_backend
@@ -173,9 +174,9 @@ class ModelRunner:
         if not self.on_cuda:
             return torch.from_numpy(host.packed)
         at = self._staging_at(host)
-        staged = buf.tensor[at: at + host.layout.nbytes].view(torch.int64)
-        staged.numpy()[:] = host.packed
-        return staged
+        end = at + host.layout.nbytes
+        buf.array[at:end].view(np.int64)[:] = host.packed
+        return buf.tensor[at:end].view(torch.int64)
 
     def _dispatch(self, graphs: CudaGraphs | None, host: HostMeta, staged: torch.Tensor,
                   backend=None) -> tuple[torch.Tensor, str]:
@@ -191,7 +192,7 @@ class ModelRunner:
         rows.copy_(out[: host.num_rows], non_blocking=self.on_cuda)
         if not self.on_cuda:
             return None
-        event = torch.cuda.Event()
+        event = buf.done_event()
         event.record()
         return event
 
