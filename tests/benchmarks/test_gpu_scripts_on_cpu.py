@@ -143,3 +143,17 @@ def test_express_inprocess_runs_its_variants_on_cpu(tmp_path: Path, minilm_dir: 
     assert got["alone"]["queries"] > 0 and got["alone"]["bulk_tokens_per_s"] == 0
     assert got["bulk-alone"]["queries"] == 0 and got["bulk-alone"]["bulk_tokens_per_s"] > 0
     assert got["main"]["queries"] > 0 and got["main"]["bulk_tokens_per_s"] > 0
+
+
+def test_step_host_times_every_phase_on_cpu(tmp_path: Path, minilm_dir: Path) -> None:
+    """benchmarks.step_host walks ModelRunner.step()'s own phases (a renamed phase fails here, not on the
+    device) and writes every phase for every shape."""
+    from benchmarks.step_host import PHASES, main as step_host
+
+    out = tmp_path / "step_host.json"
+    assert step_host(["--model-dir", str(minilm_dir), "--iters", "3", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"1x128", "1x512", "8x128", "16-docs"}
+    for phases in results.values():
+        assert set(phases) == set(PHASES)
+        assert phases["pack"]["p50_us"] > 0 and phases["host_to_host"]["p50_us"] >= phases["step"]["p50_us"]
