@@ -168,7 +168,7 @@ def _pack_general(batch: Batch, layout: MetaLayout, pad_id: int, longest: int) -
                     max_seqlen=max(longest, tb - t), cu_seqlens=cu.copy())
 
 
-def _pack_one(batch: Batch, layout: MetaLayout, pad_id: int, longest: int = 0) -> HostMeta:
+def _pack_one(batch: Batch, layout: MetaLayout, pad_id: int) -> HostMeta:
     """pack_batch for one sequence pooled into one row (a lone query: what latency is made of), writing the
     packed words directly instead of through the general rule's ~40 array operations: the same array
     (tests/rose/test_rose_batching.py holds the two equal)."""

@@ -192,32 +192,54 @@ class _StateCollector:
                                 value=1.0 if self._ready() else 0.0)
         if self._device_busy is not None:
             yield CounterMetricFamily("tulip_device_busy_seconds", "Seconds with a batch on the device (its duty "
-                                      "cycle as the batcher sees it: launch or the previous delivery to delivery)",
+                                      "cycle as the batcher sees it: launch or the previous delivery to delivery; "
+                                      "the express lane's batches add theirs, so it may pass 1 a second)",
                                       value=self._device_busy())
         yield thread_cpu_family()
         if self._engine_stats is not None:
             yield from engine_stat_families(self._engine_stats)
 
 
-def thread_cpu_family() -> CounterMetricFamily:
-    """CPU seconds (user + system) of each live Python thread, by its name, from /proc (Linux; empty elsewhere)."""
-    family = CounterMetricFamily("tulip_thread_cpu_seconds", "CPU seconds of each Python thread (the event loop "
-                                 "runs on MainThread)", labels=["thread"])
-    seconds: dict[str, float] = {}
-    for thread in threading.enumerate():
-        try:
-            with open(f"/proc/self/task/{thread.native_id}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError, TypeError):
-            continue
-        ticks = int(fields[11]) + int(fields[12])  # utime, stime
-        seconds[thread.name] = seconds.get(thread.name, 0.0) + ticks / _CLOCK_TICKS
-    for name, value in sorted(seconds.items()):
-        family.add_metric([name], value)
-    return family
+class _ThreadCpu:
+    """CPU seconds (user + system) per Python thread name, from /proc (Linux; nothing elsewhere). Threads of one
+    name add up, and a thread that ended keeps what it used, so each name's count only grows (a counter)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # scrapes may overlap
+        self._live: dict[int, tuple[str, float]] = {}  # native id -> (name, seconds at the last read)
+        self._ended: dict[str, float] = {}
+
+    def read(self) -> dict[str, float]:
+        with self._lock:
+            now: dict[int, tuple[str, float]] = {}
+            for thread in threading.enumerate():
+                try:
+                    with open(f"/proc/self/task/{thread.native_id}/stat", "rb") as f:
+                        fields = f.read().rsplit(b")", 1)[1].split()
+                except (OSError, IndexError, TypeError):
+                    continue
+                now[thread.native_id] = (thread.name, (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)
+            for native_id, (name, seconds) in self._live.items():
+                if native_id not in now:  # ended since the last read: what it used stays counted
+                    self._ended[name] = self._ended.get(name, 0.0) + seconds
+            self._live = now
+            totals = dict(self._ended)
+            for name, seconds in now.values():
+                totals[name] = totals.get(name, 0.0) + seconds
+            return totals
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_THREAD_CPU = _ThreadCpu()
+
+
+def thread_cpu_family() -> CounterMetricFamily:
+    """tulip_thread_cpu_seconds_total{thread}: each Python thread's CPU seconds (the event loop is MainThread)."""
+    family = CounterMetricFamily("tulip_thread_cpu_seconds", "CPU seconds of each Python thread (the event loop "
+                                 "runs on MainThread)", labels=["thread"])
+    for name, value in sorted(_THREAD_CPU.read().items()):
+        family.add_metric([name], value)
+    return family
 
 
 _KNOWN = {

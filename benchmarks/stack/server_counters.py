@@ -61,6 +61,8 @@ def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
         out["mean_batch_ms"] = round(out.get("batch_seconds", 0.0) / out["batches"] * 1e3, 3)
     replicas = max(1, round(after.get("replicas", 1.0)))
     out.pop("replicas", None)
+    if "wall_seconds" not in before:  # no earlier reading: no interval to share out
+        out.pop("wall_seconds", None)
     wall = out.get("wall_seconds", 0.0)
     if wall > 0:  # shares of one replica's wall time (summed over the replicas: divided by their count)
         for key, share in _SHARES.items():
@@ -86,6 +88,7 @@ def describe(change: dict[str, float]) -> str:
         parts.append(f"batches {int(change['batches'])} ({change.get('mean_batch_ms', 0):.1f} ms{per})")
     if "device_busy_share" in change:
         parts.append(f"busy {change['device_busy_share']:.0%}")
-    if "cpu_loop_share" in change:
-        parts.append(f"loop {change['cpu_loop_share']:.0%} launcher {change.get('cpu_launcher_share', 0):.0%}")
+    for key, label in (("cpu_loop_share", "loop"), ("cpu_launcher_share", "launcher")):
+        if key in change:
+            parts.append(f"{label} {change[key]:.0%}")
     return " ".join(parts)

@@ -152,3 +152,36 @@ def test_device_duty_cycle_and_thread_cpu_are_read_from_tulips_names() -> None:
     assert change["cpu_loop"] >= 0.03  # /proc counts in clock ticks (10 ms)
     assert 0 < change["cpu_loop_share"] <= 1.0
     assert "busy" in describe(change) and "loop" in describe(change)
+
+
+def test_a_thread_that_ends_keeps_its_cpu_in_the_count_and_no_earlier_reading_means_no_shares() -> None:
+    """tulip_thread_cpu_seconds_total only grows: threads of one name add up and an ended thread's seconds
+    stay. delta() without an earlier reading has no interval, so it gives no shares."""
+    from tulip.metrics import _ThreadCpu
+
+    cpu = _ThreadCpu()
+    go = threading.Event()
+    burned = threading.Semaphore(0)
+
+    def burn() -> None:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        burned.release()
+        go.wait(10)
+
+    workers = [threading.Thread(target=burn, name="burner") for _ in range(2)]
+    for w in workers:
+        w.start()
+    for _ in workers:
+        assert burned.acquire(timeout=30)
+    during = cpu.read()["burner"]
+    go.set()
+    for w in workers:
+        w.join()
+    after = cpu.read().get("burner", 0.0)
+    assert during >= 0.08  # both threads' ~50 ms, in 10 ms ticks
+    assert after >= during, "an ended thread's seconds stay counted"
+    change = delta({}, {"wall_seconds": 123.0, "device_busy_seconds": 1.0, "cpu_loop": 2.0})
+    assert "wall_seconds" not in change and "device_busy_share" not in change
+    assert describe(change) == ""

@@ -184,9 +184,9 @@ def test_one_sequence_packs_as_the_general_rule():
         layout = [None, MetaLayout(t, 1, 1), MetaLayout(t + int(rng.integers(1, 9)), 2, int(rng.integers(1, 4)),
                                                      int(rng.integers(0, 50)))][trial % 3] or MetaLayout(t, 1, 1)
         results = []
-        for pack in (_pack_general, _pack_one):
+        for pack, extra in ((_pack_general, (t,)), (_pack_one, ())):
             try:
-                results.append(pack(batch, layout, 7, t))
+                results.append(pack(batch, layout, 7, *extra))
             except BatchError as exc:
                 results.append(type(exc))
         general, fast = results
