@@ -85,7 +85,7 @@ def measure(engine: Engine, batch: Batch, iters: int) -> dict[str, dict[str, flo
         samples["host_to_host"].append((t2 - t0) * 1e6)
     if not runner.on_cuda:  # a smoke run on a CPU: no graph to replay
         samples["replay"] = samples["gpu"] = [0.0]
-        return {p: {"p50_us": float(np.median(v)), "p90_us": float(np.percentile(v, 90))} for p, v in samples.items()}
+        return _summary(samples)
     entry = runner.graphs.graphs[runner._layout(runner.graphs, batch)]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(iters):
@@ -98,6 +98,10 @@ def measure(engine: Engine, batch: Batch, iters: int) -> dict[str, dict[str, flo
         end.synchronize()
         samples["replay"].append((t1 - t0) * 1e6)
         samples["gpu"].append(start.elapsed_time(end) * 1e3)
+    return _summary(samples)
+
+
+def _summary(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     return {p: {"p50_us": float(np.median(v)), "p90_us": float(np.percentile(v, 90))} for p, v in samples.items()}
 
 

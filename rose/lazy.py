@@ -14,7 +14,7 @@ import asyncio
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,13 +48,12 @@ def size_class(nbytes: int) -> int:
 class PinnedBuffer:
     tensor: torch.Tensor  # uint8 [nbytes], pinned when the pool pins
     nbytes: int  # the size class, what counts against the cap
-    array: np.ndarray | None = None  # the same bytes as numpy, made once (a step reads and writes through it)
+    array: np.ndarray = field(init=False, repr=False)  # the same bytes as numpy, made once (steps go through it)
     event: Any = None  # the CUDA event a step records after its copy out; recorded again by the buffer's next
     # step, which can only have it once the pool saw this one complete (release(after=event))
 
     def __post_init__(self) -> None:
-        if self.array is None:
-            self.array = self.tensor.numpy()
+        self.array = self.tensor.numpy()
 
     def done_event(self) -> Any:
         """This buffer's CUDA event, created at its first step."""

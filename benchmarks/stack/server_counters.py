@@ -29,6 +29,8 @@ _SUMMED = {"rose_graph_capture_seconds": "capture_seconds", "tulip_batch_seconds
            "tulip_batch_tokens_sum": "batch_tokens"}
 _THREADS = {"MainThread": "cpu_loop", "tulip-launcher": "cpu_launcher", "tulip-completer": "cpu_completer"}
 _GC_FULL = {"tulip_gc_pause_seconds_count": "gc_full", "tulip_gc_pause_seconds_sum": "gc_full_seconds"}
+_SHARES = {"device_busy_seconds": "device_busy_share", "cpu_loop": "cpu_loop_share",
+           "cpu_launcher": "cpu_launcher_share", "cpu_completer": "cpu_completer_share"}  # delta(): / wall
 
 
 def scrape(urls: list[str], timeout_s: float = 5.0) -> dict[str, float]:
@@ -70,9 +72,6 @@ def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
                 out[share] = round(out[key] / wall / replicas, 4)
     return out
 
-
-_SHARES = {"device_busy_seconds": "device_busy_share", "cpu_loop": "cpu_loop_share",
-           "cpu_launcher": "cpu_launcher_share", "cpu_completer": "cpu_completer_share"}
 
 
 def describe(change: dict[str, float]) -> str:
