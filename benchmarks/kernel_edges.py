@@ -1,16 +1,17 @@
-"""What the edges between a small batch's graph nodes cost, and what programmatic dependent launch (PDL) and
-weights already in L2 change: Qwen3-0.6B's layer kernels at 128 tokens, as CUDA-graph replays. On the GPU:
+"""What the edges between a small batch's graph nodes cost, and what weights already in L2 would change:
+Qwen3-0.6B's layer kernels at 128 tokens, as CUDA-graph replays. On the GPU:
 
     python -m benchmarks.kernel_edges [--tokens 128] [--json FILE]
 
 Rows, µs per replay (median), 28 layers with weights of their own unless 'hot':
-- norms: 252 add+RMSNorm kernels back to back (rose.layers.fused), PDL off / on: the edge's own cost
+- norms: 252 add+RMSNorm kernels back to back (rose.layers.fused): a small kernel and its edge
 - layers: a decoder layer's nine kernels x 28 (add+RMSNorm, QKV GEMM, QK-norm+RoPE, attention, O GEMM,
-  add+RMSNorm, gate-up GEMM, SiLU*mul, down GEMM), PDL off / on: the model's GPU time less embedding and pooling
+  add+RMSNorm, gate-up GEMM, SiLU*mul, down GEMM): the model's GPU time less embedding and pooling
 - gemms: the 112 GEMMs alone; hot: one layer's weights every time (L2 holds them): what prefetching could win
 - gemms + prefetch: the cold GEMMs with the next GEMM's weight prefetched into L2 on a side stream meanwhile
   (`line`: prefetch.global.L2::evict_last per 128-byte line; `bulk`: cp.async.bulk.prefetch.L2 per 4 KiB)
-Prints one table last.
+Prints one table last. (Programmatic dependent launch was measured with this script at cce8f5a, whose kernels
+had it: benchmarks/NOTES.md, "Kernel edges".)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import triton.language as tl
 
 from benchmarks import gpu_env
 from rose.attention.triton_varlen import varlen_attention
-from rose.layers import fused, launch
+from rose.layers import fused
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 28, 1024, 16, 8, 128, 3072
 SHAPES = {"qkv": ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), "o": (HIDDEN, HEADS * HEAD_DIM),
@@ -121,14 +122,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
     cold, hot = Layers(args.tokens), Layers(args.tokens, hot=True)
-    rows: dict[str, float | str] = {}
-    for pdl in (False, True, False, True):  # each twice, alternating
-        launch.ENABLED = pdl
-        tag = "pdl" if pdl else "plain"
+    rows: dict[str, list[float] | str] = {}
+    for _ in range(2):  # each twice, side by side
         for name, fn in (("norms", cold.norms), ("layers", cold.layers)):
-            rows.setdefault(f"{name} {tag}", [])
-            rows[f"{name} {tag}"].append(round(median_us(fn), 1))
-    launch.ENABLED = False
+            rows.setdefault(name, []).append(round(median_us(fn), 1))  # type: ignore[union-attr]
     rows["gemms cold"] = [round(median_us(cold.gemms), 1)]
     rows["gemms hot"] = [round(median_us(hot.gemms), 1)]
     for how in ("line", "bulk"):

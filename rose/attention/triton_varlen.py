@@ -27,13 +27,11 @@ import torch
 
 from rose.attention.base import FULL, AttentionBackend, AttentionBackendError
 from rose.attention.shape import AttentionShape
-from rose.layers.launch import launch_options, programmatic
 from rose.meta import ForwardMeta
 
 try:  # Triton ships with CUDA builds of torch; CPU builds do without it
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
 
@@ -115,11 +113,7 @@ if triton is not None:
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                           M_BLOCKS, window, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
-                          BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, SPLIT: tl.constexpr,
-                          PDL: tl.constexpr):
-        if PDL:  # rose.layers.launch: q, k, v come from the kernel before
-            gdc_wait()
-            gdc_launch_dependents()
+                          BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, SPLIT: tl.constexpr):
         mb = M_BLOCKS - 1 - tl.program_id(0)  # the longest (causal: most work) query blocks first
         seq = tl.program_id(1)
         head = tl.program_id(2)
@@ -194,7 +188,6 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                              f"{position_bias.dtype}")
         position_bias = position_bias.contiguous()
         max_distance = position_bias.shape[1] // 2
-    pdl = programmatic(q)
     _attention_kernel[grid](q, k, v, out, cu_seqlens, position_bias if position_bias is not None else cu_seqlens,
                             scale * LOG2E,
                             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -202,7 +195,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             GROUP=heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                             CAUSAL=causal, WINDOWED=window != FULL, BIASED=position_bias is not None,
                             MAX_DISTANCE=max_distance, SPLIT=split and window == FULL,  # windows stay masked
-                            PDL=pdl, num_warps=warps, num_stages=stages, **launch_options(pdl))
+                            num_warps=warps, num_stages=stages)
     return out
 
 

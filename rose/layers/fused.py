@@ -21,12 +21,9 @@ import os
 
 import torch
 
-from rose.layers.launch import launch_options, programmatic
-
 try:  # Triton ships with CUDA builds of torch; on a CPU (and in CI, where dev installs Triton) the torch fallbacks run
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
 
@@ -121,11 +118,10 @@ def launch_qk_norm_rope(qkv, q, k, q_weight, k_weight, positions, inv_freq, eps:
     block_t = block_tokens or qk_block_tokens(t, num_heads)
     block_hq, block_hk = triton.next_power_of_2(num_heads), triton.next_power_of_2(num_kv_heads)
     elements = block_t * block_hq * head_dim
-    pdl = programmatic(qkv)
     _qk_norm_rope_kernel[(triton.cdiv(t, block_t), 2)](
         qkv, q, k, q_weight, k_weight, positions, inv_freq, qkv.stride(0), t, num_heads, num_kv_heads, eps,
-        HALF=head_dim // 2, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, NORM=QK_NORMS[norm], PDL=pdl,
-        num_warps=4 if elements <= 4096 else 8, **launch_options(pdl))
+        HALF=head_dim // 2, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, NORM=QK_NORMS[norm],
+        num_warps=4 if elements <= 4096 else 8)
 
 
 def precompile_qk_norm_rope(attn) -> int:
@@ -160,10 +156,9 @@ def gate_mul(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
             return torch.nn.functional.silu(gate) * up
         return torch.nn.functional.gelu(gate, approximate="tanh") * up
     out = torch.empty(gate_up.shape[0], inner, dtype=gate_up.dtype, device=gate_up.device)
-    block, pdl = 1024, programmatic(gate_up)
+    block = 1024
     _act_mul_kernel[(gate_up.shape[0], triton.cdiv(inner, block))](gate_up, out, inner, gate_up.stride(0),
-                                                                    ACT=GATE_ACTS[act], BLOCK=block, PDL=pdl,
-                                                                    **launch_options(pdl))
+                                                                    ACT=GATE_ACTS[act], BLOCK=block)
     return out
 
 
@@ -176,24 +171,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def _launch_add_rms(x, residual, weight, out, res_out, eps: float, gemma: bool = False) -> None:
     rows, cols = x.shape[0], x.shape[-1]
     block = triton.next_power_of_2(cols)
-    has_res, pdl = residual is not None, programmatic(x)
+    has_res = residual is not None
     _add_rms_kernel[(rows,)](x, residual if has_res else x, weight, out, res_out if has_res else out,
-                             cols, x.stride(0), eps, HAS_RES=has_res, GEMMA=gemma, BLOCK=block, PDL=pdl,
-                             num_warps=4 if block <= 2048 else 8, **launch_options(pdl))
+                             cols, x.stride(0), eps, HAS_RES=has_res, GEMMA=gemma, BLOCK=block,
+                             num_warps=4 if block <= 2048 else 8)
 
 
 if triton is not None:
 
     @triton.jit
     def _add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, cols, stride, eps,
-                        HAS_RES: tl.constexpr, GEMMA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                        HAS_RES: tl.constexpr, GEMMA: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < cols
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: no wait for the kernel before
-        if PDL:  # rose.layers.launch
-            gdc_wait()
-            gdc_launch_dependents()
         x = tl.load(x_ptr + row * stride + offs, mask=mask, other=0.0)
         if HAS_RES:
             r = tl.load(res_ptr + row * stride + offs, mask=mask, other=0.0)
@@ -201,6 +192,7 @@ if triton is not None:
             tl.store(res_out_ptr + row * stride + offs, x, mask=mask)
         h = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(h * h, axis=0) / cols + eps)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if GEMMA:  # (1 + w) * x, rounded once
             y = h * rstd * (1.0 + w)
         else:  # w * round(x), as HF's Qwen3/Llama RMSNorm
@@ -241,10 +233,7 @@ if triton is not None:
     @triton.jit
     def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, inv_freq_ptr, stride, tokens,
                              num_heads, num_kv_heads, eps, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-                             BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # rose.layers.launch
-            gdc_wait()
-            gdc_launch_dependents()
+                             BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, NORM: tl.constexpr):
         if tl.program_id(1) == 0:
             _norm_rope_heads(qkv_ptr, q_ptr, qw_ptr, pos_ptr, inv_freq_ptr, stride, tokens, 0, num_heads, eps,
                              HALF, BLOCK_T, BLOCK_HQ, NORM)
@@ -253,10 +242,7 @@ if triton is not None:
                              num_kv_heads, eps, HALF, BLOCK_T, BLOCK_HK, NORM)
 
     @triton.jit
-    def _act_mul_kernel(gu_ptr, out_ptr, inner, stride, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # rose.layers.launch
-            gdc_wait()
-            gdc_launch_dependents()
+    def _act_mul_kernel(gu_ptr, out_ptr, inner, stride, ACT: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < inner
