@@ -2,9 +2,10 @@
 
     rose info MODEL_DIR                 the EngineInfo as JSON
     rose embed MODEL_DIR "text" ...     embeddings as JSON (default options of the model)
+    rose smoke MODEL_DIR [KEYS]         graph replay vs eager on this GPU; exit 1 on failure (deploy gate)
+    rose build-kernels MODEL_DIR [--backends B,..] [--cache-dir DIR]   compile JIT and Triton kernels ahead
 
-Engine options are flags and ROSE_* environment variables (rose.flags).     rose smoke MODEL_DIR [KEYS]         graph replay vs eager on this GPU; exit 1 on failure (deploy gate)
-    rose build-kernels MODEL_DIR [--backends B,..] [--cache-dir DIR]   compile JIT attention kernels ahead
+Engine options are flags and ROSE_* environment variables (rose.flags).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rose.flags import add_config_arguments, config_from_args
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS, parse_layouts
@@ -105,21 +108,24 @@ def cmd_embed(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 
 def cmd_build_kernels(args: argparse.Namespace, cfg: EngineConfig) -> int:
-    """Image build step: compile FlashInfer / FA4 kernels for this model's shape into --cache-dir, so a
-    replica started with ROSE_KERNEL_CACHE_DIR=DIR loads them instead of compiling at start."""
+    """Compile kernels ahead of serving into --cache-dir, so a replica started with ROSE_KERNEL_CACHE_DIR=DIR
+    loads them instead of compiling at start. On a GPU: the JIT attention backends (FlashInfer / FA4) for this
+    model's shape, and a warm-up of the engine, which compiles ROSE's Triton kernels and records their variants
+    beside the model (rose_kernels.json, rose.kernel_ahead). Without a GPU (an image build): that manifest's
+    Triton variants, for the GPU it was recorded on."""
     from rose.attention.kernels import JIT_BACKENDS, use_kernel_cache
 
     cache = use_kernel_cache(args.cache_dir)  # before flashinfer / flash_attn are imported
     import torch
 
+    from rose import kernel_ahead
     from rose.attention import AttentionShape, ServingProfile, profile_path
     from rose.attention.kernels import build_kernels
     from rose.engine import resolve_dtype
     from rose.spec import load_spec
 
     if not torch.cuda.is_available():
-        print("rose build-kernels: no CUDA device; the kernels compile for the GPU they run on", file=sys.stderr)
-        return 1
+        return _build_triton_from_manifest(kernel_ahead.manifest_paths(Path(args.model_dir))[0], cache)
     spec = load_spec(args.model_dir)
     named = args.backends not in (None, "", "profile")
     backends = args.backends.split(",") if named else list(JIT_BACKENDS)
@@ -131,8 +137,33 @@ def cmd_build_kernels(args: argparse.Namespace, cfg: EngineConfig) -> int:
     print(f"{'backend':16s} {'status':12s} {'first use s':>11s}  cache {cache or '(library default)'}")
     for r in records:
         print(f"{r['backend']:16s} {r['status']:12s} {r['seconds']:11.2f}  {r.get('error', '')}")
+    start = time.perf_counter()
+    engine = load_engine(args.model_dir, dataclasses.replace(cfg, graph_manifest=None))
+    engine.warmup()  # ROSE's Triton kernels, every variant the serving start compiles
+    variants = engine.save_kernel_manifest()
+    engine.close()
+    print(f"{'triton (ROSE)':16s} {'built':12s} {time.perf_counter() - start:11.2f}  {variants} variants in "
+          f"{engine.kernel_manifest}")
     bad = [r for r in records if r["status"] == "failed" or (named and r["status"] == "unavailable")]
     return 1 if bad else 0
+
+
+def _build_triton_from_manifest(manifest_path, cache) -> int:
+    """No GPU: compile a recorded kernel manifest's Triton variants for its GPU into the cache (rose.kernel_ahead)."""
+    from rose import kernel_ahead
+
+    manifest = kernel_ahead.load(manifest_path)
+    if manifest is None:
+        print(f"rose build-kernels: no CUDA device and no kernel manifest at {manifest_path}: run build-kernels on "
+              "a GPU once (it records one beside the model), or on the GPU machine itself", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    ahead = kernel_ahead.start(manifest_path)
+    report = ahead.wait() if ahead else kernel_ahead.compile_entries(manifest.target, manifest.entries)
+    print(f"rose build-kernels: {report['compiled']} Triton variants for {manifest.target} "
+          f"({report['stale']} stale, {report['failed']} failed) in {time.perf_counter() - start:.1f} s, "
+          f"cache {cache or '(Triton default)'}")
+    return 1 if report["failed"] else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--normalize", choices=("true", "false"), default=None, help="default: the model's")
     embed.add_argument("--prompt-name", default=None, help="prepend this sentence-transformers prompt")
     embed.set_defaults(func=cmd_embed)
-    build = sub.add_parser("build-kernels", help="compile the JIT attention kernels (FlashInfer, FA4) ahead of serving")
+    build = sub.add_parser("build-kernels", help="compile the JIT attention kernels (FlashInfer, FA4) and ROSE's Triton "
+                           "kernels ahead of serving")
     build.add_argument("model_dir")
     build.add_argument("--backends", default="profile",
                        help="comma list of flashinfer-fa2, flashinfer-fa3, fa4; profile (default) = those the "

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rose import kernel_ahead
 from rose.attention.kernels import use_kernel_cache
 from rose.batch import Batch
 from rose.head import OutputOptions, apply_head
@@ -94,23 +95,35 @@ class Engine:
         Triton kernel on CUDA (half precision) where it runs the model's attention, else torch varlen, else SDPA.
         cuda_graphs None = on when the device is CUDA: whole-model graphs per bucket layout, captured
         lazily (2nd occurrence); `prewarm` (tokens, sequences) keys and the manifest's hot layouts are
-        captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off."""
+        captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off. On CUDA the
+        Triton kernel variants of the last start's manifest (rose_kernels.json) compile in worker processes while
+        the weights load (rose.kernel_ahead)."""
         use_kernel_cache()  # ROSE_KERNEL_CACHE_DIR: JIT caches (Triton's too) there, before anything compiles
         spec = load_spec(model_dir, model_id)
-        tokenizer = Tokenizer(spec)
         dev = resolve_device(device)
-        pool = PinnedPool(pinned_cap_bytes, pinned_timeout_s, pin=dev.type == "cuda")
-        use_graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
-        graphs = {"token_buckets": token_buckets, "seq_buckets": seq_buckets} if use_graphs else None
-        runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool, graphs)
-        attach_dense(runner, spec)  # sentence-transformers Dense modules, inside forward (and its graphs)
-        attach_score_head(runner, spec, tokenizer)  # a cross-encoder's classifier / yes-no head, likewise
-        attach_retrieval_heads(runner, spec)  # SPLADE's MLM pooling, BGE-M3's ColBERT and sparse heads, likewise
-        engine = cls(spec, tokenizer, runner)
-        engine.prewarm = tuple(prewarm)
-        engine.express = express_tokens > 0 and runner.enable_express(express_tokens)
-        engine.graph_manifest = (default_manifest_path(spec.model_dir) if graph_manifest == "auto"
-                                 else Path(graph_manifest) if graph_manifest else None)
+        kernels = kernel_ahead.manifest_paths(spec.model_dir) if dev.type == "cuda" else None
+        ahead = kernel_ahead.start(kernels[0]) if kernels else None  # compiles while the weights load
+        try:
+            tokenizer = Tokenizer(spec)
+            pool = PinnedPool(pinned_cap_bytes, pinned_timeout_s, pin=dev.type == "cuda")
+            use_graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
+            graphs = {"token_buckets": token_buckets, "seq_buckets": seq_buckets} if use_graphs else None
+            runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool, graphs)
+            attach_dense(runner, spec)  # sentence-transformers Dense modules, inside forward (and its graphs)
+            attach_score_head(runner, spec, tokenizer)  # a cross-encoder's classifier / yes-no head, likewise
+            attach_retrieval_heads(runner, spec)  # SPLADE's MLM pooling, BGE-M3's ColBERT and sparse heads, likewise
+            engine = cls(spec, tokenizer, runner)
+            engine.prewarm = tuple(prewarm)
+            engine.express = express_tokens > 0 and runner.enable_express(express_tokens)
+            engine.graph_manifest = (default_manifest_path(spec.model_dir) if graph_manifest == "auto"
+                                     else Path(graph_manifest) if graph_manifest else None)
+        except BaseException:
+            if ahead is not None:
+                ahead.cancel()
+            raise
+        if kernels:
+            engine.kernel_manifest, engine.kernels_ahead = kernels[1], ahead
+            kernel_ahead.Recorder.install()
         return engine
 
     @property
@@ -120,6 +133,9 @@ class Engine:
         return self._runner
 
     express = False  # an express lane (from_pretrained's express_tokens): step(batch, express=True)
+    kernel_manifest: Path | None = None  # where the Triton variants this process compiled are recorded
+    kernels_ahead: kernel_ahead.Ahead | None = None  # the manifest's variants compiling in worker processes
+    kernels_ahead_report: dict | None = None
 
     def step(self, batch: Batch, express: bool = False) -> LazyTensor:
         """Native rows float32 [batch.num_rows, dimensions]: pooled hidden states, not normalized (for
@@ -192,6 +208,15 @@ class Engine:
     def warmup(self) -> list[VerifiedLayout]:
         """Run a probe batch end to end, then (with CUDA graphs) capture the prewarm keys and the
         manifest's hot layouts and verify each replay against the eager forward (GraphVerificationError)."""
+        if self.kernels_ahead is not None:  # their cubins in the cache first: the launches below load them
+            self.kernels_ahead_report, self.kernels_ahead = self.kernels_ahead.wait(), None
+            log.info("Triton kernels compiled ahead: %s", self.kernels_ahead_report)
+        try:
+            return self._warmup()
+        finally:
+            self.save_kernel_manifest()
+
+    def _warmup(self) -> list[VerifiedLayout]:
         n = max(1, min(16, self.spec.max_length))
         probe = [[(7 * i + j) % self.runner.vocab_size for j in range(max(1, n - 3 * i))] for i in range(3)]
         rows = self.step(Batch.from_sequences(probe, self.spec.pooling)).result()
@@ -233,6 +258,11 @@ class Engine:
                 return True
         return False
 
+    def save_kernel_manifest(self) -> int:
+        """Record the Triton variants compiled so far for the next start (rose.kernel_ahead); how many it lists."""
+        recorder = kernel_ahead.Recorder._installed
+        return recorder.save(self.kernel_manifest) if recorder and self.kernel_manifest else 0
+
     def save_graph_manifest(self) -> Path | None:
         """Record the layouts seen in traffic, hottest first, for the next start's prewarm."""
         graphs = self._runner.graphs if self._runner is not None else None
@@ -258,8 +288,12 @@ class Engine:
                 **(r.express.stats() if r.express is not None else {})}
 
     def close(self) -> None:
+        if self.kernels_ahead is not None:  # never warmed up: the workers' results are not needed
+            self.kernels_ahead.cancel()
+            self.kernels_ahead = None
         if self._runner is not None:
             self.save_graph_manifest()
+            self.save_kernel_manifest()
             self._runner.close()
             self._runner = None
 

@@ -35,16 +35,16 @@ class VerifiedLayout:
     capture_s: float
 
 
-def default_manifest_path(model_dir: Path) -> Path | None:
+def default_manifest_path(model_dir: Path, name: str = MANIFEST_NAME) -> Path | None:
     """Beside the model when that folder is writable, else under ~/.cache/rose/<folder name>/."""
     if os.access(model_dir, os.W_OK):
-        return model_dir / MANIFEST_NAME
+        return model_dir / name
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rose" / model_dir.name
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    return cache / MANIFEST_NAME
+    return cache / name
 
 
 def prewarm_shapes(runner, keys: Iterable[tuple[int, int]], manifest: Path | None,
