@@ -174,17 +174,20 @@ class Ahead:
 
 
 def start(path: Path | None, workers: int | None = None) -> Ahead | None:
-    """Start compiling the manifest at `path` in worker processes (None: no manifest, or workers off)."""
+    """Start compiling the manifest's variants that Triton's cache lacks, in worker processes (None: no
+    manifest, all of them cached, or workers off)."""
     manifest = load(path)
-    if manifest is None or not manifest.entries:
+    if manifest is None:
         return None
     n = workers_for(len(manifest.entries)) if workers is None else min(workers, len(manifest.entries))
+    missing = [e for e in manifest.entries if not in_cache(e, manifest.target)] if n > 0 else []
+    n = min(n, len(missing))
     if n <= 0:
         return None
     procs, shares = [], []
     for i in range(n):
         with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="rose_kernels_", delete=False) as f:
-            json.dump({"target": manifest.target, "kernels": manifest.entries[i::n]}, f)
+            json.dump({"target": manifest.target, "kernels": missing[i::n]}, f)
         shares.append(f.name)
         procs.append(subprocess.Popen([sys.executable, "-m", "rose.kernel_ahead", f.name], stdin=subprocess.DEVNULL,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -192,32 +195,69 @@ def start(path: Path | None, workers: int | None = None) -> Ahead | None:
     return Ahead(procs, shares)
 
 
-def compile_entries(target: dict, entries: list[dict]) -> dict:
-    """Compile each recorded variant for `target` into Triton's cache (an existing one is only loaded).
-    Returns counts: compiled, stale (the kernel's source changed since), failed."""
+def _variant(entry: dict):
+    """(ASTSource, options) of a manifest entry as Triton's JIT builds them (`JITFunction.preload`'s reading of
+    the specialization record), or None when the kernel's source changed since it was recorded."""
     import importlib
 
     import triton
     import triton.language as tl
+
+    fn = getattr(importlib.import_module(entry["module"]), entry["name"])
+    if fn.cache_key != entry["source_key"]:
+        return None
+    spec = json.loads(entry["spec"])
+    constants = {tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
+                 tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
+                 for k, v in zip(spec["constant_keys"], spec["constant_vals"])}
+    attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])}
+    signature = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["signature"].items()}
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()
+               if k != "extern_libs"}  # a path of the recording machine's Triton: this one's default instead
+    return triton.compiler.ASTSource(fn, signature, constants, attrs), options
+
+
+def _gpu(target: dict):
     from triton.backends.compiler import GPUTarget
 
+    return GPUTarget(target["backend"], target["arch"], target["warp_size"])
+
+
+def in_cache(entry: dict, target: dict) -> bool:
+    """Whether Triton's cache holds this variant already (the lookup `triton.compile` starts with)."""
+    import hashlib
+
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import get_cache_key, get_cache_manager
+
+    try:
+        variant = _variant(entry)
+        if variant is None:
+            return True  # stale: nothing to compile ahead
+        src, options = variant
+        backend = make_backend(_gpu(target))
+        parsed = backend.parse_options(dict(options, **src.parse_options()))
+        key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())
+        name = f"{src.name[:150]}.json"
+        return name in (get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name) or {})
+    except Exception:  # noqa: BLE001 - let a worker try it, and report what fails
+        return False
+
+
+def compile_entries(target: dict, entries: list[dict]) -> dict:
+    """Compile each recorded variant for `target` into Triton's cache (an existing one is only loaded).
+    Returns counts: compiled, stale (the kernel's source changed since), failed."""
+    import triton
+
     counts = {"compiled": 0, "stale": 0, "failed": 0}
-    gpu = GPUTarget(target["backend"], target["arch"], target["warp_size"])
     for entry in entries:
         try:
-            fn = getattr(importlib.import_module(entry["module"]), entry["name"])
-            if fn.cache_key != entry["source_key"]:
+            variant = _variant(entry)
+            if variant is None:
                 counts["stale"] += 1
                 continue
-            spec = json.loads(entry["spec"])
-            constants = {tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
-                         tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
-                         for k, v in zip(spec["constant_keys"], spec["constant_vals"])}
-            attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])}
-            signature = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["signature"].items()}
-            options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()
-                       if k != "extern_libs"}  # a path of the recording machine's Triton: this one's default instead
-            triton.compile(triton.compiler.ASTSource(fn, signature, constants, attrs), target=gpu, options=options)
+            triton.compile(variant[0], target=_gpu(target), options=variant[1])
             counts["compiled"] += 1
         except Exception as exc:  # noqa: BLE001 - that variant compiles at first use instead
             counts["failed"] += 1

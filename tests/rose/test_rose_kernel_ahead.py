@@ -63,6 +63,8 @@ def test_a_worker_compiles_the_variant_the_jit_then_finds(tmp_path, monkeypatch)
     report = ahead.wait(timeout=240)
     assert (report["compiled"], report["stale"], report["failed"], report["workers"]) == (1, 0, 0, 1)
     assert not any(Path(name).exists() for name in ahead.shares), "the workers' shares are removed"
+    assert kernel_ahead.in_cache(entry, TARGET)
+    assert kernel_ahead.start(tmp_path / "rose_kernels.json", workers=1) is None, "all cached: no worker"
     before = _cache_files(cache)
     assert any(name.endswith(".cubin") for name in before)
     # the JIT's own call for this variant (triton.runtime.jit's _do_compile): served from the cache
@@ -152,7 +154,10 @@ def test_build_kernels_without_a_gpu_compiles_the_manifest(tmp_path, capsys, mon
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: build-kernels warms the engine instead")
-    monkeypatch.setattr(os, "environ", dict(os.environ))  # --cache-dir sets variables: keep them here
+    for key in ("TRITON_CACHE_DIR", "ROSE_KERNEL_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+                "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+        monkeypatch.setenv(key, "")  # --cache-dir sets these: restored after the test
+        monkeypatch.delenv(key)
     monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "1")
     _, _, entry = _act_mul_variant()
     _write(tmp_path / kernel_ahead.MANIFEST_NAME, [entry])
