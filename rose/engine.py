@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from rose import kernel_ahead
-from rose.attention.kernels import use_kernel_cache
 from rose.batch import Batch
 from rose.head import OutputOptions, apply_head
+from rose.kernel_cache import use_kernel_cache
 from rose.graphs import probe_batch
 from rose.lazy import LazyTensor, PinnedPool
 from rose.runner import ModelRunner
@@ -34,7 +34,8 @@ from rose.st_head import attach_dense
 from rose.spec import EngineInfo, ModelSpec, load_spec  # noqa: F401 (EngineInfo re-exported)
 from rose.tokenizer import Tokenizer
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS
-from rose.warmup import DEFAULT_PREWARM, VerifiedLayout, default_manifest_path, prewarm_and_verify, prewarm_shapes
+from rose.spec import default_manifest_path
+from rose.warmup import DEFAULT_PREWARM, VerifiedLayout, prewarm_and_verify, prewarm_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about this many tokens

@@ -123,7 +123,7 @@ def load(path: Path | None) -> Manifest | None:
 def manifest_paths(model_dir: Path) -> tuple[Path | None, Path | None]:
     """(where to read, where to write) the model's kernel manifest: beside the model when one was shipped there
     or the folder is writable, else under ~/.cache/rose/<folder name>/ (as the graph manifest)."""
-    from rose.warmup import default_manifest_path
+    from rose.spec import default_manifest_path
 
     write = default_manifest_path(Path(model_dir), MANIFEST_NAME)
     beside = Path(model_dir) / MANIFEST_NAME
@@ -173,9 +173,28 @@ class Ahead:
             Path(name).unlink(missing_ok=True)
 
 
+_EARLY: dict[str, Ahead] = {}  # started by start_early(), adopted by the engine's start()
+
+
+def start_early(model_dir: str | Path) -> Ahead | None:
+    """start() for the model's manifest before this process imports torch and the engine (Tulip calls it
+    first thing, with the kernel cache pointed as the engine will point it); the engine's own start() for that
+    manifest then adopts these workers instead of starting others."""
+    from rose.kernel_cache import use_kernel_cache
+
+    use_kernel_cache()
+    read = manifest_paths(Path(model_dir))[0]
+    ahead = start(read)
+    if ahead is not None and read is not None:
+        _EARLY[str(read.resolve())] = ahead
+    return ahead
+
+
 def start(path: Path | None, workers: int | None = None) -> Ahead | None:
     """Start compiling the manifest's variants that Triton's cache lacks, in worker processes (None: no
-    manifest, all of them cached, or workers off)."""
+    manifest, all of them cached, or workers off); the workers start_early() began for it, if any."""
+    if path is not None and str(path.resolve()) in _EARLY:
+        return _EARLY.pop(str(path.resolve()))
     manifest = load(path)
     if manifest is None:
         return None
@@ -195,9 +214,24 @@ def start(path: Path | None, workers: int | None = None) -> Ahead | None:
     return Ahead(procs, shares)
 
 
+def _specialization(spec: dict, tl) -> tuple[dict, dict, dict]:
+    """(signature, constants, attrs) from Triton's specialization record, as `JITFunction.preload` reads it."""
+    constants = {tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
+                 tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
+                 for k, v in zip(spec["constant_keys"], spec["constant_vals"])}
+    attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])}
+    signature = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["signature"].items()}
+    return signature, constants, attrs
+
+
+def _options(entry: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(entry["spec"])["options"].items()
+            if k != "extern_libs"}  # a path of the recording machine's Triton: this one's default instead
+
+
 def _variant(entry: dict):
-    """(ASTSource, options) of a manifest entry as Triton's JIT builds them (`JITFunction.preload`'s reading of
-    the specialization record), or None when the kernel's source changed since it was recorded."""
+    """(ASTSource, options) of a manifest entry as Triton's JIT builds them, or None when the kernel's source
+    changed since it was recorded."""
     import importlib
 
     import triton
@@ -206,15 +240,7 @@ def _variant(entry: dict):
     fn = getattr(importlib.import_module(entry["module"]), entry["name"])
     if fn.cache_key != entry["source_key"]:
         return None
-    spec = json.loads(entry["spec"])
-    constants = {tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
-                 tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
-                 for k, v in zip(spec["constant_keys"], spec["constant_vals"])}
-    attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])}
-    signature = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["signature"].items()}
-    options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()
-               if k != "extern_libs"}  # a path of the recording machine's Triton: this one's default instead
-    return triton.compiler.ASTSource(fn, signature, constants, attrs), options
+    return triton.compiler.ASTSource(fn, *_specialization(json.loads(entry["spec"]), tl)), _options(entry)
 
 
 def _gpu(target: dict):
@@ -224,18 +250,22 @@ def _gpu(target: dict):
 
 
 def in_cache(entry: dict, target: dict) -> bool:
-    """Whether Triton's cache holds this variant already (the lookup `triton.compile` starts with)."""
+    """Whether Triton's cache holds this variant already (the lookup `triton.compile` starts with), taking the
+    kernel's source as recorded: no kernel module (and no torch) is imported, so a process can ask before its
+    own imports. A variant whose source changed since reads as missing unless its old build is cached; either
+    way the worker (which checks the source) or the first use compiles the new one."""
     import hashlib
+    from types import SimpleNamespace
 
+    import triton.language as tl
     from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
     from triton.runtime.cache import get_cache_key, get_cache_manager
 
     try:
-        variant = _variant(entry)
-        if variant is None:
-            return True  # stale: nothing to compile ahead
-        src, options = variant
+        fn = SimpleNamespace(__name__=entry["name"], cache_key=entry["source_key"], arg_names=())
+        src, options = ASTSource(fn, *_specialization(json.loads(entry["spec"]), tl)), _options(entry)
         backend = make_backend(_gpu(target))
         parsed = backend.parse_options(dict(options, **src.parse_options()))
         key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())

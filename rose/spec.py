@@ -9,6 +9,7 @@ cross-encoder (rose.cross_spec: its score head, one relevance score per pair). E
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,3 +241,16 @@ def default_model_id(model_dir: Path) -> str:
     except ModelFolderError:
         pass
     return model_dir.name
+
+
+def default_manifest_path(model_dir: Path, name: str = "rose_graphs.json") -> Path | None:
+    """Where a start records what it learned about a model (the graph manifest, the kernel manifest): beside
+    the model when that folder is writable, else under ~/.cache/rose/<folder name>/."""
+    if os.access(model_dir, os.W_OK):
+        return model_dir / name
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rose" / model_dir.name
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return cache / name

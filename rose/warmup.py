@@ -12,7 +12,6 @@ step, was measured slower per layout: benchmarks/NOTES.md, "Capture cost".)
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Iterable
 
 from rose.graphs import GraphVerificationError, check_replay, layout_label, load_manifest, probe_batch
 from rose.meta import MetaLayout
+from rose.spec import default_manifest_path  # noqa: F401 - the graph manifest's place, as before
 
 log = logging.getLogger("rose.warmup")
 MANIFEST_NAME = "rose_graphs.json"
@@ -33,18 +33,6 @@ class VerifiedLayout:
     layout: MetaLayout
     max_divergence: float
     capture_s: float
-
-
-def default_manifest_path(model_dir: Path, name: str = MANIFEST_NAME) -> Path | None:
-    """Beside the model when that folder is writable, else under ~/.cache/rose/<folder name>/."""
-    if os.access(model_dir, os.W_OK):
-        return model_dir / name
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rose" / model_dir.name
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return cache / name
 
 
 def prewarm_shapes(runner, keys: Iterable[tuple[int, int]], manifest: Path | None,

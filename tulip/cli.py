@@ -110,7 +110,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    compile_kernels_early(config)
     return run_loop(serve(config), config.event_loop)
+
+
+def compile_kernels_early(config: TulipConfig) -> None:
+    """ROSE's Triton kernels of the model's manifest start compiling in worker processes now, before this
+    process spends seconds importing torch and the engine (rose.kernel_ahead; the engine adopts them). Only
+    for ROSE on a host with an NVIDIA GPU; anything wrong only logs: the engine's own start tries again."""
+    if not config.model or config.engine_factory or config.device == "cpu" or not os.path.exists("/dev/nvidiactl"):
+        return
+    try:
+        from rose import kernel_ahead
+
+        kernel_ahead.start_early(config.model)
+    except Exception:  # noqa: BLE001
+        log.warning("could not start compiling the kernel manifest early", exc_info=True)
 
 
 def run_loop(main: Coroutine[Any, Any, T], kind: str) -> T:

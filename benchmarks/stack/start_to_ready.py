@@ -29,6 +29,15 @@ def variants(model_dir: Path) -> int:
         return 0
 
 
+def ahead_report(log_path: Path) -> str | None:
+    """The replica's "Triton kernels compiled ahead" report (rose.engine's log line), if it had one."""
+    try:
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if "compiled ahead:" in line]
+    except OSError:
+        return None
+    return lines[-1].split("compiled ahead:", 1)[1].strip() if lines else None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", required=True)
@@ -54,7 +63,7 @@ def main(argv=None) -> int:
             stack.stop()
         record = {"run": label, "ready_s": stack.ready_s, "stop_s": round(time.monotonic() - started, 2),
                   "manifest_variants_before": before, "manifest_variants_after": variants(model),
-                  "cubins_after": sum(1 for _ in cache.rglob("*.cubin"))}
+                  "cubins_after": sum(1 for _ in cache.rglob("*.cubin")), "ahead": ahead_report(stack.log_path)}
         records.append(record)
         print(f"start_to_ready {label}: " + ", ".join(f"{k} {v}" for k, v in record.items() if k != "run"), flush=True)
     if args.json:

@@ -9,63 +9,26 @@ Both libraries read their cache location from the environment when they are impo
 use_kernel_cache() must run before either is imported (the backends call it just before importing).
 FlashInfer: FLASHINFER_WORKSPACE_BASE (its cache lives under BASE/.cache/flashinfer/<version>/<arch>).
 FA4: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 and FLASH_ATTENTION_CUTE_DSL_CACHE_DIR.
-ROSE's own Triton kernels (rose.layers.fused) compile at a replica's first start too (a cold Triton cache
-put ~5-15 s on the 0.6B's start to ready on the H200, benchmarks/NOTES.md "The express lane"): TRITON_CACHE_DIR
-goes under the same directory when it is writable, so the next start finds them (Engine.from_pretrained
-calls use_kernel_cache() before any kernel compiles).
+ROSE's own Triton kernels compile at a replica's first start too: TRITON_CACHE_DIR goes under the same directory
+when it is writable (rose.kernel_cache.use_kernel_cache), and rose.kernel_ahead compiles them ahead.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from rose.attention.shape import AttentionShape
+from rose.kernel_cache import CACHE_ENV, use_kernel_cache  # noqa: F401 - where callers have found them
 from rose.windows import FULL
 
 log = logging.getLogger("rose.attention")
-CACHE_ENV = "ROSE_KERNEL_CACHE_DIR"
 JIT_BACKENDS = ("flashinfer-fa2", "flashinfer-fa3", "fa4")
-
-
-def use_kernel_cache(cache_dir: str | Path | None = None) -> Path | None:
-    """Point the JIT caches at `cache_dir` (default: $ROSE_KERNEL_CACHE_DIR; None = the libraries' own
-    defaults). An explicit directory wins over variables already set; the variable only fills gaps."""
-    explicit = cache_dir is not None
-    cache_dir = cache_dir or os.environ.get(CACHE_ENV)
-    if not cache_dir:
-        return None
-    root = Path(cache_dir).expanduser().resolve()
-    settings = {"FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer"),
-                "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
-                "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(root / "fa4")}
-    wants_triton = explicit or "TRITON_CACHE_DIR" not in os.environ
-    if wants_triton and _writable(root / "triton"):  # a read-only cache would fail Triton's first compile
-        settings["TRITON_CACHE_DIR"] = str(root / "triton")
-    for key, value in settings.items():
-        if explicit or key not in os.environ:
-            os.environ[key] = value
-    for module in ("flashinfer", "flash_attn.cute"):
-        if module in sys.modules and explicit:
-            log.warning("%s was imported before the kernel cache was set; it keeps its old cache dir", module)
-    os.environ.setdefault(CACHE_ENV, str(root))
-    return root
-
-
-def _writable(path: Path) -> bool:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(path, os.W_OK)
 
 
 def import_kernel_package(importer: Callable[[], Any], needs: str, package: str, pip_hint: str) -> Any:

@@ -132,14 +132,14 @@ def test_no_manifest_or_no_workers_starts_nothing(tmp_path, monkeypatch):
 
 
 def test_manifest_read_beside_the_model_when_shipped_there(tmp_path, monkeypatch):
-    import rose.warmup
+    import rose.spec
 
     model = tmp_path / "model"
     model.mkdir()
     read, write = kernel_ahead.manifest_paths(model)
     assert read == write == model / kernel_ahead.MANIFEST_NAME  # writable: beside the model
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(rose.warmup.os, "access", lambda path, mode: Path(path) != model)  # a read-only model
+    monkeypatch.setattr(rose.spec.os, "access", lambda path, mode: Path(path) != model)  # a read-only model
     read, write = kernel_ahead.manifest_paths(model)
     assert write == tmp_path / "cache" / "rose" / "model" / kernel_ahead.MANIFEST_NAME and read == write
     _write(model / kernel_ahead.MANIFEST_NAME, [])  # shipped with the model (rose build-kernels wrote it)
@@ -164,3 +164,31 @@ def test_build_kernels_without_a_gpu_compiles_the_manifest(tmp_path, capsys, mon
     assert main(["build-kernels", str(tmp_path), "--cache-dir", str(tmp_path / "cache")]) == 0
     assert "1 Triton variants" in capsys.readouterr().out
     assert any(p.suffix == ".cubin" for p in (tmp_path / "cache" / "triton").rglob("*"))
+
+
+@needs_triton
+def test_the_cache_lookup_imports_no_kernel_module_and_no_torch(tmp_path):
+    import subprocess
+    import sys
+
+    _, _, entry = _act_mul_variant()
+    code = ("import json, sys; from rose import kernel_ahead; "
+            f"print(kernel_ahead.in_cache(json.loads({json.dumps(json.dumps(entry))}), {TARGET!r}), "
+            "'torch' in sys.modules, 'rose.layers.fused' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path)})
+    assert out.stdout.split() == ["False", "False", "False"], out.stderr[-2000:]
+
+
+def test_workers_started_early_are_adopted_once(tmp_path, monkeypatch):
+    monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.delenv("ROSE_KERNEL_CACHE_DIR", raising=False)
+    path = _write(tmp_path / kernel_ahead.MANIFEST_NAME,
+                  [{"module": "rose.no_such_module", "name": "_k", "source_key": "s", "spec": "{}"}])
+    early = kernel_ahead.start_early(tmp_path)
+    assert early is not None and kernel_ahead.start(path) is early, "the engine adopts the early workers"
+    again = kernel_ahead.start(path)
+    assert again is not None and again is not early, "adopted once: a later start begins its own"
+    for ahead in (early, again):
+        assert ahead.wait(timeout=120)["failed"] == 1  # a module that is not there: reported, never raised
