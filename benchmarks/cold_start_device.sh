@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A replica's start on the Qwen3-0.6B config with an empty Triton cache: in-process without a kernel manifest, with one (its variants compiled ahead in worker processes, rose.kernel_ahead), with one but the workers off (ALL=1), and with the cache kept; `rose build-kernels` on the GPU and with no GPU visible (an image build) and a start from that cache (BUILD=1); `ivy up` to ready fresh, with the manifest and kept (STACK=1); ROSE's GPU tests (TESTS=1) (~5 min with all).
+# A replica's start on the Qwen3-0.6B config with an empty Triton cache: in-process without a kernel manifest, with one (its variants compiled ahead in worker processes, rose.kernel_ahead), with one but the workers off (ALL=1), and with the cache kept (INPROC=1); `rose build-kernels` on the GPU and with no GPU visible (an image build) and a start from that cache (BUILD=1); `ivy up` to ready fresh, with the manifest and kept (STACK=1); ROSE's GPU tests (TESTS=1) (~5 min with all).
 # Carry .whl. From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh cold-start
 # Results: $OUT/cold_start.json (every in-process start's phases), $OUT/start_to_ready.json, $OUT/cold_start_tests.log;
@@ -17,14 +17,16 @@ start() {  # start LABEL [VAR=VALUE ...]: one replica's start, its line and reco
   env "$@" timeout 150 python3 -m benchmarks.cold_start --model-dir $dir --json /tmp/cold_$label.json 2>/tmp/cold_$label.err \
     | sed "s/^cold start:/$label:/" || { tail -5 /tmp/cold_$label.err; status=1; }
 }
-rm -rf $TRITON_CACHE_DIR; start fresh_no_manifest
-echo "manifest: $(python3 -c "import json; print(len(json.load(open('$dir/rose_kernels.json'))['kernels']))" 2>&1) variants"
-rm -rf $TRITON_CACHE_DIR; start fresh_manifest
-if [ "${ALL:-1}" = 1 ]; then
-  rm -rf $TRITON_CACHE_DIR; start fresh_workers_off ROSE_KERNEL_COMPILE_WORKERS=0
-  rm -rf $TRITON_CACHE_DIR; start fresh_manifest_again
+if [ "${INPROC:-1}" = 1 ]; then
+  rm -rf $TRITON_CACHE_DIR; start fresh_no_manifest
+  echo "manifest: $(python3 -c "import json; print(len(json.load(open('$dir/rose_kernels.json'))['kernels']))" 2>&1) variants"
+  rm -rf $TRITON_CACHE_DIR; start fresh_manifest
+  if [ "${ALL:-1}" = 1 ]; then
+    rm -rf $TRITON_CACHE_DIR; start fresh_workers_off ROSE_KERNEL_COMPILE_WORKERS=0
+    rm -rf $TRITON_CACHE_DIR; start fresh_manifest_again
+  fi
+  start kept
 fi
-start kept
 if [ "${BUILD:-1}" = 1 ]; then
   rm -rf /tmp/bk /tmp/bk_cpu $dir/rose_kernels.json
   timeout 150 python3 -m rose.cli build-kernels $dir --cache-dir /tmp/bk 2>&1 | tail -4 || status=1
