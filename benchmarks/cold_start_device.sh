@@ -4,7 +4,7 @@
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh cold-start
 # Results: $OUT/cold_start.json (every in-process start's phases), $OUT/start_to_ready.json, $OUT/cold_start_tests.log;
 # prints one line per start.
-set -u
+set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 require_carried .whl
 status=0

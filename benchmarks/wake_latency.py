@@ -7,8 +7,10 @@ A waker sleeps the given time, records the clock and wakes the sleeper, which re
 difference: the wake's cost). Sleepers: a process blocked on a pipe from another process (`pipe`); an asyncio
 loop (uvloop when installed) reading that pipe (`loop-pipe`, as Ivy's and Tulip's loops read sockets); the loop
 woken by a thread of its own process with call_soon_threadsafe (`loop-thread`, as Tulip's completer wakes it);
-each loop also kept polling by a task that only yields (`+spin`): what a busy-polling loop would save. `--dma-latency` first holds /dev/cpu_dma_latency at 0 (root; the kernel's
-PM QoS: no deep idle states) for a second pass. Prints one table last: µs p50 / p90 per sleep length.
+each loop also kept polling by a task that only yields (`+spin`): what a busy-polling loop would save. The thread
+rows start the clock once the waker thread holds the GIL again, so its own wait for the GIL (longer beside a
+polling loop) is not in them. `--dma-latency` first holds /dev/cpu_dma_latency at 0 (root; the kernel's PM QoS:
+no deep idle states) for a second pass. Prints one table last: µs p50 / p90 per sleep length.
 """
 
 from __future__ import annotations
@@ -179,7 +181,8 @@ def main(argv=None) -> int:
             print(f"{run:15s} {table['error']}")
             continue
         for name, row in table.items():
-            print(f"{run:15s} {name:17s}" + "".join(f"{row[s]['p50_us']:8.1f} /{row[s]['p90_us']:6.1f}" for s in SLEEPS_US))
+            cells = "".join(f"{row[s]['p50_us']:8.1f} /{row[s]['p90_us']:6.1f}" for s in SLEEPS_US)
+            print(f"{run:15s} {name:17s}" + cells)
     return 0
 
 

@@ -38,6 +38,7 @@ class EngineConfig:
     seq_buckets: tuple[int, ...] = field(default=DEFAULT_SEQ_BUCKETS, metadata={"help": "sequence-count bucket edges of the CUDA graphs (comma list)"})
     prewarm: str = field(default="128x1,512x1,2048x8,singles:512,mix:48", metadata={"help": "TOKENSxSEQS keys and named sets (singles:N, mix:K; rose/prewarm_sets.py) whose graphs are captured and verified before ready"})
     graph_manifest: str | None = field(default="auto", metadata={"help": "hot-layout manifest file to prewarm from and record to; auto = beside the model; empty = off"})
+    kernel_manifest: str | None = field(default="auto", metadata={"help": "Triton kernel manifest to compile ahead from and record to (rose.kernel_ahead); auto = rose_kernels.json beside the model; empty = off"})
 
 
 def load_engine(model_dir: str, cfg: EngineConfig):
@@ -111,59 +112,81 @@ def cmd_build_kernels(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """Compile kernels ahead of serving into --cache-dir, so a replica started with ROSE_KERNEL_CACHE_DIR=DIR
     loads them instead of compiling at start. On a GPU: the JIT attention backends (FlashInfer / FA4) for this
     model's shape, and a warm-up of the engine, which compiles ROSE's Triton kernels and records their variants
-    beside the model (rose_kernels.json, rose.kernel_ahead). Without a GPU (an image build): that manifest's
-    Triton variants, for the GPU it was recorded on."""
-    from rose.attention.kernels import JIT_BACKENDS, use_kernel_cache
+    in the kernel manifest (rose_kernels.json beside the model, rose.kernel_manifest). Without a GPU (an image
+    build): the manifest's Triton variants, for the GPUs they were recorded on."""
+    from rose.kernel_cache import use_kernel_cache
 
     cache = use_kernel_cache(args.cache_dir)  # before flashinfer / flash_attn are imported
     import torch
 
-    from rose import kernel_ahead
     from rose.attention import AttentionShape, ServingProfile, profile_path
-    from rose.attention.kernels import build_kernels
+    from rose.attention.kernels import JIT_BACKENDS, build_kernels
     from rose.engine import resolve_dtype
     from rose.spec import load_spec
 
-    if not torch.cuda.is_available():
-        return _build_triton_from_manifest(kernel_ahead.manifest_paths(Path(args.model_dir))[0], cache)
-    spec = load_spec(args.model_dir)
     named = args.backends not in (None, "", "profile")
+    if not torch.cuda.is_available():
+        if named:
+            print("rose build-kernels: no CUDA device; the JIT attention kernels compile for the GPU they run on",
+                  file=sys.stderr)
+            return 1
+        return _build_triton_from_manifest(Path(args.model_dir), cfg.kernel_manifest or "auto", cache)
+    spec = load_spec(args.model_dir)
     backends = args.backends.split(",") if named else list(JIT_BACKENDS)
     if not named and profile_path(spec.model_dir).is_file():
         named = True
         backends = sorted(set(ServingProfile.load(profile_path(spec.model_dir)).attention.values()) & set(JIT_BACKENDS))
     device = torch.device("cuda", torch.cuda.current_device())
     records = build_kernels(AttentionShape.from_spec(spec), backends, device, resolve_dtype(cfg.dtype, device))
+    records.append(_build_triton_by_warmup(args.model_dir, cfg))
     print(f"{'backend':16s} {'status':12s} {'first use s':>11s}  cache {cache or '(library default)'}")
     for r in records:
         print(f"{r['backend']:16s} {r['status']:12s} {r['seconds']:11.2f}  {r.get('error', '')}")
-    start = time.perf_counter()
-    engine = load_engine(args.model_dir, dataclasses.replace(cfg, graph_manifest=None))
-    engine.warmup()  # ROSE's Triton kernels, every variant the serving start compiles
-    variants = engine.save_kernel_manifest()
-    engine.close()
-    print(f"{'triton (ROSE)':16s} {'built':12s} {time.perf_counter() - start:11.2f}  {variants} variants in "
-          f"{engine.kernel_manifest}")
     bad = [r for r in records if r["status"] == "failed" or (named and r["status"] == "unavailable")]
     return 1 if bad else 0
 
 
-def _build_triton_from_manifest(manifest_path, cache) -> int:
-    """No GPU: compile a recorded kernel manifest's Triton variants for its GPU into the cache (rose.kernel_ahead)."""
-    from rose import kernel_ahead
-
-    manifest = kernel_ahead.load(manifest_path)
-    if manifest is None:
-        print(f"rose build-kernels: no CUDA device and no kernel manifest at {manifest_path}: run build-kernels on "
-              "a GPU once (it records one beside the model), or on the GPU machine itself", file=sys.stderr)
-        return 1
+def _build_triton_by_warmup(model_dir: str, cfg: EngineConfig) -> dict:
+    """ROSE's Triton kernels: the engine warmed up as a replica's start warms it, its variants recorded."""
     start = time.perf_counter()
-    ahead = kernel_ahead.start(manifest_path)
-    report = ahead.wait() if ahead else kernel_ahead.compile_entries(manifest.target, manifest.entries)
-    print(f"rose build-kernels: {report['compiled']} Triton variants for {manifest.target} "
-          f"({report['stale']} stale, {report['failed']} failed) in {time.perf_counter() - start:.1f} s, "
-          f"cache {cache or '(Triton default)'}")
-    return 1 if report["failed"] else 0
+    record = {"backend": "triton (ROSE)", "status": "built"}
+    try:
+        engine = load_engine(model_dir, dataclasses.replace(cfg, graph_manifest=None))
+        try:
+            engine.warmup()
+            record["error"] = f"{engine.save_kernel_manifest()} variants in {engine.kernel_manifest}"
+        finally:
+            engine.close()
+    except Exception as exc:  # noqa: BLE001 - reported in the table, the exit status 1
+        record.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:400])
+    record["seconds"] = round(time.perf_counter() - start, 2)
+    return record
+
+
+def _build_triton_from_manifest(model_dir: Path, manifest: str, cache) -> int:
+    """No GPU: compile the kernel manifest's Triton variants for the GPUs they were recorded on into the cache."""
+    try:
+        from rose import kernel_ahead
+        from rose.kernel_manifest import manifest_paths, read_entries
+    except ImportError as exc:
+        print(f"rose build-kernels: {exc}: ROSE's Triton kernels need Triton", file=sys.stderr)
+        return 1
+    reads, _ = manifest_paths(model_dir, manifest)
+    entries = read_entries(reads)
+    if not entries:
+        print(f"rose build-kernels: no CUDA device and no kernel manifest beside {model_dir}: run build-kernels "
+              "on a GPU once (it records one there), or on the serving machine itself", file=sys.stderr)
+        return 1
+    start, failed = time.perf_counter(), 0
+    for target in {json.dumps(e["target"], sort_keys=True) for e in entries}:
+        mine = [e for e in entries if json.dumps(e["target"], sort_keys=True) == target]
+        workers = kernel_ahead.start_workers(mine, json.loads(target))
+        report = workers.wait(timeout=3600) if workers else kernel_ahead.compile_entries(json.loads(target), mine)
+        failed += report["failed"]
+        print(f"rose build-kernels: {report['compiled']} of {len(mine)} Triton variants for {target} in the cache "
+              f"({report['stale']} stale, {report['failed']} failed), {time.perf_counter() - start:.1f} s, "
+              f"cache {cache or '(default)'}")
+    return 1 if failed else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,8 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--normalize", choices=("true", "false"), default=None, help="default: the model's")
     embed.add_argument("--prompt-name", default=None, help="prepend this sentence-transformers prompt")
     embed.set_defaults(func=cmd_embed)
-    build = sub.add_parser("build-kernels", help="compile the JIT attention kernels (FlashInfer, FA4) and ROSE's Triton "
-                           "kernels ahead of serving")
+    build = sub.add_parser("build-kernels", help="compile the JIT attention kernels (FlashInfer, FA4) and ROSE's "
+                           "Triton kernels ahead of serving")
     build.add_argument("model_dir")
     build.add_argument("--backends", default="profile",
                        help="comma list of flashinfer-fa2, flashinfer-fa3, fa4; profile (default) = those the "

@@ -25,17 +25,17 @@ from rose import kernel_ahead
 from rose.batch import Batch
 from rose.head import OutputOptions, apply_head
 from rose.kernel_cache import use_kernel_cache
+from rose.kernel_manifest import Recorder
 from rose.graphs import probe_batch
 from rose.lazy import LazyTensor, PinnedPool
 from rose.runner import ModelRunner
 from rose.retrieval_head import attach_retrieval_heads
 from rose.score_head import attach_score_head
 from rose.st_head import attach_dense
-from rose.spec import EngineInfo, ModelSpec, load_spec  # noqa: F401 (EngineInfo re-exported)
+from rose.spec import EngineInfo, ModelSpec, default_manifest_path, load_spec  # noqa: F401 (EngineInfo re-exported)
 from rose.tokenizer import Tokenizer
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS
-from rose.spec import default_manifest_path
-from rose.warmup import DEFAULT_PREWARM, VerifiedLayout, prewarm_and_verify, prewarm_shapes
+from rose.warmup import DEFAULT_PREWARM, MANIFEST_NAME, VerifiedLayout, prewarm_and_verify, prewarm_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about this many tokens
@@ -89,7 +89,8 @@ class Engine:
                         token_buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
                         seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS,
                         prewarm: Sequence[tuple[int, int]] = DEFAULT_PREWARM,
-                        graph_manifest: str | Path | None = "auto", express_tokens: int = 0) -> Engine:
+                        graph_manifest: str | Path | None = "auto", express_tokens: int = 0,
+                        kernel_manifest: str | None = "auto") -> Engine:
         """Load a Hugging Face model folder. device None = CUDA when available; dtype None = float32 on
         a CPU, bfloat16 on CUDA; attention "auto" = the winners per token bucket in the model's serving
         profile (rose_profile.json beside it, written by benchmarks.attention_ab) when present, else ROSE's
@@ -97,13 +98,13 @@ class Engine:
         cuda_graphs None = on when the device is CUDA: whole-model graphs per bucket layout, captured
         lazily (2nd occurrence); `prewarm` (tokens, sequences) keys and the manifest's hot layouts are
         captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off. On CUDA the
-        Triton kernel variants of the last start's manifest (rose_kernels.json) compile in worker processes while
-        the weights load (rose.kernel_ahead)."""
+        Triton kernel variants the kernel manifest lists ("auto": rose_kernels.json beside the model; a path;
+        None = off) compile in worker processes while the weights load, and this start's are recorded there
+        (rose.kernel_ahead, rose.kernel_manifest)."""
         use_kernel_cache()  # ROSE_KERNEL_CACHE_DIR: JIT caches (Triton's too) there, before anything compiles
         spec = load_spec(model_dir, model_id)
         dev = resolve_device(device)
-        kernels = kernel_ahead.manifest_paths(spec.model_dir) if dev.type == "cuda" else None
-        ahead = kernel_ahead.start(kernels[0]) if kernels else None  # compiles while the weights load
+        ahead, record_to = kernel_ahead.engine_start(spec.model_dir, dev, kernel_manifest)  # while the weights load
         try:
             tokenizer = Tokenizer(spec)
             pool = PinnedPool(pinned_cap_bytes, pinned_timeout_s, pin=dev.type == "cuda")
@@ -116,15 +117,15 @@ class Engine:
             engine = cls(spec, tokenizer, runner)
             engine.prewarm = tuple(prewarm)
             engine.express = express_tokens > 0 and runner.enable_express(express_tokens)
-            engine.graph_manifest = (default_manifest_path(spec.model_dir) if graph_manifest == "auto"
+            engine.graph_manifest = (default_manifest_path(spec.model_dir, MANIFEST_NAME) if graph_manifest == "auto"
                                      else Path(graph_manifest) if graph_manifest else None)
         except BaseException:
             if ahead is not None:
                 ahead.cancel()
             raise
-        if kernels:
-            engine.kernel_manifest, engine.kernels_ahead = kernels[1], ahead
-            kernel_ahead.Recorder.install()
+        engine.kernel_manifest, engine.kernels_ahead = record_to, ahead
+        if record_to is not None:
+            Recorder.install()
         return engine
 
     @property
@@ -135,7 +136,7 @@ class Engine:
 
     express = False  # an express lane (from_pretrained's express_tokens): step(batch, express=True)
     kernel_manifest: Path | None = None  # where the Triton variants this process compiled are recorded
-    kernels_ahead: kernel_ahead.Ahead | None = None  # the manifest's variants compiling in worker processes
+    kernels_ahead: kernel_ahead.CompileWorkers | None = None  # the manifest's variants compiling in workers
     kernels_ahead_report: dict | None = None
 
     def step(self, batch: Batch, express: bool = False) -> LazyTensor:
@@ -209,13 +210,18 @@ class Engine:
     def warmup(self) -> list[VerifiedLayout]:
         """Run a probe batch end to end, then (with CUDA graphs) capture the prewarm keys and the
         manifest's hot layouts and verify each replay against the eager forward (GraphVerificationError)."""
-        if self.kernels_ahead is not None:  # their cubins in the cache first: the launches below load them
+        self.wait_for_kernels()
+        verified = self._warmup()
+        self.save_kernel_manifest()
+        return verified
+
+    def wait_for_kernels(self) -> dict | None:
+        """Join the workers compiling the manifest's variants (their cubins in the cache before the launches that
+        load them); their report, also kept in kernels_ahead_report."""
+        if self.kernels_ahead is not None:
             self.kernels_ahead_report, self.kernels_ahead = self.kernels_ahead.wait(), None
             log.info("Triton kernels compiled ahead: %s", self.kernels_ahead_report)
-        try:
-            return self._warmup()
-        finally:
-            self.save_kernel_manifest()
+        return self.kernels_ahead_report
 
     def _warmup(self) -> list[VerifiedLayout]:
         n = max(1, min(16, self.spec.max_length))
@@ -260,9 +266,14 @@ class Engine:
         return False
 
     def save_kernel_manifest(self) -> int:
-        """Record the Triton variants compiled so far for the next start (rose.kernel_ahead); how many it lists."""
-        recorder = kernel_ahead.Recorder._installed
-        return recorder.save(self.kernel_manifest) if recorder and self.kernel_manifest else 0
+        """Record the Triton variants compiled so far for the next start (rose.kernel_manifest); how many it
+        lists (0: nothing recorded or not written, which only logs)."""
+        recorder = Recorder._installed
+        try:
+            return recorder.save(self.kernel_manifest) if recorder and self.kernel_manifest else 0
+        except Exception:  # noqa: BLE001 - the manifest is optional
+            log.warning("kernel manifest not recorded", exc_info=True)
+            return 0
 
     def save_graph_manifest(self) -> Path | None:
         """Record the layouts seen in traffic, hottest first, for the next start's prewarm."""

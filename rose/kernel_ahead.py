@@ -2,245 +2,213 @@
 
 A fresh replica's warm-up compiles each Triton kernel variant it meets (the attention per block shape, the
 QK-norm+RoPE per token block, the norms; each integer or pointer specialization Triton makes of them) one after
-another: 13 for the Qwen3-0.6B config, 13.5 s of a 25.7 s start on the H200 host with an empty cache
-(`benchmarks.cold_start`). Triton's compile holds the GIL, so threads cannot overlap them; processes can, and
-the weights' load leaves the host's cores idle meanwhile.
+another: 27 for the Qwen3-0.6B's serving start, and `ivy up` took 40 s to ready on a fresh H200 machine against
+14-17 s with the cache kept (benchmarks/NOTES.md, "Triton kernels compiled ahead"). Triton's compile holds the
+GIL, so threads cannot overlap them; processes can, while the process imports torch and loads the weights.
 
-The kernel manifest (`rose_kernels.json`, beside the model like the graph manifest) lists each variant this
-process's ROSE kernels went through Triton's compile for: the kernel (module, name, the hash of its source),
-Triton's own specialization record (the format of `JITFunction.preload`: signature, constants, specialization
-attributes, options) and the GPU target. `Engine.from_pretrained` starts workers on it (`python -m
-rose.kernel_ahead SHARE.json`) before loading the weights; each compiles its share into TRITON_CACHE_DIR with
-`triton.compile`, which needs no GPU; warm-up waits for them, and its own launches then load the cubins from the
-cache. A variant whose kernel source changed since it was recorded is skipped (stale) and compiles at first use
-as before. `rose build-kernels MODEL_DIR --cache-dir DIR` compiles a manifest into DIR on a machine without a GPU
-(an image build). ROSE_KERNEL_COMPILE_WORKERS: how many workers (default min(8, CPUs - 1); 0 = off).
+The variants come from the kernel manifest (rose.kernel_manifest) that earlier starts recorded. The engine's start
+(`engine_start`), or Tulip's before it imports torch (`start_early`, adopted by the engine), hands the manifest's
+variants for this GPU that Triton's cache lacks to up to ROSE_KERNEL_COMPILE_WORKERS (default min(8, CPUs - 1);
+0 = off) workers (`python -m rose.kernel_ahead`, its share on stdin), each compiling with `triton.compile` (no GPU
+needed) into TRITON_CACHE_DIR; warm-up waits for them and its launches load the cubins. A variant whose kernel
+source changed since it was recorded is skipped (stale) and compiles at first use, as with no manifest at all.
+Nothing here can stop a replica's start: every failure logs and the kernels compile at first use.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+from rose.kernel_manifest import manifest_paths, read_entries
 
 log = logging.getLogger("rose.kernel_ahead")
-MANIFEST_NAME = "rose_kernels.json"
 WORKERS_ENV = "ROSE_KERNEL_COMPILE_WORKERS"
-
-
-class Recorder:
-    """Records every ROSE kernel variant this process compiles (or loads from the cache) through Triton's JIT,
-    by Triton's post-compile hook; chains a hook installed before it. One per process (install())."""
-
-    _installed: Recorder | None = None
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple[str, str, str], dict] = {}
-        self.target: dict | None = None
-        self._lock = threading.Lock()
-        self._previous = None
-
-    @classmethod
-    def install(cls) -> Recorder | None:
-        """The process's recorder, installed at first call; None without Triton."""
-        if cls._installed is None:
-            try:
-                from triton import knobs
-            except ImportError:
-                return None
-            recorder = cls()
-            recorder._previous = knobs.runtime.jit_post_compile_hook
-            knobs.runtime.jit_post_compile_hook = recorder._hook
-            cls._installed = recorder
-        return cls._installed
-
-    def _hook(self, *, fn, compile, **kwargs):
-        if fn.module.startswith("rose."):
-            entry = {"module": fn.module, "name": fn.name, "source_key": fn.jit_function.cache_key,
-                     "spec": compile["specialization_data"]}
-            with self._lock:
-                self.entries.setdefault((fn.module, fn.name, entry["spec"]), entry)
-                if self.target is None:
-                    self.target = current_target()
-        if self._previous is not None:
-            return self._previous(fn=fn, compile=compile, **kwargs)
-        return None
-
-    def save(self, path: Path) -> int:
-        """Merge what was recorded into the manifest at `path`; returns how many variants it lists (0: nothing
-        recorded, nothing written). An unwritable path only logs."""
-        with self._lock:
-            recorded, target = list(self.entries.values()), self.target
-        if not recorded or target is None:
-            return 0
-        old = load(path)
-        known = {} if old is None or old.target != target else {(e["module"], e["name"], e["spec"]): e
-                                                                  for e in old.entries}
-        added = [e for e in recorded if (e["module"], e["name"], e["spec"]) not in known]
-        if not added:
-            return len(known)
-        entries = list(known.values()) + added
-        try:
-            path.write_text(json.dumps({"target": target, "kernels": entries}, indent=1))
-        except OSError as exc:
-            log.info("kernel manifest not written to %s: %s", path, exc)
-            return 0
-        return len(entries)
-
-
-def current_target() -> dict:
-    from triton.runtime import driver
-
-    t = driver.active.get_current_target()
-    return {"backend": t.backend, "arch": t.arch, "warp_size": t.warp_size}
-
-
-@dataclass
-class Manifest:
-    target: dict
-    entries: list[dict]
-
-
-def load(path: Path | None) -> Manifest | None:
-    """The manifest at `path`, or None (absent or unreadable: a warning, never an error)."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        raw = json.loads(path.read_text())
-        return Manifest(dict(raw["target"]), list(raw["kernels"]))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("ignoring the kernel manifest %s: %s", path, exc)
-        return None
-
-
-def manifest_paths(model_dir: Path) -> tuple[Path | None, Path | None]:
-    """(where to read, where to write) the model's kernel manifest: beside the model when one was shipped there
-    or the folder is writable, else under ~/.cache/rose/<folder name>/ (as the graph manifest)."""
-    from rose.spec import default_manifest_path
-
-    write = default_manifest_path(Path(model_dir), MANIFEST_NAME)
-    beside = Path(model_dir) / MANIFEST_NAME
-    return (beside if beside.is_file() else write), write
 
 
 def workers_for(count: int) -> int:
     raw = os.environ.get(WORKERS_ENV, "").strip()
-    cap = int(raw) if raw else min(8, max(1, (os.cpu_count() or 2) - 1))
+    default = min(8, max(1, (os.cpu_count() or 2) - 1))
+    try:
+        cap = int(raw) if raw else default
+    except ValueError:
+        log.warning("%s=%r is not a number: %d workers", WORKERS_ENV, raw, default)
+        cap = default
     return max(0, min(cap, count))
 
 
-@dataclass
-class Ahead:
-    """Worker processes compiling a manifest's variants; wait() joins them and sums their reports."""
+class CompileWorkers:
+    """Worker processes compiling manifest entries; wait() joins them and sums their reports, cancel() kills
+    them. Workers nobody waited for are killed when this process exits."""
 
-    procs: list[subprocess.Popen]
-    shares: list[str]  # each worker's share of the manifest, a temporary file
-    started: float = field(default_factory=time.perf_counter)
+    _live: ClassVar[set[CompileWorkers]] = set()
+
+    def __init__(self, procs: list[subprocess.Popen], target: dict) -> None:
+        self.procs, self.target, self.started = procs, target, time.perf_counter()
+        CompileWorkers._live.add(self)
 
     def wait(self, timeout: float = 300.0) -> dict:
         report = {"compiled": 0, "stale": 0, "failed": 0, "workers": len(self.procs)}
         deadline = self.started + timeout
         for proc in self.procs:
             try:
-                out, err = proc.communicate(timeout=max(0.1, deadline - time.perf_counter()))
-                for key, value in json.loads(out.strip().splitlines()[-1]).items():
-                    report[key] = report.get(key, 0) + value
-            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                out, _ = proc.communicate(timeout=max(0.1, deadline - time.perf_counter()))
+                counts = json.loads(out.strip().splitlines()[-1])
+                for key in ("compiled", "stale", "failed"):
+                    report[key] += int(counts[key])
+                for error in counts.get("errors", [])[:3]:
+                    log.warning("kernel compile worker: %s", error)
+            except Exception:  # noqa: BLE001 - a worker that hung, died or printed nothing sensible
                 proc.kill()
-                out, err = proc.communicate()
+                proc.wait()
                 report["failed"] += 1
-            if err.strip():
-                log.warning("kernel compile worker: %s", err.strip()[-2000:])
-        self._remove_shares()
+        CompileWorkers._live.discard(self)
         report["seconds"] = round(time.perf_counter() - self.started, 2)
         return report
 
     def cancel(self) -> None:
         for proc in self.procs:
-            proc.kill()
-            proc.communicate()
-        self._remove_shares()
-
-    def _remove_shares(self) -> None:
-        for name in self.shares:
-            Path(name).unlink(missing_ok=True)
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        CompileWorkers._live.discard(self)
 
 
-_EARLY: dict[str, Ahead] = {}  # started by start_early(), adopted by the engine's start()
+@atexit.register
+def _cancel_live() -> None:
+    for workers in list(CompileWorkers._live):
+        workers.cancel()
 
 
-def start_early(model_dir: str | Path) -> Ahead | None:
-    """start() for the model's manifest before this process imports torch and the engine (Tulip calls it
-    first thing, with the kernel cache pointed as the engine will point it); the engine's own start() for that
-    manifest then adopts these workers instead of starting others."""
+def start_workers(entries: list[dict], target: dict, workers: int | None = None) -> CompileWorkers | None:
+    """Compile `entries` (for `target`) in worker processes; None when there are none or workers are off."""
+    n = workers_for(len(entries)) if workers is None else min(workers, len(entries))
+    procs: list[subprocess.Popen] = []
+    try:
+        for i in range(n):
+            proc = subprocess.Popen([sys.executable, "-m", "rose.kernel_ahead"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                    env=dict(os.environ))  # TRITON_CACHE_DIR as this process has it now
+            procs.append(proc)
+            proc.stdin.write(json.dumps({"target": target, "kernels": entries[i::n]}))  # type: ignore[union-attr]
+            proc.stdin.close()  # type: ignore[union-attr]
+            proc.stdin = None  # communicate() in wait() must not touch it again
+    except OSError:
+        CompileWorkers(procs, target).cancel()
+        raise
+    return CompileWorkers(procs, target) if procs else None
+
+
+def missing(paths: list[Path], target: dict) -> list[dict]:
+    """The manifests' entries for `target` that Triton's cache lacks."""
+    return [e for e in read_entries(paths) if e.get("target") == target and not in_cache(e)]
+
+
+def driver_target() -> dict | None:
+    """The target of this host's GPUs from the driver (nvidia-smi), without torch: None unless every GPU has
+    the same compute capability."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.split()
+        caps = {tuple(int(x) for x in line.split(".")) for line in out}
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if len(caps) != 1:
+        return None
+    (major, minor), = caps
+    return {"backend": "cuda", "arch": major * 10 + minor, "warp_size": 32}
+
+
+_EARLY: dict[str, CompileWorkers] = {}  # by model folder: start_early()'s workers, for engine_start() to adopt
+
+
+def start_early(model_dir: str | Path, target: dict, manifest: str | None = "auto") -> CompileWorkers | None:
+    """Start the workers before this process imports torch and loads the engine (Tulip calls it first thing,
+    the kernel cache pointed as the engine will point it); engine_start() for that folder adopts them."""
     from rose.kernel_cache import use_kernel_cache
 
     use_kernel_cache()
-    read = manifest_paths(Path(model_dir))[0]
-    ahead = start(read)
-    if ahead is not None and read is not None:
-        _EARLY[str(read.resolve())] = ahead
-    return ahead
+    workers = start_workers(missing(manifest_paths(model_dir, manifest)[0], target), target)
+    if workers is not None:
+        _EARLY[str(Path(model_dir).resolve())] = workers
+    return workers
 
 
-def start(path: Path | None, workers: int | None = None) -> Ahead | None:
-    """Start compiling the manifest's variants that Triton's cache lacks, in worker processes (None: no
-    manifest, all of them cached, or workers off); the workers start_early() began for it, if any."""
-    if path is not None and str(path.resolve()) in _EARLY:
-        return _EARLY.pop(str(path.resolve()))
-    manifest = load(path)
-    if manifest is None:
-        return None
-    n = workers_for(len(manifest.entries)) if workers is None else min(workers, len(manifest.entries))
-    missing = [e for e in manifest.entries if not in_cache(e, manifest.target)] if n > 0 else []
-    n = min(n, len(missing))
-    if n <= 0:
-        return None
-    procs, shares = [], []
-    for i in range(n):
-        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="rose_kernels_", delete=False) as f:
-            json.dump({"target": manifest.target, "kernels": missing[i::n]}, f)
-        shares.append(f.name)
-        procs.append(subprocess.Popen([sys.executable, "-m", "rose.kernel_ahead", f.name], stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=dict(os.environ)))  # TRITON_CACHE_DIR as this process has it now
-    return Ahead(procs, shares)
+def engine_start(model_dir: str | Path, device, manifest: str | None = "auto",
+                 ) -> tuple[CompileWorkers | None, Path | None]:
+    """For an engine starting on `device` (torch): (the workers compiling its manifest's variants for this GPU,
+    adopted from start_early() when they compile for it, else started now, or None; where to record the
+    manifest, or None). Never raises; early workers it does not adopt are cancelled."""
+    early = _EARLY.pop(str(Path(model_dir).resolve()), None)
+    workers, write = None, None
+    try:
+        if device.type == "cuda" and manifest:
+            import torch
+
+            major, minor = torch.cuda.get_device_capability(device)
+            target = {"backend": "cuda", "arch": major * 10 + minor, "warp_size": 32}
+            reads, write = manifest_paths(model_dir, manifest)
+            if early is not None and early.target == target:
+                workers, early = early, None
+            else:
+                workers = start_workers(missing(reads, target), target)
+    except Exception:  # noqa: BLE001 - kernels then compile at first use, as without a manifest
+        log.warning("the kernel manifest's variants are not compiled ahead", exc_info=True)
+    if early is not None:
+        early.cancel()
+    return workers, write
 
 
-def _specialization(spec: dict, tl) -> tuple[dict, dict, dict]:
-    """(signature, constants, attrs) from Triton's specialization record, as `JITFunction.preload` reads it."""
+def in_cache(entry: dict) -> bool:
+    """Whether Triton's cache holds this variant already (the lookup `triton.compile` starts with), taking the
+    kernel's source as recorded: no kernel module (and no torch) is imported, so a process can ask before its
+    own imports. A variant whose source changed since reads as missing unless its old build is cached; either
+    way the worker (which checks the source) or the first use compiles the new one."""
+    try:
+        import hashlib
+        from types import SimpleNamespace
+
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+        from triton.compiler import ASTSource
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.cache import get_cache_key, get_cache_manager
+
+        fn = SimpleNamespace(__name__=entry["name"], cache_key=entry["source_key"], arg_names=())
+        src = ASTSource(fn, *_specialization(entry))
+        backend = make_backend(_gpu(entry["target"]))
+        parsed = backend.parse_options(dict(_options(entry), **src.parse_options()))
+        key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())
+        name = f"{src.name[:150]}.json"
+        return name in (get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name) or {})
+    except Exception:  # noqa: BLE001 - let a worker try it, and report what fails
+        return False
+
+
+def _specialization(entry: dict) -> tuple[dict, dict, dict]:
+    """(signature, constants, attrs) from the entry's specialization record, as `JITFunction.preload` reads it."""
+    import triton.language as tl
+    from triton.runtime.jit import convert_to_tuple_if_list
+
+    spec = json.loads(entry["spec"])
     constants = {tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
                  tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
                  for k, v in zip(spec["constant_keys"], spec["constant_vals"])}
     attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])}
-    signature = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["signature"].items()}
+    signature = {k: convert_to_tuple_if_list(v) for k, v in spec["signature"].items()}
     return signature, constants, attrs
 
 
 def _options(entry: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(entry["spec"])["options"].items()
-            if k != "extern_libs"}  # a path of the recording machine's Triton: this one's default instead
-
-
-def _variant(entry: dict):
-    """(ASTSource, options) of a manifest entry as Triton's JIT builds them, or None when the kernel's source
-    changed since it was recorded."""
-    import importlib
-
-    import triton
-    import triton.language as tl
-
-    fn = getattr(importlib.import_module(entry["module"]), entry["name"])
-    if fn.cache_key != entry["source_key"]:
-        return None
-    return triton.compiler.ASTSource(fn, *_specialization(json.loads(entry["spec"]), tl)), _options(entry)
+    options = json.loads(entry["spec"])["options"]
+    options.pop("extern_libs", None)  # the recording machine's libdevice path: this machine's default instead
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
 def _gpu(target: dict):
@@ -249,55 +217,31 @@ def _gpu(target: dict):
     return GPUTarget(target["backend"], target["arch"], target["warp_size"])
 
 
-def in_cache(entry: dict, target: dict) -> bool:
-    """Whether Triton's cache holds this variant already (the lookup `triton.compile` starts with), taking the
-    kernel's source as recorded: no kernel module (and no torch) is imported, so a process can ask before its
-    own imports. A variant whose source changed since reads as missing unless its old build is cached; either
-    way the worker (which checks the source) or the first use compiles the new one."""
-    import hashlib
-    from types import SimpleNamespace
-
-    import triton.language as tl
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-    from triton.compiler import ASTSource
-    from triton.compiler.compiler import make_backend
-    from triton.runtime.cache import get_cache_key, get_cache_manager
-
-    try:
-        fn = SimpleNamespace(__name__=entry["name"], cache_key=entry["source_key"], arg_names=())
-        src, options = ASTSource(fn, *_specialization(json.loads(entry["spec"]), tl)), _options(entry)
-        backend = make_backend(_gpu(target))
-        parsed = backend.parse_options(dict(options, **src.parse_options()))
-        key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())
-        name = f"{src.name[:150]}.json"
-        return name in (get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name) or {})
-    except Exception:  # noqa: BLE001 - let a worker try it, and report what fails
-        return False
-
-
 def compile_entries(target: dict, entries: list[dict]) -> dict:
-    """Compile each recorded variant for `target` into Triton's cache (an existing one is only loaded).
-    Returns counts: compiled, stale (the kernel's source changed since), failed."""
+    """Compile each entry for `target` into Triton's cache (one already there is only loaded). Returns counts:
+    compiled, stale (the kernel's source changed since it was recorded), failed; and the failures' errors."""
+    import importlib
+
     import triton
 
-    counts = {"compiled": 0, "stale": 0, "failed": 0}
+    counts: dict = {"compiled": 0, "stale": 0, "failed": 0, "errors": []}
     for entry in entries:
         try:
-            variant = _variant(entry)
-            if variant is None:
+            fn = getattr(importlib.import_module(entry["module"]), entry["name"])
+            if fn.cache_key != entry["source_key"]:
                 counts["stale"] += 1
                 continue
-            triton.compile(variant[0], target=_gpu(target), options=variant[1])
+            triton.compile(triton.compiler.ASTSource(fn, *_specialization(entry)), target=_gpu(target),
+                           options=_options(entry))
             counts["compiled"] += 1
         except Exception as exc:  # noqa: BLE001 - that variant compiles at first use instead
             counts["failed"] += 1
-            print(f"rose.kernel_ahead: {entry.get('module')}.{entry.get('name')}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            counts["errors"].append(f"{entry.get('module')}.{entry.get('name')}: {type(exc).__name__}: {exc}"[:500])
     return counts
 
 
 def main() -> int:
-    share = json.loads(Path(sys.argv[1]).read_text())
+    share = json.loads(sys.stdin.read())
     print(json.dumps(compile_entries(share["target"], share["kernels"])))
     return 0
 

@@ -243,7 +243,7 @@ def default_model_id(model_dir: Path) -> str:
     return model_dir.name
 
 
-def default_manifest_path(model_dir: Path, name: str = "rose_graphs.json") -> Path | None:
+def default_manifest_path(model_dir: Path, name: str) -> Path | None:
     """Where a start records what it learned about a model (the graph manifest, the kernel manifest): beside
     the model when that folder is writable, else under ~/.cache/rose/<folder name>/."""
     if os.access(model_dir, os.W_OK):

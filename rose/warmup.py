@@ -20,7 +20,6 @@ from typing import Iterable
 
 from rose.graphs import GraphVerificationError, check_replay, layout_label, load_manifest, probe_batch
 from rose.meta import MetaLayout
-from rose.spec import default_manifest_path  # noqa: F401 - the graph manifest's place, as before
 
 log = logging.getLogger("rose.warmup")
 MANIFEST_NAME = "rose_graphs.json"

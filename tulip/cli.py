@@ -116,14 +116,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def compile_kernels_early(config: TulipConfig) -> None:
     """ROSE's Triton kernels of the model's manifest start compiling in worker processes now, before this
-    process spends seconds importing torch and the engine (rose.kernel_ahead; the engine adopts them). Only
-    for ROSE on a host with an NVIDIA GPU; anything wrong only logs: the engine's own start tries again."""
-    if not config.model or config.engine_factory or config.device == "cpu" or not os.path.exists("/dev/nvidiactl"):
+    process spends seconds importing torch and the engine (rose.kernel_ahead; the engine adopts them). Only for
+    ROSE with a model folder and a manifest, on a host whose GPUs the driver names; a failure only logs: the
+    engine's own start tries again."""
+    if (not config.model or config.engine_factory or config.device == "cpu"
+            or config.kernel_manifest in ("", "off")):
         return
     try:
         from rose import kernel_ahead
 
-        kernel_ahead.start_early(config.model)
+        target = kernel_ahead.driver_target()
+        if target is not None:
+            kernel_ahead.start_early(config.model, target, config.kernel_manifest)
     except Exception:  # noqa: BLE001
         log.warning("could not start compiling the kernel manifest early", exc_info=True)
 

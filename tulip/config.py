@@ -83,6 +83,9 @@ class TulipConfig:
                       "graphs are captured and verified (replay vs eager) before the replica reports SERVING")
     graph_manifest: str = _f("auto", "file of hot graph layouts recorded from traffic and prewarmed at the next "
                                      "start; auto = rose_graphs.json beside the model (or ~/.cache/rose); off = none")
+    kernel_manifest: str = _f("auto", "Triton kernel variants recorded by earlier starts and compiled ahead in worker "
+                                      "processes at the next (rose/kernel_ahead.py); auto = rose_kernels.json beside "
+                                      "the model (or ~/.cache/rose); off = none")
     idle_capture_ms: float = _f(0.0, "when the queue has been empty this long with nothing in flight, capture the "
                                      "graph of a layout that ran eagerly (its next batch would capture on the "
                                      "request path); 0 = off, the default until measured on a GPU")

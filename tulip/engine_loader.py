@@ -100,6 +100,7 @@ def build_engine(config: TulipConfig) -> tuple[Any, str]:
         kwargs = {"cuda_graphs": None if graphs == "auto" else graphs in ("true", "1", "yes", "on"),
                   "prewarm": parse_layouts(config.prewarm),
                   "graph_manifest": None if config.graph_manifest in ("", "off") else config.graph_manifest,
+                  "kernel_manifest": None if config.kernel_manifest in ("", "off") else config.kernel_manifest,
                   "express_tokens": config.express_batch_tokens if config.lanes else 0}
     engine = factory(folder, device=device, dtype=config.dtype or None, attention=config.attention,
                      pinned_cap_bytes=config.pinned_cap_mb * 1024 * 1024, **kwargs)

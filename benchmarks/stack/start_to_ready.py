@@ -19,14 +19,12 @@ import time
 from pathlib import Path
 
 from benchmarks.stack.up_stack import UpStack
-from rose.kernel_ahead import MANIFEST_NAME
+from rose.kernel_manifest import MANIFEST_NAME, read_entries
 
 
 def variants(model_dir: Path) -> int:
-    try:
-        return len(json.loads((model_dir / MANIFEST_NAME).read_text())["kernels"])
-    except (OSError, ValueError, KeyError):
-        return 0
+    path = model_dir / MANIFEST_NAME
+    return len(read_entries([path])) if path.is_file() else 0
 
 
 def ahead_report(log_path: Path) -> str | None:

@@ -1,9 +1,10 @@
-"""ROSE's Triton kernels compiled ahead from a kernel manifest (rose.kernel_ahead), without a GPU.
+"""ROSE's Triton kernels compiled ahead from the kernel manifest (rose.kernel_ahead, rose.kernel_manifest), no GPU.
 
-The manifest entry is what Triton's post-compile hook hands the recorder on a GPU (its specialization record,
-built here the way Triton's JIT builds it); a worker process compiles it into TRITON_CACHE_DIR, and the JIT's own
-compile call for that variant then finds it there (adds no file). Stale, broken and foreign entries, the
-recorder's merge and the build-kernels command without a GPU as an image build runs it.
+A manifest entry is what the recorder keeps from Triton's post-compile hook on a GPU (built here the way Triton's
+JIT builds it); a worker process compiles it into TRITON_CACHE_DIR, and the JIT's own compile call for that
+variant then finds it there (adds no file). Stale, broken, foreign and other-GPU entries; the recorder's merge and
+refresh; an engine start that survives every failure of this optional step; the build-kernels command without
+a GPU, as an image build runs it.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from rose import kernel_ahead
+from rose import kernel_ahead, kernel_manifest
+from rose.kernel_manifest import MANIFEST_NAME, Recorder, read_entries
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 TARGET = {"backend": "cuda", "arch": 90, "warp_size": 32}
+CUDA = SimpleNamespace(type="cuda")
 
 
 def _act_mul_variant():
-    """_act_mul_kernel's variant for bf16 pointers and 16-divisible ints, as the JIT would compile it:
-    (the JIT's ASTSource arguments, its options, the manifest entry)."""
+    """_act_mul_kernel's variant for bf16 pointers and 16-divisible ints as the JIT compiles it on an H100/H200:
+    (the JIT's ASTSource arguments, its options, the manifest entry the recorder keeps)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import serialize_specialization_data
@@ -38,12 +41,13 @@ def _act_mul_variant():
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
     options = make_backend(GPUTarget("cuda", 90, 32)).parse_options({"num_warps": 4, "debug": False})
     spec = serialize_specialization_data(fn.fn.__qualname__, signature, constexprs, attrs, options, "key")
-    entry = {"module": "rose.layers.fused", "name": "_act_mul_kernel", "source_key": fn.cache_key, "spec": spec}
+    entry = {"module": "rose.layers.fused", "name": "_act_mul_kernel", "source_key": fn.cache_key,
+             "target": TARGET, "spec": kernel_manifest.portable_spec(spec)}
     return (fn, signature, constexprs, attrs), options, entry
 
 
-def _write(path: Path, entries, target=TARGET) -> Path:
-    path.write_text(json.dumps({"target": target, "kernels": entries}))
+def _write(path: Path, entries) -> Path:
+    path.write_text(json.dumps({"kernels": entries}))
     return path
 
 
@@ -59,14 +63,12 @@ def test_a_worker_compiles_the_variant_the_jit_then_finds(tmp_path, monkeypatch)
     cache = tmp_path / "triton"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))  # the workers inherit it
     source, options, entry = _act_mul_variant()
-    ahead = kernel_ahead.start(_write(tmp_path / "rose_kernels.json", [entry]), workers=1)
-    report = ahead.wait(timeout=240)
+    assert kernel_ahead.missing([_write(tmp_path / MANIFEST_NAME, [entry])], TARGET) == [entry]
+    report = kernel_ahead.start_workers([entry], TARGET, workers=1).wait(timeout=240)
     assert (report["compiled"], report["stale"], report["failed"], report["workers"]) == (1, 0, 0, 1)
-    assert not any(Path(name).exists() for name in ahead.shares), "the workers' shares are removed"
-    assert kernel_ahead.in_cache(entry, TARGET)
-    assert kernel_ahead.start(tmp_path / "rose_kernels.json", workers=1) is None, "all cached: no worker"
     before = _cache_files(cache)
     assert any(name.endswith(".cubin") for name in before)
+    assert kernel_ahead.missing([tmp_path / MANIFEST_NAME], TARGET) == [], "now cached: no worker needed"
     # the JIT's own call for this variant (triton.runtime.jit's _do_compile): served from the cache
     triton.compile(triton.compiler.ASTSource(*source), target=GPUTarget("cuda", 90, 32), options=options.__dict__)
     assert _cache_files(cache) == before
@@ -77,73 +79,149 @@ def test_stale_broken_and_foreign_entries_never_raise(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     _, _, entry = _act_mul_variant()
     stale = {**entry, "source_key": "the kernel's source before an edit"}
-    missing = {**entry, "module": "rose.no_such_module"}
+    missing_module = {**entry, "module": "rose.no_such_module"}
     broken = {**entry, "spec": "{not json"}
-    counts = kernel_ahead.compile_entries(TARGET, [stale, missing, broken])
-    assert counts == {"compiled": 0, "stale": 1, "failed": 2}
-    assert not (tmp_path / "triton").exists() or not _cache_files(tmp_path / "triton")
+    counts = kernel_ahead.compile_entries(TARGET, [stale, missing_module, broken])
+    assert (counts["compiled"], counts["stale"], counts["failed"]) == (0, 1, 2) and len(counts["errors"]) == 2
+    assert not _cache_files(tmp_path) - {str(p) for p in tmp_path.glob("*")}
 
 
-def _hook_call(recorder, module: str, spec: str) -> None:
-    fn = SimpleNamespace(module=module, name="_k", jit_function=SimpleNamespace(cache_key="src"))
-    recorder._hook(fn=fn, compile={"specialization_data": spec}, key="k", repr="r", is_manual_warmup=False,
+@needs_triton
+def test_only_this_gpus_entries_are_compiled_ahead(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    _, _, entry = _act_mul_variant()
+    other = {**entry, "target": {**TARGET, "arch": 80}}
+    path = _write(tmp_path / MANIFEST_NAME, [entry, other])
+    assert kernel_ahead.missing([path], {**TARGET, "arch": 80}) == [other]
+    assert kernel_ahead.missing([path], {**TARGET, "arch": 100}) == []
+
+
+@needs_triton
+def test_the_cache_lookup_imports_no_kernel_module_and_no_torch(tmp_path):
+    import subprocess
+    import sys
+
+    _, _, entry = _act_mul_variant()
+    code = ("import json, sys; from rose import kernel_ahead; "
+            f"print(kernel_ahead.in_cache(json.loads({json.dumps(json.dumps(entry))})), "
+            "'torch' in sys.modules, 'rose.layers.fused' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path)})
+    assert out.stdout.split() == ["False", "False", "False"], out.stderr[-2000:]
+
+
+def _hook_call(recorder, module: str, spec: str, source: str = "src") -> None:
+    fn = SimpleNamespace(module=module, name="_k", jit_function=SimpleNamespace(cache_key=source))
+    spec_data = json.dumps({"options": {"extern_libs": [["libdevice", "/this/machine"]]}, "key": "k", "s": spec})
+    recorder._hook(fn=fn, compile={"specialization_data": spec_data}, key="k", repr="r", is_manual_warmup=False,
                    already_compiled=False)
 
 
-def test_recorder_keeps_roses_kernels_and_merges_with_the_manifest(tmp_path, monkeypatch):
-    monkeypatch.setattr(kernel_ahead, "current_target", lambda: dict(TARGET))
-    path = tmp_path / "rose_kernels.json"
-    first = kernel_ahead.Recorder()
+def test_recorder_keeps_roses_kernels_merges_and_replaces_a_changed_kernels(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_manifest, "current_target", lambda: dict(TARGET))
+    path = tmp_path / MANIFEST_NAME
+    first = Recorder()
     assert first.save(path) == 0 and not path.exists(), "nothing recorded: nothing written"
     _hook_call(first, "rose.layers.fused", "a")
     _hook_call(first, "rose.layers.fused", "a")  # the same variant again (another process, the cache)
     _hook_call(first, "someone.elses.kernels", "x")
     assert first.save(path) == 1
-    second = kernel_ahead.Recorder()
-    _hook_call(second, "rose.layers.fused", "a")
+    assert "/this/machine" not in path.read_text(), "no machine-specific path in the manifest"
+    second = Recorder()
     _hook_call(second, "rose.attention.triton_varlen", "b")
-    assert second.save(path) == 2
-    manifest = kernel_ahead.load(path)
-    assert manifest.target == TARGET and [e["spec"] for e in manifest.entries] == ["a", "b"]
-    other_gpu = kernel_ahead.Recorder()
-    monkeypatch.setattr(kernel_ahead, "current_target", lambda: {**TARGET, "arch": 100})
-    _hook_call(other_gpu, "rose.layers.fused", "c")
-    assert other_gpu.save(path) == 1, "another GPU's manifest replaces this one's"
+    monkeypatch.setattr(kernel_manifest, "current_target", lambda: {**TARGET, "arch": 80})
+    _hook_call(second, "rose.attention.triton_varlen", "b")  # the same variant on another GPU: kept beside
+    assert second.save(path) == 3
+    upgraded = Recorder()
+    monkeypatch.setattr(kernel_manifest, "current_target", lambda: dict(TARGET))
+    _hook_call(upgraded, "rose.layers.fused", "a", source="src after an upgrade")
+    assert upgraded.save(path) == 3
+    sources = {(e["module"], e["source_key"]) for e in read_entries([path])}
+    assert ("rose.layers.fused", "src") not in sources and ("rose.layers.fused", "src after an upgrade") in sources
+    assert not list(tmp_path.glob(".rose_kernels_*")), "written whole, then renamed into place"
 
 
-def test_recorder_chains_a_hook_installed_before_it(monkeypatch):
-    monkeypatch.setattr(kernel_ahead, "current_target", lambda: dict(TARGET))
+def test_the_recorder_never_fails_the_compile_it_watches(monkeypatch):
     calls = []
-    recorder = kernel_ahead.Recorder()
-    recorder._previous = lambda **kw: calls.append(kw["fn"].module)
+
+    def broken():
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(kernel_manifest, "current_target", broken)
+    recorder = Recorder()
+    recorder._previous = lambda **kw: calls.append(kw["fn"].module)  # a hook installed before it: chained
     _hook_call(recorder, "rose.layers.fused", "a")
-    assert calls == ["rose.layers.fused"]
+    assert calls == ["rose.layers.fused"] and not recorder.entries
 
 
-def test_no_manifest_or_no_workers_starts_nothing(tmp_path, monkeypatch):
-    assert kernel_ahead.start(tmp_path / "absent.json") is None
-    (tmp_path / "bad.json").write_text("{")
-    assert kernel_ahead.start(tmp_path / "bad.json") is None  # a warning, never an error
-    path = _write(tmp_path / "rose_kernels.json", [{"module": "rose.x", "name": "k", "source_key": "", "spec": ""}])
+def test_the_engine_start_survives_every_failure_and_cancels_unadopted_workers(tmp_path, monkeypatch):
+    assert kernel_ahead.engine_start(tmp_path, SimpleNamespace(type="cpu")) == (None, None)
+    assert kernel_ahead.engine_start(tmp_path, CUDA, manifest=None) == (None, None)
+
+    def broken(*args, **kwargs):
+        raise OSError("too many open files")
+
+    monkeypatch.setattr(kernel_ahead, "start_workers", broken)
+    monkeypatch.setattr(kernel_ahead, "missing", lambda reads, target: [])
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    workers, record_to = kernel_ahead.engine_start(tmp_path, CUDA)
+    assert workers is None and record_to == tmp_path / MANIFEST_NAME  # logged; the start goes on
+    cancelled = []
+    early = SimpleNamespace(target={**TARGET, "arch": 80}, cancel=lambda: cancelled.append(1))
+    monkeypatch.setitem(kernel_ahead._EARLY, str(tmp_path.resolve()), early)
+    monkeypatch.setattr(kernel_ahead, "start_workers", lambda entries, target: None)
+    assert kernel_ahead.engine_start(tmp_path, CUDA)[0] is None and cancelled == [1], "another GPU's: cancelled"
+    adopted = SimpleNamespace(target=dict(TARGET), cancel=lambda: cancelled.append(2))
+    monkeypatch.setitem(kernel_ahead._EARLY, str(tmp_path.resolve()), adopted)
+    assert kernel_ahead.engine_start(tmp_path, CUDA)[0] is adopted and cancelled == [1]
+
+
+def test_early_workers_are_adopted_once(tmp_path, monkeypatch):
+    monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.delenv("ROSE_KERNEL_CACHE_DIR", raising=False)
+    entry = {"module": "rose.no_such_module", "name": "_k", "source_key": "s", "target": TARGET, "spec": "{}"}
+    _write(tmp_path / MANIFEST_NAME, [entry])
+    early = kernel_ahead.start_early(tmp_path, TARGET)
+    assert early is not None and str(tmp_path.resolve()) in kernel_ahead._EARLY
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    adopted, _ = kernel_ahead.engine_start(tmp_path, CUDA)
+    assert adopted is early and not kernel_ahead._EARLY
+    again, _ = kernel_ahead.engine_start(tmp_path, CUDA)
+    assert again is not None and again is not early, "adopted once: a later start begins its own"
+    for workers in (early, again):
+        assert workers.wait(timeout=120)["failed"] == 1  # a module that is not there: reported, never raised
+
+
+def test_workers_setting(monkeypatch):
     monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "0")
-    assert kernel_ahead.start(path) is None
+    assert kernel_ahead.start_workers([{"x": 1}], TARGET) is None
     monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "3")
     assert kernel_ahead.workers_for(10) == 3 and kernel_ahead.workers_for(2) == 2
+    monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "auto")
+    assert kernel_ahead.workers_for(10) >= 1  # not a number: the default, with a warning
 
 
-def test_manifest_read_beside_the_model_when_shipped_there(tmp_path, monkeypatch):
+def test_manifest_places(tmp_path, monkeypatch):
     import rose.spec
 
     model = tmp_path / "model"
     model.mkdir()
-    read, write = kernel_ahead.manifest_paths(model)
-    assert read == write == model / kernel_ahead.MANIFEST_NAME  # writable: beside the model
+    assert kernel_manifest.manifest_paths(model) == ([], model / MANIFEST_NAME)  # writable: beside the model
+    assert kernel_manifest.manifest_paths(model, None) == ([], None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(rose.spec.os, "access", lambda path, mode: Path(path) != model)  # a read-only model
-    read, write = kernel_ahead.manifest_paths(model)
-    assert write == tmp_path / "cache" / "rose" / "model" / kernel_ahead.MANIFEST_NAME and read == write
-    _write(model / kernel_ahead.MANIFEST_NAME, [])  # shipped with the model (rose build-kernels wrote it)
-    assert kernel_ahead.manifest_paths(model) == (model / kernel_ahead.MANIFEST_NAME, write)
+    own = tmp_path / "cache" / "rose" / "model" / MANIFEST_NAME
+    assert kernel_manifest.manifest_paths(model) == ([], own)
+    _write(model / MANIFEST_NAME, [])  # shipped with the model (rose build-kernels wrote it)
+    _write(own, [])
+    assert kernel_manifest.manifest_paths(model) == ([model / MANIFEST_NAME, own], own), "both read"
+    explicit = tmp_path / "state" / MANIFEST_NAME
+    assert kernel_manifest.manifest_paths(model, str(explicit)) == ([model / MANIFEST_NAME], explicit)
 
 
 @needs_triton
@@ -160,35 +238,22 @@ def test_build_kernels_without_a_gpu_compiles_the_manifest(tmp_path, capsys, mon
         monkeypatch.delenv(key)
     monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "1")
     _, _, entry = _act_mul_variant()
-    _write(tmp_path / kernel_ahead.MANIFEST_NAME, [entry])
+    _write(tmp_path / MANIFEST_NAME, [entry])
     assert main(["build-kernels", str(tmp_path), "--cache-dir", str(tmp_path / "cache")]) == 0
-    assert "1 Triton variants" in capsys.readouterr().out
+    assert "1 of 1 Triton variants" in capsys.readouterr().out
     assert any(p.suffix == ".cubin" for p in (tmp_path / "cache" / "triton").rglob("*"))
+    assert main(["build-kernels", str(tmp_path), "--backends", "flashinfer-fa2"]) == 1, "named: needs a GPU"
 
 
-@needs_triton
-def test_the_cache_lookup_imports_no_kernel_module_and_no_torch(tmp_path):
-    import subprocess
-    import sys
-
-    _, _, entry = _act_mul_variant()
-    code = ("import json, sys; from rose import kernel_ahead; "
-            f"print(kernel_ahead.in_cache(json.loads({json.dumps(json.dumps(entry))}), {TARGET!r}), "
-            "'torch' in sys.modules, 'rose.layers.fused' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path)})
-    assert out.stdout.split() == ["False", "False", "False"], out.stderr[-2000:]
+@pytest.mark.parametrize("stdout,target", [("9.0\n9.0\n", TARGET), ("9.0\n8.0\n", None), ("", None), ("N/A\n", None)])
+def test_driver_target_names_one_gpu_type(monkeypatch, stdout, target):
+    monkeypatch.setattr(kernel_ahead.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout=stdout))
+    assert kernel_ahead.driver_target() == target
 
 
-def test_workers_started_early_are_adopted_once(tmp_path, monkeypatch):
-    monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "1")
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    monkeypatch.delenv("ROSE_KERNEL_CACHE_DIR", raising=False)
-    path = _write(tmp_path / kernel_ahead.MANIFEST_NAME,
-                  [{"module": "rose.no_such_module", "name": "_k", "source_key": "s", "spec": "{}"}])
-    early = kernel_ahead.start_early(tmp_path)
-    assert early is not None and kernel_ahead.start(path) is early, "the engine adopts the early workers"
-    again = kernel_ahead.start(path)
-    assert again is not None and again is not early, "adopted once: a later start begins its own"
-    for ahead in (early, again):
-        assert ahead.wait(timeout=120)["failed"] == 1  # a module that is not there: reported, never raised
+def test_driver_target_without_a_driver(monkeypatch):
+    def absent(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(kernel_ahead.subprocess, "run", absent)
+    assert kernel_ahead.driver_target() is None
