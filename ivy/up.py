@@ -136,11 +136,13 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             log.warning("port %d is taken: Tulip on %d serves no framed stream (its requests take gRPC)",
                         fport, ports[k])
             fports[k] = 0
+    compile_env = kernel_compile_env(len(devices))
     for k, device in enumerate(devices):
         port, mport = ports[k], mports[k]
         env = dict(os.environ)
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
+        env.update(compile_env)
         argv = [sys.executable, "-m", "tulip", "serve", "--model", model, "--port", str(port)]
         if config.served_model_name:
             argv += ["--served-model-name", config.served_model_name]
@@ -216,3 +218,13 @@ def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metri
           f"    -d '{{\"model\": \"{name}\", {body}}}'\n"
           f"Metrics: {url}/metrics (gateway)" + "".join(f", {m}" for m in tulip_metrics) + "\n"
           "Press Ctrl-C to stop.", flush=True)
+
+
+def kernel_compile_env(tulips: int, cpus: int | None = None, environ=os.environ) -> dict[str, str]:
+    """The host's cores shared among its Tulips' kernel compile workers (rose/kernel_ahead.py: each Tulip would
+    take up to 8 of cpus - 1 at a fresh start): the variable for each Tulip, none for one Tulip or when it is set."""
+    from rose.kernel_ahead import WORKERS_ENV  # torch-free
+
+    if tulips <= 1 or WORKERS_ENV in environ:
+        return {}
+    return {WORKERS_ENV: str(max(1, min(8, ((cpus or os.cpu_count() or 2) - 1) // tulips)))}

@@ -137,3 +137,14 @@ def test_connection_and_docs_flags_are_checked_at_start() -> None:
                 {"max_connections": -1}):
         with pytest.raises(SystemExit):
             IvyConfig(**bad)
+
+
+def test_up_shares_the_cores_among_its_tulips_kernel_compile_workers():
+    from ivy.up import kernel_compile_env
+
+    assert kernel_compile_env(1, cpus=16, environ={}) == {}  # one Tulip: rose.kernel_ahead's own default
+    assert kernel_compile_env(2, cpus=16, environ={}) == {"ROSE_KERNEL_COMPILE_WORKERS": "7"}
+    assert kernel_compile_env(4, cpus=16, environ={}) == {"ROSE_KERNEL_COMPILE_WORKERS": "3"}
+    assert kernel_compile_env(8, cpus=128, environ={}) == {"ROSE_KERNEL_COMPILE_WORKERS": "8"}
+    assert kernel_compile_env(32, cpus=16, environ={}) == {"ROSE_KERNEL_COMPILE_WORKERS": "1"}
+    assert kernel_compile_env(4, cpus=16, environ={"ROSE_KERNEL_COMPILE_WORKERS": "2"}) == {}  # the user's
