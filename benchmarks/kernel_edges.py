@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     rows["gemms hot"] = [round(median_us(hot.gemms), 1)]
     for how in ("line", "bulk"):
         try:
-            rows[f"gemms + prefetch {how}"] = [round(median_us(lambda: cold.gemms(how)), 1)]
+            rows[f"gemms + prefetch {how}"] = [round(median_us(lambda how=how: cold.gemms(how)), 1)]
         except Exception as exc:  # an instruction this toolchain refuses: reported, the rest still runs
             rows[f"gemms + prefetch {how}"] = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
     out = {"env": gpu_env.collect(), "tokens": args.tokens, "us": rows}

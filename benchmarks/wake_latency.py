@@ -22,6 +22,7 @@ import os
 import struct
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -150,7 +151,7 @@ def host_idle() -> dict[str, str]:
                       ("cpuidle_governor", "/sys/devices/system/cpu/cpuidle/current_governor_ro"),
                       ("cpufreq_governor", "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")):
         try:
-            info[key] = open(path).read().strip()
+            info[key] = Path(path).read_text().strip()
         except OSError:
             info[key] = "n/a"
     return info

@@ -105,7 +105,7 @@ def test_the_cache_lookup_imports_no_kernel_module_and_no_torch(tmp_path):
     code = ("import json, sys; from rose import kernel_ahead; "
             f"print(kernel_ahead.in_cache(json.loads({json.dumps(json.dumps(entry))})), "
             "'torch' in sys.modules, 'rose.layers.fused' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
                          env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path)})
     assert out.stdout.split() == ["False", "False", "False"], out.stderr[-2000:]
 
