@@ -198,8 +198,8 @@ def _specialization(entry: dict) -> tuple[dict, dict, dict]:
 
     spec = json.loads(entry["spec"])
     constants = {tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
-                 tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
-                 for k, v in zip(spec["constant_keys"], spec["constant_vals"])}
+                 tl.constexpr(convert_to_tuple_if_list(v["constexpr"])) if isinstance(v, dict) and "constexpr" in v
+                 else convert_to_tuple_if_list(v) for k, v in zip(spec["constant_keys"], spec["constant_vals"])}
     attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])}
     signature = {k: convert_to_tuple_if_list(v) for k, v in spec["signature"].items()}
     return signature, constants, attrs

@@ -10,6 +10,7 @@ a GPU, as an image build runs it.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 from pathlib import Path
@@ -40,7 +41,9 @@ def _act_mul_variant():
     constexprs = {(4,): 0, (5,): 1024}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
     options = make_backend(GPUTarget("cuda", 90, 32)).parse_options({"num_warps": 4, "debug": False})
-    spec = serialize_specialization_data(fn.fn.__qualname__, signature, constexprs, attrs, options, "key")
+    newer = "target" in inspect.signature(serialize_specialization_data).parameters  # Triton >= 3.7 records it
+    spec = serialize_specialization_data(fn.fn.__qualname__, signature, constexprs, attrs, options, "key",
+                                         *([GPUTarget("cuda", 90, 32)] if newer else []))
     entry = {"module": "rose.layers.fused", "name": "_act_mul_kernel", "source_key": fn.cache_key,
              "target": TARGET, "spec": kernel_manifest.portable_spec(spec)}
     return (fn, signature, constexprs, attrs), options, entry
