@@ -54,7 +54,7 @@ class CompileWorkers:
         self.procs, self.target, self.started = procs, target, time.perf_counter()
         CompileWorkers._live.add(self)
 
-    def wait(self, timeout: float = 300.0) -> dict:
+    def wait(self, timeout: float = 120.0) -> dict:
         report = {"compiled": 0, "stale": 0, "failed": 0, "workers": len(self.procs)}
         deadline = self.started + timeout
         for proc in self.procs:
@@ -67,8 +67,8 @@ class CompileWorkers:
                     log.warning("kernel compile worker: %s", error)
             except Exception:  # noqa: BLE001 - a worker that hung, died or printed nothing sensible
                 proc.kill()
-                proc.wait()
-                report["failed"] += 1
+                proc.communicate()
+                report["failed"] += 1  # its share compiles at first use
         CompileWorkers._live.discard(self)
         report["seconds"] = round(time.perf_counter() - self.started, 2)
         return report
@@ -77,7 +77,7 @@ class CompileWorkers:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
-            proc.wait()
+            proc.communicate()
         CompileWorkers._live.discard(self)
 
 
@@ -100,7 +100,7 @@ def start_workers(entries: list[dict], target: dict, workers: int | None = None)
             proc.stdin.write(json.dumps({"target": target, "kernels": entries[i::n]}))  # type: ignore[union-attr]
             proc.stdin.close()  # type: ignore[union-attr]
             proc.stdin = None  # communicate() in wait() must not touch it again
-    except OSError:
+    except BaseException:
         CompileWorkers(procs, target).cancel()
         raise
     return CompileWorkers(procs, target) if procs else None
@@ -137,7 +137,7 @@ def start_early(model_dir: str | Path, target: dict, manifest: str | None = "aut
     use_kernel_cache()
     workers = start_workers(missing(manifest_paths(model_dir, manifest)[0], target), target)
     if workers is not None:
-        _EARLY[str(Path(model_dir).resolve())] = workers
+        _EARLY[str(Path(model_dir).expanduser().resolve())] = workers
     return workers
 
 
@@ -146,7 +146,7 @@ def engine_start(model_dir: str | Path, device, manifest: str | None = "auto",
     """For an engine starting on `device` (torch): (the workers compiling its manifest's variants for this GPU,
     adopted from start_early() when they compile for it, else started now, or None; where to record the
     manifest, or None). Never raises; early workers it does not adopt are cancelled."""
-    early = _EARLY.pop(str(Path(model_dir).resolve()), None)
+    early = _EARLY.pop(str(Path(model_dir).expanduser().resolve()), None)
     workers, write = None, None
     try:
         if device.type == "cuda" and manifest:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -25,9 +26,9 @@ MANIFEST_NAME = "rose_kernels.json"
 
 def manifest_paths(model_dir: str | Path, manifest: str | None = "auto") -> tuple[list[Path], Path | None]:
     """(files to read, file to write) for `manifest`: "auto" = beside the model, or under ~/.cache/rose/ when
-    the model's folder is read-only; a path = that file; None or "" = off. A manifest shipped beside the model is
+    the model's folder is read-only; a path = that file; None, "" or "off" = off. A manifest shipped beside the model is
     read in every case but off."""
-    if not manifest:
+    if not manifest or str(manifest).strip().lower() in ("off", "none"):
         return [], None
     from rose.spec import default_manifest_path
 
@@ -42,12 +43,12 @@ def entry_key(entry: dict) -> tuple:
 
 
 def read_entries(paths: list[Path]) -> list[dict]:
-    """The entries of every readable manifest in `paths`, each once; an unreadable file is a warning."""
+    """The entries of every readable manifest in `paths`, each variant once; an unreadable file is a warning."""
     entries: dict[tuple, dict] = {}
-    for path in paths:
+    for path in paths:  # a later file's entry wins: a start's own (refreshed) manifest over one shipped with the model
         try:
             for entry in json.loads(path.read_text())["kernels"]:
-                entries.setdefault(entry_key(entry), entry)
+                entries[entry_key(entry)] = entry
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring the kernel manifest %s: %s", path, exc)
     return list(entries.values())
@@ -71,7 +72,10 @@ def current_target() -> dict:
 
 class Recorder:
     """Records every variant of ROSE's kernels this process's Triton JIT compiles or loads from the cache, by
-    Triton's post-compile hook (chaining a hook installed before it); never fails the compile it watches."""
+    Triton's post-compile hook (chaining a hook installed before it); its own failures never fail the compile it
+    watches. With the hook set, Triton serializes each variant's specialization to JSON before calling it, for
+    every JIT kernel in the process: a kernel given a value JSON cannot hold as a constexpr (a function) would
+    fail its first launch there. ROSE's kernels take ints, floats, bools and dtypes."""
 
     _installed: Recorder | None = None
 
@@ -119,7 +123,7 @@ class Recorder:
         if not recorded:
             return 0
         old = read_entries([path]) if path.is_file() else []
-        kept = [e for e in old if sources.get((e["module"], e["name"]), e["source_key"]) == e["source_key"]]
+        kept = [e for e in old if _current_source(e, sources) == e["source_key"]]
         merged = {entry_key(e): e for e in kept}
         for entry in recorded:
             merged.setdefault(entry_key(entry), entry)
@@ -130,6 +134,7 @@ class Recorder:
             with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".rose_kernels_", delete=False) as f:
                 temp = f.name
                 json.dump({"kernels": list(merged.values())}, f, indent=1)
+            os.chmod(temp, 0o644)  # readable by a replica running as another user than the one that recorded it
             os.replace(temp, path)
         except OSError as exc:
             log.info("kernel manifest not written to %s: %s", path, exc)
@@ -137,3 +142,15 @@ class Recorder:
                 Path(temp).unlink(missing_ok=True)
             return 0
         return len(merged)
+
+
+def _current_source(entry: dict, sources: dict[tuple[str, str], str]) -> str | None:
+    """The kernel's source hash now: as this process compiled it, else from its module if imported (an entry of
+    a kernel renamed or removed since: None, so it is dropped), else as recorded (unknown here: kept)."""
+    key = (entry["module"], entry["name"])
+    if key in sources:
+        return sources[key]
+    module = sys.modules.get(entry["module"])
+    if module is None:
+        return entry["source_key"]
+    return getattr(getattr(module, entry["name"], None), "cache_key", None)

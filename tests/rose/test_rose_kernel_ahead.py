@@ -100,17 +100,19 @@ def test_only_this_gpus_entries_are_compiled_ahead(tmp_path, monkeypatch):
 
 
 @needs_triton
-def test_the_cache_lookup_imports_no_kernel_module_and_no_torch(tmp_path):
+def test_the_cache_lookup_imports_no_kernel_module_and_no_torch(tmp_path, monkeypatch):
     import subprocess
     import sys
 
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     _, _, entry = _act_mul_variant()
+    assert kernel_ahead.compile_entries(TARGET, [entry])["compiled"] == 1
     code = ("import json, sys; from rose import kernel_ahead; "
             f"print(kernel_ahead.in_cache(json.loads({json.dumps(json.dumps(entry))})), "
             "'torch' in sys.modules, 'rose.layers.fused' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
                          env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path)})
-    assert out.stdout.split() == ["False", "False", "False"], out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False", "False"], out.stderr[-2000:]
 
 
 def _hook_call(recorder, module: str, spec: str, source: str = "src") -> None:
@@ -125,22 +127,22 @@ def test_recorder_keeps_roses_kernels_merges_and_replaces_a_changed_kernels(tmp_
     path = tmp_path / MANIFEST_NAME
     first = Recorder()
     assert first.save(path) == 0 and not path.exists(), "nothing recorded: nothing written"
-    _hook_call(first, "rose.layers.fused", "a")
-    _hook_call(first, "rose.layers.fused", "a")  # the same variant again (another process, the cache)
+    _hook_call(first, "rose.fake_kernels_a", "a")
+    _hook_call(first, "rose.fake_kernels_a", "a")  # the same variant again (another process, the cache)
     _hook_call(first, "someone.elses.kernels", "x")
     assert first.save(path) == 1
     assert "/this/machine" not in path.read_text(), "no machine-specific path in the manifest"
     second = Recorder()
-    _hook_call(second, "rose.attention.triton_varlen", "b")
+    _hook_call(second, "rose.fake_kernels_b", "b")
     monkeypatch.setattr(kernel_manifest, "current_target", lambda: {**TARGET, "arch": 80})
-    _hook_call(second, "rose.attention.triton_varlen", "b")  # the same variant on another GPU: kept beside
+    _hook_call(second, "rose.fake_kernels_b", "b")  # the same variant on another GPU: kept beside
     assert second.save(path) == 3
     upgraded = Recorder()
     monkeypatch.setattr(kernel_manifest, "current_target", lambda: dict(TARGET))
-    _hook_call(upgraded, "rose.layers.fused", "a", source="src after an upgrade")
+    _hook_call(upgraded, "rose.fake_kernels_a", "a", source="src after an upgrade")
     assert upgraded.save(path) == 3
     sources = {(e["module"], e["source_key"]) for e in read_entries([path])}
-    assert ("rose.layers.fused", "src") not in sources and ("rose.layers.fused", "src after an upgrade") in sources
+    assert ("rose.fake_kernels_a", "src") not in sources and ("rose.fake_kernels_a", "src after an upgrade") in sources
     assert not list(tmp_path.glob(".rose_kernels_*")), "written whole, then renamed into place"
 
 
@@ -206,7 +208,7 @@ def test_workers_setting(monkeypatch):
     monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "3")
     assert kernel_ahead.workers_for(10) == 3 and kernel_ahead.workers_for(2) == 2
     monkeypatch.setenv(kernel_ahead.WORKERS_ENV, "auto")
-    assert kernel_ahead.workers_for(10) >= 1  # not a number: the default, with a warning
+    assert kernel_ahead.workers_for(10) == min(8, max(1, (os.cpu_count() or 2) - 1))  # not a number: the default
 
 
 def test_manifest_places(tmp_path, monkeypatch):
@@ -225,6 +227,7 @@ def test_manifest_places(tmp_path, monkeypatch):
     assert kernel_manifest.manifest_paths(model) == ([model / MANIFEST_NAME, own], own), "both read"
     explicit = tmp_path / "state" / MANIFEST_NAME
     assert kernel_manifest.manifest_paths(model, str(explicit)) == ([model / MANIFEST_NAME], explicit)
+    assert kernel_manifest.manifest_paths(model, "off") == ([], None)
 
 
 @needs_triton
@@ -260,3 +263,30 @@ def test_driver_target_without_a_driver(monkeypatch):
 
     monkeypatch.setattr(kernel_ahead.subprocess, "run", absent)
     assert kernel_ahead.driver_target() is None
+
+
+def test_a_starts_own_manifest_wins_over_a_shipped_one_and_is_readable_by_all(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_manifest, "current_target", lambda: dict(TARGET))
+    entry = {"module": "not.imported", "name": "_k", "source_key": "old", "target": TARGET, "spec": "{}"}
+    shipped = _write(tmp_path / "shipped.json", [entry])
+    own = _write(tmp_path / "own.json", [{**entry, "source_key": "new"}])
+    assert [e["source_key"] for e in read_entries([shipped, own])] == ["new"]
+    recorder = Recorder()
+    _hook_call(recorder, "rose.fake_kernels_a", "a")
+    assert recorder.save(tmp_path / "written.json") == 1
+    assert (tmp_path / "written.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_entries_of_kernels_changed_or_gone_are_dropped(tmp_path, monkeypatch):
+    import rose.layers.fused  # noqa: F401 - imported: its kernels' current sources are known
+
+    monkeypatch.setattr(kernel_manifest, "current_target", lambda: dict(TARGET))
+    base = {"target": TARGET, "spec": "{}"}
+    changed = {"module": "rose.layers.fused", "name": "_act_mul_kernel", "source_key": "before an edit", **base}
+    gone = {"module": "rose.layers.fused", "name": "_a_kernel_renamed_since", "source_key": "s", **base}
+    unknown = {"module": "rose.never_imported_here", "name": "_k", "source_key": "s", **base}
+    path = _write(tmp_path / MANIFEST_NAME, [changed, gone, unknown])
+    recorder = Recorder()
+    _hook_call(recorder, "rose.fake_kernels_b", "b")
+    assert recorder.save(path) == 2
+    assert {e["module"] for e in read_entries([path])} == {"rose.never_imported_here", "rose.fake_kernels_b"}
