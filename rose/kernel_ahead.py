@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from rose.kernel_manifest import manifest_paths, read_entries
+from rose.kernel_manifest import cuda_target, is_off, manifest_paths, read_entries
 
 log = logging.getLogger("rose.kernel_ahead")
 WORKERS_ENV = "ROSE_KERNEL_COMPILE_WORKERS"
@@ -123,7 +123,7 @@ def driver_target() -> dict | None:
     if len(caps) != 1:
         return None
     (major, minor), = caps
-    return {"backend": "cuda", "arch": major * 10 + minor, "warp_size": 32}
+    return cuda_target(major, minor)
 
 
 _EARLY: dict[str, CompileWorkers] = {}  # by model folder: start_early()'s workers, for engine_start() to adopt
@@ -149,11 +149,10 @@ def engine_start(model_dir: str | Path, device, manifest: str | None = "auto",
     early = _EARLY.pop(str(Path(model_dir).expanduser().resolve()), None)
     workers, write = None, None
     try:
-        if device.type == "cuda" and manifest:
+        if device.type == "cuda" and not is_off(manifest):
             import torch
 
-            major, minor = torch.cuda.get_device_capability(device)
-            target = {"backend": "cuda", "arch": major * 10 + minor, "warp_size": 32}
+            target = cuda_target(*torch.cuda.get_device_capability(device))
             reads, write = manifest_paths(model_dir, manifest)
             if early is not None and early.target == target:
                 workers, early = early, None

@@ -28,7 +28,7 @@ def manifest_paths(model_dir: str | Path, manifest: str | None = "auto") -> tupl
     """(files to read, file to write) for `manifest`: "auto" = beside the model, or under ~/.cache/rose/ when
     the model's folder is read-only; a path = that file; None, "" or "off" = off. A manifest shipped beside the model is
     read in every case but off."""
-    if not manifest or str(manifest).strip().lower() in ("off", "none"):
+    if is_off(manifest):
         return [], None
     from rose.spec import default_manifest_path
 
@@ -36,6 +36,16 @@ def manifest_paths(model_dir: str | Path, manifest: str | None = "auto") -> tupl
     write = default_manifest_path(model_dir, MANIFEST_NAME) if manifest == "auto" else Path(manifest)
     reads = [p for p in dict.fromkeys([model_dir / MANIFEST_NAME, write]) if p is not None and p.is_file()]
     return reads, write
+
+
+def is_off(manifest: str | Path | None) -> bool:
+    """The manifest setting that turns recording and compiling ahead off: None, "", "off" or "none"."""
+    return not manifest or str(manifest).strip().lower() in ("off", "none")
+
+
+def cuda_target(major: int, minor: int) -> dict:
+    """An entry's target for a CUDA GPU of compute capability major.minor (Triton's GPUTarget, as a dict)."""
+    return {"backend": "cuda", "arch": major * 10 + minor, "warp_size": 32}
 
 
 def entry_key(entry: dict) -> tuple:

@@ -119,12 +119,14 @@ def compile_kernels_early(config: TulipConfig) -> None:
     process spends seconds importing torch and the engine (rose.kernel_ahead; the engine adopts them). Only for
     ROSE with a model folder and a manifest, on a host whose GPUs the driver names; a failure only logs: the
     engine's own start tries again."""
-    if (not config.model or config.engine_factory or config.device == "cpu"
-            or config.kernel_manifest in ("", "off")):
+    if not config.model or config.engine_factory or config.device == "cpu":
         return
     try:
         from rose import kernel_ahead
+        from rose.kernel_manifest import is_off
 
+        if is_off(config.kernel_manifest):
+            return
         target = kernel_ahead.driver_target()
         if target is not None:
             kernel_ahead.start_early(config.model, target, config.kernel_manifest)

@@ -95,12 +95,13 @@ def build_engine(config: TulipConfig) -> tuple[Any, str]:
     kwargs: dict[str, Any] = {}
     if not config.engine_factory:  # ROSE's CUDA-graph options; other factories take the common ones only
         from rose.buckets import parse_layouts
+        from rose.kernel_manifest import is_off
 
         graphs = str(config.cuda_graphs).lower()
         kwargs = {"cuda_graphs": None if graphs == "auto" else graphs in ("true", "1", "yes", "on"),
                   "prewarm": parse_layouts(config.prewarm),
                   "graph_manifest": None if config.graph_manifest in ("", "off") else config.graph_manifest,
-                  "kernel_manifest": None if config.kernel_manifest in ("", "off") else config.kernel_manifest,
+                  "kernel_manifest": None if is_off(config.kernel_manifest) else config.kernel_manifest,
                   "express_tokens": config.express_batch_tokens if config.lanes else 0}
     engine = factory(folder, device=device, dtype=config.dtype or None, attention=config.attention,
                      pinned_cap_bytes=config.pinned_cap_mb * 1024 * 1024, **kwargs)
