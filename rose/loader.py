@@ -17,7 +17,6 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from rose.layers.fused import fold_norms_enabled
 from rose.models import build_model
 from rose.spec import ModelFolderError, ModelSpec
 
@@ -137,6 +136,4 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> nn.
                 module._buffers[bname] = buf.to(device)
     model.eval()
     model.requires_grad_(False)
-    if hasattr(model, "fold_norms") and fold_norms_enabled():
-        model.fold_norms()
     return model

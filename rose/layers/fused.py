@@ -11,12 +11,6 @@ RoPE alone); the gate activation is SiLU or GELU-tanh (Gemma).
 
 Rounding follows Hugging Face's bf16 path (residual sum, norm output and RoPE cos/sin rounded to the
 activation dtype) so parity with transformers holds; arithmetic inside a kernel is float32.
-Folded norms (`ROSE_FOLD_NORMS`, default on; Qwen3-family decoders without q/k/v biases): each pre-norm's weight
-is folded into the projection after it at load (W' = W * gamma), and the norm's row scale rstd(h) is applied by
-the kernel that reads that projection's output (the QK step scales q, k and, in place, v; the gate step scales
-gate and up); the residual adds run inside the o and down GEMMs (beta = 1, `residual_linear`). A layer is then
-QKV GEMM, rstd+QK-norm+RoPE, attention, O GEMM (+ residual), gate-up GEMM, rstd+SiLU*mul, down GEMM (+ residual):
-7 kernels instead of 9, the same math up to bf16 rounding (benchmarks/NOTES.md, "Folded norms").
 Hand-written Triton rather than torch.compile: compiled once per kernel (not per token bucket), no
 recompiles under capture, and start-to-ready stays within seconds.
 """
@@ -38,11 +32,6 @@ QK_NORMS = {None: 0, "rms": 1, "gemma": 2}  # the QK step's norm -> the kernel's
 GATE_ACTS = {"silu": 0, "gelu_tanh": 1}  # gate activation -> the kernel's ACT mode
 
 
-def fold_norms_enabled() -> bool:
-    """ROSE_FOLD_NORMS (default on), read when a model loads."""
-    return os.environ.get("ROSE_FOLD_NORMS", "1").strip().lower() not in ("0", "false", "off", "no")
-
-
 def _use_triton(x: torch.Tensor) -> bool:
     return ENABLED and triton is not None and x.is_cuda
 
@@ -58,12 +47,6 @@ def _rms_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = 
     if gemma:  # Gemma: (1 + weight) in float32, one rounding at the end
         return (h * (1.0 + weight.to(torch.float32))).to(x.dtype)
     return weight * h.to(x.dtype)
-
-
-def _rstd_torch(h: torch.Tensor, eps: float) -> torch.Tensor:
-    """[T, 1] float32: the RMSNorm row scale of h, as _rms_torch computes it."""
-    x = h.to(torch.float32)
-    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -94,22 +77,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
                  positions: torch.Tensor, inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                 eps: float, norm: str | None = "rms", row_scale_of: torch.Tensor | None = None,
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, norm: str | None = "rms") -> tuple[torch.Tensor, torch.Tensor]:
     """From the fused QKV projection [T, (Hq + 2 Hkv) D]: per-head norm of q and k (`norm` of QK_NORMS;
     None = none, the weights unused), then RoPE at each token's position. Returns contiguous q [T, Hq, D]
-    and k [T, Hkv, D]. row_scale_of: the projection's input h [T, hidden] when the pre-norm's weight is
-    folded into it: q, k and v (in place, in qkv) are first scaled by rstd(h), the pre-norm's row scale."""
+    and k [T, Hkv, D]."""
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     if not _qk_kernel_fits(qkv, head_dim):
         q = qkv[:, :q_size].reshape(t, num_heads, head_dim)
         k = qkv[:, q_size:q_size + kv_size].reshape(t, num_kv_heads, head_dim)
-        if row_scale_of is not None:
-            r = _rstd_torch(row_scale_of, eps)[:, :, None]
-            q, k = (q.to(torch.float32) * r).to(qkv.dtype), (k.to(torch.float32) * r).to(qkv.dtype)
-            v = qkv[:, q_size + kv_size:]
-            v.copy_((v.to(torch.float32) * r[:, :, 0]).to(qkv.dtype))
         if norm is not None:
             q, k = _rms_torch(q, q_weight, eps, norm == "gemma"), _rms_torch(k, k_weight, eps, norm == "gemma")
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
@@ -118,7 +94,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: tor
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
     q = torch.empty(t, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(t, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    launch_qk_norm_rope(qkv, q, k, q_weight, k_weight, positions, inv_freq, eps, norm=norm, row_scale_of=row_scale_of)
+    launch_qk_norm_rope(qkv, q, k, q_weight, k_weight, positions, inv_freq, eps, norm=norm)
     return q, k
 
 
@@ -132,10 +108,9 @@ def qk_block_tokens(tokens: int, num_heads: int) -> int:
 
 
 def launch_qk_norm_rope(qkv, q, k, q_weight, k_weight, positions, inv_freq, eps: float,
-                        block_tokens: int | None = None, norm: str | None = "rms", row_scale_of=None) -> None:
-    """One program per block of tokens and per q-or-k (and v, with row_scale_of): each normalizes and rotates
-    every head of its tokens ([tokens, heads, head_dim] tiles), computing each token's cos/sin once, not once
-    per head; with row_scale_of, each first scales its tokens by rstd(row_scale_of)."""
+                        block_tokens: int | None = None, norm: str | None = "rms") -> None:
+    """One program per block of tokens and per q-or-k: each normalizes and rotates every head of its
+    tokens ([tokens, heads, head_dim] tiles), computing each token's cos/sin once, not once per head."""
     if norm is None:  # the weight pointers are never read: any tensor will do
         q_weight = k_weight = inv_freq
     t, num_heads, head_dim = q.shape
@@ -143,12 +118,10 @@ def launch_qk_norm_rope(qkv, q, k, q_weight, k_weight, positions, inv_freq, eps:
     block_t = block_tokens or qk_block_tokens(t, num_heads)
     block_hq, block_hk = triton.next_power_of_2(num_heads), triton.next_power_of_2(num_kv_heads)
     elements = block_t * block_hq * head_dim
-    scaled = row_scale_of is not None
-    h = row_scale_of if scaled else qkv  # never read unscaled
-    _qk_norm_rope_kernel[(triton.cdiv(t, block_t), 3 if scaled else 2)](
-        qkv, q, k, q_weight, k_weight, positions, inv_freq, h, qkv.stride(0), h.stride(0), h.shape[1], t,
-        num_heads, num_kv_heads, eps, HALF=head_dim // 2, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk,
-        NORM=QK_NORMS[norm], ROW_SCALE=scaled, num_warps=4 if elements <= 4096 else 8)
+    _qk_norm_rope_kernel[(triton.cdiv(t, block_t), 2)](
+        qkv, q, k, q_weight, k_weight, positions, inv_freq, qkv.stride(0), t, num_heads, num_kv_heads, eps,
+        HALF=head_dim // 2, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, NORM=QK_NORMS[norm],
+        num_warps=4 if elements <= 4096 else 8)
 
 
 def precompile_qk_norm_rope(attn) -> int:
@@ -167,53 +140,31 @@ def precompile_qk_norm_rope(attn) -> int:
     k = torch.empty(8, kv_heads, d, dtype=weight.dtype, device=weight.device)
     positions = torch.arange(8, device=weight.device)
     inv_freq = torch.ones(d // 2, dtype=torch.float32, device=weight.device)
-    h = torch.zeros(8, attn.qkv_proj.in_features, dtype=weight.dtype, device=weight.device) \
-        if getattr(attn, "folded", False) else None  # the variant that scales by the folded pre-norm's rstd
     blocks = sorted({qk_block_tokens(t, heads) for t in (1, 1 << 10, 1 << 11, 1 << 12, 1 << 20)})
     for block in blocks:
         launch_qk_norm_rope(qkv, q, k, q_weight, k_weight, positions, inv_freq, 1e-6, block_tokens=block,
-                            norm=norm, row_scale_of=h)
+                            norm=norm)
     return len(blocks)
 
 
-def gate_mul(gate_up: torch.Tensor, act: str = "silu", row_scale_of: torch.Tensor | None = None,
-             eps: float = 1e-6) -> torch.Tensor:
-    """act(gate) * up for the fused gate-up projection [T, 2I] -> [T, I]; act of GATE_ACTS. row_scale_of:
-    the projection's input h [T, hidden] when the pre-norm's weight is folded into it: gate and up are first
-    scaled by rstd(h) (eps: that norm's)."""
+def gate_mul(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """act(gate) * up for the fused gate-up projection [T, 2I] -> [T, I]; act of GATE_ACTS."""
     inner = gate_up.shape[1] // 2
     if not _use_triton(gate_up):
-        if row_scale_of is not None:
-            gate_up = (gate_up.to(torch.float32) * _rstd_torch(row_scale_of, eps)).to(gate_up.dtype)
         gate, up = gate_up.split(inner, dim=-1)
         if act == "silu":
             return torch.nn.functional.silu(gate) * up
         return torch.nn.functional.gelu(gate, approximate="tanh") * up
     out = torch.empty(gate_up.shape[0], inner, dtype=gate_up.dtype, device=gate_up.device)
-    launch_act_mul(gate_up, out, act, row_scale_of, eps)
+    block = 1024
+    _act_mul_kernel[(gate_up.shape[0], triton.cdiv(inner, block))](gate_up, out, inner, gate_up.stride(0),
+                                                                    ACT=GATE_ACTS[act], BLOCK=block)
     return out
 
 
-def launch_act_mul(gate_up, out, act: str = "silu", row_scale_of=None, eps: float = 1e-6, block: int = 1024) -> None:
-    """One program per row and block of `block` columns of the output."""
-    inner = out.shape[1]
-    scaled = row_scale_of is not None
-    h = row_scale_of if scaled else gate_up  # never read unscaled
-    _act_mul_kernel[(gate_up.shape[0], triton.cdiv(inner, block))](
-        gate_up, out, h, inner, gate_up.stride(0), h.stride(0), h.shape[1], eps, ACT=GATE_ACTS[act],
-        ROW_SCALE=scaled, BLOCK=block)
-
-
-def silu_mul(gate_up: torch.Tensor, row_scale_of: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """silu(gate) * up (Qwen3, Qwen2, Mistral); row_scale_of, eps: as gate_mul."""
-    return gate_mul(gate_up, "silu", row_scale_of, eps)
-
-
-def residual_linear(x: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor) -> torch.Tensor:
-    """residual + linear(x) in the GEMM itself (cuBLAS's beta = 1): no separate add kernel. Rounded once,
-    where an add after the projection rounds the projection, then the sum."""
-    out = torch.addmm(residual, x, linear.weight.t())
-    return out if linear.bias is None else out.add_(linear.bias)
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up (Qwen3, Qwen2, Mistral)."""
+    return gate_mul(gate_up, "silu")
 
 
 # -- Triton kernels ------------------------------------------------------------------------------------
@@ -249,20 +200,8 @@ if triton is not None:
         tl.store(out_ptr + row * stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _row_rstd(h_ptr, h_stride, rows, rows_ok, hidden, eps, BLOCK_R: tl.constexpr, CHUNK: tl.constexpr):
-        """[BLOCK_R] float32: rsqrt(mean(h[row]^2) + eps) for each of `rows` (int64), RMSNorm's row scale."""
-        acc = tl.zeros([BLOCK_R], dtype=tl.float32)
-        for c0 in range(0, hidden, CHUNK):
-            cols = c0 + tl.arange(0, CHUNK)
-            x = tl.load(h_ptr + rows[:, None] * h_stride + cols[None, :],
-                        mask=rows_ok[:, None] & (cols < hidden)[None, :], other=0.0).to(tl.float32)
-            acc += tl.sum(x * x, axis=1)
-        return tl.rsqrt(acc / hidden + eps)
-
-    @triton.jit
-    def _norm_rope_heads(qkv_ptr, dst_ptr, w_ptr, pos_ptr, inv_freq_ptr, h_ptr, stride, h_stride, hidden, tokens,
-                         col0, heads, eps, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                         NORM: tl.constexpr, ROW_SCALE: tl.constexpr):
+    def _norm_rope_heads(qkv_ptr, dst_ptr, w_ptr, pos_ptr, inv_freq_ptr, stride, tokens, col0, heads, eps,
+                         HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr):
         tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         tok_ok = tok < tokens
         tok64 = tok.to(tl.int64)
@@ -273,10 +212,6 @@ if triton is not None:
         n1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
         n2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
         dt = dst_ptr.dtype.element_ty
-        if ROW_SCALE:  # the folded pre-norm's row scale, rounded as the unfolded projection's output is
-            r = _row_rstd(h_ptr, h_stride, tok64, tok_ok, hidden, eps, BLOCK_T, 256)[:, None, None]
-            n1 = (n1 * r).to(dt).to(tl.float32)
-            n2 = (n2 * r).to(dt).to(tl.float32)
         if NORM != 0:
             rstd = tl.rsqrt((tl.sum(n1 * n1, axis=2) + tl.sum(n2 * n2, axis=2)) / (2 * HALF) + eps)[:, :, None]
             w1 = tl.load(w_ptr + j).to(tl.float32)[None, None, :]
@@ -296,54 +231,24 @@ if triton is not None:
         tl.store(dst + HALF, (n2 * c + n1 * s).to(dt), mask=mask)
 
     @triton.jit
-    def _scale_v_heads(qkv_ptr, h_ptr, stride, h_stride, hidden, tokens, col0, heads, eps,
-                       HEAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
-        """v *= rstd(h) in place, in the fused QKV buffer (attention reads it there)."""
-        tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        tok_ok = tok < tokens
-        tok64 = tok.to(tl.int64)
-        h = tl.arange(0, BLOCK_H)
-        d = tl.arange(0, HEAD)
-        mask = tok_ok[:, None, None] & (h < heads)[None, :, None] & (d < HEAD)[None, None, :]
-        ptr = qkv_ptr + tok64[:, None, None] * stride + col0 + h[None, :, None] * HEAD + d[None, None, :]
-        r = _row_rstd(h_ptr, h_stride, tok64, tok_ok, hidden, eps, BLOCK_T, 256)[:, None, None]
-        v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-        tl.store(ptr, (v * r).to(qkv_ptr.dtype.element_ty), mask=mask)
+    def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, inv_freq_ptr, stride, tokens,
+                             num_heads, num_kv_heads, eps, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
+                             BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, NORM: tl.constexpr):
+        if tl.program_id(1) == 0:
+            _norm_rope_heads(qkv_ptr, q_ptr, qw_ptr, pos_ptr, inv_freq_ptr, stride, tokens, 0, num_heads, eps,
+                             HALF, BLOCK_T, BLOCK_HQ, NORM)
+        else:
+            _norm_rope_heads(qkv_ptr, k_ptr, kw_ptr, pos_ptr, inv_freq_ptr, stride, tokens, num_heads * 2 * HALF,
+                             num_kv_heads, eps, HALF, BLOCK_T, BLOCK_HK, NORM)
 
     @triton.jit
-    def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, inv_freq_ptr, h_ptr, stride,
-                             h_stride, hidden, tokens, num_heads, num_kv_heads, eps, HALF: tl.constexpr,
-                             BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-                             NORM: tl.constexpr, ROW_SCALE: tl.constexpr):
-        which = tl.program_id(1)
-        if which == 0:
-            _norm_rope_heads(qkv_ptr, q_ptr, qw_ptr, pos_ptr, inv_freq_ptr, h_ptr, stride, h_stride, hidden, tokens,
-                             0, num_heads, eps, HALF, BLOCK_T, BLOCK_HQ, NORM, ROW_SCALE)
-        elif which == 1:
-            _norm_rope_heads(qkv_ptr, k_ptr, kw_ptr, pos_ptr, inv_freq_ptr, h_ptr, stride, h_stride, hidden, tokens,
-                             num_heads * 2 * HALF, num_kv_heads, eps, HALF, BLOCK_T, BLOCK_HK, NORM, ROW_SCALE)
-        else:  # only launched with ROW_SCALE
-            _scale_v_heads(qkv_ptr, h_ptr, stride, h_stride, hidden, tokens, (num_heads + num_kv_heads) * 2 * HALF,
-                           num_kv_heads, eps, 2 * HALF, BLOCK_T, BLOCK_HK)
-
-    @triton.jit
-    def _act_mul_kernel(gu_ptr, out_ptr, h_ptr, inner, stride, h_stride, hidden, eps, ACT: tl.constexpr,
-                        ROW_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    def _act_mul_kernel(gu_ptr, out_ptr, inner, stride, ACT: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < inner
         g = tl.load(gu_ptr + row * stride + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(gu_ptr + row * stride + inner + offs, mask=mask, other=0.0).to(tl.float32)
         dt = out_ptr.dtype.element_ty
-        if ROW_SCALE:  # the folded pre-norm's row scale, rounded as the unfolded projection's output is
-            acc = tl.zeros([1024], dtype=tl.float32)
-            for c0 in range(0, hidden, 1024):
-                cols = c0 + tl.arange(0, 1024)
-                x = tl.load(h_ptr + row * h_stride + cols, mask=cols < hidden, other=0.0).to(tl.float32)
-                acc += x * x
-            r = tl.rsqrt(tl.sum(acc, axis=0) / hidden + eps)
-            g = (g * r).to(dt).to(tl.float32)
-            u = (u * r).to(dt).to(tl.float32)
         if ACT == 0:  # silu
             act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
         else:  # gelu, tanh approximation; tanh(y) = 1 - 2 / (exp(2y) + 1) (exp overflow gives 1, as it should)

@@ -8,10 +8,6 @@ The same stack serves the Llama-style decoders that differ from Qwen3 only in wh
 Qwen2 (gte-Qwen2: biases on q/k/v, none on o, no QK-norm) and Mistral (e5-mistral: no biases, no QK-norm).
 Sliding windows come per layer from the spec (rose.windows); layers of one window share one attention
 context (SDPA builds one mask per window, not per layer).
-
-Folded norms (`fold_norms`, at load unless ROSE_FOLD_NORMS=0; decoders without q/k/v or o biases): the pre-norms'
-weights live in the projections after them and their row scales are applied by the QK and gate kernels, the
-residual adds run in the o and down GEMMs: 7 kernels a layer instead of 9 (rose.layers.fused).
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
 from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding
-from rose.layers.fused import (add_rms_norm, precompile_qk_norm_rope, qk_norm_rope, residual_linear, rms_norm,
-                               silu_mul)
+from rose.layers.fused import add_rms_norm, precompile_qk_norm_rope, qk_norm_rope, rms_norm, silu_mul
 from rose.meta import ForwardMeta
 from rose.windows import FULL
 
@@ -71,23 +66,17 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps) if options.qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if options.qk_norm else None
         self.eps = eps
-        self.folded = False  # the input norm's weight in qkv_proj, its row scale in the QK step (fold_norms)
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-               attn: AttentionContext) -> torch.Tensor:
-        """Attention's output [T, Hq * D], before o_proj. x: the input norm's output, or with `folded` the
-        residual stream itself (the norm's row scale is applied to q, k and v here)."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                attn: AttentionContext) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         weights = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
         q, k = qk_norm_rope(qkv, *weights, positions, inv_freq, self.num_heads, self.num_kv_heads, self.head_dim,
-                            self.eps, norm=self.qk_norm, row_scale_of=x if self.folded else None)
+                            self.eps, norm=self.qk_norm)
         v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim:].view(t, self.num_kv_heads, self.head_dim)
-        return attn(q, k, v).reshape(t, -1)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                attn: AttentionContext) -> torch.Tensor:
-        return self.o_proj(self.attend(x, positions, inv_freq, attn))
+        out = attn(q, k, v)
+        return self.o_proj(out.reshape(t, -1))
 
 
 class Qwen3MLP(nn.Module):
@@ -101,11 +90,6 @@ class Qwen3MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
-
-    def forward_folded(self, h: torch.Tensor, eps: float) -> torch.Tensor:
-        """h + mlp(norm(h)) with the norm's weight in gate_up_proj: its row scale in the gate step, the
-        residual add in the down GEMM."""
-        return residual_linear(silu_mul(self.gate_up_proj(h), row_scale_of=h, eps=eps), self.down_proj, h)
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -125,21 +109,6 @@ class Qwen3DecoderLayer(nn.Module):
         h, residual = add_rms_norm(a, residual, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
         m = self.mlp(h)
         return add_rms_norm(m, residual, next_norm.weight, next_norm.eps)
-
-    def forward_folded(self, residual: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                       attn: AttentionContext) -> torch.Tensor:
-        """The new residual stream from the old one, the norms folded (Qwen3Model.fold_norms)."""
-        a = self.self_attn.attend(residual, positions, inv_freq, attn)
-        h = residual_linear(a, self.self_attn.o_proj, residual)
-        return self.mlp.forward_folded(h, self.post_attention_layernorm.eps)
-
-    def fold_norms(self) -> None:
-        """Each pre-norm's weight into the projection after it: W' = W * gamma (float32, then rounded once)."""
-        for norm, linear in ((self.input_layernorm, self.self_attn.qkv_proj),
-                             (self.post_attention_layernorm, self.mlp.gate_up_proj)):
-            w = linear.weight
-            w.copy_((w.to(torch.float32) * norm.weight.to(torch.float32)[None, :]).to(w.dtype))
-        self.self_attn.folded = True
 
 
 class Qwen3Model(nn.Module):
@@ -166,19 +135,6 @@ class Qwen3Model(nn.Module):
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, head_dim, options) for _ in range(layers))
         self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
         self.rotary = RotaryEmbedding(head_dim, rope_theta(cfg))
-        self.foldable = not options.qkv_bias and not options.o_bias  # a bias after the row scale: not folded
-        self.folded = False
-
-    def fold_norms(self) -> bool:
-        """Fold every layer's pre-norms into its projections (rose.layers.fused, "Folded norms"), once, after
-        the weights load. False (nothing changed) for a decoder with q/k/v or o biases."""
-        if not self.foldable or self.folded:
-            return self.folded
-        with torch.no_grad():
-            for layer in self.layers:
-                layer.fold_norms()
-        self.folded = True
-        return True
 
     def precompile_kernels(self) -> int:
         """Every tokens-per-program variant of the QK-norm+RoPE kernel, compiled before serving."""
@@ -188,10 +144,6 @@ class Qwen3Model(nn.Module):
         residual = self.embed_tokens(meta.input_ids)
         attn = {w: AttentionContext.build(backend, meta, causal=self.causal, scale=self.scale, window=w)
                 for w in dict.fromkeys(self.windows)}
-        if self.folded:
-            for layer, window in zip(self.layers, self.windows):
-                residual = layer.forward_folded(residual, meta.positions, self.rotary.inv_freq, attn[window])
-            return rms_norm(residual, self.norm.weight, self.norm.eps)
         first = self.layers[0].input_layernorm
         h = rms_norm(residual, first.weight, first.eps)
         norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
