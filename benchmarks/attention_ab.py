@@ -235,7 +235,7 @@ def main(argv=None) -> int:
         print_first_use(data.get("build", []), data.get("first_use", []))
         print_table(data["records"], list(dict.fromkeys(r["backend"] for r in data["records"])))
         return 0
-    from rose.attention.kernels import use_kernel_cache
+    from rose.kernel_cache import use_kernel_cache
 
     use_kernel_cache(args.cache_dir)  # before FlashInfer / FA4 are imported
     if not torch.cuda.is_available():

@@ -223,8 +223,8 @@ def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metri
 def kernel_compile_env(tulips: int, cpus: int | None = None, environ=os.environ) -> dict[str, str]:
     """The host's cores shared among its Tulips' kernel compile workers (rose/kernel_ahead.py: each Tulip would
     take up to 8 of cpus - 1 at a fresh start): the variable for each Tulip, none for one Tulip or when it is set."""
-    from rose.kernel_ahead import WORKERS_ENV  # torch-free
+    from rose.kernel_ahead import WORKERS_ENV, default_workers  # torch-free
 
     if tulips <= 1 or WORKERS_ENV in environ:
         return {}
-    return {WORKERS_ENV: str(max(1, min(8, ((cpus or os.cpu_count() or 2) - 1) // tulips)))}
+    return {WORKERS_ENV: str(default_workers(cpus, tulips))}

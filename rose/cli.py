@@ -141,7 +141,8 @@ def cmd_build_kernels(args: argparse.Namespace, cfg: EngineConfig) -> int:
     records.append(_build_triton_by_warmup(args.model_dir, cfg))
     print(f"{'backend':16s} {'status':12s} {'first use s':>11s}  cache {cache or '(library default)'}")
     for r in records:
-        print(f"{r['backend']:16s} {r['status']:12s} {r['seconds']:11.2f}  {r.get('error', '')}")
+        detail = r.get("error") or r.get("note", "")
+        print(f"{r['backend']:16s} {r['status']:12s} {r['seconds']:11.2f}  {detail}")
     bad = [r for r in records if r["status"] == "failed" or (named and r["status"] == "unavailable")]
     return 1 if bad else 0
 
@@ -154,7 +155,7 @@ def _build_triton_by_warmup(model_dir: str, cfg: EngineConfig) -> dict:
         engine = load_engine(model_dir, dataclasses.replace(cfg, graph_manifest=None))
         try:
             engine.warmup()
-            record["error"] = f"{engine.save_kernel_manifest()} variants in {engine.kernel_manifest}"
+            record["note"] = f"{engine.save_kernel_manifest()} variants in {engine.kernel_manifest}"
         finally:
             engine.close()
     except Exception as exc:  # noqa: BLE001 - reported in the table, the exit status 1
@@ -177,11 +178,13 @@ def _build_triton_from_manifest(model_dir: Path, manifest: str, cache) -> int:
         print(f"rose build-kernels: no CUDA device and no kernel manifest beside {model_dir}: run build-kernels "
               "on a GPU once (it records one there), or on the serving machine itself", file=sys.stderr)
         return 1
+    by_target: dict[str, list[dict]] = {}
+    for entry in entries:
+        by_target.setdefault(json.dumps(entry["target"], sort_keys=True), []).append(entry)
     start, failed = time.perf_counter(), 0
-    for target in {json.dumps(e["target"], sort_keys=True) for e in entries}:
-        mine = [e for e in entries if json.dumps(e["target"], sort_keys=True) == target]
-        workers = kernel_ahead.start_workers(mine, json.loads(target))
-        report = workers.wait(timeout=3600) if workers else kernel_ahead.compile_entries(json.loads(target), mine)
+    for target, mine in by_target.items():
+        workers = kernel_ahead.start_workers(mine, mine[0]["target"])
+        report = workers.wait(timeout=3600) if workers else kernel_ahead.compile_entries(mine[0]["target"], mine)
         failed += report["failed"]
         print(f"rose build-kernels: {report['compiled']} of {len(mine)} Triton variants for {target} in the cache "
               f"({report['stale']} stale, {report['failed']} failed), {time.perf_counter() - start:.1f} s, "

@@ -33,9 +33,15 @@ log = logging.getLogger("rose.kernel_ahead")
 WORKERS_ENV = "ROSE_KERNEL_COMPILE_WORKERS"
 
 
+def default_workers(cpus: int | None = None, tulips: int = 1) -> int:
+    """Compile workers a start takes unless ROSE_KERNEL_COMPILE_WORKERS says: up to 8 of the host's cores but
+    one, shared among `tulips` replicas starting together (ivy up)."""
+    return max(1, min(8, ((cpus or os.cpu_count() or 2) - 1) // tulips))
+
+
 def workers_for(count: int) -> int:
     raw = os.environ.get(WORKERS_ENV, "").strip()
-    default = min(8, max(1, (os.cpu_count() or 2) - 1))
+    default = default_workers()
     try:
         cap = int(raw) if raw else default
     except ValueError:

@@ -42,9 +42,7 @@ def config_env_names(cls: type, prefix: str) -> set[str]:
 
 
 def kernel_cache_env() -> str:
-    from rose.attention.kernels import (
-        CACHE_ENV,  # imports torch: only when the checks run
-    )
+    from rose.kernel_cache import CACHE_ENV
 
     return CACHE_ENV
 

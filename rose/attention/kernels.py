@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from rose.attention.shape import AttentionShape
-from rose.kernel_cache import CACHE_ENV, use_kernel_cache  # noqa: F401 - where callers have found them
+from rose.kernel_cache import use_kernel_cache
 from rose.windows import FULL
 
 log = logging.getLogger("rose.attention")

@@ -90,7 +90,7 @@ def test_flashinfer_int_workspace_grows_with_the_layout():
 
 
 def test_kernel_cache_dir_sets_both_libraries_variables(monkeypatch, tmp_path):
-    from rose.attention.kernels import use_kernel_cache
+    from rose.kernel_cache import use_kernel_cache
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER_", "FLASH_ATTENTION_", "ROSE_KERNEL"))}
     monkeypatch.setattr(os, "environ", env)  # the variables set below must not leak into other tests
@@ -108,7 +108,7 @@ def test_kernel_cache_dir_sets_both_libraries_variables(monkeypatch, tmp_path):
 def test_triton_cache_only_where_it_can_be_written(monkeypatch, tmp_path):
     """A kernel cache where Triton cannot write (an image's own folder under a read-only root, a volume
     filled once) must not become Triton's cache: its first compile would fail the replica's start."""
-    from rose.attention.kernels import use_kernel_cache
+    from rose.kernel_cache import use_kernel_cache
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER_", "FLASH_ATTENTION_", "ROSE_KERNEL",
                                                                     "TRITON_"))}
