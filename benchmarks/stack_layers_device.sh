@@ -102,6 +102,10 @@ rm -f $OUT/*_inputs.json
 python3 - <<'PY'
 import glob, json, os
 from benchmarks.stack.server_counters import describe
+def timing(r):  # the server's own account, p50 ms: Ivy's whole and tokenizing, Tulip's queue, inference, whole
+    t = r.get("server_timing_p50_ms") or {}
+    names = {"ivy_total": "ivy", "tokenization": "tok", "queue": "q", "inference": "inf", "batcher": "tulip"}
+    return ("  |" + " ".join(f"{n} {t[k]:.3f}" for k, n in names.items() if k in t)) if t else ""
 print(f"{'file':34s} {'layer':10s} {'suite':14s} {'param':>5s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'req/s':>8s} {'k tok/s':>8s} "
       f"{'cold':>5s} {'st.p99':>7s}  server")
 for path in sorted(glob.glob(os.environ["OUT"] + "/stack_layers_*.json")):
@@ -112,6 +116,6 @@ for path in sorted(glob.glob(os.environ["OUT"] + "/stack_layers_*.json")):
             continue
         print(f"{name:34s} {r.get('layer', ''):10s} {r['suite']:14s} {r['param']:>5} {r['p50_ms']:7.2f} {r['p95_ms']:7.2f} "
               f"{r['p99_ms']:7.2f} {r['rps']:8.1f} {r['tokens_per_s'] / 1e3:8.1f} {r.get('cold_requests', 0):5d} "
-              f"{r.get('steady_p99_ms') or 0:7.2f}  {describe(r.get('server') or {})}")
+              f"{r.get('steady_p99_ms') or 0:7.2f}  {describe(r.get('server') or {})}{timing(r)}")
 PY
 echo "done in $(el) s"

@@ -43,7 +43,7 @@ class _Member:
     deadline: float
     request_id: str
     future: asyncio.Future
-    cold: bool = False  # the shared call's batch ran without its CUDA graph yet (see metrics.mark_cold)
+    response: embed_pb2.EmbedResponse | None = None  # the shared call's (its cold flag and timings: metrics.note_backend)
 
 
 @dataclass
@@ -85,8 +85,8 @@ class Coalescer:
         group.seqs += len(sequences)
         try:
             rows = await asyncio.wait_for(asyncio.shield(member.future), max(0.0, deadline - time.monotonic()))
-            if member.cold:
-                metrics.mark_cold()
+            if member.response is not None:
+                metrics.note_backend(member.response)
             return rows
         except TimeoutError:
             raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline") from None
@@ -117,7 +117,7 @@ class Coalescer:
             response = await self._call(self._request(group, seqs), group.tokens, max(m.deadline for m in members))
             rows = checked_rows(response, len(seqs))
             for m in members:
-                m.cold = response.cold
+                m.response = response
         except IvyError as exc:
             if exc.problem is Problem.INVALID_PARAMETER and len(members) > 1:
                 await self._one_by_one(group)  # one member's input: the others must not get its error

@@ -45,7 +45,7 @@ class Gateway:
         self.encoder = InputEncoder(
             self.spec, self.tokenizer, threads=config.tokenizer_thread_count(),
             char_cap=config.char_cap(self.spec.max_length), query_prefix=config.query_prefix,
-            document_prefix=config.document_prefix, observe=metrics.TOKENIZE_SECONDS.observe,
+            document_prefix=config.document_prefix, observe=metrics.observe_tokenize,
             inline_chars=config.tokenize_inline_chars, split_chars=config.tokenize_split_chars,
             piece_chars=config.tokenize_piece_chars)
         expected = Expected(model_ids=frozenset(self.model_names), fingerprint=self.tokenizer.fingerprint,
@@ -221,8 +221,8 @@ class Gateway:
         else:
             calls = [lambda r=r, c=c: self.pool.call(r, c.tokens, deadline) for r, c in zip(requests, chunks)]
             results = await _gather_or_fail(calls, self.chunks_in_flight())
-        if any(response.cold for response in results):
-            metrics.mark_cold()
+        for response in results:
+            metrics.note_backend(response)
         parts = [checked_rows(response, c.rows) for c, response in zip(chunks, results)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 

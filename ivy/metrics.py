@@ -86,17 +86,63 @@ def render() -> tuple[bytes, str]:
 
 
 REQUEST_ID: ContextVar[str] = ContextVar("ivy_request_id", default="")
-# Per request (set by RequestMetrics, shared with the request's child tasks): whether a batch of it ran on a
-# replica without its CUDA graph yet. Answered as the header X-Cold-Start: 1, so a benchmark can report
-# cold hits apart from the steady state (as text-embeddings-inference reports x-queue-time and friends).
-_COLD: ContextVar[list | None] = ContextVar("ivy_cold", default=None)
+class RequestTrace:
+    """One request's record (set by RequestMetrics, shared with the request's child tasks): whether a batch of
+    it ran on a replica without its CUDA graph yet (answered as X-Cold-Start: 1, so a benchmark can report cold
+    hits apart from the steady state), and where its time went, answered as text-embeddings-inference's timing
+    headers in milliseconds (microsecond precision where TEI rounds to whole milliseconds):
+      x-total-time         Ivy's time: the request's headers read -> the response's start
+      x-tokenization-time  tokenizing, templating and id checks (pool threads included)
+      x-queue-time         Tulip: the request read -> its first batch launched
+      x-inference-time     Tulip: that launch -> its last rows on the host
+      x-batcher-time       Tulip: the request read -> its answer ready (queue, inference, output head)
+    A request sent to Tulip in several calls (chunks, in parallel) reports the slowest call's figures; a
+    request that never reached Tulip sends only the first two."""
+
+    __slots__ = ("start", "cold", "tokenize_s", "queue_us", "inference_us", "batcher_us")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.cold = False
+        self.tokenize_s = 0.0
+        self.queue_us = self.inference_us = self.batcher_us = -1  # -1: no Tulip answer
+
+    def headers(self, now: float) -> list[tuple[bytes, bytes]]:
+        out = [(b"x-total-time", b"%.3f" % ((now - self.start) * 1e3)),
+               (b"x-tokenization-time", b"%.3f" % (self.tokenize_s * 1e3))]
+        if self.batcher_us >= 0:
+            out += [(b"x-queue-time", b"%.3f" % (self.queue_us / 1e3)),
+                    (b"x-inference-time", b"%.3f" % (self.inference_us / 1e3)),
+                    (b"x-batcher-time", b"%.3f" % (self.batcher_us / 1e3))]
+        if self.cold:
+            out.append(COLD_HEADER)
+        return out
+
+
+_TRACE: ContextVar[RequestTrace | None] = ContextVar("ivy_trace", default=None)
 COLD_HEADER = (b"x-cold-start", b"1")
 
 
-def mark_cold() -> None:
-    flag = _COLD.get()
-    if flag is not None:
-        flag[0] = True
+def note_backend(response) -> None:
+    """A replica's EmbedResponse for the current request: its cold flag and Tulip's timings (the slowest call's)."""
+    trace = _TRACE.get()
+    if trace is None:
+        return
+    if response.cold:
+        trace.cold = True
+    trace.queue_us = max(trace.queue_us, response.queue_us)
+    trace.inference_us = max(trace.inference_us, response.inference_us)
+    trace.batcher_us = max(trace.batcher_us, response.batcher_us)
+
+
+def observe_tokenize(seconds: float) -> None:
+    """Tokenizing time: the histogram, and the current request's x-tokenization-time."""
+    TOKENIZE_SECONDS.observe(seconds)
+    trace = _TRACE.get()
+    if trace is not None:
+        trace.tokenize_s += seconds
+
+
 _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 
@@ -128,20 +174,20 @@ class RequestMetrics:
         route = path if path in KNOWN_ROUTES else "other"
         rid = request_id_of(scope)
         REQUEST_ID.set(rid)  # this task's context: the route handler runs in it
-        cold = [False]
-        _COLD.set(cold)
+        start = time.perf_counter()
+        trace = RequestTrace(start)
+        _TRACE.set(trace)
         rid_header = (b"x-request-id", rid.encode("latin-1"))
         status = 500
         started = False
-        start = time.perf_counter()
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status, started
             if message["type"] == "http.response.start":
                 status = message["status"]
                 started = True
-                extra = (rid_header, COLD_HEADER) if cold[0] else (rid_header,)
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                message = {**message, "headers": [*message.get("headers", ()), rid_header,
+                                                  *trace.headers(time.perf_counter())]}
             await send(message)
 
         try:

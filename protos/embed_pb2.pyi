@@ -48,20 +48,26 @@ class EmbedRequest(_message.Message):
     def __init__(self, token_ids: _Optional[bytes] = ..., seq_lens: _Optional[bytes] = ..., spans: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., request_id: _Optional[str] = ..., lane: _Optional[_Union[Lane, str]] = ..., token_types: _Optional[bytes] = ..., output: _Optional[str] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
-    __slots__ = ("embeddings", "rows", "dimensions", "encoding", "tokens", "cold")
+    __slots__ = ("embeddings", "rows", "dimensions", "encoding", "tokens", "cold", "queue_us", "inference_us", "batcher_us")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     COLD_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_US_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_US_FIELD_NUMBER: _ClassVar[int]
+    BATCHER_US_FIELD_NUMBER: _ClassVar[int]
     embeddings: bytes
     rows: int
     dimensions: int
     encoding: Encoding
     tokens: int
     cold: bool
-    def __init__(self, embeddings: _Optional[bytes] = ..., rows: _Optional[int] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., tokens: _Optional[int] = ..., cold: _Optional[bool] = ...) -> None: ...
+    queue_us: int
+    inference_us: int
+    batcher_us: int
+    def __init__(self, embeddings: _Optional[bytes] = ..., rows: _Optional[int] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., tokens: _Optional[int] = ..., cold: _Optional[bool] = ..., queue_us: _Optional[int] = ..., inference_us: _Optional[int] = ..., batcher_us: _Optional[int] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
     __slots__ = ("id", "request", "timeout_s", "cancel")

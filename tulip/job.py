@@ -12,6 +12,7 @@ batch and loop); finish()/fail() without a Handoff still hand over at once.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,16 +32,32 @@ class EmbedResult:
     encoding: int
     tokens: int
     cold: bool = False  # some sequence ran in a batch of a graph layout not yet captured
+    queue_us: int = 0  # received -> its first batch launched (EmbedResponse.queue_us)
+    inference_us: int = 0  # that launch -> its last rows on the host
+    received_at: float = 0.0  # time.perf_counter() when Tulip read the request
 
     def proto(self) -> embed_pb2.EmbedResponse:
+        """The reply, its batcher_us measured now: call it where the answer leaves."""
+        batcher_us = _us(time.perf_counter() - self.received_at) if self.received_at else 0
         return embed_pb2.EmbedResponse(embeddings=self.embeddings, rows=self.rows, dimensions=self.dimensions,
-                                       encoding=self.encoding, tokens=self.tokens, cold=self.cold)
+                                       encoding=self.encoding, tokens=self.tokens, cold=self.cold,
+                                       queue_us=self.queue_us, inference_us=self.inference_us,
+                                       batcher_us=batcher_us)
+
+
+def _us(seconds: float) -> int:
+    """Seconds as whole microseconds for a uint32 field (0 below 0, capped at about 71 minutes)."""
+    return min(0xFFFFFFFF, max(0, int(seconds * 1e6)))
 
 
 class Job(Ticket):
     def __init__(self, parsed: ParsedRequest, *, native_dimensions: int, loop: asyncio.AbstractEventLoop,
-                 deadline: float | None = None, request_id: str = "", lane: int = 0) -> None:
+                 deadline: float | None = None, request_id: str = "", lane: int = 0,
+                 received_at: float | None = None) -> None:
         super().__init__(deadline, flow=request_id, lane=lane)  # the chunks of one Ivy request share one place in the queue
+        # time.perf_counter() stamps: read (the caller's, before parsing), first launch (the worker's), last rows
+        self.received_at = time.perf_counter() if received_at is None else received_at
+        self.rows_at = 0.0
         self.request_id = request_id
         self.options: OutputOptions = parsed.options
         self.num_tokens = parsed.num_tokens
@@ -59,10 +76,12 @@ class Job(Ticket):
 
     # -- completer thread ----------------------------------------------------------------------
 
-    def receive(self, seq: QueuedSequence, rows: np.ndarray) -> bool:
-        """Store one sequence's pooled rows; True when this was the job's last outstanding sequence."""
+    def receive(self, seq: QueuedSequence, rows: np.ndarray, at: float = 0.0) -> bool:
+        """Store one sequence's pooled rows (on the host since `at`, a perf_counter stamp); True when this was
+        the job's last outstanding sequence."""
         if self.settled:
             return False
+        self.rows_at = max(self.rows_at, at)
         if self._columns is not None:
             rows = rows[:, self._columns[0]:self._columns[0] + self._columns[1]]
         self._out[seq.rows] = rows
@@ -83,8 +102,12 @@ class Job(Ticket):
         if out.dtype.byteorder == ">":
             out = out.astype(out.dtype.newbyteorder("<"))
         dims = self.options.dimensions or self._out.shape[1]
+        launched = self.launched_at or self.received_at
         result = EmbedResult(embeddings=out.tobytes(), rows=int(out.shape[0]), dimensions=int(dims),
-                             encoding=int(self.options.encoding), tokens=self.num_tokens, cold=self.cold)
+                             encoding=int(self.options.encoding), tokens=self.num_tokens, cold=self.cold,
+                             queue_us=_us(launched - self.received_at),
+                             inference_us=_us(self.rows_at - launched) if self.rows_at else 0,
+                             received_at=self.received_at)
         self.settled = True
         self._out = None  # type: ignore[assignment]
         (handoff or Handoff()).add(self, result, None, flush=handoff is None)

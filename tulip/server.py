@@ -255,9 +255,10 @@ class TulipServer:
 
     # -- admission (tulip.servicer and tulip.stream call these) ---------------------------------
 
-    def admit(self, request: embed_pb2.EmbedRequest, remaining: float | None) -> Job:
-        """Validate and queue one request (unary or streamed): its Job, counted as accepted until
-        `settled()`. Raises TulipError (not ready, draining, invalid, queue full, deadline passed)."""
+    def admit(self, request: embed_pb2.EmbedRequest, remaining: float | None, received_at: float | None = None) -> Job:
+        """Validate and queue one request (unary or streamed, read at `received_at`, a perf_counter stamp): its
+        Job, counted as accepted until `settled()`. Raises TulipError (not ready, draining, invalid, queue full,
+        deadline passed)."""
         self.calls_seen += 1
         if self.draining:
             raise ShuttingDown("tulip is shutting down and takes no new work; retry on another replica")
@@ -278,7 +279,7 @@ class TulipServer:
                 check_deadline(lane, self.queue.lane_tokens(lane), parsed.num_tokens, remaining,
                                self.worker.device_times.seconds_per_token())
         job = Job(parsed, native_dimensions=self.limits.dimensions, loop=self._loop, deadline=deadline,
-                  request_id=request.request_id, lane=lane)
+                  request_id=request.request_id, lane=lane, received_at=received_at)
         inline = self.worker.inline
         self.queue.push(job, job.sequences, wake=not inline)
         self._active += 1

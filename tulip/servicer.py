@@ -31,7 +31,7 @@ class TulipEmbedderServicer(embed_pb2_grpc.EmbedderServicer):
         started = time.perf_counter()
         status, tokens, job = "OK", 0, None
         try:
-            job = server.admit(request, context.time_remaining())
+            job = server.admit(request, context.time_remaining(), started)
             try:
                 result = await job.future
             except asyncio.CancelledError:  # client cancelled or its deadline passed: drop queued work

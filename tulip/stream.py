@@ -56,7 +56,7 @@ class StreamRequests:
         try:
             if message.id in self.jobs:
                 raise TulipError(f"stream request id {message.id} is already in flight on this stream")
-            job = self.server.admit(request, message.timeout_s if message.timeout_s > 0 else None)
+            job = self.server.admit(request, message.timeout_s if message.timeout_s > 0 else None, started)
         except TulipError as exc:
             self.server.rejected(request.request_id, exc)
             self.server.settled(None, exc.status, started)

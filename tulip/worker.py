@@ -224,6 +224,9 @@ class Worker:
         self._last_requests = _requests_in(packed.sequences)
         self._inline_running = inline  # a launcher batch since: REHOLD is for an inline one only
         t0 = time.perf_counter()
+        for seq in packed.sequences:  # a request's queue time ends at its first batch's launch
+            if not seq.ticket.launched_at:
+                seq.ticket.launched_at = t0
         self._stepping_since = time.monotonic()
         try:
             lazy = self.engine.step(batch, express=True) if self.express else self.engine.step(batch)
@@ -292,14 +295,14 @@ class Worker:
         finished = []
         try:
             rows = item.lazy.wait()
-            item.done_mono = time.monotonic()
+            item.done_mono, done = time.monotonic(), time.perf_counter()
             cold = getattr(item.lazy, "cold", False)
             for seq, r0 in zip(item.packed.sequences, item.row_starts.tolist()):
                 if seq.ticket.cancelled:
                     continue  # caller gone or deadline hit after launch: its rows are discarded
                 if cold:
                     seq.ticket.cold = True
-                if seq.ticket.receive(seq, rows[r0:r0 + seq.spans.shape[0]]):
+                if seq.ticket.receive(seq, rows[r0:r0 + seq.spans.shape[0]], done):
                     finished.append(seq.ticket)
         except Exception as exc:
             log.exception("a batch of %d sequences failed on the engine", len(item.packed.sequences))

@@ -56,6 +56,27 @@ class Sample:
     tokens_from_usage: bool
     ok: bool = True
     cold: bool = False  # the server said it met a graph layout without its graph (reported apart)
+    timing: tuple[float, ...] | None = None  # the server's own account, ms: TIMING_KEYS (nan where not sent)
+
+
+# The server's timing headers (ivy.metrics.RequestTrace; text-embeddings-inference sends the first four), as the
+# record's `server_timing_p50_ms` keys: Ivy's whole time, its tokenizing, and Tulip's queue, inference and whole.
+TIMING_HEADERS = {"ivy_total": "x-total-time", "tokenization": "x-tokenization-time", "queue": "x-queue-time",
+                  "inference": "x-inference-time", "batcher": "x-batcher-time"}
+TIMING_KEYS = tuple(TIMING_HEADERS)
+
+
+def timing_of(headers: dict[str, str]) -> tuple[float, ...] | None:
+    """The timing headers of one response, ms in TIMING_KEYS order (nan where absent); None without any."""
+    values = tuple(_ms(headers.get(name)) for name in TIMING_HEADERS.values())
+    return None if all(v != v for v in values) else values
+
+
+def _ms(text: str | None) -> float:
+    try:
+        return float(text) if text is not None else float("nan")
+    except ValueError:
+        return float("nan")
 
 
 def decode_embedding(item: Any) -> np.ndarray:
@@ -81,6 +102,7 @@ class StackClient:
         self.model = model
         self.route_style = route_style
         self.last_cold = False
+        self.last_timing: tuple[float, ...] | None = None
         self.encoding_format = encoding_format
         headers = {"content-type": "application/json"}
         if api_key:
@@ -99,6 +121,7 @@ class StackClient:
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = self.http.post(path, content=_dumps(body))
         self.last_cold = response.cold
+        self.last_timing = timing_of(response.headers)
         if response.status_code != 200:
             raise StackError(f"POST {path} -> {response.status_code}: {response.text[:300]}",
                              response.status_code)
@@ -149,7 +172,7 @@ class StackClient:
             cosine_scores(matrix[0], matrix[1:])
         latency = time.perf_counter() - start
         return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens is not None,
-                      cold=self.last_cold)
+                      cold=self.last_cold, timing=self.last_timing)
 
     def score_route(self, ids: bool) -> str:
         """How score-latency is measured on this client (recorded as the record's `route`)."""
@@ -162,7 +185,8 @@ class StackClient:
         start = time.perf_counter()
         _, tokens = self.embeddings(texts, priority=priority)
         latency = time.perf_counter() - start
-        return Sample(start, latency, len(texts), tokens or client_tokens, tokens is not None, cold=self.last_cold)
+        return Sample(start, latency, len(texts), tokens or client_tokens, tokens is not None, cold=self.last_cold,
+                      timing=self.last_timing)
 
     def score(self, query: str, documents: list[str], client_tokens: int) -> Sample:
         """One timed scoring request: /v1/rerank for `ours`, embed + client cosine for `openai`."""
@@ -179,7 +203,7 @@ class StackClient:
             cosine_scores(matrix[0], matrix[1:])
         latency = time.perf_counter() - start
         return Sample(start, latency, len(documents), tokens or client_tokens, tokens is not None,
-                      cold=self.last_cold)
+                      cold=self.last_cold, timing=self.last_timing)
 
     def models(self) -> dict[str, Any] | None:
         return self.get_json("/v1/models")

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from benchmarks.stack.client import Sample, StackError
+from benchmarks.stack.client import TIMING_KEYS, Sample, StackError
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD_KEYS = ("suite", "param", "p50_ms", "p95_ms", "p99_ms", "rps", "tokens_per_s")
@@ -65,6 +65,9 @@ def summarize(suite: str, param: int, samples: Sequence[Sample], cost: CostBasis
         "tokens_source": "usage" if from_usage == len(ok) else "client" if from_usage == 0 else "mixed",
     }
     record.update(steady_and_cold(ok))
+    timing = server_timing(ok)
+    if timing:
+        record["server_timing_p50_ms"] = timing
     if cost is not None:
         record["cost_per_million_embeddings_usd"] = cost.per_million(record["embeddings_per_s"])
         record["cost_per_million_tokens_usd"] = cost.per_million(record["tokens_per_s"])
@@ -84,6 +87,21 @@ def steady_and_cold(ok: Sequence[Sample]) -> dict[str, Any]:
     if warm.size:
         w50, w99 = (float(v) for v in np.percentile(warm, [50, 99]))
         out.update(steady_p50_ms=w50, steady_p99_ms=w99)
+    return out
+
+
+def server_timing(ok: Sequence[Sample]) -> dict[str, float]:
+    """The medians of the server's own account over the requests that sent one (client.TIMING_KEYS: Ivy's
+    whole time and its tokenizing, Tulip's queue, inference and whole), each over the requests that had it;
+    beside the client's p50 they split a request's time into its layers."""
+    rows = np.array([s.timing for s in ok if s.timing is not None], dtype=np.float64)
+    if not rows.size:
+        return {}
+    out = {}
+    for key, column in zip(TIMING_KEYS, rows.T):
+        column = column[~np.isnan(column)]
+        if column.size:
+            out[key] = float(np.median(column))
     return out
 
 

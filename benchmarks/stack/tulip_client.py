@@ -71,6 +71,7 @@ class TulipClient:
             raise ValueError(f"--tulip-call must be one of {', '.join(CALLS)}, not {call!r}")
         self.address, self.call, self.timeout_s = address, call, timeout_s
         self.last_cold = False
+        self.last_timing: tuple[float, ...] | None = None
         self._loop = asyncio.new_event_loop()
         self._stream: Any = None
         self._reading: asyncio.Future | None = None
@@ -179,6 +180,8 @@ class TulipClient:
         call = {"stream": self._streamed, "unary": self._unary, "framed": self._framed}[self.call]
         response = self._loop.run_until_complete(call(request))
         self.last_cold = bool(response.cold)
+        nan = float("nan")  # Tulip's account (EmbedResponse), in TIMING_KEYS order: no Ivy before it
+        self.last_timing = (nan, nan, response.queue_us / 1e3, response.inference_us / 1e3, response.batcher_us / 1e3)
         rows = np.frombuffer(response.embeddings, dtype="<f4")
         if response.rows != len(seqs) or rows.size != response.rows * response.dimensions:
             raise StackError(f"Tulip returned {response.rows} rows ({rows.size} values) for {len(seqs)} sequences")
@@ -191,7 +194,8 @@ class TulipClient:
         if score:
             cosine_scores(matrix[0], matrix[1:])
         latency = time.perf_counter() - start
-        return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens > 0, cold=self.last_cold)
+        return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens > 0, cold=self.last_cold,
+                      timing=self.last_timing)
 
     def embed(self, texts: list[str], client_tokens: int, priority: str | None = None) -> Sample:
         raise StackError("Tulip takes token ids, not texts (the tulip-grpc layer sends --input ids)")

@@ -350,3 +350,19 @@ def test_a_silent_framed_port_says_so() -> None:
             sock.close()
     assert failure.code is grpc.StatusCode.UNAVAILABLE and failed
     assert "no answer to a connect in 0.2 s" in failure.details
+
+
+def test_framed_answers_carry_tulips_timings() -> None:
+    """The framed stream's answers carry queue_us / inference_us / batcher_us as the gRPC ones do (Ivy's
+    x-queue-time, x-inference-time, x-batcher-time): each batch spends 30 ms on the fake device."""
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine(step_seconds=0.03)) as s:
+        async def main():
+            replica = await _replica(s.address)
+            assert isinstance(replica.stream, FramedStream)
+            answer = await replica.embed(encode_request([[5, 6, 7]]), 10.0, 4096)
+            await replica.close()
+            return answer
+
+        answer = asyncio.run(main())
+        assert 30_000 <= answer.inference_us <= answer.batcher_us < 5_000_000, answer
+        assert answer.queue_us <= answer.batcher_us - answer.inference_us, answer

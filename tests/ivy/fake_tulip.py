@@ -101,6 +101,7 @@ class FakeTulip:
     queue_full: int = 0  # Embed calls refused by max_queue_tokens
     _in_progress: int = 0
     cold: bool = False  # answers say their batch ran without its CUDA graph yet
+    timings: tuple[int, int, int] = (0, 0, 0)  # answers' queue_us, inference_us, batcher_us
     tasks: list[str] | None = None  # what Info claims (default: the folder's tasks)
 
     def __post_init__(self) -> None:
@@ -278,7 +279,9 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                                request.lane, request.token_types, request.token_ids, request.output))
         return embed_pb2.EmbedResponse(embeddings=out.astype(out.dtype.newbyteorder("<")).tobytes(),
                                        rows=out.shape[0], dimensions=dims, encoding=request.encoding,
-                                       tokens=int(lens.sum()), cold=fake.cold)
+                                       tokens=int(lens.sum()), cold=fake.cold,
+                                       queue_us=fake.timings[0], inference_us=fake.timings[1],
+                                       batcher_us=fake.timings[2])
 
     async def Info(self, request, context):
         fake = self.fake

@@ -20,8 +20,9 @@ DIMS = 8
 class FakeCall:
     """Answers each call with one row per sequence: [first token id, sequence length, 0, ...]."""
 
-    def __init__(self, delay_s: float = 0.0, error: Exception | None = None, cold: bool = False) -> None:
-        self.delay_s, self.error, self.cold = delay_s, error, cold
+    def __init__(self, delay_s: float = 0.0, error: Exception | None = None, cold: bool = False,
+                 timings: tuple[int, int, int] = (0, 0, 0)) -> None:
+        self.delay_s, self.error, self.cold, self.timings = delay_s, error, cold, timings
         self.requests: list[embed_pb2.EmbedRequest] = []
         self.cancelled = 0
 
@@ -39,7 +40,8 @@ class FakeCall:
         rows = np.zeros((len(lens), DIMS), np.float32)
         rows[:, 0], rows[:, 1] = ids[starts], lens
         return embed_pb2.EmbedResponse(embeddings=rows.tobytes(), rows=len(lens), dimensions=DIMS, encoding=0,
-                                       tokens=int(lens.sum()), cold=self.cold)
+                                       tokens=int(lens.sum()), cold=self.cold, queue_us=self.timings[0],
+                                       inference_us=self.timings[1], batcher_us=self.timings[2])
 
 
 def _run(coro):
@@ -232,18 +234,18 @@ def test_through_the_gateway_concurrent_requests_share_calls_and_get_exact_rows(
     assert sum(c.seqs for c in fake.calls[calls_solo + calls_shared:]) == len(texts)
 
 
-def test_every_member_of_a_cold_call_is_marked_cold() -> None:
+def test_every_member_of_a_shared_call_gets_its_cold_flag_and_timings() -> None:
     from ivy import metrics
 
-    async def member(c: Coalescer, seq) -> bool:
-        flag = [False]
-        metrics._COLD.set(flag)  # what RequestMetrics does for each request's task
+    async def member(c: Coalescer, seq) -> tuple[bool, int, int, int]:
+        trace = metrics.RequestTrace(time.perf_counter())
+        metrics._TRACE.set(trace)  # what RequestMetrics does for each request's task
         await _embed(c, [seq])
-        return flag[0]
+        return trace.cold, trace.queue_us, trace.inference_us, trace.batcher_us
 
-    async def main(cold: bool) -> list[bool]:
-        c = Coalescer(FakeCall(delay_s=0.01, cold=cold), 8192, 64)
+    async def main(cold: bool) -> list[tuple]:
+        c = Coalescer(FakeCall(delay_s=0.01, cold=cold, timings=(120, 1400, 1800)), 8192, 64)
         return await asyncio.gather(*(member(c, [i + 1, 2]) for i in range(3)))
 
-    assert _run(main(True)) == [True, True, True]
-    assert _run(main(False)) == [False, False, False]
+    assert _run(main(True)) == [(True, 120, 1400, 1800)] * 3
+    assert _run(main(False)) == [(False, 120, 1400, 1800)] * 3

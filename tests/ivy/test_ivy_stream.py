@@ -62,3 +62,24 @@ def test_a_cold_hit_is_answered_with_x_cold_start() -> None:
         fake.cold = True
         r = client.post("/v1/embeddings", json={"input": ["cold", "too"]})
         assert r.status_code == 200 and r.headers["x-cold-start"] == "1"
+
+
+def test_answers_carry_tei_timing_headers() -> None:
+    """x-total-time and x-tokenization-time from Ivy, x-queue-time / x-inference-time / x-batcher-time from Tulip's
+    answer (the slowest call's when a request was sent in several chunks), in milliseconds; a request refused
+    before any replica saw it has only Ivy's two. The same on the gRPC stream and on unary calls (the framed
+    stream's answers: tests/e2e/test_e2e_framed.py)."""
+    for options in ({}, {"grpc_stream": False}):
+        with FakeTulip() as fake, gateway(fake, **options) as client:
+            fake.timings = (120, 1450, 1800)
+            r = client.post("/v1/embeddings", json={"input": "a text to tokenize " * 20})
+            assert r.status_code == 200, (options, r.text)
+            h = r.headers
+            assert (float(h["x-queue-time"]), float(h["x-inference-time"]), float(h["x-batcher-time"])) == \
+                (0.12, 1.45, 1.8), options
+            assert 0 < float(h["x-tokenization-time"]) < float(h["x-total-time"]), options
+            ids = client.post("/v1/embeddings", json={"input": [[101, 7592, 102]] * 3})
+            assert float(ids.headers["x-total-time"]) > 0 and ids.headers["x-batcher-time"] == "1.800"
+            bad = client.post("/v1/embeddings", json={"input": ""})
+            assert bad.status_code == 400 and float(bad.headers["x-total-time"]) > 0
+            assert "x-queue-time" not in bad.headers and "x-batcher-time" not in bad.headers

@@ -158,3 +158,26 @@ def test_a_request_whose_batch_ran_cold_says_so_and_its_neighbours_not() -> None
         stream.send(1, encode_request([marked_sequence(51, 6)]))
         assert stream.answer(1).response.cold
         stream.close()
+
+
+def test_an_answer_says_where_its_time_went_in_tulip() -> None:
+    """EmbedResponse's queue_us / inference_us / batcher_us (Ivy's x-queue-time, x-inference-time, x-batcher-time):
+    a request queued behind two held batches waits at least as long as they are held; its own batch's device
+    time is inference; the whole is at least their sum. On the unary call and on the stream alike."""
+    engine = FakeEngine(gated=True, step_seconds=0.05)
+    with ServerThread(make_config(), engine) as s:
+        held = _hold_two_batches(s, engine)
+        queued = s.stub.Embed.future(encode_request([marked_sequence(61, 6)]), timeout=30)
+        stream = Stream(s.stub)
+        stream.send(1, encode_request([marked_sequence(62, 6)]))
+        time.sleep(0.3)  # both wait behind the held batches
+        engine.release(100)
+        unary, streamed = queued.result(), stream.answer(1).response
+        stream.close()
+        [f.result() for f in held]
+        for answer in (unary, streamed):
+            assert answer.queue_us >= 250_000, answer  # held 0.3 s before the release
+            assert 50_000 <= answer.inference_us < 2_000_000, answer  # its own batch's 0.05 s on the device
+            assert answer.batcher_us >= answer.queue_us + answer.inference_us, answer
+        alone = s.stub.Embed(encode_request([marked_sequence(63, 6)]), timeout=10)
+        assert alone.queue_us < 250_000 and alone.inference_us >= 50_000 and alone.batcher_us >= alone.inference_us
