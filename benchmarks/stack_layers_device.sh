@@ -105,7 +105,8 @@ from benchmarks.stack.server_counters import describe
 def timing(r):  # the server's own account, p50 ms: Ivy's whole and tokenizing, Tulip's queue, inference, whole
     t = r.get("server_timing_p50_ms") or {}
     names = {"ivy_total": "ivy", "tokenization": "tok", "queue": "q", "inference": "inf", "batcher": "tulip"}
-    return ("  |" + " ".join(f"{n} {t[k]:.3f}" for k, n in names.items() if k in t)) if t else ""
+    cpu = f" client-cpu {r['client_cpu_p50_ms']:.3f}" if r.get("client_cpu_p50_ms") is not None else ""
+    return ("  |" + " ".join(f"{n} {t[k]:.3f}" for k, n in names.items() if k in t) + cpu) if t or cpu else ""
 print(f"{'file':34s} {'layer':10s} {'suite':14s} {'param':>5s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'req/s':>8s} {'k tok/s':>8s} "
       f"{'cold':>5s} {'st.p99':>7s}  server")
 for path in sorted(glob.glob(os.environ["OUT"] + "/stack_layers_*.json")):

@@ -131,7 +131,9 @@ def cut(text: str, rule: str, pieces: int) -> list[str] | None:
 class SplitEncoder:
     """Tokenizer.encode_batch, with texts over `split_chars` characters cut into pieces of about
     `piece_chars` (at most `threads` per text) and the work spread over `pool`. threads <= 1 or
-    split_chars <= 0, or a tokenizer without a split rule: exactly Tokenizer.encode_batch."""
+    split_chars <= 0, or a tokenizer without a split rule: exactly Tokenizer.encode_batch. A call with
+    `threads` texts or more is not split either: encode_batch already spreads its texts over the cores, and
+    cutting them would only add the pieces' merging."""
 
     def __init__(self, tokenizer: Tokenizer, pool: Executor | None, threads: int, *, split_chars: int = 4000,
                  piece_chars: int = 2000, mode: str = "auto") -> None:
@@ -150,7 +152,7 @@ class SplitEncoder:
         return cut(text, self.rule, n) if n > 1 else None
 
     def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right") -> list[Encoded]:
-        split = [self.pieces(t) for t in texts] if self.rule is not None else []
+        split = [self.pieces(t) for t in texts] if self.rule is not None and len(texts) < self.threads else []
         if not any(split):
             return self.tokenizer.encode_batch(texts, max_length, side)
         units = [p for t, s in zip(texts, split) for p in (s or [t])]

@@ -57,6 +57,7 @@ class Sample:
     ok: bool = True
     cold: bool = False  # the server said it met a graph layout without its graph (reported apart)
     timing: tuple[float, ...] | None = None  # the server's own account, ms: TIMING_KEYS (nan where not sent)
+    client_cpu_s: float | None = None  # this client thread's CPU time for the request (encode, parse, decode)
 
 
 # The server's timing headers (ivy.metrics.RequestTrace; text-embeddings-inference sends the first four), as the
@@ -166,13 +167,13 @@ class StackClient:
     def embed_ids(self, seqs: Sequence[Sequence[int]], client_tokens: int, score: bool = False) -> Sample:
         """One timed /v1/embeddings request with token-id lists; `score`: seqs[0] is a query scored
         against the rest by client-side cosine, inside the timed section."""
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         matrix, tokens = self.embeddings(seqs)
         if score:
             cosine_scores(matrix[0], matrix[1:])
         latency = time.perf_counter() - start
         return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens is not None,
-                      cold=self.last_cold, timing=self.last_timing)
+                      cold=self.last_cold, timing=self.last_timing, client_cpu_s=time.thread_time() - cpu)
 
     def score_route(self, ids: bool) -> str:
         """How score-latency is measured on this client (recorded as the record's `route`)."""
@@ -182,15 +183,15 @@ class StackClient:
 
     def embed(self, texts: list[str], client_tokens: int, priority: str | None = None) -> Sample:
         """One timed embeddings request (in the `priority` lane when given)."""
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         _, tokens = self.embeddings(texts, priority=priority)
         latency = time.perf_counter() - start
         return Sample(start, latency, len(texts), tokens or client_tokens, tokens is not None, cold=self.last_cold,
-                      timing=self.last_timing)
+                      timing=self.last_timing, client_cpu_s=time.thread_time() - cpu)
 
     def score(self, query: str, documents: list[str], client_tokens: int) -> Sample:
         """One timed scoring request: /v1/rerank for `ours`, embed + client cosine for `openai`."""
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         if self.route_style == "ours":
             body = self._post("/v1/rerank", {"model": self.model, "query": query, "documents": documents})
             results = body.get("results", body.get("data"))
@@ -203,7 +204,7 @@ class StackClient:
             cosine_scores(matrix[0], matrix[1:])
         latency = time.perf_counter() - start
         return Sample(start, latency, len(documents), tokens or client_tokens, tokens is not None,
-                      cold=self.last_cold, timing=self.last_timing)
+                      cold=self.last_cold, timing=self.last_timing, client_cpu_s=time.thread_time() - cpu)
 
     def models(self) -> dict[str, Any] | None:
         return self.get_json("/v1/models")

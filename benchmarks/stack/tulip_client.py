@@ -189,13 +189,13 @@ class TulipClient:
 
     def embed_ids(self, seqs: Sequence[Sequence[int]], client_tokens: int, score: bool = False) -> Sample:
         """One timed request; `score`: seqs[0] is the query, scored against the rest by cosine."""
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         matrix, tokens = self.embed_matrix(seqs)
         if score:
             cosine_scores(matrix[0], matrix[1:])
         latency = time.perf_counter() - start
         return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens > 0, cold=self.last_cold,
-                      timing=self.last_timing)
+                      timing=self.last_timing, client_cpu_s=time.thread_time() - cpu)
 
     def embed(self, texts: list[str], client_tokens: int, priority: str | None = None) -> Sample:
         raise StackError("Tulip takes token ids, not texts (the tulip-grpc layer sends --input ids)")

@@ -21,7 +21,8 @@ def test_timing_headers_are_read_in_milliseconds_and_missing_ones_are_nan() -> N
 
 def test_a_record_has_the_medians_of_what_the_server_reported() -> None:
     nan = float("nan")
-    samples = [Sample(i * 0.01, 0.003, 1, 10, True, timing=(2.0 + i, 0.1, 0.01, 1.2, 1.5)) for i in range(5)]
+    samples = [Sample(i * 0.01, 0.003, 1, 10, True, timing=(2.0 + i, 0.1, 0.01, 1.2, 1.5), client_cpu_s=2e-4)
+               for i in range(5)]
     samples.append(Sample(1.0, 0.003, 1, 10, True, timing=(9.0, 0.1, nan, nan, nan)))  # answered before Tulip
     samples.append(Sample(1.1, 0.003, 1, 10, True))  # no headers at all (a peer's server)
     record = summarize("embed-latency", 128, samples)
@@ -29,4 +30,6 @@ def test_a_record_has_the_medians_of_what_the_server_reported() -> None:
     assert set(timing) == set(TIMING_KEYS)
     assert timing["ivy_total"] == pytest.approx(4.5)  # over the six that sent it
     assert timing["inference"] == pytest.approx(1.2) and timing["batcher"] == pytest.approx(1.5)
-    assert "server_timing_p50_ms" not in summarize("embed-latency", 128, [Sample(0.0, 0.003, 1, 10, True)])
+    assert record["client_cpu_p50_ms"] == pytest.approx(0.2)  # over the five that measured it
+    bare = summarize("embed-latency", 128, [Sample(0.0, 0.003, 1, 10, True)])
+    assert "server_timing_p50_ms" not in bare and "client_cpu_p50_ms" not in bare

@@ -123,7 +123,7 @@ def test_rules_of_byte_level_models(tokenizers_: dict[str, Tokenizer]) -> None:
 @pytest.mark.parametrize("mode", ["rust", "pool"])
 def test_long_texts_match_the_plain_encode(tokenizers_, pool, name: str, side: str, mode: str) -> None:
     tok = tokenizers_[name]
-    splitter = SplitEncoder(tok, pool, 4, split_chars=300, piece_chars=100, mode=mode)
+    splitter = SplitEncoder(tok, pool, 16, split_chars=300, piece_chars=100, mode=mode)  # 8 texts: under 16, split
     rng = random.Random(zlib.crc32(f"{name}{side}".encode()))
     texts = [_long_text(rng, 3000) for _ in range(4)] + [" ".join(TRICKY * 20), "a  b\t\tc\n\nd " * 200,
                                                          "\n".join(TRICKY * 20), "short one"]
@@ -249,3 +249,17 @@ def test_fixed_wrap_equals_the_post_processor(tokenizers_, name: str) -> None:
         assert fast == [tok.encode_batch(texts, m, side) for m in (10**6, 40, 2) for side in ("right", "left")]
     finally:
         tok._wrap = wrap
+
+
+def test_a_call_with_as_many_texts_as_threads_is_not_split(tokenizers_, pool, monkeypatch) -> None:
+    """encode_batch spreads that many texts over the cores already: no pieces, no merging, the same ids."""
+    tok = tokenizers_["minilm"]
+    splitter = SplitEncoder(tok, pool, 4, split_chars=300, piece_chars=100, mode="rust")
+    rng = random.Random(3)
+    texts = [_long_text(rng, 2000) for _ in range(4)]
+    merged: list[int] = []  # pieces per merged text: only the split path merges
+    real = tok.merge
+    monkeypatch.setattr(tok, "merge", lambda encodings: merged.append(len(encodings)) or real(encodings))
+    assert splitter.encode_batch(texts, 10**6) == tok.encode_batch(texts, 10**6) and merged == []
+    _check(tok, splitter, texts[:3], 10**6, "right")
+    assert len(merged) == 3 and min(merged) > 1  # three texts: each cut into pieces
