@@ -106,10 +106,10 @@ class IvyConfig:
     tokenize_inline_chars: int = field(default=2048, metadata=_help(
         "Requests of at most this many characters (or token ids) are tokenized on the event loop, skipping "
         "the hop to the tokenizer threads (~0.1 ms saved); larger ones go to the threads. 0 = always threads."))
-    tokenize_split_chars: int = field(default=4000, metadata=_help(
+    tokenize_split_chars: int = field(default=1000, metadata=_help(
         "A text longer than this many characters is cut at boundaries its tokenizer splits at anyway and the "
         "pieces are encoded on several tokenizer threads (same ids as one encode); 0 = never split."))
-    tokenize_piece_chars: int = field(default=2000, metadata=_help(
+    tokenize_piece_chars: int = field(default=500, metadata=_help(
         "Target length in characters of each piece of a split text (at most one piece per tokenizer thread)."))
     health_interval_s: float = field(default=2.0, metadata=_help(
         "Seconds between health and Info probes of each replica."))

@@ -135,8 +135,8 @@ class SplitEncoder:
     `threads` texts or more is not split either: encode_batch already spreads its texts over the cores, and
     cutting them would only add the pieces' merging."""
 
-    def __init__(self, tokenizer: Tokenizer, pool: Executor | None, threads: int, *, split_chars: int = 4000,
-                 piece_chars: int = 2000, mode: str = "auto") -> None:
+    def __init__(self, tokenizer: Tokenizer, pool: Executor | None, threads: int, *, split_chars: int = 1000,
+                 piece_chars: int = 500, mode: str = "auto") -> None:
         self.tokenizer = tokenizer
         self.mode = mode  # "rust": one encode_batch over the pieces; "pool": groups on `pool`; "auto": either
         self.pool = pool

@@ -74,7 +74,7 @@ class InputEncoder:
     def __init__(self, spec: ModelSpec, tokenizer: Tokenizer, *, threads: int, char_cap: int,
                  query_prefix: str = "", document_prefix: str = "",
                  observe: Callable[[float], None] | None = None, inline_chars: int = 0,
-                 split_chars: int = 4000, piece_chars: int = 2000) -> None:
+                 split_chars: int = 1000, piece_chars: int = 500) -> None:
         self.spec = spec
         self.tokenizer = tokenizer
         self.max_length = spec.max_length
