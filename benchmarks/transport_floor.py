@@ -1,7 +1,9 @@
 """The floor of the Ivy -> Tulip hop: one request and its answer over a grpc.aio bidirectional stream (how Ivy
-talks to Tulip) beside the same protobuf bytes over a plain asyncio TCP connection with a length prefix.
+talks to Tulip) beside the same protobuf bytes with a length prefix over a plain asyncio TCP connection (the
+framed stream) and over a unix socket (the framed stream of a Tulip on the same host).
 
     python -m benchmarks.transport_floor [--requests 3000] [--inflight 1,16] [--reply-bytes 4096]
+        [--transports grpc,framed,unix]
 
 Two processes: a server that answers each StreamRequest with a StreamResponse carrying `--reply-bytes` of
 embedding (no work, no threads of its own), and this client, which keeps K requests in flight on one
@@ -17,6 +19,7 @@ import asyncio
 import multiprocessing
 import os
 import sys
+import tempfile
 import time
 
 import grpc
@@ -55,7 +58,7 @@ class _FramedEcho(asyncio.Protocol):
             self.transport.write(frame(_answer(embed_pb2.StreamRequest.FromString(payload), self.reply)))
 
 
-def serve(kind: str, port: int, reply_bytes: int) -> None:
+def serve(kind: str, port: int | str, reply_bytes: int) -> None:
     reply = bytes(reply_bytes)
 
     async def main() -> None:
@@ -65,6 +68,9 @@ def serve(kind: str, port: int, reply_bytes: int) -> None:
             server.add_insecure_port(f"127.0.0.1:{port}")
             await server.start()
             await server.wait_for_termination()
+        elif kind == "unix":
+            server = await asyncio.get_running_loop().create_unix_server(lambda: _FramedEcho(reply), port)
+            await server.serve_forever()
         else:
             server = await asyncio.get_running_loop().create_server(lambda: _FramedEcho(reply), "127.0.0.1", port)
             await server.serve_forever()
@@ -73,7 +79,7 @@ def serve(kind: str, port: int, reply_bytes: int) -> None:
 
 
 def measure(kind: str, args, inflight: int) -> dict:
-    port = free_port()
+    port = free_port() if kind != "unix" else os.path.join(tempfile.mkdtemp(prefix="transport-floor-"), "echo.sock")
     server = multiprocessing.get_context("spawn").Process(target=serve, args=(kind, port, args.reply_bytes), daemon=True)
     server.start()
     request = grpc_request(list(range(101, 101 + args.tokens)))
@@ -114,10 +120,11 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=128, help="token ids in each request")
     parser.add_argument("--reply-bytes", type=int, default=4096, help="embedding bytes in each answer (1024 floats)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--transports", default="grpc,framed,unix", help="grpc, framed (TCP) and unix, in order")
     args = parser.parse_args(argv)
     rows = []
     for k in (int(x) for x in args.inflight.split(",")):
-        for kind in ("grpc", "framed"):
+        for kind in args.transports.split(","):
             rows.append(median_row([measure(kind, args, k) for _ in range(args.repeat)]))
     print(f"{'transport':10s} {'inflight':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'per s':>9s} {'server cpu':>10s} {'client cpu':>10s}")
     for r in rows:

@@ -95,9 +95,11 @@ async def drive(port: int, request: embed_pb2.EmbedRequest, requests: int, infli
         return latencies
 
 
-async def drive_framed(port: int, request: embed_pb2.EmbedRequest, requests: int, inflight: int) -> list[float]:
-    """drive() over Tulip's framed EmbedStream (tulip/framed.py) instead of gRPC."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def drive_framed(port: int | str, request: embed_pb2.EmbedRequest, requests: int, inflight: int) -> list[float]:
+    """drive() over Tulip's framed EmbedStream (tulip/framed.py) instead of gRPC: its TCP port on this host, or
+    its unix socket when `port` is a path."""
+    reader, writer = await (asyncio.open_unix_connection(port) if isinstance(port, str)
+                            else asyncio.open_connection("127.0.0.1", port))
     sent: dict[int, float] = {}
     latencies: list[float] = []
     next_id = 0

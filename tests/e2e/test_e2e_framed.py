@@ -366,3 +366,61 @@ def test_framed_answers_carry_tulips_timings() -> None:
         answer = asyncio.run(main())
         assert 30_000 <= answer.inference_us <= answer.batcher_us < 5_000_000, answer
         assert answer.queue_us <= answer.batcher_us - answer.inference_us, answer
+
+
+def test_a_replica_on_this_host_is_reached_over_its_unix_socket(tmp_path) -> None:
+    """TULIP_FRAMED_SOCKET: Info names the socket; a replica at a loopback address is connected there (same
+    answers as the TCP port), unless framed_unix is off, the address is not loopback, or the socket is not here.
+    A socket that refuses falls back to the TCP port; Tulip removes its socket when it stops."""
+    path = str(tmp_path / "tulip.sock")
+    with ServerThread(make_config(framed_port=_free_port(), framed_socket=path), FakeEngine()) as s:
+        request = encode_request([[5, 6, 7, 8]])
+
+        async def reached(address: str, framed_unix: bool = True, info_socket: str | None = None):
+            replica = Replica(address, channel_options(16 << 20), framed=True, framed_unix=framed_unix,
+                              max_message_bytes=16 << 20)
+            info = await Replica(s.address, channel_options(16 << 20)).embedder.Info(embed_pb2.InfoRequest(), timeout=10)
+            if info_socket is not None:
+                info.framed_socket = info_socket
+            replica.adopt(info)
+            await replica.framed_settled()
+            stream = replica.stream
+            answer = await replica.embed(request, 10.0, 4096) if address == s.address else None
+            await replica.close()
+            return isinstance(stream, FramedStream), getattr(stream, "unix", False), answer
+
+        framed, unix, answer = asyncio.run(reached(s.address))
+        assert s.server.framed.socket_path == path and framed and unix
+        np.testing.assert_allclose(decode_response(answer), solo_embedding(request), rtol=1e-6, atol=1e-6)
+        assert asyncio.run(reached(s.address, framed_unix=False))[:2] == (True, False)
+        assert asyncio.run(reached(s.address, info_socket=str(tmp_path / "elsewhere.sock")))[:2] == (True, False)
+        port = s.address.rsplit(":", 1)[1]
+        assert asyncio.run(reached(f"localhost:{port}"))[:2] == (True, True)
+        dead = tmp_path / "dead.sock"  # a socket file nobody listens on: refused, so the TCP port
+        import socket as socket_module
+        with socket_module.socket(socket_module.AF_UNIX) as lone:
+            lone.bind(str(dead))
+        assert asyncio.run(reached(s.address, info_socket=str(dead)))[:2] == (True, False)
+    assert not Path(path).exists()  # removed on stop
+
+
+def test_a_stale_socket_file_is_replaced_and_another_file_is_left_alone(tmp_path) -> None:
+    import socket as socket_module
+
+    stale = tmp_path / "stale.sock"
+    with socket_module.socket(socket_module.AF_UNIX) as old:
+        old.bind(str(stale))  # what a killed replica leaves behind
+    with ServerThread(make_config(framed_port=_free_port(), framed_socket=str(stale)), FakeEngine()) as s:
+        assert s.server.framed.socket_path == str(stale)
+    regular = tmp_path / "notes.txt"
+    regular.write_text("not a socket")
+    with ServerThread(make_config(framed_port=_free_port(), framed_socket=str(regular)), FakeEngine()) as s:
+        assert s.server.framed.socket_path == "" and s.server.framed.port  # warned; the TCP port serves
+    assert regular.read_text() == "not a socket"
+
+
+def test_loopback_hosts() -> None:
+    from ivy.framed import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("127.0.1.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("10.0.0.7") and not is_loopback("tulip-0.tulip") and not is_loopback("0.0.0.0")
