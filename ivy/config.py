@@ -73,10 +73,6 @@ class IvyConfig:
         "(Tulip's --framed-port: the same messages on plain TCP without gRPC's per-message cost, tulip/framed.py; "
         "-0.5 ms a request on the H200, benchmarks/NOTES.md); replicas without one, or a port that refuses, use "
         "the gRPC stream. Health, Info and large answers stay on gRPC. false = the gRPC stream only."))
-    framed_unix: bool = field(default=True, metadata=_help(
-        "A replica at a loopback address whose Info names a unix socket for its framed stream (Tulip's "
-        "--framed-socket; `ivy up` sets one per Tulip) that exists here is connected there rather than to its "
-        "TCP port: the same messages without TCP loopback's cost. A socket that refuses falls back to the port."))
     max_header_bytes: int = field(default=64 * 1024, metadata=_help(
         "Largest request line plus headers in bytes; over it: 431 and the connection is closed."))
     header_read_timeout_s: float = field(default=10.0, metadata=_help(

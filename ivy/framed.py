@@ -11,7 +11,6 @@ next request opens a new one (a refusal then moves the replica back to gRPC: Rep
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import itertools
 import logging
 
@@ -33,16 +32,6 @@ def host_of(address: str) -> str:
     """The host of a replica's "HOST:PORT" ("[v6]:PORT" too): where its framed port is."""
     host = address.rsplit(":", 1)[0]
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def is_loopback(host: str) -> bool:
-    """A host name or address of this machine's loopback (where a replica's unix socket can be ours)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Connection(asyncio.Protocol):
@@ -107,10 +96,8 @@ class _Connection(asyncio.Protocol):
 
 
 class FramedStream:
-    def __init__(self, host: str, port: int, address: str, max_frame_bytes: int, path: str = "") -> None:
-        """host:port, or the unix socket at `path` first when given (falling back to the port if it refuses)."""
-        self.host, self.port, self.address, self.path = host, port, address, path
-        self.unix = False  # the open connection is the unix socket's
+    def __init__(self, host: str, port: int, address: str, max_frame_bytes: int) -> None:
+        self.host, self.port, self.address = host, port, address
         self.max_frame_bytes = max_frame_bytes
         self._current: _Connection | None = None
         self._opening: asyncio.Future | None = None
@@ -152,20 +139,10 @@ class FramedStream:
 
     async def _open(self) -> _Connection:
         closes = self._closes
-        loop = asyncio.get_running_loop()
-        make = lambda: _Connection(self.address, self.max_frame_bytes, self._refused)  # noqa: E731
-        connection = None
-        if self.path:  # the replica's unix socket on this host: no TCP/IP stack between the two
-            try:
-                async with asyncio.timeout(self.connect_timeout_s):
-                    _, connection = await loop.create_unix_connection(make, self.path)
-            except (OSError, TimeoutError) as exc:
-                log.info("framed stream to %s: unix socket %s: %s; its TCP port instead", self.address, self.path, exc)
-        self.unix = connection is not None
         try:
-            if connection is None:
-                async with asyncio.timeout(self.connect_timeout_s):
-                    _, connection = await loop.create_connection(make, self.host, self.port)
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, connection = await asyncio.get_running_loop().create_connection(
+                    lambda: _Connection(self.address, self.max_frame_bytes, self._refused), self.host, self.port)
         except (OSError, TimeoutError) as exc:
             self.connect_failed = True
             # TimeoutError is an OSError: test it first

@@ -52,8 +52,7 @@ class Gateway:
                             dimensions=self.spec.dimensions, max_length=self.spec.max_length, tasks=self.spec.tasks)
         self.pool = ReplicaPool(config.replica_entries(), expected, health_interval_s=config.health_interval_s,
                                 max_message_bytes=config.grpc_max_message_bytes, stream=config.grpc_stream,
-                                framed=config.framed, framed_unix=config.framed_unix,
-                                attempt_timeout_s=config.replica_timeout_s)
+                                framed=config.framed, attempt_timeout_s=config.replica_timeout_s)
         self.coalescer = (Coalescer(self.pool.call, config.chunk_max_tokens, config.chunk_max_seqs)
                           if config.coalesce else None)
         self.key_lanes = parse_key_lanes(config.api_key_lanes)  # more accepted keys, each with its lane

@@ -8,15 +8,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import os
-import stat
 from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from ivy import metrics
-from ivy.framed import FramedStream, host_of, is_loopback
+from ivy.framed import FramedStream, host_of
 from ivy.stream import CallFailed, ReplicaStream
 from protos import embed_pb2, embed_pb2_grpc
 
@@ -49,8 +47,7 @@ class State(enum.Enum):
 
 class Replica:
     def __init__(self, address: str, options: list[tuple[str, int]], *, stream: bool = True, framed: bool = False,
-                 framed_unix: bool = True, max_message_bytes: int = 1 << 30,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 max_message_bytes: int = 1 << 30, on_change: Callable[[], None] | None = None) -> None:
         self.address = address
         self._on_change = on_change  # the pool's: its readiness gauges follow every state change
         # Messages the shared stream takes: a message over the channel's cap would end the whole call (every
@@ -60,7 +57,6 @@ class Replica:
         self.embedder = embed_pb2_grpc.EmbedderStub(self.channel)
         self.stream: ReplicaStream | FramedStream | None = ReplicaStream(self.embedder, address) if stream else None
         self.framed = framed and stream  # use the framed EmbedStream once Info names its port (adopt)
-        self.framed_unix = framed_unix  # ... over its unix socket when Info names one and it is on this host
         self._trying: FramedStream | None = None  # a framed stream connecting; requests move there once it is
         self._trying_task: asyncio.Task | None = None
         self._refused_port = 0  # a framed port that refused or dropped a connect: not tried before _retry_at
@@ -110,34 +106,22 @@ class Replica:
         is tried again after FRAMED_RETRY_S, doubling up to FRAMED_RETRY_MAX_S."""
         self.info = info
         port = info.framed_port if self.framed else 0
-        path = self._local_socket(info.framed_socket) if port else ""
         current = self.stream.port if isinstance(self.stream, FramedStream) else 0
         if current and self.stream.connect_failed and port == current:
             self._leave_framed(self.stream)
             return
         if port and port == self._refused_port and asyncio.get_running_loop().time() < self._retry_at:
             port = 0
-        if (port, path) == (current, self.stream.path if current else "") or (
-                port and self._trying is not None and (self._trying.port, self._trying.path) == (port, path)):
+        if port == current or (port and self._trying is not None and self._trying.port == port):
             return
         if port:
-            self._try_framed(port, path)
+            self._try_framed(port)
         elif current:  # restarted without a framed port, or framed off: the gRPC stream again
             log.info("replica %s: requests on its gRPC stream", self.address)
             self._switch(ReplicaStream(self.embedder, self.address))
 
-    def _local_socket(self, path: str) -> str:
-        """Info's framed unix socket when this replica is on this host (a loopback address) and the socket is
-        here: a same-named path in another container or host is not the replica's. "" = the TCP port."""
-        if not (path and self.framed_unix and is_loopback(host_of(self.address))):
-            return ""
-        try:
-            return path if stat.S_ISSOCK(os.stat(path).st_mode) else ""
-        except OSError:
-            return ""
-
-    def _try_framed(self, port: int, path: str = "") -> None:
-        candidate = FramedStream(host_of(self.address), port, self.address, self.max_message_bytes, path=path)
+    def _try_framed(self, port: int) -> None:
+        candidate = FramedStream(host_of(self.address), port, self.address, self.max_message_bytes)
         self._trying = candidate
         self._trying_task = task = asyncio.ensure_future(self._connect_then_switch(candidate))
         _BACKGROUND.add(task)
@@ -157,8 +141,7 @@ class Replica:
             return
         self._trying = None
         self._refused_port, self._retry_s = 0, FRAMED_RETRY_S
-        log.info("replica %s: requests on its framed stream (%s)", self.address,
-                 f"unix socket {candidate.path}" if candidate.unix else f"port {candidate.port}")
+        log.info("replica %s: requests on its framed stream (port %d)", self.address, candidate.port)
         self._switch(candidate)
 
     async def framed_settled(self) -> None:

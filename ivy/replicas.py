@@ -70,12 +70,11 @@ def probe_timeout_s(health_interval_s: float) -> float:
 
 class ReplicaPool:
     def __init__(self, addresses: tuple[str, ...], expected: Expected, *, health_interval_s: float,
-                 max_message_bytes: int, stream: bool = True, framed: bool = False, framed_unix: bool = True,
-                 attempt_timeout_s: float = 0.0,
+                 max_message_bytes: int, stream: bool = True, framed: bool = False, attempt_timeout_s: float = 0.0,
                  resolver: Callable = socket.getaddrinfo) -> None:
         self.attempt_timeout_s = attempt_timeout_s  # 0 = a chunk waits on its replica until the deadline
         options = channel_options(max_message_bytes)
-        self._new = functools.partial(Replica, options=options, stream=stream, framed=framed, framed_unix=framed_unix,
+        self._new = functools.partial(Replica, options=options, stream=stream, framed=framed,
                                       max_message_bytes=max_message_bytes, on_change=self._publish)
         self.discovery = Discovery([a for a in addresses if is_dns(a)], resolver)  # ivy/discovery.py
         self._static = [a for a in addresses if not is_dns(a)]

@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -138,8 +137,6 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
                         fport, ports[k])
             fports[k] = 0
     compile_env = kernel_compile_env(len(devices))
-    # Each Tulip's framed stream on a unix socket too, in a folder of this run's: Ivy on this host connects there.
-    sockets = tempfile.mkdtemp(prefix="ivy-up-") if config.framed and any(fports) else ""
     for k, device in enumerate(devices):
         port, mport = ports[k], mports[k]
         env = dict(os.environ)
@@ -152,8 +149,6 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         argv += ["--metrics-port", str(mport)]
         # -1: Tulip binds its gRPC port + 200 itself and, should that be taken since the check, serves gRPC only
         argv.append("--framed-port=-1" if fports[k] else "--framed-port=0")
-        if sockets and fports[k]:
-            argv += ["--framed-socket", os.path.join(sockets, f"tulip-{port}.sock")]
         if mport:
             metrics_urls.append(f"http://{shown_host}:{mport}/metrics")
         tulips.append(Child(f"tulip:{port}" + (f" gpu {device}" if device is not None else ""), argv, env))
@@ -172,8 +167,6 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
                 tulip.proc.send_signal(signal.SIGTERM)
         for tulip in tulips:
             tulip.stop(timeout=60)
-        if sockets:  # each Tulip removes its socket on the way out; a killed one leaves it
-            shutil.rmtree(sockets, ignore_errors=True)
 
     deadline = time.monotonic() + up.startup_timeout_s
     serving: set[str] = set()

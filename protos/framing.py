@@ -54,7 +54,7 @@ def keep_alive(transport) -> None:
     peer lost to a partition or a dead node is noticed in ~1 min (Tulip frees its session and its place under
     the connection cap; Ivy fails its requests over)."""
     sock = transport.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):  # a unix socket: neither applies
+    if sock is None:
         return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

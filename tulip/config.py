@@ -97,9 +97,6 @@ class TulipConfig:
                               "without gRPC's per-message cost; tulip/framed.py), named in Info for Ivy (IVY_FRAMED); "
                               "-1 = the gRPC port + 200 (ephemeral with --port 0), skipped with a warning when "
                               "taken; 0 = off")
-    framed_socket: str = _f("", "path of a unix socket serving the framed EmbedStream too, named in Info: a gateway on "
-                                "this host connects there, skipping TCP loopback's cost (~50 us a round trip on a "
-                                "2-core VM; `ivy up` sets one per Tulip); empty = none; a stale socket file is replaced")
     framed_max_connections: int = _f(256, "most open connections on the framed port (Ivy opens one per gateway "
                                           "worker); one more is answered RESOURCE_EXHAUSTED and closed")
     metrics_port: int = _f(0, "Prometheus /metrics port on its own HTTP server; 0 = off")

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import stat
 import time
 from typing import TYPE_CHECKING
 
@@ -173,9 +171,7 @@ class FramedListener:
     def __init__(self, server: TulipServer) -> None:
         self.server = server
         self.port = 0
-        self.socket_path = ""  # the unix socket serving the same stream (start_unix), "" = none
         self._listener: asyncio.base_events.Server | None = None
-        self._unix: asyncio.base_events.Server | None = None
         self._sessions: set[FramedSession] = set()
 
     async def start(self, host: str, port: int) -> int:
@@ -189,26 +185,7 @@ class FramedListener:
         self.port = self._listener.sockets[0].getsockname()[1]
         return self.port
 
-    async def start_unix(self, path: str) -> None:
-        """Serve the same stream on a unix socket at `path` too (same sessions, same connection cap), for a
-        gateway on this host. A socket file left there by a replica that died is replaced; any other file is not."""
-        if os.path.exists(path):
-            if not stat.S_ISSOCK(os.stat(path).st_mode):
-                raise OSError(f"{path} exists and is not a socket")
-            os.unlink(path)
-        max_frame = self.server.config.max_message_bytes
-        self._unix = await asyncio.get_running_loop().create_unix_server(
-            lambda: FramedSession(self.server, max_frame, self._sessions), path)
-        self.socket_path = path
-
     def close(self) -> None:
-        if self._unix is not None:
-            self._unix.close()
-            try:
-                os.unlink(self.socket_path)
-            except OSError:
-                pass
-            self.socket_path = ""
         if self._listener is not None:
             self._listener.close()
         for session in list(self._sessions):

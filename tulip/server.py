@@ -125,13 +125,6 @@ class TulipServer:
             log.warning("no framed stream: port %d: %s (TULIP_FRAMED_PORT to choose one, 0 for none)", port, exc)
             return
         log.info("tulip framed stream on %s:%d", self.config.host, self.framed.port)
-        if self.config.framed_socket:
-            try:
-                await self.framed.start_unix(self.config.framed_socket)
-            except OSError as exc:  # Ivy then takes the TCP port: slower, not wrong
-                log.warning("no framed unix socket at %s: %s", self.config.framed_socket, exc)
-                return
-            log.info("tulip framed stream on unix socket %s", self.framed.socket_path)
 
     async def load(self) -> None:
         """Load (unless an engine was given), warm up, probe the full budget, start the worker, SERVING."""
