@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -108,6 +109,8 @@ def measure(kind: str, args, inflight: int) -> dict:
     finally:
         server.kill()
         server.join(5)
+        if kind == "unix":
+            shutil.rmtree(os.path.dirname(port), ignore_errors=True)
     return {"transport": kind, "inflight": inflight, "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)), "per_s": len(lat) / wall,
             "server_cpu_ms": cpu["server"], "client_cpu_ms": cpu["client"]}

@@ -92,12 +92,14 @@ class RequestTrace:
     hits apart from the steady state), and where its time went, answered as text-embeddings-inference's timing
     headers in milliseconds (microsecond precision where TEI rounds to whole milliseconds):
       x-total-time         Ivy's time: the request's headers read -> the response's start
-      x-tokenization-time  tokenizing, templating and id checks (pool threads included)
+      x-tokenization-time  tokenizing, templating and id checks (pool threads included; a route that tokenizes
+                           two groups at once, /similarity's, reports their sum)
       x-queue-time         Tulip: the request read -> its first batch launched
       x-inference-time     Tulip: that launch -> its last rows on the host
       x-batcher-time       Tulip: the request read -> its answer ready (queue, inference, output head)
-    A request sent to Tulip in several calls (chunks, in parallel) reports the slowest call's figures; a
-    request that never reached Tulip sends only the first two."""
+    A request sent to Tulip in several calls (chunks: in parallel, in waves past chunks_in_flight) reports the
+    three figures of the call that took longest in Tulip; a request that never reached Tulip, that Tulip
+    refused or failed, or whose replica does not measure them (an older Tulip answers 0) sends only the first two."""
 
     __slots__ = ("start", "cold", "tokenize_s", "queue_us", "inference_us", "batcher_us")
 
@@ -124,15 +126,17 @@ COLD_HEADER = (b"x-cold-start", b"1")
 
 
 def note_backend(response) -> None:
-    """A replica's EmbedResponse for the current request: its cold flag and Tulip's timings (the slowest call's)."""
+    """A replica's EmbedResponse for the current request: its cold flag, and Tulip's timings when this call took
+    longer in Tulip than any before it (the three figures of one call, never mixed across calls). A batcher_us
+    of 0 is a replica that does not measure them."""
     trace = _TRACE.get()
     if trace is None:
         return
     if response.cold:
         trace.cold = True
-    trace.queue_us = max(trace.queue_us, response.queue_us)
-    trace.inference_us = max(trace.inference_us, response.inference_us)
-    trace.batcher_us = max(trace.batcher_us, response.batcher_us)
+    if response.batcher_us > trace.batcher_us and response.batcher_us > 0:
+        trace.queue_us, trace.inference_us, trace.batcher_us = (response.queue_us, response.inference_us,
+                                                                response.batcher_us)
 
 
 def observe_tokenize(seconds: float) -> None:

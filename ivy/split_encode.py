@@ -131,9 +131,11 @@ def cut(text: str, rule: str, pieces: int) -> list[str] | None:
 class SplitEncoder:
     """Tokenizer.encode_batch, with texts over `split_chars` characters cut into pieces of about
     `piece_chars` (at most `threads` per text) and the work spread over `pool`. threads <= 1 or
-    split_chars <= 0, or a tokenizer without a split rule: exactly Tokenizer.encode_batch. A call with
-    `threads` texts or more is not split either: encode_batch already spreads its texts over the cores, and
-    cutting them would only add the pieces' merging."""
+    split_chars <= 0, or a tokenizer without a split rule: exactly Tokenizer.encode_batch. In a call of many
+    texts only those longer than twice the call's characters per thread are cut (encode_batch spreads the texts
+    over the cores already: a hundred documents alike need no cutting, one long document among short queries does).
+    A call small enough to run on the event loop (ivy.tokenization's inline_chars) is cut there too: the pieces
+    run on tokenizers' own threads, so the loop waits less than for one whole encode."""
 
     def __init__(self, tokenizer: Tokenizer, pool: Executor | None, threads: int, *, split_chars: int = 1000,
                  piece_chars: int = 500, mode: str = "auto") -> None:
@@ -145,14 +147,17 @@ class SplitEncoder:
         self.piece_chars = max(1, piece_chars)
         self.rule = split_rule(tokenizer) if split_chars > 0 and self.threads > 1 and pool is not None else None
 
-    def pieces(self, text: str) -> list[str] | None:
-        if self.rule is None or len(text) <= self.split_chars:
+    def pieces(self, text: str, bound: int = 0) -> list[str] | None:
+        """`text` cut for encoding when it is longer than split_chars and `bound`; None: encode it whole."""
+        if self.rule is None or len(text) <= max(self.split_chars, bound):
             return None
         n = min(self.threads, -(-len(text) // self.piece_chars))
         return cut(text, self.rule, n) if n > 1 else None
 
     def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right") -> list[Encoded]:
-        split = [self.pieces(t) for t in texts] if self.rule is not None and len(texts) < self.threads else []
+        # Several texts: cut only one longer than twice the call's characters per thread (it would outlast the rest)
+        bound = 2 * sum(map(len, texts)) // self.threads if self.rule is not None and len(texts) > 1 else 0
+        split = [self.pieces(t, bound) for t in texts] if self.rule is not None else []
         if not any(split):
             return self.tokenizer.encode_batch(texts, max_length, side)
         units = [p for t, s in zip(texts, split) for p in (s or [t])]

@@ -224,9 +224,6 @@ class Worker:
         self._last_requests = _requests_in(packed.sequences)
         self._inline_running = inline  # a launcher batch since: REHOLD is for an inline one only
         t0 = time.perf_counter()
-        for seq in packed.sequences:  # a request's queue time ends at its first batch's launch
-            if not seq.ticket.launched_at:
-                seq.ticket.launched_at = t0
         self._stepping_since = time.monotonic()
         try:
             lazy = self.engine.step(batch, express=True) if self.express else self.engine.step(batch)
@@ -234,6 +231,9 @@ class Worker:
             self._stepping_since = 0.0
         t1 = time.perf_counter()
         now = time.monotonic()
+        for seq in packed.sequences:  # a request's queue time ends at its first batch's step (while this one runs)
+            if not seq.ticket.launched_at:
+                seq.ticket.launched_at = t0
         estimate = self.device_times.estimate(packed.tokens) or 0.0
         with self._count_lock:
             self._inflight += 1

@@ -69,7 +69,8 @@ def summarize(suite: str, param: int, samples: Sequence[Sample], cost: CostBasis
     if timing:
         record["server_timing_p50_ms"] = timing
     cpu = [s.client_cpu_s for s in ok if s.client_cpu_s is not None]
-    if cpu:  # the benchmark client's own work per request (request encoding, response parsing and decoding)
+    if cpu:  # the benchmark client's own work per request (request encoding, response parsing and decoding; its
+        # calling thread's CPU only: what grpc's own C-core threads spend for the Tulip-direct layer is not in it)
         record["client_cpu_p50_ms"] = float(np.median(cpu)) * 1e3
     if cost is not None:
         record["cost_per_million_embeddings_usd"] = cost.per_million(record["embeddings_per_s"])

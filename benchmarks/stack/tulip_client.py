@@ -180,8 +180,9 @@ class TulipClient:
         call = {"stream": self._streamed, "unary": self._unary, "framed": self._framed}[self.call]
         response = self._loop.run_until_complete(call(request))
         self.last_cold = bool(response.cold)
-        nan = float("nan")  # Tulip's account (EmbedResponse), in TIMING_KEYS order: no Ivy before it
-        self.last_timing = (nan, nan, response.queue_us / 1e3, response.inference_us / 1e3, response.batcher_us / 1e3)
+        nan = float("nan")  # Tulip's account (EmbedResponse), in TIMING_KEYS order: no Ivy before it; 0 = not measured
+        self.last_timing = ((nan, nan, response.queue_us / 1e3, response.inference_us / 1e3, response.batcher_us / 1e3)
+                            if response.batcher_us else None)
         rows = np.frombuffer(response.embeddings, dtype="<f4")
         if response.rows != len(seqs) or rows.size != response.rows * response.dimensions:
             raise StackError(f"Tulip returned {response.rows} rows ({rows.size} values) for {len(seqs)} sequences")

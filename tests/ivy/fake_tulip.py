@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,7 +102,7 @@ class FakeTulip:
     queue_full: int = 0  # Embed calls refused by max_queue_tokens
     _in_progress: int = 0
     cold: bool = False  # answers say their batch ran without its CUDA graph yet
-    timings: tuple[int, int, int] = (0, 0, 0)  # answers' queue_us, inference_us, batcher_us
+    timings: tuple | Callable = (0, 0, 0)  # answers' queue_us, inference_us, batcher_us (or request -> them)
     tasks: list[str] | None = None  # what Info claims (default: the folder's tasks)
 
     def __post_init__(self) -> None:
@@ -277,11 +278,11 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         dims = request.dimensions or native.shape[1]
         fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding, request.request_id,
                                request.lane, request.token_types, request.token_ids, request.output))
+        timings = fake.timings(request) if callable(fake.timings) else fake.timings
         return embed_pb2.EmbedResponse(embeddings=out.astype(out.dtype.newbyteorder("<")).tobytes(),
                                        rows=out.shape[0], dimensions=dims, encoding=request.encoding,
                                        tokens=int(lens.sum()), cold=fake.cold,
-                                       queue_us=fake.timings[0], inference_us=fake.timings[1],
-                                       batcher_us=fake.timings[2])
+                                       queue_us=timings[0], inference_us=timings[1], batcher_us=timings[2])
 
     async def Info(self, request, context):
         fake = self.fake

@@ -83,3 +83,18 @@ def test_answers_carry_tei_timing_headers() -> None:
             bad = client.post("/v1/embeddings", json={"input": ""})
             assert bad.status_code == 400 and float(bad.headers["x-total-time"]) > 0
             assert "x-queue-time" not in bad.headers and "x-batcher-time" not in bad.headers
+            fake.timings = (0, 0, 0)  # a replica that does not measure them (an older Tulip)
+            old = client.post("/v1/embeddings", json={"input": "text"})
+            assert old.status_code == 200 and "x-queue-time" not in old.headers and "x-total-time" in old.headers
+
+
+def test_a_request_in_several_chunks_reports_the_slowest_calls_three_figures() -> None:
+    """Never the largest of each figure across calls (a queue from one, an inference from another)."""
+    by_first = {101: (5000, 1000, 6500), 102: (100, 9000, 9500), 103: (200, 2000, 2600)}
+    with FakeTulip() as fake, gateway(fake, chunk_max_seqs=2, coalesce=False) as client:
+        fake.timings = lambda request: by_first[int(np.frombuffer(request.token_ids, "<i4")[0])]
+        seqs = [[101, 1], [101, 2], [102, 1], [102, 2], [103, 1], [103, 2]]
+        r = client.post("/v1/embeddings", json={"input": seqs})
+        assert r.status_code == 200 and len(fake.calls) == 3
+        assert (r.headers["x-queue-time"], r.headers["x-inference-time"], r.headers["x-batcher-time"]) == \
+            ("0.100", "9.000", "9.500")

@@ -251,15 +251,17 @@ def test_fixed_wrap_equals_the_post_processor(tokenizers_, name: str) -> None:
         tok._wrap = wrap
 
 
-def test_a_call_with_as_many_texts_as_threads_is_not_split(tokenizers_, pool, monkeypatch) -> None:
-    """encode_batch spreads that many texts over the cores already: no pieces, no merging, the same ids."""
+def test_a_call_of_many_texts_cuts_only_those_over_twice_its_characters_per_thread(tokenizers_, pool, monkeypatch) -> None:
+    """encode_batch spreads a call's texts over the cores already: four texts alike on four threads are not cut
+    (no pieces, no merging); one long text among short ones is. The same ids either way."""
     tok = tokenizers_["minilm"]
     splitter = SplitEncoder(tok, pool, 4, split_chars=300, piece_chars=100, mode="rust")
     rng = random.Random(3)
-    texts = [_long_text(rng, 2000) for _ in range(4)]
+    alike = [_long_text(rng, 2000) for _ in range(4)]
     merged: list[int] = []  # pieces per merged text: only the split path merges
     real = tok.merge
     monkeypatch.setattr(tok, "merge", lambda encodings: merged.append(len(encodings)) or real(encodings))
-    assert splitter.encode_batch(texts, 10**6) == tok.encode_batch(texts, 10**6) and merged == []
-    _check(tok, splitter, texts[:3], 10**6, "right")
-    assert len(merged) == 3 and min(merged) > 1  # three texts: each cut into pieces
+    assert splitter.encode_batch(alike, 10**6) == tok.encode_batch(alike, 10**6) and merged == []
+    mixed = [_long_text(rng, 6000), "a short query", "another one", "and a third"]
+    _check(tok, splitter, mixed, 10**6, "right")
+    assert merged == [4, 1, 1, 1]  # the long one in four pieces (one per thread), the queries whole
