@@ -99,7 +99,8 @@ class RequestTrace:
       x-batcher-time       Tulip: the request read -> its answer ready (queue, inference, output head)
     A request sent to Tulip in several calls (chunks: in parallel, in waves past chunks_in_flight) reports the
     three figures of the call that took longest in Tulip; a request that never reached Tulip, that Tulip
-    refused or failed, or whose replica does not measure them (an older Tulip answers 0) sends only the first two."""
+    refused or failed, or whose replica does not measure them (an older Tulip answers 0) sends only the first
+    two, and a route that tokenizes nothing (GET /health, a body refused before it) only x-total-time."""
 
     __slots__ = ("start", "cold", "tokenize_s", "queue_us", "inference_us", "batcher_us")
 
@@ -110,8 +111,9 @@ class RequestTrace:
         self.queue_us = self.inference_us = self.batcher_us = -1  # -1: no Tulip answer
 
     def headers(self, now: float) -> list[tuple[bytes, bytes]]:
-        out = [(b"x-total-time", b"%.3f" % ((now - self.start) * 1e3)),
-               (b"x-tokenization-time", b"%.3f" % (self.tokenize_s * 1e3))]
+        out = [(b"x-total-time", b"%.3f" % ((now - self.start) * 1e3))]
+        if self.tokenize_s:
+            out.append((b"x-tokenization-time", b"%.3f" % (self.tokenize_s * 1e3)))
         if self.batcher_us >= 0:
             out += [(b"x-queue-time", b"%.3f" % (self.queue_us / 1e3)),
                     (b"x-inference-time", b"%.3f" % (self.inference_us / 1e3)),

@@ -66,8 +66,8 @@ def test_a_cold_hit_is_answered_with_x_cold_start() -> None:
 
 def test_answers_carry_tei_timing_headers() -> None:
     """x-total-time and x-tokenization-time from Ivy, x-queue-time / x-inference-time / x-batcher-time from Tulip's
-    answer (the slowest call's when a request was sent in several chunks), in milliseconds; a request refused
-    before any replica saw it has only Ivy's two. The same on the gRPC stream and on unary calls (the framed
+    answer, in milliseconds; a request refused before any replica saw it has only Ivy's (x-tokenization-time
+    only where something was tokenized). The same on the gRPC stream and on unary calls (the framed
     stream's answers: tests/e2e/test_e2e_framed.py)."""
     for options in ({}, {"grpc_stream": False}):
         with FakeTulip() as fake, gateway(fake, **options) as client:
@@ -83,6 +83,9 @@ def test_answers_carry_tei_timing_headers() -> None:
             bad = client.post("/v1/embeddings", json={"input": ""})
             assert bad.status_code == 400 and float(bad.headers["x-total-time"]) > 0
             assert "x-queue-time" not in bad.headers and "x-batcher-time" not in bad.headers
+            assert "x-tokenization-time" not in bad.headers  # refused before anything was tokenized
+            health = client.get("/health")
+            assert float(health.headers["x-total-time"]) >= 0 and "x-tokenization-time" not in health.headers
             fake.timings = (0, 0, 0)  # a replica that does not measure them (an older Tulip)
             old = client.post("/v1/embeddings", json={"input": "text"})
             assert old.status_code == 200 and "x-queue-time" not in old.headers and "x-total-time" in old.headers
