@@ -86,6 +86,8 @@ def render() -> tuple[bytes, str]:
 
 
 REQUEST_ID: ContextVar[str] = ContextVar("ivy_request_id", default="")
+
+
 class RequestTrace:
     """One request's record (set by RequestMetrics, shared with the request's child tasks): whether a batch of
     it ran on a replica without its CUDA graph yet (answered as X-Cold-Start: 1, so a benchmark can report cold
@@ -108,13 +110,13 @@ class RequestTrace:
         self.start = start
         self.cold = False
         self.tokenize_s = 0.0
-        self.queue_us = self.inference_us = self.batcher_us = -1  # -1: no Tulip answer
+        self.queue_us = self.inference_us = self.batcher_us = 0  # 0: no Tulip answer that measured them
 
     def headers(self, now: float) -> list[tuple[bytes, bytes]]:
         out = [(b"x-total-time", b"%.3f" % ((now - self.start) * 1e3))]
         if self.tokenize_s:
             out.append((b"x-tokenization-time", b"%.3f" % (self.tokenize_s * 1e3)))
-        if self.batcher_us >= 0:
+        if self.batcher_us:
             out += [(b"x-queue-time", b"%.3f" % (self.queue_us / 1e3)),
                     (b"x-inference-time", b"%.3f" % (self.inference_us / 1e3)),
                     (b"x-batcher-time", b"%.3f" % (self.batcher_us / 1e3))]
@@ -136,7 +138,7 @@ def note_backend(response) -> None:
         return
     if response.cold:
         trace.cold = True
-    if response.batcher_us > trace.batcher_us and response.batcher_us > 0:
+    if response.batcher_us > trace.batcher_us:
         trace.queue_us, trace.inference_us, trace.batcher_us = (response.queue_us, response.inference_us,
                                                                 response.batcher_us)
 
@@ -180,8 +182,7 @@ class RequestMetrics:
         route = path if path in KNOWN_ROUTES else "other"
         rid = request_id_of(scope)
         REQUEST_ID.set(rid)  # this task's context: the route handler runs in it
-        start = time.perf_counter()
-        trace = RequestTrace(start)
+        trace = RequestTrace(time.perf_counter())
         _TRACE.set(trace)
         rid_header = (b"x-request-id", rid.encode("latin-1"))
         status = 500
@@ -212,4 +213,4 @@ class RequestMetrics:
         finally:
             requests, seconds = _request_children(route, status)
             requests.inc()
-            seconds.observe(time.perf_counter() - start)
+            seconds.observe(time.perf_counter() - trace.start)

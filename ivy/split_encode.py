@@ -155,9 +155,11 @@ class SplitEncoder:
         return cut(text, self.rule, n) if n > 1 else None
 
     def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right") -> list[Encoded]:
+        if self.rule is None:
+            return self.tokenizer.encode_batch(texts, max_length, side)
         # Several texts: cut only one longer than twice the call's characters per thread (it would outlast the rest)
-        bound = 2 * sum(map(len, texts)) // self.threads if self.rule is not None and len(texts) > 1 else 0
-        split = [self.pieces(t, bound) for t in texts] if self.rule is not None else []
+        bound = 2 * sum(map(len, texts)) // self.threads if len(texts) > 1 else 0
+        split = [self.pieces(t, bound) for t in texts]
         if not any(split):
             return self.tokenizer.encode_batch(texts, max_length, side)
         units = [p for t, s in zip(texts, split) for p in (s or [t])]

@@ -57,6 +57,7 @@ class Job(Ticket):
         super().__init__(deadline, flow=request_id, lane=lane)  # the chunks of one Ivy request share one place in the queue
         # time.perf_counter() stamps: read (the caller's, before parsing), first launch (the worker's), last rows
         self.received_at = time.perf_counter() if received_at is None else received_at
+        self.launched_at = 0.0  # its first batch's step (its batches reach the one completer in launch order)
         self.rows_at = 0.0
         self.request_id = request_id
         self.options: OutputOptions = parsed.options
@@ -76,11 +77,12 @@ class Job(Ticket):
 
     # -- completer thread ----------------------------------------------------------------------
 
-    def receive(self, seq: QueuedSequence, rows: np.ndarray, at: float = 0.0) -> bool:
-        """Store one sequence's pooled rows (on the host since `at`, a perf_counter stamp); True when this was
-        the job's last outstanding sequence."""
+    def receive(self, seq: QueuedSequence, rows: np.ndarray, launched_at: float = 0.0, at: float = 0.0) -> bool:
+        """Store one sequence's pooled rows, from a batch stepped at `launched_at` and on the host since `at`
+        (perf_counter stamps); True when this was the job's last outstanding sequence."""
         if self.settled:
             return False
+        self.launched_at = self.launched_at or launched_at
         self.rows_at = max(self.rows_at, at)
         if self._columns is not None:
             rows = rows[:, self._columns[0]:self._columns[0] + self._columns[1]]

@@ -31,7 +31,6 @@ class Ticket:
         self.longest = 0  # its longest sequence (set by the queue's push): express takes none above its budget
         self.owner: int | None = None  # the worker (MAIN | EXPRESS) that took its first sequence: it takes
         # the rest too, so one completer thread alone touches the request (tulip.worker)
-        self.launched_at = 0.0  # time.perf_counter() when its first batch was launched (set by the worker)
 
 
 @dataclass(eq=False, slots=True)

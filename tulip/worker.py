@@ -231,9 +231,6 @@ class Worker:
             self._stepping_since = 0.0
         t1 = time.perf_counter()
         now = time.monotonic()
-        for seq in packed.sequences:  # a request's queue time ends at its first batch's step (while this one runs)
-            if not seq.ticket.launched_at:
-                seq.ticket.launched_at = t0
         estimate = self.device_times.estimate(packed.tokens) or 0.0
         with self._count_lock:
             self._inflight += 1
@@ -302,7 +299,7 @@ class Worker:
                     continue  # caller gone or deadline hit after launch: its rows are discarded
                 if cold:
                     seq.ticket.cold = True
-                if seq.ticket.receive(seq, rows[r0:r0 + seq.spans.shape[0]], done):
+                if seq.ticket.receive(seq, rows[r0:r0 + seq.spans.shape[0]], item.launched_at, done):
                     finished.append(seq.ticket)
         except Exception as exc:
             log.exception("a batch of %d sequences failed on the engine", len(item.packed.sequences))

@@ -171,9 +171,7 @@ class StackClient:
         matrix, tokens = self.embeddings(seqs)
         if score:
             cosine_scores(matrix[0], matrix[1:])
-        latency = time.perf_counter() - start
-        return Sample(start, latency, len(seqs) - score, tokens or client_tokens, tokens is not None,
-                      cold=self.last_cold, timing=self.last_timing, client_cpu_s=time.thread_time() - cpu)
+        return self._sample(start, cpu, len(seqs) - score, tokens, client_tokens)
 
     def score_route(self, ids: bool) -> str:
         """How score-latency is measured on this client (recorded as the record's `route`)."""
@@ -185,9 +183,7 @@ class StackClient:
         """One timed embeddings request (in the `priority` lane when given)."""
         start, cpu = time.perf_counter(), time.thread_time()
         _, tokens = self.embeddings(texts, priority=priority)
-        latency = time.perf_counter() - start
-        return Sample(start, latency, len(texts), tokens or client_tokens, tokens is not None, cold=self.last_cold,
-                      timing=self.last_timing, client_cpu_s=time.thread_time() - cpu)
+        return self._sample(start, cpu, len(texts), tokens, client_tokens)
 
     def score(self, query: str, documents: list[str], client_tokens: int) -> Sample:
         """One timed scoring request: /v1/rerank for `ours`, embed + client cosine for `openai`."""
@@ -202,8 +198,11 @@ class StackClient:
         else:
             matrix, tokens = self.embeddings([query, *documents])
             cosine_scores(matrix[0], matrix[1:])
-        latency = time.perf_counter() - start
-        return Sample(start, latency, len(documents), tokens or client_tokens, tokens is not None,
+        return self._sample(start, cpu, len(documents), tokens, client_tokens)
+
+    def _sample(self, start: float, cpu: float, items: int, tokens: int | None, client_tokens: int) -> Sample:
+        """The request timed from `start` (perf_counter) and `cpu` (thread_time): the last answer's server flags."""
+        return Sample(start, time.perf_counter() - start, items, tokens or client_tokens, tokens is not None,
                       cold=self.last_cold, timing=self.last_timing, client_cpu_s=time.thread_time() - cpu)
 
     def models(self) -> dict[str, Any] | None:
