@@ -59,10 +59,6 @@ class TulipConfig:
                                          "requests run beside it in batches of at most this many tokens, on a "
                                          "higher-priority CUDA stream with graphs of their own (tulip/express.py, "
                                          "rose/express.py); 0 = off (they wait for the bulk batch)")
-    express_beside: str = _f("bulk", "what the express lane runs beside: bulk (interactive requests go express only "
-                                     "while bulk work is queued or running) or any (also while the main lane has a "
-                                     "batch of any lane on the device and the express lane none: two small batches "
-                                     "run at once instead of one behind the other; tulip/express.py)")
     interactive_recent_ms: float = _f(100.0, "how long after an interactive request interactive_batch_tokens still "
                                              "caps batches")
     deadline_admission: bool = _f(True, "refuse at once (RESOURCE_EXHAUSTED deadline_unmeetable) a request whose "
@@ -154,8 +150,6 @@ class TulipConfig:
             raise ValueError("interactive_batch_tokens and interactive_recent_ms must be >= 0")
         if self.express_batch_tokens < 0:
             raise ValueError("express_batch_tokens must be >= 0")
-        if self.express_beside not in ("bulk", "any"):
-            raise ValueError(f"express_beside must be bulk or any, got {self.express_beside!r}")
         if self.watchdog_s < 0 or self.watchdog_factor <= 0:
             raise ValueError(f"watchdog_s must be 0 (off) or positive and watchdog_factor positive, got "
                              f"{self.watchdog_s}, {self.watchdog_factor}")

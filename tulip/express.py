@@ -8,11 +8,7 @@ whenever bulk work is queued or on the device (SequenceQueue.next_express), pack
 most that many tokens at once (no pacing: the bulk lane's schedule is not its own), and steps them on the
 express lane: a higher-priority CUDA stream with its own graphs, so the query runs beside the bulk batch.
 While no bulk is about, interactive requests go through the main worker as before, so interactive-only
-traffic keeps its batching and graphs; with `TULIP_EXPRESS_BESIDE=any` the express worker also takes them
-while the main worker has a batch of any lane on the device and the express worker none: a request that
-arrives while a small batch runs starts at once beside it instead of queuing behind it. At small batches the
-device runs two such batches in about the time of one (each kernel fills a few of the SMs), so closed-loop
-clients get more requests through (benchmarks/NOTES.md, "Two small batches at once").
+traffic keeps its batching and graphs.
 
 A request's sequences all run on the worker that took its first one (Ticket.owner): each worker's
 completer alone touches its requests. The watchdog watches both workers.
@@ -27,7 +23,7 @@ from __future__ import annotations
 
 import logging
 
-from tulip.scheduler import EXPRESS, PackedBatch
+from tulip.scheduler import PackedBatch
 from tulip.worker import _STOP, Worker
 
 log = logging.getLogger("tulip.express")
@@ -35,7 +31,6 @@ log = logging.getLogger("tulip.express")
 
 class ExpressWorker(Worker):
     express = True
-    who = EXPRESS
     name = "tulip-express"
 
     def __init__(self, engine, queue, *, express_tokens: int, max_inflight: int = 2, metrics=None) -> None:

@@ -26,8 +26,7 @@ waits shrink to the device time of the cap, at bulk's cost in efficiency (smalle
 
 Express (tulip.express, `express_tokens` > 0): while bulk work is queued or on the device, interactive
 requests are not packed here but by the express worker (next_express, batches of at most express_tokens),
-which runs them on ROSE's express lane beside the bulk batch; with `express_beside_any` also while the main
-worker has any batch on the device and the express worker has none. A request's sequences all go to the worker
+which runs them on ROSE's express lane beside the bulk batch. A request's sequences all go to the worker
 that took its first one (Ticket.owner), so only one completer thread ever touches it.
 """
 
@@ -47,12 +46,6 @@ class LanePacker:
     def _express_time_locked(self) -> bool:
         """Express time: an express worker is about and bulk work is queued or on the device."""
         return bool(self.express_tokens) and (self._bulk_inflight > 0 or self._lane_tokens[BULK] > 0)
-
-    def _beside_locked(self) -> bool:
-        """Whether the express worker may claim interactive requests now: express time, or, with
-        express_beside_any, while the main worker has a batch on the device and the express worker none."""
-        return self._express_time_locked() or bool(self.express_beside_any and self.express_tokens
-                                                   and self._inflight[MAIN] and not self._inflight[EXPRESS])
 
     def _express_may_claim_locked(self, ticket: Ticket, busy: bool) -> bool:
         """Whether the express worker takes this unowned interactive request: in express time, when each of its
@@ -89,17 +82,15 @@ class LanePacker:
                 break
         self._bulk_owed = both and packed.lane_tokens[BULK] == 0
         if packed.lane_tokens[BULK]:
-            self._bulk_inflight += 1  # express time from now until it is delivered (SequenceQueue.batch_done)
-        if packed.sequences:
-            self._inflight[MAIN] += 1
+            self._bulk_inflight += 1  # express time from now until it is delivered (SequenceQueue.bulk_done)
         return packed
 
     def _fill_lane_locked(self, lane: int, packed: PackedBatch, limit: int, who: int) -> bool:
         """One lane's two passes (its requests' shares, then the room left up to `limit`) for worker `who`;
         True when full."""
         flows = self._lanes[lane]
-        busy = self._beside_locked() or bool(self.express_tokens and packed.lane_tokens[BULK] > 0)  # bulk queued,
-        # on the device, or in this very batch, with an express worker about; or express beside any main batch
+        busy = self._express_time_locked() or bool(self.express_tokens and packed.lane_tokens[BULK] > 0)  # bulk
+        # queued, on the device, or in this very batch, with an express worker about
         full = False
         emptied = []
         for share_tokens, share_seqs in ((self.share_tokens, self.share_seqs), (None, None)):  # the two passes

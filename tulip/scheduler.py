@@ -32,9 +32,8 @@ class SequenceQueue(LanePacker):
     def __init__(self, max_batch_tokens: int, max_batch_seqs: int, max_queue_tokens: int,
                  clock: Callable[[], float] = time.monotonic, share: float = 0.125,
                  bulk_share: float = 0.25, interactive_batch_tokens: int = 0,
-                 interactive_recent_s: float = 0.1, express_beside_any: bool = False) -> None:
+                 interactive_recent_s: float = 0.1) -> None:
         self.max_batch_tokens = max_batch_tokens
-        self.express_beside_any = express_beside_any  # express also beside a main batch of any lane (packer)
         self.bulk_share = bulk_share
         self.interactive_batch_tokens = interactive_batch_tokens
         self.interactive_recent_s = interactive_recent_s
@@ -57,8 +56,7 @@ class SequenceQueue(LanePacker):
         self._express_cond = threading.Condition(lock)  # the express worker's (a wake-up of its own: a push
         # while no bulk is about wakes the main launcher alone, so express costs idle traffic nothing)
         self.express_tokens = 0  # > 0 while an express worker takes interactive work (enable_express)
-        self._bulk_inflight = 0  # batches with bulk tokens taken by MAIN and not yet delivered (batch_done)
-        self._inflight = [0, 0]  # batches with sequences taken by each worker (MAIN, EXPRESS), not yet done
+        self._bulk_inflight = 0  # batches with bulk tokens taken by MAIN and not yet delivered (bulk_done)
         self._parked = False  # the main launcher is inside next_batch's wait (take_parked may take for it)
         self._handed: deque[PackedBatch] = deque()  # batches taken on the event loop for the launcher to run
 
@@ -173,8 +171,6 @@ class SequenceQueue(LanePacker):
                     self._cap = self.express_tokens
                     self._fill_lane_locked(INTERACTIVE, packed, self.express_tokens, EXPRESS)
                     if packed.sequences or packed.expired or packed.skipped:
-                        if packed.sequences:
-                            self._inflight[EXPRESS] += 1
                         if self._lanes[INTERACTIVE]:
                             self._cond.notify()  # it may have uncovered a request that is the main worker's
                         return packed
@@ -193,20 +189,15 @@ class SequenceQueue(LanePacker):
                 self.express_tokens = tokens
                 self._wake_express_locked()
 
-    def batch_done(self, who: int, bulk: bool = False) -> None:
-        """A batch with sequences that worker `who` (MAIN | EXPRESS) took left the device (delivered, or failed
-        to launch); bulk: it carried bulk tokens. What no worker owns may now be the other worker's: wake it."""
+    def bulk_done(self) -> None:
+        """A batch of MAIN's that carried bulk tokens left the device (delivered, or failed to launch)."""
         with self._cond:
-            self._inflight[who] -= 1
-            if bulk:
-                self._bulk_inflight -= 1
-            if self._lanes[INTERACTIVE]:
-                if not self._beside_locked():
-                    self._cond.notify()  # interactive requests no one owns are the main worker's again
-                self._wake_express_locked()
+            self._bulk_inflight -= 1
+            if not self._express_time_locked() and self._lanes[INTERACTIVE]:
+                self._cond.notify()  # interactive requests no one owns are the main worker's again
 
     def _wake_express_locked(self) -> None:
-        if self._lanes[INTERACTIVE] and self._beside_locked():
+        if self._lanes[INTERACTIVE] and self._express_time_locked():
             self._express_cond.notify()
 
     def hold(self, until: float, stop: Callable[[], bool]) -> None:

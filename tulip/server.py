@@ -147,8 +147,7 @@ class TulipServer:
         self.queue = SequenceQueue(self.batch_tokens, config.max_batch_seqs, queue_tokens, share=config.request_share,
                                    bulk_share=config.bulk_share,
                                    interactive_batch_tokens=config.interactive_batch_tokens,
-                                   interactive_recent_s=config.interactive_recent_ms / 1e3,
-                                   express_beside_any=config.express_beside == "any")
+                                   interactive_recent_s=config.interactive_recent_ms / 1e3)
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch)

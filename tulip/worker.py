@@ -37,7 +37,7 @@ from tulip.errors import DeadlineExpired, engine_error
 from tulip.job import Handoff
 from tulip.packing import FailedBatch, Launched, build_batch, jobs_of, release_lazy
 from tulip.pacing import DeviceTimes
-from tulip.scheduler import BULK, MAIN, REHOLD, PackedBatch, SequenceQueue
+from tulip.scheduler import BULK, REHOLD, PackedBatch, SequenceQueue
 
 log = logging.getLogger("tulip.worker")
 
@@ -46,7 +46,6 @@ _STOP = object()
 
 class Worker:
     express = False  # tulip.express.ExpressWorker: steps on ROSE's express lane
-    who = MAIN  # the queue's name for this worker (Ticket.owner)
     name = "tulip"
 
     def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
@@ -165,7 +164,8 @@ class Worker:
             jobs = jobs_of(packed.sequences)
             for job in jobs:  # before the slot frees: the next batch must not take their other sequences
                 self.queue.cancel(job)
-            self.queue.batch_done(self.who, bool(packed.lane_tokens[BULK]))  # it never reached the device
+            if packed.lane_tokens[BULK]:
+                self.queue.bulk_done()  # it never reached the device
             self._launched.put(FailedBatch(jobs, engine_error(exc)))
             self._slots.release()
 
@@ -284,7 +284,8 @@ class Worker:
             self._last_done = now
             self.device_busy_s += max(0.0, now - on_device_from)
             self._tail_end = now + sum(self._estimates)
-        self.queue.batch_done(self.who, bool(item.packed.lane_tokens[BULK]))  # counted when the queue handed it out
+        if item.packed.lane_tokens[BULK]:
+            self.queue.bulk_done()  # counted by the queue when it handed the batch out
         self.device_times.observe(item.packed.tokens, now - on_device_from)
 
     def _deliver(self, item: Launched) -> None:

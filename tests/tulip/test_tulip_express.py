@@ -56,7 +56,7 @@ def test_bulk_on_the_device_is_express_time_until_it_is_done() -> None:
     assert q.next_batch(timeout=0) is None
     assert markers(q.next_express(timeout=0)) == [1]
     push(q, INTERACTIVE, 5, marker=2)
-    q.batch_done(MAIN, bulk=True)
+    q.bulk_done()
     assert q.next_express(timeout=0) is None
     assert markers(q.next_batch(timeout=0)) == [2]
 
@@ -67,7 +67,7 @@ def test_a_request_stays_with_the_worker_that_took_its_first_sequence() -> None:
     started = push(q, INTERACTIVE, 10, 10, 10, marker=1)  # express takes two, one is left
     assert markers(q.next_express(timeout=0)) == [1, 2]
     assert markers(q.next_batch(timeout=0)) == [500]
-    q.batch_done(MAIN, bulk=True)  # bulk gone: no longer express time
+    q.bulk_done()  # bulk gone: no longer express time
     assert q.next_batch(timeout=0) is None, "the main worker never takes the express worker's request"
     assert markers(q.next_express(timeout=0)) == [3] and started.owner == EXPRESS
     q2 = express_queue()
@@ -87,7 +87,7 @@ def test_a_request_uncovered_by_the_other_worker_wakes_the_worker_that_takes_it(
     first = push_flow(q, "req-1", 10, 10, marker=1)
     second = push_flow(q, "req-1", 10, marker=3)
     assert markers(q.next_express(timeout=0)) == [1] and first.owner == EXPRESS
-    q.batch_done(MAIN, bulk=True)  # express time is over: `second` will be the main worker's
+    q.bulk_done()  # express time is over: `second` will be the main worker's
     got = []
     waiting = threading.Thread(target=lambda: got.append(q.next_batch()), daemon=True)  # no timeout: only a wake-up
     waiting.start()
@@ -294,97 +294,3 @@ def test_a_failing_express_batch_fails_its_request_only(where) -> None:
         engine.release(10)
         assert bulk.result().rows == 1
         wait_until(lambda: s.server.queue._bulk_inflight == 0, what="bulk accounted as done")
-
-
-# -- express beside any main batch (TULIP_EXPRESS_BESIDE=any) ---------------------------------------------------------
-
-def beside_any_queue(express_tokens: int = 40) -> SequenceQueue:
-    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=100, max_queue_tokens=100_000, share=1.0,
-                      express_beside_any=True)
-    q.express_tokens = express_tokens
-    return q
-
-
-def test_beside_any_a_request_arriving_while_main_runs_goes_express_when_express_is_idle() -> None:
-    q = beside_any_queue()
-    push(q, INTERACTIVE, 5, marker=1)
-    assert q.next_express(timeout=0) is None, "main idle: the request is the main worker's"
-    assert markers(q.next_batch(timeout=0)) == [1]  # on the device from now on
-    second = push(q, INTERACTIVE, 5, marker=2)
-    assert q.next_batch(timeout=0) is None, "left for the idle express lane, not queued behind main's batch"
-    assert markers(q.next_express(timeout=0)) == [2] and second.owner == EXPRESS
-    third = push(q, INTERACTIVE, 5, marker=3)  # both busy: the main worker packs it behind its batch
-    assert q.next_express(timeout=0) is None
-    assert markers(q.next_batch(timeout=0)) == [3] and third.owner == MAIN
-    q.batch_done(MAIN)
-    q.batch_done(MAIN)
-    q.batch_done(EXPRESS)
-    push(q, INTERACTIVE, 5, marker=4)  # all idle again
-    assert q.next_express(timeout=0) is None and markers(q.next_batch(timeout=0)) == [4]
-
-
-def test_beside_any_express_takes_again_once_its_batch_is_done_and_never_a_long_one() -> None:
-    q = beside_any_queue(express_tokens=40)
-    push(q, INTERACTIVE, 5, marker=1)
-    q.next_batch(timeout=0)
-    push(q, INTERACTIVE, 5, marker=2)
-    assert markers(q.next_express(timeout=0)) == [2]
-    push(q, INTERACTIVE, 5, marker=3)
-    q.batch_done(EXPRESS)  # main still runs: express may claim again
-    assert markers(q.next_express(timeout=0)) == [3]
-    q.batch_done(EXPRESS)
-    push(q, INTERACTIVE, 60, marker=4)  # over the express budget: main's, behind its batch
-    assert q.next_express(timeout=0) is None and markers(q.next_batch(timeout=0)) == [4]
-
-
-def test_by_default_express_runs_beside_bulk_only() -> None:
-    q = express_queue()  # express_beside_any off
-    push(q, INTERACTIVE, 5, marker=1)
-    q.next_batch(timeout=0)
-    push(q, INTERACTIVE, 5, marker=2)
-    assert q.next_express(timeout=0) is None
-    assert markers(q.next_batch(timeout=0)) == [2]
-
-
-def test_beside_any_a_parked_main_launcher_is_woken_when_main_goes_idle() -> None:
-    """Main busy, express idle: a waiting request is express's. If main's batch ends first, the request is the
-    main worker's again and its launcher, parked because it could not claim it, must be woken."""
-    q = beside_any_queue()
-    push(q, INTERACTIVE, 5, marker=1)
-    q.next_batch(timeout=0)
-    push(q, INTERACTIVE, 5, marker=2)
-    got = []
-    waiting = threading.Thread(target=lambda: got.append(q.next_batch()), daemon=True)
-    waiting.start()
-    wait_until(lambda: q._cond._waiters, what="the main launcher waiting")
-    q.batch_done(MAIN)
-    waiting.join(10)
-    stranded = waiting.is_alive()
-    q.close()
-    assert not stranded, "the main launcher was never woken for the request it now takes"
-    assert markers(got[0]) == [2]
-
-
-def test_server_beside_any_answers_a_second_query_while_the_first_is_held() -> None:
-    for beside, express_expected in (("any", [8]), ("bulk", [])):
-        engine = FakeEngine(gated=True, express=True)
-        config = make_config(max_batch_tokens=64, express_batch_tokens=32, pack_ahead_ms=0, express_beside=beside)
-        with ServerThread(config, engine) as s:
-            wait_until(lambda: s.server.queue.express_tokens == 32, what="express on")
-            first = s.stub.Embed.future(lane_request(7, 12, INTERACTIVE), timeout=60)
-            wait_until(lambda: engine.launched == 1, what="the first query held on the main lane")
-            second = s.stub.Embed.future(lane_request(8, 12, INTERACTIVE), timeout=60)
-            wait_until(lambda: engine.launched == 2, what="the second query launched")
-            assert [int(b.token_ids[0]) for b in engine.express_batches] == express_expected, beside
-            if beside == "any":
-                assert second.result().rows == 1 and not first.done(), "answered beside the held batch"
-                engine.release(1)
-            else:
-                engine.release(2)  # behind the first, on the main lane
-                assert second.result().rows == 1
-            assert first.result().rows == 1
-
-
-def test_express_beside_must_be_bulk_or_any() -> None:
-    with pytest.raises(ValueError, match="express_beside"):
-        make_config(express_beside="all")
