@@ -13,7 +13,8 @@
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 require_carried .whl
-export IVY_WORKERS=${IVY_WORKERS:-4} TULIP_GRAPH_MANIFEST=off
+export TULIP_GRAPH_MANIFEST=off  # Ivy's workers: the default (auto: 4 on the 16-core host) unless IVY_WORKERS is set
+echo "ivy workers: ${IVY_WORKERS:-auto = $(python3 -c 'from ivy.config import auto_workers; print(auto_workers())')}"
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 dir=/tmp/m/qwen3-0.6b model=qwen3-0.6b
 if [ ! -f $dir/config.json ]; then

@@ -10,6 +10,9 @@ import os
 from dataclasses import dataclass, field
 
 ENV_PREFIX = "IVY"
+CPUS_PER_WORKER = 4  # a gateway worker's share of the host: on the 16-core H200 host 4 workers served 3.5x one
+# at 16 clients and left Tulip and the tokenizer threads their cores (benchmarks/NOTES.md, "Workers")
+MAX_AUTO_WORKERS = 8
 
 
 def _help(text: str) -> dict[str, str]:
@@ -32,7 +35,9 @@ class IvyConfig:
         "Model folder whose tokenizer Ivy uses (must be the one Tulip serves); empty = the bundled all-MiniLM-L6-v2."))
     served_model_name: str = field(default="", metadata=_help(
         "Name clients send as `model`; empty = the model's id (folder name or hub id)."))
-    workers: int = field(default=1, metadata=_help("uvicorn worker processes (tokenization scales with them)."))
+    workers: int = field(default=0, metadata=_help(
+        "uvicorn worker processes (HTTP, validation and tokenization scale with them); 0 = auto: one per "
+        f"{CPUS_PER_WORKER} usable CPUs (affinity and cgroup quota), 1 to {MAX_AUTO_WORKERS}."))
     api_key: str = field(default="", metadata=_help(
         "Bearer token required on every /v1 route when set; health, readiness and metrics stay open."))
     api_key_lanes: tuple[str, ...] = field(default=(), metadata=_help(
@@ -134,6 +139,10 @@ class IvyConfig:
     def __post_init__(self) -> None:
         if not self.replicas:
             raise SystemExit("ivy: --replicas needs at least one host:port")
+        if self.workers < 0:
+            raise SystemExit("ivy: --workers must be 0 (auto: one per 4 usable CPUs) or positive")
+        if self.workers == 0:  # auto, resolved here so every worker process and the metrics see the same count
+            object.__setattr__(self, "workers", auto_workers())
         for name in ("port", "workers", "max_inputs_per_request", "max_chunks_per_request", "payload_limit_bytes",
                      "max_concurrent_requests", "chunk_max_tokens", "chunk_max_seqs", "grpc_max_message_bytes",
                      "max_header_bytes"):
@@ -180,3 +189,40 @@ class IvyConfig:
 
     def per_worker_concurrency(self) -> int:
         return max(1, -(-self.max_concurrent_requests // self.workers))
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity set, lowered to a cgroup CPU quota (a container's
+    `--cpus`, a Kubernetes CPU limit) when one is set."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, quota) if quota else cpus)
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> int | None:
+    """The cgroup's CPU limit rounded up to whole CPUs (v2 `cpu.max`, else v1 `cpu.cfs_quota_us` over
+    `cpu.cfs_period_us`); None when there is no limit or no cgroup file to read."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, _, period = f.read().strip().partition(" ")
+    except OSError:
+        try:
+            with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
+                quota = f.read().strip()
+            with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
+                period = f.read().strip()
+        except OSError:
+            return None
+    try:
+        q, p = int(quota), int(period or 100000)
+    except ValueError:  # "max": no limit
+        return None
+    return -(-q // p) if q > 0 and p > 0 else None
+
+
+def auto_workers(cpus: int | None = None) -> int:
+    """--workers 0: one gateway worker per CPUS_PER_WORKER usable CPUs, at least 1, at most MAX_AUTO_WORKERS."""
+    return max(1, min(MAX_AUTO_WORKERS, (cpus or usable_cpus()) // CPUS_PER_WORKER))
