@@ -47,8 +47,9 @@ def too_long(param: str, n: int, limit: int, hint: str = "send truncate=true to 
                     param=param, limit=limit)
 
 
-def _check_vocab(seq: Sequence[int], where: str, vocab: int) -> None:
-    """A 422 naming `where[j]` for the first id of `seq` outside 0..vocab - 1."""
+def _check_vocab(seq: Sequence[int], where: str, vocab: int) -> np.ndarray:
+    """`seq` as int32 ids (what the wire carries: ivy.encode.embed_request packs such arrays without reading
+    Python ints a second time), or a 422 naming `where[j]` for its first id outside 0..vocab - 1."""
     try:
         arr = np.asarray(seq, dtype=np.int64)
         bad = np.flatnonzero((arr < 0) | (arr >= vocab))
@@ -58,6 +59,7 @@ def _check_vocab(seq: Sequence[int], where: str, vocab: int) -> None:
     if j >= 0:
         raise IvyError(Problem.INVALID_PARAMETER, f"{where}[{j}] is token id {seq[j]}, outside the model's "
                        f"vocabulary (0..{vocab - 1})", param=f"{where}[{j}]", limit=vocab - 1)
+    return arr.astype(np.int32)  # every id is in 0..vocab - 1, so it fits
 
 
 def _size(items, limit: int, extra: int = 0) -> int:
@@ -170,16 +172,17 @@ class InputEncoder:
     # ---- token ids ----
 
     async def check_ids(self, seqs: list[list[int]], *, truncate: bool, side: str,
-                        param: str = "input") -> list[list[int]]:
+                        param: str = "input") -> list[np.ndarray]:
         # On the loop whatever the size: reading Python ints into an array holds the GIL, so a pool thread would
         # block the loop as long and add two thread hand-offs (benchmarks/NOTES.md, "Token ids in the gateway").
         return await self._run(self._check_ids, seqs, truncate, side, param, size=0)
 
-    def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str, param: str) -> list[list[int]]:
+    def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str, param: str) -> list[np.ndarray]:
+        """Each sequence checked (vocabulary, length) and returned as an int32 array, truncated if asked."""
         vocab = self.vocab_limit
         out = []
         for i, seq in enumerate(seqs):
-            _check_vocab(seq, f"{param}[{i}]", vocab)
+            seq = _check_vocab(seq, f"{param}[{i}]", vocab)
             if len(seq) > self.max_length:
                 if not truncate:
                     raise too_long(f"{param}[{i}]", len(seq), self.max_length)

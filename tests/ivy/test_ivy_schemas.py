@@ -1,5 +1,6 @@
 """Request parsing: the input shapes OpenAI and Perplexity accept, and errors that name the element."""
 
+import numpy as np
 import pytest
 
 from ivy.errors import IvyError, Problem, field_path
@@ -105,7 +106,8 @@ def test_token_ids_must_fit_the_embedding_table_as_well_as_the_tokenizer(tmp_pat
     spec = load_spec(model_copy(tmp_path, "small-table", config={"vocab_size": 1000}))
     encoder = InputEncoder(spec, Tokenizer(spec), threads=1, char_cap=4096)
     try:
-        assert asyncio.run(encoder.check_ids([[5, 999]], truncate=False, side="right")) == [[5, 999]]
+        checked = asyncio.run(encoder.check_ids([[5, 999]], truncate=False, side="right"))
+        assert [c.tolist() for c in checked] == [[5, 999]] and checked[0].dtype == np.int32  # packed as is
         with pytest.raises(IvyError) as err:
             asyncio.run(encoder.check_ids([[5, 1000]], truncate=False, side="right"))
         assert err.value.param == "input[0][1]" and "0..999" in err.value.message
@@ -135,3 +137,17 @@ def test_prompt_name_applies_to_texts_only_and_limits_are_checked_first(client) 
     both = client.post("/v1/embeddings", json={"input": "a", "dimensions": 9999, "prompt_name": "nope"})
     assert both.status_code == 422 and both.json()["error"]["param"] == "dimensions"
 
+
+
+def test_checked_ids_and_tokenizer_lists_pack_to_the_same_wire_bytes() -> None:
+    """ivy.encode.packed_ids: the int32 arrays check_ids returns are joined as they are, a tokenizer's lists are
+    flattened, a mix (a coalesced call of ids and texts) falls back to the flattening; all give the same bytes."""
+    from ivy.encode import embed_request, packed_ids
+
+    lists = [[101, 7592, 102], [101, 2088, 2003, 102]]
+    arrays = [np.asarray(s, dtype=np.int32) for s in lists]
+    want = np.asarray([t for s in lists for t in s], dtype="<i4").tobytes()
+    assert packed_ids(lists, 7) == packed_ids(arrays, 7) == packed_ids([arrays[0], lists[1]], 7) == want
+    assert embed_request(arrays, 7, dimensions=0, normalize=None, encoding=0, request_id="r").token_ids == want
+    with pytest.raises(ValueError, match="7 ids where 6 were counted"):
+        packed_ids(arrays, 6)

@@ -62,7 +62,8 @@ def test_token_ids_are_checked_on_the_loop_whatever_their_size() -> None:
     seen = _spy(encoder, "_check_ids")
     ids = [[101] + [2000] * 200 + [102]] * 20
     try:
-        assert asyncio.run(encoder.check_ids(ids, truncate=True, side="right")) == [[101] + [2000] * 200 + [102]] * 20
+        checked = asyncio.run(encoder.check_ids(ids, truncate=True, side="right"))
+        assert [c.tolist() for c in checked] == [[101] + [2000] * 200 + [102]] * 20
     finally:
         encoder.close()
     assert seen == {threading.current_thread().name}
