@@ -10,5 +10,5 @@ zoo_folder qwen3-0.6b $dir || exit 1
 for n in 128 256; do
   echo "== a lone $n-token batch on the main lane (two in flight) and a lone $n-token query, alone / behind / beside"
   python3 -m benchmarks.express_inprocess --model-dir $dir --out $OUT/two_small_batches_$n --seconds ${SECONDS_EACH:-4} \
-    --bulk-docs 1 --doc-tokens $n --query-tokens $n 2> $OUT/two_small_batches_$n.log | tail -5
+    --bulk-docs 1 --doc-tokens $n --query-tokens $n 2>&1 | tail -5
 done
