@@ -8,6 +8,7 @@ and encodes with a copy of the tokenizer without it (rose/ascii_bert.py). Median
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -29,8 +30,12 @@ def median_us(fn, rounds: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def main() -> int:
-    ours = Tokenizer(load_spec(bundled_model_dir()))
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", default=None, help="a BERT-family folder (default: the bundled model; "
+                        "benchmarks/assets/minilm-l6 holds its tokenizer where the package is not installed)")
+    args = parser.parse_args(argv)
+    ours = Tokenizer(load_spec(args.model_dir or bundled_model_dir()))
     hf = ours.hf
     plain = getattr(hf, "encode_batch_fast", hf.encode_batch)
     print(f"{'tokens':>7s} {'chars':>6s} {'tokenizers µs':>14s} {'ascii path µs':>14s} {'saved µs':>9s}")
