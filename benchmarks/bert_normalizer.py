@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         rounds = 2000 if target <= 512 else 300
         a, b = [], []
         for _ in range(3):
-            a.append(median_us(lambda: plain([text], add_special_tokens=False), rounds))
-            b.append(median_us(lambda: ours.content_encodings([text]), rounds))
+            a.append(median_us(lambda t=text: plain([t], add_special_tokens=False), rounds))
+            b.append(median_us(lambda t=text: ours.content_encodings([t]), rounds))
         old, new = statistics.median(a), statistics.median(b)
         print(f"{n:7d} {len(text):6d} {old:14.1f} {new:14.1f} {old - new:9.1f}")
     return 0

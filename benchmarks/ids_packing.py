@@ -9,25 +9,14 @@ arrays were kept). Median µs of 2000 rounds after 200 of warm-up, both paths in
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 
+from benchmarks.bert_normalizer import median_us
 from ivy.encode import embed_request
 from ivy.tokenization import _check_vocab
 
 VOCAB = 151_669
-
-
-def median_us(fn, rounds: int = 2000) -> float:
-    for _ in range(200):
-        fn()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def main() -> int:
@@ -35,18 +24,18 @@ def main() -> int:
     for n in (128, 512, 4096):
         ids = [int(t) for t in np.random.default_rng(n).integers(1000, 30000, n)]
 
-        def from_lists() -> None:
+        def from_lists(ids=ids, n=n) -> None:
             _check_vocab(ids, "input[0]", VOCAB)
             embed_request([ids], n, dimensions=0, normalize=None, encoding=0, request_id="r")
 
-        def from_arrays() -> None:
+        def from_arrays(ids=ids, n=n) -> None:
             checked = _check_vocab(ids, "input[0]", VOCAB)
             embed_request([checked], n, dimensions=0, normalize=None, encoding=0, request_id="r")
 
         a, b = [], []
         for _ in range(3):  # alternating, the median of three each
-            a.append(median_us(from_lists))
-            b.append(median_us(from_arrays))
+            a.append(median_us(from_lists, 2000))
+            b.append(median_us(from_arrays, 2000))
         old, new = statistics.median(a), statistics.median(b)
         print(f"{n:6d} {old:14.1f} {new:15.1f} {old - new:9.1f}")
     return 0

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 # BertNormalizer's clean_text on ASCII: NUL and the control characters (category Cc) other than tab, newline
 # and carriage return are removed; those three (whitespace to it) become a space. DEL is Cc too.
-_CLEAN = {c: None for c in (*range(0, 9), 11, 12, *range(14, 32), 127)}
+_CLEAN = {c: None for c in (*range(9), 11, 12, *range(14, 32), 127)}
 _CLEAN.update({9: 32, 10: 32, 13: 32})
 MAX_ADDED = 64  # more added tokens than this: the per-text search would cost what the path saves
 
