@@ -28,6 +28,7 @@ MAX_ADDED = 64  # more added tokens than this: the per-text search would cost wh
 class AsciiBert:
     def __init__(self, bare, clean: bool, lowercase: bool, added: Sequence[str]) -> None:
         self.bare = bare  # the tokenizer without its normalizer
+        self._encode_bare = getattr(bare, "encode_batch_fast", bare.encode_batch)  # no offsets, as rose.tokenizer
         self.clean = clean
         self.lowercase = lowercase
         self.added = tuple(a.lower() for a in added if a)
@@ -64,11 +65,11 @@ class AsciiBert:
             return None
         return low if self.lowercase else text
 
-    def encode_many(self, hf, texts: list[str], **kwargs) -> list:
-        """`tokenizers` Encodings of `texts` (content only when kwargs say so) with hf's ids: the ASCII ones
-        through the bare tokenizer, the rest through `hf`, each group in one batch call, in the input's order."""
-        fast = getattr(self.bare, "encode_batch_fast", self.bare.encode_batch)
-        plain = getattr(hf, "encode_batch_fast", hf.encode_batch)
+    def encode_many(self, plain, texts: list[str], **kwargs) -> list:
+        """`tokenizers` Encodings of `texts` (content only when kwargs say so) with the ids of `plain` (the full
+        tokenizer's batch encode): the ASCII ones through the bare tokenizer, the rest through `plain`, each group
+        in one batch call, in the input's order."""
+        fast = self._encode_bare
         normal = [self.normalized(t) for t in texts]
         if all(n is not None for n in normal):
             return fast(normal, **kwargs)

@@ -113,7 +113,7 @@ class Tokenizer:
     def content_encodings(self, texts: Sequence[str]) -> list:
         """`tokenizers` Encodings without special tokens, through the fast path (no offsets)."""
         if self._ascii is not None:
-            return self._ascii.encode_many(self._hf, list(texts), add_special_tokens=False)
+            return self._ascii.encode_many(self._encode_many, list(texts), add_special_tokens=False)
         return self._encode_many(list(texts), add_special_tokens=False)
 
     @staticmethod
