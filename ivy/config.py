@@ -107,7 +107,8 @@ class IvyConfig:
         "Default of the request's `truncate`: cut over-long inputs instead of answering 422."))
     tokenizer_threads: int = field(default=0, metadata=_help(
         "Threads per worker for templating and tokenization, off the event loop, and for the pieces of a long "
-        "text (--tokenize-split-chars); 0 = min(8, CPUs)."))
+        "text (--tokenize-split-chars), and the size of `tokenizers`' own pool for a call of several texts "
+        "(RAYON_NUM_THREADS, unless set); 0 = min(8, usable CPUs: the affinity set and a cgroup CPU limit)."))
     tokenize_inline_chars: int = field(default=2048, metadata=_help(
         "Requests of at most this many characters (or token ids) are tokenized on the event loop, skipping "
         "the hop to the tokenizer threads (~0.1 ms saved); larger ones go to the threads. 0 = always threads."))
@@ -182,7 +183,7 @@ class IvyConfig:
         return (f"dns:///{self.replicas_dns}",) if self.replicas_dns else self.replicas
 
     def tokenizer_thread_count(self) -> int:
-        return self.tokenizer_threads or min(8, os.cpu_count() or 1)
+        return self.tokenizer_threads or min(8, usable_cpus())
 
     def char_cap(self, max_length: int) -> int:
         return self.max_chars_per_input or max(16 * max_length, 4096)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
 import time
 import uuid
 from contextlib import contextmanager
@@ -36,6 +37,11 @@ from rose.tokenizer import Tokenizer
 class Gateway:
     def __init__(self, config: IvyConfig) -> None:
         self.config = config
+        threads = config.tokenizer_thread_count()
+        # `tokenizers` spreads a call of several texts over rayon's pool, by default one thread per core of the
+        # host: in a container limited to a few CPUs that is dozens of threads throttled by the quota. Sized
+        # like this worker's own tokenizer threads before the pool's first use, unless the operator set it.
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         model_dir = Path(config.model) if config.model else bundled_model_dir()
         self.spec = load_spec(model_dir)
         self.tokenizer = Tokenizer(self.spec)
@@ -43,7 +49,7 @@ class Gateway:
         # Accepted `model` values: the served name, the model id, and the id without its hub owner.
         self.model_names = {self.model_name, self.spec.model_id, self.spec.model_id.rsplit("/", 1)[-1]}
         self.encoder = InputEncoder(
-            self.spec, self.tokenizer, threads=config.tokenizer_thread_count(),
+            self.spec, self.tokenizer, threads=threads,
             char_cap=config.char_cap(self.spec.max_length), query_prefix=config.query_prefix,
             document_prefix=config.document_prefix, observe=metrics.observe_tokenize,
             inline_chars=config.tokenize_inline_chars, split_chars=config.tokenize_split_chars,

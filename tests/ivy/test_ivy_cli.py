@@ -173,3 +173,35 @@ def test_up_shares_the_cores_among_its_tulips_kernel_compile_workers():
     assert kernel_compile_env(8, cpus=128, environ={}) == {"ROSE_KERNEL_COMPILE_WORKERS": "8"}
     assert kernel_compile_env(32, cpus=16, environ={}) == {"ROSE_KERNEL_COMPILE_WORKERS": "1"}
     assert kernel_compile_env(4, cpus=16, environ={"ROSE_KERNEL_COMPILE_WORKERS": "2"}) == {}  # the user's
+
+
+_POOL_PROBE = """
+import os, sys
+from ivy.config import IvyConfig
+from ivy.gateway import Gateway
+before = len(os.listdir("/proc/self/task"))
+Gateway(IvyConfig(tokenizer_threads=int(sys.argv[1])))
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_tokenizers_pool_is_sized_like_the_workers_tokenizer_threads(monkeypatch) -> None:
+    """`tokenizers`' rayon pool would start one thread per host core; a worker sizes it to its own tokenizer
+    threads (RAYON_NUM_THREADS) unless the operator set the variable."""
+    from ivy import config as ivy_config
+
+    monkeypatch.setattr(ivy_config, "usable_cpus", lambda: 3)
+    assert IvyConfig().tokenizer_thread_count() == 3 and IvyConfig(tokenizer_threads=5).tokenizer_thread_count() == 5
+    monkeypatch.setattr(ivy_config, "usable_cpus", lambda: 64)
+    assert IvyConfig().tokenizer_thread_count() == 8, "at most 8 unless set"
+
+    def started(threads: int, **env: str) -> int:
+        clean = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
+        out = subprocess.run([sys.executable, "-c", _POOL_PROBE, str(threads)], env={**clean, **env},
+                             capture_output=True, text=True, timeout=120, check=True)
+        return int(out.stdout.split()[-1])
+
+    one, six = started(1), started(6)
+    assert six - one == 5, f"threads started by a worker: {one} with 1 tokenizer thread, {six} with 6"
+    assert started(6, RAYON_NUM_THREADS="1") == one, "the operator's RAYON_NUM_THREADS wins"
