@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -89,12 +88,42 @@ def _resolve_model(config: IvyConfig) -> str:
     return str(bundled_model_dir())
 
 
+class StopFlag:
+    """Set by a signal handler, polled by the main thread. Not a threading.Event: its set() takes the lock
+    that the interrupted wait() may hold in the same thread, and a signal landing there hangs `ivy up` for
+    good (seen under load: SIGHUP ignored until the test's SIGKILL)."""
+
+    POLL_S = 0.05
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def on_signal(self, *_: object) -> None:
+        self._set = True
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """True once set; False after `timeout` seconds unset (polled every POLL_S, no lock taken)."""
+        deadline = time.monotonic() + timeout
+        while not self._set:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, self.POLL_S))
+        return True
+
+
 def run_stack(config: IvyConfig, up: UpConfig) -> int:
-    stop = threading.Event()
+    stop = StopFlag()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal was closed
         if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
             continue  # started under nohup: keep running when the terminal goes
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop.on_signal)
     try:
         model = _resolve_model(config)
         load_spec(model)  # a missing or unreadable folder: one line now, not a Tulip's traceback later
