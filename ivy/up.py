@@ -89,9 +89,9 @@ def _resolve_model(config: IvyConfig) -> str:
 
 
 class StopFlag:
-    """Set by a signal handler, polled by the main thread. Not a threading.Event: its set() takes the lock
-    that the interrupted wait() may hold in the same thread, and a signal landing there hangs `ivy up` for
-    good (seen under load: SIGHUP ignored until the test's SIGKILL)."""
+    """Set by a signal handler, polled by the main thread. Not a threading.Event: its set() takes the
+    condition's lock, which the interrupted wait() may hold in the same thread, and a signal landing there
+    would hang `ivy up` for good."""
 
     POLL_S = 0.05
 

@@ -32,6 +32,10 @@ def http_status(url: str, timeout: float = 5.0) -> int:
         return 0
 
 
+def _sighup_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 class Proc:
     """A child process whose stdout and stderr are collected (last lines kept) by background threads."""
 
@@ -39,8 +43,11 @@ class Proc:
         self.argv = argv
         self.out: deque[str] = deque(maxlen=200)
         self.err: deque[str] = deque(maxlen=200)
+        # SIGHUP at its default, as under a terminal: a test run under nohup would hand its ignore down and
+        # `ivy up` (rightly) keeps running when it gets one.
         self.proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                     preexec_fn=_sighup_default)
         for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
             threading.Thread(target=self._drain, args=(stream, sink), daemon=True).start()
 
