@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Where the harness's CPU goes on the H200 host: py-spy on Tulip and Ivy's workers while one client sends 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16), then while it calls Tulip directly; benchmarks.profile_summary's table per process.
+# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that).
 # Carry .whl and .whl_prof (py-spy's wheel: pip download py-spy --no-deps -d .whl_prof --platform
 # manylinux2014_x86_64 --only-binary=:all:). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-profile
 # SECONDS_EACH (default 12) is how long each layer is recorded; RATE (default 997) py-spy's samples a second.
-# Results: $OUT/profile/{ivy-ids,tulip-grpc}_{tulip,ivy<pid>}.txt (collapsed stacks), profile_summary.json,
-# the layers' records (stack_layers_qwen3-0.6b_<layer>.json) and the log.
+# Results (at most 8 files come back): $OUT/stack_profile.tar.gz (the collapsed stacks, the summaries, the
+# per-thread tables as JSON, the layers' records) and $OUT/stack_profile.log.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 require_carried .whl
@@ -18,52 +18,72 @@ secs=$SECONDS_EACH rate=$RATE
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 dir=${MODEL_DIR:-/tmp/m/qwen3-0.6b} model=qwen3-0.6b  # MODEL_DIR: another folder (a dry run on a CPU)
 [ -n "${MODEL_DIR:-}" ] || zoo_folder $model $dir || exit 1
-mkdir -p $OUT/profile
-python3 -m ivy up --model $dir --served-model-name $model --port 8080 --tulip-port 50051 > /tmp/up_profile.log 2>&1 &
-up=$!
-for i in $(seq 1 150); do curl -sf http://127.0.0.1:8080/ready > /dev/null && break; sleep 1; done
-echo "ready after $i s ($(el) s)"
-tulip_pid=$(pgrep -f "tulip serve" | head -1)
-serve_pid=$(pgrep -f "ivy serve" | head -1)
-ivy_pids=$(pgrep -P "$serve_pid" | tr '\n' ' ')
-ivy_pids=${ivy_pids:-$serve_pid}  # one worker: `ivy serve` serves in its own process
-echo "tulip $tulip_pid, ivy serve $serve_pid, its workers: $ivy_pids"
+mkdir -p /tmp/sp && rm -rf /tmp/sp/* && mkdir -p /tmp/gcx
+# GCX_THRESHOLD (a variant's env): gc.set_threshold for every process of the stack, from a sitecustomize
+printf 'import gc, os\nt = os.environ.get("GCX_THRESHOLD")\nif t:\n    gc.set_threshold(*map(int, t.split(",")))\n' > /tmp/gcx/sitecustomize.py
 
-run_layer() {  # run_layer LAYER DURATION: one client, 1 x 128 token ids
+start_up() {  # start_up LABEL [VAR=value ...]: `ivy up` until /ready; sets up, tulip_pid, ivy_pids
+  local label=$1; shift
+  env PYTHONPATH=/tmp/gcx:$PYTHONPATH "$@" python3 -m ivy up --model $dir --served-model-name $model --port 8080 \
+    --tulip-port 50051 > /tmp/up_$label.log 2>&1 &
+  up=$!
+  for i in $(seq 1 150); do curl -sf http://127.0.0.1:8080/ready > /dev/null && break; sleep 1; done
+  tulip_pid=$(pgrep -f "tulip serve" | head -1)
+  local serve_pid; serve_pid=$(pgrep -f "ivy serve" | head -1)
+  ivy_pids=$(pgrep -P "$serve_pid" | tr '\n' ' '); ivy_pids=${ivy_pids:-$serve_pid}  # one worker: serve itself
+  echo "== $label ready after $i s ($(el) s): tulip $tulip_pid, ivy workers $ivy_pids"
+}
+stop_up() { kill -TERM $up; wait $up; cat /tmp/up_$1.log >> $OUT/stack_profile.log; }
+
+run_layer() {  # run_layer LABEL LAYER SECONDS: one client, 1 x 128 token ids; prints p50 and requests
   python3 -m benchmarks.stack.layers --url http://127.0.0.1:8080 --tulip 127.0.0.1:50051 --model-dir $dir \
-    --model $model --out $OUT --label "$1" --layers "$1" --suite embed-latency --embed-tokens 128 \
-    --skip-verify true --client-cpus ${CLIENT_CPUS:-8-15} --gpus 1 --duration-s "$2" --server-metrics http://127.0.0.1:50151/metrics \
-    2>> $OUT/stack_profile.log | tail -1
+    --model $model --out /tmp/sp --label "$1_$2" --layers "${2/warm-up/ivy-ids}" --suite embed-latency --embed-tokens 128 \
+    --skip-verify true --client-cpus ${CLIENT_CPUS:-8-15} --gpus 1 --duration-s "$3" \
+    --server-metrics http://127.0.0.1:50151/metrics >> $OUT/stack_profile.log 2>&1
+  python3 -c "
+import json, sys
+r = [r for r in json.load(open('/tmp/sp/stack_layers_qwen3-0.6b_$1_$2.json'))['records'] if not r.get('error')][0]
+s = r.get('server') or {}
+print(f\"{r['p50_ms']:.3f} {r['p99_ms']:.3f} {int(s.get('batches') or r['rps'] * $3)}\")"
 }
 
-run_layer ivy-ids 2 > /dev/null  # the layout's graph captured, the connections open
-for layer in ivy-ids tulip-grpc; do
-  pids="$tulip_pid"; [ $layer = ivy-ids ] && pids="$tulip_pid $ivy_pids"
-  spies=()
-  for pid in $pids; do
-    name=ivy$pid; [ $pid = $tulip_pid ] && name=tulip
-    $spy record --pid $pid --rate $rate --duration $((secs - 2)) --format raw --nonblocking --threads \
-      -o $OUT/profile/${layer}_$name.txt > /dev/null 2>> $OUT/stack_profile.log &
-    spies+=($!)
-  done
-  sleep 0.5
-  echo "$layer: $(run_layer $layer $secs) ($(el) s)"
-  wait "${spies[@]}"
+measure() {  # measure LABEL LAYER: the per-thread table of Tulip and Ivy's workers over one layer run
+  local pids="$tulip_pid"; [ $2 = ivy-ids ] && pids="$tulip_pid $ivy_pids"
+  python3 -m benchmarks.thread_cpu snap $pids > /tmp/sp/before.json
+  read -r p50 p99 n <<< "$(run_layer $1 $2 $secs)"
+  python3 -m benchmarks.thread_cpu snap $pids > /tmp/sp/after.json
+  echo "-- $1 $2: p50 $p50 ms, p99 $p99 ms, $n requests ($(el) s)"
+  python3 -m benchmarks.thread_cpu diff /tmp/sp/before.json /tmp/sp/after.json --requests $n \
+    --label "$1 $2 (tulip $tulip_pid)" --json /tmp/sp/threads_$1_$2.json
+}
+
+variants=("base")
+[ "${GC:-1}" = 1 ] && variants+=("gc GCX_THRESHOLD=50000,50,100000")
+for variant in "${variants[@]}"; do
+  set -- $variant; label=$1; shift
+  start_up $label "$@"
+  run_layer $label warm-up 2 > /dev/null  # the layout's graph captured, the connections open
+  measure $label ivy-ids
+  measure $label tulip-grpc
+  if [ $label = base ]; then  # py-spy on Tulip and the busiest Ivy worker (picked by the table above)
+    busy=$(python3 -c "
+import json
+rows = [r for r in json.load(open('/tmp/sp/threads_base_ivy-ids.json')) if r['pid'] != $tulip_pid]
+print(max(rows, key=lambda r: r['run_us'])['pid'])")
+    spies=()
+    for pid in $tulip_pid $busy; do
+      name=ivy; [ $pid = $tulip_pid ] && name=tulip
+      $spy record --pid $pid --rate $rate --duration $((secs - 4)) --format raw --nonblocking --threads \
+        -o /tmp/sp/spy_$name.txt > /dev/null 2>> $OUT/stack_profile.log &
+      spies+=($!)
+    done
+    read -r p50 p99 n <<< "$(run_layer spy ivy-ids $secs)"
+    wait "${spies[@]}"
+    echo "-- py-spy during ivy-ids: p50 $p50 ms ($(el) s); µs a request over the $((secs - 4)) s recorded"
+    python3 -m benchmarks.profile_summary /tmp/sp/spy_tulip.txt /tmp/sp/spy_ivy.txt --rate $rate \
+      --requests $(( n * (secs - 4) / secs )) --top 22 --json /tmp/sp/spy_summary.json
+  fi
+  stop_up $label
 done
-kill -TERM $up; wait $up
-cat /tmp/up_profile.log >> $OUT/stack_profile.log
-python3 - <<'PY'
-import glob, json, os, subprocess, sys
-out = os.environ["OUT"]
-summaries = []
-for layer in ("ivy-ids", "tulip-grpc"):
-    recs = json.load(open(f"{out}/stack_layers_qwen3-0.6b_{layer}.json"))["records"]
-    r = next(r for r in recs if r.get("layer") == layer and not r.get("error"))
-    print(f"{layer}: p50 {r['p50_ms']:.3f} ms, {r['rps']:.0f} requests/s")
-    files = sorted(glob.glob(f"{out}/profile/{layer}_*.txt"))
-    files = [f for f in files if os.path.getsize(f) > 0]
-    # py-spy recorded for SECONDS_EACH - 2 s of the layer's steady requests
-    requests = int(r["rps"] * (int(os.environ.get("SECONDS_EACH", 12)) - 2))
-    subprocess.run([sys.executable, "-m", "benchmarks.profile_summary", *files, "--rate", os.environ.get("RATE", "997"),
-                    "--requests", str(requests), "--top", "25", "--json", f"{out}/profile/{layer}_summary.json"])
-PY
+rm -f /tmp/sp/*_inputs.json /tmp/sp/before.json /tmp/sp/after.json
+tar -czf $OUT/stack_profile.tar.gz -C /tmp/sp .
