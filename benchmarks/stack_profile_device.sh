@@ -3,7 +3,8 @@
 # Carry .whl and .whl_prof (py-spy's wheel: pip download py-spy --no-deps -d .whl_prof --platform
 # manylinux2014_x86_64 --only-binary=:all:). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-profile
-# SECONDS_EACH (default 12) is how long each layer is recorded; RATE (default 997) py-spy's samples a second.
+# SECONDS_EACH (default 12) is how long each layer is recorded; RATE (default 997) py-spy's samples a second;
+# SPY_NATIVE=1: py-spy with C frames (it pauses the process at each sample: take RATE ~200).
 # Results (at most 8 files come back): $OUT/stack_profile.tar.gz (the collapsed stacks, the summaries, the
 # per-thread tables as JSON, the layers' records) and $OUT/stack_profile.log.
 set -u
@@ -65,23 +66,22 @@ for variant in "${variants[@]}"; do
   run_layer $label warm-up 2 > /dev/null  # the layout's graph captured, the connections open
   measure $label ivy-ids
   measure $label tulip-grpc
-  if [ $label = base ]; then  # py-spy on Tulip and the busiest Ivy worker (picked by the table above)
-    busy=$(python3 -c "
-import json
-rows = [r for r in json.load(open('/tmp/sp/threads_base_ivy-ids.json')) if r['pid'] != $tulip_pid]
-print(max(rows, key=lambda r: r['run_us'])['pid'])")
+  if [ $label = base ]; then  # py-spy on Tulip and every Ivy worker (the connection lands on any of them)
     spies=()
-    for pid in $tulip_pid $busy; do
-      name=ivy; [ $pid = $tulip_pid ] && name=tulip
-      $spy record --pid $pid --rate $rate --duration $((secs - 4)) --format raw --nonblocking --threads \
+    native=(--nonblocking); [ "${SPY_NATIVE:-0}" = 1 ] && native=(--native)  # native: C frames, pauses each sample
+    for pid in $tulip_pid $ivy_pids; do
+      name=ivy$pid; [ $pid = $tulip_pid ] && name=tulip
+      $spy record --pid $pid --rate $rate --duration $((secs - 4)) --format raw "${native[@]}" --threads \
         -o /tmp/sp/spy_$name.txt > /dev/null 2>> $OUT/stack_profile.log &
       spies+=($!)
     done
     read -r p50 p99 n <<< "$(run_layer spy ivy-ids $secs)"
     wait "${spies[@]}"
+    busy=$(ls -S /tmp/sp/spy_ivy*.txt | head -1)  # the worker that served: the most samples
     echo "-- py-spy during ivy-ids: p50 $p50 ms ($(el) s); µs a request over the $((secs - 4)) s recorded"
-    python3 -m benchmarks.profile_summary /tmp/sp/spy_tulip.txt /tmp/sp/spy_ivy.txt --rate $rate \
-      --requests $(( n * (secs - 4) / secs )) --top 22 --json /tmp/sp/spy_summary.json
+    python3 -m benchmarks.profile_summary /tmp/sp/spy_tulip.txt $busy --rate $rate \
+      --requests $(( n * (secs - 4) / secs )) --top ${TOP:-22} --json /tmp/sp/spy_summary.json \
+      $([ "${SPY_NATIVE:-0}" = 1 ] && echo --drop-idle)
   fi
   stop_up $label
 done
