@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that).
+# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that). STEP=spin: the stack pinned to PIN with and without SCHED_IDLE busy loops on its cores (is the host's idle the cost?).
 # Carry .whl and .whl_prof (py-spy's wheel: pip download py-spy --no-deps -d .whl_prof --platform
 # manylinux2014_x86_64 --only-binary=:all:). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-profile
@@ -25,7 +25,7 @@ printf 'import gc, os\nt = os.environ.get("GCX_THRESHOLD")\nif t:\n    gc.set_th
 
 start_up() {  # start_up LABEL [VAR=value ...]: `ivy up` until /ready; sets up, tulip_pid, ivy_pids
   local label=$1; shift
-  env PYTHONPATH=/tmp/gcx:$PYTHONPATH "$@" python3 -m ivy up --model $dir --served-model-name $model --port 8080 \
+  env PYTHONPATH=/tmp/gcx:$PYTHONPATH "$@" ${PIN:+taskset -c $PIN} python3 -m ivy up --model $dir --served-model-name $model --port 8080 \
     --tulip-port 50051 > /tmp/up_$label.log 2>&1 &
   up=$!
   for i in $(seq 1 150); do curl -sf http://127.0.0.1:8080/ready > /dev/null && break; sleep 1; done
@@ -58,6 +58,32 @@ measure() {  # measure LABEL LAYER: the per-thread table of Tulip and Ivy's work
     --label "$1 $2 (tulip $tulip_pid)" --json /tmp/sp/threads_$1_$2.json
 }
 
+if [ "${STEP:-profile}" = spin ]; then
+  # Whether the host's idle cores cost the stack: `ivy up` pinned to PIN (default 0-7), the client on 8-15, and
+  # rounds without and with one SCHED_IDLE busy loop per pinned core (they run only when the core has nothing
+  # else, so the stack's threads wake on a core that never halted), alternating twice.
+  export PIN=${PIN:-0-7}
+  start_up pinned
+  run_layer pinned warm-up 2 > /dev/null
+  for round in 1 2; do
+    for side in plain spin; do
+      spinners=()
+      if [ $side = spin ]; then
+        for c in $(python3 -c "import os; print(' '.join(map(str, sorted(os.sched_getaffinity($tulip_pid)))))"); do
+          python3 -c "import os
+os.sched_setaffinity(0, {$c}); os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+while True: pass" &
+          spinners+=($!)
+        done
+        sleep 1
+      fi
+      measure $side$round ivy-ids
+      measure $side$round tulip-grpc
+      [ ${#spinners[@]} -gt 0 ] && kill "${spinners[@]}" && wait "${spinners[@]}" 2> /dev/null
+    done
+  done
+  stop_up pinned
+else
 variants=("base")
 [ "${GC:-1}" = 1 ] && variants+=("gc GCX_THRESHOLD=50000,50,100000")
 for variant in "${variants[@]}"; do
@@ -85,5 +111,6 @@ for variant in "${variants[@]}"; do
   fi
   stop_up $label
 done
+fi
 rm -f /tmp/sp/*_inputs.json /tmp/sp/before.json /tmp/sp/after.json
 tar -czf $OUT/stack_profile.tar.gz -C /tmp/sp .
