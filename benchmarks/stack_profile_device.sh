@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that). STEP=spin: the stack pinned to PIN with and without SCHED_IDLE busy loops on its cores (is the host's idle the cost?).
+# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that). STEP=spin: the stack pinned to PIN with and without SCHED_IDLE busy loops on its cores (is the host's idle the cost?); STEP=warm: `ivy up` beside `ivy up --warm-cores`.
 # Carry .whl and .whl_prof (py-spy's wheel: pip download py-spy --no-deps -d .whl_prof --platform
 # manylinux2014_x86_64 --only-binary=:all:). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-profile
@@ -58,7 +58,19 @@ measure() {  # measure LABEL LAYER: the per-thread table of Tulip and Ivy's work
     --label "$1 $2 (tulip $tulip_pid)" --json /tmp/sp/threads_$1_$2.json
 }
 
-if [ "${STEP:-profile}" = spin ]; then
+if [ "${STEP:-profile}" = warm ]; then
+  # `ivy up` beside `ivy up --warm-cores` (the product's flag, no pinning), alternating twice.
+  for round in 1 2; do
+    for side in plain warm; do
+      flags=(); [ $side = warm ] && flags=(IVY_UP_WARM_CORES=true)
+      start_up $side$round "${flags[@]}"
+      run_layer $side$round warm-up 2 > /dev/null
+      measure $side$round ivy-ids
+      measure $side$round tulip-grpc
+      stop_up $side$round
+    done
+  done
+elif [ "${STEP:-profile}" = spin ]; then
   # Whether the host's idle cores cost the stack: `ivy up` pinned to PIN (default 0-7), the client on 8-15, and
   # rounds without and with one SCHED_IDLE busy loop per pinned core (they run only when the core has nothing
   # else, so the stack's threads wake on a core that never halted), alternating twice.

@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ivy import warm_cores
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.up_checks import _ivy_ready, _port_free, _taken_port, _tulip_connect_host, _tulip_serving
-from ivy.up_process import Child
+from ivy.up_process import Child, _parent_death_signal
 from protos.framing import PORT_OFFSET as FRAMED_PORT_OFFSET
 from rose.flags import config_to_env
 from rose.spec import ModelFolderError, load_spec
@@ -48,6 +49,10 @@ class UpConfig:
     tulips_per_gpu: int = field(default=1, metadata={"help": "Tulip replicas per GPU (they share the device)."})
     startup_timeout_s: float = field(default=900.0, metadata={"help": "Most seconds to wait for every process "
                                                               "to be ready before giving up."})
+    warm_cores: bool = field(default=False, metadata={"help": "Once ready, keep every usable core out of idle with a "
+                                                      "lowest-priority busy loop each (ivy/warm_cores.py): ~0.5 ms off a "
+                                                      "short request on a host whose idle cores halt, each core shown "
+                                                      "busy; not under a cgroup CPU limit (Linux)."})
 
 
 
@@ -189,7 +194,12 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     url_host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     url = f"http://{url_host}:{config.port}"
 
+    spinners: list[subprocess.Popen] = []
+
     def shutdown() -> None:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
         gateway.stop(timeout=15 + config.drain_delay_s)
         for tulip in tulips:  # signal all first so they drain in parallel
             if tulip.exited() is None:
@@ -224,6 +234,8 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             return 1
         stop.wait(0.25)
 
+    if up.warm_cores:
+        spinners.extend(_start_spinners())
     _print_banner(url, config, addresses, metrics_urls)
     while not stop.wait(0.5):
         for child in children:
@@ -234,6 +246,20 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     print("ivy up: stopping", file=sys.stderr, flush=True)
     shutdown()
     return 0
+
+
+def _start_spinners() -> list[subprocess.Popen]:
+    """One warm_cores loop per usable core, in its own session, SIGTERM'd should `ivy up` die."""
+    if not warm_cores.supported():
+        log.warning("--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
+        return []
+    cpus = warm_cores.usable_cpus()
+    procs = [subprocess.Popen(warm_cores.argv(cpu), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              start_new_session=True, preexec_fn=_parent_death_signal())  # noqa: PLW1509
+             for cpu in cpus]
+    print(f"ivy up: cores {cpus[0]}-{cpus[-1]} kept out of idle ({len(cpus)} lowest-priority loops)",
+          file=sys.stderr, flush=True)
+    return procs
 
 
 def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metrics: list[str]) -> None:

