@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that). STEP=spin: the stack pinned to PIN with and without SCHED_IDLE busy loops on its cores (is the host's idle the cost?); STEP=warm: `ivy up` beside `ivy up --warm-cores`.
+# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that). STEP=spin: the stack pinned to PIN with and without SCHED_IDLE busy loops on its cores (is the host's idle the cost?); STEP=warm: `ivy up` beside `ivy up --warm-cores`; STEP=warm-load: the same at 4 and 16 clients.
 # Carry .whl and .whl_prof (py-spy's wheel: pip download py-spy --no-deps -d .whl_prof --platform
 # manylinux2014_x86_64 --only-binary=:all:). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-profile
@@ -58,7 +58,23 @@ measure() {  # measure LABEL LAYER: the per-thread table of Tulip and Ivy's work
     --label "$1 $2 (tulip $tulip_pid)" --json /tmp/sp/threads_$1_$2.json
 }
 
-if [ "${STEP:-profile}" = warm ]; then
+if [ "${STEP:-profile}" = warm-load ]; then
+  # The same two under load: 4 and 16 closed-loop clients on lognormal documents with token ids, one round.
+  for side in plain warm; do
+    flags=(); [ $side = warm ] && flags=(IVY_UP_WARM_CORES=true)
+    start_up $side "${flags[@]}"
+    run_layer $side warm-up 2 > /dev/null
+    python3 -m benchmarks.stack.layers --url http://127.0.0.1:8080 --tulip 127.0.0.1:50051 --model-dir $dir \
+      --model $model --out /tmp/sp --label "${side}_load" --layers ivy-ids --suite concurrency \
+      --concurrency-levels 4,16 --skip-verify true --client-cpus ${CLIENT_CPUS:-8-15} --gpus 1 --duration-s $secs \
+      >> $OUT/stack_profile.log 2>&1
+    python3 -c "
+import json
+for r in json.load(open('/tmp/sp/stack_layers_qwen3-0.6b_${side}_load.json'))['records']:
+    print(f\"-- $side {r['suite']} {r['param']}: \" + (r.get('error') or f\"{r['tokens_per_s'] / 1e3:.1f} k tok/s, p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms\"))"
+    stop_up $side
+  done
+elif [ "${STEP:-profile}" = warm ]; then
   # `ivy up` beside `ivy up --warm-cores` (the product's flag, no pinning), alternating twice.
   for round in 1 2; do
     for side in plain warm; do
