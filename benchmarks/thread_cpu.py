@@ -3,6 +3,7 @@ what a process spends per request, and whether that is Python and C in user spac
 
     python -m benchmarks.thread_cpu snap PID [PID ...] > before.json
     python -m benchmarks.thread_cpu diff before.json after.json [--requests N] [--json FILE]
+    python -m benchmarks.thread_cpu tables DIR   # DIR's threads_<label>.json beside their layers records
 
 `snap` reads /proc/PID/task/TID/{stat,schedstat,status,comm}; `diff` prints, per process and thread (the
 main thread first, then by CPU), user and system µs, run-queue wait µs (runnable but not running: a busy core,
@@ -76,6 +77,24 @@ def print_rows(rows: list[dict], label: str = "", requests: int | None = None) -
               f"{r['voluntary']:6.2f} / {r['involuntary']:5.2f}")
 
 
+def tables(folder: Path) -> str:
+    """The tables a stack-profile call printed, again, from its threads_<label>.json and the layers records
+    stack_layers_<model>_<label>.json beside them (requests: Tulip's batches, one request each at one client)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for path in sorted(folder.glob("threads_*.json")):
+            label = path.stem[len("threads_"):]
+            records = json.loads(next(folder.glob(f"stack_layers_*_{label}.json")).read_text())["records"]
+            r = next(r for r in records if not r.get("error"))
+            n = int((r.get("server") or {}).get("batches") or 0) or None
+            print(f"-- {label}: p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, {n} requests")
+            print_rows(json.loads(path.read_text()), label, n)
+    return out.getvalue()
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -87,7 +106,12 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--requests", type=int, default=None)
     d.add_argument("--label", default="")
     d.add_argument("--json", type=Path, default=None)
+    t = sub.add_parser("tables")
+    t.add_argument("folder", type=Path)
     args = p.parse_args(argv)
+    if args.cmd == "tables":
+        print(tables(args.folder), end="")
+        return
     if args.cmd == "snap":
         json.dump(snap(args.pids), sys.stdout)
         return
