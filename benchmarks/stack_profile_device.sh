@@ -75,14 +75,14 @@ for r in json.load(open('/tmp/sp/stack_layers_qwen3-0.6b_${side}_load.json'))['r
     stop_up $side
   done
 elif [ "${STEP:-profile}" = warm ]; then
-  # `ivy up` beside `ivy up --warm-cores` (the product's flag, no pinning), alternating twice.
-  for round in 1 2; do
+  # `ivy up` beside `ivy up --warm-cores` (the product's flag, no pinning), alternating ROUNDS (2) times;
+  # LAYERS (default "ivy-ids tulip-grpc") are measured in each.
+  for round in $(seq 1 ${ROUNDS:-2}); do
     for side in plain warm; do
       flags=(); [ $side = warm ] && flags=(IVY_UP_WARM_CORES=true)
       start_up $side$round "${flags[@]}"
       run_layer $side$round warm-up 2 > /dev/null
-      measure $side$round ivy-ids
-      measure $side$round tulip-grpc
+      for layer in ${LAYERS:-ivy-ids tulip-grpc}; do measure $side$round $layer; done
       stop_up $side$round
     done
   done
