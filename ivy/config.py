@@ -6,8 +6,9 @@ Built with rose.flags (flag > env > default). Runtime state (channels, tokenizer
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
+
+from rose.host_cpus import cgroup_cpu_quota, usable_cpus  # noqa: F401 - cgroup_cpu_quota: ivy.config's API
 
 ENV_PREFIX = "IVY"
 CPUS_PER_WORKER = 4  # a gateway worker's share of the host: on the 16-core H200 host 4 workers served 3.5x one
@@ -190,38 +191,6 @@ class IvyConfig:
 
     def per_worker_concurrency(self) -> int:
         return max(1, -(-self.max_concurrent_requests // self.workers))
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity set, lowered to a cgroup CPU quota (a container's
-    `--cpus`, a Kubernetes CPU limit) when one is set."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    quota = cgroup_cpu_quota()
-    return max(1, min(cpus, quota) if quota else cpus)
-
-
-def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> int | None:
-    """The cgroup's CPU limit rounded up to whole CPUs (v2 `cpu.max`, else v1 `cpu.cfs_quota_us` over
-    `cpu.cfs_period_us`); None when there is no limit or no cgroup file to read."""
-    try:
-        with open(os.path.join(root, "cpu.max")) as f:
-            quota, _, period = f.read().strip().partition(" ")
-    except OSError:
-        try:
-            with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
-                quota = f.read().strip()
-            with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
-                period = f.read().strip()
-        except OSError:
-            return None
-    try:
-        q, p = int(quota), int(period or 100000)
-    except ValueError:  # "max": no limit
-        return None
-    return -(-q // p) if q > 0 and p > 0 else None
 
 
 def auto_workers(cpus: int | None = None) -> int:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from rose.host_cpus import usable_cpus
 from rose.kernel_manifest import cuda_target, is_off, manifest_paths, read_entries
 
 log = logging.getLogger("rose.kernel_ahead")
@@ -34,9 +35,10 @@ WORKERS_ENV = "ROSE_KERNEL_COMPILE_WORKERS"
 
 
 def default_workers(cpus: int | None = None, tulips: int = 1) -> int:
-    """Compile workers a start takes unless ROSE_KERNEL_COMPILE_WORKERS says: up to 8 of the host's cores but
-    one, shared among `tulips` replicas starting together (ivy up)."""
-    return max(1, min(8, ((cpus or os.cpu_count() or 2) - 1) // tulips))
+    """Compile workers a start takes unless ROSE_KERNEL_COMPILE_WORKERS says: up to 8 of the usable CPUs but
+    one (rose.host_cpus: a CPU-limited container's, not the host's), shared among `tulips` replicas starting
+    together (ivy up)."""
+    return max(1, min(8, ((cpus or usable_cpus()) - 1) // tulips))
 
 
 def workers_for(count: int) -> int:

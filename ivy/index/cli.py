@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 from ivy.index.config import ENV_PREFIX, IndexConfig
 from rose.flags import add_config_arguments, config_from_args
+from rose.host_cpus import usable_cpus
 
 log = logging.getLogger("ivy.index")
 
@@ -42,7 +42,7 @@ def make_embedder(config: IndexConfig):
     from ivy.index.local import LocalEmbedder
 
     return LocalEmbedder(config.model, options=options, encoding=config.encoding, device=config.device,
-                         dtype=config.dtype, threads=min(config.concurrency, os.cpu_count() or 1))
+                         dtype=config.dtype, threads=min(config.concurrency, usable_cpus()))
 
 
 def run_index(args: argparse.Namespace) -> int:

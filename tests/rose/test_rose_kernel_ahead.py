@@ -290,3 +290,14 @@ def test_entries_of_kernels_changed_or_gone_are_dropped(tmp_path, monkeypatch):
     _hook_call(recorder, "rose.fake_kernels_b", "b")
     assert recorder.save(path) == 2
     assert {e["module"] for e in read_entries([path])} == {"rose.never_imported_here", "rose.fake_kernels_b"}
+
+
+def test_compile_workers_follow_the_usable_cpus_not_the_hosts(monkeypatch) -> None:
+    from rose import host_cpus, kernel_ahead
+
+    monkeypatch.setattr(kernel_ahead, "usable_cpus", lambda: 4)  # a 4-CPU container on a larger host
+    assert kernel_ahead.default_workers() == 3
+    assert kernel_ahead.default_workers(tulips=2) == 1
+    assert kernel_ahead.default_workers(cpus=64) == 8
+    monkeypatch.setattr(host_cpus, "cgroup_cpu_quota", lambda root="/sys/fs/cgroup": 2)
+    assert host_cpus.usable_cpus() <= 2
