@@ -29,10 +29,15 @@ def supported() -> bool:
     return hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE") and hasattr(os, "sched_setaffinity")
 
 
-def spin(cpu: int) -> None:
-    """Pin to `cpu`, drop to SCHED_IDLE, then loop until killed."""
-    os.sched_setaffinity(0, {cpu})
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+def spin(cpu: int) -> int:
+    """Pin to `cpu`, drop to SCHED_IDLE, then loop until killed. Where either is refused (a seccomp profile, a
+    CPU outside the cgroup's set) it says so and returns 1: a loop at normal priority would take the core."""
+    try:
+        os.sched_setaffinity(0, {cpu})
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as exc:
+        print(f"ivy.warm_cores: core {cpu} not kept warm: {exc}", file=sys.stderr, flush=True)
+        return 1
     while True:
         pass
 
@@ -44,4 +49,4 @@ def argv(cpu: int) -> list[str]:
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not sys.argv[1].isdigit():
         raise SystemExit("usage: python -m ivy.warm_cores CPU")
-    spin(int(sys.argv[1]))
+    sys.exit(spin(int(sys.argv[1])))

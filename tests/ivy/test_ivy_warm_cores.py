@@ -56,5 +56,16 @@ def test_the_flag_is_off_by_default_and_an_env_var() -> None:
 
 
 def test_a_bad_cpu_argument_is_refused() -> None:
-    result = subprocess.run([sys.executable, "-m", "ivy.warm_cores", "x"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "ivy.warm_cores", "x"], check=False, capture_output=True,
+                            text=True)
     assert result.returncode != 0 and "usage" in result.stderr
+
+
+def test_a_loop_refused_its_class_never_spins(monkeypatch, capsys) -> None:
+    def refuse(*_):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setaffinity", lambda *_: None)
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    assert warm_cores.spin(0) == 1  # returns instead of looping at normal priority
+    assert "core 0 not kept warm" in capsys.readouterr().err
