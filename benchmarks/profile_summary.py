@@ -88,7 +88,7 @@ def summarize(path: Path, rate: float, requests: int | None, top: int, drop_idle
     return {"file": path.name, "samples": total, "idle_dropped": dropped, "cpu_s": total / rate,
             "cpu_us_per_request": total * per_request if per_request else None,
             "threads": {t: n / total for t, n in threads.most_common()}, "self": rows(own),
-            "inclusive": rows(Counter({f: n for f, n in inclusive.items()}))}
+            "inclusive": rows(inclusive)}
 
 
 def print_summary(s: dict) -> None:

@@ -98,9 +98,7 @@ elif [ "${STEP:-profile}" = spin ]; then
       spinners=()
       if [ $side = spin ]; then
         for c in $(python3 -c "import os; print(' '.join(map(str, sorted(os.sched_getaffinity($tulip_pid)))))"); do
-          python3 -c "import os
-os.sched_setaffinity(0, {$c}); os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-while True: pass" &
+          python3 -m ivy.warm_cores $c &  # what `ivy up --warm-cores` starts per core
           spinners+=($!)
         done
         sleep 1

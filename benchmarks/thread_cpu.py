@@ -50,14 +50,14 @@ def snap(pids: list[int]) -> dict:
 
 def diff(before: dict, after: dict, requests: int | None = None) -> list[dict]:
     rows = []
-    per = 1e6 / requests if requests else 1e6
+    scale = (1.0 / requests) if requests else 1.0  # per request, else the whole window
+    per = 1e6 * scale  # seconds -> µs
     for pid, threads in after.items():
         for tid, a in threads.items():
             b = before.get(pid, {}).get(tid) or dict.fromkeys(a, 0)  # started since `before`: all of it
             d = {k: a[k] - b[k] for k in ("user_s", "sys_s", "run_s", "wait_s", "slices", "voluntary", "involuntary")}
             if d["run_s"] <= 0 and d["slices"] == 0:
                 continue
-            scale = (1.0 / requests) if requests else 1.0
             rows.append({"pid": int(pid), "tid": int(tid), "main": pid == tid, "comm": a["comm"],
                          "user_us": d["user_s"] * per, "sys_us": d["sys_s"] * per, "run_us": d["run_s"] * per,
                          "runqueue_wait_us": d["wait_s"] * per, "voluntary": d["voluntary"] * scale,

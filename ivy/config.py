@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rose.host_cpus import cgroup_cpu_quota, usable_cpus  # noqa: F401 - cgroup_cpu_quota: ivy.config's API
+from rose.host_cpus import usable_cpus
 
 ENV_PREFIX = "IVY"
 CPUS_PER_WORKER = 4  # a gateway worker's share of the host: on the 16-core H200 host 4 workers served 3.5x one

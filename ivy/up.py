@@ -103,10 +103,7 @@ class StopFlag:
     def __init__(self) -> None:
         self._set = False
 
-    def on_signal(self, *_: object) -> None:
-        self._set = True
-
-    def set(self) -> None:
+    def set(self, *_: object) -> None:  # also the signal handler: (signum, frame) ignored
         self._set = True
 
     def is_set(self) -> bool:
@@ -128,7 +125,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal was closed
         if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
             continue  # started under nohup: keep running when the terminal goes
-        signal.signal(sig, stop.on_signal)
+        signal.signal(sig, stop.set)
     try:
         model = _resolve_model(config)
         load_spec(model)  # a missing or unreadable folder: one line now, not a Tulip's traceback later
@@ -253,7 +250,7 @@ def _start_spinners() -> list[subprocess.Popen]:
     if not warm_cores.supported():
         log.warning("--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
         return []
-    cpus = warm_cores.usable_cpus()
+    cpus = warm_cores.affinity_cpus()
     procs = [subprocess.Popen(warm_cores.argv(cpu), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               start_new_session=True, preexec_fn=_parent_death_signal())  # noqa: PLW1509
              for cpu in cpus]

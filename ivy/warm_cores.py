@@ -20,8 +20,9 @@ import os
 import sys
 
 
-def usable_cpus() -> list[int]:
-    """The CPUs this process may run on (its affinity), sorted."""
+def affinity_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity), sorted: the cores to keep warm. Not
+    rose.host_cpus.usable_cpus, a count lowered to a CPU quota (under which no core should be kept warm)."""
     return sorted(os.sched_getaffinity(0))
 
 

@@ -55,6 +55,7 @@ def test_config_from_env_and_flags() -> None:
 
 def test_workers_auto_is_one_per_four_usable_cpus(tmp_path, monkeypatch) -> None:
     from ivy import config as ivy_config
+    from rose import host_cpus
 
     assert [ivy_config.auto_workers(c) for c in (1, 2, 4, 7, 8, 16, 32, 64)] == [1, 1, 1, 1, 2, 4, 8, 8]
     monkeypatch.setattr(ivy_config, "usable_cpus", lambda: 16)
@@ -65,17 +66,17 @@ def test_workers_auto_is_one_per_four_usable_cpus(tmp_path, monkeypatch) -> None
     v2 = tmp_path / "v2"
     v2.mkdir()
     (v2 / "cpu.max").write_text("max 100000\n")
-    assert ivy_config.cgroup_cpu_quota(str(v2)) is None, "no limit"
+    assert host_cpus.cgroup_cpu_quota(str(v2)) is None, "no limit"
     (v2 / "cpu.max").write_text("250000 100000\n")
-    assert ivy_config.cgroup_cpu_quota(str(v2)) == 3, "2.5 CPUs rounds up"
+    assert host_cpus.cgroup_cpu_quota(str(v2)) == 3, "2.5 CPUs rounds up"
     v1 = tmp_path / "v1"
     (v1 / "cpu").mkdir(parents=True)
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
     (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert ivy_config.cgroup_cpu_quota(str(v1)) == 4
+    assert host_cpus.cgroup_cpu_quota(str(v1)) == 4
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
-    assert ivy_config.cgroup_cpu_quota(str(v1)) is None
-    assert ivy_config.cgroup_cpu_quota(str(tmp_path / "none")) is None
+    assert host_cpus.cgroup_cpu_quota(str(v1)) is None
+    assert host_cpus.cgroup_cpu_quota(str(tmp_path / "none")) is None
 
 
 def test_bare_bool_flag_means_true_and_up_refuses_replicas() -> None:

@@ -19,7 +19,7 @@ def test_a_signal_during_many_short_waits_always_stops_the_wait() -> None:
     try:
         for _ in range(100):
             flag = StopFlag()
-            signal.signal(signal.SIGUSR1, flag.on_signal)
+            signal.signal(signal.SIGUSR1, flag.set)
             threading.Timer(rng.uniform(0, 0.004), os.kill, (os.getpid(), signal.SIGUSR1)).start()
             start = time.monotonic()
             while not flag.wait(0.0005):  # many waits ending on their timeout: the windows a lock would have

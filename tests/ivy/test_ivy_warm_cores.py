@@ -25,7 +25,7 @@ def _policy_and_cpus(pid: int, timeout: float = 20.0) -> tuple[int, set[int]]:
 
 
 def test_a_loop_runs_at_sched_idle_pinned_to_its_core() -> None:
-    cpu = warm_cores.usable_cpus()[-1]
+    cpu = warm_cores.affinity_cpus()[-1]
     proc = subprocess.Popen(warm_cores.argv(cpu))
     try:
         assert _policy_and_cpus(proc.pid) == (os.SCHED_IDLE, {cpu})
@@ -36,8 +36,8 @@ def test_a_loop_runs_at_sched_idle_pinned_to_its_core() -> None:
 
 
 def test_ivy_up_starts_one_loop_per_usable_core(monkeypatch) -> None:
-    cpus = warm_cores.usable_cpus()[:2]
-    monkeypatch.setattr(warm_cores, "usable_cpus", lambda: cpus)
+    cpus = warm_cores.affinity_cpus()[:2]
+    monkeypatch.setattr(warm_cores, "affinity_cpus", lambda: cpus)
     procs = up._start_spinners()
     try:
         assert len(procs) == len(cpus)
