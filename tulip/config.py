@@ -97,6 +97,9 @@ class TulipConfig:
                               "without gRPC's per-message cost; tulip/framed.py), named in Info for Ivy (IVY_FRAMED); "
                               "-1 = the gRPC port + 200 (ephemeral with --port 0), skipped with a warning when "
                               "taken; 0 = off")
+    framed_direct: bool = _f(True, "a framed connection's answers are written to its socket by the completer thread "
+                                   "that finishes them, not handed to the event loop first (one thread wake-up less "
+                                   "on every answer's way out; tulip/framed.py); false = through the loop")
     framed_max_connections: int = _f(256, "most open connections on the framed port (Ivy opens one per gateway "
                                           "worker); one more is answered RESOURCE_EXHAUSTED and closed")
     metrics_port: int = _f(0, "Prometheus /metrics port on its own HTTP server; 0 = off")

@@ -4,7 +4,9 @@ On the H200 host grpc.aio costs ~0.15 ms and ~0.25 ms of CPU a message on each s
 the event loop trade every one; benchmarks/NOTES.md, "The hop's own floor"). Here each StreamRequest and
 StreamResponse is its protobuf bytes behind a 4-byte little-endian length, on an asyncio connection: the
 same messages, ids, deadlines and cancels as EmbedStream (tulip.stream.StreamRequests admits and answers
-them), the same admission, limits and drain. Health, Info and the unary Embed stay on gRPC; Info names this
+them), the same admission, limits and drain. The completer thread that finishes a job writes its answer to the
+socket itself (`FramedSession.answer`; TULIP_FRAMED_DIRECT, on by default) when nothing else is pending on the
+connection, so an answer leaves without waking the event loop first; the loop settles the job after. Health, Info and the unary Embed stay on gRPC; Info names this
 port (`framed_port`), and Ivy uses it (IVY_FRAMED, on by default). By default on the gRPC port + 200
 (TulipServer._start_framed).
 
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -69,13 +73,24 @@ _REFUSALS = _Refusals()
 
 class FramedSession(asyncio.Protocol):
     _refused = False  # over framed_max_connections: answered, then its bytes dropped until it closes
+
     def __init__(self, server: TulipServer, max_frame_bytes: int, sessions: set) -> None:
         self.server = server
-        self.requests = StreamRequests(server, self._send)
+        direct = self if server.config.framed_direct else None
+        self.requests = StreamRequests(server, self._send, direct)
         self._frames = FrameBuffer(max_frame_bytes)
         self._sessions = sessions
         self.transport: asyncio.Transport | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}  # "frame" (incomplete), "write" (paused): drop when due
+        self._loop = asyncio.get_running_loop()
+        # Direct answers (answer(), the completer's thread): every write to the connection holds _lock; _fd is a
+        # duplicate of its socket, closed only under _lock, so the number cannot be reused for another
+        # connection while a write is on it; _behind counts a direct answer's unsent rest handed to the loop,
+        # and while it is there every other answer queues behind it (_queued), so frames never interleave.
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._behind = 0
+        self._queued: list[bytes] = []
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -98,6 +113,9 @@ class FramedSession(asyncio.Protocol):
             return
         transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
         keep_alive(transport)
+        sock = transport.get_extra_info("socket")
+        if self.requests._direct is not None and sock is not None:
+            self._fd = os.dup(sock.fileno())
         self._sessions.add(self)
         self.server.metrics.framed_connections.set(len(self._sessions))
 
@@ -134,6 +152,10 @@ class FramedSession(asyncio.Protocol):
         self._disarm("write")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
         if self._refused:
             _REFUSALS.lingering -= 1
         for name in list(self._timers):
@@ -161,7 +183,50 @@ class FramedSession(asyncio.Protocol):
 
     def _send(self, message: embed_pb2.StreamResponse) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(frame(message))
+            data = frame(message)
+            with self._lock:
+                if self._behind:
+                    self._queued.append(data)
+                else:
+                    self.transport.write(data)
+
+    # -- direct answers (StreamRequests' `direct`: the completer's thread) ----------------------------------
+
+    def answer(self, request_id: int, job, result) -> bool:
+        """Write a finished job's answer to the socket now, from the completer, when nothing else is pending on
+        the connection (the transport's buffer empty, no rest handed over); True when written (or its rest handed
+        to the loop). False leaves it to the loop (StreamRequests._answer), as without the direct path."""
+        data = frame(embed_pb2.StreamResponse(id=request_id, response=result.proto()))
+        with self._lock:
+            transport = self.transport
+            if (job.withdrawn or self._fd < 0 or self._behind or transport is None or transport.is_closing()
+                    or transport.get_write_buffer_size()):
+                return False
+            try:
+                sent = os.write(self._fd, data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:  # the connection is failing: the loop's path sees it and closes it
+                return False
+            if sent < len(data):  # the socket's buffer is full: the loop writes the rest, and what follows it
+                self._behind += 1
+                self._loop.call_soon_threadsafe(self._write_rest, data[sent:])
+            return True
+
+    def withdraw(self, job) -> None:
+        """A cancelled job: its answer is no longer written (the cancel and answer() exclude each other)."""
+        with self._lock:
+            job.withdrawn = True
+
+    def _write_rest(self, rest: bytes) -> None:
+        """On the loop: a direct answer's rest, then the answers queued behind it (answer() writes only while
+        nothing is behind, so there is never more than one rest)."""
+        with self._lock:
+            self._behind -= 1
+            pending, self._queued = [rest, *self._queued], []
+            if self.transport is not None and not self.transport.is_closing():
+                for data in pending:
+                    self.transport.write(data)
 
 
 class FramedListener:

@@ -12,7 +12,9 @@ batch and loop); finish()/fail() without a Handoff still hand over at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +24,8 @@ from rose.head import OutputOptions, apply_head
 from tulip.errors import TulipError
 from tulip.request import ParsedRequest
 from tulip.scheduler import QueuedSequence, Ticket
+
+log = logging.getLogger("tulip.job")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,11 @@ class Job(Ticket):
         self._pending = len(self.sequences)
         self.settled = False
         self.cold = False  # set by the completer: a batch of this job's ran without its CUDA graph yet
+        # tulip.framed's direct answers: `answer(result)` writes the reply from the completer, True when it did (the
+        # loop then settles the future without sending); `withdrawn` is set under that stream's lock by a cancel
+        self.answer: Callable[[EmbedResult], bool] | None = None
+        self.answered = False
+        self.withdrawn = False
 
     # -- completer thread ----------------------------------------------------------------------
 
@@ -112,6 +121,11 @@ class Job(Ticket):
                              received_at=self.received_at)
         self.settled = True
         self._out = None  # type: ignore[assignment]
+        if self.answer is not None:
+            try:
+                self.answered = self.answer(result)
+            except Exception:
+                log.exception("direct answer failed for request %s; the event loop sends it", self.request_id or "-")
         (handoff or Handoff()).add(self, result, None, flush=handoff is None)
 
     def fail(self, error: BaseException, handoff: Handoff | None = None) -> None:

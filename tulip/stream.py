@@ -12,6 +12,7 @@ the same way: nothing of a dead stream reaches the GPU.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -33,12 +34,17 @@ _CODE = {c.name: c.value[0] for c in grpc.StatusCode}
 class StreamRequests:
     """A stream's requests, whatever carries the messages (this gRPC call, or tulip.framed's connection):
     each StreamRequest admitted as a unary call is, answered through `send` once its job settles, a cancel
-    dropping its work; `cancel_all` when the carrier ends."""
+    dropping its work; `cancel_all` when the carrier ends.
 
-    def __init__(self, server: TulipServer, send) -> None:
+    A carrier that can write from another thread passes `direct`: `direct.answer(request_id, job, result)` is
+    then the job's `answer` hook, called by the completer as the job finishes (True: written, the loop only
+    settles it), and `direct.withdraw(job)` marks a cancelled job so that hook no longer writes."""
+
+    def __init__(self, server: TulipServer, send, direct=None) -> None:
         self.server = server
         self.jobs: dict[int, Job] = {}
         self._send = send  # StreamResponse -> None; never blocks
+        self._direct = direct
 
     def handle(self, message: embed_pb2.StreamRequest) -> None:
         if message.cancel:
@@ -63,6 +69,8 @@ class StreamRequests:
             self._send(error_answer(message.id, exc))
             return
         self.jobs[message.id] = job
+        if self._direct is not None:
+            job.answer = functools.partial(self._direct.answer, message.id, job)
         job.future.add_done_callback(lambda f, i=message.id: self._answer(i, job, f, started))
 
     def _answer(self, request_id: int, job: Job, future: asyncio.Future, started: float) -> None:
@@ -76,7 +84,8 @@ class StreamRequests:
         if error is None:
             result = future.result()
             self.server.settled(job, "OK", started, result.tokens)
-            self._send(embed_pb2.StreamResponse(id=request_id, response=result.proto()))
+            if not job.answered:  # else the completer wrote it (tulip.framed)
+                self._send(embed_pb2.StreamResponse(id=request_id, response=result.proto()))
             return
         exc = error if isinstance(error, TulipError) else engine_error(error)
         self.server.settled(job, exc.status, started)
@@ -85,6 +94,8 @@ class StreamRequests:
     def _cancel(self, request_id: int) -> None:
         job = self.jobs.pop(request_id, None)
         if job is not None:
+            if self._direct is not None:
+                self._direct.withdraw(job)
             self.server.queue.cancel(job)
             job.future.cancel()
 

@@ -1,0 +1,197 @@
+"""Direct answers on the framed EmbedStream (tulip/framed.py, TULIP_FRAMED_DIRECT): the completer thread writes a
+finished request's answer to the socket itself, without waiting for the event loop; a cancelled request is not
+answered; an answer larger than the socket takes leaves whole, and the answers behind it after it."""
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+from test_tulip_framed import Framed, _free_port, request
+from tulip_testkit import (
+    FakeEngine,
+    FakeInfo,
+    ServerThread,
+    decode_response,
+    encode_request,
+    make_config,
+    solo_embedding,
+    wait_until,
+)
+
+from protos import embed_pb2
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_an_answer_leaves_while_the_event_loop_is_busy_only_when_direct(direct) -> None:
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(framed_port=_free_port(), framed_direct=direct), engine) as s:
+        client = Framed(s.server.framed.port)
+        sent = request(1, [[7, 8, 9]])
+        client.send(sent)
+        wait_until(lambda: engine.launched == 1, what="launched")
+        blocked, free = threading.Event(), threading.Event()
+
+        def busy() -> None:  # the event loop is busy elsewhere (a long callback) while the batch finishes
+            blocked.set()
+            free.wait(20)
+
+        s.loop.call_soon_threadsafe(busy)
+        assert blocked.wait(10)
+        engine.release(1)
+        client.sock.settimeout(1.0)
+        try:
+            if direct:
+                answer = client.recv()
+                assert answer.id == 1 and answer.code == 0
+                np.testing.assert_allclose(decode_response(answer.response), solo_embedding(sent.request),
+                                           rtol=1e-6, atol=1e-6)
+            else:
+                with pytest.raises(TimeoutError):
+                    client.recv()
+        finally:
+            free.set()
+        if not direct:
+            client.sock.settimeout(10)
+            assert client.recv().id == 1
+        wait_until(lambda: s.server._active == 0, what="the loop settled the request")
+        assert s.server.metrics.registry.get_sample_value("tulip_requests_total", {"status": "OK"}) == 1
+        client.close()
+
+
+def test_a_cancelled_request_is_not_answered_when_its_batch_finishes() -> None:
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+        client = Framed(s.server.framed.port)
+        client.send(request(1, [[1] * 10]))
+        wait_until(lambda: engine.launched == 1, what="launched")
+        client.send(embed_pb2.StreamRequest(id=1, cancel=True))
+        wait_until(lambda: s.server._active == 0, what="the cancel settled")
+        engine.release(1)
+        wait_until(lambda: engine.completed == 1, what="the cancelled request's batch finished")
+        client.send(request(2, [[2] * 10]))
+        engine.release(1)
+        assert client.recv().id == 2  # nothing came for 1
+        client.close()
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+
+class _Loop:
+    def __init__(self) -> None:
+        self.calls = []
+
+    def call_soon_threadsafe(self, fn, *args) -> None:
+        self.calls.append((fn, args))
+
+
+class _Job:
+    withdrawn = False
+
+
+def _result(size: int):
+    class Result:
+        def proto(self):
+            return embed_pb2.EmbedResponse(rows=1, embeddings=b"x" * size)
+    return Result()
+
+
+def _session(fd: int):
+    from tulip import framed
+
+    session = framed.FramedSession.__new__(framed.FramedSession)  # the write path alone, on a socket pair
+    session._lock, session._behind, session._queued = threading.Lock(), 0, []
+    session.transport, session._loop, session._fd = _Transport(), _Loop(), fd
+    return session
+
+
+def test_a_withdrawn_job_is_never_written() -> None:
+    """answer() and withdraw() exclude each other under the session's lock: after withdraw, answer() writes
+    nothing and leaves the job to the event loop (which does not answer a cancelled request)."""
+    ours, theirs = socket.socketpair()
+    session = _session(ours.fileno())
+    job = _Job()
+    session.withdraw(job)
+    assert session.answer(3, job, _result(10)) is False
+    theirs.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        theirs.recv(1)
+    assert session.answer(3, _Job(), _result(10)) is True  # not withdrawn: written from this thread
+    theirs.setblocking(True)
+    assert embed_pb2.StreamResponse.FromString(theirs.recv(100)[4:]).id == 3
+    ours.close()
+    theirs.close()
+
+
+def test_the_rest_of_an_answer_the_socket_did_not_take_goes_first_and_whole() -> None:
+    """A direct answer the socket takes only part of: its rest goes to the loop, and until the loop has written
+    it no answer is written directly (even with room again) and the loop's own answers queue behind it."""
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    ours.setblocking(False)
+    session = _session(ours.fileno())
+    assert session.answer(1, _Job(), _result(1 << 20)) is True
+    (write_rest, (rest,)), = session._loop.calls
+    assert 0 < len(rest) < (1 << 20)
+    theirs.setblocking(False)
+    taken = theirs.recv(1 << 21)  # room again in the socket
+    assert session.answer(2, _Job(), _result(10)) is False, "written beside a rest still to be sent"
+    session._send(embed_pb2.StreamResponse(id=4))  # the loop's own answer meanwhile: queued
+    assert session.transport.written == []
+    write_rest(rest)
+    assert session.transport.written[0] == rest and len(session.transport.written) == 2
+    stream = taken + b"".join(session.transport.written)
+    ids = []
+    while stream:
+        size = int.from_bytes(stream[:4], "little")
+        ids.append(embed_pb2.StreamResponse.FromString(stream[4:4 + size]).id)
+        stream = stream[4 + size:]
+    assert ids == [1, 4]
+    assert session.answer(5, _Job(), _result(10)) is True  # nothing behind any more: direct again
+    ours.close()
+    theirs.close()
+
+
+def test_answers_larger_than_the_socket_take_keep_their_frames_whole(monkeypatch) -> None:
+    """A client that reads slowly: a direct answer's rest goes through the event loop, and the answers that follow
+    queue behind it, so every frame arrives whole and each request is answered once."""
+    from tulip import framed
+
+    def small_send_buffer(transport) -> None:  # no kernel autotuning: the answers outgrow the socket
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+
+    rests = []
+    write_rest = framed.FramedSession._write_rest
+    monkeypatch.setattr(framed, "keep_alive", small_send_buffer)
+    monkeypatch.setattr(framed.FramedSession, "_write_rest", lambda self, rest: (rests.append(len(rest)),
+                                                                                write_rest(self, rest)))
+    info = FakeInfo(dimensions=2048)
+    engine = FakeEngine(info)
+    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+        client = Framed(s.server.framed.port)
+        sent = {i: [[i % 900 + 1, j + 1, 5] for j in range(16)] for i in range(1, 25)}  # 128 KiB answers
+        for i, seqs in sent.items():
+            client.send(request(i, seqs))
+        wait_until(lambda: s.server._active == 0, what="every request answered (into the socket)")
+        got = {}
+        for _ in sent:
+            answer = client.recv()
+            assert answer.code == 0 and answer.id not in got
+            got[answer.id] = decode_response(answer.response)
+        assert sorted(got) == sorted(sent)
+        for i, rows in got.items():
+            np.testing.assert_allclose(rows, solo_embedding(encode_request(sent[i]), info), rtol=1e-6, atol=1e-6)
+        assert rests, "no direct answer outgrew the socket: the test did not exercise the rest's path"
+        client.close()
