@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,9 +77,12 @@ class Job(Ticket):
         self._pending = len(self.sequences)
         self.settled = False
         self.cold = False  # set by the completer: a batch of this job's ran without its CUDA graph yet
-        # tulip.framed's direct answers: `answer(result)` writes the reply from the completer, True when it did (the
-        # loop then settles the future without sending); `withdrawn` is set under that stream's lock by a cancel
-        self.answer: Callable[[EmbedResult], bool] | None = None
+        # tulip.framed's direct answers: the completer calls `answer_via.answer(stream_id, job, result)`, which
+        # writes the reply and returns True when it did (the loop then settles the future without sending);
+        # `withdrawn` is set under that stream's lock by a cancel. The carrier, not a closure over the job: no
+        # reference cycle through the job, which reference counting alone frees
+        self.answer_via = None
+        self.stream_id = 0
         self.answered = False
         self.withdrawn = False
 
@@ -121,9 +123,9 @@ class Job(Ticket):
                              received_at=self.received_at)
         self.settled = True
         self._out = None  # type: ignore[assignment]
-        if self.answer is not None:
+        if self.answer_via is not None:
             try:
-                self.answered = self.answer(result)
+                self.answered = self.answer_via.answer(self.stream_id, self, result)
             except Exception:
                 log.exception("direct answer failed for request %s; the event loop sends it", self.request_id or "-")
         (handoff or Handoff()).add(self, result, None, flush=handoff is None)

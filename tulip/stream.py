@@ -12,7 +12,6 @@ the same way: nothing of a dead stream reaches the GPU.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -36,9 +35,9 @@ class StreamRequests:
     each StreamRequest admitted as a unary call is, answered through `send` once its job settles, a cancel
     dropping its work; `cancel_all` when the carrier ends.
 
-    A carrier that can write from another thread passes `direct`: `direct.answer(request_id, job, result)` is
-    then the job's `answer` hook, called by the completer as the job finishes (True: written, the loop only
-    settles it), and `direct.withdraw(job)` marks a cancelled job so that hook no longer writes."""
+    A carrier that can write from another thread passes `direct`: the completer then calls
+    `direct.answer(request_id, job, result)` as the job finishes (True: written, the loop only settles it),
+    and `direct.withdraw(job)` marks a cancelled job so that it is no longer written."""
 
     def __init__(self, server: TulipServer, send, direct=None) -> None:
         self.server = server
@@ -70,7 +69,7 @@ class StreamRequests:
             return
         self.jobs[message.id] = job
         if self._direct is not None:
-            job.answer = functools.partial(self._direct.answer, message.id, job)
+            job.answer_via, job.stream_id = self._direct, message.id
         job.future.add_done_callback(lambda f, i=message.id: self._answer(i, job, f, started))
 
     def _answer(self, request_id: int, job: Job, future: asyncio.Future, started: float) -> None:
