@@ -5,7 +5,11 @@ stack wakes, an event loop on a socket or the completer's hand-off, first waits 
 and then runs cold: on the lent H200 host one 128-token request through Ivy and Tulip spent ~0.5 ms of its
 ~2.9 ms on that (benchmarks/NOTES.md, "Cores kept out of idle"). A loop that runs only when nothing else
 wants the core (SCHED_IDLE, pinned to it) keeps the core busy without taking time from anything else: a
-woken thread preempts it at once. Linux only.
+woken thread preempts it at once. Linux only. The loop yields the core on every turn: a thread that only
+yields (a `tokenizers` worker between tasks calls sched_yield while it waits for work) does not wake and so
+does not preempt it, and a loop that kept the core could hold that thread until the next scheduler tick. A
+plain `pass` loop, in its one whole layers run, left the text path's p99 at 2.2-2.4 x its p50 (the only path
+whose requests wake those workers; NOTES, "The layers at 9ffbd3f").
 
 The cost: each loop shows as a full core of CPU use, and under a cgroup CPU limit (a Kubernetes pod with a
 CPU limit) that use counts against the quota and throttles the real threads: for hosts whose cores serve the
@@ -39,8 +43,8 @@ def spin(cpu: int) -> int:
     except OSError as exc:
         print(f"ivy.warm_cores: core {cpu} not kept warm: {exc}", file=sys.stderr, flush=True)
         return 1
-    while True:
-        pass
+    while True:  # each turn hands the core to any runnable thread, one that merely yielded it included
+        os.sched_yield()
 
 
 def argv(cpu: int) -> list[str]:
