@@ -25,10 +25,17 @@ from pathlib import Path
 
 from ivy import warm_cores
 from ivy.config import ENV_PREFIX, IvyConfig
-from ivy.up_checks import _ivy_ready, _port_free, _taken_port, _tulip_connect_host, _tulip_serving
+from ivy.up_checks import (
+    _ivy_ready,
+    _port_free,
+    _taken_port,
+    _tulip_connect_host,
+    _tulip_serving,
+)
 from ivy.up_process import Child, _parent_death_signal
 from protos.framing import PORT_OFFSET as FRAMED_PORT_OFFSET
 from rose.flags import config_to_env
+from rose.host_cpus import cgroup_cpu_quota
 from rose.spec import ModelFolderError, load_spec
 
 log = logging.getLogger("ivy.up")
@@ -249,6 +256,11 @@ def _start_spinners() -> list[subprocess.Popen]:
     """One warm_cores loop per usable core, in its own session, SIGTERM'd should `ivy up` die."""
     if not warm_cores.supported():
         log.warning("--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
+        return []
+    quota = cgroup_cpu_quota()
+    if quota is not None:  # the loops' busy time counts against it and would throttle the stack's own threads
+        log.warning("--warm-cores: this stack runs under a CPU quota of %d CPUs (a cgroup limit), which busy loops "
+                    "would spend; no core is kept warm", quota)
         return []
     cpus = warm_cores.affinity_cpus()
     procs = [subprocess.Popen(warm_cores.argv(cpu), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

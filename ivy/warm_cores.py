@@ -12,8 +12,8 @@ plain `pass` loop, in its one whole layers run, left the text path's p99 at 2.2-
 whose requests wake those workers; NOTES, "The layers at 9ffbd3f").
 
 The cost: each loop shows as a full core of CPU use, and under a cgroup CPU limit (a Kubernetes pod with a
-CPU limit) that use counts against the quota and throttles the real threads: for hosts whose cores serve the
-stack alone. Off by default.
+CPU limit) that use would count against the quota and throttle the real threads, so `ivy up` starts no loop
+under one: for hosts whose cores serve the stack alone. Off by default.
 
     python -m ivy.warm_cores CPU     # the loop itself, pinned to CPU (what `ivy up` starts per core)
 """

@@ -38,6 +38,7 @@ def test_a_loop_runs_at_sched_idle_pinned_to_its_core() -> None:
 def test_ivy_up_starts_one_loop_per_usable_core(monkeypatch) -> None:
     cpus = warm_cores.affinity_cpus()[:2]
     monkeypatch.setattr(warm_cores, "affinity_cpus", lambda: cpus)
+    monkeypatch.setattr(up, "cgroup_cpu_quota", lambda: None)  # whatever CPU limit the test host has
     procs = up._start_spinners()
     try:
         assert len(procs) == len(cpus)
@@ -46,6 +47,15 @@ def test_ivy_up_starts_one_loop_per_usable_core(monkeypatch) -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_no_loop_starts_under_a_cpu_quota(monkeypatch, caplog) -> None:
+    """Under a cgroup CPU limit the loops' busy time would count against it and throttle the stack itself."""
+    monkeypatch.setattr(up, "cgroup_cpu_quota", lambda: 4)
+    monkeypatch.setattr(up.subprocess, "Popen", lambda *a, **k: pytest.fail("a loop was started"))
+    with caplog.at_level("WARNING", logger=up.log.name):
+        assert up._start_spinners() == []
+    assert "CPU quota of 4 CPUs" in caplog.text
 
 
 def test_the_flag_is_off_by_default_and_an_env_var() -> None:
