@@ -18,7 +18,8 @@ is dropped when they stay there STALL_S; so is one whose frame stays incomplete 
 tests/RELIABILITY.md 19 and 40). Open connections are capped (`framed_max_connections`; Ivy opens one per
 gateway worker): one more gets a RESOURCE_EXHAUSTED answer on id 0 (reason too_many_connections) and is
 closed after REFUSED_LINGER_S, and past as many lingering refusals as the cap a new one is closed at once, so
-a flood of connections holds at most twice the cap of descriptors and cannot starve the gRPC port; like the gRPC
+a flood of connections holds at most three times the cap of descriptors (an open connection holds two: its socket
+and the duplicate its direct answers are written to) and cannot starve the gRPC port; like the gRPC
 port, only Ivy may reach it (the NetworkPolicy's job, RUNBOOK). EOF
 ends the stream and cancels what it has open: unlike gRPC's half-close, a TCP EOF cannot tell "done
 sending" from a client gone, and a gone client's work must not reach the GPU (Ivy's client never half-closes).
@@ -73,6 +74,7 @@ _REFUSALS = _Refusals()
 
 class FramedSession(asyncio.Protocol):
     _refused = False  # over framed_max_connections: answered, then its bytes dropped until it closes
+    _close_after_rest = False  # _close() came while a direct answer's rest was with the loop
 
     def __init__(self, server: TulipServer, max_frame_bytes: int, sessions: set) -> None:
         self.server = server
@@ -113,10 +115,13 @@ class FramedSession(asyncio.Protocol):
             return
         transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
         keep_alive(transport)
-        sock = transport.get_extra_info("socket")
-        if self.requests._direct is not None and sock is not None:
-            self._fd = os.dup(sock.fileno())
         self._sessions.add(self)
+        sock = transport.get_extra_info("socket")
+        if self.requests._direct is not None and sock is not None and _direct_safe(transport):
+            try:
+                self._fd = os.dup(sock.fileno())
+            except OSError:  # out of descriptors: this connection's answers go through the loop
+                self._fd = -1
         self.server.metrics.framed_connections.set(len(self._sessions))
 
     def data_received(self, data: bytes) -> None:
@@ -136,7 +141,7 @@ class FramedSession(asyncio.Protocol):
         except (FrameTooLarge, BadFrame) as exc:
             log.info("framed connection closed: %s", exc.message)
             self._send(error_answer(0, exc))
-            self.transport.close()
+            self._close()
             return
         if not self._frames.partial:
             self._disarm("frame")
@@ -190,12 +195,23 @@ class FramedSession(asyncio.Protocol):
                 else:
                     self.transport.write(data)
 
+    def _close(self) -> None:
+        """Close after what is written, a direct answer's rest still with the loop included (_write_rest closes)."""
+        with self._lock:
+            if self._behind:
+                self._close_after_rest = True
+                return
+        self.transport.close()
+
     # -- direct answers (StreamRequests' `direct`: the completer's thread) ----------------------------------
 
     def answer(self, request_id: int, job, result) -> bool:
         """Write a finished job's answer to the socket now, from the completer, when nothing else is pending on
         the connection (the transport's buffer empty, no rest handed over); True when written (or its rest handed
-        to the loop). False leaves it to the loop (StreamRequests._answer), as without the direct path."""
+        to the loop), the job then marked answered. False leaves it to the loop (StreamRequests._answer), as
+        without the direct path."""
+        if job.withdrawn or self._fd < 0 or self._behind:  # read again under the lock; here only to skip the work
+            return False
         data = frame(embed_pb2.StreamResponse(id=request_id, response=result.proto()))
         with self._lock:
             transport = self.transport
@@ -210,13 +226,16 @@ class FramedSession(asyncio.Protocol):
                 return False
             if sent < len(data):  # the socket's buffer is full: the loop writes the rest, and what follows it
                 self._behind += 1
-                self._loop.call_soon_threadsafe(self._write_rest, data[sent:])
+                self._loop.call_soon_threadsafe(self._write_rest, memoryview(data)[sent:])
+            job.answered = True
             return True
 
-    def withdraw(self, job) -> None:
-        """A cancelled job: its answer is no longer written (the cancel and answer() exclude each other)."""
+    def withdraw(self, job) -> bool:
+        """A cancel: the job's answer is no longer written (the cancel and answer() exclude each other). True
+        when it was written already: the request is answered, and the cancel comes too late to change that."""
         with self._lock:
             job.withdrawn = True
+            return job.answered
 
     def _write_rest(self, rest: bytes) -> None:
         """On the loop: a direct answer's rest, then the answers queued behind it (answer() writes only while
@@ -227,6 +246,18 @@ class FramedSession(asyncio.Protocol):
             if self.transport is not None and not self.transport.is_closing():
                 for data in pending:
                     self.transport.write(data)
+                if self._close_after_rest:
+                    self.transport.close()
+
+
+def _direct_safe(transport: asyncio.Transport) -> bool:
+    """Whether another thread may read the transport's unsent bytes as one number: uvloop's (libuv's write queue
+    and uvloop's buffer, each changed in one step under the GIL), or the standard loop's while its buffer is a
+    bytearray (Python 3.11). From 3.12 the standard transport keeps a deque it pops from and pushes back to
+    when a send is partial, so between the two it reads empty with bytes still unsent: no direct answers there."""
+    if type(transport).__module__.startswith("uvloop"):
+        return True
+    return isinstance(getattr(transport, "_buffer", None), bytearray)
 
 
 class FramedListener:

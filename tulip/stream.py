@@ -37,7 +37,7 @@ class StreamRequests:
 
     A carrier that can write from another thread passes `direct`: the completer then calls
     `direct.answer(request_id, job, result)` as the job finishes (True: written, the loop only settles it),
-    and `direct.withdraw(job)` marks a cancelled job so that it is no longer written."""
+    and `direct.withdraw(job)` marks a cancelled job so that it is no longer written (True: it was already)."""
 
     def __init__(self, server: TulipServer, send, direct=None) -> None:
         self.server = server
@@ -69,7 +69,8 @@ class StreamRequests:
             return
         self.jobs[message.id] = job
         if self._direct is not None:
-            job.answer_via, job.stream_id = self._direct, message.id
+            job.stream_id = message.id
+            job.answer_via = self._direct
         job.future.add_done_callback(lambda f, i=message.id: self._answer(i, job, f, started))
 
     def _answer(self, request_id: int, job: Job, future: asyncio.Future, started: float) -> None:
@@ -93,8 +94,8 @@ class StreamRequests:
     def _cancel(self, request_id: int) -> None:
         job = self.jobs.pop(request_id, None)
         if job is not None:
-            if self._direct is not None:
-                self._direct.withdraw(job)
+            if self._direct is not None and self._direct.withdraw(job):
+                return  # its answer is on the wire already: it settles as answered, not as cancelled
             self.server.queue.cancel(job)
             job.future.cancel()
 

@@ -2,6 +2,7 @@
 finished request's answer to the socket itself, without waiting for the event loop; a cancelled request is not
 answered; an answer larger than the socket takes leaves whole, and the answers behind it after it."""
 
+import asyncio
 import socket
 import threading
 
@@ -21,11 +22,24 @@ from tulip_testkit import (
 
 from protos import embed_pb2
 
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+    uvloop = None
 
+# Production runs Tulip on uvloop (TULIP_EVENT_LOOP auto); the standard loop is the fallback. Both carry direct
+# answers where their transport allows it (tulip.framed._direct_safe).
+LOOPS = [pytest.param(asyncio.new_event_loop, id="asyncio"),
+         pytest.param(uvloop.new_event_loop if uvloop else None, id="uvloop",
+                      marks=pytest.mark.skipif(uvloop is None, reason="uvloop is not installed"))]
+
+
+@pytest.mark.parametrize("loop_factory", LOOPS)
 @pytest.mark.parametrize("direct", [True, False])
-def test_an_answer_leaves_while_the_event_loop_is_busy_only_when_direct(direct) -> None:
+def test_an_answer_leaves_while_the_event_loop_is_busy_only_when_direct(direct, loop_factory) -> None:
     engine = FakeEngine(gated=True)
-    with ServerThread(make_config(framed_port=_free_port(), framed_direct=direct), engine) as s:
+    with ServerThread(make_config(framed_port=_free_port(), framed_direct=direct), engine,
+                      loop_factory=loop_factory) as s:
         client = Framed(s.server.framed.port)
         sent = request(1, [[7, 8, 9]])
         client.send(sent)
@@ -39,7 +53,7 @@ def test_an_answer_leaves_while_the_event_loop_is_busy_only_when_direct(direct) 
         s.loop.call_soon_threadsafe(busy)
         assert blocked.wait(10)
         engine.release(1)
-        client.sock.settimeout(1.0)
+        client.sock.settimeout(10.0 if direct else 1.0)  # the loop stays busy 20 s: either way it is decided
         try:
             if direct:
                 answer = client.recv()
@@ -78,9 +92,13 @@ def test_a_cancelled_request_is_not_answered_when_its_batch_finishes() -> None:
 class _Transport:
     def __init__(self) -> None:
         self.written: list[bytes] = []
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def is_closing(self) -> bool:
-        return False
+        return self.closed
 
     def get_write_buffer_size(self) -> int:
         return 0
@@ -99,6 +117,7 @@ class _Loop:
 
 class _Job:
     withdrawn = False
+    answered = False
 
 
 def _result(size: int):
@@ -194,4 +213,149 @@ def test_answers_larger_than_the_socket_take_keep_their_frames_whole(monkeypatch
         for i, rows in got.items():
             np.testing.assert_allclose(rows, solo_embedding(encode_request(sent[i]), info), rtol=1e-6, atol=1e-6)
         assert rests, "no direct answer outgrew the socket: the test did not exercise the rest's path"
+        client.close()
+
+
+def test_a_close_waits_for_the_rest_of_a_direct_answer() -> None:
+    """A bad frame closes its connection after the error answer; a direct answer's rest still with the loop
+    goes out first, whole, so the client reads both frames before EOF."""
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    ours.setblocking(False)
+    session = _session(ours.fileno())
+    assert session.answer(1, _Job(), _result(1 << 20)) is True
+    (write_rest, (rest,)), = session._loop.calls
+    session._send(embed_pb2.StreamResponse(id=0, code=3))  # the error answer, queued behind the rest
+    session._close()
+    assert not session.transport.closed, "closed with a rest still to be written"
+    write_rest(rest)
+    assert session.transport.closed and len(session.transport.written) == 2
+    ours.close()
+    theirs.close()
+
+
+def test_only_transports_whose_unsent_bytes_read_in_one_step_take_direct_answers() -> None:
+    import collections
+
+    from tulip.framed import _direct_safe
+
+    class Standard311:
+        def __init__(self) -> None:
+            self._buffer = bytearray()
+
+    class Standard312:  # a deque popped from and pushed back to around a partial send
+        def __init__(self) -> None:
+            self._buffer = collections.deque()
+
+    assert _direct_safe(Standard311()) and not _direct_safe(Standard312())
+    if uvloop is not None:
+        async def transport_of_uvloop() -> bool:
+            loop = asyncio.get_running_loop()
+            server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+            transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1",
+                                                        server.sockets[0].getsockname()[1])
+            try:
+                return _direct_safe(transport)
+            finally:
+                transport.close()
+                server.close()
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        with runner:
+            assert runner.run(transport_of_uvloop())
+
+
+@pytest.mark.parametrize("loop_factory", LOOPS)
+def test_many_large_answers_to_a_client_reading_as_they_come_arrive_whole(loop_factory, monkeypatch) -> None:
+    """The socket fills and drains while answers leave from the completer and the loop: every frame parses, each
+    request is answered once with its own rows (frames interleaved on the wire would fail to parse)."""
+    from tulip import framed
+
+    def small_send_buffer(transport) -> None:  # partial writes all along: rests, and loop writes queued behind them
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+
+    rests = []
+    write_rest = framed.FramedSession._write_rest
+    monkeypatch.setattr(framed, "keep_alive", small_send_buffer)
+    monkeypatch.setattr(framed.FramedSession, "_write_rest", lambda self, rest: (rests.append(len(rest)),
+                                                                                write_rest(self, rest)))
+    info = FakeInfo(dimensions=512)
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine(info), loop_factory=loop_factory) as s:
+        client = Framed(s.server.framed.port)
+        sent = {i: [[i % 900 + 1, j + 1, 3] for j in range(16)] for i in range(1, 301)}  # 32 KiB answers
+        got: dict[int, np.ndarray] = {}
+        errors: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                for _ in sent:
+                    answer = client.recv()
+                    assert answer is not None and answer.code == 0 and answer.id not in got
+                    got[answer.id] = decode_response(answer.response)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+                errors.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        for i, seqs in sent.items():
+            client.send(request(i, seqs))
+        reader.join(60)
+        assert not errors, errors[0]
+        assert sorted(got) == sorted(sent)
+        for i in (1, 150, 300):
+            np.testing.assert_allclose(got[i], solo_embedding(encode_request(sent[i]), info), rtol=1e-6, atol=1e-6)
+        assert rests, "no direct answer outgrew the socket: the test did not exercise the rest's path"
+        client.close()
+
+
+def test_a_cancel_while_the_completer_is_about_to_write_stops_the_answer(monkeypatch) -> None:
+    from tulip import framed
+
+    at_answer, go = threading.Event(), threading.Event()
+    answer = framed.FramedSession.answer
+
+    def held(self, request_id, job, result):
+        at_answer.set()
+        assert go.wait(20)
+        return answer(self, request_id, job, result)
+
+    monkeypatch.setattr(framed.FramedSession, "answer", held)
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+        client = Framed(s.server.framed.port)
+        client.send(request(1, [[1] * 10]))
+        assert at_answer.wait(20)  # its rows are in: the completer is about to write the answer
+        client.send(embed_pb2.StreamRequest(id=1, cancel=True))
+        wait_until(lambda: s.server._active == 0, what="the cancel settled the request")
+        go.set()
+        client.send(request(2, [[2] * 10]))
+        assert client.recv().id == 2  # nothing came for 1
+        registry = s.server.metrics.registry
+        assert registry.get_sample_value("tulip_requests_total", {"status": "CANCELLED"}) == 1
+        client.close()
+
+
+def test_a_cancel_after_the_answer_left_counts_the_request_answered(monkeypatch) -> None:
+    """The client has its answer; a cancel crossing it on the wire must not count it as cancelled."""
+    from tulip import job as job_module
+
+    flush, go = job_module.Handoff.flush, threading.Event()
+
+    def held(self):  # the completer, its answers written, hands the jobs to the loop only once `go` is set
+        if self._by_loop:
+            assert go.wait(20)
+        flush(self)
+
+    monkeypatch.setattr(job_module.Handoff, "flush", held)
+    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+        client = Framed(s.server.framed.port)
+        client.send(request(1, [[1] * 10]))
+        assert client.recv().id == 1
+        client.send(embed_pb2.StreamRequest(id=1, cancel=True))
+        session, = s.server.framed._sessions
+        wait_until(lambda: not session.requests.jobs, what="the cancel read")
+        go.set()
+        wait_until(lambda: s.server._active == 0, what="the request settled")
+        registry = s.server.metrics.registry
+        assert registry.get_sample_value("tulip_requests_total", {"status": "OK"}) == 1
+        assert registry.get_sample_value("tulip_requests_total", {"status": "CANCELLED"}) is None
         client.close()

@@ -39,8 +39,9 @@ def make_config(**overrides) -> TulipConfig:
 class ServerThread:
     """A real TulipServer on 127.0.0.1 with its own event loop in a background thread."""
 
-    def __init__(self, config: TulipConfig, engine=None, *, load: bool = True) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, config: TulipConfig, engine=None, *, load: bool = True,
+                 loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop) -> None:
+        self.loop = loop_factory()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-tulip-loop", daemon=True)
         self._thread.start()
         self.server = TulipServer(config, engine=engine)
