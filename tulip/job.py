@@ -78,9 +78,9 @@ class Job(Ticket):
         self.settled = False
         self.cold = False  # set by the completer: a batch of this job's ran without its CUDA graph yet
         # tulip.framed's direct answers: the completer calls `answer_via.answer(stream_id, job, result)`, which
-        # writes the reply and returns True when it did (the loop then settles the future without sending);
-        # `withdrawn` is set under that stream's lock by a cancel. The carrier, not a closure over the job: no
-        # reference cycle through the job, which reference counting alone frees
+        # writes the reply and marks the job `answered` when it did (the loop then settles the future without
+        # sending); `withdrawn` is set under that stream's lock by a cancel. The carrier and the id, not a
+        # closure: nothing more to allocate per request
         self.answer_via = None
         self.stream_id = 0
         self.answered = False
@@ -125,7 +125,7 @@ class Job(Ticket):
         self._out = None  # type: ignore[assignment]
         if self.answer_via is not None:
             try:
-                self.answered = self.answer_via.answer(self.stream_id, self, result)
+                self.answer_via.answer(self.stream_id, self, result)
             except Exception:
                 log.exception("direct answer failed for request %s; the event loop sends it", self.request_id or "-")
         (handoff or Handoff()).add(self, result, None, flush=handoff is None)
