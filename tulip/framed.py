@@ -78,8 +78,8 @@ class FramedSession(asyncio.Protocol):
 
     def __init__(self, server: TulipServer, max_frame_bytes: int, sessions: set) -> None:
         self.server = server
-        direct = self if server.config.framed_direct else None
-        self.requests = StreamRequests(server, self._send, direct)
+        self._direct = server.config.framed_direct
+        self.requests = StreamRequests(server, self._send, self if self._direct else None)
         self._frames = FrameBuffer(max_frame_bytes)
         self._sessions = sessions
         self.transport: asyncio.Transport | None = None
@@ -87,11 +87,11 @@ class FramedSession(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         # Direct answers (answer(), the completer's thread): every write to the connection holds _lock; _fd is a
         # duplicate of its socket, closed only under _lock, so the number cannot be reused for another
-        # connection while a write is on it; _behind counts a direct answer's unsent rest handed to the loop,
-        # and while it is there every other answer queues behind it (_queued), so frames never interleave.
+        # connection while a write is on it; _rest_pending: a direct answer's unsent rest is with the loop, and
+        # until the loop has written it every other answer queues behind it (_queued), so frames never interleave.
         self._lock = threading.Lock()
         self._fd = -1
-        self._behind = 0
+        self._rest_pending = False
         self._queued: list[bytes] = []
 
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -117,7 +117,7 @@ class FramedSession(asyncio.Protocol):
         keep_alive(transport)
         self._sessions.add(self)
         sock = transport.get_extra_info("socket")
-        if self.requests._direct is not None and sock is not None and _direct_safe(transport):
+        if self._direct and sock is not None and _direct_safe(transport):
             try:
                 self._fd = os.dup(sock.fileno())
             except OSError:  # out of descriptors: this connection's answers go through the loop
@@ -190,7 +190,7 @@ class FramedSession(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             data = frame(message)
             with self._lock:
-                if self._behind:
+                if self._rest_pending:
                     self._queued.append(data)
                 else:
                     self.transport.write(data)
@@ -198,7 +198,7 @@ class FramedSession(asyncio.Protocol):
     def _close(self) -> None:
         """Close after what is written, a direct answer's rest still with the loop included (_write_rest closes)."""
         with self._lock:
-            if self._behind:
+            if self._rest_pending:
                 self._close_after_rest = True
                 return
         self.transport.close()
@@ -210,13 +210,11 @@ class FramedSession(asyncio.Protocol):
         the connection (the transport's buffer empty, no rest handed over); True when written (or its rest handed
         to the loop), the job then marked answered. False leaves it to the loop (StreamRequests._answer), as
         without the direct path."""
-        if job.withdrawn or self._fd < 0 or self._behind:  # read again under the lock; here only to skip the work
+        if not self._writable(job):  # asked again under the lock; here so a refused answer is not serialized
             return False
         data = frame(embed_pb2.StreamResponse(id=request_id, response=result.proto()))
         with self._lock:
-            transport = self.transport
-            if (job.withdrawn or self._fd < 0 or self._behind or transport is None or transport.is_closing()
-                    or transport.get_write_buffer_size()):
+            if not self._writable(job):
                 return False
             try:
                 sent = os.write(self._fd, data)
@@ -225,10 +223,17 @@ class FramedSession(asyncio.Protocol):
             except OSError:  # the connection is failing: the loop's path sees it and closes it
                 return False
             if sent < len(data):  # the socket's buffer is full: the loop writes the rest, and what follows it
-                self._behind += 1
+                self._rest_pending = True
                 self._loop.call_soon_threadsafe(self._write_rest, memoryview(data)[sent:])
             job.answered = True
             return True
+
+    def _writable(self, job) -> bool:
+        """Nothing stands before a direct answer: the job not withdrawn, the duplicate open, no rest with the loop,
+        the transport open with nothing unsent (what _direct_safe lets another thread read)."""
+        transport = self.transport
+        return not (job.withdrawn or self._fd < 0 or self._rest_pending or transport is None
+                    or transport.is_closing() or transport.get_write_buffer_size())
 
     def withdraw(self, job) -> bool:
         """A cancel: the job's answer is no longer written (the cancel and answer() exclude each other). True
@@ -237,11 +242,11 @@ class FramedSession(asyncio.Protocol):
             job.withdrawn = True
             return job.answered
 
-    def _write_rest(self, rest: bytes) -> None:
-        """On the loop: a direct answer's rest, then the answers queued behind it (answer() writes only while
-        nothing is behind, so there is never more than one rest)."""
+    def _write_rest(self, rest: memoryview) -> None:
+        """On the loop: a direct answer's rest, then the answers queued behind it (answer() writes only while no
+        rest is pending, so there is never more than one)."""
         with self._lock:
-            self._behind -= 1
+            self._rest_pending = False
             pending, self._queued = [rest, *self._queued], []
             if self.transport is not None and not self.transport.is_closing():
                 for data in pending:

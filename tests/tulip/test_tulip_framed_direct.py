@@ -158,7 +158,7 @@ def _session(fd: int):
     from tulip import framed
 
     session = framed.FramedSession.__new__(framed.FramedSession)  # the write path alone, on a socket pair
-    session._lock, session._behind, session._queued = threading.Lock(), 0, []
+    session._lock, session._rest_pending, session._queued = threading.Lock(), False, []
     session.transport, session._loop, session._fd = _Transport(), _Loop(), fd
     return session
 
@@ -210,19 +210,26 @@ def test_the_rest_of_an_answer_the_socket_did_not_take_goes_first_and_whole() ->
     theirs.close()
 
 
-def test_answers_larger_than_the_socket_take_keep_their_frames_whole(monkeypatch, direct_loop) -> None:
-    """A client that reads slowly: a direct answer's rest goes through the event loop, and the answers that follow
-    queue behind it, so every frame arrives whole and each request is answered once."""
+def _small_send_buffer(monkeypatch) -> list[int]:
+    """Framed connections with a 16 KiB send buffer (no kernel autotuning: answers outgrow the socket, so direct
+    writes are partial and loop writes queue behind their rests); the sizes of the rests the loop writes."""
     from tulip import framed
 
-    def small_send_buffer(transport) -> None:  # no kernel autotuning: the answers outgrow the socket
+    def small_send_buffer(transport) -> None:
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
 
-    rests = []
+    rests: list[int] = []
     write_rest = framed.FramedSession._write_rest
     monkeypatch.setattr(framed, "keep_alive", small_send_buffer)
     monkeypatch.setattr(framed.FramedSession, "_write_rest", lambda self, rest: (rests.append(len(rest)),
                                                                                 write_rest(self, rest)))
+    return rests
+
+
+def test_answers_larger_than_the_socket_take_keep_their_frames_whole(monkeypatch, direct_loop) -> None:
+    """A client that reads slowly: a direct answer's rest goes through the event loop, and the answers that follow
+    queue behind it, so every frame arrives whole and each request is answered once."""
+    rests = _small_send_buffer(monkeypatch)
     info = FakeInfo(dimensions=2048)
     engine = FakeEngine(info)
     with ServerThread(make_config(framed_port=_free_port()), engine, loop_factory=direct_loop) as s:
@@ -281,16 +288,7 @@ def test_only_transports_whose_unsent_bytes_read_in_one_step_take_direct_answers
 def test_many_large_answers_to_a_client_reading_as_they_come_arrive_whole(loop_factory, monkeypatch) -> None:
     """The socket fills and drains while answers leave from the completer and the loop: every frame parses, each
     request is answered once with its own rows (frames interleaved on the wire would fail to parse)."""
-    from tulip import framed
-
-    def small_send_buffer(transport) -> None:  # partial writes all along: rests, and loop writes queued behind them
-        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
-
-    rests = []
-    write_rest = framed.FramedSession._write_rest
-    monkeypatch.setattr(framed, "keep_alive", small_send_buffer)
-    monkeypatch.setattr(framed.FramedSession, "_write_rest", lambda self, rest: (rests.append(len(rest)),
-                                                                                write_rest(self, rest)))
+    rests = _small_send_buffer(monkeypatch)
     info = FakeInfo(dimensions=512)
     with ServerThread(make_config(framed_port=_free_port()), FakeEngine(info), loop_factory=loop_factory) as s:
         client = Framed(s.server.framed.port)
