@@ -61,7 +61,7 @@ measure() {  # measure LABEL LAYER: the per-thread table of Tulip and Ivy's work
 if [ "${STEP:-profile}" = warm-load ]; then
   # The same two under load: 4 and 16 closed-loop clients on lognormal documents with token ids, one round.
   for side in plain warm; do
-    flags=(); [ $side = warm ] && flags=(IVY_UP_WARM_CORES=true)
+    flags=(IVY_UP_WARM_CORES=off); [ $side = warm ] && flags=(IVY_UP_WARM_CORES=on)
     start_up $side "${flags[@]}"
     run_layer $side warm-up 2 > /dev/null
     python3 -m benchmarks.stack.layers --url http://127.0.0.1:8080 --tulip 127.0.0.1:50051 --model-dir $dir \
@@ -79,7 +79,7 @@ elif [ "${STEP:-profile}" = warm ]; then
   # LAYERS (default "ivy-ids tulip-grpc") are measured in each.
   for round in $(seq 1 ${ROUNDS:-2}); do
     for side in plain warm; do
-      flags=(); [ $side = warm ] && flags=(IVY_UP_WARM_CORES=true)
+      flags=(IVY_UP_WARM_CORES=off); [ $side = warm ] && flags=(IVY_UP_WARM_CORES=on)
       start_up $side$round "${flags[@]}"
       run_layer $side$round warm-up 2 > /dev/null
       for layer in ${LAYERS:-ivy-ids tulip-grpc}; do measure $side$round $layer; done

@@ -56,10 +56,24 @@ class UpConfig:
     tulips_per_gpu: int = field(default=1, metadata={"help": "Tulip replicas per GPU (they share the device)."})
     startup_timeout_s: float = field(default=900.0, metadata={"help": "Most seconds to wait for every process "
                                                               "to be ready before giving up."})
-    warm_cores: bool = field(default=False, metadata={"help": "Once ready, keep every usable core out of idle with a "
-                                                      "lowest-priority busy loop each (ivy/warm_cores.py): ~0.5 ms off a "
-                                                      "short request on a host whose idle cores halt, each core shown "
-                                                      "busy; not under a cgroup CPU limit (Linux)."})
+    warm_cores: str = field(default="auto", metadata={
+        "const": "on",
+        "help": "Keep the cores out of idle while the stack serves: one lowest-priority loop per usable core "
+                "(ivy/warm_cores.py) that spins while the Tulips work, ~0.5 ms off a short request on a host "
+                "whose idle cores halt, each core then shown busy. auto: on when the Tulips have GPUs, the host "
+                "is a virtual machine and no cgroup CPU limit is set; on (the flag alone): for GPU Tulips, bare "
+                "metal too, never under a CPU limit; off."})
+    warm_cores_hold_s: float = field(default=1.0, metadata={"help": "Seconds the warm-cores loops keep spinning "
+                                                            "after the Tulips last worked."})
+
+    def __post_init__(self) -> None:
+        mode = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}.get(
+            self.warm_cores.strip().lower(), self.warm_cores.strip().lower())
+        if mode not in ("auto", "on", "off"):
+            raise ValueError(f"warm_cores must be auto, on or off, got {self.warm_cores!r}")
+        object.__setattr__(self, "warm_cores", mode)
+        if self.warm_cores_hold_s < 0:
+            raise ValueError(f"warm_cores_hold_s must not be negative, got {self.warm_cores_hold_s}")
 
 
 
@@ -238,8 +252,9 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             return 1
         stop.wait(0.25)
 
-    if up.warm_cores:
-        spinners.extend(_start_spinners())
+    if up.warm_cores != "off":
+        gpus = any(d is not None for d in devices)
+        spinners.extend(_start_spinners(up.warm_cores, gpus, tuple(t.proc.pid for t in tulips), up.warm_cores_hold_s))
     _print_banner(url, config, addresses, metrics_urls)
     while not stop.wait(0.5):
         for child in children:
@@ -252,22 +267,33 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     return 0
 
 
-def _start_spinners() -> list[subprocess.Popen]:
-    """One warm_cores loop per usable core, in its own session, SIGTERM'd should `ivy up` die."""
+def _start_spinners(mode: str, gpus: bool, watch: tuple[int, ...], hold_s: float) -> list[subprocess.Popen]:
+    """One warm_cores loop per usable core (spinning while the `watch` processes, the Tulips, work), in its own
+    session, SIGTERM'd should `ivy up` die; none where `mode` (auto | on) and the host say so (logged)."""
     if not warm_cores.supported():
-        log.warning("--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
+        log.log(logging.WARNING if mode == "on" else logging.INFO,
+                "--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
         return []
     quota = cgroup_cpu_quota()
     if quota is not None:  # the loops' busy time counts against it and would throttle the stack's own threads
-        log.warning("--warm-cores: this stack runs under a CPU quota of %d CPUs (a cgroup limit), which busy loops "
-                    "would spend; no core is kept warm", quota)
+        log.log(logging.WARNING if mode == "on" else logging.INFO,
+                "--warm-cores: this stack runs under a CPU quota of %d CPUs (a cgroup limit), which busy loops "
+                "would spend; no core is kept warm", quota)
+        return []
+    if not gpus:  # the cores are the model's: loops beside a CPU Tulip made its requests 5-10 x slower (NOTES)
+        log.log(logging.WARNING if mode == "on" else logging.INFO,
+                "--warm-cores: no Tulip has a GPU (its cores run the model); no core is kept warm")
+        return []
+    if mode == "auto" and not warm_cores.in_virtual_machine():
+        log.info("--warm-cores auto: not a virtual machine; no core is kept warm (--warm-cores on to keep them)")
         return []
     cpus = warm_cores.affinity_cpus()
-    procs = [subprocess.Popen(warm_cores.argv(cpu), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              start_new_session=True, preexec_fn=_parent_death_signal())  # noqa: PLW1509
+    procs = [subprocess.Popen(warm_cores.argv(cpu, watch, hold_s), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, start_new_session=True,
+                              preexec_fn=_parent_death_signal())  # noqa: PLW1509
              for cpu in cpus]
-    print(f"ivy up: cores {cpus[0]}-{cpus[-1]} kept out of idle ({len(cpus)} lowest-priority loops)",
-          file=sys.stderr, flush=True)
+    print(f"ivy up: cores {cpus[0]}-{cpus[-1]} kept out of idle while the Tulips work ({len(cpus)} "
+          f"lowest-priority loops; --warm-cores off to stop them)", file=sys.stderr, flush=True)
     return procs
 
 

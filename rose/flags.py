@@ -47,7 +47,8 @@ def _parse_value(kind: Any, raw: str) -> Any:
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str,
                          exclude: frozenset[str] = frozenset()) -> None:
     """Add one ``--flag`` per field of the config dataclass `cls` (but `exclude`); help names the env var
-    and default. A bool flag alone means true (``--truncate``); it also takes a value (``--truncate false``)."""
+    and default. A bool flag alone means true (``--truncate``); it also takes a value (``--truncate false``). A
+    field whose metadata has a "const" takes that value when its flag comes alone (``--warm-cores`` = on)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if not f.init or f.name in exclude:
@@ -63,7 +64,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str
             default=None,
             metavar=f.name.upper(),
             help=help_text.replace("%", "%%"),
-            **({"nargs": "?", "const": "true"} if kind is bool else {}),
+            **({"nargs": "?", "const": "true"} if kind is bool else
+               {"nargs": "?", "const": f.metadata["const"]} if "const" in f.metadata else {}),
         )
 
 
