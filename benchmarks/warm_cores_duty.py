@@ -6,8 +6,9 @@ and once the client has stopped (after the loops' hold), beside the client's p50
 
 The loops are found by their command line (`python -m ivy.warm_cores CPU ...`, any process on the host); their
 CPU is read from /proc and reported in cores (CPU seconds over wall seconds). One closed-loop client sends
-`--tokens` token ids a request (benchmarks.stack.client). The loops should spin only while the Tulips work:
-~0 cores idle and after, up to one per core served (less what the stack's own threads take).
+`--tokens` token ids a request (benchmarks.stack.client). `ivy up` runs the loops only while its Tulips launch
+batches (ivy/warm_cores.py): ~0 cores idle and after the hold, up to one per core served (less what the
+stack's own threads take).
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ from ivy import warm_cores
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+def cpu_ticks(pids: list[int]) -> int:
+    """User + system clock ticks used so far by these processes; one gone counts 0."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total
+
+
 def loop_pids() -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
@@ -40,10 +53,10 @@ def loop_pids() -> list[int]:
 
 def phase(name: str, pids: list[int], seconds: float, work=None) -> dict:
     """The loops' CPU over `seconds` (in cores), while `work` (a callable returning latencies in s) runs or not."""
-    before, start = warm_cores.cpu_ticks(tuple(pids)), time.monotonic()
+    before, start = cpu_ticks(pids), time.monotonic()
     latencies = work(seconds) if work else time.sleep(seconds) or []
     wall = time.monotonic() - start
-    cores = (warm_cores.cpu_ticks(tuple(pids)) - before) / TICK / wall
+    cores = (cpu_ticks(pids) - before) / TICK / wall
     p50 = statistics.median(latencies) * 1e3 if latencies else None
     return {"phase": name, "wall_s": round(wall, 2), "loops": len(pids), "loops_cores": round(cores, 2),
             "requests": len(latencies), "p50_ms": round(p50, 3) if p50 else None}

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -63,8 +64,8 @@ class UpConfig:
                 "whose idle cores halt, each core then shown busy. auto: on when the Tulips have GPUs, the host "
                 "is a virtual machine and no cgroup CPU limit is set; on (the flag alone): for GPU Tulips, bare "
                 "metal too, never under a CPU limit; off."})
-    warm_cores_hold_s: float = field(default=1.0, metadata={"help": "Seconds the warm-cores loops keep spinning "
-                                                            "after the Tulips last worked."})
+    warm_cores_hold_s: float = field(default=1.0, metadata={"help": "Seconds the warm-cores loops keep running "
+                                                            "after a Tulip last launched a batch."})
 
     def __post_init__(self) -> None:
         mode = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}.get(
@@ -189,12 +190,17 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
                         fport, ports[k])
             fports[k] = 0
     compile_env = kernel_compile_env(len(devices))
+    warm = up.warm_cores != "off" and _warm_cores_allowed(up.warm_cores, any(d is not None for d in devices))
+    counters = [os.path.join(tempfile.mkdtemp(prefix="ivy-up-warm-"), f"tulip{k}.count") if warm else ""
+                for k in range(len(devices))]
     for k, device in enumerate(devices):
         port, mport = ports[k], mports[k]
         env = dict(os.environ)
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
         env.update(compile_env)
+        if counters[k]:  # its launched batches, read by the warm-cores controller (protos/heartbeat.py)
+            env["TULIP_ACTIVITY_FILE"] = counters[k]
         argv = [sys.executable, "-m", "tulip", "serve", "--model", model, "--port", str(port)]
         if config.served_model_name:
             argv += ["--served-model-name", config.served_model_name]
@@ -216,8 +222,10 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
 
     def shutdown() -> None:
         for spinner in spinners:
-            spinner.kill()
+            spinner.kill()  # SIGKILL ends a stopped loop too
             spinner.wait()
+        for path in filter(None, counters):
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         gateway.stop(timeout=15 + config.drain_delay_s)
         for tulip in tulips:  # signal all first so they drain in parallel
             if tulip.exited() is None:
@@ -252,11 +260,14 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             return 1
         stop.wait(0.25)
 
-    if up.warm_cores != "off":
-        gpus = any(d is not None for d in devices)
-        spinners.extend(_start_spinners(up.warm_cores, gpus, tuple(t.proc.pid for t in tulips), up.warm_cores_hold_s))
+    controller = None
+    if warm:
+        spinners.extend(_start_spinners())
+        controller = warm_cores.Controller(spinners, counters, up.warm_cores_hold_s)
     _print_banner(url, config, addresses, metrics_urls)
-    while not stop.wait(0.5):
+    while not stop.wait(warm_cores.POLL_S if controller else 0.5):
+        if controller is not None:
+            controller.tick(time.monotonic())
         for child in children:
             if child.exited() is not None:
                 print(child.failure("unexpectedly"), file=sys.stderr, flush=True)
@@ -267,30 +278,34 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     return 0
 
 
-def _start_spinners(mode: str, gpus: bool, watch: tuple[int, ...], hold_s: float) -> list[subprocess.Popen]:
-    """One warm_cores loop per usable core (spinning while the `watch` processes, the Tulips, work), in its own
-    session, SIGTERM'd should `ivy up` die; none where `mode` (auto | on) and the host say so (logged)."""
+def _warm_cores_allowed(mode: str, gpus: bool) -> bool:
+    """Whether `--warm-cores` `mode` (auto | on) starts loops here: Linux's SCHED_IDLE, GPU Tulips, no cgroup CPU
+    limit, and for auto a virtual machine; each refusal logged (a warning when the flag asked for them)."""
+    level = logging.WARNING if mode == "on" else logging.INFO
     if not warm_cores.supported():
-        log.log(logging.WARNING if mode == "on" else logging.INFO,
-                "--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
-        return []
+        log.log(level, "--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
+        return False
+    if not gpus:  # the cores are the model's: loops beside a CPU Tulip made its requests 5-10 x slower (NOTES)
+        log.log(level, "--warm-cores: no Tulip has a GPU (its cores run the model); no core is kept warm")
+        return False
     quota = cgroup_cpu_quota()
     if quota is not None:  # the loops' busy time counts against it and would throttle the stack's own threads
-        log.log(logging.WARNING if mode == "on" else logging.INFO,
-                "--warm-cores: this stack runs under a CPU quota of %d CPUs (a cgroup limit), which busy loops "
-                "would spend; no core is kept warm", quota)
-        return []
-    if not gpus:  # the cores are the model's: loops beside a CPU Tulip made its requests 5-10 x slower (NOTES)
-        log.log(logging.WARNING if mode == "on" else logging.INFO,
-                "--warm-cores: no Tulip has a GPU (its cores run the model); no core is kept warm")
-        return []
+        log.log(level, "--warm-cores: this stack runs under a CPU quota of %d CPUs (a cgroup limit), which busy "
+                "loops would spend; no core is kept warm", quota)
+        return False
     if mode == "auto" and not warm_cores.in_virtual_machine():
         log.info("--warm-cores auto: not a virtual machine; no core is kept warm (--warm-cores on to keep them)")
-        return []
+        return False
+    return True
+
+
+def _start_spinners() -> list[subprocess.Popen]:
+    """One warm_cores loop per usable core, in its own session, SIGKILLed should `ivy up` die (a stopped loop
+    would hold a SIGTERM until continued)."""
     cpus = warm_cores.affinity_cpus()
-    procs = [subprocess.Popen(warm_cores.argv(cpu, watch, hold_s), stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, start_new_session=True,
-                              preexec_fn=_parent_death_signal())  # noqa: PLW1509
+    procs = [subprocess.Popen(warm_cores.argv(cpu), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              start_new_session=True,
+                              preexec_fn=_parent_death_signal(signal.SIGKILL))  # noqa: PLW1509
              for cpu in cpus]
     print(f"ivy up: cores {cpus[0]}-{cpus[-1]} kept out of idle while the Tulips work ({len(cpus)} "
           f"lowest-priority loops; --warm-cores off to stop them)", file=sys.stderr, flush=True)

@@ -52,8 +52,8 @@ class Child:
         self._pump.join(timeout=2)
 
 
-def _parent_death_signal():
-    """A preexec_fn that makes the child get SIGTERM when `ivy up` dies, even by SIGKILL or the OOM killer
+def _parent_death_signal(sig: int = signal.SIGTERM):
+    """A preexec_fn that makes the child get `sig` (SIGTERM) when `ivy up` dies, even by SIGKILL or the OOM killer
     (Linux; None elsewhere). The children run in their own session (a terminal's Ctrl-C reaches only
     `ivy up`, which stops them in order), so without it a killed `ivy up` would leave them holding the
     ports. libc's prctl is resolved here, in the parent: between fork and exec the child only calls it
@@ -67,7 +67,7 @@ def _parent_death_signal():
     PR_SET_PDEATHSIG = 1
 
     def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:  # ivy up died before prctl took effect
             os._exit(1)
 

@@ -11,30 +11,28 @@ woken thread preempts it at once. Linux only.
   sched_yield while it waits for work) does not wake and so does not preempt it, and a loop that kept the core
   could hold that thread until the next scheduler tick (the text path's p99 at 2.2-2.4 x its p50 in the one
   layers run of a `pass` loop; NOTES, "The layers at 9ffbd3f").
-- It spins only while the stack serves: given the Tulip processes to watch, it reads their CPU time every
-  CHECK_S and spins while they used at least ACTIVE_TICKS clock ticks (10 ms each) in the last WINDOW_S, and
-  HOLD_S after; otherwise it sleeps. An idle stack's loops cost ~nothing (an idle Tulip uses ~1 ms a second);
-  the first requests after a quiet spell meet cold cores until the loops notice (within ~CHECK_S of enough
-  work). Without a process to watch it spins for good.
+- It runs only while the stack serves: `ivy up` gives each Tulip a batch counter (TULIP_ACTIVITY_FILE,
+  protos/heartbeat.py) and its Controller, polled every POLL_S, sends the loops SIGCONT while any counter moved
+  in the last HOLD_S and SIGSTOP after, so an idle stack's loops cost nothing and its cores may halt. The loop
+  itself stays the plain one measured: no clock, no file read, no check between its turns. The first requests
+  after a quiet spell meet cold cores until the next poll.
 
 Each spinning loop shows as a busy core, and under a cgroup CPU limit that use would count against the quota
 and throttle the real threads, so `ivy up` starts none under one (ivy/up.py decides when to start them).
 
-    python -m ivy.warm_cores CPU [--watch PID,PID] [--hold-s 1.0]   # one loop, pinned to CPU
+    python -m ivy.warm_cores CPU     # one loop, pinned to CPU (what `ivy up` starts per core)
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+import signal
 import sys
-import time
-from collections import deque
 
-CHECK_S = 0.05  # how often a loop reads the watched processes' CPU time
-WINDOW_S = 1.0  # the span their use is summed over
-ACTIVE_TICKS = 2  # ticks (of 10 ms) used in the window that count as serving: >= ~10 ms a second
-HOLD_S = 1.0  # how long a loop keeps spinning after the stack last served
+from protos.heartbeat import read_count
+
+POLL_S = 0.1  # how often `ivy up` reads its Tulips' batch counters
+HOLD_S = 1.0  # how long the loops keep running after a Tulip last launched a batch
 
 
 def affinity_cpus() -> list[int]:
@@ -57,83 +55,54 @@ def in_virtual_machine(cpuinfo: str = "/proc/cpuinfo") -> bool:
         return False
 
 
-def cpu_ticks(pids: tuple[int, ...]) -> int:
-    """User + system clock ticks used so far by these processes (all their threads); a process gone counts 0."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime: the 14th and 15th fields of the line
-    return total
+class Controller:
+    """The loops run while any Tulip's batch counter moved in the last `hold_s`, and are stopped otherwise:
+    `tick(now)` every POLL_S reads the counters and sends SIGCONT or SIGSTOP when that changes. The loops start
+    running; the first tick counts as activity (the Tulips' warm-up), so they stop `hold_s` after it."""
 
-
-class Activity:
-    """Whether the watched processes serve: fed (time, their ticks) every CHECK_S, `busy` is True while they
-    used ACTIVE_TICKS or more in the last WINDOW_S, and for HOLD_S after."""
-
-    def __init__(self, hold_s: float = HOLD_S, window_s: float = WINDOW_S, active_ticks: int = ACTIVE_TICKS) -> None:
-        self.hold_s, self.window_s, self.active_ticks = hold_s, window_s, active_ticks
-        self._seen: deque[tuple[float, int]] = deque()
+    def __init__(self, loops: list, counters: list[str], hold_s: float = HOLD_S, read=read_count) -> None:
+        self.loops, self.counters, self.hold_s, self._read = loops, counters, hold_s, read
+        self._last: list[int | None] | None = None
         self._busy_until = float("-inf")
+        self.running = True
+        self.switches = 0  # SIGSTOP / SIGCONT rounds sent
 
-    def update(self, now: float, ticks: int) -> bool:
-        seen = self._seen
-        seen.append((now, ticks))
-        while len(seen) > 1 and seen[1][0] <= now - self.window_s:  # keep one reading at or before the window
-            seen.popleft()
-        if ticks - seen[0][1] >= self.active_ticks:
+    def tick(self, now: float) -> bool:
+        counts = [self._read(path) for path in self.counters]
+        if counts != self._last:
             self._busy_until = now + self.hold_s
-        return now < self._busy_until
+            self._last = counts
+        want = now < self._busy_until
+        if want != self.running:
+            self.running = want
+            self.switches += 1
+            for loop in self.loops:
+                if loop.poll() is None:
+                    try:
+                        os.kill(loop.pid, signal.SIGCONT if want else signal.SIGSTOP)
+                    except ProcessLookupError:
+                        pass
+        return want
 
 
-def spin(cpu: int, watch: tuple[int, ...] = (), hold_s: float = HOLD_S) -> int:
-    """Pin to `cpu`, drop to SCHED_IDLE, then loop until killed: for good without `watch`, else while the
-    watched processes serve. Where either setting is refused (a seccomp profile, a CPU outside the cgroup's
-    set) it says so and returns 1: a loop at normal priority would take the core."""
+def spin(cpu: int) -> int:
+    """Pin to `cpu`, drop to SCHED_IDLE, then loop until killed. Where either is refused (a seccomp profile, a
+    CPU outside the cgroup's set) it says so and returns 1: a loop at normal priority would take the core."""
     try:
         os.sched_setaffinity(0, {cpu})
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except OSError as exc:
         print(f"ivy.warm_cores: core {cpu} not kept warm: {exc}", file=sys.stderr, flush=True)
         return 1
-    if not watch:
-        while True:  # each turn hands the core to any runnable thread, one that merely yielded it included
-            os.sched_yield()
-    activity = Activity(hold_s)
-    clock, yield_core = time.monotonic, os.sched_yield
-    while True:
-        now = clock()
-        if activity.update(now, cpu_ticks(watch)):
-            check_at = now + CHECK_S
-            while clock() < check_at:
-                yield_core()
-        else:
-            time.sleep(CHECK_S)  # the core may halt: nothing is served
+    while True:  # each turn hands the core to any runnable thread, one that merely yielded it included
+        os.sched_yield()
 
 
-def argv(cpu: int, watch: tuple[int, ...] = (), hold_s: float = HOLD_S) -> list[str]:
-    """The command line of one loop (what `ivy up` starts per core)."""
-    out = [sys.executable, "-m", "ivy.warm_cores", str(cpu)]
-    if watch:
-        out += ["--watch", ",".join(map(str, watch)), "--hold-s", f"{hold_s:g}"]
-    return out
-
-
-def main(args: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ivy.warm_cores", description=__doc__.split("\n")[0])
-    parser.add_argument("cpu", type=int, help="the core to keep warm")
-    parser.add_argument("--watch", default="", help="comma-separated PIDs: spin only while they serve")
-    parser.add_argument("--hold-s", type=float, default=HOLD_S, help="seconds to keep spinning after they served")
-    ns = parser.parse_args(args)
-    try:
-        watch = tuple(int(p) for p in ns.watch.split(",") if p.strip())
-    except ValueError:
-        parser.error(f"--watch takes comma-separated PIDs, not {ns.watch!r}")
-    return spin(ns.cpu, watch, ns.hold_s)
+def argv(cpu: int) -> list[str]:
+    return [sys.executable, "-m", "ivy.warm_cores", str(cpu)]
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
+        raise SystemExit("usage: python -m ivy.warm_cores CPU")
+    sys.exit(spin(int(sys.argv[1])))

@@ -21,6 +21,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from protos import embed_pb2, embed_pb2_grpc
 from protos.framing import PORT_OFFSET as FRAMED_PORT_OFFSET
+from protos.heartbeat import Heartbeat
 from rose import gc_pauses
 from tulip.channel_options import CLIENT_CHANNEL_OPTIONS, server_options
 from tulip.config import TulipConfig
@@ -148,13 +149,16 @@ class TulipServer:
                                    bulk_share=config.bulk_share,
                                    interactive_batch_tokens=config.interactive_batch_tokens,
                                    interactive_recent_s=config.interactive_recent_ms / 1e3)
+        heartbeat = Heartbeat(config.activity_file) if config.activity_file else None
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
-                             pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch)
+                             pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch,
+                             heartbeat=heartbeat)
         self.worker.start()
         if config.express_batch_tokens and config.lanes and getattr(self.engine, "express", False):
             self.express = ExpressWorker(self.engine, self.queue, express_tokens=config.express_batch_tokens,
                                          metrics=self.metrics)
+            self.express.heartbeat = heartbeat
             self.express.start()  # prewarms its lane's graphs, then turns express on (tulip/express.py)
         if config.watchdog_s > 0:
             self.watchdog = Watchdog(self.worker, floor_s=config.watchdog_s, factor=config.watchdog_factor,

@@ -49,8 +49,10 @@ class Worker:
     name = "tulip"
 
     def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
-                 idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0, inline_launch: bool = False) -> None:
+                 idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0, inline_launch: bool = False,
+                 heartbeat=None) -> None:
         self.engine = engine
+        self.heartbeat = heartbeat  # protos.heartbeat.Heartbeat: counts launched batches for `ivy up`; None = off
         self.queue = queue
         self.max_inflight = max_inflight
         self.metrics = metrics
@@ -239,6 +241,8 @@ class Worker:
             self._started.append((now, estimate))
             self._tail_end = max(now, self._tail_end) + estimate
         self._launched.put(Launched(packed, row_starts, lazy, t0, now))
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
         if self.metrics is not None:
             try:
                 self.metrics.observe_launch(packed, batch, t1 - t0, lazy, express=self.express, inline=inline)

@@ -1,9 +1,11 @@
-"""`ivy up --warm-cores`: one lowest-priority loop per usable core, pinned, spinning while the Tulips work, gone
-with the stack; `auto` (the default) starts them only for GPU Tulips in a virtual machine without a CPU limit."""
+"""`ivy up --warm-cores`: one lowest-priority loop per usable core, pinned, running while the Tulips launch batches
+and stopped otherwise, gone with the stack; `auto` (the default) starts them only for GPU Tulips in a virtual
+machine without a CPU limit."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,8 +27,18 @@ def _policy_and_cpus(pid: int, timeout: float = 20.0) -> tuple[int, set[int]]:
         time.sleep(0.05)
 
 
-def _cpu_s(pid: int) -> float:
-    return warm_cores.cpu_ticks((pid,)) / os.sysconf("SC_CLK_TCK")
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_state(pid: int, stopped: bool, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while (_state(pid) == "T") != stopped:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def test_a_loop_runs_at_sched_idle_pinned_to_its_core() -> None:
@@ -40,76 +52,41 @@ def test_a_loop_runs_at_sched_idle_pinned_to_its_core() -> None:
         proc.wait()
 
 
-def test_activity_counts_serving_not_an_idle_trickle() -> None:
-    """Ticks fed every 50 ms: an idle Tulip's tick every few seconds never counts; 2 ticks within the 1 s window
-    do, and the loop keeps spinning for the hold after them, then stops."""
-    idle = warm_cores.Activity(hold_s=1.0)
-    busy_seen = [idle.update(k * 0.05, k // 60) for k in range(600)]  # one tick every 3 s for 30 s
-    assert not any(busy_seen)
-
-    a = warm_cores.Activity(hold_s=1.0)
-    assert not a.update(0.0, 100) and not a.update(0.05, 101)  # one tick: not yet
-    assert a.update(0.10, 102)  # two within the window: serving
-    assert a.update(1.00, 102)  # the window (back to t = 0) still holds both ticks: held until 2.0
-    assert a.update(1.05, 102) and a.update(1.95, 102)  # no growth in the window since, but within the hold
-    assert not a.update(2.05, 102)  # the hold has passed: the loop sleeps
-    assert a.update(2.10, 104)  # serving again
-
-
-def test_activity_window_forgets_old_ticks() -> None:
-    """Ticks spread thinner than ACTIVE_TICKS a window never count, however long they go on."""
-    a = warm_cores.Activity(hold_s=0.0, window_s=1.0, active_ticks=2)
-    assert not any(a.update(k * 0.05, k // 30) for k in range(400))  # one tick every 1.5 s
-
-
-def test_cpu_ticks_follow_a_process_and_skip_one_gone() -> None:
-    before = warm_cores.cpu_ticks((os.getpid(),))
-    end = time.process_time() + 0.1
-    while time.process_time() < end:
-        pass
-    assert warm_cores.cpu_ticks((os.getpid(),)) >= before + 5  # 100 ms of CPU is 10 ticks (at 100 Hz)
-    assert warm_cores.cpu_ticks((2**22 + 7,)) == 0  # no such process
-
-
-def test_a_watching_loop_sleeps_while_the_watched_process_idles_and_spins_while_it_works() -> None:
-    cpus = warm_cores.affinity_cpus()
-    if len(cpus) < 2:
-        pytest.skip("needs two cores: the watched process on one, the loop on another")
-    watched = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                                "for line in sys.stdin:\n"
-                                "    end = time.monotonic() + float(line)\n"
-                                "    while time.monotonic() < end: pass\n"], stdin=subprocess.PIPE, text=True)
-    os.sched_setaffinity(watched.pid, {cpus[0]})
-    loop = subprocess.Popen(warm_cores.argv(cpus[-1], (watched.pid,), hold_s=0.2))
+def test_the_controller_runs_the_loops_while_a_counter_moves_and_stops_them_after_the_hold() -> None:
+    counts = {"a": 5, "b": None}  # b: a replica that has not started its counter yet
+    loop = subprocess.Popen(warm_cores.argv(warm_cores.affinity_cpus()[-1]))
     try:
-        _policy_and_cpus(loop.pid)
-        time.sleep(0.5)
-        start = _cpu_s(loop.pid)
-        time.sleep(1.5)
-        idle = _cpu_s(loop.pid) - start
-        assert idle < 0.1, f"the loop used {idle:.2f} s of CPU in 1.5 s while nothing was served"
-        watched.stdin.write("2.5\n")
-        watched.stdin.flush()
-        time.sleep(0.5)  # the loop notices within its window
-        start = _cpu_s(loop.pid)
-        time.sleep(1.5)
-        busy = _cpu_s(loop.pid) - start
-        assert busy > 0.3, f"the loop used only {busy:.2f} s of CPU in 1.5 s while the watched process worked"
+        c = warm_cores.Controller([loop], ["a", "b"], hold_s=1.0, read=counts.get)
+        assert c.tick(0.0)  # the first reading counts as activity (the replicas' warm-up)
+        assert c.tick(0.9) and not _wait_state(loop.pid, stopped=True, timeout=0.3)
+        assert not c.tick(1.05)  # nothing moved for the hold: stopped
+        assert _wait_state(loop.pid, stopped=True)
+        assert not c.tick(5.0) and c.switches == 1  # no signal while nothing changes
+        counts["b"] = 0  # replica b started: that is a move too
+        assert c.tick(5.1) and _wait_state(loop.pid, stopped=False)
+        assert not c.tick(6.2) and _wait_state(loop.pid, stopped=True)
+        counts["a"] = 6
+        assert c.tick(6.3) and _wait_state(loop.pid, stopped=False)
+        assert c.switches == 4
     finally:
-        for p in (loop, watched):
-            p.kill()
-            p.wait()
+        loop.kill()  # a stopped loop dies of SIGKILL too
+        loop.wait()
 
 
-def test_ivy_up_starts_one_watching_loop_per_usable_core(monkeypatch) -> None:
+def test_the_controller_skips_a_loop_already_gone() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    c = warm_cores.Controller([gone], ["a"], hold_s=0.0, read=lambda _: 1)
+    assert not c.tick(0.0)  # would stop it: no error for a loop that exited
+
+
+def test_ivy_up_starts_one_loop_per_usable_core(monkeypatch) -> None:
     cpus = warm_cores.affinity_cpus()[:2]
     monkeypatch.setattr(warm_cores, "affinity_cpus", lambda: cpus)
-    monkeypatch.setattr(up, "cgroup_cpu_quota", lambda: None)  # whatever CPU limit the test host has
-    procs = up._start_spinners("on", True, (os.getpid(),), 1.0)
+    procs = up._start_spinners()
     try:
         assert len(procs) == len(cpus)
         assert sorted(_policy_and_cpus(p.pid) for p in procs) == sorted((os.SCHED_IDLE, {c}) for c in cpus)
-        assert all(p.args[-4:] == ["--watch", str(os.getpid()), "--hold-s", "1"] for p in procs)
     finally:
         for p in procs:
             p.kill()
@@ -128,19 +105,14 @@ def test_ivy_up_starts_one_watching_loop_per_usable_core(monkeypatch) -> None:
 def test_when_the_loops_start(monkeypatch, mode, gpus, vm, quota, started) -> None:
     monkeypatch.setattr(up, "cgroup_cpu_quota", lambda: quota)
     monkeypatch.setattr(warm_cores, "in_virtual_machine", lambda: vm)
-    monkeypatch.setattr(warm_cores, "affinity_cpus", lambda: [0])
-    launched = []
-    monkeypatch.setattr(up.subprocess, "Popen", lambda argv, **_: launched.append(argv) or argv)
-    assert bool(up._start_spinners(mode, gpus, (1,), 1.0)) is started
-    assert len(launched) == started
+    assert up._warm_cores_allowed(mode, gpus) is started
 
 
 def test_no_loop_starts_under_a_cpu_quota(monkeypatch, caplog) -> None:
     """Under a cgroup CPU limit the loops' busy time would count against it and throttle the stack itself."""
     monkeypatch.setattr(up, "cgroup_cpu_quota", lambda: 4)
-    monkeypatch.setattr(up.subprocess, "Popen", lambda *a, **k: pytest.fail("a loop was started"))
     with caplog.at_level("WARNING", logger=up.log.name):
-        assert up._start_spinners("on", True, (1,), 1.0) == []
+        assert up._warm_cores_allowed("on", True) is False
     assert "CPU quota of 4 CPUs" in caplog.text
 
 
@@ -179,10 +151,9 @@ def test_the_flag_alone_means_on() -> None:
 
 
 def test_a_bad_cpu_argument_is_refused() -> None:
-    for bad in (["x"], ["0", "--watch", "1,y"]):
-        result = subprocess.run([sys.executable, "-m", "ivy.warm_cores", *bad], check=False, capture_output=True,
-                                text=True)
-        assert result.returncode != 0 and "usage" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "ivy.warm_cores", "x"], check=False, capture_output=True,
+                            text=True)
+    assert result.returncode != 0 and "usage" in result.stderr
 
 
 def test_a_loop_refused_its_class_never_spins(monkeypatch, capsys) -> None:
@@ -193,3 +164,29 @@ def test_a_loop_refused_its_class_never_spins(monkeypatch, capsys) -> None:
     monkeypatch.setattr(os, "sched_setscheduler", refuse)
     assert warm_cores.spin(0) == 1  # returns instead of looping at normal priority
     assert "core 0 not kept warm" in capsys.readouterr().err
+
+
+def test_a_stopped_loop_dies_with_ivy_up() -> None:
+    """A SIGSTOPped loop would hold a SIGTERM until continued: the loops' parent-death signal is SIGKILL."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import signal, subprocess, sys, time\n"
+        "from ivy import up, warm_cores\n"
+        "loop = subprocess.Popen(warm_cores.argv(warm_cores.affinity_cpus()[-1]), start_new_session=True,\n"
+        "                        preexec_fn=up._parent_death_signal(signal.SIGKILL))\n"
+        "print(loop.pid, flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    loop_pid = int(parent.stdout.readline())
+    try:
+        os.kill(loop_pid, signal.SIGSTOP)
+        assert _wait_state(loop_pid, stopped=True)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{loop_pid}") and _state(loop_pid) != "Z":
+            assert time.monotonic() < deadline, "the stopped loop outlived its parent"
+            time.sleep(0.05)
+    finally:
+        try:
+            os.kill(loop_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
