@@ -58,7 +58,8 @@ elif [ "${STEP}" = commits ]; then
     for side in base head; do
       path=$PWD; [ $side = base ] && path=$PWD/.base
       cd $path  # `python3 -m` puts the working directory first on sys.path: the side's own packages
-      start_stack $side$round PYTHONPATH=/tmp/site:$path python3 -m ivy up
+      # warm cores off on both sides: the code is compared, not the host's cores (the flag is auto since 817e29d)
+      start_stack $side$round PYTHONPATH=/tmp/site:$path IVY_UP_WARM_CORES=off python3 -m ivy up
       cd - > /dev/null
       layers $side$round $metrics1 --layers ivy-text,ivy-ids,tulip-grpc --suite embed-latency,concurrency \
         --embed-tokens 128,4096 --duration-s ${DURATION:-2}

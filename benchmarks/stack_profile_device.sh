@@ -23,6 +23,9 @@ mkdir -p /tmp/sp && rm -rf /tmp/sp/* && mkdir -p /tmp/gcx
 # GCX_THRESHOLD (a variant's env): gc.set_threshold for every process of the stack, from a sitecustomize
 printf 'import gc, os\nt = os.environ.get("GCX_THRESHOLD")\nif t:\n    gc.set_threshold(*map(int, t.split(",")))\n' > /tmp/gcx/sitecustomize.py
 
+# Its steps compare cores kept warm by hand (STEP=spin) or by the flag (warm, warm-load) with a stack without them:
+# `ivy up`'s own loops (--warm-cores auto, the default on this host) stay off unless a step turns them on.
+export IVY_UP_WARM_CORES=${IVY_UP_WARM_CORES:-off}
 start_up() {  # start_up LABEL [VAR=value ...]: `ivy up` until /ready; sets up, tulip_pid, ivy_pids
   local label=$1; shift
   env PYTHONPATH=/tmp/gcx:$PYTHONPATH "$@" ${PIN:+taskset -c $PIN} python3 -m ivy up --model $dir --served-model-name $model --port 8080 \

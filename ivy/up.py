@@ -14,6 +14,7 @@ ivy.up_process's, the port checks and readiness probes ivy.up_checks'.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import signal
@@ -35,6 +36,7 @@ from ivy.up_checks import (
 )
 from ivy.up_process import Child, _parent_death_signal
 from protos.framing import PORT_OFFSET as FRAMED_PORT_OFFSET
+from protos.heartbeat import CountReader
 from rose.flags import config_to_env
 from rose.host_cpus import cgroup_cpu_quota
 from rose.spec import ModelFolderError, load_spec
@@ -71,10 +73,10 @@ class UpConfig:
         mode = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}.get(
             self.warm_cores.strip().lower(), self.warm_cores.strip().lower())
         if mode not in ("auto", "on", "off"):
-            raise ValueError(f"warm_cores must be auto, on or off, got {self.warm_cores!r}")
+            raise SystemExit(f"ivy up: --warm-cores must be auto, on or off, not {self.warm_cores!r}")
         object.__setattr__(self, "warm_cores", mode)
-        if self.warm_cores_hold_s < 0:
-            raise ValueError(f"warm_cores_hold_s must not be negative, got {self.warm_cores_hold_s}")
+        if not math.isfinite(self.warm_cores_hold_s) or self.warm_cores_hold_s < 0:
+            raise SystemExit(f"ivy up: --warm-cores-hold-s must be 0 or more seconds, not {self.warm_cores_hold_s}")
 
 
 
@@ -191,8 +193,8 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             fports[k] = 0
     compile_env = kernel_compile_env(len(devices))
     warm = up.warm_cores != "off" and _warm_cores_allowed(up.warm_cores, any(d is not None for d in devices))
-    counters = [os.path.join(tempfile.mkdtemp(prefix="ivy-up-warm-"), f"tulip{k}.count") if warm else ""
-                for k in range(len(devices))]
+    warm_dir = tempfile.mkdtemp(prefix="ivy-up-warm-") if warm else ""  # removed once the counters are open
+    counters = [os.path.join(warm_dir, f"tulip{k}.count") if warm else "" for k in range(len(devices))]
     for k, device in enumerate(devices):
         port, mport = ports[k], mports[k]
         env = dict(os.environ)
@@ -224,8 +226,8 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         for spinner in spinners:
             spinner.kill()  # SIGKILL ends a stopped loop too
             spinner.wait()
-        for path in filter(None, counters):
-            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        if warm_dir:
+            shutil.rmtree(warm_dir, ignore_errors=True)
         gateway.stop(timeout=15 + config.drain_delay_s)
         for tulip in tulips:  # signal all first so they drain in parallel
             if tulip.exited() is None:
@@ -262,8 +264,14 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
 
     controller = None
     if warm:
-        spinners.extend(_start_spinners())
-        controller = warm_cores.Controller(spinners, counters, up.warm_cores_hold_s)
+        readers = _open_counters(counters)
+        shutil.rmtree(warm_dir, ignore_errors=True)  # the Tulips map their files, ivy up holds descriptors
+        if readers:
+            spinners.extend(_start_spinners())
+            controller = warm_cores.Controller(spinners, readers, up.warm_cores_hold_s)
+        else:
+            log.log(logging.WARNING if up.warm_cores == "on" else logging.INFO,
+                    "--warm-cores: no Tulip runs on a GPU (TULIP_DEVICE?); no core is kept warm")
     _print_banner(url, config, addresses, metrics_urls)
     while not stop.wait(warm_cores.POLL_S if controller else 0.5):
         if controller is not None:
@@ -286,7 +294,8 @@ def _warm_cores_allowed(mode: str, gpus: bool) -> bool:
         log.log(level, "--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
         return False
     if not gpus:  # the cores are the model's: loops beside a CPU Tulip made its requests 5-10 x slower (NOTES)
-        log.log(level, "--warm-cores: no Tulip has a GPU (its cores run the model); no core is kept warm")
+        log.log(level if mode == "on" else logging.DEBUG,  # auto on a CPU machine: nothing worth a line
+                "--warm-cores: no Tulip has a GPU (its cores run the model); no core is kept warm")
         return False
     quota = cgroup_cpu_quota()
     if quota is not None:  # the loops' busy time counts against it and would throttle the stack's own threads
@@ -297,6 +306,17 @@ def _warm_cores_allowed(mode: str, gpus: bool) -> bool:
         log.info("--warm-cores auto: not a virtual machine; no core is kept warm (--warm-cores on to keep them)")
         return False
     return True
+
+
+def _open_counters(paths: list[str]) -> list:
+    """Readers of the counters that exist once the Tulips are ready: a Tulip makes its own only on a GPU."""
+    readers = []
+    for path in paths:
+        try:
+            readers.append(CountReader(path).read)
+        except OSError:
+            continue
+    return readers
 
 
 def _start_spinners() -> list[subprocess.Popen]:

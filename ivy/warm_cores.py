@@ -5,15 +5,18 @@ the stack wakes, an event loop on a socket or the completer's hand-off, first wa
 and then runs cold: on the lent H200 host (a microVM) one 128-token request through Ivy and Tulip spent ~0.5
 ms of its ~2.9 ms on that (benchmarks/NOTES.md, "Cores kept out of idle"). A loop that runs only when nothing
 else wants the core (SCHED_IDLE, pinned to it) keeps the core busy without taking time from anything else: a
-woken thread preempts it at once. Linux only.
+woken thread preempts it at once. Only inside its own cgroup, though: SCHED_IDLE ranks a task below its cgroup's
+other tasks, while busy processes in other cgroups (other services or containers on the host) still share the
+CPU with the loops' cgroup as a whole, so the loops are for hosts whose cores serve the stack alone. Linux only.
 
 - The loop yields the core on every turn: a thread that only yields (a `tokenizers` worker between tasks calls
   sched_yield while it waits for work) does not wake and so does not preempt it, and a loop that kept the core
   could hold that thread until the next scheduler tick (the text path's p99 at 2.2-2.4 x its p50 in the one
   layers run of a `pass` loop; NOTES, "The layers at 9ffbd3f").
 - It runs only while the stack serves: `ivy up` gives each Tulip a batch counter (TULIP_ACTIVITY_FILE,
-  protos/heartbeat.py) and its Controller, polled every POLL_S, sends the loops SIGCONT while any counter moved
-  in the last HOLD_S and SIGSTOP after, so an idle stack's loops cost nothing and its cores may halt. The loop
+  protos/heartbeat.py; a Tulip makes it only on a GPU) and its Controller, polled every POLL_S, sends the loops
+  SIGCONT while any counter moved in the last HOLD_S and SIGSTOP after, so an idle stack's loops take no CPU
+  (each is still a Python process of ~11 MB) and its cores may halt. The loop
   itself stays the plain one measured: no clock, no file read, no check between its turns. The first requests
   after a quiet spell meet cold cores until the next poll.
 
@@ -28,8 +31,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-
-from protos.heartbeat import read_count
 
 POLL_S = 0.1  # how often `ivy up` reads its Tulips' batch counters
 HOLD_S = 1.0  # how long the loops keep running after a Tulip last launched a batch
@@ -57,27 +58,28 @@ def in_virtual_machine(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 class Controller:
     """The loops run while any Tulip's batch counter moved in the last `hold_s`, and are stopped otherwise:
-    `tick(now)` every POLL_S reads the counters and sends SIGCONT or SIGSTOP when that changes. The loops start
-    running; the first tick counts as activity (the Tulips' warm-up), so they stop `hold_s` after it."""
+    `tick(now)` every POLL_S reads the counters (`readers`: callables returning a count, None while unreadable)
+    and sends SIGCONT or SIGSTOP when that changes. The loops start running; the first tick counts as activity
+    (the Tulips' warm-up), so they stop `hold_s` after it."""
 
-    def __init__(self, loops: list, counters: list[str], hold_s: float = HOLD_S, read=read_count) -> None:
-        self.loops, self.counters, self.hold_s, self._read = loops, counters, hold_s, read
+    def __init__(self, loops: list, readers: list, hold_s: float = HOLD_S) -> None:
+        self.loops, self.readers, self.hold_s = loops, readers, hold_s
         self._last: list[int | None] | None = None
         self._busy_until = float("-inf")
         self.running = True
         self.switches = 0  # SIGSTOP / SIGCONT rounds sent
 
     def tick(self, now: float) -> bool:
-        counts = [self._read(path) for path in self.counters]
+        counts = [read() for read in self.readers]
         if counts != self._last:
             self._busy_until = now + self.hold_s
             self._last = counts
-        want = now < self._busy_until
+        want = now <= self._busy_until  # a hold of 0 runs them from one tick that saw a batch to the next
         if want != self.running:
             self.running = want
             self.switches += 1
             for loop in self.loops:
-                if loop.poll() is None:
+                if loop.poll() is None:  # a loop that exited: its pid may be another process's by now
                     try:
                         os.kill(loop.pid, signal.SIGCONT if want else signal.SIGSTOP)
                     except ProcessLookupError:

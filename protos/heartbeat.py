@@ -34,6 +34,21 @@ class Heartbeat:
         self._map.close()
 
 
+class CountReader:
+    """A count read through a descriptor opened once: it survives the file's name being removed (`ivy up` removes
+    its counters' folder as soon as it has them open)."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def read(self) -> int | None:
+        data = os.pread(self._fd, _COUNT.size, 0)
+        return _COUNT.unpack(data)[0] if len(data) == _COUNT.size else None
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 def read_count(path: str) -> int | None:
     """The count in `path`; None while it is missing or short (the replica has not started it yet)."""
     try:

@@ -94,7 +94,7 @@ class TulipConfig:
                                "not torch's and the model's ~300 k objects (rose/gc_pauses.py); false = off")
     activity_file: str = _f("", "a file this replica counts its launched batches in (8 bytes, shared mapping; "
                                 "protos/heartbeat.py), which `ivy up` reads to keep cores warm only while it works; "
-                                "empty = none")
+                                "made on a GPU only (set by `ivy up`); empty = none")
     pinned_cap_mb: int = _f(256, "cap on ROSE's page-locked host memory for results, in MiB")
     framed_port: int = _f(-1, "TCP port of the framed EmbedStream (EmbedStream's messages behind a 4-byte length, "
                               "without gRPC's per-message cost; tulip/framed.py), named in Info for Ivy (IVY_FRAMED); "

@@ -149,7 +149,7 @@ class TulipServer:
                                    bulk_share=config.bulk_share,
                                    interactive_batch_tokens=config.interactive_batch_tokens,
                                    interactive_recent_s=config.interactive_recent_ms / 1e3)
-        heartbeat = Heartbeat(config.activity_file) if config.activity_file else None
+        heartbeat = _heartbeat(config.activity_file, str(info.device))
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch,
@@ -307,3 +307,17 @@ class TulipServer:
         quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull, Stalled, DeadlineUnmeetable))  # counted in metrics; no log flood
         log.log(logging.DEBUG if quiet else logging.INFO, "Embed %s rejected: %s: %s",
                 request_id or "-", exc.status, exc.message)
+
+
+def _heartbeat(path: str, device: str) -> Heartbeat | None:
+    """The batch counter `ivy up` asked for (TULIP_ACTIVITY_FILE), kept only on a GPU: its warm-cores loops are
+    for a host whose cores wait on the device, and beside a replica on the CPU they would take the model's cores
+    (benchmarks/NOTES.md, "Cores kept warm while the stack serves"). A path that cannot be written costs the
+    counter, not the replica."""
+    if not path or not device.startswith("cuda"):
+        return None
+    try:
+        return Heartbeat(path)
+    except OSError as exc:
+        log.warning("no batch counter at %s (%s): `ivy up` keeps no core warm for this replica", path, exc)
+        return None

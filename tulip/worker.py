@@ -242,7 +242,10 @@ class Worker:
             self._tail_end = max(now, self._tail_end) + estimate
         self._launched.put(Launched(packed, row_starts, lazy, t0, now))
         if self.heartbeat is not None:
-            self.heartbeat.beat()
+            try:  # launched already: nothing after the put may fail the batch
+                self.heartbeat.beat()
+            except Exception:  # noqa: BLE001
+                log.debug("batch counter failed", exc_info=True)
         if self.metrics is not None:
             try:
                 self.metrics.observe_launch(packed, batch, t1 - t0, lazy, express=self.express, inline=inline)

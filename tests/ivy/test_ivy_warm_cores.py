@@ -28,8 +28,12 @@ def _policy_and_cpus(pid: int, timeout: float = 20.0) -> tuple[int, set[int]]:
 
 
 def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+    """The process's state letter ("T" stopped, "Z" a zombie), "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
 
 
 def _wait_state(pid: int, stopped: bool, timeout: float = 10.0) -> bool:
@@ -53,16 +57,16 @@ def test_a_loop_runs_at_sched_idle_pinned_to_its_core() -> None:
 
 
 def test_the_controller_runs_the_loops_while_a_counter_moves_and_stops_them_after_the_hold() -> None:
-    counts = {"a": 5, "b": None}  # b: a replica that has not started its counter yet
+    counts = {"a": 5, "b": None}  # b: a counter not readable (yet)
     loop = subprocess.Popen(warm_cores.argv(warm_cores.affinity_cpus()[-1]))
     try:
-        c = warm_cores.Controller([loop], ["a", "b"], hold_s=1.0, read=counts.get)
+        c = warm_cores.Controller([loop], [lambda: counts["a"], lambda: counts["b"]], hold_s=1.0)
         assert c.tick(0.0)  # the first reading counts as activity (the replicas' warm-up)
-        assert c.tick(0.9) and not _wait_state(loop.pid, stopped=True, timeout=0.3)
+        assert c.tick(0.9) and _state(loop.pid) != "T"
         assert not c.tick(1.05)  # nothing moved for the hold: stopped
         assert _wait_state(loop.pid, stopped=True)
         assert not c.tick(5.0) and c.switches == 1  # no signal while nothing changes
-        counts["b"] = 0  # replica b started: that is a move too
+        counts["b"] = 0  # counter b became readable: that is a move too
         assert c.tick(5.1) and _wait_state(loop.pid, stopped=False)
         assert not c.tick(6.2) and _wait_state(loop.pid, stopped=True)
         counts["a"] = 6
@@ -73,11 +77,39 @@ def test_the_controller_runs_the_loops_while_a_counter_moves_and_stops_them_afte
         loop.wait()
 
 
-def test_the_controller_skips_a_loop_already_gone() -> None:
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    c = warm_cores.Controller([gone], ["a"], hold_s=0.0, read=lambda _: 1)
-    assert not c.tick(0.0)  # would stop it: no error for a loop that exited
+def test_a_hold_of_zero_runs_the_loops_from_a_tick_that_saw_a_batch_to_the_next() -> None:
+    count = [0]
+    c = warm_cores.Controller([], [lambda: count[0]], hold_s=0.0)
+    assert c.tick(0.0)
+    assert not c.tick(0.1)
+    count[0] = 1
+    assert c.tick(0.2) and not c.tick(0.3)
+
+
+def test_the_controller_signals_no_loop_that_exited(monkeypatch) -> None:
+    """Its pid may belong to another process by now."""
+
+    class Exited:
+        pid = 12345
+
+        def poll(self) -> int:
+            return 0
+
+    monkeypatch.setattr(os, "kill", lambda *a: pytest.fail(f"signalled {a}"))
+    c = warm_cores.Controller([Exited()], [lambda: 1], hold_s=0.0)
+    c.tick(0.0)
+    assert not c.tick(0.1) and c.switches == 1
+
+
+def test_ivy_up_opens_the_counters_the_tulips_made(tmp_path) -> None:
+    from protos.heartbeat import Heartbeat
+
+    made, missing = str(tmp_path / "tulip0.count"), str(tmp_path / "tulip1.count")  # tulip1: on the CPU
+    beat = Heartbeat(made)
+    readers = up._open_counters([made, missing])
+    assert len(readers) == 1 and readers[0]() == 0
+    beat.beat()
+    assert readers[0]() == 1
 
 
 def test_ivy_up_starts_one_loop_per_usable_core(monkeypatch) -> None:
@@ -134,8 +166,11 @@ def test_the_flag_is_auto_by_default_alone_on_and_an_env_var() -> None:
     assert config_from_args(up.UpConfig, {"warm_cores": "on"}, up.UP_ENV_PREFIX).warm_cores == "on"
     assert config_from_args(up.UpConfig, {}, up.UP_ENV_PREFIX, {"IVY_UP_WARM_CORES": "false"}).warm_cores == "off"
     assert up.UpConfig(warm_cores="True").warm_cores == "on"
-    with pytest.raises(ValueError, match="auto, on or off"):
+    with pytest.raises(SystemExit, match="auto, on or off"):
         up.UpConfig(warm_cores="sometimes")
+    for hold in (-1.0, float("nan")):
+        with pytest.raises(SystemExit, match="warm-cores-hold-s"):
+            up.UpConfig(warm_cores_hold_s=hold)
 
 
 def test_the_flag_alone_means_on() -> None:
@@ -168,6 +203,8 @@ def test_a_loop_refused_its_class_never_spins(monkeypatch, capsys) -> None:
 
 def test_a_stopped_loop_dies_with_ivy_up() -> None:
     """A SIGSTOPped loop would hold a SIGTERM until continued: the loops' parent-death signal is SIGKILL."""
+    import select
+
     parent = subprocess.Popen([sys.executable, "-c", (
         "import signal, subprocess, sys, time\n"
         "from ivy import up, warm_cores\n"
@@ -175,18 +212,20 @@ def test_a_stopped_loop_dies_with_ivy_up() -> None:
         "                        preexec_fn=up._parent_death_signal(signal.SIGKILL))\n"
         "print(loop.pid, flush=True)\n"
         "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
-    loop_pid = int(parent.stdout.readline())
+    loop_pid = None
     try:
+        assert select.select([parent.stdout], [], [], 30)[0], "the parent never started its loop"
+        loop_pid = int(parent.stdout.readline())
         os.kill(loop_pid, signal.SIGSTOP)
         assert _wait_state(loop_pid, stopped=True)
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 10
-        while os.path.exists(f"/proc/{loop_pid}") and _state(loop_pid) != "Z":
+        while _state(loop_pid) not in ("", "Z"):
             assert time.monotonic() < deadline, "the stopped loop outlived its parent"
             time.sleep(0.05)
     finally:
-        try:
+        parent.kill()
+        parent.wait()
+        if loop_pid is not None and _state(loop_pid) not in ("", "Z"):  # still the loop: it never died
             os.kill(loop_pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
