@@ -293,7 +293,7 @@ def _warm_cores_allowed(mode: str, gpus: bool) -> bool:
     if not warm_cores.supported():
         log.log(level, "--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
         return False
-    if not gpus:  # the cores are the model's: loops beside a CPU Tulip made its requests 5-10 x slower (NOTES)
+    if not gpus:  # the cores are the model's: nothing there waits on a device
         log.log(level if mode == "on" else logging.DEBUG,  # auto on a CPU machine: nothing worth a line
                 "--warm-cores: no Tulip has a GPU (its cores run the model); no core is kept warm")
         return False

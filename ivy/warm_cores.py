@@ -7,7 +7,10 @@ ms of its ~2.9 ms on that (benchmarks/NOTES.md, "Cores kept out of idle"). A loo
 else wants the core (SCHED_IDLE, pinned to it) keeps the core busy without taking time from anything else: a
 woken thread preempts it at once. Only inside its own cgroup, though: SCHED_IDLE ranks a task below its cgroup's
 other tasks, while busy processes in other cgroups (other services or containers on the host) still share the
-CPU with the loops' cgroup as a whole, so the loops are for hosts whose cores serve the stack alone. Linux only.
+CPU with the loops' cgroup as a whole, so the loops are for hosts whose cores serve the stack alone. The kernel's
+autogroups (one per session, where on) would do the same to the stack's own sessions: each loop lowers its
+group to nice 19 (`lowest_autogroup`; without it, loops beside a CPU-bound Tulip made its requests ~9 x slower on
+this project's 2-core VM). Linux only.
 
 - The loop yields the core on every turn: a thread that only yields (a `tokenizers` worker between tasks calls
   sched_yield while it waits for work) does not wake and so does not preempt it, and a loop that kept the core
@@ -87,6 +90,20 @@ class Controller:
         return want
 
 
+def lowest_autogroup(path: str = "/proc/self/autogroup") -> bool:
+    """Give this process's autogroup the lowest weight (nice 19). With the kernel's autogroups on (the default
+    of many distributions and of the H200 guest), CPU time is shared between sessions first and SCHED_IDLE ranks
+    a task only inside its own: a loop in its own session would get a fair share of its core against the
+    session of a Tulip or an Ivy worker. At nice 19 its group weighs 15 against their 1024. False where there
+    are no autogroups (a cgroup with the cpu controller, or the feature off): SCHED_IDLE suffices there."""
+    try:
+        with open(path, "w") as f:
+            f.write("19")
+        return True
+    except OSError:
+        return False
+
+
 def spin(cpu: int) -> int:
     """Pin to `cpu`, drop to SCHED_IDLE, then loop until killed. Where either is refused (a seccomp profile, a
     CPU outside the cgroup's set) it says so and returns 1: a loop at normal priority would take the core."""
@@ -96,6 +113,7 @@ def spin(cpu: int) -> int:
     except OSError as exc:
         print(f"ivy.warm_cores: core {cpu} not kept warm: {exc}", file=sys.stderr, flush=True)
         return 1
+    lowest_autogroup()
     while True:  # each turn hands the core to any runnable thread, one that merely yielded it included
         os.sched_yield()
 

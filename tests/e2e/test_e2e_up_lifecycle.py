@@ -199,7 +199,7 @@ def test_without_the_bundled_model_ivy_up_asks_for_a_model_folder(tmp_path) -> N
 
 def test_warm_cores_never_run_beside_a_cpu_tulip() -> None:
     """`--warm-cores on` (the flag alone) with the one CPU Tulip a GPU-less host gets: the cores run the model, so
-    no loop starts and `ivy up` says why (loops beside a CPU Tulip made its requests 5-10 x slower)."""
+    no loop starts and `ivy up` says why."""
     proc, port = _start({"IVY_UP_WARM_CORES": "on"})
     try:
         proc.wait_for(lambda: any("no Tulip has a GPU" in line for line in proc.err), "the refusal", 120)

@@ -45,11 +45,24 @@ def _wait_state(pid: int, stopped: bool, timeout: float = 10.0) -> bool:
     return True
 
 
-def test_a_loop_runs_at_sched_idle_pinned_to_its_core() -> None:
+def _autogroups() -> bool:
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1" and os.path.exists("/proc/self/autogroup")
+    except OSError:
+        return False
+
+
+def test_a_loop_runs_at_sched_idle_pinned_to_its_core_in_the_lowest_autogroup() -> None:
     cpu = warm_cores.affinity_cpus()[-1]
-    proc = subprocess.Popen(warm_cores.argv(cpu))
+    proc = subprocess.Popen(warm_cores.argv(cpu), start_new_session=True)  # its own session, as `ivy up` starts it
     try:
         assert _policy_and_cpus(proc.pid) == (os.SCHED_IDLE, {cpu})
+        if _autogroups():  # sessions share the CPU first: SCHED_IDLE alone would rank the loop in its own only
+            deadline = time.monotonic() + 10
+            while not open(f"/proc/{proc.pid}/autogroup").read().rstrip().endswith("nice 19"):
+                assert time.monotonic() < deadline, open(f"/proc/{proc.pid}/autogroup").read()
+                time.sleep(0.02)
         assert proc.poll() is None  # it keeps looping
     finally:
         proc.kill()
@@ -101,6 +114,13 @@ def test_the_controller_signals_no_loop_that_exited(monkeypatch) -> None:
     assert not c.tick(0.1) and c.switches == 1
 
 
+def test_the_autogroup_weight_is_written_where_there_is_one(tmp_path) -> None:
+    group = tmp_path / "autogroup"
+    group.write_text("/autogroup-7 nice 0\n")
+    assert warm_cores.lowest_autogroup(str(group)) and group.read_text() == "19"
+    assert not warm_cores.lowest_autogroup(str(tmp_path / "none" / "autogroup"))  # no autogroups: SCHED_IDLE alone
+
+
 def test_ivy_up_opens_the_counters_the_tulips_made(tmp_path) -> None:
     from protos.heartbeat import Heartbeat
 
@@ -131,7 +151,7 @@ def test_ivy_up_starts_one_loop_per_usable_core(monkeypatch) -> None:
     ("auto", True, False, None, False),  # bare metal: not measured there (`on` keeps them)
     ("auto", True, True, 8, False),
     ("on", True, False, None, True),
-    ("on", False, True, None, False),  # not even on demand beside a CPU Tulip (5-10 x slower requests)
+    ("on", False, True, None, False),  # not even on demand beside a CPU Tulip: its cores run the model
     ("on", True, True, 4, False),  # never under a CPU limit
 ])
 def test_when_the_loops_start(monkeypatch, mode, gpus, vm, quota, started) -> None:
