@@ -15,27 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
+from benchmarks.overhead import cpu_seconds
 from benchmarks.stack.client import StackClient
 from ivy import warm_cores
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_ticks(pids: list[int]) -> int:
-    """User + system clock ticks used so far by these processes; one gone counts 0."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total
 
 
 def loop_pids() -> list[int]:
@@ -53,10 +39,10 @@ def loop_pids() -> list[int]:
 
 def phase(name: str, pids: list[int], seconds: float, work=None) -> dict:
     """The loops' CPU over `seconds` (in cores), while `work` (a callable returning latencies in s) runs or not."""
-    before, start = cpu_ticks(pids), time.monotonic()
+    before, start = cpu_seconds(pids), time.monotonic()
     latencies = work(seconds) if work else time.sleep(seconds) or []
     wall = time.monotonic() - start
-    cores = (cpu_ticks(pids) - before) / TICK / wall
+    cores = (cpu_seconds(pids) - before) / wall
     p50 = statistics.median(latencies) * 1e3 if latencies else None
     return {"phase": name, "wall_s": round(wall, 2), "loops": len(pids), "loops_cores": round(cores, 2),
             "requests": len(latencies), "p50_ms": round(p50, 3) if p50 else None}

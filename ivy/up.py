@@ -8,7 +8,7 @@ printed and `ivy up` exits 1. Ctrl-C or SIGTERM stops the gateway first, then th
 Before anything starts, the model folder is read and every port is checked: a port another stack holds
 would otherwise let `ivy up` report that stack's readiness as its own (exit 1, naming the port).
 Here: UpConfig, the GPU list, the start-up order and the banner; the supervised child process is
-ivy.up_process's, the port checks and readiness probes ivy.up_checks'.
+ivy.up_process's, the port checks and readiness probes ivy.up_checks', the warm-cores loops ivy.up_warm_cores'.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ivy import warm_cores
+from ivy import up_warm_cores, warm_cores
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.up_checks import (
     _ivy_ready,
@@ -34,11 +34,9 @@ from ivy.up_checks import (
     _tulip_connect_host,
     _tulip_serving,
 )
-from ivy.up_process import Child, _parent_death_signal
+from ivy.up_process import Child
 from protos.framing import PORT_OFFSET as FRAMED_PORT_OFFSET
-from protos.heartbeat import CountReader
 from rose.flags import config_to_env
-from rose.host_cpus import cgroup_cpu_quota
 from rose.spec import ModelFolderError, load_spec
 
 log = logging.getLogger("ivy.up")
@@ -192,7 +190,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
                         fport, ports[k])
             fports[k] = 0
     compile_env = kernel_compile_env(len(devices))
-    warm = up.warm_cores != "off" and _warm_cores_allowed(up.warm_cores, any(d is not None for d in devices))
+    warm = up.warm_cores != "off" and up_warm_cores.allowed(up.warm_cores, any(d is not None for d in devices))
     warm_dir = tempfile.mkdtemp(prefix="ivy-up-warm-") if warm else ""  # removed once the counters are open
     counters = [os.path.join(warm_dir, f"tulip{k}.count") if warm else "" for k in range(len(devices))]
     for k, device in enumerate(devices):
@@ -264,14 +262,10 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
 
     controller = None
     if warm:
-        readers = _open_counters(counters)
+        controller = up_warm_cores.start(counters, up.warm_cores, up.warm_cores_hold_s)
         shutil.rmtree(warm_dir, ignore_errors=True)  # the Tulips map their files, ivy up holds descriptors
-        if readers:
-            spinners.extend(_start_spinners())
-            controller = warm_cores.Controller(spinners, readers, up.warm_cores_hold_s)
-        else:
-            log.log(logging.WARNING if up.warm_cores == "on" else logging.INFO,
-                    "--warm-cores: no Tulip runs on a GPU (TULIP_DEVICE?); no core is kept warm")
+        if controller is not None:
+            spinners.extend(controller.loops)
     _print_banner(url, config, addresses, metrics_urls)
     while not stop.wait(warm_cores.POLL_S if controller else 0.5):
         if controller is not None:
@@ -284,52 +278,6 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     print("ivy up: stopping", file=sys.stderr, flush=True)
     shutdown()
     return 0
-
-
-def _warm_cores_allowed(mode: str, gpus: bool) -> bool:
-    """Whether `--warm-cores` `mode` (auto | on) starts loops here: Linux's SCHED_IDLE, GPU Tulips, no cgroup CPU
-    limit, and for auto a virtual machine; each refusal logged (a warning when the flag asked for them)."""
-    level = logging.WARNING if mode == "on" else logging.INFO
-    if not warm_cores.supported():
-        log.log(level, "--warm-cores needs Linux's SCHED_IDLE; no core is kept warm")
-        return False
-    if not gpus:  # the cores are the model's: nothing there waits on a device
-        log.log(level if mode == "on" else logging.DEBUG,  # auto on a CPU machine: nothing worth a line
-                "--warm-cores: no Tulip has a GPU (its cores run the model); no core is kept warm")
-        return False
-    quota = cgroup_cpu_quota()
-    if quota is not None:  # the loops' busy time counts against it and would throttle the stack's own threads
-        log.log(level, "--warm-cores: this stack runs under a CPU quota of %d CPUs (a cgroup limit), which busy "
-                "loops would spend; no core is kept warm", quota)
-        return False
-    if mode == "auto" and not warm_cores.in_virtual_machine():
-        log.info("--warm-cores auto: not a virtual machine; no core is kept warm (--warm-cores on to keep them)")
-        return False
-    return True
-
-
-def _open_counters(paths: list[str]) -> list:
-    """Readers of the counters that exist once the Tulips are ready: a Tulip makes its own only on a GPU."""
-    readers = []
-    for path in paths:
-        try:
-            readers.append(CountReader(path).read)
-        except OSError:
-            continue
-    return readers
-
-
-def _start_spinners() -> list[subprocess.Popen]:
-    """One warm_cores loop per usable core, in its own session, SIGKILLed should `ivy up` die (a stopped loop
-    would hold a SIGTERM until continued)."""
-    cpus = warm_cores.affinity_cpus()
-    procs = [subprocess.Popen(warm_cores.argv(cpu), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              start_new_session=True,
-                              preexec_fn=_parent_death_signal(signal.SIGKILL))  # noqa: PLW1509
-             for cpu in cpus]
-    print(f"ivy up: cores {cpus[0]}-{cpus[-1]} kept out of idle while the Tulips work ({len(cpus)} "
-          f"lowest-priority loops; --warm-cores off to stop them)", file=sys.stderr, flush=True)
-    return procs
 
 
 def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metrics: list[str]) -> None:

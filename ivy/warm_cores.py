@@ -24,7 +24,7 @@ this project's 2-core VM). Linux only.
   after a quiet spell meet cold cores until the next poll.
 
 Each spinning loop shows as a busy core, and under a cgroup CPU limit that use would count against the quota
-and throttle the real threads, so `ivy up` starts none under one (ivy/up.py decides when to start them).
+and throttle the real threads, so `ivy up` starts none under one (ivy/up_warm_cores.py decides when to start them).
 
     python -m ivy.warm_cores CPU     # one loop, pinned to CPU (what `ivy up` starts per core)
 """

@@ -52,8 +52,10 @@ class CountReader:
 def read_count(path: str) -> int | None:
     """The count in `path`; None while it is missing or short (the replica has not started it yet)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(_COUNT.size)
+        reader = CountReader(path)
     except OSError:
         return None
-    return _COUNT.unpack(data)[0] if len(data) == _COUNT.size else None
+    try:
+        return reader.read()
+    finally:
+        reader.close()

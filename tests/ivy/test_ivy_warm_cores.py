@@ -9,10 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from ivy import up, warm_cores
+from ivy import up, up_warm_cores, warm_cores
 
 pytestmark = pytest.mark.skipif(not warm_cores.supported(), reason="needs Linux's SCHED_IDLE")
 
@@ -60,8 +61,9 @@ def test_a_loop_runs_at_sched_idle_pinned_to_its_core_in_the_lowest_autogroup() 
         assert _policy_and_cpus(proc.pid) == (os.SCHED_IDLE, {cpu})
         if _autogroups():  # sessions share the CPU first: SCHED_IDLE alone would rank the loop in its own only
             deadline = time.monotonic() + 10
-            while not open(f"/proc/{proc.pid}/autogroup").read().rstrip().endswith("nice 19"):
-                assert time.monotonic() < deadline, open(f"/proc/{proc.pid}/autogroup").read()
+            group = Path(f"/proc/{proc.pid}/autogroup")
+            while not group.read_text().rstrip().endswith("nice 19"):
+                assert time.monotonic() < deadline, group.read_text()
                 time.sleep(0.02)
         assert proc.poll() is None  # it keeps looping
     finally:
@@ -126,7 +128,7 @@ def test_ivy_up_opens_the_counters_the_tulips_made(tmp_path) -> None:
 
     made, missing = str(tmp_path / "tulip0.count"), str(tmp_path / "tulip1.count")  # tulip1: on the CPU
     beat = Heartbeat(made)
-    readers = up._open_counters([made, missing])
+    readers = up_warm_cores.open_counters([made, missing])
     assert len(readers) == 1 and readers[0]() == 0
     beat.beat()
     assert readers[0]() == 1
@@ -135,7 +137,7 @@ def test_ivy_up_opens_the_counters_the_tulips_made(tmp_path) -> None:
 def test_ivy_up_starts_one_loop_per_usable_core(monkeypatch) -> None:
     cpus = warm_cores.affinity_cpus()[:2]
     monkeypatch.setattr(warm_cores, "affinity_cpus", lambda: cpus)
-    procs = up._start_spinners()
+    procs = up_warm_cores.start_loops()
     try:
         assert len(procs) == len(cpus)
         assert sorted(_policy_and_cpus(p.pid) for p in procs) == sorted((os.SCHED_IDLE, {c}) for c in cpus)
@@ -155,16 +157,16 @@ def test_ivy_up_starts_one_loop_per_usable_core(monkeypatch) -> None:
     ("on", True, True, 4, False),  # never under a CPU limit
 ])
 def test_when_the_loops_start(monkeypatch, mode, gpus, vm, quota, started) -> None:
-    monkeypatch.setattr(up, "cgroup_cpu_quota", lambda: quota)
+    monkeypatch.setattr(up_warm_cores, "cgroup_cpu_quota", lambda: quota)
     monkeypatch.setattr(warm_cores, "in_virtual_machine", lambda: vm)
-    assert up._warm_cores_allowed(mode, gpus) is started
+    assert up_warm_cores.allowed(mode, gpus) is started
 
 
 def test_no_loop_starts_under_a_cpu_quota(monkeypatch, caplog) -> None:
     """Under a cgroup CPU limit the loops' busy time would count against it and throttle the stack itself."""
-    monkeypatch.setattr(up, "cgroup_cpu_quota", lambda: 4)
-    with caplog.at_level("WARNING", logger=up.log.name):
-        assert up._warm_cores_allowed("on", True) is False
+    monkeypatch.setattr(up_warm_cores, "cgroup_cpu_quota", lambda: 4)
+    with caplog.at_level("WARNING", logger=up_warm_cores.log.name):
+        assert up_warm_cores.allowed("on", True) is False
     assert "CPU quota of 4 CPUs" in caplog.text
 
 
@@ -227,9 +229,9 @@ def test_a_stopped_loop_dies_with_ivy_up() -> None:
 
     parent = subprocess.Popen([sys.executable, "-c", (
         "import signal, subprocess, sys, time\n"
-        "from ivy import up, warm_cores\n"
+        "from ivy import up_process, warm_cores\n"
         "loop = subprocess.Popen(warm_cores.argv(warm_cores.affinity_cpus()[-1]), start_new_session=True,\n"
-        "                        preexec_fn=up._parent_death_signal(signal.SIGKILL))\n"
+        "                        preexec_fn=up_process._parent_death_signal(signal.SIGKILL))\n"
         "print(loop.pid, flush=True)\n"
         "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
     loop_pid = None

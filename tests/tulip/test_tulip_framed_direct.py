@@ -21,6 +21,7 @@ from tulip_testkit import (
 )
 
 from protos import embed_pb2
+from protos.framing import FrameBuffer
 from tulip.framed import _direct_safe
 
 try:
@@ -163,6 +164,18 @@ def _session(fd: int):
     return session
 
 
+def _session_with_a_rest():
+    """A session on a socket pair whose 8 KiB send buffer took only part of answer 1 (1 MiB): (our socket, theirs,
+    the session, the loop's write of the rest, the rest)."""
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    ours.setblocking(False)
+    session = _session(ours.fileno())
+    assert session.answer(1, _Job(), _result(1 << 20)) is True
+    (write_rest, (rest,)), = session._loop.calls
+    return ours, theirs, session, write_rest, rest
+
+
 def test_a_withdrawn_job_is_never_written() -> None:
     """answer() and withdraw() exclude each other under the session's lock: after withdraw, answer() writes
     nothing and leaves the job to the event loop (which does not answer a cancelled request)."""
@@ -184,12 +197,7 @@ def test_a_withdrawn_job_is_never_written() -> None:
 def test_the_rest_of_an_answer_the_socket_did_not_take_goes_first_and_whole() -> None:
     """A direct answer the socket takes only part of: its rest goes to the loop, and until the loop has written
     it no answer is written directly (even with room again) and the loop's own answers queue behind it."""
-    ours, theirs = socket.socketpair()
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
-    ours.setblocking(False)
-    session = _session(ours.fileno())
-    assert session.answer(1, _Job(), _result(1 << 20)) is True
-    (write_rest, (rest,)), = session._loop.calls
+    ours, theirs, session, write_rest, rest = _session_with_a_rest()
     assert 0 < len(rest) < (1 << 20)
     theirs.setblocking(False)
     taken = theirs.recv(1 << 21)  # room again in the socket
@@ -198,12 +206,8 @@ def test_the_rest_of_an_answer_the_socket_did_not_take_goes_first_and_whole() ->
     assert session.transport.written == []
     write_rest(rest)
     assert session.transport.written[0] == rest and len(session.transport.written) == 2
-    stream = taken + b"".join(session.transport.written)
-    ids = []
-    while stream:
-        size = int.from_bytes(stream[:4], "little")
-        ids.append(embed_pb2.StreamResponse.FromString(stream[4:4 + size]).id)
-        stream = stream[4 + size:]
+    frames = FrameBuffer(1 << 22)
+    ids = [embed_pb2.StreamResponse.FromString(f).id for f in frames.feed(taken + b"".join(session.transport.written))]
     assert ids == [1, 4]
     assert session.answer(5, _Job(), _result(10)) is True  # nothing behind any more: direct again
     ours.close()
@@ -253,12 +257,7 @@ def test_answers_larger_than_the_socket_take_keep_their_frames_whole(monkeypatch
 def test_a_close_waits_for_the_rest_of_a_direct_answer() -> None:
     """A bad frame closes its connection after the error answer; a direct answer's rest still with the loop
     goes out first, whole, so the client reads both frames before EOF."""
-    ours, theirs = socket.socketpair()
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
-    ours.setblocking(False)
-    session = _session(ours.fileno())
-    assert session.answer(1, _Job(), _result(1 << 20)) is True
-    (write_rest, (rest,)), = session._loop.calls
+    ours, theirs, session, write_rest, rest = _session_with_a_rest()
     session._send(embed_pb2.StreamResponse(id=0, code=3))  # the error answer, queued behind the rest
     session._close()
     assert not session.transport.closed, "closed with a rest still to be written"
