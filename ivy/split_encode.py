@@ -148,8 +148,9 @@ class SplitEncoder:
         self.rule = split_rule(tokenizer) if split_chars > 0 and self.threads > 1 and pool is not None else None
 
     def pieces(self, text: str, bound: int = 0) -> list[str] | None:
-        """`text` cut for encoding when it is longer than split_chars and `bound`; None: encode it whole."""
-        if self.rule is None or len(text) <= max(self.split_chars, bound):
+        """`text` cut for encoding when it is longer than split_chars and `bound`; None: encode it whole (also
+        where the tokenizer's word cache takes it: faster whole than in pieces, Tokenizer.takes_whole)."""
+        if self.rule is None or len(text) <= max(self.split_chars, bound) or self.tokenizer.takes_whole(text):
             return None
         n = min(self.threads, -(-len(text) // self.piece_chars))
         return cut(text, self.rule, n) if n > 1 else None

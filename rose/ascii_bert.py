@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from rose.word_cache import DEFAULT_CAPACITY, WordCache
+
 # BertNormalizer's clean_text on ASCII: NUL and the control characters (category Cc) other than tab, newline
 # and carriage return are removed; those three (whitespace to it) become a space. DEL is Cc too.
 _CLEAN = {c: None for c in (*range(9), 11, 12, *range(14, 32), 127)}
@@ -32,11 +34,13 @@ class AsciiBert:
         self.clean = clean
         self.lowercase = lowercase
         self.added = tuple(a.lower() for a in added if a)
+        self.words: WordCache | None = None  # words' ids remembered (rose.word_cache), where exact
 
     @classmethod
-    def of(cls, hf) -> AsciiBert | None:
+    def of(cls, hf, cache_words: int = DEFAULT_CAPACITY) -> AsciiBert | None:
         """The path for `hf` (a tokenizers.Tokenizer, truncation and padding off), or None when its normalizer
-        is not exactly a BertNormalizer or it has too many added tokens."""
+        is not exactly a BertNormalizer or it has too many added tokens. cache_words: how many words' ids
+        rose.word_cache may remember (0: none)."""
         config = json.loads(hf.to_str())
         norm = config.get("normalizer") or {}
         if norm.get("type") != "BertNormalizer" or set(norm) - {"type", "clean_text", "handle_chinese_chars",
@@ -51,7 +55,10 @@ class AsciiBert:
         bare = Tokenizer.from_str(json.dumps(config))
         bare.no_truncation()
         bare.no_padding()
-        return cls(bare, bool(norm.get("clean_text", True)), bool(norm.get("lowercase", True)), added)
+        path = cls(bare, bool(norm.get("clean_text", True)), bool(norm.get("lowercase", True)), added)
+        config["normalizer"] = norm
+        path.words = WordCache.of(config, lambda text: bare.encode(text, add_special_tokens=False), cache_words)
+        return path
 
     def normalized(self, text: str) -> str | None:
         """`text` as BertNormalizer writes it, or None when this path must not take it (not ASCII, or an added
@@ -64,6 +71,16 @@ class AsciiBert:
         if any(a in low for a in self.added):
             return None
         return low if self.lowercase else text
+
+    def content_ids(self, texts: Sequence[str]) -> list[list[int] | None] | None:
+        """Each text's content ids through the word cache, None for a text this path must not take; None for
+        all when this tokenizer has no word cache."""
+        if self.words is None:
+            return None
+        normal = [self.normalized(t) for t in texts]
+        mine = [n for n in normal if n is not None]
+        ids = iter(self.words.content_ids(mine) if mine else ())
+        return [None if n is None else next(ids) for n in normal]
 
     def encode_many(self, plain, texts: list[str], **kwargs) -> list:
         """`tokenizers` Encodings of `texts` (content only when kwargs say so) with the ids of `plain` (the full

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rose.ascii_bert import AsciiBert
+from rose.word_cache import DEFAULT_CAPACITY
 from rose.spec import ModelFolderError, ModelSpec, load_spec
 
 _SPM_NAMES = ("sentencepiece.bpe.model", "spiece.model", "tokenizer.model")
@@ -53,7 +54,8 @@ def longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
 class Tokenizer:
     """Batch encode with per-call truncation; thread-safe (no per-call state on the shared tokenizer)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, cache_words: int = DEFAULT_CAPACITY) -> None:
+        """cache_words: how many words' ids a BERT tokenizer may remember for ASCII text (rose.word_cache; 0: none)."""
         self.spec = spec
         self.max_length = spec.max_length
         tok_json = spec.model_dir / "tokenizer.json"
@@ -67,7 +69,8 @@ class Tokenizer:
             changed = _config_specials(self._hf, config_path)
             # Without character offsets (nothing here reads them): 150 vs 191 us for 128 BERT tokens.
             self._encode_many = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
-            self._ascii = AsciiBert.of(self._hf)  # BERT's normalizer in Python on ASCII text (rose/ascii_bert.py)
+            # BERT's normalizer in Python on ASCII text (rose/ascii_bert.py), its words' ids remembered
+            self._ascii = AsciiBert.of(self._hf, cache_words)
             self._spm = None
             self._files = [tok_json, config_path] if changed else [tok_json]
             self.num_special = self._hf.num_special_tokens_to_add(False)
@@ -105,7 +108,27 @@ class Tokenizer:
         if self._spm is not None:
             keep = max((self.max_length if max_length is None else max_length) - self.num_special, 1)
             return [self._spm.encode(t, keep, side) for t in texts]
+        if self._wrap is not None:
+            return [self._finish_ids(ids, max_length, side) for ids in self.content_ids(texts)]
         return [self.finish(enc, max_length, side) for enc in self.content_encodings(texts)]
+
+    def content_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Content ids without special tokens (HF tokenizers only): through the word cache where it takes a text
+        (rose.word_cache), the others in one content_encodings call."""
+        texts = list(texts)
+        ids = self._ascii.content_ids(texts) if self._ascii is not None else None
+        if ids is None:
+            return [list(e.ids) for e in self.content_encodings(texts)]
+        rest = [i for i, x in enumerate(ids) if x is None]
+        if rest:
+            for i, enc in zip(rest, self.content_encodings([texts[i] for i in rest])):
+                ids[i] = list(enc.ids)
+        return ids  # type: ignore[return-value]
+
+    def takes_whole(self, text: str) -> bool:
+        """Whether encode_batch is fastest on `text` whole, never in pieces (ivy.split_encode): an ASCII text
+        for a tokenizer with a word cache, whose new words are encoded in one batch call anyway."""
+        return self._ascii is not None and self._ascii.words is not None and text.isascii()
 
     # The three steps of encode_batch (HF tokenizers only), for callers that encode a long text in pieces
     # (ivy.split_encode): content without specials, pieces merged, then truncated and wrapped as one.
@@ -124,19 +147,23 @@ class Tokenizer:
 
     def finish(self, enc, max_length: int | None = None, side: str = "right") -> Encoded:
         """Content cut to max_length minus the specials from `side`, then the post-processor's specials."""
-        keep = max((self.max_length if max_length is None else max_length) - self.num_special, 1)
         if self._wrap is not None:  # the post-processor's ids without it (0.1 vs 0.4 ms at 4096 tokens)
-            ids = enc.ids
-            n = len(ids)
-            if n > keep:
-                ids = ids[:keep] if side == "right" else ids[n - keep:]
-            return Encoded(ids=[*self._wrap[0], *ids, *self._wrap[1]], original_length=n + self.num_special,
-                           truncated=n > keep)
+            return self._finish_ids(enc.ids, max_length, side)
+        keep = max((self.max_length if max_length is None else max_length) - self.num_special, 1)
         n = len(enc.ids)
         if n > keep:
             enc.truncate(keep, direction=side)
         full = self._hf.post_process(enc, None, True)
         return Encoded(ids=list(full.ids), original_length=n + self.num_special, truncated=n > keep)
+
+    def _finish_ids(self, ids, max_length: int | None, side: str) -> Encoded:
+        """finish() for content ids, with the post-processor's fixed (prefix, suffix)."""
+        keep = max((self.max_length if max_length is None else max_length) - self.num_special, 1)
+        n = len(ids)
+        if n > keep:
+            ids = ids[:keep] if side == "right" else ids[n - keep:]
+        return Encoded(ids=[*self._wrap[0], *ids, *self._wrap[1]], original_length=n + self.num_special,
+                       truncated=n > keep)
 
     def _fixed_wrap(self) -> tuple[list[int], list[int]] | None:
         """(prefix, suffix) when the post-processor puts the same ids around any content (seen on probes; true
@@ -178,7 +205,7 @@ class Tokenizer:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         if self._spm is not None:
             return [len(self._spm.piece_ids(t)) + self.num_special for t in texts]
-        return [len(e.ids) + self.num_special for e in self.content_encodings(texts)]
+        return [len(ids) + self.num_special for ids in self.content_ids(texts)]
 
     def token_id(self, token: str) -> int | None:
         if self._spm is not None:

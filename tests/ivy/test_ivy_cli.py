@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -206,3 +207,23 @@ def test_tokenizers_pool_is_sized_like_the_workers_tokenizer_threads(monkeypatch
     one, six = started(1), started(6)
     assert six - one == 5, f"threads started by a worker: {one} with 1 tokenizer thread, {six} with 6"
     assert started(6, RAYON_NUM_THREADS="1") == one, "the operator's RAYON_NUM_THREADS wins"
+
+
+def test_tokenizer_cache_words_reaches_the_gateways_tokenizer() -> None:
+    from ivy.gateway import Gateway
+
+    with pytest.raises(SystemExit, match="--tokenizer-cache-words"):
+        IvyConfig(tokenizer_cache_words=-1)
+    env = {"IVY_REPLICAS": "127.0.0.1:1", "IVY_TOKENIZER_CACHE_WORDS": "0"}
+
+    async def main() -> None:  # a gateway is built inside its worker's event loop
+        off = Gateway(config_from_args(IvyConfig, {}, "IVY", environ=env))
+        on = Gateway(IvyConfig(replicas=("127.0.0.1:1",), tokenizer_cache_words=5))
+        try:
+            assert off.tokenizer._ascii.words is None
+            assert on.tokenizer._ascii.words is not None and on.tokenizer._ascii.words.capacity == 5
+        finally:
+            for g in (off, on):
+                g.encoder.close()
+
+    asyncio.run(main())

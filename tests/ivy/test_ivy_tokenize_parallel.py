@@ -69,7 +69,8 @@ def tokenizers_(bpe_json: dict, tmp_path_factory) -> dict[str, Tokenizer]:
         {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}], "pair": [], "special_tokens": {
         "<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]},
         "<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}
-    return {"minilm": Tokenizer(load_spec(bundled_model_dir())), "qwen3": _tokenizer(bpe_json, tmp, "qwen3"),
+    # MiniLM without its word cache, which takes every ASCII text whole (tests/rose/test_rose_word_cache.py)
+    return {"minilm": Tokenizer(load_spec(bundled_model_dir()), cache_words=0), "qwen3": _tokenizer(bpe_json, tmp, "qwen3"),
             "llama3": _tokenizer(llama, tmp, "llama3"), "gpt2": _tokenizer(gpt2, tmp, "gpt2")}
 
 
@@ -202,7 +203,7 @@ def test_unrecognized_tokenizers_are_not_split(bpe_json: dict, tmp_path: Path, p
 
 def test_input_encoder_spreads_a_long_text_and_batches_short_ones(monkeypatch) -> None:
     spec = load_spec(bundled_model_dir())
-    tok = Tokenizer(spec)
+    tok = Tokenizer(spec, cache_words=0)  # the word cache would take the ASCII texts whole (and not call the spy)
     enc = InputEncoder(spec, tok, threads=4, char_cap=10**6, inline_chars=0, split_chars=4000, piece_chars=1000)
     calls: list[tuple[str, int]] = []
     real = tok.content_encodings

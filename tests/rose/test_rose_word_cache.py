@@ -1,0 +1,151 @@
+"""rose.word_cache: a BERT tokenizer's ASCII texts encoded word by word from remembered ids give exactly the ids of
+`tokenizers` itself (specials, truncation from either side, counts), however full the cache, from several
+threads at once; only BertNormalizer(clean_text) + BertPreTokenizer + WordPiece qualifies; a long ASCII text is
+encoded whole, not in pieces."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import threading
+
+import pytest
+
+from ivy.split_encode import SplitEncoder
+from rose.spec import bundled_model_dir, load_spec
+from rose.tokenizer import Tokenizer
+from rose.word_cache import MAX_WORD_CHARS, WordCache
+from tests.rose.test_rose_ascii_bert import random_ascii, reference
+
+
+def bundled(cache_words: int = 1 << 16) -> Tokenizer:
+    return Tokenizer(load_spec(bundled_model_dir()), cache_words=cache_words)
+
+
+def texts_of(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    out = [random_ascii(rng) for _ in range(n)]
+    out += ["x" * (MAX_WORD_CHARS + 1), "y" * 101 + " z", "a " * 300, "", "   ", "Hello,world!! (x86_64) ##ing"]
+    return out
+
+
+def test_ids_equal_the_tokenizers_own_with_specials_and_counts() -> None:
+    ours = bundled()
+    assert ours._ascii.words is not None
+    ref = reference(ours)
+    texts = texts_of(1, 1500)
+    want = [e.ids for e in ref.encode_batch(texts)]
+    for _ in range(2):  # the first pass fills the cache, the second reads it
+        got = [e.ids for e in ours.encode_batch(texts, max_length=10**6)]
+        for text, g, w in zip(texts, got, want):
+            assert g == w, repr(text)
+    assert len(ours._ascii.words) > 100
+    assert ours.count_tokens(texts) == [len(w) for w in want]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_truncation_from_either_side_as_the_plain_path(side) -> None:
+    ours, plain = bundled(), bundled(cache_words=0)
+    assert plain._ascii.words is None
+    texts = texts_of(2, 300)
+    for limit in (3, 8, 40):
+        assert ours.encode_batch(texts, max_length=limit, side=side) == \
+            plain.encode_batch(texts, max_length=limit, side=side)
+
+
+def test_a_small_cache_starts_again_and_stays_exact() -> None:
+    ours = bundled(cache_words=7)
+    ref = reference(ours)
+    texts = texts_of(3, 400)
+    for text in texts:
+        assert ours.encode(text, max_length=10**6).ids == ref.encode(text).ids, repr(text)
+        assert len(ours._ascii.words) <= 7
+
+
+def test_known_words_are_not_encoded_again_and_long_ones_not_remembered() -> None:
+    calls: list[list[str]] = []
+    tok = bundled()
+    bare = tok._ascii.bare
+
+    def encode(text):
+        calls.append(text.split(" "))
+        return bare.encode(text, add_special_tokens=False)
+
+    cache = WordCache(encode)
+    long_word = "q" * (MAX_WORD_CHARS + 1)
+    first = cache.content_ids(["hello world, hello", long_word])
+    assert sorted(calls[0]) == sorted(["hello", "world,", long_word])  # the new words, once each, in one call
+    assert first == [bare.encode("hello world, hello", add_special_tokens=False).ids,
+                     bare.encode(long_word, add_special_tokens=False).ids]
+    assert cache.content_ids(["world, hello hello"]) == [first[0][1:3] + first[0][:1] * 2]
+    assert len(calls) == 1  # every word known: no call
+    cache.content_ids([long_word])
+    assert calls[1] == [long_word]  # too long to remember
+    assert (cache.hits, cache.misses) == (0, 4)
+
+
+def test_threads_sharing_a_cache_that_keeps_emptying_get_exact_ids() -> None:
+    ours = bundled(cache_words=50)
+    ref = reference(ours)
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        texts = texts_of(seed, 150)
+        want = [e.ids for e in ref.encode_batch(texts)]
+        for _ in range(3):
+            got = [e.ids for e in ours.encode_batch(texts, max_length=10**6)]
+            errors.extend(repr(t) for t, g, w in zip(texts, got, want) if g != w)
+
+    threads = [threading.Thread(target=work, args=(10 + i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_a_mixed_call_keeps_its_order() -> None:
+    ours = bundled()
+    ref = reference(ours)
+    texts = ["Café au lait", "plain ascii", "東京 tower", "Another ONE", "naïve [SEP] x", "x [SEP] y", "ok"]
+    assert [e.ids for e in ours.encode_batch(texts, max_length=10**6)] == [e.ids for e in ref.encode_batch(texts)]
+
+
+def _folder(tmp_path, edit) -> Tokenizer:
+    out = tmp_path / "model"
+    shutil.copytree(bundled_model_dir(), out)
+    data = json.loads((out / "tokenizer.json").read_text())
+    edit(data)
+    (out / "tokenizer.json").write_text(json.dumps(data))
+    return Tokenizer(load_spec(out))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d["normalizer"].update(clean_text=False),  # control characters would stay: str.split differs
+    lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [{"type": "BertPreTokenizer"}]}),
+    lambda d: d.update(pre_tokenizer={"type": "Whitespace"}),
+])
+def test_only_the_exact_bert_pipeline_qualifies(tmp_path, edit) -> None:
+    tok = _folder(tmp_path, edit)
+    assert tok._ascii is not None and tok._ascii.words is None
+    assert not tok.takes_whole("plain ascii")
+    ref = reference(tok)
+    texts = texts_of(4, 200)
+    assert [e.ids for e in tok.encode_batch(texts, max_length=10**6)] == [e.ids for e in ref.encode_batch(texts)]
+
+
+def test_a_long_ascii_text_is_encoded_whole_and_others_still_in_pieces() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok, plain = bundled(), bundled(cache_words=0)
+    long_ascii = "The gateway tokenizes each request, then Tulip packs it. " * 200
+    long_other = "Café, naïve façade. " * 400
+    with ThreadPoolExecutor(4) as pool:
+        ours = SplitEncoder(tok, pool, threads=4, split_chars=1000, piece_chars=500)
+        theirs = SplitEncoder(plain, pool, threads=4, split_chars=1000, piece_chars=500)
+        assert ours.pieces(long_ascii) is None and theirs.pieces(long_ascii) is not None
+        assert ours.pieces(long_other) is not None
+        for side in ("right", "left"):
+            assert ours.encode_batch([long_ascii, long_other, "short"], max_length=512, side=side) == \
+                plain.encode_batch([long_ascii, long_other, "short"], max_length=512, side=side)
