@@ -57,7 +57,7 @@ class AsciiBert:
         bare.no_padding()
         path = cls(bare, bool(norm.get("clean_text", True)), bool(norm.get("lowercase", True)), added)
         config["normalizer"] = norm
-        path.words = WordCache.of(config, lambda text: bare.encode(text, add_special_tokens=False), cache_words)
+        path.words = WordCache.of(config, lambda texts: bare.encode_batch(texts, add_special_tokens=False), cache_words)
         return path
 
     def normalized(self, text: str) -> str | None:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Sequence
 
 from rose.ascii_bert import AsciiBert
-from rose.word_cache import DEFAULT_CAPACITY
 from rose.spec import ModelFolderError, ModelSpec, load_spec
+from rose.word_cache import DEFAULT_CAPACITY
 
 _SPM_NAMES = ("sentencepiece.bpe.model", "spiece.model", "tokenizer.model")
 

@@ -15,23 +15,24 @@ Exact only under three conditions, checked by `WordCache.of` and tested against 
 - the model is WordPiece (per word, no state between words).
 rose.ascii_bert sends a text holding an added token's text to the plain path, so no word here contains one.
 
-Memory: at most `capacity` words (65 536 by default, ~15 MB), each at most MAX_WORD_CHARS long; when full the
+Memory: at most `capacity` words (65 536 by default, ~15 MB; ~25 MB if every word were 100 characters), each at most MAX_WORD_CHARS long; when full the
 cache starts again empty, so a client sending random words costs itself the plain path's time (its words
 encoded in one batch call, as before) and the others a refill.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from itertools import accumulate, chain
-from typing import Callable, Sequence
 
-MAX_WORD_CHARS = 48  # longer words are encoded every time, not remembered
+MAX_WORD_CHARS = 100  # longer words are encoded every time, not remembered (WordPiece's own limit: one [UNK])
 DEFAULT_CAPACITY = 1 << 16
+GROUP_CHARS = 1000  # new words are encoded in groups of about this many characters, in parallel
 
 
 class WordCache:
     def __init__(self, encode: Callable, capacity: int = DEFAULT_CAPACITY) -> None:
-        self._encode = encode  # text -> a `tokenizers` Encoding with offsets, content only, no normalizer
+        self._encode = encode  # texts -> `tokenizers` Encodings with offsets, content only, no normalizer
         self.capacity = capacity
         self._ids: dict[str, tuple[int, ...]] = {}
         self.hits = 0  # words found, words encoded: counted on the slow path only (the fast one counts nothing)
@@ -56,40 +57,62 @@ class WordCache:
     def content_ids(self, normalized: Sequence[str]) -> list[list[int]]:
         """The content ids (no special tokens) of texts already normalized by rose.ascii_bert."""
         words = [t.split() for t in normalized]
-        get = self._ids.__getitem__
         try:
-            return [list(chain.from_iterable(map(get, w))) for w in words]
+            return self._lookup(words)
         except KeyError:
             pass
-        # Some word is new. Look every distinct word up once, into a map of this call's own (another thread
-        # may empty the cache meanwhile), encode the new ones in one call, remember the short ones.
-        known = self._ids.get
-        found = {w: known(w) for w in set(chain.from_iterable(words))}
-        new = [w for w, ids in found.items() if ids is None]
-        for w, ids in zip(new, self._encode_words(new)):
-            found[w] = ids
-        self.hits += len(found) - len(new)
+        # Some word is new: encode the new ones in one call, remember the short ones, and look up again.
+        distinct = set(chain.from_iterable(words))
+        cache = self._ids
+        new = [w for w in distinct if w not in cache]
+        fresh = dict(zip(new, self._encode_words(new)))
+        self.hits += len(distinct) - len(new)
         self.misses += len(new)
-        self._remember([w for w in new if len(w) <= MAX_WORD_CHARS], found)
+        self._remember([w for w in new if len(w) <= MAX_WORD_CHARS], fresh)
+        try:
+            return self._lookup(words)
+        except KeyError:  # a word too long to remember, or another thread emptied the cache meanwhile
+            pass
+        known = cache.get
+        found = {w: fresh[w] if w in fresh else known(w) for w in distinct}
+        lost = [w for w, ids in found.items() if ids is None]
+        if lost:
+            found.update(zip(lost, self._encode_words(lost)))
         return [list(chain.from_iterable(map(found.__getitem__, w))) for w in words]
 
-    def _encode_words(self, new: list[str]) -> list[tuple[int, ...]]:
-        """Each new word's ids from one encode of the words joined by spaces (a batch call per word costs
-        ~3 × more at a hundred words): each token belongs to the word its first character falls in."""
-        enc = self._encode(" ".join(new))
-        ends = list(accumulate(len(w) + 1 for w in new))
-        out: list[list[int]] = [[] for _ in new]
-        j = 0
-        for token, (start, _) in zip(enc.ids, enc.offsets):
-            while start >= ends[j]:
-                j += 1
-            out[j].append(token)
-        return [tuple(ids) for ids in out]
+    def _lookup(self, words: list[list[str]]) -> list[list[int]]:
+        """Each text's ids from the cache alone (KeyError at its first unknown word)."""
+        get = self._ids.__getitem__
+        return [list(chain.from_iterable(map(get, w))) for w in words]
 
-    def _remember(self, words: list[str], found: dict[str, tuple[int, ...]]) -> None:
+    def _encode_words(self, new: list[str]) -> list[tuple[int, ...]]:
+        """Each new word's ids from one batch encode of the words joined by spaces, in groups of about
+        GROUP_CHARS characters (encoded in parallel inside `tokenizers`; a batch item per word costs ~3 × more
+        at a hundred words): each token belongs to the word its first character falls in."""
+        groups, size, start = [], 0, 0
+        for i, w in enumerate(new):
+            size += len(w) + 1
+            if size >= GROUP_CHARS:
+                groups.append(new[start:i + 1])
+                size, start = 0, i + 1
+        if start < len(new):
+            groups.append(new[start:])
+        out: list[tuple[int, ...]] = []
+        for group, enc in zip(groups, self._encode([" ".join(g) for g in groups])):
+            ends = list(accumulate(len(w) + 1 for w in group))
+            ids: list[list[int]] = [[] for _ in group]
+            j = 0
+            for token, (first, _) in zip(enc.ids, enc.offsets):
+                while first >= ends[j]:
+                    j += 1
+                ids[j].append(token)
+            out.extend(map(tuple, ids))
+        return out
+
+    def _remember(self, words: list[str], fresh: dict[str, tuple[int, ...]]) -> None:
         if not words:
             return
         if len(self._ids) + len(words) > self.capacity:
             self._ids.clear()
-        self._ids.update((w, found[w]) for w in words[: self.capacity])
+        self._ids.update((w, fresh[w]) for w in words[: self.capacity])
 

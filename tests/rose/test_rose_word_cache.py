@@ -68,9 +68,9 @@ def test_known_words_are_not_encoded_again_and_long_ones_not_remembered() -> Non
     tok = bundled()
     bare = tok._ascii.bare
 
-    def encode(text):
-        calls.append(text.split(" "))
-        return bare.encode(text, add_special_tokens=False)
+    def encode(texts):
+        calls.append([w for t in texts for w in t.split(" ")])
+        return bare.encode_batch(texts, add_special_tokens=False)
 
     cache = WordCache(encode)
     long_word = "q" * (MAX_WORD_CHARS + 1)
@@ -149,3 +149,21 @@ def test_a_long_ascii_text_is_encoded_whole_and_others_still_in_pieces() -> None
         for side in ("right", "left"):
             assert ours.encode_batch([long_ascii, long_other, "short"], max_length=512, side=side) == \
                 plain.encode_batch([long_ascii, long_other, "short"], max_length=512, side=side)
+
+
+def test_words_lost_to_an_emptied_cache_are_encoded_again() -> None:
+    bare = bundled()._ascii.bare
+    calls: list[list[str]] = []
+
+    def encode(texts):
+        calls.append(sorted(w for t in texts for w in t.split(" ")))
+        return bare.encode_batch(texts, add_special_tokens=False)
+
+    cache = WordCache(encode, capacity=3)
+    cache.content_ids(["alpha beta gamma"])
+    # Two new words do not fit beside three: the cache starts again with them, and alpha and beta, known when
+    # the call began, are gone by the time it looks them up.
+    assert cache.content_ids(["alpha beta delta epsilon"]) == [bare.encode("alpha beta delta epsilon",
+                                                                           add_special_tokens=False).ids]
+    assert calls[1:] == [["delta", "epsilon"], ["alpha", "beta"]]
+    assert sorted(cache._ids) == ["delta", "epsilon"]
