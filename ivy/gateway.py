@@ -45,6 +45,8 @@ class Gateway:
         model_dir = Path(config.model) if config.model else bundled_model_dir()
         self.spec = load_spec(model_dir)
         self.tokenizer = Tokenizer(self.spec, cache_words=config.tokenizer_cache_words)
+        if self.tokenizer.word_cache is not None:
+            self.tokenizer.word_cache.observe = metrics.observe_words
         self.model_name = config.served_model_name or self.spec.model_id
         # Accepted `model` values: the served name, the model id, and the id without its hub owner.
         self.model_names = {self.model_name, self.spec.model_id, self.spec.model_id.rsplit("/", 1)[-1]}

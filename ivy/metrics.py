@@ -31,6 +31,10 @@ IN_FLIGHT = Gauge("ivy_requests_in_flight", "Inference requests admitted and not
 INPUTS = Counter("ivy_inputs", "Inputs (texts, id lists, chunks, documents) embedded", ["route"])
 TOKENS = Counter("ivy_tokens", "Tokens sent to replicas (what usage reports)", ["route"])
 TOKENIZE_SECONDS = Histogram("ivy_tokenize_seconds", "Templating + tokenization time per request", buckets=_LATENCY)
+TOKENIZER_WORDS = Counter("ivy_tokenizer_words", "Words of ASCII texts looked up in the tokenizer's word cache "
+                          "(BERT-family tokenizers: rose/word_cache.py)")
+TOKENIZER_NEW_WORDS = Counter("ivy_tokenizer_new_words", "Distinct words per call not in the word cache, encoded by "
+                              "`tokenizers` (their share of ivy_tokenizer_words: the cache's miss rate)")
 GRPC_SECONDS = Histogram("ivy_grpc_seconds", "Embed RPC latency per chunk", ["replica"], buckets=_LATENCY)
 CHUNKS = Counter("ivy_chunks", "gRPC chunks sent, by replica", ["replica"])
 COALESCED = Histogram("ivy_requests_per_call", "Requests sharing one gRPC call (ivy/coalesce.py)",
@@ -149,6 +153,13 @@ def observe_tokenize(seconds: float) -> None:
     trace = _TRACE.get()
     if trace is not None:
         trace.tokenize_s += seconds
+
+
+def observe_words(words: int, new: int) -> None:
+    """The word cache's tallies of one tokenizer call."""
+    TOKENIZER_WORDS.inc(words)
+    if new:
+        TOKENIZER_NEW_WORDS.inc(new)
 
 
 _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")

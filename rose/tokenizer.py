@@ -125,10 +125,15 @@ class Tokenizer:
                 ids[i] = list(enc.ids)
         return ids  # type: ignore[return-value]
 
+    @property
+    def word_cache(self):
+        """The rose.word_cache.WordCache behind ASCII texts, or None (not a BERT tokenizer, or turned off)."""
+        return self._ascii.words if self._ascii is not None else None
+
     def takes_whole(self, text: str) -> bool:
         """Whether encode_batch is fastest on `text` whole, never in pieces (ivy.split_encode): an ASCII text
         for a tokenizer with a word cache, whose new words are encoded in one batch call anyway."""
-        return self._ascii is not None and self._ascii.words is not None and text.isascii()
+        return self.word_cache is not None and text.isascii()
 
     # The three steps of encode_batch (HF tokenizers only), for callers that encode a long text in pieces
     # (ivy.split_encode): content without specials, pieces merged, then truncated and wrapped as one.

@@ -35,8 +35,10 @@ class WordCache:
         self._encode = encode  # texts -> `tokenizers` Encodings with offsets, content only, no normalizer
         self.capacity = capacity
         self._ids: dict[str, tuple[int, ...]] = {}
-        self.hits = 0  # words found, words encoded: counted on the slow path only (the fast one counts nothing)
-        self.misses = 0
+        self.words = 0  # words looked up, and the distinct new ones among them that were encoded (approximate
+        self.new = 0  # under threads: the tallies are not locked)
+        # observe(words, new) after each call (Ivy's metrics: ivy_tokenizer_words_total, ..._new_words_total)
+        self.observe: Callable[[int, int], None] | None = None
 
     @classmethod
     def of(cls, config: dict, encode: Callable, capacity: int) -> WordCache | None:
@@ -58,16 +60,18 @@ class WordCache:
         """The content ids (no special tokens) of texts already normalized by rose.ascii_bert."""
         words = [t.split() for t in normalized]
         try:
-            return self._lookup(words)
+            ids = self._lookup(words)
         except KeyError:
             pass
+        else:
+            self._count(sum(map(len, words)), 0)
+            return ids
         # Some word is new: encode the new ones in one call, remember the short ones, and look up again.
         distinct = set(chain.from_iterable(words))
         cache = self._ids
         new = [w for w in distinct if w not in cache]
         fresh = dict(zip(new, self._encode_words(new)))
-        self.hits += len(distinct) - len(new)
-        self.misses += len(new)
+        self._count(sum(map(len, words)), len(new))
         self._remember([w for w in new if len(w) <= MAX_WORD_CHARS], fresh)
         try:
             return self._lookup(words)
@@ -79,6 +83,12 @@ class WordCache:
         if lost:
             found.update(zip(lost, self._encode_words(lost)))
         return [list(chain.from_iterable(map(found.__getitem__, w))) for w in words]
+
+    def _count(self, words: int, new: int) -> None:
+        self.words += words
+        self.new += new
+        if self.observe is not None:
+            self.observe(words, new)
 
     def _lookup(self, words: list[list[str]]) -> list[list[int]]:
         """Each text's ids from the cache alone (KeyError at its first unknown word)."""

@@ -82,7 +82,7 @@ def test_known_words_are_not_encoded_again_and_long_ones_not_remembered() -> Non
     assert len(calls) == 1  # every word known: no call
     cache.content_ids([long_word])
     assert calls[1] == [long_word]  # too long to remember
-    assert (cache.hits, cache.misses) == (0, 4)
+    assert (cache.words, cache.new) == (4 + 3 + 1, 3 + 1)  # words looked up, the distinct new ones encoded
 
 
 def test_threads_sharing_a_cache_that_keeps_emptying_get_exact_ids() -> None:
@@ -167,3 +167,4 @@ def test_words_lost_to_an_emptied_cache_are_encoded_again() -> None:
                                                                            add_special_tokens=False).ids]
     assert calls[1:] == [["delta", "epsilon"], ["alpha", "beta"]]
     assert sorted(cache._ids) == ["delta", "epsilon"]
+
