@@ -7,8 +7,9 @@ call as Ivy's inline tokenizing does, median µs over `--runs` interleaved round
   tokenizers    `tokenizers`' encode_batch_fast with specials (its own normalizer)
   ascii path    rose Tokenizer without the cache (BERT's normalizer in Python, rose/ascii_bert.py)
   cache warm    rose Tokenizer with the cache, every word known
-  cache cold    the same with the cache emptied before each call (every word new: one batch encode of them,
-                in groups of ~GROUP_CHARS characters encoded in parallel)
+  cache cold    another cache emptied before each call (every word new: a short text's encoded in one batch
+                call, in groups of ~GROUP_CHARS characters in parallel; a long one's by the plain path, with
+                LEARN_PER_CALL of them learned)
   cold 1 group  the same with the new words in one group (one thread inside `tokenizers`)
 Then "first sight": the whole corpus in 128-token documents, in order, through a fresh cache of the default
 size: the share of words found in the cache (1 - new words / words looked up), and µs per document against the
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = Path(args.model_dir) if args.model_dir else bundled_model_dir()
     spec = load_spec(model_dir)
     cached, plain = Tokenizer(spec), Tokenizer(spec, cache_words=0)
+    emptied = Tokenizer(spec)  # the cold variants' own cache, emptied before each call (the warm one stays warm)
     if cached._ascii is None or cached._ascii.words is None:
         raise SystemExit(f"{model_dir}: not a tokenizer the word cache takes (BertNormalizer, BertPreTokenizer, "
                          "WordPiece)")
@@ -90,13 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         text = texts_for(plain, tokens)[f"{tokens} tokens"].encode("ascii", "replace").decode()
         want = hf.encode_batch_fast([text])[0].ids
         assert cached.encode_batch([text], HUGE)[0].ids == want == plain.encode_batch([text], HUGE)[0].ids
-        words = cached._ascii.words
+        while cached.word_cache.content_ids([cached._ascii.normalized(text)]) is None:
+            pass  # a long text is learned over a few calls (rose.word_cache.LEARN_PER_CALL)
 
-        def cold(t=text, words=words):
-            words._ids.clear()
-            cached.encode_batch([t], HUGE)
+        def cold(t=text):
+            emptied.word_cache._ids.clear()  # deliberate: every word new again
+            emptied.encode_batch([t], HUGE)
 
-        def cold_one_group(t=text):
+        def cold_one_group(t=text):  # the module's group size, changed for the call (single-threaded script)
             group, word_cache.GROUP_CHARS = word_cache.GROUP_CHARS, HUGE
             try:
                 cold(t)

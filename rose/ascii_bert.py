@@ -27,6 +27,14 @@ _CLEAN.update({9: 32, 10: 32, 13: 32})
 MAX_ADDED = 64  # more added tokens than this: the per-text search would cost what the path saves
 
 
+def _plain_token(content: str) -> bool:
+    """An added token this path can rule out by a search of the normalized, lowercased text: printable ASCII
+    without whitespace, which cleaning never changes and which `tokenizers` matches, before or after normalizing,
+    only where that search finds it too. ("\\t" or "Café" would be matched where the search cannot see them; a
+    token with a space could span the words that rose.word_cache joins.)"""
+    return content.isascii() and content.isprintable() and " " not in content
+
+
 class AsciiBert:
     def __init__(self, bare, clean: bool, lowercase: bool, added: Sequence[str]) -> None:
         self.bare = bare  # the tokenizer without its normalizer
@@ -39,7 +47,7 @@ class AsciiBert:
     @classmethod
     def of(cls, hf, cache_words: int = DEFAULT_CAPACITY) -> AsciiBert | None:
         """The path for `hf` (a tokenizers.Tokenizer, truncation and padding off), or None when its normalizer
-        is not exactly a BertNormalizer or it has too many added tokens. cache_words: how many words' ids
+        is not exactly a BertNormalizer, or it has too many added tokens or one that is not plain. cache_words: how many words' ids
         rose.word_cache may remember (0: none)."""
         config = json.loads(hf.to_str())
         norm = config.get("normalizer") or {}
@@ -47,7 +55,7 @@ class AsciiBert:
                                                                    "strip_accents", "lowercase"}:
             return None
         added = [t.get("content", "") for t in config.get("added_tokens") or []]
-        if len(added) > MAX_ADDED:
+        if len(added) > MAX_ADDED or not all(_plain_token(a) for a in added):
             return None
         config["normalizer"] = None
         from tokenizers import Tokenizer
@@ -79,7 +87,10 @@ class AsciiBert:
             return None
         normal = [self.normalized(t) for t in texts]
         mine = [n for n in normal if n is not None]
-        ids = iter(self.words.content_ids(mine) if mine else ())
+        found = self.words.content_ids(mine) if mine else []
+        if found is None:  # mostly new words: the plain path is cheaper
+            found = [list(e.ids) for e in self._encode_bare(mine, add_special_tokens=False)]
+        ids = iter(found)
         return [None if n is None else next(ids) for n in normal]
 
     def encode_many(self, plain, texts: list[str], **kwargs) -> list:

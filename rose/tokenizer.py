@@ -131,9 +131,9 @@ class Tokenizer:
         return self._ascii.words if self._ascii is not None else None
 
     def takes_whole(self, text: str) -> bool:
-        """Whether encode_batch is fastest on `text` whole, never in pieces (ivy.split_encode): an ASCII text
-        for a tokenizer with a word cache, whose new words are encoded in one batch call anyway."""
-        return self.word_cache is not None and text.isascii()
+        """Whether encode_batch is fastest on `text` whole, never in pieces (ivy.split_encode): a text the word
+        cache takes (ASCII, no added token's text), whose new words are encoded in one batch call anyway."""
+        return self.word_cache is not None and self._ascii.normalized(text) is not None
 
     # The three steps of encode_batch (HF tokenizers only), for callers that encode a long text in pieces
     # (ivy.split_encode): content without specials, pieces merged, then truncated and wrapped as one.

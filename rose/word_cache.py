@@ -4,30 +4,40 @@ BertPreTokenizer cuts a text at whitespace, then around each punctuation charact
 piece to ids on its own. So a whitespace-separated word of a normalized text ("server's", "x86_64,") has the
 same ids wherever it stands, and a text's content ids are its words' ids one after another. rose.ascii_bert
 normalizes an ASCII text; here it is cut with `str.split()`, each word's ids are looked up, and the words not
-seen yet are encoded in one call of the tokenizer without its normalizer, joined by spaces (the library still does all of the
-tokenizing; ids are only remembered). On this project's CPU a 128-token text takes ~25 µs where `tokenizers`
-takes ~150, and 8 700 tokens ~0.63 ms where it takes ~4.2 (`python -m benchmarks.tokenize_words`).
+seen yet are encoded in one call of the tokenizer without its normalizer, joined by spaces (the library still
+does all of the tokenizing; ids are only remembered). On this project's CPU a warm 128-token text takes ~17 µs
+where `tokenizers` takes ~140 (`python -m benchmarks.tokenize_words`).
 
-Exact only under three conditions, checked by `WordCache.of` and tested against `tokenizers` on random ASCII:
+Exact only under these conditions, checked by `WordCache.of` and rose.ascii_bert, and tested against
+`tokenizers` on random ASCII:
 - the normalizer is a BertNormalizer with clean_text, so a normalized ASCII text holds no control character and
   its only whitespace is the space, which `str.split()` and BertPreTokenizer both cut at;
 - the pre-tokenizer is exactly BertPreTokenizer (nothing after it that could join words);
-- the model is WordPiece (per word, no state between words).
-rose.ascii_bert sends a text holding an added token's text to the plain path, so no word here contains one.
+- the model is WordPiece (per word, no state between words);
+- every added token is printable ASCII without whitespace (rose.ascii_bert refuses other tokenizers), and a text
+  holding one's text takes the plain path: so no word, nor words joined by spaces, can hold one.
 
-Memory: at most `capacity` words (65 536 by default, ~15 MB; ~25 MB if every word were 100 characters), each at most MAX_WORD_CHARS long; when full the
-cache starts again empty, so a client sending random words costs itself the plain path's time (its words
-encoded in one batch call, as before) and the others a refill.
+Cost and memory against a client sending words never seen: a call with more than LEARN_PER_CALL new words, and
+more than half of its words new, is encoded by the plain path (its ids in one `tokenizers` call) and only
+the first LEARN_PER_CALL of them to appear are learned: 2 000 random hex words took ~1.1 × the plain path's time
+on this project's CPU (2.2 × when every new word was learned). A cold short text, whose new words are all
+learned, takes ~1.5–1.8 × the plain path's time once. At most `capacity` words are remembered (65 536 by default), each of
+at most MAX_WORD_CHARS characters and MAX_WORD_TOKENS ids, the ids' ints shared between entries: measured ~180
+bytes an entry for ordinary words (12 MB full) and ~480 for 100-character words of ~31 ids (31 MB). Full, the
+cache starts again empty.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from itertools import accumulate, chain
 
-MAX_WORD_CHARS = 100  # longer words are encoded every time, not remembered (WordPiece's own limit: one [UNK])
+MAX_WORD_CHARS = 100  # longer words are encoded every time, not remembered (WordPiece gives such a piece one [UNK])
+MAX_WORD_TOKENS = 32  # so are words of more ids than this ("x,x,x,x,...")
 DEFAULT_CAPACITY = 1 << 16
 GROUP_CHARS = 1000  # new words are encoded in groups of about this many characters, in parallel
+LEARN_PER_CALL = 64  # a call with more new words than this, and more than half of its words, takes the plain path
 
 
 class WordCache:
@@ -35,6 +45,8 @@ class WordCache:
         self._encode = encode  # texts -> `tokenizers` Encodings with offsets, content only, no normalizer
         self.capacity = capacity
         self._ids: dict[str, tuple[int, ...]] = {}
+        self._shared: dict[int, int] = {}  # one int object per id, for every remembered tuple
+        self._lock = threading.Lock()  # around remembering (lookups take none)
         self.words = 0  # words looked up, and the distinct new ones among them that were encoded (approximate
         self.new = 0  # under threads: the tallies are not locked)
         # observe(words, new) after each call (Ivy's metrics: ivy_tokenizer_words_total, ..._new_words_total)
@@ -56,8 +68,10 @@ class WordCache:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def content_ids(self, normalized: Sequence[str]) -> list[list[int]]:
-        """The content ids (no special tokens) of texts already normalized by rose.ascii_bert."""
+    def content_ids(self, normalized: Sequence[str]) -> list[list[int]] | None:
+        """The content ids (no special tokens) of texts already normalized by rose.ascii_bert; None when more than
+        LEARN_PER_CALL of the call's words, and more than half, are new (the caller encodes it by the plain path:
+        cheaper than learning them all)."""
         words = [t.split() for t in normalized]
         try:
             ids = self._lookup(words)
@@ -66,13 +80,18 @@ class WordCache:
         else:
             self._count(sum(map(len, words)), 0)
             return ids
-        # Some word is new: encode the new ones in one call, remember the short ones, and look up again.
-        distinct = set(chain.from_iterable(words))
+        distinct = dict.fromkeys(chain.from_iterable(words))  # in order of first appearance
         cache = self._ids
         new = [w for w in distinct if w not in cache]
-        fresh = dict(zip(new, self._encode_words(new)))
+        if len(new) > LEARN_PER_CALL and 2 * len(new) > len(distinct):
+            learn = new[:LEARN_PER_CALL]  # the first to appear: a text's common words come early
+            self._count(sum(map(len, words)), len(learn))
+            self._remember(dict(zip(learn, self._encode_words(learn))))
+            return None
+        # Some words are new: encode them in one call, remember them, and look up again.
+        fresh = dict(zip(new, self._encode_words(new))) if new else {}
         self._count(sum(map(len, words)), len(new))
-        self._remember([w for w in new if len(w) <= MAX_WORD_CHARS], fresh)
+        self._remember(fresh)
         try:
             return self._lookup(words)
         except KeyError:  # a word too long to remember, or another thread emptied the cache meanwhile
@@ -119,10 +138,16 @@ class WordCache:
             out.extend(map(tuple, ids))
         return out
 
-    def _remember(self, words: list[str], fresh: dict[str, tuple[int, ...]]) -> None:
-        if not words:
+    def _remember(self, fresh: dict[str, tuple[int, ...]]) -> None:
+        """Keep the words of `fresh` short enough in characters and ids, their ids' ints shared; start again
+        empty when they would not fit."""
+        keep = [(w, ids) for w, ids in fresh.items() if len(w) <= MAX_WORD_CHARS and len(ids) <= MAX_WORD_TOKENS]
+        if not keep:
             return
-        if len(self._ids) + len(words) > self.capacity:
-            self._ids.clear()
-        self._ids.update((w, fresh[w]) for w in words[: self.capacity])
-
+        with self._lock:
+            if len(self._ids) + len(keep) > self.capacity:
+                self._ids.clear()
+                if len(self._shared) > 1 << 20:  # ids of a vocabulary: bounded, but never by more than this
+                    self._shared.clear()
+            share = self._shared.setdefault
+            self._ids.update((w, tuple(share(i, i) for i in ids)) for w, ids in keep[: self.capacity])

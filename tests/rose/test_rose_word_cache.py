@@ -168,3 +168,77 @@ def test_words_lost_to_an_emptied_cache_are_encoded_again() -> None:
     assert calls[1:] == [["delta", "epsilon"], ["alpha", "beta"]]
     assert sorted(cache._ids) == ["delta", "epsilon"]
 
+
+
+def _with_added(tmp_path, tokens) -> tuple[Tokenizer, object]:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    out = tmp_path / "model"
+    shutil.copytree(bundled_model_dir(), out)
+    hf = HFTokenizer.from_file(str(out / "tokenizer.json"))
+    hf.add_tokens(tokens)
+    hf.save(str(out / "tokenizer.json"))
+    tok = Tokenizer(load_spec(out))
+    return tok, reference(tok)
+
+
+@pytest.mark.parametrize("token", [("hello world", True), ("hello world", False), ("[new line]", True),
+                                   ("\t", False), ("Café", True), ("x\x00y", True)])
+def test_an_added_token_the_text_search_cannot_rule_out_turns_the_ascii_path_off(tmp_path, token) -> None:
+    from tokenizers import AddedToken
+
+    tok, ref = _with_added(tmp_path, [AddedToken(token[0], normalized=token[1])])
+    assert tok._ascii is None and tok.word_cache is None
+    texts = ["hello", "world", "hello  world", "world hello", "a\tb", "cafe au lait", "a xy b", "[new line]"] * 2
+    assert [e.ids for e in tok.encode_batch(texts, max_length=10**6)] == [e.ids for e in ref.encode_batch(texts)]
+
+
+def test_a_plain_added_token_keeps_the_cache_and_sends_its_texts_the_plain_way(tmp_path) -> None:
+    from tokenizers import AddedToken
+
+    tok, ref = _with_added(tmp_path, [AddedToken("<doc>", normalized=False), AddedToken("Zeta9", normalized=True)])
+    assert tok.word_cache is not None
+    texts = texts_of(5, 300) + ["a <doc> b", "x zeta9 y", "ZETA9", "<DOC>", "<do c>"]
+    for _ in range(2):
+        assert [e.ids for e in tok.encode_batch(texts, max_length=10**6)] == [e.ids for e in ref.encode_batch(texts)]
+
+
+def test_long_or_many_token_words_are_not_remembered() -> None:
+    from rose.word_cache import MAX_WORD_TOKENS
+
+    tok = bundled()
+    cache = tok.word_cache
+    many_ids = "x," * (MAX_WORD_TOKENS // 2 + 1)  # MAX_WORD_TOKENS + 2 ids, fewer characters than the limit
+    long_word = "a" * (MAX_WORD_CHARS + 1)
+    most = "x," * (MAX_WORD_TOKENS // 2)  # exactly MAX_WORD_TOKENS ids: kept
+    got = cache.content_ids(["plain", many_ids, long_word, most])
+    assert sorted(cache._ids) == sorted(["plain", most])
+    assert got == [e.ids for e in reference(tok).encode_batch(["plain", many_ids, long_word, most],
+                                                              add_special_tokens=False)]
+
+
+def test_a_call_of_mostly_new_words_takes_the_plain_path_and_learns_a_bounded_share() -> None:
+    from rose.word_cache import LEARN_PER_CALL
+
+    tok = bundled()
+    ref = reference(tok)
+    rng = random.Random(8)
+    text = " ".join("".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randrange(3, 9)))
+                    for _ in range(3 * LEARN_PER_CALL))
+    assert tok.encode_batch([text], max_length=10**6)[0].ids == ref.encode(text).ids
+    assert len(tok.word_cache) <= LEARN_PER_CALL and tok.word_cache.new == LEARN_PER_CALL
+    words = text.split()
+    known = " ".join(words[:LEARN_PER_CALL // 4])  # a call of fewer new words is learned whole
+    assert tok.encode_batch([known], max_length=10**6)[0].ids == ref.encode(known).ids
+
+
+@pytest.mark.parametrize("variant", [{"lowercase": False}, {"strip_accents": True, "handle_chinese_chars": False},
+                                     {"strip_accents": False}])
+def test_normalizer_variants_through_the_cache(tmp_path, variant) -> None:
+    tok = _folder(tmp_path, lambda d: d["normalizer"].update(variant))
+    assert tok.word_cache is not None
+    ref = reference(tok)
+    texts = texts_of(6, 1000)
+    want = [e.ids for e in ref.encode_batch(texts)]
+    for _ in range(2):
+        assert [e.ids for e in tok.encode_batch(texts, max_length=10**6)] == want
