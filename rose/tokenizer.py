@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rose.ascii_bert import AsciiBert
+from rose.ascii_bpe import AsciiByteLevel
 from rose.spec import ModelFolderError, ModelSpec, load_spec
 from rose.word_cache import DEFAULT_CAPACITY
 
@@ -55,7 +56,8 @@ class Tokenizer:
     """Batch encode with per-call truncation; thread-safe (no per-call state on the shared tokenizer)."""
 
     def __init__(self, spec: ModelSpec, cache_words: int = DEFAULT_CAPACITY) -> None:
-        """cache_words: how many words' ids a BERT tokenizer may remember for ASCII text (rose.word_cache; 0: none)."""
+        """cache_words: how many words' ids a BERT or Qwen3-style BPE tokenizer may remember for ASCII text
+        (rose.word_cache, rose.ascii_bpe; 0: none)."""
         self.spec = spec
         self.max_length = spec.max_length
         tok_json = spec.model_dir / "tokenizer.json"
@@ -69,8 +71,11 @@ class Tokenizer:
             changed = _config_specials(self._hf, config_path)
             # Without character offsets (nothing here reads them): 150 vs 191 us for 128 BERT tokens.
             self._encode_many = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
-            # BERT's normalizer in Python on ASCII text (rose/ascii_bert.py), its words' ids remembered
+            # BERT's normalizer in Python on ASCII text (rose/ascii_bert.py), its words' ids remembered; or a
+            # Qwen3-style byte-level BPE's pieces' ids remembered (rose/ascii_bpe.py)
             self._ascii = AsciiBert.of(self._hf, cache_words)
+            self._cached = self._ascii if self._ascii is not None and self._ascii.words is not None else \
+                AsciiByteLevel.of(self._hf, cache_words)
             self._spm = None
             self._files = [tok_json, config_path] if changed else [tok_json]
             self.num_special = self._hf.num_special_tokens_to_add(False)
@@ -82,7 +87,7 @@ class Tokenizer:
                 raise ModelFolderError(
                     f"{spec.model_dir}: no tokenizer.json and no SentencePiece model ({', '.join(_SPM_NAMES)})")
             self._hf = None
-            self._ascii = None
+            self._ascii = self._cached = None
             self._spm = _SentencePiece(spm_file, fairseq=spec.family in ("xlm-roberta", "roberta"))
             self._wrap = None
             self._files = [spm_file]
@@ -116,7 +121,7 @@ class Tokenizer:
         """Content ids without special tokens (HF tokenizers only): through the word cache where it takes a text
         (rose.word_cache), the others in one content_encodings call."""
         texts = list(texts)
-        ids = self._ascii.content_ids(texts) if self._ascii is not None else None
+        ids = self._cached.content_ids(texts) if self._cached is not None else None
         if ids is None:
             return [list(e.ids) for e in self.content_encodings(texts)]
         rest = [i for i, x in enumerate(ids) if x is None]
@@ -127,13 +132,14 @@ class Tokenizer:
 
     @property
     def word_cache(self):
-        """The rose.word_cache.WordCache behind ASCII texts, or None (not a BERT tokenizer, or turned off)."""
-        return self._ascii.words if self._ascii is not None else None
+        """The rose.word_cache.WordCache behind ASCII texts, or None (neither a BERT nor a Qwen3-style tokenizer,
+        or turned off)."""
+        return self._cached.words if self._cached is not None else None
 
     def takes_whole(self, text: str) -> bool:
         """Whether encode_batch is fastest on `text` whole, never in pieces (ivy.split_encode): a text the word
         cache takes (ASCII, no added token's text), whose new words are encoded in one batch call anyway."""
-        return self.word_cache is not None and self._ascii.normalized(text) is not None
+        return self._cached is not None and self._cached.normalized(text) is not None
 
     # The three steps of encode_batch (HF tokenizers only), for callers that encode a long text in pieces
     # (ivy.split_encode): content without specials, pieces merged, then truncated and wrapped as one.

@@ -41,8 +41,15 @@ LEARN_PER_CALL = 64  # a call with more new words than this, and more than half 
 
 
 class WordCache:
-    def __init__(self, encode: Callable, capacity: int = DEFAULT_CAPACITY) -> None:
-        self._encode = encode  # texts -> `tokenizers` Encodings with offsets, content only, no normalizer
+    def __init__(self, encode: Callable | None, capacity: int = DEFAULT_CAPACITY, *,
+                 split: Callable[[str], list[str]] = str.split,
+                 encode_words: Callable[[list[str]], list[tuple[int, ...]]] | None = None) -> None:
+        """encode: texts -> `tokenizers` Encodings with offsets, content only, no normalizer (BERT's words, joined
+        by spaces); or encode_words: words -> their ids, and split: a text -> its words (rose.ascii_bpe's pieces)."""
+        self._encode = encode
+        if encode_words is not None:
+            self._encode_words = encode_words  # type: ignore[method-assign]
+        self._split = split
         self.capacity = capacity
         self._ids: dict[str, tuple[int, ...]] = {}
         self._shared: dict[int, int] = {}  # one int object per id, for every remembered tuple
@@ -72,7 +79,7 @@ class WordCache:
         """The content ids (no special tokens) of texts already normalized by rose.ascii_bert; None when more than
         LEARN_PER_CALL of the call's words, and more than half, are new (the caller encodes it by the plain path:
         cheaper than learning them all)."""
-        words = [t.split() for t in normalized]
+        words = [self._split(t) for t in normalized]
         try:
             ids = self._lookup(words)
         except KeyError:

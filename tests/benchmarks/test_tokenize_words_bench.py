@@ -18,7 +18,7 @@ def test_it_measures_every_variant_and_the_first_sight(tmp_path, capsys) -> None
     data = json.loads(out.read_text())
     assert [r["tokens"] for r in data["records"]] == [128, 512, 4096]
     for r in data["records"]:
-        assert {"tokenizers_us", "ascii_path_us", "cache_warm_us", "cache_cold_us", "cold_1_group_us"} <= set(r)
+        assert {"tokenizers_us", "no_cache_us", "cache_warm_us", "cache_cold_us", "cold_1_group_us"} <= set(r)
     sight = data["first_sight"]
     assert sight["documents"] > 1000 and 0.5 < sight["known_share"] < 1.0
     assert "first sight" in capsys.readouterr().out
@@ -32,3 +32,9 @@ def test_a_tokenizer_without_a_word_cache_is_refused(tmp_path) -> None:
     (folder / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(SystemExit, match="not a tokenizer the word cache takes"):
         tokenize_words.main(["--model-dir", str(folder), "--runs", "3"])
+
+
+def test_it_measures_a_trained_qwen3_style_bpe(tmp_path) -> None:
+    out = tmp_path / "bpe.json"
+    assert tokenize_words.main(["--train-bpe", "--runs", "3", "--json", str(out)]) == 0
+    assert [r["tokens"] for r in json.loads(out.read_text())["records"]] == [128, 512, 4096]

@@ -1,0 +1,135 @@
+"""rose.ascii_bpe: a Qwen3-style byte-level BPE (NFC, the Qwen2 or Llama-3 Split regex, ByteLevel, BPE) on ASCII
+text, its pieces' ids remembered, gives exactly the ids of `tokenizers` itself: on random ASCII (every control
+character, whitespace runs, contractions in any case, digit runs), with truncation from both sides, a small cache
+emptying as it goes, and mixed calls; other tokenizers and texts keep the plain path."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+from tokenizers import Regex
+from tokenizers import Tokenizer as HFTokenizer
+
+from ivy import split_encode
+from rose.spec import bundled_model_dir, load_spec
+from rose.tokenizer import Tokenizer
+from tests.rose.test_rose_word_cache import each
+
+CORPUS = (Path(__file__).resolve().parents[2] / "benchmarks" / "corpus" / "stdlib_docstrings.txt").read_text()
+PIECES = ["hello", "World", " it's", "IT'S", "we'LL", "you'Re", "'d", "x86_64", "12345678", "3.14", "  ", "\t", "\r", " \r ",
+          "\n", "\r\n", "\n\n\n", " \n ", "\x0b", "\x0c", "\x1c", "\x01", "\x7f", "!!", "?!\n", "--", "...", "'",
+          "<|endoftext|>", "<|im_start|>", "   x", "a  b", "(x)", "[y]", "{z}", "$5", "@home", "#tag", "~"]
+
+
+def random_ascii(rng: random.Random) -> str:
+    if rng.random() < 0.3:
+        return "".join(chr(rng.randrange(128)) for _ in range(rng.randrange(0, 80)))
+    return "".join(rng.choice(PIECES + [" "] * 8) for _ in range(rng.randrange(0, 50)))
+
+
+def _train(regex: str) -> dict:
+    from tokenizers import models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = HFTokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<|endoftext|>", "<|im_start|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    digits = " ".join(str(n * 7919 % 100_000) for n in range(3000))  # so that merges of digits exist
+    tok.train_from_iterator([CORPUS[:100_000], digits], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", 0)])
+    return json.loads(tok.to_str())
+
+
+@pytest.fixture(scope="module")
+def qwen_json() -> dict:
+    return _train(split_encode._QWEN2)
+
+
+def _tokenizer(data: dict, tmp: Path, cache_words: int = 1 << 16) -> Tokenizer:
+    tmp.mkdir(exist_ok=True)
+    (tmp / "tokenizer.json").write_text(json.dumps(data))
+    spec = dataclasses.replace(load_spec(bundled_model_dir()), model_dir=tmp, max_length=10**6)
+    return Tokenizer(spec, cache_words=cache_words)
+
+
+def _reference(tok: Tokenizer) -> HFTokenizer:
+    ref = HFTokenizer.from_file(str(tok.spec.model_dir / "tokenizer.json"))
+    ref.no_truncation()
+    ref.no_padding()
+    return ref
+
+
+@pytest.mark.parametrize("regex", ["qwen2", "llama3"])
+def test_ids_equal_the_tokenizers_own(qwen_json, tmp_path, regex) -> None:
+    data = json.loads(json.dumps(qwen_json))
+    if regex == "llama3":
+        data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = split_encode._LLAMA3
+    tok = _tokenizer(data, tmp_path / regex)
+    assert tok.word_cache is not None
+    ref = _reference(tok)
+    rng = random.Random(3)
+    texts = [random_ascii(rng) for _ in range(1500)] + [CORPUS[i:i + 700] for i in range(0, 60_000, 3000)]
+    want = [e.ids for e in ref.encode_batch(texts)]
+    for _ in range(2):  # cold, then warm
+        got = [e.ids for e in each(tok, texts)]
+        for text, g, w in zip(texts, got, want):
+            assert g == w, repr(text)
+    assert len(tok.word_cache) > 500
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_truncation_and_a_small_cache(qwen_json, tmp_path, side) -> None:
+    tok, plain = _tokenizer(qwen_json, tmp_path / "a", cache_words=9), _tokenizer(qwen_json, tmp_path / "b", 0)
+    assert plain.word_cache is None
+    rng = random.Random(4)
+    texts = [random_ascii(rng) for _ in range(300)] + ["Café naïve", "東京 tower", "x <|im_start|> y"]
+    for limit in (2, 7, 40):
+        assert each(tok, texts, max_length=limit, side=side) == plain.encode_batch(texts, max_length=limit, side=side)
+        assert len(tok.word_cache) <= 9
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d.update(normalizer={"type": "Lowercase"}),
+    lambda d: d["pre_tokenizer"]["pretokenizers"][1].update(use_regex=True),
+    lambda d: d["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex=r"\s+"),
+    lambda d: d["pre_tokenizer"]["pretokenizers"][0].update(behavior="Removed"),
+    lambda d: d["model"].update(dropout=0.1),
+    lambda d: d["added_tokens"].append({**d["added_tokens"][0], "id": 1999, "content": "two words"}),
+])
+def test_other_tokenizers_keep_the_plain_path(qwen_json, tmp_path, edit) -> None:
+    data = json.loads(json.dumps(qwen_json))
+    edit(data)
+    assert _tokenizer(data, tmp_path / "m").word_cache is None
+
+
+def test_a_call_of_mostly_new_pieces_takes_the_plain_path(qwen_json, tmp_path) -> None:
+    tok = _tokenizer(qwen_json, tmp_path / "p")
+    ref = _reference(tok)
+    rng = random.Random(5)
+    texts = [random_ascii(rng) for _ in range(400)]
+    assert [e.ids for e in tok.encode_batch(texts)] == [e.ids for e in ref.encode_batch(texts)]
+    assert 0 < len(tok.word_cache) <= 64
+
+
+@pytest.mark.parametrize("regex", [split_encode._QWEN2, split_encode._LLAMA3])
+def test_pythons_regex_cuts_the_pieces_tokenizers_cuts(regex) -> None:
+    import re
+
+    from tokenizers import pre_tokenizers
+
+    from rose.ascii_bpe import _ASCII, _ODD
+
+    theirs = pre_tokenizers.Split(Regex(regex), behavior="isolated")
+    ours = re.compile(_ASCII[regex])
+    rng = random.Random(6)
+    texts = [random_ascii(rng) for _ in range(8000)] + ["1234567 89", "a'S b'll C'VE", " \n\n  x", "x  \n", "\t\t"]
+    taken = [t for t in texts if t.isascii() and not _ODD.search(t)]  # the texts rose.ascii_bpe takes
+    assert len(taken) > 500
+    for text in taken:
+        assert ours.findall(text) == [p for p, _ in theirs.pre_tokenize_str(text)], repr(text)
