@@ -133,3 +133,8 @@ def test_pythons_regex_cuts_the_pieces_tokenizers_cuts(regex) -> None:
     assert len(taken) > 500
     for text in taken:
         assert ours.findall(text) == [p for p, _ in theirs.pre_tokenize_str(text)], repr(text)
+
+
+def test_a_long_text_is_still_cut_in_pieces(qwen_json, tmp_path) -> None:
+    tok = _tokenizer(qwen_json, tmp_path / "long")
+    assert tok.word_cache is not None and not tok.takes_whole("plain ascii " * 1000)
