@@ -27,7 +27,7 @@ _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p
           r"\s*[\r\n]+|\s+(?!\S)|\s+")
 _LLAMA3 = _QWEN2.replace(r"|\p{N}|", r"|\p{N}{1,3}|")
 _UNICODE_NORMS = {"NFC", "NFD", "NFKC", "NFKD"}
-_ODD = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # control characters other than tab, newline, carriage return
+_ODD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # control characters other than tab, newline, carriage return
 
 
 _W = r"\t\n\x0b\x0c\r "  # \s on ASCII, as `tokenizers`' regex engine reads it

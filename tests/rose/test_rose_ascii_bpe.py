@@ -128,7 +128,7 @@ def test_pythons_regex_cuts_the_pieces_tokenizers_cuts(regex) -> None:
     theirs = pre_tokenizers.Split(Regex(regex), behavior="isolated")
     ours = re.compile(_ASCII[regex])
     rng = random.Random(6)
-    texts = [random_ascii(rng) for _ in range(8000)] + ["1234567 89", "a'S b'll C'VE", " \n\n  x", "x  \n", "\t\t"]
+    texts = [random_ascii(rng) for _ in range(8000)] + ["\rhello", "a\r\rb", " \r\nx", "!\r\r\n", "x \r", "1234567 89", "a'S b'll C'VE", " \n\n  x", "x  \n", "\t\t"]
     taken = [t for t in texts if t.isascii() and not _ODD.search(t)]  # the texts rose.ascii_bpe takes
     assert len(taken) > 500
     for text in taken:
