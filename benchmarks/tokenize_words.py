@@ -26,13 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.tokenize_parallel import CORPUS, texts_for
+from benchmarks.tokenize_parallel import CORPUS, _time, texts_for
 from rose import word_cache
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
@@ -41,18 +39,8 @@ HUGE = 1 << 30
 
 
 def _median_us(variants: dict, runs: int) -> dict[str, float]:
-    rng = random.Random(0)
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    for r in range(max(3, runs // 10) + runs):
-        order = list(variants)
-        rng.shuffle(order)
-        for label in order:
-            t0 = time.perf_counter()
-            variants[label]()
-            dt = time.perf_counter() - t0
-            if r >= max(3, runs // 10):
-                samples[label].append(dt)
-    return {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    """Median µs of each variant, interleaved in a shuffled order per round (benchmarks.tokenize_parallel)."""
+    return {label: t["p50_ms"] * 1e3 for label, t in _time(variants, runs).items()}
 
 
 def first_sight(model_dir: Path, tokens: int = 128) -> dict:
@@ -77,11 +65,9 @@ def first_sight(model_dir: Path, tokens: int = 128) -> dict:
             "cache_us_per_doc": t_cached / len(docs) * 1e6, "no_cache_us_per_doc": t_plain / len(docs) * 1e6}
 
 
-def train_bpe(folder: Path) -> Path:
-    """A model folder like the bundled one whose tokenizer.json is a Qwen3-style byte-level BPE trained on the
-    corpus (Qwen2's Split regex from ivy.split_encode)."""
-    import shutil
-
+def qwen_style_bpe(texts: list[str], regex: str | None = None, vocab_size: int = 30_000):
+    """A `tokenizers` byte-level BPE built as Qwen3's is (NFC, a Split regex: Qwen2's unless `regex`, ByteLevel
+    without its own regex, "<|endoftext|>" after the content), trained on `texts`."""
     from tokenizers import (
         Regex,
         models,
@@ -94,17 +80,24 @@ def train_bpe(folder: Path) -> Path:
 
     from ivy.split_encode import _QWEN2
 
-    shutil.copytree(bundled_model_dir(), folder, dirs_exist_ok=True)
     tok = HF(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2), behavior="isolated"),
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex or _QWEN2), behavior="isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    trainer = trainers.BpeTrainer(vocab_size=30_000, special_tokens=["<|endoftext|>", "<|im_start|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([CORPUS.read_text()], trainer)
+    tok.train_from_iterator(texts, trainer)
     tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
                                                        special_tokens=[("<|endoftext|>", 0)])
-    tok.save(str(folder / "tokenizer.json"))
+    return tok
+
+
+def train_bpe(folder: Path) -> Path:
+    """A model folder like the bundled one whose tokenizer.json is a Qwen3-style BPE trained on the corpus."""
+    import shutil
+
+    shutil.copytree(bundled_model_dir(), folder, dirs_exist_ok=True)
+    qwen_style_bpe([CORPUS.read_text()]).save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").unlink(missing_ok=True)
     return folder
 

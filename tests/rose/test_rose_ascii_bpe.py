@@ -32,18 +32,10 @@ def random_ascii(rng: random.Random) -> str:
 
 
 def _train(regex: str) -> dict:
-    from tokenizers import models, normalizers, pre_tokenizers, processors, trainers
+    from benchmarks.tokenize_words import qwen_style_bpe
 
-    tok = HFTokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<|endoftext|>", "<|im_start|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     digits = " ".join(str(n * 7919 % 100_000) for n in range(3000))  # so that merges of digits exist
-    tok.train_from_iterator([CORPUS[:100_000], digits], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", 0)])
-    return json.loads(tok.to_str())
+    return json.loads(qwen_style_bpe([CORPUS[:100_000], digits], regex, vocab_size=2000).to_str())
 
 
 @pytest.fixture(scope="module")
