@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from benchmarks.tokenize_parallel import CORPUS, _time, texts_for
-from rose import word_cache
+from rose import ascii_bert
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
 
@@ -132,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             emptied.encode_batch([t], HUGE)
 
         def cold_one_group(t=text):  # the module's group size, changed for the call (single-threaded script)
-            group, word_cache.GROUP_CHARS = word_cache.GROUP_CHARS, HUGE
+            group, ascii_bert.GROUP_CHARS = ascii_bert.GROUP_CHARS, HUGE
             try:
                 cold(t)
             finally:
-                word_cache.GROUP_CHARS = group
+                ascii_bert.GROUP_CHARS = group
 
         us = _median_us({"tokenizers": lambda t=text: hf.encode_batch_fast([t]),
                          "no cache": lambda t=text: plain.encode_batch([t], HUGE),

@@ -16,7 +16,8 @@ plain path, because `tokenizers` matches added tokens before or after normalizin
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 from rose.word_cache import DEFAULT_CAPACITY, WordCache
 
@@ -25,6 +26,39 @@ from rose.word_cache import DEFAULT_CAPACITY, WordCache
 _CLEAN = {c: None for c in (*range(9), 11, 12, *range(14, 32), 127)}
 _CLEAN.update({9: 32, 10: 32, 13: 32})
 MAX_ADDED = 64  # more added tokens than this: the per-text search would cost what the path saves
+
+
+GROUP_CHARS = 1000  # new words are encoded in groups of about this many characters, in parallel
+
+
+def words_by_offsets(encode: Callable) -> Callable[[list[str]], list[tuple[int, ...]]]:
+    """rose.word_cache's encode_words for BERT: new words joined by spaces, in groups of about GROUP_CHARS
+    characters, in one batch call of `encode` (texts -> Encodings with offsets, content only, no normalizer;
+    parallel inside `tokenizers`: a batch item per word costs ~3 × more at a hundred words); each token belongs to
+    the word its first character falls in."""
+
+    def encode_words(new: list[str]) -> list[tuple[int, ...]]:
+        groups, size, start = [], 0, 0
+        for i, w in enumerate(new):
+            size += len(w) + 1
+            if size >= GROUP_CHARS:
+                groups.append(new[start:i + 1])
+                size, start = 0, i + 1
+        if start < len(new):
+            groups.append(new[start:])
+        out: list[tuple[int, ...]] = []
+        for group, enc in zip(groups, encode([" ".join(g) for g in groups])):
+            ends = list(accumulate(len(w) + 1 for w in group))
+            ids: list[list[int]] = [[] for _ in group]
+            j = 0
+            for token, (first, _) in zip(enc.ids, enc.offsets):
+                while first >= ends[j]:
+                    j += 1
+                ids[j].append(token)
+            out.extend(map(tuple, ids))
+        return out
+
+    return encode_words
 
 
 def _plain_token(content: str) -> bool:
@@ -64,8 +98,12 @@ class AsciiBert:
         bare.no_truncation()
         bare.no_padding()
         path = cls(bare, bool(norm.get("clean_text", True)), bool(norm.get("lowercase", True)), added)
-        config["normalizer"] = norm
-        path.words = WordCache.of(config, lambda texts: bare.encode_batch(texts, add_special_tokens=False), cache_words)
+        # The word cache is exact only with clean_text (no control character left, the space the only
+        # whitespace), exactly BertPreTokenizer and WordPiece (rose.word_cache)
+        if (cache_words > 0 and path.clean and config.get("pre_tokenizer") == {"type": "BertPreTokenizer"}
+                and (config.get("model") or {}).get("type") == "WordPiece"):
+            path.words = WordCache(words_by_offsets(lambda texts: bare.encode_batch(texts, add_special_tokens=False)),
+                                   cache_words)
         return path
 
     def normalized(self, text: str) -> str | None:
@@ -79,19 +117,6 @@ class AsciiBert:
         if any(a in low for a in self.added):
             return None
         return low if self.lowercase else text
-
-    def content_ids(self, texts: Sequence[str]) -> list[list[int] | None] | None:
-        """Each text's content ids through the word cache, None for a text this path must not take; None for
-        all when this tokenizer has no word cache."""
-        if self.words is None:
-            return None
-        normal = [self.normalized(t) for t in texts]
-        mine = [n for n in normal if n is not None]
-        found = self.words.content_ids(mine) if mine else []
-        if found is None:  # mostly new words: the plain path is cheaper
-            found = [list(e.ids) for e in self._encode_bare(mine, add_special_tokens=False)]
-        ids = iter(found)
-        return [None if n is None else next(ids) for n in normal]
 
     def encode_many(self, plain, texts: list[str], **kwargs) -> list:
         """`tokenizers` Encodings of `texts` (content only when kwargs say so) with the ids of `plain` (the full

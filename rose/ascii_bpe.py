@@ -54,7 +54,7 @@ class AsciiByteLevel:
         self._model = model  # the tokenizer's BPE model
         self._chars = str.maketrans({chr(b): c for b, c in _bytes_to_unicode().items() if b < 128})
         self.added = tuple(a.lower() for a in added if a)
-        self.words = WordCache(None, cache_words, split=pattern.findall, encode_words=self._encode_pieces)
+        self.words = WordCache(self._encode_pieces, cache_words, split=pattern.findall)
 
     @classmethod
     def of(cls, hf, cache_words: int = DEFAULT_CAPACITY) -> AsciiByteLevel | None:
@@ -94,17 +94,6 @@ class AsciiByteLevel:
             if any(a in low for a in self.added):
                 return None
         return text
-
-    def content_ids(self, texts: Sequence[str]) -> list[list[int] | None] | None:
-        """Each text's content ids, None for a text this path must not take (the caller's plain path) or for
-        all of them when the word cache says the call is mostly new pieces."""
-        normal = [self.normalized(t) for t in texts]
-        mine = [n for n in normal if n is not None]
-        found = self.words.content_ids(mine) if mine else []
-        if found is None:
-            return [None] * len(normal)
-        ids = iter(found)
-        return [None if n is None else next(ids) for n in normal]
 
     def _encode_pieces(self, pieces: list[str]) -> list[tuple[int, ...]]:
         tokenize, chars = self._model.tokenize, self._chars

@@ -12,44 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from rose.ascii_bert import AsciiBert
 from rose.ascii_bpe import AsciiByteLevel
+from rose.encoded import Encoded, EncodedPair, longest_first
 from rose.spec import ModelFolderError, ModelSpec, load_spec
+from rose.spm_tokenizer import SentencePieceTokenizer
 from rose.word_cache import DEFAULT_CAPACITY
 
+__all__ = ["Encoded", "EncodedPair", "Tokenizer", "longest_first"]
+
 _SPM_NAMES = ("sentencepiece.bpe.model", "spiece.model", "tokenizer.model")
-
-
-@dataclass(frozen=True)
-class Encoded:
-    ids: list[int]
-    original_length: int  # tokens before truncation, specials included
-    truncated: bool
-
-
-@dataclass(frozen=True)
-class EncodedPair:
-    ids: list[int]
-    type_ids: list[int]  # 0 for the first text and its specials, 1 for the second (BERT); RoBERTa: all 0
-    original_length: int  # tokens before truncation, specials included
-    truncated: bool
-
-
-def longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
-    """How many tokens of each text a pair keeps within `budget` content tokens: the longer is cut first,
-    down to the shorter's length, then both share the budget (the longer, second or not, gets the odd one).
-    HF tokenizers' rule (truncation.rs, LongestFirst), so the ids equal CrossEncoder's."""
-    if n1 + n2 <= budget:
-        return n1, n2
-    short, long_ = min(n1, n2), max(n1, n2)
-    long_ = short if short > budget else max(short, budget - short)
-    if short + long_ > budget:
-        short, long_ = budget // 2, budget // 2 + budget % 2
-    return (long_, short) if n1 > n2 else (short, long_)
 
 
 class Tokenizer:
@@ -88,7 +63,7 @@ class Tokenizer:
                     f"{spec.model_dir}: no tokenizer.json and no SentencePiece model ({', '.join(_SPM_NAMES)})")
             self._hf = None
             self._ascii = self._cached = None
-            self._spm = _SentencePiece(spm_file, fairseq=spec.family in ("xlm-roberta", "roberta"))
+            self._spm = SentencePieceTokenizer(spm_file, fairseq=spec.family in ("xlm-roberta", "roberta"))
             self._wrap = None
             self._files = [spm_file]
             self.num_special = len(self._spm.head) + len(self._spm.tail)
@@ -121,9 +96,9 @@ class Tokenizer:
         """Content ids without special tokens (HF tokenizers only): through the word cache where it takes a text
         (rose.word_cache), the others in one content_encodings call."""
         texts = list(texts)
-        ids = self._cached.content_ids(texts) if self._cached is not None else None
-        if ids is None:
+        if self._cached is None:
             return [list(e.ids) for e in self.content_encodings(texts)]
+        ids = self._cached.words.ids_of(texts, self._cached.normalized)
         rest = [i for i, x in enumerate(ids) if x is None]
         if rest:
             for i, enc in zip(rest, self.content_encodings([texts[i] for i in rest])):
@@ -279,93 +254,3 @@ def _config_specials(hf, config_path: Path) -> bool:
 def _token_text(token) -> str | None:
     """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict."""
     return token.get("content") if isinstance(token, dict) else token
-
-
-class _SentencePiece:
-    """SentencePiece with XLM-R's fairseq layout: <s>=0 <pad>=1 </s>=2 <unk>=3, piece ids shifted by 1."""
-
-    def __init__(self, path: Path, fairseq: bool) -> None:
-        import sentencepiece as spm
-
-        self._sp = spm.SentencePieceProcessor(model_file=str(path))
-        self.fairseq = fairseq
-        if fairseq:
-            self.bos, self.eos, self.offset = 0, 2, 1
-            self.vocab_size = self._sp.get_piece_size() + 1 + 1  # + fairseq offset + <mask>
-        else:
-            self.bos, self.eos, self.offset = self._sp.bos_id(), self._sp.eos_id(), 0
-            self.vocab_size = self._sp.get_piece_size()
-        # a model trained without <s> or </s> has id -1 for it: no such token around the content
-        self.head = [self.bos] if self.bos >= 0 else []
-        self.tail = [self.eos] if self.eos >= 0 else []
-
-    def piece_ids(self, text: str) -> list[int]:
-        ids = self._sp.encode(text)
-        if self.fairseq:
-            unk = self._sp.unk_id()
-            return [3 if i == unk else i + self.offset for i in ids]
-        return ids
-
-    def encode(self, text: str, keep: int, side: str) -> Encoded:
-        ids = self.piece_ids(text)
-        n = len(ids)
-        if n > keep:
-            ids = ids[:keep] if side == "right" else ids[n - keep:]
-        return Encoded(ids=[*self.head, *ids, *self.tail], original_length=n + len(self.head) + len(self.tail),
-                       truncated=n > keep)
-
-    def encode_pair(self, first: str, second: str, limit: int, side: str) -> EncodedPair:
-        """RoBERTa's pair layout <s> a </s></s> b </s> (all type 0), cut longest first to `limit`; a model
-        without <s> or </s> leaves those out."""
-        a, b = self.piece_ids(first), self.piece_ids(second)
-        n1, n2 = len(a), len(b)
-        head, mid, tail = self.head, self.tail * 2, self.tail
-        specials = len(head) + len(mid) + len(tail)
-        k1, k2 = longest_first(n1, n2, max(limit - specials, 0))
-        a, b = (a[:k1], b[:k2]) if side == "right" else (a[n1 - k1:], b[n2 - k2:])
-        ids = [*head, *a, *mid, *b, *tail]
-        return EncodedPair(ids, [0] * len(ids), n1 + n2 + specials, (k1, k2) != (n1, n2))
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
-        """Skipping specials: the ordinary pieces decoded as one run (a word after a dropped <unk> keeps its
-        space). Keeping them: runs between specials, each special its own text (<s>, <mask>, ...), and a run
-        whose first piece begins a word ("▁") after a special keeps that word's space. fairseq: 0..3 are
-        <s> <pad> </s> <unk>, the last id <mask>, the others piece id + 1."""
-        pieces = [self._piece(int(i)) for i in ids]
-        if skip_special_tokens:
-            return self._sp.decode([p for p, special in pieces if special is None])
-        out: list[str] = []
-        run: list[int] = []
-
-        def flush() -> None:
-            if run:
-                word = out and self._sp.id_to_piece(run[0]).startswith("\u2581")
-                out.append((" " if word else "") + self._sp.decode(run))
-                run.clear()
-
-        for piece, special in pieces:
-            if special is None:
-                run.append(piece)
-            else:
-                flush()
-                out.append(special)
-        flush()
-        return "".join(out)
-
-    def _piece(self, i: int) -> tuple[int, str | None]:
-        """(SentencePiece id, None) for an ordinary piece, (-1, its text) for a special token."""
-        if self.fairseq:
-            if i < 4:
-                return -1, ("<s>", "<pad>", "</s>", "<unk>")[i]
-            if i == self.vocab_size - 1:
-                return -1, "<mask>"
-            i -= self.offset
-        if self._sp.is_control(i) or self._sp.is_unknown(i):
-            return -1, self._sp.id_to_piece(i)
-        return i, None
-
-    def token_id(self, token: str) -> int | None:
-        if self.fairseq and token in ("<s>", "<pad>", "</s>", "<unk>"):
-            return {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}[token]
-        i = self._sp.piece_to_id(token)
-        return None if i == self._sp.unk_id() and token != "<unk>" else i + self.offset

@@ -8,7 +8,7 @@ seen yet are encoded in one call of the tokenizer without its normalizer, joined
 does all of the tokenizing; ids are only remembered). On this project's CPU a warm 128-token text takes ~17 µs
 where `tokenizers` takes ~140 (`python -m benchmarks.tokenize_words`).
 
-Exact only under these conditions, checked by `WordCache.of` and rose.ascii_bert, and tested against
+Exact only under these conditions, checked by rose.ascii_bert's `AsciiBert.of`, and tested against
 `tokenizers` on random ASCII:
 - the normalizer is a BertNormalizer with clean_text, so a normalized ASCII text holds no control character and
   its only whitespace is the space, which `str.split()` and BertPreTokenizer both cut at;
@@ -31,24 +31,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from itertools import accumulate, chain
+from itertools import chain
 
 MAX_WORD_CHARS = 100  # longer words are encoded every time, not remembered (WordPiece gives such a piece one [UNK])
 MAX_WORD_TOKENS = 32  # so are words of more ids than this ("x,x,x,x,...")
 DEFAULT_CAPACITY = 1 << 16
-GROUP_CHARS = 1000  # new words are encoded in groups of about this many characters, in parallel
 LEARN_PER_CALL = 64  # a call with more new words than this, and more than half of its words, takes the plain path
 
 
 class WordCache:
-    def __init__(self, encode: Callable | None, capacity: int = DEFAULT_CAPACITY, *,
-                 split: Callable[[str], list[str]] = str.split,
-                 encode_words: Callable[[list[str]], list[tuple[int, ...]]] | None = None) -> None:
-        """encode: texts -> `tokenizers` Encodings with offsets, content only, no normalizer (BERT's words, joined
-        by spaces); or encode_words: words -> their ids, and split: a text -> its words (rose.ascii_bpe's pieces)."""
-        self._encode = encode
-        if encode_words is not None:
-            self._encode_words = encode_words  # type: ignore[method-assign]
+    def __init__(self, encode_words: Callable[[list[str]], list[tuple[int, ...]]],
+                 capacity: int = DEFAULT_CAPACITY, *, split: Callable[[str], list[str]] = str.split) -> None:
+        """encode_words: new words -> their ids (rose.ascii_bert.words_by_offsets, rose.ascii_bpe's pieces);
+        split: a normalized text -> its words."""
+        self._encode_words = encode_words
         self._split = split
         self.capacity = capacity
         self._ids: dict[str, tuple[int, ...]] = {}
@@ -59,21 +55,19 @@ class WordCache:
         # observe(words, new) after each call (Ivy's metrics: ivy_tokenizer_words_total, ..._new_words_total)
         self.observe: Callable[[int, int], None] | None = None
 
-    @classmethod
-    def of(cls, config: dict, encode: Callable, capacity: int) -> WordCache | None:
-        """A cache for the tokenizer whose tokenizer.json is `config`, or None where it would not be exact (or
-        capacity is 0)."""
-        norm = config.get("normalizer") or {}
-        if capacity <= 0 or norm.get("type") != "BertNormalizer" or not norm.get("clean_text", True):
-            return None
-        if config.get("pre_tokenizer") != {"type": "BertPreTokenizer"}:
-            return None
-        if (config.get("model") or {}).get("type") != "WordPiece":
-            return None
-        return cls(encode, capacity)
-
     def __len__(self) -> int:
         return len(self._ids)
+
+    def ids_of(self, texts: Sequence[str], normalize: Callable[[str], str | None]) -> list[list[int] | None]:
+        """Each text's content ids, None for a text `normalize` refuses or for all of them when the call is mostly
+        new words (content_ids): the caller encodes those by its plain path."""
+        normal = [normalize(t) for t in texts]
+        mine = [n for n in normal if n is not None]
+        found = self.content_ids(mine) if mine else []
+        if found is None:
+            return [None] * len(normal)
+        ids = iter(found)
+        return [None if n is None else next(ids) for n in normal]
 
     def content_ids(self, normalized: Sequence[str]) -> list[list[int]] | None:
         """The content ids (no special tokens) of texts already normalized by rose.ascii_bert; None when more than
@@ -120,30 +114,6 @@ class WordCache:
         """Each text's ids from the cache alone (KeyError at its first unknown word)."""
         get = self._ids.__getitem__
         return [list(chain.from_iterable(map(get, w))) for w in words]
-
-    def _encode_words(self, new: list[str]) -> list[tuple[int, ...]]:
-        """Each new word's ids from one batch encode of the words joined by spaces, in groups of about
-        GROUP_CHARS characters (encoded in parallel inside `tokenizers`; a batch item per word costs ~3 × more
-        at a hundred words): each token belongs to the word its first character falls in."""
-        groups, size, start = [], 0, 0
-        for i, w in enumerate(new):
-            size += len(w) + 1
-            if size >= GROUP_CHARS:
-                groups.append(new[start:i + 1])
-                size, start = 0, i + 1
-        if start < len(new):
-            groups.append(new[start:])
-        out: list[tuple[int, ...]] = []
-        for group, enc in zip(groups, self._encode([" ".join(g) for g in groups])):
-            ends = list(accumulate(len(w) + 1 for w in group))
-            ids: list[list[int]] = [[] for _ in group]
-            j = 0
-            for token, (first, _) in zip(enc.ids, enc.offsets):
-                while first >= ends[j]:
-                    j += 1
-                ids[j].append(token)
-            out.extend(map(tuple, ids))
-        return out
 
     def _remember(self, fresh: dict[str, tuple[int, ...]]) -> None:
         """Keep the words of `fresh` short enough in characters and ids, their ids' ints shared; start again

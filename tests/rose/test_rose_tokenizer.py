@@ -67,7 +67,7 @@ def test_sentencepiece_without_bos_adds_no_minus_one(tmp_path) -> None:
 
     import sentencepiece as spm
 
-    from rose.tokenizer import _SentencePiece
+    from rose.spm_tokenizer import SentencePieceTokenizer as _SentencePiece
 
     buf = io.BytesIO()
     lines = [f"the quick brown fox {i} jumps over the lazy dog" for i in range(100)]

@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from ivy.split_encode import SplitEncoder
+from rose.ascii_bert import words_by_offsets
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
 from rose.word_cache import MAX_WORD_CHARS, WordCache
@@ -77,7 +78,7 @@ def test_known_words_are_not_encoded_again_and_long_ones_not_remembered() -> Non
         calls.append([w for t in texts for w in t.split(" ")])
         return bare.encode_batch(texts, add_special_tokens=False)
 
-    cache = WordCache(encode)
+    cache = WordCache(words_by_offsets(encode))
     long_word = "q" * (MAX_WORD_CHARS + 1)
     first = cache.content_ids(["hello world, hello", long_word])
     assert sorted(calls[0]) == sorted(["hello", "world,", long_word])  # the new words, once each, in one call
@@ -164,7 +165,7 @@ def test_words_lost_to_an_emptied_cache_are_encoded_again() -> None:
         calls.append(sorted(w for t in texts for w in t.split(" ")))
         return bare.encode_batch(texts, add_special_tokens=False)
 
-    cache = WordCache(encode, capacity=3)
+    cache = WordCache(words_by_offsets(encode), capacity=3)
     cache.content_ids(["alpha beta gamma"])
     # Two new words do not fit beside three: the cache starts again with them, and alpha and beta, known when
     # the call began, are gone by the time it looks them up.
