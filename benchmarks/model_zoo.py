@@ -2,15 +2,17 @@
 
 Nothing is downloaded: the Qwen3 configs are written out here (the published Qwen3-0.6B / Qwen3-4B
 shapes), weights are random (seeded) in the requested dtype, and the tokenizer is MiniLM's WordPiece
-tokenizer.json (benchmarks feed token ids; Ivy's benchmarks tokenize real text with it). MiniLM is
-all-MiniLM-L6-v2's folder (benchmarks/assets) with random weights. ModernBERT-base, all-mpnet-base-v2 and
-distilbert-base-uncased are their published configs with random weights and MiniLM's tokenizer.
-all-MiniLM-L6-v2's folder (benchmarks/assets) with random weights. The decoder embedders (DECODER_CONFIGS:
-EmbeddingGemma-300m, gte-Qwen2-1.5B, e5-mistral-7B) get their published configs and sentence-transformers
-pipelines the same way (EmbeddingGemma: mean, Dense 768 -> 3072 -> 768, Normalize; the others: last token).
+tokenizer.json (benchmarks feed token ids; Ivy's benchmarks tokenize real text with it), or with
+`--tokenizer qwen-bpe` a Qwen3-style byte-level BPE trained on the benchmark corpus (write_tokenizer). MiniLM
+is all-MiniLM-L6-v2's folder (benchmarks/assets) with random weights. ModernBERT-base, all-mpnet-base-v2 and
+distilbert-base-uncased are their published configs with random weights and MiniLM's tokenizer. The decoder
+embedders (DECODER_CONFIGS: EmbeddingGemma-300m, gte-Qwen2-1.5B, e5-mistral-7B) get their published configs
+and sentence-transformers pipelines the same way (EmbeddingGemma: mean, Dense 768 -> 3072 -> 768, Normalize;
+the others: last token).
 The cross-encoders, SPLADE and BGE-M3 (HEAD_MODELS) are built by benchmarks.model_zoo_heads.
 
     python -m benchmarks.model_zoo qwen3-0.6b /tmp/models/qwen3-0.6b [--dtype bfloat16] [--family pplx]
+        [--tokenizer qwen-bpe]   (qwen3 and decoder folders)
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ MODELS = (*QWEN3_CONFIGS, "minilm-l6", *ENCODER_CONFIGS, *DECODER_CONFIGS, *HEAD
 
 
 MINILM_SKELETON = Path(__file__).resolve().parent / "assets" / "minilm-l6"  # its files without the weights
+TOKENIZERS = ("wordpiece", "qwen-bpe")
+QWEN_BPE_VOCAB = 30_000  # a cap: on the corpus the trainer runs out of pairs at 15 244 (each corpus piece one token)
+QWEN_EOS = "<|endoftext|>"
+BPE_MODELS = (*QWEN3_CONFIGS, *DECODER_CONFIGS)  # the folders that may take --tokenizer qwen-bpe
 
 
 def _copy_tokenizer(path: Path) -> None:
@@ -76,8 +82,41 @@ def _copy_tokenizer(path: Path) -> None:
     path.write_text(json.dumps(data))
 
 
-def make_qwen3_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qwen3", seed: int = 0) -> Path:
-    """family: qwen3 (Qwen3-Embedding: causal, last token, normalized) or pplx (bidirectional, mean, int8)."""
+def qwen_bpe(vocab_size: int = QWEN_BPE_VOCAB):
+    """A Qwen3-style byte-level BPE (benchmarks.tokenize_words.qwen_style_bpe: NFC, Qwen2's Split regex, ByteLevel,
+    <|endoftext|> after each text, read by last-token pooling as Qwen3-Embedding reads it) trained on the stack
+    benchmark's corpus, so its words are in the vocabulary; the same bytes on every run, in well under a second."""
+    from tokenizers import decoders
+
+    from benchmarks.stack.corpus import SNAPSHOT
+    from benchmarks.tokenize_words import qwen_style_bpe
+
+    tok = qwen_style_bpe([SNAPSHOT.read_text(encoding="utf-8")], vocab_size=min(vocab_size, QWEN_BPE_VOCAB))
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def write_tokenizer(out: Path, tokenizer: str, max_seq: int, vocab_size: int) -> None:
+    """tokenizer.json and tokenizer_config.json: MiniLM's WordPiece (wordpiece) or qwen_bpe (qwen-bpe, at most
+    `vocab_size` ids). The config names the generic class, so transformers reads tokenizer.json as it is: the
+    model's own class (Qwen2Tokenizer for qwen3) ignores the WordPiece's normalizer/pre-tokenizer, and the
+    reference would tokenize differently from Ivy."""
+    if tokenizer == "wordpiece":
+        _copy_tokenizer(out / "tokenizer.json")
+        specials = {"cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]", "pad_token": "[PAD]"}
+    elif tokenizer == "qwen-bpe":
+        qwen_bpe(vocab_size).save(str(out / "tokenizer.json"))
+        specials = {"eos_token": QWEN_EOS, "pad_token": QWEN_EOS}
+    else:
+        raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZERS)}, not {tokenizer!r}")
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_seq, **specials}))
+
+
+def make_qwen3_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qwen3", seed: int = 0,
+                      tokenizer: str = "wordpiece") -> Path:
+    """family: qwen3 (Qwen3-Embedding: causal, last token, normalized) or pplx (bidirectional, mean, int8);
+    tokenizer: wordpiece or qwen-bpe (write_tokenizer)."""
     import torch
     from transformers import Qwen3Config, Qwen3Model
 
@@ -109,20 +148,16 @@ def make_qwen3_folder(name: str, out: Path, dtype: str = "bfloat16", family: str
     (out / "1_Pooling").mkdir(exist_ok=True)
     (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": cfg["hidden_size"], **pooling}))
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32768}))
-    _copy_tokenizer(out / "tokenizer.json")
-    # Without this, transformers picks Qwen3's own tokenizer class, which ignores the WordPiece
-    # normalizer/pre-tokenizer of this tokenizer.json: the reference would tokenize differently from Ivy.
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768, "cls_token": "[CLS]",
-         "sep_token": "[SEP]", "unk_token": "[UNK]", "pad_token": "[PAD]"}))
+    write_tokenizer(out, tokenizer, 32768, cfg["vocab_size"])
     del model
     return out
 
 
-def make_decoder_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
+def make_decoder_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int = 0,
+                        tokenizer: str = "wordpiece") -> Path:
     """A DECODER_CONFIGS model: random weights (std 0.02; norms as transformers initializes them), its
     sentence-transformers files (Dense weights random too) and MiniLM's tokenizer (ids < 30522 fit every
-    vocabulary here; last-token pooling reads [SEP] as these models read their EOS)."""
+    vocabulary here; last-token pooling reads [SEP] as these models read their EOS), or qwen-bpe's."""
     import torch
     import transformers
     from safetensors.torch import save_file
@@ -161,10 +196,7 @@ def make_decoder_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int
         {"word_embedding_dimension": hidden, "pooling_mode_mean_tokens": pooling == "mean",
          "pooling_mode_lasttoken": pooling == "last"}))
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq}))
-    _copy_tokenizer(out / "tokenizer.json")
-    (out / "tokenizer_config.json").write_text(json.dumps(  # the generic class: see make_qwen3_folder
-        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_seq, "cls_token": "[CLS]",
-         "sep_token": "[SEP]", "unk_token": "[UNK]", "pad_token": "[PAD]"}))
+    write_tokenizer(out, tokenizer, max_seq, cfg["vocab_size"])
     del model
     return out
 
@@ -226,13 +258,17 @@ def make_encoder_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int
     return out
 
 
-def make_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qwen3") -> Path:
+def make_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qwen3",
+                tokenizer: str = "wordpiece") -> Path:
+    """tokenizer: qwen-bpe for a Qwen3 or DECODER_CONFIGS folder (write_tokenizer); the others take wordpiece only."""
+    if tokenizer != "wordpiece" and name not in BPE_MODELS:
+        raise ValueError(f"tokenizer {tokenizer}: only for {', '.join(BPE_MODELS)}")
     if name == "minilm-l6":
         return make_minilm_folder(out, dtype)
     if name in ENCODER_CONFIGS:
         return make_encoder_folder(name, out, dtype)
     if name in DECODER_CONFIGS:
-        return make_decoder_folder(name, out, dtype)
+        return make_decoder_folder(name, out, dtype, tokenizer=tokenizer)
     if name in HEAD_MODELS:  # rerankers, SPLADE, BGE-M3
         from benchmarks.model_zoo_heads import make_head_folder
 
@@ -241,7 +277,7 @@ def make_folder(name: str, out: Path, dtype: str = "bfloat16", family: str = "qw
 
     if name in REMOTE_MODELS:  # GTE v1.5, NomicBERT: no HF class, ROSE rows only
         return make_remote_folder(name, out, dtype)
-    return make_qwen3_folder(name, out, dtype, family)
+    return make_qwen3_folder(name, out, dtype, family, tokenizer=tokenizer)
 
 
 def main() -> None:
@@ -250,8 +286,12 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--family", default="qwen3", choices=["qwen3", "pplx"])
+    parser.add_argument("--tokenizer", default="wordpiece", choices=TOKENIZERS,
+                        help="qwen-bpe: a Qwen3-style byte-level BPE trained on the corpus (qwen3 and decoder folders)")
     args = parser.parse_args()
-    print(make_folder(args.name, args.out, args.dtype, args.family))
+    if args.tokenizer != "wordpiece" and args.name not in BPE_MODELS:
+        parser.error(f"--tokenizer {args.tokenizer}: only for {', '.join(BPE_MODELS)}")
+    print(make_folder(args.name, args.out, args.dtype, args.family, args.tokenizer))
 
 
 if __name__ == "__main__":

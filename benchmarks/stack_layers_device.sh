@@ -10,17 +10,22 @@
 # (STEP=commits: the same client, this tree's, against `ivy up` from .base and from this tree, alternating
 # twice; ivy-text, ivy-ids and tulip-grpc at 1 x 128, 1 x 4096 and 1-16 clients),
 # $OUT/stack_layers_qwen3-0.6b_{grpc,framed}{1,2}.json (STEP=framed: `ivy up --framed false` vs `ivy up`, the same way).
+# TOKENIZER=qwen-bpe (any step; default wordpiece, MiniLM's): the folder carries a Qwen3-style byte-level BPE trained
+# on the corpus (benchmarks.model_zoo --tokenizer qwen-bpe), at /tmp/m/qwen3-0.6b-bpe with /tmp/ref_qwen3-0.6b-bpe.json;
+# served under its folder's name, so the results above read stack_layers_qwen3-0.6b-bpe*.json.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 require_carried .whl
 export TULIP_GRAPH_MANIFEST=off  # Ivy's workers: the default (auto: 4 on the 16-core host) unless IVY_WORKERS is set
 echo "ivy workers: ${IVY_WORKERS:-auto = $(python3 -c 'from ivy.config import auto_workers; print(auto_workers())')}"
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-dir=/tmp/m/qwen3-0.6b model=qwen3-0.6b
+tokenizer=${TOKENIZER:-wordpiece} model=qwen3-0.6b
+name=$model; [ "$tokenizer" = wordpiece ] || name=$model-${tokenizer#qwen-}  # the served name: the folder's
+dir=/tmp/m/$name
 if [ ! -f $dir/config.json ]; then
-  python3 -m benchmarks.model_zoo $model $dir --dtype bfloat16 2>&1 | grep -v Writing | tail -1
+  python3 -m benchmarks.model_zoo $model $dir --dtype bfloat16 --tokenizer $tokenizer 2>&1 | grep -v Writing | tail -1
 fi
-[ -f /tmp/ref_$model.json ] || python3 -m benchmarks.stack.reference --model-dir $dir --out /tmp/ref_$model.json \
+[ -f /tmp/ref_$name.json ] || python3 -m benchmarks.stack.reference --model-dir $dir --out /tmp/ref_$name.json \
   --device cuda --dtype float32 2>&1 | tail -1
 echo "model and reference ready ($(el) s)"
 
@@ -37,7 +42,7 @@ stop_stack() { kill -TERM $up; wait $up; tail -1 /tmp/up_$1.log; }
 layers() {  # layers LABEL METRICS_URLS [benchmarks.stack.layers flags...]
   local label=$1 metrics=$2; shift 2
   python3 -m benchmarks.stack.layers --url http://127.0.0.1:8080 --tulip 127.0.0.1:50051 --model-dir $dir \
-    --model $model --reference /tmp/ref_$model.json --out $OUT --client-cpus 8-15 --gpus 1 --gpu-hour-price 3.5 \
+    --model $name --reference /tmp/ref_$name.json --out $OUT --client-cpus 8-15 --gpus 1 --gpu-hour-price 3.5 \
     --server-metrics $metrics ${label:+--label $label} "$@" 2>> $OUT/stack_layers.log
   echo "   layers $label rc=$? ($(el) s)"
 }
