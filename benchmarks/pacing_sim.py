@@ -1,13 +1,12 @@
-"""Tulip's batch pacing on a simulated device (CPU only): pack at once vs pack late (TULIP_PACK_AHEAD_MS), and
-batches that wait for company (TULIP_GATHER_MS).
+"""Tulip's batch pacing on a simulated device (CPU only): pack at once vs pack late (TULIP_PACK_AHEAD_MS).
 
-    python -m benchmarks.pacing_sim [--clients 4,16] [--pack-ahead-ms 0,1] [--gather-ms 0,1] [--json out.json]
+    python -m benchmarks.pacing_sim [--clients 4,16] [--duration-s 3] [--json out.json]
 
 A real TulipServer in this process drives `SimulatedDevice`: one stream, each batch busy for
 `--fixed-ms` + `--per-token-us` x tokens (defaults near the Qwen3-0.6B on the H200: ~1.5 ms for a small
 batch, 2.5 µs a token), rows of zeros. Client processes send one lognormal document (16-512 tokens)
 per request in a closed loop over gRPC, like the stack benchmark's concurrency suite. Printed: p50/p99
-latency, requests/s, mean sequences per batch, for each pack_ahead_ms and gather_ms.
+latency, requests/s, mean sequences per batch, for each pack_ahead_ms.
 """
 
 from __future__ import annotations
@@ -91,8 +90,7 @@ def _client(address: str, clients: int, duration_s: float, seed: int, out) -> No
     out.put([x for lat in lats for x in lat])
 
 
-def run(pack_ahead_ms: float, clients: int, duration_s: float, fixed_ms: float, per_token_us: float,
-        gather_ms: float = 0.0) -> dict:
+def run(pack_ahead_ms: float, clients: int, duration_s: float, fixed_ms: float, per_token_us: float) -> dict:
     from tulip.config import TulipConfig
     from tulip.server import TulipServer
 
@@ -100,8 +98,7 @@ def run(pack_ahead_ms: float, clients: int, duration_s: float, fixed_ms: float, 
                       tokenizer_fingerprint="sim", native_int8=False, normalize_default=True,
                       attention_backend="sim", device="cpu", dtype="float32")
     engine = SimulatedDevice(info, fixed_ms / 1e3, per_token_us / 1e6)
-    config = TulipConfig(port=0, max_batch_tokens=8192, warmup_full_batch="false", pack_ahead_ms=pack_ahead_ms,
-                         gather_ms=gather_ms)
+    config = TulipConfig(port=0, max_batch_tokens=8192, warmup_full_batch="false", pack_ahead_ms=pack_ahead_ms)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     server = TulipServer(config, engine=engine)
@@ -116,19 +113,16 @@ def run(pack_ahead_ms: float, clients: int, duration_s: float, fixed_ms: float, 
     loop.call_soon_threadsafe(loop.stop)
     warm = len(lat) // 10  # the first tenth learns the device times
     lat = lat[warm:] if len(lat) > 20 else lat
-    gather = server.queue.gather
-    return {"pack_ahead_ms": pack_ahead_ms, "gather_ms": gather_ms, "clients": clients, "requests": len(lat),
+    return {"pack_ahead_ms": pack_ahead_ms, "clients": clients, "requests": len(lat),
             "p50_ms": round(float(np.percentile(lat, 50)), 3), "p99_ms": round(float(np.percentile(lat, 99)), 3),
             "rps": round(len(lat) / (duration_s * 0.9), 1),
-            "mean_seqs_per_batch": round(float(np.mean(engine.batch_seqs)), 2),
-            "gather_waits": gather.waits if gather is not None else 0}
+            "mean_seqs_per_batch": round(float(np.mean(engine.batch_seqs)), 2)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="4,16")
     parser.add_argument("--pack-ahead-ms", default="0,1")
-    parser.add_argument("--gather-ms", default="0")
     parser.add_argument("--duration-s", type=float, default=3.0)
     parser.add_argument("--fixed-ms", type=float, default=1.5)
     parser.add_argument("--per-token-us", type=float, default=2.5)
@@ -139,9 +133,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for clients in (int(c) for c in args.clients.split(",")):
             for ahead in (float(a) for a in args.pack_ahead_ms.split(",")):
-                for gather in (float(g) for g in args.gather_ms.split(",")):
-                    rows.append(run(ahead, clients, args.duration_s, args.fixed_ms, args.per_token_us, gather))
-                    print(json.dumps(rows[-1]), flush=True)
+                rows.append(run(ahead, clients, args.duration_s, args.fixed_ms, args.per_token_us))
+                print(json.dumps(rows[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=1)

@@ -71,10 +71,6 @@ class TulipConfig:
     pack_ahead_ms: float = _f(1.0, "with a batch on the device, pack the next one this long before that batch is "
                                    "expected to finish (median device time of recent batches of its size), not "
                                    "as soon as a slot frees, so it takes in what arrived meanwhile; 0 = at once")
-    gather_ms: float = _f(0.0, "while more requests were about lately than wait now, the launcher waits for the "
-                               "others before taking a batch, at most this long past the oldest one's arrival "
-                               "(small batches cost nearly as much device time as larger ones: tulip/gather.py); "
-                               "0 = off, take what is queued")
     watchdog_s: float = _f(10.0, "health turns NOT_SERVING (new work refused, `tulip health` fails) while the oldest "
                                  "batch in flight has been on the device longer than max(this, watchdog_factor x "
                                  "its expected device time), and SERVING again once it completes; 0 = off")
@@ -150,8 +146,6 @@ class TulipConfig:
             raise ValueError(f"framed_max_connections must be at least 1, got {self.framed_max_connections}")
         if self.shutdown_timeout_s < 0:
             raise ValueError("shutdown_timeout_s must not be negative")
-        if self.gather_ms < 0:
-            raise ValueError(f"gather_ms must be 0 (off) or positive, got {self.gather_ms}")
         if self.pack_ahead_ms < 0:
             raise ValueError(f"pack_ahead_ms must be 0 (pack at once) or positive, got {self.pack_ahead_ms}")
         if not 0 < self.request_share <= 1:

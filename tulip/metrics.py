@@ -27,7 +27,6 @@ Names (all exported by `TulipMetrics`):
   tulip_lane_batch_tokens_total{lane}                counter: tokens of the lane in launched batches (its share)
   tulip_express_batches_total                        counter: batches run on the express lane (tulip/express.py)
   tulip_inline_launches_total                        counter: batches the event loop launched itself (tulip/worker.py)
-  tulip_gather_waits_total                           counter: batches whose take waited for company (tulip/gather.py)
   tulip_gc_pause_seconds{generation}                 histogram: the garbage collector's pauses (rose/gc_pauses.py)
   rose_pinned_bytes_in_use, rose_pinned_bytes_cap, rose_graphs_captured, rose_graph_capture_seconds,
   rose_step_seconds_last, rose_runs_total{bucket,mode}, and rose_<key> for any other numeric stat
@@ -92,8 +91,6 @@ class TulipMetrics:
                                          ["lane"], registry=r)
         self.express_batches = Counter("tulip_express_batches", "Batches run on the express lane beside bulk work",
                                        registry=r)
-        self.gather_waits = Counter("tulip_gather_waits", "Batches whose take waited for more requests to arrive "
-                                    "(TULIP_GATHER_MS)", registry=r)
         self.inline_launches = Counter("tulip_inline_launches", "Batches launched on the event loop itself, the "
                                        "worker idle (no launcher hand-off)", registry=r)
         self.framed_connections = Gauge("tulip_framed_connections", "Open connections on the framed EmbedStream "
@@ -114,9 +111,7 @@ class TulipMetrics:
         self._gc_pause[generation].observe(seconds)
 
     def observe_launch(self, packed, batch, launch_seconds: float, lazy: Any, express: bool = False,
-                       inline: bool = False, gathered: bool = False) -> None:
-        if gathered:
-            self.gather_waits.inc()
+                       inline: bool = False) -> None:
         if express:
             self.express_batches.inc()
         if inline:

@@ -49,7 +49,6 @@ class Launched:
     launched_at: float
     launched_mono: float = 0.0  # time.monotonic() at launch: the pacing clock
     done_mono: float = 0.0  # time.monotonic() when its rows were on the host
-    requests: int = 0  # the requests (queue flows) it carries: tulip.gather's count of those on the device
 
 
 @dataclass

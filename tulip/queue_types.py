@@ -55,4 +55,3 @@ class PackedBatch:
     taken_at: float = 0.0
     skipped: int = 0  # sequences of cancelled/expired requests removed without running
     lane_tokens: list[int] = field(default_factory=lambda: [0, 0])  # tokens of each lane in this batch
-    gathered: bool = False  # its take waited for requests expected back (tulip.gather)

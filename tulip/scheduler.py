@@ -18,7 +18,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from tulip.errors import QueueClosed, QueueFull
-from tulip.gather import Gather
 from tulip.packer import LanePacker
 from tulip.queue_types import BULK, EXPRESS, INTERACTIVE, LANES, MAIN, PackedBatch, QueuedSequence, Ticket
 
@@ -60,7 +59,6 @@ class SequenceQueue(LanePacker):
         self._bulk_inflight = 0  # batches with bulk tokens taken by MAIN and not yet delivered (bulk_done)
         self._parked = False  # the main launcher is inside next_batch's wait (take_parked may take for it)
         self._handed: deque[PackedBatch] = deque()  # batches taken on the event loop for the launcher to run
-        self.gather: Gather | None = None  # tulip.gather: takes wait for requests expected back; None = off
 
     # -- producer side (event loop) -------------------------------------------------------------
 
@@ -96,8 +94,6 @@ class SequenceQueue(LanePacker):
             self._tokens += tokens
             self._lane_tokens[ticket.lane] += tokens
             self._seqs += len(seqs)
-            if self.gather is not None:
-                self.gather.arrived()
             if wake:
                 self._cond.notify()
             self._wake_express_locked()
@@ -121,20 +117,6 @@ class SequenceQueue(LanePacker):
             self._handed.append(packed)
             self._cond.notify()
 
-    def delivered(self, requests: int) -> None:
-        """The main worker answered `requests` requests (tulip.gather expects them back)."""
-        if self.gather is not None:
-            with self._cond:
-                self.gather.delivered(requests, self._clock())
-
-    def expects_company(self) -> bool:
-        """Whether requests are expected back (tulip.gather): the event loop's inline launch of a lone request
-        would take one that should wait for them."""
-        if self.gather is None:
-            return False
-        with self._cond:
-            return self.gather.expected(self._clock()) > 0
-
     def wake(self) -> None:
         """Wake the main launcher (after a push with wake=False that take_parked did not follow)."""
         with self._cond:
@@ -154,27 +136,15 @@ class SequenceQueue(LanePacker):
     def next_batch(self, timeout: float | None = None, rehold: Callable[[], bool] | None = None) -> PackedBatch | None:
         """Block until there is work, then take one FCFS batch. None on timeout, or when the queue is
         closed and empty. A result may hold only expired tickets (to be failed) and no sequences.
-        rehold: asked when a wait ends; true = return REHOLD without taking (the launcher paces first).
-        With `gather` set, work may wait for requests expected back first (tulip.gather)."""
+        rehold: asked when a wait ends; true = return REHOLD without taking (the launcher paces first)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        gathering = False
         with self._cond:
             while True:
                 if self._handed:
                     return self._handed.popleft()
                 if self._lanes[0] or self._lanes[1]:
-                    wait = 0.0 if self.gather is None else self._gather_wait_locked()
-                    if wait > 0 and deadline is not None:
-                        wait = min(wait, deadline - time.monotonic())
-                    if wait > 0:
-                        if not gathering:
-                            gathering = True
-                            self.gather.waits += 1
-                        self._cond.wait(wait)
-                        continue
                     packed = self._take_main_locked()
                     if packed is not None:
-                        packed.gathered = gathering
                         return packed
                 if self._closed and not (self._lanes[0] or self._lanes[1]):  # what is left, express takes
                     return None
@@ -268,13 +238,6 @@ class SequenceQueue(LanePacker):
         return self._lane_tokens[lane]
 
     # -- internals ------------------------------------------------------------------------------
-
-    def _gather_wait_locked(self) -> float:
-        if self._closed or self._tokens >= self.max_batch_tokens or self._seqs >= self.max_batch_seqs:
-            return 0.0
-        heads = [next(iter(flows.values())) for flows in self._lanes if flows]
-        now = self._clock()
-        return self.gather.wait_s(min((flow[0].enqueued_at for flow in heads if flow), default=now), now)
 
     def _take_main_locked(self) -> PackedBatch | None:
         """The main worker's next batch from what waits; None when none of it is the main worker's to take

@@ -153,7 +153,7 @@ class TulipServer:
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch,
-                             gather_s=config.gather_ms / 1e3, heartbeat=heartbeat)
+                             heartbeat=heartbeat)
         self.worker.start()
         if config.express_batch_tokens and config.lanes and getattr(self.engine, "express", False):
             self.express = ExpressWorker(self.engine, self.queue, express_tokens=config.express_batch_tokens,

@@ -34,7 +34,6 @@ import time
 from collections import deque
 
 from tulip.errors import DeadlineExpired, engine_error
-from tulip.gather import Gather
 from tulip.job import Handoff
 from tulip.packing import FailedBatch, Launched, build_batch, jobs_of, release_lazy
 from tulip.pacing import DeviceTimes
@@ -51,7 +50,7 @@ class Worker:
 
     def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
                  idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0, inline_launch: bool = False,
-                 gather_s: float = 0.0, heartbeat=None) -> None:
+                 heartbeat=None) -> None:
         self.engine = engine
         self.heartbeat = heartbeat  # protos.heartbeat.Heartbeat: counts launched batches for `ivy up`; None = off
         self.queue = queue
@@ -61,8 +60,6 @@ class Worker:
         self.idle_captures = 0
         self.pack_ahead_s = pack_ahead_s  # 0 = pack as soon as a slot frees; see tulip.pacing
         self.device_times = DeviceTimes()
-        if gather_s > 0:
-            queue.gather = Gather(gather_s)  # tulip.gather; None = take what is queued
         self._estimates: list[float] = []  # expected device seconds of the batches in flight, launch order
         self._started: deque[tuple[float, float]] = deque()  # (launched at, expected seconds) per batch in flight
         self._stepping_since = 0.0  # monotonic time the launcher entered engine.step(); 0 = not inside it
@@ -126,8 +123,7 @@ class Worker:
         """On the event loop, right after a push made with wake=False (module docstring): take the batch and
         launch it here when nothing is in flight, the launcher is parked and the batch replays a captured
         graph; else the launcher gets it (woken, or handed the batch as taken). True when launched here."""
-        if (self._inflight or self._last_requests > 1 or self.queue.expects_company()
-                or not self._slots.acquire(blocking=False)):
+        if self._inflight or self._last_requests > 1 or not self._slots.acquire(blocking=False):
             self.queue.wake()
             return False
         packed = self.queue.take_parked()
@@ -227,8 +223,7 @@ class Worker:
 
     def _launch(self, packed: PackedBatch, built=None, inline: bool = False) -> None:
         batch, row_starts = built or build_batch(packed.sequences)
-        requests = _requests_in(packed.sequences)
-        self._last_requests = requests
+        self._last_requests = _requests_in(packed.sequences)
         self._inline_running = inline  # a launcher batch since: REHOLD is for an inline one only
         t0 = time.perf_counter()
         self._stepping_since = time.monotonic()
@@ -245,7 +240,7 @@ class Worker:
             self._estimates.append(estimate)
             self._started.append((now, estimate))
             self._tail_end = max(now, self._tail_end) + estimate
-        self._launched.put(Launched(packed, row_starts, lazy, t0, now, requests=requests))
+        self._launched.put(Launched(packed, row_starts, lazy, t0, now))
         if self.heartbeat is not None:
             try:  # launched already: nothing after the put may fail the batch
                 self.heartbeat.beat()
@@ -253,8 +248,7 @@ class Worker:
                 log.debug("batch counter failed", exc_info=True)
         if self.metrics is not None:
             try:
-                self.metrics.observe_launch(packed, batch, t1 - t0, lazy, express=self.express, inline=inline,
-                                            gathered=packed.gathered)
+                self.metrics.observe_launch(packed, batch, t1 - t0, lazy, express=self.express, inline=inline)
             except Exception:
                 log.debug("metrics failed", exc_info=True)
 
@@ -299,7 +293,6 @@ class Worker:
             self._tail_end = now + sum(self._estimates)
         if item.packed.lane_tokens[BULK]:
             self.queue.bulk_done()  # counted by the queue when it handed the batch out
-        self.queue.delivered(item.requests)
         self.device_times.observe(item.packed.tokens, now - on_device_from)
 
     def _deliver(self, item: Launched) -> None:
@@ -349,7 +342,6 @@ class Worker:
 
 
 def _requests_in(sequences: list) -> int:
-    """How many requests (the queue's flows: a request's chunks count once) the sequences belong to."""
-    if len(sequences) <= 1:
-        return len(sequences)
-    return len({s.ticket.flow or s.ticket for s in sequences})
+    """How many requests the sequences belong to, counted up to 2 (all that launch_here asks)."""
+    first = sequences[0].ticket if sequences else None
+    return 2 if any(s.ticket is not first for s in sequences) else int(first is not None)

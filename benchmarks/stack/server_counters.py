@@ -8,8 +8,7 @@ batches and their mean duration, and each priority lane's tokens in launched bat
 batch on the device and its share of the step's wall time (`device_busy_seconds`, `device_busy_share`), the
 CPU seconds of Tulip's event loop, launcher and completer threads and their shares (`cpu_loop`, `cpu_launcher`,
 `cpu_completer`; the completer's includes its spin on the CUDA event), the host time inside engine.step()
-(`launch_seconds`), the tokens the device ran, padding included (`padded_tokens`), and the batches whose take
-waited for requests expected back (`gather_waits`, TULIP_GATHER_MS). A latency
+(`launch_seconds`) and the tokens the device ran, padding included (`padded_tokens`). A latency
 tail that lines up with eager runs and captures is lazy capture; one that lines up with full collections is
 the collector; one that does neither is the gateway or the batcher. Peers' metrics have other names: their deltas stay empty.
 """
@@ -27,7 +26,7 @@ _SUMMED = {"rose_graph_capture_seconds": "capture_seconds", "tulip_batch_seconds
            "tulip_queue_wait_seconds_count": "queued_sequences", "rose_graph_substitutions": "substitutions",
            "tulip_express_batches_total": "express_batches", "tulip_device_busy_seconds_total": "device_busy_seconds",
            "tulip_engine_launch_seconds_sum": "launch_seconds", "tulip_batch_padded_tokens_sum": "padded_tokens",
-           "tulip_batch_tokens_sum": "batch_tokens", "tulip_gather_waits_total": "gather_waits"}
+           "tulip_batch_tokens_sum": "batch_tokens"}
 _THREADS = {"MainThread": "cpu_loop", "tulip-launcher": "cpu_launcher", "tulip-completer": "cpu_completer"}
 _GC_FULL = {"tulip_gc_pause_seconds_count": "gc_full", "tulip_gc_pause_seconds_sum": "gc_full_seconds"}
 _SHARES = {"device_busy_seconds": "device_busy_share", "cpu_loop": "cpu_loop_share",
@@ -86,8 +85,6 @@ def describe(change: dict[str, float]) -> str:
     if change.get("batches"):
         per = f", {change['queued_sequences'] / change['batches']:.1f} seqs" if change.get("queued_sequences") else ""
         parts.append(f"batches {int(change['batches'])} ({change.get('mean_batch_ms', 0):.1f} ms{per})")
-    if change.get("gather_waits"):
-        parts.append(f"gathered {int(change['gather_waits'])}")
     if "device_busy_share" in change:
         parts.append(f"busy {change['device_busy_share']:.0%}")
     for key, label in (("cpu_loop_share", "loop"), ("cpu_launcher_share", "launcher")):
