@@ -25,15 +25,18 @@ from rose.word_cache import DEFAULT_CAPACITY
 __all__ = ["Encoded", "EncodedPair", "Tokenizer", "longest_first"]
 
 _SPM_NAMES = ("sentencepiece.bpe.model", "spiece.model", "tokenizer.model")
+BPE_WHOLE_CHARS = 4096  # Tokenizer.takes_whole: a byte-level BPE's cached ASCII text up to this long is not cut
 
 
 class Tokenizer:
     """Batch encode with per-call truncation; thread-safe (no per-call state on the shared tokenizer)."""
 
-    def __init__(self, spec: ModelSpec, cache_words: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, spec: ModelSpec, cache_words: int = DEFAULT_CAPACITY,
+                 bpe_whole_chars: int = BPE_WHOLE_CHARS) -> None:
         """cache_words: how many words' ids a BERT or Qwen3-style BPE tokenizer may remember for ASCII text
-        (rose.word_cache, rose.ascii_bpe; 0: none)."""
+        (rose.word_cache, rose.ascii_bpe; 0: none). bpe_whole_chars: see takes_whole."""
         self.spec = spec
+        self.bpe_whole_chars = bpe_whole_chars
         self.max_length = spec.max_length
         tok_json = spec.model_dir / "tokenizer.json"
         if tok_json.is_file():
@@ -114,10 +117,13 @@ class Tokenizer:
     def takes_whole(self, text: str) -> bool:
         """Whether encode_batch is fastest on `text` whole, never in pieces (ivy.split_encode): a text BERT's word
         cache takes (ASCII, no added token's text), whose new words are encoded in one batch call anyway; warm,
-        4096 tokens took 0.79 ms on the H200 host where 8 pieces in parallel took 1.5. Not a byte-level BPE's:
-        its warm path is ~4 × slower per token than BERT's (its regex runs in Python), which pieces on a host's
-        cores may beat (not measured), so a long text there is still cut."""
-        return self._cached is not None and self._cached is self._ascii and self._cached.normalized(text) is not None
+        4096 tokens took 0.79 ms on the H200 host where 8 pieces in parallel took 1.5. A byte-level BPE's up to
+        bpe_whole_chars: its warm path is ~4 x slower per token than BERT's (its regex runs in Python), so the
+        pieces' plain encodes on a host's cores win on long texts (4096 tokens: 2.29 ms on the H200 host) and
+        lose on medium ones (512 tokens: 0.66 ms in pieces, the cache's 128 tokens 0.12-0.14 ms whole)."""
+        if self._cached is None or self._cached.normalized(text) is None:
+            return False
+        return self._cached is self._ascii or len(text) <= self.bpe_whole_chars
 
     # The three steps of encode_batch (HF tokenizers only), for callers that encode a long text in pieces
     # (ivy.split_encode): content without specials, pieces merged, then truncated and wrapped as one.

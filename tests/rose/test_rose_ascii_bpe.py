@@ -43,11 +43,11 @@ def qwen_json() -> dict:
     return _train(split_encode._QWEN2)
 
 
-def _tokenizer(data: dict, tmp: Path, cache_words: int = 1 << 16) -> Tokenizer:
+def _tokenizer(data: dict, tmp: Path, cache_words: int = 1 << 16, **kwargs) -> Tokenizer:
     tmp.mkdir(exist_ok=True)
     (tmp / "tokenizer.json").write_text(json.dumps(data))
     spec = dataclasses.replace(load_spec(bundled_model_dir()), model_dir=tmp, max_length=10**6)
-    return Tokenizer(spec, cache_words=cache_words)
+    return Tokenizer(spec, cache_words=cache_words, **kwargs)
 
 
 def _reference(tok: Tokenizer) -> HFTokenizer:
@@ -127,6 +127,11 @@ def test_pythons_regex_cuts_the_pieces_tokenizers_cuts(regex) -> None:
         assert ours.findall(text) == [p for p, _ in theirs.pre_tokenize_str(text)], repr(text)
 
 
-def test_a_long_text_is_still_cut_in_pieces(qwen_json, tmp_path) -> None:
+def test_a_medium_text_is_encoded_whole_through_the_cache_a_long_one_in_pieces(qwen_json, tmp_path) -> None:
     tok = _tokenizer(qwen_json, tmp_path / "long")
-    assert tok.word_cache is not None and not tok.takes_whole("plain ascii " * 1000)
+    assert tok.word_cache is not None and tok.bpe_whole_chars == 4096
+    assert tok.takes_whole("plain ascii " * 300)  # 3600 characters
+    assert not tok.takes_whole("plain ascii " * 1000), "12 000 characters: in pieces"
+    assert not tok.takes_whole("café " * 300), "a text the cache refuses is cut as before"
+    never = _tokenizer(qwen_json, tmp_path / "never", bpe_whole_chars=0)
+    assert not never.takes_whole("plain ascii " * 300)
