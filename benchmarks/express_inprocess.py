@@ -6,9 +6,12 @@ What the lanes run measures through the stack (benchmarks/stack/lanes.py), witho
 Tulip: one thread keeps two `--bulk-docs` x `--doc-tokens` batches in flight on the main lane (graph
 replays, as Tulip's worker does), another steps single `--query-tokens` queries one after another. Variants,
 each for `--seconds`: `alone` (queries only), `main` (queries on the main lane beside bulk: they queue behind
-it on one stream), `express` (queries on the express lane: rose/express.py), and `bulk-alone` (bulk only, its
-tokens/s the reference for what the queries cost it). So the part of the lanes run's interactive latency
-that the GPU sets is told apart from the harness's. Writes OUT/express_inprocess.json; prints a table last.
+it on one stream), `express` (queries on the express lane: rose/express.py), `bulk-alone` (bulk only, its
+tokens/s the reference for what the queries cost it), and with `--layers` `layers` / `layers-alone`: bulk
+stepped one decoder layer at a time (rose.layer_steps, eager at its exact size), at most `--layers-ahead` of
+its layers on the stream, the queries on the main lane passing between them. So the part of the lanes run's
+interactive latency that the GPU sets is told apart from the harness's. Writes OUT/express_inprocess.json;
+prints a table last.
 """
 
 from __future__ import annotations
@@ -32,11 +35,40 @@ def batch(rows: int, tokens: int, seed: int, vocab: int):
     return Batch.from_sequences([rng.integers(1, vocab, size=tokens).astype(np.int32) for _ in range(rows)], "last")
 
 
-def run_variant(engine, name: str, seconds: float, bulk, query) -> dict:
+def bulk_by_layers(engine, bulk, stop: threading.Event, tokens: list, ahead: int) -> None:
+    """Bulk batches stepped layer by layer, at most `ahead` layers on the stream (the host waits on the event
+    of the layer `ahead` back before enqueuing the next); a batch's rows are collected after the next batch's
+    first layer is enqueued, so the stream never runs dry between batches."""
+    import torch
+
+    from rose.layer_steps import step_layers
+
+    pending, cuda = None, engine.runner.on_cuda
+    while not stop.is_set():
+        marks: deque = deque()
+        steps = step_layers(engine.runner, bulk)
+        while (lazy := next(steps)) is None:
+            if pending is not None:
+                pending.result()
+                tokens[0] += bulk.num_tokens
+                pending = None
+            if cuda:
+                marks.append(torch.cuda.Event())
+                marks[-1].record()
+                if len(marks) > ahead:
+                    marks.popleft().synchronize()
+        pending = lazy
+    if pending is not None:
+        pending.result()
+
+
+def run_variant(engine, name: str, seconds: float, bulk, query, ahead: int = 2) -> dict:
     stop = threading.Event()
     bulk_tokens = [0]
 
     def bulk_loop() -> None:
+        if name.startswith("layers"):
+            return bulk_by_layers(engine, bulk, stop, bulk_tokens, ahead)
         inflight: deque = deque()
         while not stop.is_set():
             inflight.append(engine.step(bulk))
@@ -46,7 +78,7 @@ def run_variant(engine, name: str, seconds: float, bulk, query) -> dict:
         while inflight:
             inflight.popleft().result()
 
-    with_bulk, with_queries = name != "alone", name != "bulk-alone"
+    with_bulk, with_queries = name != "alone", not name.endswith("-alone") or name == "alone"
     thread = threading.Thread(target=bulk_loop, daemon=True) if with_bulk else None
     if thread:
         thread.start()
@@ -78,6 +110,8 @@ def main(argv=None) -> int:
     parser.add_argument("--query-tokens", type=int, default=32)
     parser.add_argument("--express-tokens", type=int, default=1024)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--layers", action="store_true", help="also bulk stepped layer by layer (rose.layer_steps)")
+    parser.add_argument("--layers-ahead", type=int, default=2, help="its layers on the stream at most")
     args = parser.parse_args(argv)
     from rose.engine import Engine
 
@@ -88,10 +122,11 @@ def main(argv=None) -> int:
     engine.prewarm_express()
     vocab = engine.runner.vocab_size
     bulk, query = batch(args.bulk_docs, args.doc_tokens, 0, vocab), batch(1, args.query_tokens, 1, vocab)
-    variants = ["alone", "bulk-alone", "main"] + (["express"] if engine.express else [])
+    variants = (["alone", "bulk-alone", "main"] + (["express"] if engine.express else [])
+                + (["layers-alone", "layers"] if args.layers else []))
     for name in variants:  # untimed pass: every layout of every variant is captured before timing
-        run_variant(engine, name, 0.3, bulk, query)
-    records = [run_variant(engine, name, args.seconds, bulk, query) for name in variants]
+        run_variant(engine, name, 0.3, bulk, query, args.layers_ahead)
+    records = [run_variant(engine, name, args.seconds, bulk, query, args.layers_ahead) for name in variants]
     env = {**collect(), "config": {k: str(v) for k, v in vars(args).items()}}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

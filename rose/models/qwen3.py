@@ -12,6 +12,7 @@ context (SDPA builds one mask per window, not per layer).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,13 @@ from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
 from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding
-from rose.layers.fused import add_rms_norm, precompile_qk_norm_rope, qk_norm_rope, rms_norm, silu_mul
+from rose.layers.fused import (
+    add_rms_norm,
+    precompile_qk_norm_rope,
+    qk_norm_rope,
+    rms_norm,
+    silu_mul,
+)
 from rose.meta import ForwardMeta
 from rose.windows import FULL
 
@@ -141,6 +148,13 @@ class Qwen3Model(nn.Module):
         return precompile_qk_norm_rope(self.layers[0].self_attn)
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
+        for h in self.forward_layers(meta, backend):
+            pass
+        return h
+
+    def forward_layers(self, meta: ForwardMeta, backend: AttentionBackend) -> Iterator[torch.Tensor]:
+        """forward, one decoder layer's kernels per step: yields after each layer (the last yield is the final
+        hidden states), so a caller may put other work on the stream between layers (rose.layer_steps)."""
         residual = self.embed_tokens(meta.input_ids)
         attn = {w: AttentionContext.build(backend, meta, causal=self.causal, scale=self.scale, window=w)
                 for w in dict.fromkeys(self.windows)}
@@ -149,4 +163,4 @@ class Qwen3Model(nn.Module):
         norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
         for layer, next_norm, window in zip(self.layers, norms, self.windows):
             h, residual = layer(h, residual, next_norm, meta.positions, self.rotary.inv_freq, attn[window])
-        return h
+            yield h

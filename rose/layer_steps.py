@@ -1,0 +1,74 @@
+"""A batch stepped one decoder layer at a time, so other work can reach the device between its layers.
+
+On one CUDA stream a query queued behind a bulk batch waits for the whole batch (the Qwen3-0.6B on the H200:
+~30 ms for 8192 tokens), and beside it on a higher-priority stream it still crawls, its kernels taking SMs
+only as the bulk's blocks drain (rose/express.py; `benchmarks/NOTES.md`, "The express lane"). Stepped layer
+by layer, with the caller putting at most a layer or two of it on the stream ahead of time, the bulk batch
+leaves a query behind at most that much (~1 ms a layer at 8192 tokens), and the query's own batch (a graph
+replay, or a step of its own) follows on the same stream at full speed.
+
+`step_layers(runner, batch)` is a generator: each `next()` enqueues one more layer's kernels (the first also
+packs, stages and plans the batch, eagerly at its exact size, as ModelRunner.eager does), and the generator
+returns the LazyTensor of the rows once the last layer, the pooling and the copy back are enqueued:
+
+    steps = step_layers(runner, batch)
+    while (lazy := next(steps, None)) is None: ...   # between layers: pace, or step another batch
+
+The runner's lock is held only while a layer is enqueued, so another thread's `runner.step` may enqueue its
+batch between two layers. Only models with `forward_layers` (rose.models.qwen3: Qwen3, Qwen3-Embedding,
+pplx-embed) can be stepped so; the others raise TypeError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from contextlib import nullcontext
+
+import torch
+
+from rose.batch import Batch
+from rose.lazy import LazyTensor
+from rose.meta import ForwardMeta
+
+
+def step_layers(runner, batch: Batch) -> Generator[None, None, LazyTensor]:
+    """Yields None after each layer but the last, then yields the LazyTensor of `batch`'s rows (module
+    docstring). `runner` is a rose.runner.ModelRunner."""
+    layers = getattr(runner.model, "forward_layers", None)
+    if layers is None:
+        raise TypeError(f"{type(runner.model).__name__} cannot be stepped layer by layer (no forward_layers)")
+    host = runner.pack(batch)
+    if host.num_rows == 0:
+        yield LazyTensor(None, None, (0, runner.dimensions))
+        return
+    buf = runner.pool.acquire(runner._buffer_bytes(host))
+    lock = runner._lock
+    try:
+        with lock, torch.inference_mode(), _device(runner):
+            staged = runner._stage(host, buf)
+            dev = staged.to(runner.device, non_blocking=True) if runner.on_cuda else staged
+            meta = ForwardMeta.from_buffer(dev, host.layout, host.max_seqlen, host)
+            runner.backend.plan(meta)
+            hidden = layers(meta, runner.backend)
+        last = None  # the hidden states after the latest layer
+        while True:
+            with lock, torch.inference_mode(), _device(runner):
+                h = next(hidden, None)
+                if h is not None:
+                    last = h
+                else:
+                    out = runner.transform(runner.pooler(last, meta.span_index, meta.span_count))
+                    event = runner._copy_back(out, host, buf)
+                    runner._count(host, None, "eager")
+                    break
+            yield None
+    except BaseException:
+        runner._release_after_failure(buf)
+        raise
+    lazy = LazyTensor(runner.pool, buf, (host.num_rows, runner.dimensions), event)
+    lazy.padded_tokens = host.layout.tokens
+    yield lazy
+
+
+def _device(runner):
+    return torch.cuda.device(runner.device) if runner.on_cuda else nullcontext()

@@ -1,0 +1,89 @@
+"""A batch stepped one decoder layer at a time (rose.layer_steps, for bulk work a query may pass between
+layers): the same rows as one step, another batch stepped between two layers unharmed, and the families
+without per-layer forwards refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rose_parity import random_seqs
+
+from rose import Batch
+from rose.layer_steps import step_layers
+
+
+def _stepped(runner, batch, between=None) -> tuple[np.ndarray, int]:
+    steps, layers = step_layers(runner, batch), 0
+    while (lazy := next(steps)) is None:
+        layers += 1
+        if between is not None and layers == 2:
+            between()
+    return lazy.result(), layers
+
+
+@pytest.mark.parametrize("name", ["qwen3", "pplx-qwen3"])
+def test_stepped_layer_by_layer_the_rows_equal_one_step(name, tiny_models, engine_for):
+    tiny, engine = tiny_models[name], engine_for(name)
+    batch = Batch.from_sequences(random_seqs(tiny, [17, 3, 40, 9], seed=31))
+    whole = engine.step(batch).result()
+    rows, layers = _stepped(engine.runner, batch)
+    assert layers == len(engine.runner.model.layers)
+    np.testing.assert_allclose(rows, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_stepped_between_two_layers_leaves_both_rows_right(tiny_models, engine_for):
+    tiny, engine = tiny_models["qwen3"], engine_for("qwen3")
+    bulk = Batch.from_sequences(random_seqs(tiny, [33, 21], seed=32))
+    query = Batch.from_sequences(random_seqs(tiny, [6], seed=33))
+    alone_bulk, alone_query = engine.step(bulk).result(), engine.step(query).result()
+    got = {}
+    rows, _ = _stepped(engine.runner, bulk, between=lambda: got.update(query=engine.step(query).result()))
+    np.testing.assert_allclose(rows, alone_bulk, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["query"], alone_query, rtol=1e-5, atol=1e-5)
+
+
+def test_an_abandoned_stepping_gives_its_buffer_back(tiny_models, engine_for):
+    tiny, engine = tiny_models["qwen3"], engine_for("qwen3")
+    pool = engine.runner.pool
+    before = pool.bytes_in_use
+    steps = step_layers(engine.runner, Batch.from_sequences(random_seqs(tiny, [12], seed=34)))
+    next(steps)
+    assert pool.bytes_in_use > before, "the stepping holds its buffer"
+    steps.close()
+    assert pool.bytes_in_use == before
+
+
+def test_a_family_without_per_layer_forwards_is_refused(tiny_models, engine_for):
+    tiny, engine = tiny_models["bert"], engine_for("bert")
+    with pytest.raises(TypeError, match="layer by layer"):
+        next(step_layers(engine.runner, Batch.from_sequences(random_seqs(tiny, [5], seed=35))))
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_graph_replayed_between_layers_leaves_both_rows_right(tiny_models):
+    """On CUDA, with the query's graph replayed on the same stream between two bulk layers (what the lanes'
+    layer stepping does): both results equal their own exact-size eager runs."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from rose.engine import Engine
+    from rose.graphs import cosine_divergence
+
+    engine = Engine.from_pretrained(tiny_models["qwen3"].path, device="cuda", prewarm=(), graph_manifest=None)
+    tiny = tiny_models["qwen3"]
+    bulk = Batch.from_sequences(random_seqs(tiny, [200, 120, 64], seed=36))
+    query = Batch.from_sequences(random_seqs(tiny, [16], seed=37))
+    for _ in range(3):  # eager warm-up, capture, replay: the query's layout replays from here on
+        engine.step(query).result()
+    eager_bulk = engine.runner.step(bulk, use_graphs=False).result()
+    eager_query = engine.runner.step(query, use_graphs=False).result()
+    got = {}
+    before = dict(engine.runner.runs)
+    rows, _ = _stepped(engine.runner, bulk, between=lambda: got.update(query=engine.step(query)))
+    query_rows = got["query"].result()
+    assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3
+    assert float(cosine_divergence(query_rows, eager_query).max()) <= 1e-3
+    assert [how for (label, how), n in engine.runner.runs.items() if n > before.get((label, how), 0)] \
+        .count("replay") == 1, "the query between the layers was a graph replay"
+    engine.close()
