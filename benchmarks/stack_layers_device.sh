@@ -6,7 +6,7 @@
 #   BASE=48731df; rm -rf .base && mkdir .base && git archive $BASE ivy tulip rose protos | tar -x -C .base
 #   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh stack-commits
 # Prints one table last. Results: $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
-# $OUT/stack_layers_qwen3-0.6b_<variant>.json (STEP=ab), $OUT/stack_layers_qwen3-0.6b_{base,head}{1,2}.json
+# $OUT/stack_ab_qwen3-0.6b.tgz (STEP=ab: each variant's stack_layers_qwen3-0.6b_<variant>.json; their PNGs are dropped), $OUT/stack_layers_qwen3-0.6b_{base,head}{1,2}.json
 # (STEP=commits: the same client, this tree's, against `ivy up` from .base and from this tree, alternating
 # twice; ivy-text, ivy-ids and tulip-grpc at 1 x 128, 1 x 4096 and 1-16 clients),
 # $OUT/stack_layers_qwen3-0.6b_{grpc,framed}{1,2}.json (STEP=framed: `ivy up --framed false` vs `ivy up`, the same way).
@@ -126,4 +126,8 @@ for path in sorted(glob.glob(os.environ["OUT"] + "/stack_layers_*.json")):
               f"{r['p99_ms']:7.2f} {r['rps']:8.1f} {r['tokens_per_s'] / 1e3:8.1f} {r.get('cold_requests', 0):5d} "
               f"{r.get('steady_p99_ms') or 0:7.2f}  {describe(r.get('server') or {})}{timing(r)}")
 PY
+if [ "${STEP:-layers}" = ab ]; then  # a call returns at most 8 files: the variants' JSON files in one archive
+  (cd $OUT && rm -f stack_layers_${name}_*.png && tar czf stack_ab_$name.tgz stack_layers_${name}_*.json \
+    && rm -f stack_layers_${name}_*.json)
+fi
 echo "done in $(el) s"
