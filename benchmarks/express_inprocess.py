@@ -36,8 +36,8 @@ def batch(rows: int, tokens: int, seed: int, vocab: int):
 
 
 def bulk_by_layers(engine, bulk, stop: threading.Event, tokens: list, ahead: int) -> None:
-    """Bulk batches stepped layer by layer, at most `ahead` layers on the stream (the host waits on the event
-    of the layer `ahead` back before enqueuing the next); a batch's rows are collected after the next batch's
+    """Bulk batches stepped layer by layer, at most `ahead` layers on the stream (before enqueuing a layer the
+    host waits until fewer than `ahead` are still on it); a batch's rows are collected after the next batch's
     first layer is enqueued, so the stream never runs dry between batches."""
     import torch
 
@@ -55,7 +55,7 @@ def bulk_by_layers(engine, bulk, stop: threading.Event, tokens: list, ahead: int
             if cuda:
                 marks.append(torch.cuda.Event())
                 marks[-1].record()
-                if len(marks) > ahead:
+                while len(marks) >= ahead:  # the next layer makes `ahead` on the stream
                     marks.popleft().synchronize()
         pending = lazy
     if pending is not None:
@@ -78,11 +78,12 @@ def run_variant(engine, name: str, seconds: float, bulk, query, ahead: int = 2) 
         while inflight:
             inflight.popleft().result()
 
-    with_bulk, with_queries = name != "alone", not name.endswith("-alone") or name == "alone"
+    with_bulk, with_queries = name != "alone", not name.endswith("-alone")
     thread = threading.Thread(target=bulk_loop, daemon=True) if with_bulk else None
     if thread:
         thread.start()
         time.sleep(0.5)  # bulk at its steady state before the first query
+    bulk_tokens[0] = 0  # counted from here, over the same seconds as the queries
     latencies, start = [], time.perf_counter()
     while time.perf_counter() - start < seconds:
         if not with_queries:
@@ -113,6 +114,8 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", action="store_true", help="also bulk stepped layer by layer (rose.layer_steps)")
     parser.add_argument("--layers-ahead", type=int, default=2, help="its layers on the stream at most")
     args = parser.parse_args(argv)
+    if args.layers_ahead < 1:
+        parser.error("--layers-ahead must be at least 1")
     from rose.engine import Engine
 
     bulk_shape = (args.bulk_docs * args.doc_tokens, args.bulk_docs)

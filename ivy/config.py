@@ -126,7 +126,8 @@ class IvyConfig:
     tokenizer_bpe_whole_chars: int = field(default=4096, metadata=_help(
         "A Qwen3-style byte-level BPE text the word cache takes is encoded whole through it up to this many "
         "characters, in pieces (--tokenize-split-chars) above: the cache beats the pieces on medium texts, the "
-        "pieces on several cores beat it on long ones. BERT texts the cache takes are always whole. 0 = pieces."))
+        "pieces on several cores beat it on long ones. BERT texts the cache takes are always whole. 0 = every BPE text "
+        "longer than --tokenize-split-chars is cut."))
     health_interval_s: float = field(default=2.0, metadata=_help(
         "Seconds between health and Info probes of each replica."))
     replica_timeout_s: float = field(default=10.0, metadata=_help(

@@ -8,15 +8,17 @@ leaves a query behind at most that much (~1 ms a layer at 8192 tokens), and the 
 replay, or a step of its own) follows on the same stream at full speed.
 
 `step_layers(runner, batch)` is a generator: each `next()` enqueues one more layer's kernels (the first also
-packs, stages and plans the batch, eagerly at its exact size, as ModelRunner.eager does), and the generator
-returns the LazyTensor of the rows once the last layer, the pooling and the copy back are enqueued:
+packs, stages and plans the batch, eagerly at its exact size, as ModelRunner.eager does) and yields None; the
+`next()` after the last layer enqueues the pooling and the copy back and yields the LazyTensor of the rows:
 
     steps = step_layers(runner, batch)
-    while (lazy := next(steps, None)) is None: ...   # between layers: pace, or step another batch
+    while (lazy := next(steps)) is None: ...   # between layers: pace, or step another batch
 
 The runner's lock is held only while a layer is enqueued, so another thread's `runner.step` may enqueue its
-batch between two layers. Only models with `forward_layers` (rose.models.qwen3: Qwen3, Qwen3-Embedding,
-pplx-embed) can be stepped so; the others raise TypeError.
+batch between two layers. A backend whose plan leaves state for the eager forwards after it (FlashInfer's one
+eager slot: `host_plan_state`) is planned again for this batch before each layer, since a batch stepped
+between two layers may have planned it for itself. Only models with `forward_layers` (rose.models.qwen3: Qwen3,
+Qwen3-Embedding, pplx-embed, Qwen2, Mistral) can be stepped so; the others raise TypeError.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from rose.lazy import LazyTensor
 from rose.meta import ForwardMeta
 
 
-def step_layers(runner, batch: Batch) -> Generator[None, None, LazyTensor]:
-    """Yields None after each layer but the last, then yields the LazyTensor of `batch`'s rows (module
-    docstring). `runner` is a rose.runner.ModelRunner."""
+def step_layers(runner, batch: Batch) -> Generator[LazyTensor | None, None, None]:
+    """Yields None after each layer, then the LazyTensor of `batch`'s rows (module docstring). `runner` is a
+    rose.runner.ModelRunner."""
     layers = getattr(runner.model, "forward_layers", None)
     if layers is None:
         raise TypeError(f"{type(runner.model).__name__} cannot be stepped layer by layer (no forward_layers)")
@@ -48,11 +50,13 @@ def step_layers(runner, batch: Batch) -> Generator[None, None, LazyTensor]:
             staged = runner._stage(host, buf)
             dev = staged.to(runner.device, non_blocking=True) if runner.on_cuda else staged
             meta = ForwardMeta.from_buffer(dev, host.layout, host.max_seqlen, host)
-            runner.backend.plan(meta)
             hidden = layers(meta, runner.backend)
+        replan = bool(getattr(runner.backend, "host_plan_state", False))
         last = None  # the hidden states after the latest layer
         while True:
             with lock, torch.inference_mode(), _device(runner):
+                if last is None or replan:  # the lock was let go since the last plan: plan under it
+                    runner.backend.plan(meta)
                 h = next(hidden, None)
                 if h is not None:
                     last = h

@@ -121,9 +121,9 @@ class Tokenizer:
         bpe_whole_chars: its warm path is ~4 x slower per token than BERT's (its regex runs in Python), so the
         pieces' plain encodes on a host's cores win on long texts (4096 tokens: 2.29 ms on the H200 host) and
         lose on medium ones (512 tokens: 0.66 ms in pieces, the cache's 128 tokens 0.12-0.14 ms whole)."""
-        if self._cached is None or self._cached.normalized(text) is None:
+        if self._cached is None or (self._cached is not self._ascii and len(text) > self.bpe_whole_chars):
             return False
-        return self._cached is self._ascii or len(text) <= self.bpe_whole_chars
+        return self._cached.normalized(text) is not None
 
     # The three steps of encode_batch (HF tokenizers only), for callers that encode a long text in pieces
     # (ivy.split_encode): content without specials, pieces merged, then truncated and wrapped as one.

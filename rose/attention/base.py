@@ -34,6 +34,8 @@ class AttentionBackend:
     graph_safe = True  # whether forward() may be captured in a CUDA graph
     bidirectional_window = False  # whether forward() runs a window with causal=False (keys on both sides)
     position_bias = False  # whether it has forward_biased (an additive bias by relative position: MPNet)
+    host_plan_state = False  # whether plan() leaves state the next eager forwards read (FlashInfer's eager slot):
+    # a batch stepped layer by layer (rose.layer_steps) then plans again before each layer
 
     def plan(self, meta: ForwardMeta) -> None:
         """Host-side per-batch work, outside the graph. Default: nothing."""

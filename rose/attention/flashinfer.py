@@ -101,6 +101,7 @@ class _Slot:
 
 class FlashInferBackend(AttentionBackend):
     graph_safe = True
+    host_plan_state = True  # eager batches share one planned slot
     bidirectional_window = False  # plans no window at all (and FlashInfer's own is window_left: one-sided)
 
     def __init__(self, device: torch.device, dtype: torch.dtype, shape: AttentionShape, variant: str = "fa2") -> None:

@@ -120,6 +120,7 @@ class PerBucketBackend(AttentionBackend):
         self.profile, self.backends = profile, backends
         self.graph_safe = True
         self.bidirectional_window = all(b.bidirectional_window for b in backends.values())
+        self.host_plan_state = any(b.host_plan_state for b in backends.values())
         self.name = "profile(" + ",".join(f"{name}<={edge}" for edge, name in _ranges(profile)) + ")"
 
     def backend_for(self, meta: ForwardMeta) -> AttentionBackend:

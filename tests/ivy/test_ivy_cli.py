@@ -209,6 +209,25 @@ def test_tokenizers_pool_is_sized_like_the_workers_tokenizer_threads(monkeypatch
     assert started(6, RAYON_NUM_THREADS="1") == one, "the operator's RAYON_NUM_THREADS wins"
 
 
+def test_tokenizer_bpe_whole_chars_reaches_the_gateways_tokenizer() -> None:
+    from ivy.gateway import Gateway
+
+    with pytest.raises(SystemExit, match="--tokenizer-bpe-whole-chars"):
+        IvyConfig(tokenizer_bpe_whole_chars=-1)
+    env = {"IVY_REPLICAS": "127.0.0.1:1", "IVY_TOKENIZER_BPE_WHOLE_CHARS": "0"}
+
+    async def main() -> None:  # a gateway is built inside its worker's event loop
+        gateways = (Gateway(config_from_args(IvyConfig, {}, "IVY", environ=env)),
+                    Gateway(IvyConfig(replicas=("127.0.0.1:1",))))
+        try:
+            assert [g.tokenizer.bpe_whole_chars for g in gateways] == [0, 4096]
+        finally:
+            for g in gateways:
+                g.encoder.close()
+
+    asyncio.run(main())
+
+
 def test_tokenizer_cache_words_reaches_the_gateways_tokenizer() -> None:
     from ivy.gateway import Gateway
 

@@ -16,7 +16,7 @@ def _stepped(runner, batch, between=None) -> tuple[np.ndarray, int]:
     steps, layers = step_layers(runner, batch), 0
     while (lazy := next(steps)) is None:
         layers += 1
-        if between is not None and layers == 2:
+        if between is not None and layers == 1:  # between the first layer and the second
             between()
     return lazy.result(), layers
 
@@ -86,4 +86,48 @@ def test_on_the_gpu_a_graph_replayed_between_layers_leaves_both_rows_right(tiny_
     assert float(cosine_divergence(query_rows, eager_query).max()) <= 1e-3
     assert [how for (label, how), n in engine.runner.runs.items() if n > before.get((label, how), 0)] \
         .count("replay") == 1, "the query between the layers was a graph replay"
+    engine.close()
+
+
+class _PlannedSdpa:
+    """FlashInfer's contract on a CPU: plan() fixes the segmentation the next eager forwards run with (one eager
+    slot), forward checks only that the planned (tokens, sequences) match (the review's counterexample)."""
+
+    host_plan_state = True
+
+    def __init__(self, inner) -> None:
+        self.inner, self.planned = inner, None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def plan(self, meta) -> None:
+        self.planned = meta
+
+    def prepare(self, meta, causal, window=-1):
+        return None
+
+    def forward(self, q, k, v, meta, causal, scale, state=None, window=-1):
+        from rose.attention.base import AttentionBackendError
+
+        m = self.planned
+        if m is None or (m.layout.tokens, m.layout.seqs) != (meta.layout.tokens, meta.layout.seqs):
+            raise AttentionBackendError("plan(meta) must run before forward")
+        return self.inner.forward(q, k, v, m, causal, scale, self.inner.prepare(m, causal, window), window)
+
+
+@pytest.mark.parametrize("lengths", [[6], [20, 34]], ids=["other-layout", "same-size-other-lengths"])
+def test_a_backend_with_plan_state_is_planned_again_before_each_layer(lengths, tiny_models):
+    from rose.engine import Engine
+
+    tiny = tiny_models["qwen3"]
+    engine = Engine.from_pretrained(tiny.path, device="cpu")
+    bulk = Batch.from_sequences(random_seqs(tiny, [33, 21], seed=38))
+    query = Batch.from_sequences(random_seqs(tiny, lengths, seed=39))
+    alone_bulk, alone_query = engine.step(bulk).result(), engine.step(query).result()
+    engine.runner.backend = _PlannedSdpa(engine.runner.backend)
+    got = {}
+    rows, _ = _stepped(engine.runner, bulk, between=lambda: got.update(query=engine.step(query).result()))
+    np.testing.assert_allclose(rows, alone_bulk, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["query"], alone_query, rtol=1e-5, atol=1e-5)
     engine.close()
