@@ -96,8 +96,10 @@ def train_bpe(folder: Path) -> Path:
     """A model folder like the bundled one whose tokenizer.json is a Qwen3-style BPE trained on the corpus."""
     import shutil
 
+    from benchmarks.model_zoo import qwen_bpe
+
     shutil.copytree(bundled_model_dir(), folder, dirs_exist_ok=True)
-    qwen_style_bpe([CORPUS.read_text()]).save(str(folder / "tokenizer.json"))
+    qwen_bpe().save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").unlink(missing_ok=True)
     return folder
 

@@ -8,7 +8,7 @@ leaves a query behind at most that much (~1 ms a layer at 8192 tokens), and the 
 replay, or a step of its own) follows on the same stream at full speed.
 
 `step_layers(runner, batch)` is a generator: each `next()` enqueues one more layer's kernels (the first also
-packs, stages and plans the batch, eagerly at its exact size, as ModelRunner.eager does) and yields None; the
+packs, stages and plans the batch, eagerly at its exact size: ModelRunner.eager_meta) and yields None; the
 `next()` after the last layer enqueues the pooling and the copy back and yields the LazyTensor of the rows:
 
     steps = step_layers(runner, batch)
@@ -24,13 +24,11 @@ Qwen3-Embedding, pplx-embed, Qwen2, Mistral) can be stepped so; the others raise
 from __future__ import annotations
 
 from collections.abc import Generator
-from contextlib import nullcontext
 
 import torch
 
 from rose.batch import Batch
 from rose.lazy import LazyTensor
-from rose.meta import ForwardMeta
 
 
 def step_layers(runner, batch: Batch) -> Generator[LazyTensor | None, None, None]:
@@ -46,23 +44,20 @@ def step_layers(runner, batch: Batch) -> Generator[LazyTensor | None, None, None
     buf = runner.pool.acquire(runner._buffer_bytes(host))
     lock = runner._lock
     try:
-        with lock, torch.inference_mode(), _device(runner):
-            staged = runner._stage(host, buf)
-            dev = staged.to(runner.device, non_blocking=True) if runner.on_cuda else staged
-            meta = ForwardMeta.from_buffer(dev, host.layout, host.max_seqlen, host)
+        with lock, torch.inference_mode(), runner.device_scope():
+            meta = runner.eager_meta(host, runner._stage(host, buf))
             hidden = layers(meta, runner.backend)
         replan = bool(getattr(runner.backend, "host_plan_state", False))
         last = None  # the hidden states after the latest layer
         while True:
-            with lock, torch.inference_mode(), _device(runner):
+            with lock, torch.inference_mode(), runner.device_scope():
                 if last is None or replan:  # the lock was let go since the last plan: plan under it
                     runner.backend.plan(meta)
                 h = next(hidden, None)
                 if h is not None:
                     last = h
                 else:
-                    out = runner.transform(runner.pooler(last, meta.span_index, meta.span_count))
-                    event = runner._copy_back(out, host, buf)
+                    event = runner._copy_back(runner.pooled_rows(last, meta), host, buf)
                     runner._count(host, None, "eager")
                     break
             yield None
@@ -72,7 +67,3 @@ def step_layers(runner, batch: Batch) -> Generator[LazyTensor | None, None, None
     lazy = LazyTensor(runner.pool, buf, (host.num_rows, runner.dimensions), event)
     lazy.padded_tokens = host.layout.tokens
     yield lazy
-
-
-def _device(runner):
-    return torch.cuda.device(runner.device) if runner.on_cuda else nullcontext()

@@ -81,19 +81,29 @@ class ModelRunner:
     def forward(self, meta: ForwardMeta, backend=None) -> torch.Tensor:
         """float32 [Pb, dimensions]: pooled rows after the family's transform, or a cross-encoder's score
         head (rose.score_head; rows >= P are filler). backend: the express lane's, else the runner's."""
-        hidden = self.model(meta, backend or self.backend)
+        return self.pooled_rows(self.model(meta, backend or self.backend), meta)
+
+    def pooled_rows(self, hidden: torch.Tensor, meta: ForwardMeta) -> torch.Tensor:
+        """The model's hidden states -> its rows: pooling, then the family's transform."""
         return self.transform(self.pooler(hidden, meta.span_index, meta.span_count))
 
     def eager(self, host: HostMeta, staged: torch.Tensor, backend=None) -> torch.Tensor:
-        """Run the packed batch `host` (its words in `staged`) eagerly at its layout: [Pb, dimensions].
-        A bucket layout passes its max-seqlen bound (the shapes its graph will see), an exact one the
-        batch's own longest sequence."""
-        dev = staged.to(self.device, non_blocking=True) if self.on_cuda else staged
-        bound = host.layout.seqlen_bound if host.layout.max_seqlen else host.max_seqlen
-        meta = ForwardMeta.from_buffer(dev, host.layout, bound, host)
+        """Run the packed batch `host` (its words in `staged`) eagerly at its layout: [Pb, dimensions]."""
+        meta = self.eager_meta(host, staged)
         backend = backend or self.backend
         backend.plan(meta)
         return self.forward(meta, backend)
+
+    def eager_meta(self, host: HostMeta, staged: torch.Tensor) -> ForwardMeta:
+        """The packed words on the device and an eager ForwardMeta for them. A bucket layout passes its max-seqlen
+        bound (the shapes its graph will see), an exact one the batch's own longest sequence."""
+        dev = staged.to(self.device, non_blocking=True) if self.on_cuda else staged
+        bound = host.layout.seqlen_bound if host.layout.max_seqlen else host.max_seqlen
+        return ForwardMeta.from_buffer(dev, host.layout, bound, host)
+
+    def device_scope(self):
+        """This runner's device made current (streams and events belong to it)."""
+        return _device_scope(self.device)
 
     # -- host side ------------------------------------------------------------------------------
     def pack(self, batch: Batch, layout: MetaLayout | None = None) -> HostMeta:
