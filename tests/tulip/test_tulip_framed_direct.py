@@ -289,7 +289,10 @@ def test_many_large_answers_to_a_client_reading_as_they_come_arrive_whole(loop_f
     request is answered once with its own rows (frames interleaved on the wire would fail to parse)."""
     rests = _small_send_buffer(monkeypatch)
     info = FakeInfo(dimensions=512)
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine(info), loop_factory=loop_factory) as s:
+    # Deadline admission off: 300 requests at once on a loaded 2-core machine could measure a device rate slow
+    # enough to refuse some as unmeetable (seen once in CI); this test is about framing, not admission.
+    config = make_config(framed_port=_free_port(), deadline_admission=False)
+    with ServerThread(config, FakeEngine(info), loop_factory=loop_factory) as s:
         client = Framed(s.server.framed.port)
         sent = {i: [[i % 900 + 1, j + 1, 3] for j in range(16)] for i in range(1, 301)}  # 32 KiB answers
         got: dict[int, np.ndarray] = {}
