@@ -8,8 +8,10 @@ replays, as Tulip's worker does), another steps single `--query-tokens` queries 
 each for `--seconds`: `alone` (queries only), `main` (queries on the main lane beside bulk: they queue behind
 it on one stream), `express` (queries on the express lane: rose/express.py), `bulk-alone` (bulk only, its
 tokens/s the reference for what the queries cost it), and with `--layers` `layers` / `layers-alone`: bulk
-stepped one decoder layer at a time (rose.layer_steps, eager at its exact size), at most `--layers-ahead` of
-its layers on the stream, the queries on the main lane passing between them. So the part of the lanes run's
+stepped one decoder layer at a time (rose.layer_steps: replays of its layout's chain of per-layer CUDA graphs,
+`--layers-per-graph` layers a graph, rose.layer_graphs), at most `--layers-ahead` steps on the stream, the
+queries on the main lane passing between them; `layers-eager-alone` the same stepping run eagerly at the exact
+size (what the chains replace). So the part of the lanes run's
 interactive latency that the GPU sets is told apart from the harness's. Writes OUT/express_inprocess.json;
 prints a table last.
 """
@@ -35,7 +37,7 @@ def batch(rows: int, tokens: int, seed: int, vocab: int):
     return Batch.from_sequences([rng.integers(1, vocab, size=tokens).astype(np.int32) for _ in range(rows)], "last")
 
 
-def bulk_by_layers(engine, bulk, stop: threading.Event, tokens: list, ahead: int) -> None:
+def bulk_by_layers(engine, bulk, stop: threading.Event, tokens: list, ahead: int, graphs: bool = True) -> None:
     """Bulk batches stepped layer by layer, at most `ahead` layers on the stream (before enqueuing a layer the
     host waits until fewer than `ahead` are still on it); a batch's rows are collected after the next batch's
     first layer is enqueued, so the stream never runs dry between batches."""
@@ -46,7 +48,7 @@ def bulk_by_layers(engine, bulk, stop: threading.Event, tokens: list, ahead: int
     pending, cuda = None, engine.runner.on_cuda
     while not stop.is_set():
         marks: deque = deque()
-        steps = step_layers(engine.runner, bulk)
+        steps = step_layers(engine.runner, bulk, graphs=graphs)
         while (lazy := next(steps)) is None:
             if pending is not None:
                 pending.result()
@@ -68,7 +70,7 @@ def run_variant(engine, name: str, seconds: float, bulk, query, ahead: int = 2) 
 
     def bulk_loop() -> None:
         if name.startswith("layers"):
-            return bulk_by_layers(engine, bulk, stop, bulk_tokens, ahead)
+            return bulk_by_layers(engine, bulk, stop, bulk_tokens, ahead, graphs=not name.startswith("layers-eager"))
         inflight: deque = deque()
         while not stop.is_set():
             inflight.append(engine.step(bulk))
@@ -113,6 +115,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default=None)
     parser.add_argument("--layers", action="store_true", help="also bulk stepped layer by layer (rose.layer_steps)")
     parser.add_argument("--layers-ahead", type=int, default=2, help="its layers on the stream at most")
+    parser.add_argument("--layers-per-graph", type=int, default=1, help="decoder layers per graph of a chain")
     args = parser.parse_args(argv)
     if args.layers_ahead < 1:
         parser.error("--layers-ahead must be at least 1")
@@ -123,10 +126,11 @@ def main(argv=None) -> int:
                                     prewarm=((args.query_tokens, 1), bulk_shape), express_tokens=args.express_tokens)
     engine.warmup()
     engine.prewarm_express()
+    engine.runner.layers_per_graph = args.layers_per_graph
     vocab = engine.runner.vocab_size
     bulk, query = batch(args.bulk_docs, args.doc_tokens, 0, vocab), batch(1, args.query_tokens, 1, vocab)
     variants = (["alone", "bulk-alone", "main"] + (["express"] if engine.express else [])
-                + (["layers-alone", "layers"] if args.layers else []))
+                + (["layers-eager-alone", "layers-alone", "layers"] if args.layers else []))
     for name in variants:  # untimed pass: every layout of every variant is captured before timing
         run_variant(engine, name, 0.3, bulk, query, args.layers_ahead)
     records = [run_variant(engine, name, args.seconds, bulk, query, args.layers_ahead) for name in variants]
@@ -134,9 +138,9 @@ def main(argv=None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "express_inprocess.json").write_text(json.dumps({"env": env, "records": records}, indent=2))
-    print(f"{'variant':11s} {'queries':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'bulk k tok/s':>13s}")
+    print(f"{'variant':18s} {'queries':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'bulk k tok/s':>13s}")
     for r in records:
-        print(f"{r['variant']:11s} {r['queries']:7d} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
+        print(f"{r['variant']:18s} {r['queries']:7d} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
               f"{r['bulk_tokens_per_s'] / 1e3:13.1f}")
     return 0
 

@@ -222,10 +222,7 @@ class CudaGraphs:
         it ends the allocator's recording into our pool, and every later capture into that pool fails with
         "beginAllocateToPool: already recording to mempool_id" (seen on the H200). End that recording if it
         is still open, and give later graphs a fresh pool (graphs already captured keep theirs)."""
-        try:
-            torch._C._cuda_endAllocateToPool(torch.device(self.device).index or 0, self.pool)
-        except Exception:  # noqa: BLE001 - not recording (the capture failed before it began): nothing to end
-            pass
+        end_pool_recording(self.device, self.pool)
         self.pool = torch.cuda.graph_pool_handle()
 
     def pending(self) -> list[tuple[int, int, int, int]]:
@@ -245,6 +242,14 @@ class CudaGraphs:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"version": 2, "shapes": rows}, indent=1))
         os.replace(tmp, path)
+
+
+def end_pool_recording(device, pool) -> None:
+    """End the allocator's recording into `pool` if a failed capture left it open (CudaGraphs._reset_pool)."""
+    try:
+        torch._C._cuda_endAllocateToPool(torch.device(device).index or 0, pool)
+    except Exception:  # noqa: BLE001 - not recording (the capture failed before it began): nothing to end
+        pass
 
 
 def _end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:

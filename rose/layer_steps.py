@@ -7,18 +7,24 @@ by layer, with the caller putting at most a layer or two of it on the stream ahe
 leaves a query behind at most that much (~1 ms a layer at 8192 tokens), and the query's own batch (a graph
 replay, or a step of its own) follows on the same stream at full speed.
 
-`step_layers(runner, batch)` is a generator: each `next()` enqueues one more layer's kernels (the first also
-packs, stages and plans the batch, eagerly at its exact size: ModelRunner.eager_meta) and yields None; the
-`next()` after the last layer enqueues the pooling and the copy back and yields the LazyTensor of the rows:
+`step_layers(runner, batch)` is a generator: each `next()` enqueues one more layer's kernels and yields None,
+and the `next()` that enqueues the last layer also enqueues the pooling and the copy back and yields the
+LazyTensor of the rows (so a model of L layers yields None L - 1 times):
 
     steps = step_layers(runner, batch)
     while (lazy := next(steps)) is None: ...   # between layers: pace, or step another batch
 
-The runner's lock is held only while a layer is enqueued, so another thread's `runner.step` may enqueue its
+On a GPU with whole-model graphs the batch is padded to its bucket layout and its layers replay from a chain of
+per-layer CUDA graphs (rose.layer_graphs: captured at the layout's second stepping, checked against eager;
+`layers_per_graph` layers a step); otherwise, and with graphs=False, it runs eagerly (at its exact size, or at
+the bucket layout while that layout's chain is not captured yet: rose.layer_graphs.eager_layer_steps).
+
+The runner's lock is held only while a step is enqueued, so another thread's `runner.step` may enqueue its
 batch between two layers. A backend whose plan leaves state for the eager forwards after it (FlashInfer's one
-eager slot: `host_plan_state`) is planned again for this batch before each layer, since a batch stepped
-between two layers may have planned it for itself. Only models with `forward_layers` (rose.models.qwen3: Qwen3,
-Qwen3-Embedding, pplx-embed, Qwen2, Mistral) can be stepped so; the others raise TypeError.
+eager slot: `host_plan_state`) is planned again for this batch before each eager layer, since a batch stepped
+between two layers may have planned it for itself; such a backend gets no chains. Only models with
+`forward_layers` (rose.models.qwen3: Qwen3, Qwen3-Embedding, pplx-embed, Qwen2, Mistral) can be stepped so;
+the others raise TypeError.
 """
 
 from __future__ import annotations
@@ -28,37 +34,39 @@ from collections.abc import Generator
 import torch
 
 from rose.batch import Batch
+from rose.layer_graphs import eager_layer_steps
 from rose.lazy import LazyTensor
 
 
-def step_layers(runner, batch: Batch) -> Generator[LazyTensor | None, None, None]:
-    """Yields None after each layer, then the LazyTensor of `batch`'s rows (module docstring). `runner` is a
-    rose.runner.ModelRunner."""
-    layers = getattr(runner.model, "forward_layers", None)
-    if layers is None:
+def step_layers(runner, batch: Batch, graphs: bool = True) -> Generator[LazyTensor | None, None, None]:
+    """Yields None after each layer (or chain graph), then the LazyTensor of `batch`'s rows (module docstring).
+    `runner` is a rose.runner.ModelRunner; graphs=False steps eagerly at the exact size whatever the runner has."""
+    if getattr(runner.model, "forward_layers", None) is None:
         raise TypeError(f"{type(runner.model).__name__} cannot be stepped layer by layer (no forward_layers)")
-    host = runner.pack(batch)
+    chains = runner.layer_chains() if graphs else None
+    layout = None
+    if chains is not None and batch.num_seqs:
+        layout = chains.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows, int(batch.seq_lens.max()))
+    host = runner.pack(batch, layout)
     if host.num_rows == 0:
         yield LazyTensor(None, None, (0, runner.dimensions))
         return
     buf = runner.pool.acquire(runner._buffer_bytes(host))
-    lock = runner._lock
+    lock, how = runner._lock, "eager"
     try:
         with lock, torch.inference_mode(), runner.device_scope():
-            meta = runner.eager_meta(host, runner._stage(host, buf))
-            hidden = layers(meta, runner.backend)
-        replan = bool(getattr(runner.backend, "host_plan_state", False))
-        last = None  # the hidden states after the latest layer
+            staged = runner._stage(host, buf)
+            if layout is not None:
+                steps = chains.steps(host, staged)
+                how = "layers"
+            else:
+                steps = eager_layer_steps(runner, host, staged)
         while True:
             with lock, torch.inference_mode(), runner.device_scope():
-                if last is None or replan:  # the lock was let go since the last plan: plan under it
-                    runner.backend.plan(meta)
-                h = next(hidden, None)
-                if h is not None:
-                    last = h
-                else:
-                    event = runner._copy_back(runner.pooled_rows(last, meta), host, buf)
-                    runner._count(host, None, "eager")
+                rows = next(steps)
+                if rows is not None:
+                    event = runner._copy_back(rows, host, buf)
+                    runner._count(host, layout, how)
                     break
             yield None
     except BaseException:

@@ -70,6 +70,8 @@ class ModelRunner:
         self._count_lock = threading.Lock()
         self.graphs: CudaGraphs | None = None
         self.express: ExpressLane | None = None  # enable_express(): small batches beside long ones
+        self.layers_per_graph = 1  # decoder layers per graph of a layer-stepped chain (rose.layer_graphs)
+        self._layer_graphs = None  # rose.layer_graphs.LayerGraphs, built by the first layer_chains() on a GPU
         if graphs is not None and device.type == "cuda" and self.backend.graph_safe:
             self.graphs = CudaGraphs(self.forward, self.backend.plan, self.eager, device, **graphs)
 
@@ -118,6 +120,15 @@ class ModelRunner:
         if self.express is None:
             self.express = ExpressLane.build(self, max_tokens)
         return True
+
+    def layer_chains(self):
+        """The per-layer graph chains batches stepped layer by layer replay (rose.layer_graphs), built on first
+        use; None without whole-model graphs (a CPU) or for a model without per-layer forwards."""
+        if self._layer_graphs is None and self.graphs is not None and hasattr(self.model, "forward_layers"):
+            from rose.layer_graphs import LayerGraphs
+
+            self._layer_graphs = LayerGraphs(self, self.layers_per_graph)
+        return self._layer_graphs
 
     def step(self, batch: Batch, use_graphs: bool = True, own_layout: bool = False,
              express: bool = False) -> LazyTensor:

@@ -27,7 +27,7 @@ def test_stepped_layer_by_layer_the_rows_equal_one_step(name, tiny_models, engin
     batch = Batch.from_sequences(random_seqs(tiny, [17, 3, 40, 9], seed=31))
     whole = engine.step(batch).result()
     rows, layers = _stepped(engine.runner, batch)
-    assert layers == len(engine.runner.model.layers)
+    assert layers + 1 == len(engine.runner.model.layers)  # the last step yields the rows
     np.testing.assert_allclose(rows, whole, rtol=1e-5, atol=1e-5)
 
 
@@ -130,4 +130,66 @@ def test_a_backend_with_plan_state_is_planned_again_before_each_layer(lengths, t
     rows, _ = _stepped(engine.runner, bulk, between=lambda: got.update(query=engine.step(query).result()))
     np.testing.assert_allclose(rows, alone_bulk, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got["query"], alone_query, rtol=1e-5, atol=1e-5)
+    engine.close()
+
+
+def test_layer_chunks_cover_every_layer_in_order():
+    from rose.layer_graphs import layer_chunks
+
+    assert layer_chunks(28, 1) == [1] * 28
+    assert layer_chunks(28, 3) == [3] * 9 + [1]
+    assert layer_chunks(2, 4) == [2]
+    with pytest.raises(ValueError):
+        layer_chunks(4, 0)
+
+
+def test_a_cpu_runner_has_no_layer_chains_and_steps_eagerly(tiny_models, engine_for):
+    tiny, engine = tiny_models["qwen3"], engine_for("qwen3")
+    assert engine.runner.layer_chains() is None
+    batch = Batch.from_sequences(random_seqs(tiny, [9, 14], seed=40))
+    eager, _ = _stepped_no_graphs(engine.runner, batch)
+    rows, _ = _stepped(engine.runner, batch)
+    np.testing.assert_allclose(rows, eager, rtol=1e-6, atol=1e-6)
+
+
+def _stepped_no_graphs(runner, batch):
+    steps, n = step_layers(runner, batch, graphs=False), 0
+    while (lazy := next(steps)) is None:
+        n += 1
+    return lazy.result(), n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layers_per_graph", [1, 2])
+def test_on_the_gpu_chains_of_layer_graphs_replay_right_with_a_query_between(layers_per_graph, tiny_models):
+    """A bulk layout stepped three times: eager at its bucket layout, then its chain captured and checked, then
+    replayed with the query's whole-model graph replayed between two of the chain's graphs; both rows equal
+    their eager runs, and the chain (its own pool) is not disturbed by the query's graph."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from rose.engine import Engine
+    from rose.graphs import cosine_divergence
+
+    engine = Engine.from_pretrained(tiny_models["qwen3"].path, device="cuda", prewarm=(), graph_manifest=None)
+    runner, tiny = engine.runner, tiny_models["qwen3"]
+    runner.layers_per_graph = layers_per_graph
+    bulk = Batch.from_sequences(random_seqs(tiny, [120, 100, 64], seed=41))
+    query = Batch.from_sequences(random_seqs(tiny, [16], seed=42))
+    for _ in range(3):
+        engine.step(query).result()
+    eager_bulk = runner.step(bulk, use_graphs=False).result()
+    eager_query = runner.step(query, use_graphs=False).result()
+    for _ in range(2):  # the bucket layout's eager warm-up, then the chain's capture and check
+        rows, _ = _stepped(runner, bulk)
+        assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3
+    chains = runner.layer_chains()
+    assert len(chains.chains) == 1 and not chains.eager_only, chains.eager_only
+    got = {}
+    rows, steps = _stepped(runner, bulk, between=lambda: got.update(query=engine.step(query)))
+    assert steps + 1 == len(chains.chunks)
+    assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3
+    assert float(cosine_divergence(got["query"].result(), eager_query).max()) <= 1e-3
+    assert any(how == "layers" for (_, how) in runner.runs)
     engine.close()

@@ -1,0 +1,188 @@
+"""A bulk layout's forward as a chain of CUDA graphs, a few decoder layers each (rose.layer_steps replays them).
+
+Stepped eagerly, a layer at 8192 tokens is ~0.55 ms of device time and about as much host time (its ~10
+launches, Triton's included): the stream runs dry and bulk stepped alone lost 22-48 % on the H200
+(`benchmarks/NOTES.md`, "Bulk stepped layer by layer"). A chain replays the same kernels from graphs: one
+launch per `layers_per_graph` layers, the first graph also embedding, the last also pooling.
+
+A chain is keyed by the bucket layout (rose.graphs' buckets; the batch is padded to it) and captured lazily
+as whole-model graphs are: a layout's first stepped batch runs eagerly, its next one captures the chain, and
+the new chain's rows are checked against the eager run of the same batch before it serves (rose.graph_checks).
+A capture that fails or a chain that fails its check is not retried: that layout steps eagerly from then on.
+
+Each chain has a memory pool of its own. Inside one chain, graph i+1 may reuse what graph i freed, which is
+safe because a chain always replays in order; but another graph replayed between two of its graphs (a
+query's, or another chain's) must not write where this chain keeps its hidden states across that gap, so
+no two chains, and no chain and the whole-model graphs, share a pool. Backends whose plan leaves host-side
+state (FlashInfer: `host_plan_state`) get no chains: a query planned between two layers would re-plan the
+slot the chain reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rose.graph_checks import check_replay
+from rose.graphs import _count_capture, _end_failed_capture, end_pool_recording, layout_label
+from rose.meta import ForwardMeta, HostMeta, MetaLayout
+
+log = logging.getLogger("rose.layer_graphs")
+
+
+def layer_chunks(num_layers: int, layers_per_graph: int) -> list[int]:
+    """How many decoder layers each graph of a chain holds, in order (the last may hold fewer)."""
+    if layers_per_graph < 1:
+        raise ValueError("layers_per_graph must be at least 1")
+    full, rest = divmod(num_layers, layers_per_graph)
+    return [layers_per_graph] * full + ([rest] if rest else [])
+
+
+@dataclass
+class _Chain:
+    graphs: list[torch.cuda.CUDAGraph]
+    static_in: torch.Tensor  # int64 [layout.words] on the device
+    static_out: torch.Tensor  # the rows the last graph writes
+    meta: ForwardMeta  # views into static_in (graph=True)
+    pool: tuple  # the chain's own memory pool
+
+
+class LayerGraphs:
+    """Lazily captured chains of per-layer CUDA graphs, one per bulk layout (module docstring)."""
+
+    def __init__(self, runner, layers_per_graph: int = 1, capture_after: int = 1, max_chains: int = 8) -> None:
+        self.runner = runner
+        self.layers_per_graph = layers_per_graph
+        self.chunks = layer_chunks(len(runner.model.layers), layers_per_graph)
+        self.capture_after = capture_after  # eager steppings of a layout before its chain is captured
+        self.max_chains = max_chains  # each holds its own pool (its peak activations): a bound on memory
+        self.chains: dict[MetaLayout, _Chain] = {}
+        self.seen: Counter[MetaLayout] = Counter()
+        self.eager_only: dict[MetaLayout, str] = {}
+        self.capture_seconds = 0.0
+
+    def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
+        """The bucket layout a stepped batch pads to, or None (stepped eagerly at its exact size): above the
+        largest bucket, once max_chains layouts hold chains, for a layout refused before, without whole-model
+        graphs (a CPU) and for a backend with host plan state (module docstring)."""
+        graphs = self.runner.graphs
+        if graphs is None or getattr(self.runner.backend, "host_plan_state", False):
+            return None
+        layout = graphs.layout_for(num_tokens, num_seqs, num_rows, longest)
+        if layout is None or layout in self.eager_only:
+            return None
+        if layout not in self.chains and len(self.chains) >= self.max_chains:
+            return None
+        return layout
+
+    def steps(self, host: HostMeta, staged: torch.Tensor) -> Generator[torch.Tensor | None, None, None]:
+        """The padded batch `host`: yields None after each graph but the last, then the rows (on the device).
+        The first step captures the chain when the layout is due (under the caller's lock, on a side stream);
+        a layout not yet due, or whose capture or check fails, is stepped eagerly."""
+        layout = host.layout
+        self.seen[layout] += 1
+        chain = self.chains.get(layout)
+        if chain is None and layout not in self.eager_only and self.seen[layout] > self.capture_after:
+            chain = self._capture_checked(host, staged)
+        if chain is None:
+            yield from eager_layer_steps(self.runner, host, staged)
+            return
+        yield from self._replay(chain, host, staged)
+
+    def _replay(self, chain: _Chain, host: HostMeta, staged: torch.Tensor):
+        chain.static_in.copy_(staged, non_blocking=True)
+        chain.meta.host = host
+        self.runner.backend.plan(chain.meta)
+        last = len(chain.graphs) - 1
+        for i, graph in enumerate(chain.graphs):
+            graph.replay()
+            yield chain.static_out if i == last else None
+
+    def _capture_checked(self, host: HostMeta, staged: torch.Tensor) -> _Chain | None:
+        layout = host.layout
+        try:
+            chain = self._capture(host, staged)
+            for rows in self._replay(chain, host, staged):
+                pass
+            reference = self.runner.eager(host, staged)
+            check_replay(f"layers {layout_label(layout)}", _host_rows(rows, host), _host_rows(reference, host))
+        except Exception as exc:  # this layout steps eagerly from now on
+            self.eager_only[layout] = f"{type(exc).__name__}: {exc}"
+            log.warning("layer graphs %s: %s; this layout is stepped eagerly from now on", layout_label(layout),
+                        self.eager_only[layout], exc_info=exc)
+            return None
+        self.chains[layout] = chain
+        return chain
+
+    def _capture(self, host: HostMeta, staged: torch.Tensor) -> _Chain:
+        """One warm run and the chain's captures, on a side stream (as rose.graphs captures)."""
+        start, runner, layout = time.perf_counter(), self.runner, host.layout
+        stream = torch.cuda.current_stream(runner.device)
+        pool = torch.cuda.graph_pool_handle()
+        static_in = torch.zeros(layout.words, dtype=torch.int64, device=runner.device)
+        static_in.copy_(staged, non_blocking=True)
+        meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
+        runner.backend.plan(meta)
+        side = torch.cuda.Stream(runner.device)
+        side.wait_stream(stream)
+        graphs, out = [], None
+        try:
+            with torch.cuda.stream(side):
+                runner.forward(meta)  # the warm run
+                hidden = runner.model.forward_layers(meta, runner.backend)
+                _count_capture(1)
+                try:
+                    for i, count in enumerate(self.chunks):
+                        graph = torch.cuda.CUDAGraph()
+                        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+                        try:
+                            for _ in range(count):
+                                h = next(hidden)
+                            if i == len(self.chunks) - 1:
+                                out = runner.pooled_rows(h, meta)
+                        except BaseException:
+                            _end_failed_capture(graph)
+                            raise
+                        graph.capture_end()
+                        graphs.append(graph)
+                finally:
+                    _count_capture(-1)
+                    hidden.close()
+            stream.wait_stream(side)
+        except BaseException:
+            torch.cuda.set_stream(stream)
+            end_pool_recording(runner.device, pool)  # the pool is dropped with the failed chain
+            raise
+        finally:
+            self.capture_seconds += time.perf_counter() - start
+        return _Chain(graphs, static_in, out, meta, pool)
+
+
+def eager_layer_steps(runner, host: HostMeta, staged: torch.Tensor) -> Generator[torch.Tensor | None, None, None]:
+    """`host` eagerly at its layout, one decoder layer per step: yields None after each layer but the last,
+    then the pooled rows. A backend whose plan leaves state for the eager forwards after it (FlashInfer's one
+    eager slot: `host_plan_state`) is planned again before each layer, since a batch stepped between two
+    layers may have planned it for itself (each step runs under the runner's lock)."""
+    meta = runner.eager_meta(host, staged)
+    replan = bool(getattr(runner.backend, "host_plan_state", False))
+    runner.backend.plan(meta)
+    hidden = runner.model.forward_layers(meta, runner.backend)
+    last = len(runner.model.layers) - 1
+    for i in range(last + 1):
+        if i and replan:
+            runner.backend.plan(meta)
+        h = next(hidden)
+        if i == last:
+            yield runner.pooled_rows(h, meta)
+            return
+        yield None
+
+
+def _host_rows(out: torch.Tensor, host: HostMeta) -> np.ndarray:
+    return out[: host.num_rows].float().cpu().numpy()
