@@ -146,6 +146,25 @@ class Engine:
         lane, beside whatever the bulk lane runs (rose.express)."""
         return self.runner.step(batch, express=express)
 
+    def step_layered(self, batch: Batch, ahead: int) -> LazyTensor:
+        """step(batch), one decoder layer at a time (per-layer CUDA graphs on a GPU: rose.layer_graphs), at most
+        `ahead` layers on the device ahead of this thread, which is busy until the last is enqueued; another
+        thread's step() meanwhile runs between two layers (rose.layer_steps.step_paced). Only where
+        `layer_steps` is not 0."""
+        from rose.layer_steps import step_paced
+
+        return step_paced(self.runner, batch, ahead)
+
+    @property
+    def layer_steps(self) -> int:
+        """How many steps step_layered takes per batch (decoder layers, or graphs of a chain), 0 for a model that
+        cannot be stepped layer by layer."""
+        runner = self.runner
+        if not hasattr(runner.model, "forward_layers"):
+            return 0
+        chains = runner.layer_chains()
+        return len(chains.chunks) if chains is not None else len(runner.model.layers)
+
     def replays(self, batch: Batch) -> bool:
         """Whether step(batch) would replay a captured CUDA graph of the batch's own layout: host work of a
         fraction of a millisecond, no eager run, capture or host sync (what Tulip checks before stepping on
@@ -297,7 +316,8 @@ class Engine:
                 "graphs_refused": graphs.graphs_refused if graphs else 0,
                 "graph_substitutions": sum(graphs.substituted.values()) if graphs else 0,
                 "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last,
-                **(r.express.stats() if r.express is not None else {})}
+                **(r.express.stats() if r.express is not None else {}),
+                **(r._layer_graphs.stats() if r._layer_graphs is not None else {})}
 
     def close(self) -> None:
         if self.kernels_ahead is not None:  # never warmed up: the workers' results are not needed

@@ -67,6 +67,11 @@ class LayerGraphs:
         self.eager_only: dict[MetaLayout, str] = {}
         self.capture_seconds = 0.0
 
+    def stats(self) -> dict:
+        """Engine.stats' share (rose_<key> in Tulip's metrics)."""
+        return {"layer_chains": len(self.chains), "layer_chains_refused": len(self.eager_only),
+                "layer_chain_capture_seconds": self.capture_seconds}
+
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
         """The bucket layout a stepped batch pads to, or None (stepped eagerly at its exact size): above the
         largest bucket, once max_chains layouts hold chains, for a layout refused before, without whole-model

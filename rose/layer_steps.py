@@ -29,6 +29,7 @@ the others raise TypeError.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Generator
 
 import torch
@@ -75,3 +76,22 @@ def step_layers(runner, batch: Batch, graphs: bool = True) -> Generator[LazyTens
     lazy = LazyTensor(runner.pool, buf, (host.num_rows, runner.dimensions), event)
     lazy.padded_tokens = host.layout.tokens
     yield lazy
+
+
+def step_paced(runner, batch: Batch, ahead: int, graphs: bool = True) -> LazyTensor:
+    """`batch` stepped to its end with at most `ahead` of its steps on the device ahead of the host: before each
+    step the host waits (an event, the GIL released) until fewer than `ahead` are still on the stream. Returns
+    the LazyTensor once the last step is enqueued, i.e. about `ahead` steps before the rows are ready; work
+    another thread enqueues meanwhile (a query's step) runs between two of its steps. On a CPU it simply runs."""
+    if ahead < 1:
+        raise ValueError("ahead must be at least 1")
+    marks: deque = deque()
+    steps = step_layers(runner, batch, graphs)
+    while (lazy := next(steps)) is None:
+        if runner.on_cuda:
+            with runner.device_scope():
+                marks.append(torch.cuda.Event())
+                marks[-1].record()
+            while len(marks) >= ahead:
+                marks.popleft().synchronize()
+    return lazy

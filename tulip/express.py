@@ -10,6 +10,13 @@ express lane: a higher-priority CUDA stream with its own graphs, so the query ru
 While no bulk is about, interactive requests go through the main worker as before, so interactive-only
 traffic keeps its batching and graphs.
 
+With `TULIP_BULK_LAYERS_AHEAD` > 0 and a model that can be stepped layer by layer (rose.layer_steps: the Qwen3
+family), the main worker steps every batch that carries bulk work one decoder layer at a time (per-layer CUDA
+graphs), keeping at most that many layers on the device, and this worker steps its batches on the main lane
+instead: each waits for at most those layers, then runs at full speed, where beside bulk on the express lane
+its kernels crawl between the bulk's blocks (`benchmarks/NOTES.md`, "Bulk's layers replayed from per-layer CUDA
+graphs"). The express lane is then not prewarmed.
+
 A request's sequences all run on the worker that took its first one (Ticket.owner): each worker's
 completer alone touches its requests. The watchdog watches both workers.
 
@@ -33,12 +40,20 @@ class ExpressWorker(Worker):
     express = True
     name = "tulip-express"
 
-    def __init__(self, engine, queue, *, express_tokens: int, max_inflight: int = 2, metrics=None) -> None:
+    def __init__(self, engine, queue, *, express_tokens: int, max_inflight: int = 2, metrics=None,
+                 main_lane: bool = False) -> None:
+        """main_lane: step on ROSE's main lane, between the layers of the bulk batch the main worker steps layer
+        by layer (its layers_ahead), instead of on the express lane (module docstring)."""
         super().__init__(engine, queue, max_inflight=max_inflight, metrics=metrics)
         self.express_tokens = express_tokens
+        self.express_lane = not main_lane
         self.prewarm_failed = False
 
     def _launch_loop(self) -> None:
+        if not self.express_lane:  # the main lane's graphs serve: nothing of the express lane's to prewarm
+            log.info("interactive batches between bulk's layers: batches up to %d tokens", self.express_tokens)
+            self.queue.enable_express(self.express_tokens)
+            return super()._launch_loop()
         prewarm = getattr(self.engine, "prewarm_express", None)
         try:
             verified = prewarm() if callable(prewarm) else []

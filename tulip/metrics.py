@@ -25,7 +25,8 @@ Names (all exported by `TulipMetrics`):
   tulip_lane_wait_seconds{lane}                      histogram: queue wait per sequence, per lane
   tulip_lane_batches_total{lane}                     counter: batches that carried sequences of the lane
   tulip_lane_batch_tokens_total{lane}                counter: tokens of the lane in launched batches (its share)
-  tulip_express_batches_total                        counter: batches run on the express lane (tulip/express.py)
+  tulip_express_batches_total                        counter: interactive batches run beside bulk work: on the express
+                                                     lane, or between bulk's layers (tulip/express.py)
   tulip_inline_launches_total                        counter: batches the event loop launched itself (tulip/worker.py)
   tulip_gc_pause_seconds{generation}                 histogram: the garbage collector's pauses (rose/gc_pauses.py)
   rose_pinned_bytes_in_use, rose_pinned_bytes_cap, rose_graphs_captured, rose_graph_capture_seconds,
@@ -89,7 +90,7 @@ class TulipMetrics:
                                     registry=r)
         self.lane_batch_tokens = Counter("tulip_lane_batch_tokens", "Tokens of the lane in launched batches",
                                          ["lane"], registry=r)
-        self.express_batches = Counter("tulip_express_batches", "Batches run on the express lane beside bulk work",
+        self.express_batches = Counter("tulip_express_batches", "Interactive batches run beside bulk work (express lane, or between bulk's layers)",
                                        registry=r)
         self.inline_launches = Counter("tulip_inline_launches", "Batches launched on the event loop itself, the "
                                        "worker idle (no launcher hand-off)", registry=r)

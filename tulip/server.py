@@ -150,14 +150,16 @@ class TulipServer:
                                    interactive_batch_tokens=config.interactive_batch_tokens,
                                    interactive_recent_s=config.interactive_recent_ms / 1e3)
         heartbeat = _heartbeat(config.activity_file, str(info.device))
+        layered = config.bulk_layers_ahead if config.lanes and config.express_batch_tokens and \
+            getattr(self.engine, "layer_steps", 0) else 0  # bulk by layers, queries between them (tulip/express.py)
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch,
-                             heartbeat=heartbeat)
+                             heartbeat=heartbeat, layers_ahead=layered)
         self.worker.start()
-        if config.express_batch_tokens and config.lanes and getattr(self.engine, "express", False):
+        if config.express_batch_tokens and config.lanes and (layered or getattr(self.engine, "express", False)):
             self.express = ExpressWorker(self.engine, self.queue, express_tokens=config.express_batch_tokens,
-                                         metrics=self.metrics)
+                                         metrics=self.metrics, main_lane=bool(layered))
             self.express.heartbeat = heartbeat
             self.express.start()  # prewarms its lane's graphs, then turns express on (tulip/express.py)
         if config.watchdog_s > 0:

@@ -45,13 +45,19 @@ _STOP = object()
 
 
 class Worker:
-    express = False  # tulip.express.ExpressWorker: steps on ROSE's express lane
+    express = False  # tulip.express.ExpressWorker: takes interactive requests while bulk work is about
+    express_lane = False  # ... and steps them on ROSE's express lane (False: on the main lane, between bulk's layers)
     name = "tulip"
 
     def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
                  idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0, inline_launch: bool = False,
-                 heartbeat=None) -> None:
+                 heartbeat=None, layers_ahead: int = 0) -> None:
+        """layers_ahead: batches with bulk work are stepped one decoder layer at a time with at most this many
+        layers on the device ahead of the launcher (engine.step_layered), so the express worker's interactive
+        batches run between two of them; 0 = whole steps."""
         self.engine = engine
+        self.layers_ahead = layers_ahead
+        self._layer_steps = int(getattr(engine, "layer_steps", 0) or 0) if layers_ahead > 0 else 0
         self.heartbeat = heartbeat  # protos.heartbeat.Heartbeat: counts launched batches for `ivy up`; None = off
         self.queue = queue
         self.max_inflight = max_inflight
@@ -225,22 +231,29 @@ class Worker:
         batch, row_starts = built or build_batch(packed.sequences)
         self._last_requests = _requests_in(packed.sequences)
         self._inline_running = inline  # a launcher batch since: REHOLD is for an inline one only
+        layered = bool(self._layer_steps and packed.lane_tokens[BULK])
         t0 = time.perf_counter()
-        self._stepping_since = time.monotonic()
+        self._stepping_since = began = time.monotonic()
         try:
-            lazy = self.engine.step(batch, express=True) if self.express else self.engine.step(batch)
+            if layered:
+                lazy = self.engine.step_layered(batch, self.layers_ahead)
+            else:
+                lazy = self.engine.step(batch, express=True) if self.express_lane else self.engine.step(batch)
         finally:
             self._stepping_since = 0.0
         t1 = time.perf_counter()
         now = time.monotonic()
         estimate = self.device_times.estimate(packed.tokens) or 0.0
+        # A layered batch returns with only its last `layers_ahead` layers still to run: that is what is left of
+        # it on the device, and it has been on the device since the stepping began.
+        left = estimate * min(1.0, self.layers_ahead / self._layer_steps) if layered else estimate
         with self._count_lock:
             self._inflight += 1
             self.batches_launched += 1
-            self._estimates.append(estimate)
-            self._started.append((now, estimate))
-            self._tail_end = max(now, self._tail_end) + estimate
-        self._launched.put(Launched(packed, row_starts, lazy, t0, now))
+            self._estimates.append(left)
+            self._started.append((began if layered else now, estimate))
+            self._tail_end = now + left if layered else max(now, self._tail_end) + estimate
+        self._launched.put(Launched(packed, row_starts, lazy, t0, began if layered else now))
         if self.heartbeat is not None:
             try:  # launched already: nothing after the put may fail the batch
                 self.heartbeat.beat()

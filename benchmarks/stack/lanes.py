@@ -2,13 +2,16 @@
 
     python -m benchmarks.stack.lanes --model-dir DIR --out OUT [--duration-s 10] [--up-flags "--gpus 0"]
 
-One run, up to five configurations, each measured for `--duration-s` after every client warmed up:
+One run, up to six configurations, each measured for `--duration-s` after every client warmed up:
 - idle:  the interactive client alone (Tulip's defaults);
 - fcfs:  interactive + bulk with TULIP_LANES=false (every request in one FCFS lane, whatever it names);
 - lanes: interactive + bulk with lanes on and express off (TULIP_EXPRESS_BATCH_TOKENS=0: interactive first,
   bulk's guaranteed share, every batch run to completion);
 - express: interactive + bulk with Tulip's defaults: lanes on, interactive work beside the bulk batch on
   the express lane (tulip/express.py, rose/express.py);
+- layers: interactive + bulk with TULIP_BULK_LAYERS_AHEAD=`--layers-ahead` (2): bulk batches stepped one
+  decoder layer at a time from per-layer CUDA graphs, interactive batches on the same stream between two of
+  its layers instead of on the express lane (tulip/express.py, rose/layer_graphs.py);
 - capped: express off, TULIP_INTERACTIVE_BATCH_TOKENS=`--capped-batch-tokens` (2048): every batch capped
   while interactive traffic is about (tulip/packer.py); not run by default (`--configs` names it).
 Interactive: 1 closed-loop client sending single `--query-tokens` (32) token queries, priority interactive.
@@ -74,6 +77,7 @@ class LanesConfig(UpStackFields):
     client_cpus: str | None = _f(None, "CPUs for the client processes, e.g. 8-15; default: no pinning")
     plot: bool = _f(True, "draw OUT/lanes[_<label>].png at the end (needs matplotlib)")
     capped_batch_tokens: int = _f(2048, "the capped configuration's TULIP_INTERACTIVE_BATCH_TOKENS")
+    layers_ahead: int = _f(2, "the layers configuration's TULIP_BULK_LAYERS_AHEAD")
 
     def chosen(self) -> tuple[str, ...]:
         wanted = [c.strip() for c in self.configs.split(",") if c.strip()]
@@ -137,6 +141,8 @@ class LanesRun:
                   ("lanes-off", {"TULIP_LANES": "false"}, [c for c in configs if c == "fcfs"]),
                   ("express-off", {"TULIP_LANES": "true", "TULIP_EXPRESS_BATCH_TOKENS": "0"},
                    [c for c in configs if c == "lanes"]),
+                  ("bulk-layers", {"TULIP_LANES": "true", "TULIP_BULK_LAYERS_AHEAD": str(self.config.layers_ahead)},
+                   [c for c in configs if c == "layers"]),
                   ("lanes-capped", capped, [c for c in configs if c == "capped"])]
         for name, env, members in groups:
             if members:

@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-CONFIGS = ("idle", "fcfs", "lanes", "express", "capped")
-TARGETED = (("express", ""), ("lanes", "lanes_"), ("capped", "capped_"))  # configuration, its targets' prefix
+CONFIGS = ("idle", "fcfs", "lanes", "express", "layers", "capped")
+TARGETED = (("express", ""), ("lanes", "lanes_"), ("layers", "layers_"), ("capped", "capped_"))  # configuration, its targets' prefix
 P99_FACTOR, BULK_SHARE = 2.0, 0.9
 
 
@@ -29,7 +29,7 @@ def find(records: Sequence[dict[str, Any]], config: str, traffic: str) -> dict[s
 
 def targets(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Each target's measured ratio and verdict (None where a configuration it needs is missing): for express
-    (the defaults), and the same ratios under `lanes_` and `capped_` for those configurations."""
+    (the defaults), and the same ratios under `lanes_`, `layers_` and `capped_` for those configurations."""
     out: dict[str, Any] = {}
     for config, prefix in TARGETED:
         idle, on_i = find(records, "idle", "interactive"), find(records, config, "interactive")
@@ -37,7 +37,7 @@ def targets(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         p99 = on_i["p99_ms"] / idle["p99_ms"] if idle and on_i and idle["p99_ms"] else None
         bulk = on_b["tokens_per_s"] / fcfs_b["tokens_per_s"] if fcfs_b and on_b and fcfs_b["tokens_per_s"] else None
         if prefix and p99 is None and bulk is None:
-            continue  # no capped configuration in this run
+            continue  # no such configuration in this run
         out.update({
             f"{prefix}interactive_p99_over_idle": None if p99 is None else round(p99, 3),
             f"{prefix}interactive_p99_target": f"<= {P99_FACTOR:g}",
