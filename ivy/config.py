@@ -128,6 +128,10 @@ class IvyConfig:
         "characters, in pieces (--tokenize-split-chars) above: the cache beats the pieces on medium texts, the "
         "pieces on several cores beat it on long ones. BERT texts the cache takes are always whole. 0 = every BPE text "
         "longer than --tokenize-split-chars is cut."))
+    tokenizer_cache_call_chars: int = field(default=32768, metadata=_help(
+        "The word cache takes a request whose texts have at most this many characters in all (~6 k tokens); a larger "
+        "one (a bulk batch of documents) goes to `tokenizers`, whose threads release the GIL: the cache's lookups "
+        "are Python and would hold the gateway worker's other requests for milliseconds. 0 = every request."))
     health_interval_s: float = field(default=2.0, metadata=_help(
         "Seconds between health and Info probes of each replica."))
     replica_timeout_s: float = field(default=10.0, metadata=_help(
@@ -168,6 +172,8 @@ class IvyConfig:
             raise SystemExit("ivy: --bulk-above-tokens must be 0 or positive")
         if self.tokenizer_bpe_whole_chars < 0:
             raise SystemExit("ivy: --tokenizer-bpe-whole-chars must be 0 (always pieces) or positive")
+        if self.tokenizer_cache_call_chars < 0:
+            raise SystemExit("ivy: --tokenizer-cache-call-chars must be 0 (every request) or positive")
         if self.tokenizer_cache_words < 0:
             raise SystemExit("ivy: --tokenizer-cache-words must be 0 (off) or positive")
         from ivy.lanes import parse_key_lanes

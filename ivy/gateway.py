@@ -45,7 +45,8 @@ class Gateway:
         model_dir = Path(config.model) if config.model else bundled_model_dir()
         self.spec = load_spec(model_dir)
         self.tokenizer = Tokenizer(self.spec, cache_words=config.tokenizer_cache_words,
-                                   bpe_whole_chars=config.tokenizer_bpe_whole_chars)
+                                   bpe_whole_chars=config.tokenizer_bpe_whole_chars,
+                                   cache_call_chars=config.tokenizer_cache_call_chars)
         if self.tokenizer.word_cache is not None:
             self.tokenizer.word_cache.observe = metrics.observe_words
         self.model_name = config.served_model_name or self.spec.model_id

@@ -26,17 +26,24 @@ __all__ = ["Encoded", "EncodedPair", "Tokenizer", "longest_first"]
 
 _SPM_NAMES = ("sentencepiece.bpe.model", "spiece.model", "tokenizer.model")
 BPE_WHOLE_CHARS = 4096  # Tokenizer.takes_whole: a byte-level BPE's cached ASCII text up to this long is not cut
+# The word cache takes a call of at most this many characters (Tokenizer.cache_call_chars): its lookups are Python
+# and hold the GIL, ~3 ms for a 100-document request on the H200 host, while `tokenizers` releases it.
+CACHE_CALL_CHARS = 32768
 
 
 class Tokenizer:
     """Batch encode with per-call truncation; thread-safe (no per-call state on the shared tokenizer)."""
 
     def __init__(self, spec: ModelSpec, cache_words: int = DEFAULT_CAPACITY,
-                 bpe_whole_chars: int = BPE_WHOLE_CHARS) -> None:
+                 bpe_whole_chars: int = BPE_WHOLE_CHARS, cache_call_chars: int = CACHE_CALL_CHARS) -> None:
         """cache_words: how many words' ids a BERT or Qwen3-style BPE tokenizer may remember for ASCII text
-        (rose.word_cache, rose.ascii_bpe; 0: none). bpe_whole_chars: see takes_whole."""
+        (rose.word_cache, rose.ascii_bpe; 0: none). bpe_whole_chars: see takes_whole. cache_call_chars: the
+        cache takes a call whose texts have at most this many characters in all; a larger one (a bulk request)
+        goes to `tokenizers`, whose Rust threads release the GIL, so it does not stall the caller's other
+        threads (a gateway worker's event loop) for milliseconds; 0 = any call."""
         self.spec = spec
         self.bpe_whole_chars = bpe_whole_chars
+        self.cache_call_chars = cache_call_chars
         self.max_length = spec.max_length
         tok_json = spec.model_dir / "tokenizer.json"
         if tok_json.is_file():
@@ -101,6 +108,8 @@ class Tokenizer:
         texts = list(texts)
         if self._cached is None:
             return [list(e.ids) for e in self.content_encodings(texts)]
+        if not self._cache_takes(sum(map(len, texts))):  # all in `tokenizers`, its normalizer too: no GIL held
+            return [list(e.ids) for e in self._encode_many(texts, add_special_tokens=False)]
         ids = self._cached.words.ids_of(texts, self._cached.normalized)
         rest = [i for i, x in enumerate(ids) if x is None]
         if rest:
@@ -123,7 +132,11 @@ class Tokenizer:
         lose on medium ones (512 tokens: 0.66 ms in pieces, the cache's 128 tokens 0.12-0.14 ms whole)."""
         if self._cached is None or (self._cached is not self._ascii and len(text) > self.bpe_whole_chars):
             return False
-        return self._cached.normalized(text) is not None
+        return self._cache_takes(len(text)) and self._cached.normalized(text) is not None
+
+    def _cache_takes(self, chars: int) -> bool:
+        """Whether a call of `chars` characters in all may go through the word cache (cache_call_chars)."""
+        return not self.cache_call_chars or chars <= self.cache_call_chars
 
     # The three steps of encode_batch (HF tokenizers only), for callers that encode a long text in pieces
     # (ivy.split_encode): content without specials, pieces merged, then truncated and wrapped as one.

@@ -233,13 +233,16 @@ def test_tokenizer_cache_words_reaches_the_gateways_tokenizer() -> None:
 
     with pytest.raises(SystemExit, match="--tokenizer-cache-words"):
         IvyConfig(tokenizer_cache_words=-1)
-    env = {"IVY_REPLICAS": "127.0.0.1:1", "IVY_TOKENIZER_CACHE_WORDS": "0"}
+    with pytest.raises(SystemExit, match="--tokenizer-cache-call-chars"):
+        IvyConfig(tokenizer_cache_call_chars=-1)
+    env = {"IVY_REPLICAS": "127.0.0.1:1", "IVY_TOKENIZER_CACHE_WORDS": "0", "IVY_TOKENIZER_CACHE_CALL_CHARS": "77"}
 
     async def main() -> None:  # a gateway is built inside its worker's event loop
         off = Gateway(config_from_args(IvyConfig, {}, "IVY", environ=env))
         on = Gateway(IvyConfig(replicas=("127.0.0.1:1",), tokenizer_cache_words=5))
         try:
-            assert off.tokenizer._ascii.words is None
+            assert off.tokenizer._ascii.words is None and off.tokenizer.cache_call_chars == 77
+            assert on.tokenizer.cache_call_chars == 32768
             assert on.tokenizer._ascii.words is not None and on.tokenizer._ascii.words.capacity == 5
         finally:
             for g in (off, on):

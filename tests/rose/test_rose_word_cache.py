@@ -250,3 +250,25 @@ def test_normalizer_variants_through_the_cache(tmp_path, variant) -> None:
     for _ in range(2):
         assert [e.ids for e in each(tok, texts, max_length=10**6)] == want
     assert len(tok.word_cache) > 500
+
+
+def test_a_call_over_cache_call_chars_goes_to_tokenizers_with_the_same_ids() -> None:
+    """A bulk request's texts (more characters in all than cache_call_chars) skip the cache, whose Python lookups
+    would hold the GIL for milliseconds; its ids are the same, and a text over the bound is cut in pieces again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok = Tokenizer(load_spec(bundled_model_dir()), cache_call_chars=2000)
+    texts = [f"document {i} of a bulk batch, each a few words long, indexed for search" for i in range(40)]
+    assert sum(map(len, texts)) > 2000
+    small = texts[:4]
+    tok.encode_batch(small)
+    words = tok.word_cache.words
+    assert tok.encode_batch(texts) == bundled(cache_words=0).encode_batch(texts)
+    assert tok.word_cache.words == words, "the large call did not go through the cache"
+    tok.encode_batch(small)
+    assert tok.word_cache.words > words, "a small call still does"
+    long_ascii = "The gateway tokenizes each request, then Tulip packs it. " * 50
+    assert not tok.takes_whole(long_ascii) and bundled().takes_whole(long_ascii)
+    with ThreadPoolExecutor(4) as pool:
+        assert SplitEncoder(tok, pool, threads=4, split_chars=1000, piece_chars=500).pieces(long_ascii) is not None
+    assert Tokenizer(load_spec(bundled_model_dir()), cache_call_chars=0).takes_whole(long_ascii * 20)
