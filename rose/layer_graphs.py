@@ -10,17 +10,20 @@ as whole-model graphs are: a layout's first stepped batch runs eagerly, its next
 the new chain's rows are checked against the eager run of the same batch before it serves (rose.graph_checks).
 A capture that fails or a chain that fails its check is not retried: that layout steps eagerly from then on.
 
-Each chain has a memory pool of its own. Inside one chain, graph i+1 may reuse what graph i freed, which is
-safe because a chain always replays in order; but another graph replayed between two of its graphs (a
-query's, or another chain's) must not write where this chain keeps its hidden states across that gap, so
-no two chains, and no chain and the whole-model graphs, share a pool. Backends whose plan leaves host-side
-state (FlashInfer: `host_plan_state`) get no chains: a query planned between two layers would re-plan the
-slot the chain reads.
+The chains share one memory pool, apart from the whole-model graphs'. Inside a chain, graph i+1 may reuse what
+graph i freed, and a chain captured later may reuse what an earlier one freed: safe because a chain always
+replays in order and only one batch is stepped through chains at a time (`steps` holds a lock for the batch's
+whole stepping; a second batch stepped meanwhile, from another thread or interleaved by the same one, runs
+eagerly instead). What must not happen is a graph of another pool overwriting a chain's hidden states between
+two of its graphs; the whole-model graphs (a query's replay between two layers) have their pool, eager runs
+the ordinary allocator. Backends whose plan leaves host-side state (FlashInfer: `host_plan_state`) get no
+chains: a query planned between two layers would re-plan the slot the chain reads.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Generator
@@ -50,27 +53,29 @@ class _Chain:
     static_in: torch.Tensor  # int64 [layout.words] on the device
     static_out: torch.Tensor  # the rows the last graph writes
     meta: ForwardMeta  # views into static_in (graph=True)
-    pool: tuple  # the chain's own memory pool
 
 
 class LayerGraphs:
     """Lazily captured chains of per-layer CUDA graphs, one per bulk layout (module docstring)."""
 
-    def __init__(self, runner, layers_per_graph: int = 1, capture_after: int = 1, max_chains: int = 8) -> None:
+    def __init__(self, runner, layers_per_graph: int = 1, capture_after: int = 1, max_chains: int = 16) -> None:
         self.runner = runner
         self.layers_per_graph = layers_per_graph
         self.chunks = layer_chunks(len(runner.model.layers), layers_per_graph)
         self.capture_after = capture_after  # eager steppings of a layout before its chain is captured
-        self.max_chains = max_chains  # each holds its own pool (its peak activations): a bound on memory
+        self.max_chains = max_chains  # each keeps its graphs and its static input and rows
         self.chains: dict[MetaLayout, _Chain] = {}
         self.seen: Counter[MetaLayout] = Counter()
         self.eager_only: dict[MetaLayout, str] = {}
         self.capture_seconds = 0.0
+        self.captures = 0
+        self.pool = torch.cuda.graph_pool_handle()  # every chain's (module docstring)
+        self._stepping = threading.Lock()  # held while a batch is stepped through chains
 
     def stats(self) -> dict:
         """Engine.stats' share (rose_<key> in Tulip's metrics)."""
         return {"layer_chains": len(self.chains), "layer_chains_refused": len(self.eager_only),
-                "layer_chain_capture_seconds": self.capture_seconds}
+                "layer_chain_captures": self.captures, "layer_chain_capture_seconds": self.capture_seconds}
 
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
         """The bucket layout a stepped batch pads to, or None (stepped eagerly at its exact size): above the
@@ -86,19 +91,29 @@ class LayerGraphs:
             return None
         return layout
 
-    def steps(self, host: HostMeta, staged: torch.Tensor) -> Generator[torch.Tensor | None, None, None]:
-        """The padded batch `host`: yields None after each graph but the last, then the rows (on the device).
+    def steps(self, host: HostMeta, staged: torch.Tensor) -> Generator[tuple[torch.Tensor, str] | None, None, None]:
+        """The padded batch `host`: yields None after each graph but the last, then (the rows on the device, how:
+        "layers" for a chain's replay, "layers-capture" when this batch captured it, "eager").
         The first step captures the chain when the layout is due (under the caller's lock, on a side stream);
-        a layout not yet due, or whose capture or check fails, is stepped eagerly."""
+        a layout not yet due, or whose capture or check fails, or a batch stepped while another is stepped
+        through chains, runs eagerly at the layout."""
         layout = host.layout
         self.seen[layout] += 1
-        chain = self.chains.get(layout)
-        if chain is None and layout not in self.eager_only and self.seen[layout] > self.capture_after:
-            chain = self._capture_checked(host, staged)
-        if chain is None:
+        if not self._stepping.acquire(blocking=False):
             yield from eager_layer_steps(self.runner, host, staged)
             return
-        yield from self._replay(chain, host, staged)
+        try:
+            chain = self.chains.get(layout)
+            how = "layers"
+            if chain is None and layout not in self.eager_only and self.seen[layout] > self.capture_after:
+                chain, how = self._capture_checked(host, staged), "layers-capture"
+            if chain is None:
+                yield from eager_layer_steps(self.runner, host, staged)
+                return
+            for rows in self._replay(chain, host, staged):
+                yield None if rows is None else (rows, how)
+        finally:
+            self._stepping.release()
 
     def _replay(self, chain: _Chain, host: HostMeta, staged: torch.Tensor):
         chain.static_in.copy_(staged, non_blocking=True)
@@ -123,13 +138,14 @@ class LayerGraphs:
                         self.eager_only[layout], exc_info=exc)
             return None
         self.chains[layout] = chain
+        self.captures += 1
         return chain
 
     def _capture(self, host: HostMeta, staged: torch.Tensor) -> _Chain:
         """One warm run and the chain's captures, on a side stream (as rose.graphs captures)."""
         start, runner, layout = time.perf_counter(), self.runner, host.layout
         stream = torch.cuda.current_stream(runner.device)
-        pool = torch.cuda.graph_pool_handle()
+        pool = self.pool
         static_in = torch.zeros(layout.words, dtype=torch.int64, device=runner.device)
         static_in.copy_(staged, non_blocking=True)
         meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
@@ -162,16 +178,18 @@ class LayerGraphs:
             stream.wait_stream(side)
         except BaseException:
             torch.cuda.set_stream(stream)
-            end_pool_recording(runner.device, pool)  # the pool is dropped with the failed chain
+            end_pool_recording(runner.device, pool)
+            self.pool = torch.cuda.graph_pool_handle()  # later chains: a fresh pool (captured ones keep theirs)
             raise
         finally:
             self.capture_seconds += time.perf_counter() - start
-        return _Chain(graphs, static_in, out, meta, pool)
+        return _Chain(graphs, static_in, out, meta)
 
 
-def eager_layer_steps(runner, host: HostMeta, staged: torch.Tensor) -> Generator[torch.Tensor | None, None, None]:
+def eager_layer_steps(runner, host: HostMeta, staged: torch.Tensor) -> Generator[tuple[torch.Tensor, str] | None, None,
+                                                                                  None]:
     """`host` eagerly at its layout, one decoder layer per step: yields None after each layer but the last,
-    then the pooled rows. A backend whose plan leaves state for the eager forwards after it (FlashInfer's one
+    then (the pooled rows, "eager"). A backend whose plan leaves state for the eager forwards after it (FlashInfer's one
     eager slot: `host_plan_state`) is planned again before each layer, since a batch stepped between two
     layers may have planned it for itself (each step runs under the runner's lock)."""
     meta = runner.eager_meta(host, staged)
@@ -184,7 +202,7 @@ def eager_layer_steps(runner, host: HostMeta, staged: torch.Tensor) -> Generator
             runner.backend.plan(meta)
         h = next(hidden)
         if i == last:
-            yield runner.pooled_rows(h, meta)
+            yield runner.pooled_rows(h, meta), "eager"
             return
         yield None
 

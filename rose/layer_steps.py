@@ -53,19 +53,16 @@ def step_layers(runner, batch: Batch, graphs: bool = True) -> Generator[LazyTens
         yield LazyTensor(None, None, (0, runner.dimensions))
         return
     buf = runner.pool.acquire(runner._buffer_bytes(host))
-    lock, how = runner._lock, "eager"
+    lock = runner._lock
     try:
         with lock, torch.inference_mode(), runner.device_scope():
             staged = runner._stage(host, buf)
-            if layout is not None:
-                steps = chains.steps(host, staged)
-                how = "layers"
-            else:
-                steps = eager_layer_steps(runner, host, staged)
+            steps = chains.steps(host, staged) if layout is not None else eager_layer_steps(runner, host, staged)
         while True:
             with lock, torch.inference_mode(), runner.device_scope():
-                rows = next(steps)
-                if rows is not None:
+                last = next(steps)
+                if last is not None:
+                    rows, how = last
                     event = runner._copy_back(rows, host, buf)
                     runner._count(host, layout, how)
                     break
@@ -75,6 +72,7 @@ def step_layers(runner, batch: Batch, graphs: bool = True) -> Generator[LazyTens
         raise
     lazy = LazyTensor(runner.pool, buf, (host.num_rows, runner.dimensions), event)
     lazy.padded_tokens = host.layout.tokens
+    lazy.cold = layout is not None and how != "layers"  # a capture or an eager run of a graph layout
     yield lazy
 
 

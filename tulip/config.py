@@ -59,11 +59,11 @@ class TulipConfig:
                                          "requests run beside it in batches of at most this many tokens, on a "
                                          "higher-priority CUDA stream with graphs of their own (tulip/express.py, "
                                          "rose/express.py); 0 = off (they wait for the bulk batch)")
-    bulk_layers_ahead: int = _f(0, "priority lanes, a model that can be stepped layer by layer (the Qwen3 family): batches "
+    bulk_layers_ahead: int = _f(2, "priority lanes, a model that can be stepped layer by layer (the Qwen3 family): batches "
                                    "with bulk work are stepped one decoder layer at a time (per-layer CUDA graphs), at "
                                    "most this many layers on the device ahead, and interactive batches (up to "
                                    "express_batch_tokens) run on the same stream between two of them instead of on "
-                                   "the express lane (tulip/express.py); 0 = off")
+                                   "the express lane (tulip/express.py; benchmarks/results/lanes.json); 0 = off")
     interactive_recent_ms: float = _f(100.0, "how long after an interactive request interactive_batch_tokens still "
                                              "caps batches")
     deadline_admission: bool = _f(True, "refuse at once (RESOURCE_EXHAUSTED deadline_unmeetable) a request whose "

@@ -195,5 +195,19 @@ def test_on_the_gpu_chains_of_layer_graphs_replay_right_with_a_query_between(lay
     assert steps + 1 == len(chains.chunks) == (5 if layers_per_graph == 1 else 3)
     assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3
     assert float(cosine_divergence(got["query"].result(), eager_query).max()) <= 1e-3
-    assert any(how == "layers" for (_, how) in runner.runs)
+    hows = {how for (_, how) in runner.runs}
+    assert {"layers", "layers-capture"} <= hows, hows
+    # A second batch stepped while the first is mid-chain (interleaved by this thread) runs eagerly: the chains
+    # share one pool, so no two may be mid-stepping at once. Both rows stay right.
+    other = Batch.from_sequences(random_seqs(tiny, [50, 30], seed=43))
+    eager_other = runner.step(other, use_graphs=False).result()
+    for _ in range(2):
+        _stepped(runner, other)  # its layout's chain captured: it would replay, were the lock free
+    got, before = {}, dict(runner.runs)
+    rows, _ = _stepped(runner, bulk, between=lambda: got.update(other=_stepped(runner, other)[0]))
+    assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3
+    assert float(cosine_divergence(got["other"], eager_other).max()) <= 1e-3
+    grew = {key for key, n in runner.runs.items() if n > before.get(key, 0)}
+    assert {how for _, how in grew} == {"layers", "eager"}, grew  # bulk replayed its chain, the other ran eagerly
+    assert len(chains.chains) == 2
     engine.close()
