@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Priority lanes (issue 17) on the Qwen3-0.6B config (random bf16): 1 interactive client beside 4 bulk clients, idle / FCFS (TULIP_LANES=false) / lanes (TULIP_EXPRESS_BATCH_TOKENS=0) / express (the defaults), one run.
+# Priority lanes (issue 17) on the Qwen3-0.6B config (random bf16): 1 interactive client beside 4 bulk clients, idle / FCFS (TULIP_LANES=false) / express (TULIP_BULK_LAYERS_AHEAD=0) / layers (the defaults: bulk stepped layer by layer), one run.
 # Carry .whl. From the repository root (~3 min: three stacks):
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh lanes
 # benchmarks.stack.lanes starts its two stacks with `ivy up` itself (IVY_WORKERS=4, no graph manifest), ports

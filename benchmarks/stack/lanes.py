@@ -7,18 +7,18 @@ One run, up to six configurations, each measured for `--duration-s` after every 
 - fcfs:  interactive + bulk with TULIP_LANES=false (every request in one FCFS lane, whatever it names);
 - lanes: interactive + bulk with lanes on and express off (TULIP_EXPRESS_BATCH_TOKENS=0: interactive first,
   bulk's guaranteed share, every batch run to completion);
-- express: interactive + bulk with Tulip's defaults: lanes on, interactive work beside the bulk batch on
-  the express lane (tulip/express.py, rose/express.py);
-- layers: interactive + bulk with TULIP_BULK_LAYERS_AHEAD=`--layers-ahead` (2): bulk batches stepped one
-  decoder layer at a time from per-layer CUDA graphs, interactive batches on the same stream between two of
-  its layers instead of on the express lane (tulip/express.py, rose/layer_graphs.py);
+- express: interactive + bulk with TULIP_BULK_LAYERS_AHEAD=0: interactive work beside the bulk batch on the
+  express lane (tulip/express.py, rose/express.py);
+- layers: interactive + bulk with Tulip's defaults (TULIP_BULK_LAYERS_AHEAD=`--layers-ahead`, 2; another value on
+  a stack of its own): bulk batches stepped one decoder layer at a time from per-layer CUDA graphs, interactive
+  batches on the same stream between two of its layers (tulip/express.py, rose/layer_graphs.py);
 - capped: express off, TULIP_INTERACTIVE_BATCH_TOKENS=`--capped-batch-tokens` (2048): every batch capped
   while interactive traffic is about (tulip/packer.py); not run by default (`--configs` names it).
 Interactive: 1 closed-loop client sending single `--query-tokens` (32) token queries, priority interactive.
 Bulk: `--bulk-clients` (4) closed-loop clients sending `--bulk-docs` (100) lognormal documents a request
 (benchmarks/stack/corpus.py), priority bulk. This command starts the stacks itself with `ivy up` (the same
-flags and environment, e.g. IVY_WORKERS, plus `--up-flags`): one with lanes on for idle and lanes, one with
-lanes off for fcfs, one capped, since Tulip reads them at start. Every client is its own process (load.py).
+flags and environment, e.g. IVY_WORKERS, plus `--up-flags`): one with the defaults for idle and layers, one
+each for fcfs, lanes, express and capped, since Tulip reads them at start. Every client is its own process (load.py).
 
 Writes OUT/lanes[_<label>].json = {"env" (commit, GPU, model, stacks), "targets", "records": [{"config",
 "traffic", "clients", "p50_ms", "p99_ms", "rps", "tokens_per_s", ...}]} and OUT/lanes[_<label>].png, and
@@ -61,7 +61,7 @@ class LanesConfig(UpStackFields):
     out: str = _f("benchmarks/results", "folder for lanes[_<label>].json and .png")
     label: str | None = _f(None, "suffix of the result files: lanes_<label>.json")
     logs: str = _f("", "folder for each stack's `ivy up` log (lanes[_<label>]_<stack>.log); empty = --out")
-    configs: str = _f("idle,fcfs,lanes,express", "configurations to run, some of " + ", ".join(CONFIGS))
+    configs: str = _f("idle,fcfs,express,layers", "configurations to run, some of " + ", ".join(CONFIGS))
     duration_s: float = _f(10.0, "measuring time per configuration, seconds")
     warmup_requests: int = _f(3, "untimed requests per client before each configuration is measured")
     distinct_inputs: int = _f(8, "distinct requests per client, sent round-robin")
@@ -137,13 +137,17 @@ class LanesRun:
     def run(self, configs: tuple[str, ...]) -> None:
         capped = {"TULIP_LANES": "true", "TULIP_EXPRESS_BATCH_TOKENS": "0",
                   "TULIP_INTERACTIVE_BATCH_TOKENS": str(self.config.capped_batch_tokens)}
-        groups = [("defaults", {"TULIP_LANES": "true"}, [c for c in configs if c in ("idle", "express")]),
+        groups = [("defaults", {"TULIP_LANES": "true"}, [c for c in configs if c in ("idle", "layers")]),
                   ("lanes-off", {"TULIP_LANES": "false"}, [c for c in configs if c == "fcfs"]),
                   ("express-off", {"TULIP_LANES": "true", "TULIP_EXPRESS_BATCH_TOKENS": "0"},
                    [c for c in configs if c == "lanes"]),
-                  ("bulk-layers", {"TULIP_LANES": "true", "TULIP_BULK_LAYERS_AHEAD": str(self.config.layers_ahead)},
-                   [c for c in configs if c == "layers"]),
+                  ("express-lane", {"TULIP_LANES": "true", "TULIP_BULK_LAYERS_AHEAD": "0"},
+                   [c for c in configs if c == "express"]),
                   ("lanes-capped", capped, [c for c in configs if c == "capped"])]
+        if self.config.layers_ahead != 2:  # not the default: layers on a stack of its own
+            groups[0] = ("defaults", {"TULIP_LANES": "true"}, [c for c in configs if c == "idle"])
+            groups.append(("bulk-layers", {"TULIP_LANES": "true", "TULIP_BULK_LAYERS_AHEAD": str(self.config.layers_ahead)},
+                           [c for c in configs if c == "layers"]))
         for name, env, members in groups:
             if members:
                 self.on_stack(name, env, members)

@@ -21,31 +21,40 @@ def record(config: str, traffic: str, p99: float, tokens_per_s: float) -> dict:
             "tokens_per_s": tokens_per_s, "errors": 0}
 
 
-def test_targets_compare_express_and_lanes_with_idle_and_fcfs() -> None:
-    records = [record("idle", "interactive", 4.0, 100), record("fcfs", "interactive", 40.0, 50),
+def test_targets_compare_layers_express_and_lanes_with_idle_and_fcfs() -> None:
+    idle = {**record("idle", "interactive", 4.0, 100), "server": {"device_busy_seconds": 2.0, "batches": 1000}}
+    records = [idle, record("fcfs", "interactive", 40.0, 50),
                record("fcfs", "bulk", 80.0, 1000), record("lanes", "interactive", 40.0, 100),
                record("lanes", "bulk", 90.0, 1001), record("express", "interactive", 8.0, 100),
-               record("express", "bulk", 90.0, 899)]
+               record("express", "bulk", 90.0, 899), {**record("layers", "interactive", 6.0, 100), "rps": 200.0},
+               record("layers", "bulk", 90.0, 600)]
     t = targets(records)
-    assert t["interactive_p99_over_idle"] == 2.0 and t["interactive_p99_met"] is True  # express: the defaults
-    assert t["bulk_tokens_over_fcfs"] == 0.899 and t["bulk_tokens_met"] is False
+    assert t["interactive_p99_over_idle"] == 1.5 and t["interactive_p99_met"] is True  # layers: the defaults
+    assert t["bulk_tokens_over_fcfs"] == 0.6 and t["bulk_tokens_met"] is False
+    # 200 queries a second at 2 ms of device each (idle: 2 s over 1000 batches) leave bulk 60 % of the device
+    assert t["interactive_device_share"] == 0.4 and t["bulk_tokens_over_fcfs_net"] == 1.0
+    assert t["express_interactive_p99_over_idle"] == 2.0 and t["express_interactive_p99_met"] is True
+    assert t["express_bulk_tokens_over_fcfs"] == 0.899 and t["express_bulk_tokens_met"] is False
     assert t["lanes_interactive_p99_over_idle"] == 10.0 and t["lanes_bulk_tokens_met"] is True
     assert "capped_interactive_p99_met" not in t  # no capped configuration in this run
     lines = table(records).splitlines()
-    assert [line.split()[:2] for line in lines[1:8]] == [["idle", "interactive"], ["fcfs", "interactive"],
+    assert [line.split()[:2] for line in lines[1:10]] == [["idle", "interactive"], ["fcfs", "interactive"],
                                                           ["fcfs", "bulk"], ["lanes", "interactive"],
                                                           ["lanes", "bulk"], ["express", "interactive"],
-                                                          ["express", "bulk"]]
-    assert lines[-4].endswith("2.00 x MET") and lines[-3].endswith("89.9% MISSED")
-    assert lines[-2].endswith("10.00 x MISSED") and lines[-1].endswith("100.1% MET")
-    missing = targets([record("express", "bulk", 1.0, 1.0), {**record("fcfs", "bulk", 1, 1), "error": "x"}])
+                                                          ["express", "bulk"], ["layers", "interactive"],
+                                                          ["layers", "bulk"]]
+    targets_lines = [line for line in lines if line.startswith(("target", "  ("))]
+    assert targets_lines[0].endswith("1.50 x MET") and targets_lines[1].endswith("60.0% MISSED")
+    assert "40.0% of the device" in targets_lines[2] and targets_lines[2].endswith("100.0%)")
+    assert targets_lines[3].endswith("2.00 x MET") and targets_lines[4].endswith("89.9% MISSED")
+    missing = targets([record("layers", "bulk", 1.0, 1.0), {**record("fcfs", "bulk", 1, 1), "error": "x"}])
     assert missing["bulk_tokens_met"] is None and missing["interactive_p99_met"] is None
 
 
 def test_the_file_holds_targets_and_the_plot_is_drawn(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     records = [record("idle", "interactive", 4.0, 100), record("fcfs", "bulk", 80.0, 1000),
-               {**record("express", "interactive", 0, 0), "error": "stack defaults: StackFailed"}]
+               {**record("layers", "interactive", 0, 0), "error": "stack defaults: StackFailed"}]
     paths = write_lanes(tmp_path, "lanes", {"model": "m", "commit": "abc"}, records)
     assert [p.name for p in paths] == ["lanes.json", "lanes.png"] and paths[1].stat().st_size > 10_000
     data = json.loads(paths[0].read_text())
