@@ -19,7 +19,7 @@ any room bulk left. While bulk waits, interactive stops at (1 - bulk_share) of t
 gets at least `bulk_share` of each batch's tokens; when a batch still carried no bulk (an interactive
 sequence larger than its room), the next batch starts with bulk (aging): neither lane starves.
 A batch runs to completion on the device, so an interactive query that arrives while a full bulk batch runs
-waits for it, and its own batch is as long as the bulk that fills it (benchmarks/results/lanes.json: 4.6 →
+waits for it, and its own batch is as long as the bulk that fills it (benchmarks/results/lanes_express_3141898/lanes.json: 4.6 →
 54 ms p99 beside 8192-token bulk batches). `interactive_batch_tokens` (0 = off) caps every batch at that
 many tokens while interactive requests wait or arrived within the last `interactive_recent_s`: both
 waits shrink to the device time of the cap, at bulk's cost in efficiency (smaller batches).

@@ -52,8 +52,10 @@ def test_a_query_runs_on_the_main_lane_while_bulk_is_stepped_by_layers() -> None
 
 
 def test_layered_off_or_unsupported_keeps_the_express_lane() -> None:
-    for config, engine in ((make_config(express_batch_tokens=32), LayeredFakeEngine(express=True)),
-                           (make_config(express_batch_tokens=32, bulk_layers_ahead=2), FakeEngine(express=True))):
+    with ServerThread(make_config(express_batch_tokens=32), LayeredFakeEngine(express=True)) as s:
+        assert s.server.worker.layers_ahead == 2 and not s.server.express.express_lane  # the default
+    for config, engine in ((make_config(express_batch_tokens=32, bulk_layers_ahead=0), LayeredFakeEngine(express=True)),
+                           (make_config(express_batch_tokens=32), FakeEngine(express=True))):
         with ServerThread(config, engine) as s:
             assert s.server.worker.layers_ahead == 0 and s.server.express.express_lane
     with ServerThread(make_config(express_batch_tokens=0, bulk_layers_ahead=2), LayeredFakeEngine()) as s:
