@@ -14,7 +14,10 @@ One run, up to six configurations, each measured for `--duration-s` after every 
   batches on the same stream between two of its layers (tulip/express.py, rose/layer_graphs.py);
 - capped: express off, TULIP_INTERACTIVE_BATCH_TOKENS=`--capped-batch-tokens` (2048): every batch capped
   while interactive traffic is about (tulip/packer.py); not run by default (`--configs` names it).
-Interactive: 1 closed-loop client sending single `--query-tokens` (32) token queries, priority interactive.
+Interactive: 1 closed-loop client sending single `--query-tokens` (32) token queries, priority interactive;
+with `--interactive-rate` R it offers R queries a second on a fixed schedule instead (each configuration then
+asks the device for the same interactive work, while it keeps up; a closed-loop client served 4 x faster
+asks 4 x as often).
 Bulk: `--bulk-clients` (4) closed-loop clients sending `--bulk-docs` (100) lognormal documents a request
 (benchmarks/stack/corpus.py), priority bulk. This command starts the stacks itself with `ivy up` (the same
 flags and environment, e.g. IVY_WORKERS, plus `--up-flags`): one with the defaults for idle and layers, one
@@ -78,6 +81,9 @@ class LanesConfig(UpStackFields):
     plot: bool = _f(True, "draw OUT/lanes[_<label>].png at the end (needs matplotlib)")
     capped_batch_tokens: int = _f(2048, "the capped configuration's TULIP_INTERACTIVE_BATCH_TOKENS")
     layers_ahead: int = _f(2, "the layers configuration's TULIP_BULK_LAYERS_AHEAD")
+    interactive_rate: float = _f(0.0, "interactive queries a second the client offers on a fixed schedule (a paced "
+                                      "client: every configuration asks the same work of the device, while it keeps "
+                                      "up); 0 = closed loop, the next query as soon as the last is answered")
 
     def chosen(self) -> tuple[str, ...]:
         wanted = [c.strip() for c in self.configs.split(",") if c.strip()]
@@ -90,6 +96,8 @@ class LanesConfig(UpStackFields):
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if self.duration_s <= 0:
             raise ValueError("--duration-s must be positive")
+        if self.interactive_rate < 0:
+            raise ValueError("--interactive-rate must be 0 (closed loop) or positive")
         return tuple(c for c in CONFIGS if c in wanted)
 
 
@@ -200,8 +208,9 @@ class LanesRun:
 
         say(f"== {config}: 1 interactive client{'' if config == 'idle' else f' + {c.bulk_clients} bulk'}")
         try:
+            pace = 1.0 / c.interactive_rate if c.interactive_rate > 0 else 0.0
             apart = run_clients_apart(spec, per_client, Budget(c.duration_s, 0, c.warmup_requests), config,
-                                      on_start=mark)
+                                      on_start=mark, paces=(pace,))
             after = self.counters(stack)
             server = delta(marks["before"], after) if marks.get("before") and after else None
             groups = [("interactive", apart[:1])] + ([("bulk", apart[1:])] if config != "idle" else [])

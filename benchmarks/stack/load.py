@@ -109,14 +109,19 @@ def warm_up(client: StackClient, requests: Sequence[Request], count: int) -> Non
 
 
 def run_loop(client: StackClient, requests: Sequence[Request], budget: Budget,
-             counter: Any = None, slot: int = 0, progress: Progress | None = None) -> list[Sample]:
-    """Send `requests` round-robin until the budget is spent; failed requests are kept as not ok."""
+             counter: Any = None, slot: int = 0, progress: Progress | None = None, pace_s: float = 0.0) -> list[Sample]:
+    """Send `requests` round-robin until the budget is spent; failed requests are kept as not ok. pace_s > 0: a
+    paced client, each request sent on a fixed schedule of one every pace_s seconds (at once when the answer
+    to the one before came late), so it offers 1 / pace_s requests a second whatever its latency; 0 = the next
+    as soon as the last is answered (closed loop)."""
     samples: list[Sample] = []
     start = time.perf_counter()
     deadline = start + budget.duration_s if budget.duration_s > 0 else float("inf")
     i = 0
     while time.perf_counter() < deadline and (budget.max_requests <= 0 or i < budget.max_requests):
         request = requests[i % len(requests)]
+        if pace_s > 0 and (wait := start + i * pace_s - time.perf_counter()) > 0:
+            time.sleep(wait)
         sent = time.perf_counter()
         try:
             samples.append(request.send(client))
@@ -144,7 +149,7 @@ def parse_cpus(text: str | None) -> tuple[int, ...]:
 
 
 def _worker(spec: ClientSpec, requests: Sequence[Request], budget: Budget, slot: int,
-            counter: Any, results: Any, go: Any) -> None:
+            counter: Any, results: Any, go: Any, pace_s: float = 0.0) -> None:
     try:
         if spec.cpus and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, spec.cpus)
@@ -153,7 +158,7 @@ def _worker(spec: ClientSpec, requests: Sequence[Request], budget: Budget, slot:
             results.put(("ready", slot, None))
             if not go.wait(timeout=600):
                 return
-            samples = run_loop(client, requests, budget, counter, slot)
+            samples = run_loop(client, requests, budget, counter, slot, pace_s=pace_s)
         results.put(("done", slot, samples))
     except Exception as exc:  # reported to the parent, which stops the suite with the message
         results.put(("error", slot, f"{type(exc).__name__}: {exc}"))
@@ -167,14 +172,17 @@ def run_clients(spec: ClientSpec, per_client: Sequence[Sequence[Request]], budge
 
 
 def run_clients_apart(spec: ClientSpec, per_client: Sequence[Sequence[Request]], budget: Budget,
-                      label: str, on_start: Callable[[], object] | None = None) -> list[list[Sample]]:
-    """run_clients, each client's samples apart (in `per_client`'s order): traffic of several kinds at once."""
+                      label: str, on_start: Callable[[], object] | None = None,
+                      paces: Sequence[float] = ()) -> list[list[Sample]]:
+    """run_clients, each client's samples apart (in `per_client`'s order): traffic of several kinds at once.
+    paces: each client's pace_s (run_loop), in the same order; missing ones are closed loops."""
     ctx = mp.get_context("spawn")
     n = len(per_client)
     counter = ctx.Array("q", n, lock=False)
     results = ctx.Queue()
     go = ctx.Event()
-    procs = [ctx.Process(target=_worker, args=(spec, list(reqs), budget, slot, counter, results, go),
+    procs = [ctx.Process(target=_worker, args=(spec, list(reqs), budget, slot, counter, results, go,
+                                               paces[slot] if slot < len(paces) else 0.0),
                          daemon=True) for slot, reqs in enumerate(per_client)]
     for proc in procs:
         proc.start()

@@ -89,3 +89,31 @@ def test_a_short_run_on_two_real_stacks_lanes_off_and_on(tmp_path: Path) -> None
     assert data["env"]["stacks"]["lanes-off"]["TULIP_LANES"] == "false" and data["env"]["model"]
     assert data["targets"]["lanes_bulk_tokens_over_fcfs"] is not None and data["env"]["commit"]
     assert done.stdout.strip().splitlines()[-1].startswith("target: bulk tokens/s with lanes")
+
+
+def test_a_paced_client_keeps_its_schedule_and_a_late_answer_sends_the_next_at_once() -> None:
+    import time
+
+    from benchmarks.stack.client import Sample
+    from benchmarks.stack.load import Budget, run_loop
+
+    class Slow:
+        def __init__(self, seconds: list[float]) -> None:
+            self.seconds, self.sent = seconds, []
+
+        def send(self, client) -> Sample:
+            self.sent.append(time.perf_counter())
+            time.sleep(self.seconds[(len(self.sent) - 1) % len(self.seconds)])
+            return Sample(self.sent[-1], 0.0, 1, 1, True)
+
+    quick = Slow([0.0])
+    samples = run_loop(None, [quick], Budget(0.5, 0, 0), pace_s=0.1)
+    assert 5 <= len(samples) <= 6
+    gaps = [b - a for a, b in zip(quick.sent, quick.sent[1:])]
+    assert min(gaps) >= 0.095 and max(gaps) < 0.15, gaps  # on schedule, not as fast as it can
+    late = Slow([0.25, 0.0, 0.0])  # the first answer comes 2.5 intervals late: the next two go at once
+    run_loop(None, [late], Budget(0.45, 0, 0), pace_s=0.1)
+    gaps = [b - a for a, b in zip(late.sent, late.sent[1:])]
+    assert gaps[0] >= 0.25 and gaps[1] < 0.05, gaps
+    closed = Slow([0.0])
+    assert len(run_loop(None, [closed], Budget(0.05, 0, 0))) > 20  # pace 0: back to back
