@@ -157,3 +157,12 @@ def test_step_host_times_every_phase_on_cpu(tmp_path: Path, minilm_dir: Path) ->
     for phases in results.values():
         assert set(phases) == set(PHASES)
         assert phases["pack"]["p50_us"] > 0 and phases["host_to_host"]["p50_us"] >= phases["step"]["p50_us"]
+
+
+def test_ivy_text_path_times_text_and_ids_through_the_app(capsys) -> None:
+    """benchmarks.ivy_text_path drives the ASGI app with a zero-cost pool: both variants answer 200 and print."""
+    from benchmarks import ivy_text_path
+
+    assert ivy_text_path.main(["--rounds", "1", "--per-round", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "text " in out and "ids " in out and "text - ids" in out
