@@ -126,7 +126,8 @@ class IvyConfig:
     tokenizer_bpe_whole_chars: int = field(default=4096, metadata=_help(
         "A Qwen3-style byte-level BPE text the word cache takes is encoded whole through it up to this many "
         "characters, in pieces (--tokenize-split-chars) above: the cache beats the pieces on medium texts, the "
-        "pieces on several cores beat it on long ones. BERT texts the cache takes are always whole. 0 = every BPE text "
+        "pieces on several cores beat it on long ones. BERT texts the cache takes (up to --tokenizer-cache-call-chars) "
+        "are always whole. 0 = every BPE text "
         "longer than --tokenize-split-chars is cut."))
     tokenizer_cache_call_chars: int = field(default=32768, metadata=_help(
         "The word cache takes a request whose texts have at most this many characters in all (~6 k tokens); a larger "

@@ -69,51 +69,72 @@ class LayerGraphs:
         self.eager_only: dict[MetaLayout, str] = {}
         self.capture_seconds = 0.0
         self.captures = 0
+        self.full = 0  # due layouts stepped eagerly because max_chains were held
         self.pool = torch.cuda.graph_pool_handle()  # every chain's (module docstring)
+        self._side: torch.cuda.Stream | None = None  # every capture's: the allocator reuses freed blocks per stream
         self._stepping = threading.Lock()  # held while a batch is stepped through chains
 
     def stats(self) -> dict:
         """Engine.stats' share (rose_<key> in Tulip's metrics)."""
         return {"layer_chains": len(self.chains), "layer_chains_refused": len(self.eager_only),
-                "layer_chain_captures": self.captures, "layer_chain_capture_seconds": self.capture_seconds}
+                "layer_chain_captures": self.captures, "layer_chain_capture_seconds": self.capture_seconds,
+                "layer_chains_full": self.full}
 
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
         """The bucket layout a stepped batch pads to, or None (stepped eagerly at its exact size): above the
-        largest bucket, once max_chains layouts hold chains, for a layout refused before, without whole-model
-        graphs (a CPU) and for a backend with host plan state (module docstring)."""
+        largest bucket, for a layout refused before, without whole-model graphs (a CPU) and for a backend with
+        host plan state (module docstring). Past max_chains a new layout is stepped eagerly at its bucket layout
+        (`steps`)."""
         graphs = self.runner.graphs
         if graphs is None or getattr(self.runner.backend, "host_plan_state", False):
             return None
         layout = graphs.layout_for(num_tokens, num_seqs, num_rows, longest)
         if layout is None or layout in self.eager_only:
             return None
-        if layout not in self.chains and len(self.chains) >= self.max_chains:
-            return None
         return layout
 
     def steps(self, host: HostMeta, staged: torch.Tensor) -> Generator[tuple[torch.Tensor, str] | None, None, None]:
         """The padded batch `host`: yields None after each graph but the last, then (the rows on the device, how:
-        "layers" for a chain's replay, "layers-capture" when this batch captured it, "eager").
-        The first step captures the chain when the layout is due (under the caller's lock, on a side stream);
-        a layout not yet due, or whose capture or check fails, or a batch stepped while another is stepped
-        through chains, runs eagerly at the layout."""
+        "layers" for a chain's replay, "layers-capture" when this batch captured it, "eager"). A layout whose
+        chain is due is captured, checked and served in the first step (the check's replay is the batch's rows:
+        one step in all). A layout not yet due, or whose capture or check fails, or a batch stepped while another
+        is stepped through chains, runs eagerly at the layout. The chains' lock is let go before the rows are
+        yielded (and by the finally of an abandoned stepping), never left to the garbage collector."""
         layout = host.layout
         self.seen[layout] += 1
-        if not self._stepping.acquire(blocking=False):
+        chain = self.chains.get(layout)
+        due = chain is None and layout not in self.eager_only and self.seen[layout] > self.capture_after
+        if due and len(self.chains) >= self.max_chains:
+            self.full += 1
+            if self.full == 1:
+                log.warning("layer graphs: %d chains held, the most; new bulk layouts are stepped eagerly",
+                            self.max_chains)
+            due = False
+        if not (chain or due) or not self._stepping.acquire(blocking=False):
             yield from eager_layer_steps(self.runner, host, staged)
             return
+        held = True
         try:
-            chain = self.chains.get(layout)
-            how = "layers"
-            if chain is None and layout not in self.eager_only and self.seen[layout] > self.capture_after:
-                chain, how = self._capture_checked(host, staged), "layers-capture"
             if chain is None:
-                yield from eager_layer_steps(self.runner, host, staged)
-                return
-            for rows in self._replay(chain, host, staged):
-                yield None if rows is None else (rows, how)
+                checked = self._capture_checked(host, staged)
+                if checked is not None:
+                    self._stepping.release()
+                    held = False
+                    yield checked, "layers-capture"
+                    return
+            else:
+                for rows in self._replay(chain, host, staged):
+                    if rows is None:
+                        yield None
+                        continue
+                    self._stepping.release()
+                    held = False
+                    yield rows, "layers"
+                    return
         finally:
-            self._stepping.release()
+            if held:
+                self._stepping.release()
+        yield from eager_layer_steps(self.runner, host, staged)  # the capture or its check failed
 
     def _replay(self, chain: _Chain, host: HostMeta, staged: torch.Tensor):
         chain.static_in.copy_(staged, non_blocking=True)
@@ -124,7 +145,9 @@ class LayerGraphs:
             graph.replay()
             yield chain.static_out if i == last else None
 
-    def _capture_checked(self, host: HostMeta, staged: torch.Tensor) -> _Chain | None:
+    def _capture_checked(self, host: HostMeta, staged: torch.Tensor) -> torch.Tensor | None:
+        """Capture the layout's chain, replay it for `host` and check the rows against the eager run; the rows
+        (on the device) when the chain is kept, None when it is refused (logged once; eager from now on)."""
         layout = host.layout
         try:
             chain = self._capture(host, staged)
@@ -139,7 +162,7 @@ class LayerGraphs:
             return None
         self.chains[layout] = chain
         self.captures += 1
-        return chain
+        return rows
 
     def _capture(self, host: HostMeta, staged: torch.Tensor) -> _Chain:
         """One warm run and the chain's captures, on a side stream (as rose.graphs captures)."""
@@ -150,7 +173,9 @@ class LayerGraphs:
         static_in.copy_(staged, non_blocking=True)
         meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
         runner.backend.plan(meta)
-        side = torch.cuda.Stream(runner.device)
+        if self._side is None:
+            self._side = torch.cuda.Stream(runner.device)
+        side = self._side
         side.wait_stream(stream)
         graphs, out = [], None
         try:

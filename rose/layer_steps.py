@@ -53,7 +53,7 @@ def step_layers(runner, batch: Batch, graphs: bool = True) -> Generator[LazyTens
         yield LazyTensor(None, None, (0, runner.dimensions))
         return
     buf = runner.pool.acquire(runner._buffer_bytes(host))
-    lock = runner._lock
+    lock, steps = runner._lock, None
     try:
         with lock, torch.inference_mode(), runner.device_scope():
             staged = runner._stage(host, buf)
@@ -70,6 +70,9 @@ def step_layers(runner, batch: Batch, graphs: bool = True) -> Generator[LazyTens
     except BaseException:
         runner._release_after_failure(buf)
         raise
+    finally:
+        if steps is not None:
+            steps.close()  # an abandoned or failed stepping lets go of the chains' lock now, not at collection
     lazy = LazyTensor(runner.pool, buf, (host.num_rows, runner.dimensions), event)
     lazy.padded_tokens = host.layout.tokens
     lazy.cold = layout is not None and how != "layers"  # a capture or an eager run of a graph layout
@@ -85,11 +88,14 @@ def step_paced(runner, batch: Batch, ahead: int, graphs: bool = True) -> LazyTen
         raise ValueError("ahead must be at least 1")
     marks: deque = deque()
     steps = step_layers(runner, batch, graphs)
-    while (lazy := next(steps)) is None:
-        if runner.on_cuda:
-            with runner.device_scope():
-                marks.append(torch.cuda.Event())
-                marks[-1].record()
-            while len(marks) >= ahead:
-                marks.popleft().synchronize()
+    try:
+        while (lazy := next(steps)) is None:
+            if runner.on_cuda:
+                with runner.device_scope():
+                    marks.append(torch.cuda.Event())
+                    marks[-1].record()
+                while len(marks) >= ahead:
+                    marks.popleft().synchronize()
+    finally:
+        steps.close()
     return lazy

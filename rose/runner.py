@@ -127,7 +127,9 @@ class ModelRunner:
         if self._layer_graphs is None and self.graphs is not None and hasattr(self.model, "forward_layers"):
             from rose.layer_graphs import LayerGraphs
 
-            self._layer_graphs = LayerGraphs(self, self.layers_per_graph)
+            with self._count_lock:  # two threads' first steppings build one
+                if self._layer_graphs is None:
+                    self._layer_graphs = LayerGraphs(self, self.layers_per_graph)
         return self._layer_graphs
 
     def step(self, batch: Batch, use_graphs: bool = True, own_layout: bool = False,

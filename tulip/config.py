@@ -55,10 +55,11 @@ class TulipConfig:
                                           "interactive_recent_ms, every batch is capped at this many tokens, so a "
                                           "query waits for at most such a batch, not a full bulk one; 0 = off "
                                           "(tulip/scheduler.py; the trade in benchmarks/results/lanes.json)")
-    express_batch_tokens: int = _f(1024, "priority lanes on a GPU: while bulk work is queued or running, interactive "
-                                         "requests run beside it in batches of at most this many tokens, on a "
-                                         "higher-priority CUDA stream with graphs of their own (tulip/express.py, "
-                                         "rose/express.py); 0 = off (they wait for the bulk batch)")
+    express_batch_tokens: int = _f(1024, "priority lanes: while bulk work is queued or running, interactive requests "
+                                         "run beside it in batches of at most this many tokens: between its layers "
+                                         "(bulk_layers_ahead; also on a CPU), else on a GPU on a higher-priority CUDA "
+                                         "stream with graphs of their own (tulip/express.py, rose/express.py); 0 = off "
+                                         "(they wait for the bulk batch)")
     bulk_layers_ahead: int = _f(2, "priority lanes, a model that can be stepped layer by layer (the Qwen3 family): batches "
                                    "with bulk work are stepped one decoder layer at a time (per-layer CUDA graphs), at "
                                    "most this many layers on the device ahead, and interactive batches (up to "

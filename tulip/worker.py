@@ -13,7 +13,8 @@ The event loop itself launches when that saves a thread hand-off (`launch_here`,
 wake=False): while nothing is in flight and the launcher is parked waiting for work, it takes the batch and
 steps it on the loop, provided the engine says the batch replays a captured graph (`engine.replays`: a
 fraction of a millisecond of host work; a batch that would run eagerly or capture goes to the launcher as
-taken). A lone request then costs the hand-offs loop -> completer -> loop instead of loop -> launcher ->
+taken; so does a batch carrying bulk work while bulk is stepped by layers, which holds its caller for the whole
+batch). A lone request then costs the hand-offs loop -> completer -> loop instead of loop -> launcher ->
 completer -> loop, and its batch reaches the device without waiting for the launcher to wake and take the
 GIL. Only while traffic is sequential (the last batch carried one request): under concurrent load the
 first arrival after an idle moment would otherwise leave alone in a batch of its own, the next ones in a
@@ -138,7 +139,9 @@ class Worker:
             return False
         try:
             built = build_batch(packed.sequences) if packed.sequences else None
-            here = built is None or bool(self._replays(built[0]))
+            # a batch stepped by layers holds its caller for the whole batch: never the loop
+            here = not (self._layer_steps and packed.lane_tokens[BULK]) and (
+                built is None or bool(self._replays(built[0])))
         except Exception:  # noqa: BLE001 - whatever went wrong, the launcher runs it as usual
             log.exception("inline launch check failed; the launcher runs the batch")
             built, here = None, False

@@ -53,6 +53,7 @@ from benchmarks.stack.server_counters import delta, scrape
 from benchmarks.stack.up_stack import StackFailed, Terminated, UpStack, UpStackFields, raise_on_sigterm
 from ivy.http_connection import HTTPError
 from rose.flags import add_config_arguments, config_from_args
+from tulip.config import TulipConfig
 from rose.spec import bundled_model_dir, load_spec
 
 ENV_PREFIX = "BENCH_LANES"
@@ -152,7 +153,7 @@ class LanesRun:
                   ("express-lane", {"TULIP_LANES": "true", "TULIP_BULK_LAYERS_AHEAD": "0"},
                    [c for c in configs if c == "express"]),
                   ("lanes-capped", capped, [c for c in configs if c == "capped"])]
-        if self.config.layers_ahead != 2:  # not the default: layers on a stack of its own
+        if self.config.layers_ahead != TulipConfig.bulk_layers_ahead:  # not the default: a stack of its own
             groups[0] = ("defaults", {"TULIP_LANES": "true"}, [c for c in configs if c == "idle"])
             groups.append(("bulk-layers", {"TULIP_LANES": "true", "TULIP_BULK_LAYERS_AHEAD": str(self.config.layers_ahead)},
                            [c for c in configs if c == "layers"]))

@@ -10,12 +10,13 @@ processes on one host), so the parent can compute one wall-clock window over all
 
 from __future__ import annotations
 
+
 import multiprocessing as mp
 import os
 import queue
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 
@@ -111,20 +112,26 @@ def warm_up(client: StackClient, requests: Sequence[Request], count: int) -> Non
 def run_loop(client: StackClient, requests: Sequence[Request], budget: Budget,
              counter: Any = None, slot: int = 0, progress: Progress | None = None, pace_s: float = 0.0) -> list[Sample]:
     """Send `requests` round-robin until the budget is spent; failed requests are kept as not ok. pace_s > 0: a
-    paced client, each request sent on a fixed schedule of one every pace_s seconds (at once when the answer
-    to the one before came late), so it offers 1 / pace_s requests a second whatever its latency; 0 = the next
-    as soon as the last is answered (closed loop)."""
+    paced client, each request due on a fixed schedule of one every pace_s seconds (sent at once when the answer
+    to the one before came late), so it offers 1 / pace_s requests a second while it keeps up; its latency counts
+    from when it was due, not when it went out, so a stall is charged to every request it delayed (no
+    coordinated omission). 0 = the next as soon as the last is answered (closed loop)."""
     samples: list[Sample] = []
     start = time.perf_counter()
     deadline = start + budget.duration_s if budget.duration_s > 0 else float("inf")
     i = 0
     while time.perf_counter() < deadline and (budget.max_requests <= 0 or i < budget.max_requests):
         request = requests[i % len(requests)]
-        if pace_s > 0 and (wait := start + i * pace_s - time.perf_counter()) > 0:
+        due = start + i * pace_s
+        if due >= deadline:  # a paced client's next request falls after the budget
+            break
+        if pace_s > 0 and (wait := due - time.perf_counter()) > 0:
             time.sleep(wait)
         sent = time.perf_counter()
         try:
             samples.append(request.send(client))
+            if pace_s > 0 and sent > due:  # sent late behind a slow answer: the wait counts
+                samples[-1] = replace(samples[-1], latency_s=samples[-1].latency_s + sent - due)
         except (StackError, HTTPError):
             samples.append(Sample(sent, time.perf_counter() - sent, len(request.texts), 0, False, ok=False))
         i += 1

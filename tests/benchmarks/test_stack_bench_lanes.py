@@ -91,29 +91,43 @@ def test_a_short_run_on_two_real_stacks_lanes_off_and_on(tmp_path: Path) -> None
     assert done.stdout.strip().splitlines()[-1].startswith("target: bulk tokens/s with lanes")
 
 
-def test_a_paced_client_keeps_its_schedule_and_a_late_answer_sends_the_next_at_once() -> None:
-    import time
-
+def test_a_paced_client_keeps_its_schedule_and_counts_a_late_send_from_when_it_was_due(monkeypatch) -> None:
+    """run_loop's pacing on a virtual clock (no wall-clock timing in a test): on schedule it sends one request
+    every pace_s; behind a slow answer it sends the next at once and counts its latency from when it was due."""
+    import benchmarks.stack.load as load
     from benchmarks.stack.client import Sample
-    from benchmarks.stack.load import Budget, run_loop
 
-    class Slow:
+    class Clock:
+        now = 100.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+        def sleep(self, seconds: float) -> None:
+            self.now += seconds
+
+    clock = Clock()
+    monkeypatch.setattr(load, "time", clock)
+
+    class Server:
         def __init__(self, seconds: list[float]) -> None:
             self.seconds, self.sent = seconds, []
 
         def send(self, client) -> Sample:
-            self.sent.append(time.perf_counter())
-            time.sleep(self.seconds[(len(self.sent) - 1) % len(self.seconds)])
-            return Sample(self.sent[-1], 0.0, 1, 1, True)
+            start = clock.now
+            self.sent.append(start)
+            clock.now += self.seconds[(len(self.sent) - 1) % len(self.seconds)]
+            return Sample(start, clock.now - start, 1, 1, True)
 
-    quick = Slow([0.0])
-    samples = run_loop(None, [quick], Budget(0.5, 0, 0), pace_s=0.1)
-    assert 5 <= len(samples) <= 6
-    gaps = [b - a for a, b in zip(quick.sent, quick.sent[1:])]
-    assert min(gaps) >= 0.095 and max(gaps) < 0.15, gaps  # on schedule, not as fast as it can
-    late = Slow([0.25, 0.0, 0.0])  # the first answer comes 2.5 intervals late: the next two go at once
-    run_loop(None, [late], Budget(0.45, 0, 0), pace_s=0.1)
-    gaps = [b - a for a, b in zip(late.sent, late.sent[1:])]
-    assert gaps[0] >= 0.25 and gaps[1] < 0.05, gaps
-    closed = Slow([0.0])
-    assert len(run_loop(None, [closed], Budget(0.05, 0, 0))) > 20  # pace 0: back to back
+    quick = Server([0.01])
+    samples = load.run_loop(None, [quick], load.Budget(0.5, 0, 0), pace_s=0.1)
+    assert [round(t - 100.0, 6) for t in quick.sent] == [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert [round(s.latency_s, 6) for s in samples] == [0.01] * 5
+    late = Server([0.25, 0.01, 0.01, 0.01, 0.01])  # the first answer comes 2.5 intervals late
+    clock.now = 100.0
+    samples = load.run_loop(None, [late], load.Budget(0.45, 0, 0), pace_s=0.1)
+    assert [round(t - 100.0, 6) for t in late.sent] == [0.0, 0.25, 0.26, 0.3, 0.4]
+    assert [round(s.latency_s, 6) for s in samples] == [0.25, 0.16, 0.07, 0.01, 0.01]  # from when each was due
+    closed = Server([0.01])
+    clock.now = 100.0
+    assert len(load.run_loop(None, [closed], load.Budget(0.1, 0, 0))) == 10  # pace 0: back to back

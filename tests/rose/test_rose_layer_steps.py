@@ -211,3 +211,42 @@ def test_on_the_gpu_chains_of_layer_graphs_replay_right_with_a_query_between(lay
     assert {how for _, how in grew} == {"layers", "eager"}, grew  # bulk replayed its chain, the other ran eagerly
     assert len(chains.chains) == 2
     engine.close()
+
+
+def test_the_chains_lock_is_let_go_before_the_rows_and_by_an_abandoned_stepping(tiny_models, engine_for):
+    """rose.layer_graphs.LayerGraphs.steps with a stand-in chain (capturing needs CUDA): the lock that keeps one
+    batch at a time in the chains' shared pool is free once the rows are yielded, though the generator is still
+    referenced (an exception kept in a traceback must not hold it), and when a stepping is abandoned; a batch
+    stepped while another holds it runs eagerly."""
+    import threading
+    from collections import Counter
+
+    import torch
+
+    from rose.layer_graphs import LayerGraphs
+
+    tiny, engine = tiny_models["qwen3"], engine_for("qwen3")
+    runner = engine.runner
+    host = runner.pack(Batch.from_sequences(random_seqs(tiny, [9, 5], seed=44)))
+    staged = runner._stage(host, None)
+    chains = object.__new__(LayerGraphs)
+    chains.runner, chains.seen, chains.eager_only, chains.full = runner, Counter(), {}, 0
+    chains.capture_after, chains.max_chains, chains._stepping = 1, 16, threading.Lock()
+    rows = torch.zeros(2, runner.dimensions)
+    chains.chains = {host.layout: "a chain"}
+    chains._replay = lambda chain, h, s: iter([None, None, rows])
+    whole = chains.steps(host, staged)
+    assert next(whole) is None and chains._stepping.locked()
+    assert next(whole) is None
+    assert next(whole) == (rows, "layers") and not chains._stepping.locked()
+    abandoned = chains.steps(host, staged)
+    next(abandoned)
+    assert chains._stepping.locked()
+    abandoned.close()
+    assert not chains._stepping.locked()
+    first = chains.steps(host, staged)
+    next(first)
+    second = list(chains.steps(host, staged))
+    assert second[-1][1] == "eager" and len(second) == len(runner.model.layers)
+    first.close()
+    assert not chains._stepping.locked()

@@ -119,3 +119,20 @@ def test_on_the_gpu_bulk_by_layer_graphs_and_queries_between_answer_as_the_engin
     engine.warmup()
     stats = _bulk_and_queries(engine, "cuda", rounds=4)  # a layout's second stepping captures its chain
     assert stats["layer_chains"] >= 1 and not stats["layer_chains_refused"], stats
+
+
+def test_a_bulk_batch_stepped_by_layers_never_runs_on_the_event_loop() -> None:
+    """The inline launch (TULIP_INLINE_LAUNCH) takes a lone request's batch on the event loop when it replays a
+    graph; a batch stepped by layers would hold the loop for the whole batch, so it goes to the launcher."""
+    engine = LayeredFakeEngine(replays_when=lambda batch: True)
+    engine.layers_done.set()
+    config = make_config(max_batch_tokens=64, express_batch_tokens=32, pack_ahead_ms=0, inline_launch=True)
+    with ServerThread(config, engine) as s:
+        assert s.server.worker.inline
+        for marker in (100, 101, 102):  # sequential: each alone, nothing in flight
+            assert s.stub.Embed(lane_request(marker, 40, BULK), timeout=10).rows == 1
+        assert s.stub.Embed(lane_request(7, 12, INTERACTIVE), timeout=10).rows == 1
+    assert len(engine.layered) == 3
+    threads = engine.step_threads
+    assert all(name != "test-tulip-loop" for name in threads[:3]), threads
+    assert threads[3] == "test-tulip-loop", threads  # an interactive lone request still launches inline
