@@ -1,4 +1,4 @@
-"""Bulk stepped layer by layer with interactive batches between its layers (TULIP_BULK_LAYERS_AHEAD,
+"""RELIABILITY 43: bulk stepped layer by layer with interactive batches between its layers (TULIP_BULK_LAYERS_AHEAD,
 tulip/express.py): the main worker steps batches that carry bulk work through engine.step_layered, the express
 worker steps interactive ones on the main lane (not the express lane) while that stepping is under way, and the
 rows are the engine's own. A gated fake engine for the wiring, the tiny Qwen3 on a CPU for the rows, and on a
