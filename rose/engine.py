@@ -157,13 +157,19 @@ class Engine:
 
     @property
     def layer_steps(self) -> int:
-        """How many steps step_layered takes per batch (decoder layers, or graphs of a chain), 0 for a model that
-        cannot be stepped layer by layer."""
+        """How many steps step_layered takes per batch (graphs of a chain on a GPU, decoder layers on a CPU); 0 for
+        a model that cannot be stepped layer by layer, and on a GPU where its layers would run eagerly (no CUDA
+        graphs, or a backend with host plan state such as FlashInfer: rose.layer_graphs), which costs bulk
+        3-10 % (`benchmarks/NOTES.md`), so Tulip keeps the express lane there."""
         runner = self.runner
         if not hasattr(runner.model, "forward_layers"):
             return 0
+        if not runner.on_cuda:
+            return len(runner.model.layers)
         chains = runner.layer_chains()
-        return len(chains.chunks) if chains is not None else len(runner.model.layers)
+        if chains is None or getattr(runner.backend, "host_plan_state", False):
+            return 0
+        return len(chains.chunks)
 
     def replays(self, batch: Batch) -> bool:
         """Whether step(batch) would replay a captured CUDA graph of the batch's own layout: host work of a

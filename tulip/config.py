@@ -60,7 +60,8 @@ class TulipConfig:
                                          "(bulk_layers_ahead; also on a CPU), else on a GPU on a higher-priority CUDA "
                                          "stream with graphs of their own (tulip/express.py, rose/express.py); 0 = off "
                                          "(they wait for the bulk batch)")
-    bulk_layers_ahead: int = _f(2, "priority lanes, a model that can be stepped layer by layer (the Qwen3 family): batches "
+    bulk_layers_ahead: int = _f(2, "priority lanes, a model that can be stepped layer by layer (the Qwen3 family; on a GPU "
+                                   "with CUDA graphs and no FlashInfer attention, else the express lane): batches "
                                    "with bulk work are stepped one decoder layer at a time (per-layer CUDA graphs), at "
                                    "most this many layers on the device ahead, and interactive batches (up to "
                                    "express_batch_tokens) run on the same stream between two of them instead of on "

@@ -250,3 +250,24 @@ def test_the_chains_lock_is_let_go_before_the_rows_and_by_an_abandoned_stepping(
     assert second[-1][1] == "eager" and len(second) == len(runner.model.layers)
     first.close()
     assert not chains._stepping.locked()
+
+
+def test_on_a_gpu_layer_steps_is_0_where_the_layers_would_run_eagerly(tiny_models, engine_for, monkeypatch):
+    """Engine.layer_steps, which turns Tulip's stepping by layers on: a CPU steps its layers; a GPU only through
+    chains (no whole-model graphs, or a backend with host plan state such as FlashInfer: 0, the express lane)."""
+    from types import SimpleNamespace
+
+    from rose.runner import ModelRunner
+
+    assert engine_for("bert").layer_steps == 0  # no per-layer forwards
+    engine = engine_for("qwen3")
+    runner = engine.runner
+    assert engine.layer_steps == len(runner.model.layers)  # a CPU
+    monkeypatch.setattr(ModelRunner, "on_cuda", property(lambda self: True))
+    assert engine.layer_steps == 0  # no graphs: no chains
+    runner._layer_graphs = SimpleNamespace(chunks=[1, 1, 1])
+    monkeypatch.setattr(runner, "graphs", object())
+    assert engine.layer_steps == 3
+    monkeypatch.setattr(runner, "backend", SimpleNamespace(host_plan_state=True))
+    assert engine.layer_steps == 0
+    runner._layer_graphs = None
