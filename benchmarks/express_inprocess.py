@@ -124,9 +124,9 @@ def main(argv=None) -> int:
     bulk_shape = (args.bulk_docs * args.doc_tokens, args.bulk_docs)
     engine = Engine.from_pretrained(args.model_dir, device=args.device, graph_manifest=None,
                                     prewarm=((args.query_tokens, 1), bulk_shape), express_tokens=args.express_tokens)
+    engine.runner.layers_per_graph = args.layers_per_graph  # before anything builds the chains (runner.layer_chains)
     engine.warmup()
     engine.prewarm_express()
-    engine.runner.layers_per_graph = args.layers_per_graph
     vocab = engine.runner.vocab_size
     bulk, query = batch(args.bulk_docs, args.doc_tokens, 0, vocab), batch(1, args.query_tokens, 1, vocab)
     variants = (["alone", "bulk-alone", "main"] + (["express"] if engine.express else [])
