@@ -38,27 +38,17 @@ def batch(rows: int, tokens: int, seed: int, vocab: int):
 
 
 def bulk_by_layers(engine, bulk, stop: threading.Event, tokens: list, ahead: int, graphs: bool = True) -> None:
-    """Bulk batches stepped layer by layer, at most `ahead` layers on the stream (before enqueuing a layer the
-    host waits until fewer than `ahead` are still on it); a batch's rows are collected after the next batch's
-    first layer is enqueued, so the stream never runs dry between batches."""
-    import torch
+    """Bulk batches stepped layer by layer as Tulip steps them (rose.layer_steps.step_paced: at most `ahead` steps
+    on the stream); a batch's rows are collected once the next batch is enqueued, so the stream never runs dry
+    between batches."""
+    from rose.layer_steps import step_paced
 
-    from rose.layer_steps import step_layers
-
-    pending, cuda = None, engine.runner.on_cuda
+    pending = None
     while not stop.is_set():
-        marks: deque = deque()
-        steps = step_layers(engine.runner, bulk, graphs=graphs)
-        while (lazy := next(steps)) is None:
-            if pending is not None:
-                pending.result()
-                tokens[0] += bulk.num_tokens
-                pending = None
-            if cuda:
-                marks.append(torch.cuda.Event())
-                marks[-1].record()
-                while len(marks) >= ahead:  # the next layer makes `ahead` on the stream
-                    marks.popleft().synchronize()
+        lazy = step_paced(engine.runner, bulk, ahead, graphs=graphs)
+        if pending is not None:
+            pending.result()
+            tokens[0] += bulk.num_tokens
         pending = lazy
     if pending is not None:
         pending.result()

@@ -167,9 +167,7 @@ class Engine:
         if not runner.on_cuda:
             return len(runner.model.layers)
         chains = runner.layer_chains()
-        if chains is None or getattr(runner.backend, "host_plan_state", False):
-            return 0
-        return len(chains.chunks)
+        return len(chains.chunks) if chains is not None else 0
 
     def replays(self, batch: Batch) -> bool:
         """Whether step(batch) would replay a captured CUDA graph of the batch's own layout: host work of a

@@ -29,11 +29,10 @@ from collections import Counter
 from collections.abc import Generator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from rose.graph_checks import check_replay
-from rose.graphs import _count_capture, _end_failed_capture, end_pool_recording, layout_label
+from rose.graphs import _count_capture, _end_failed_capture, _host_rows, end_pool_recording, layout_label
 from rose.meta import ForwardMeta, HostMeta, MetaLayout
 
 log = logging.getLogger("rose.layer_graphs")
@@ -82,16 +81,10 @@ class LayerGraphs:
 
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
         """The bucket layout a stepped batch pads to, or None (stepped eagerly at its exact size): above the
-        largest bucket, for a layout refused before, without whole-model graphs (a CPU) and for a backend with
-        host plan state (module docstring). Past max_chains a new layout is stepped eagerly at its bucket layout
-        (`steps`)."""
-        graphs = self.runner.graphs
-        if graphs is None or getattr(self.runner.backend, "host_plan_state", False):
-            return None
-        layout = graphs.layout_for(num_tokens, num_seqs, num_rows, longest)
-        if layout is None or layout in self.eager_only:
-            return None
-        return layout
+        largest bucket, and for a layout refused before. Past max_chains a new layout is stepped eagerly at its
+        bucket layout (`steps`)."""
+        layout = self.runner.graphs.layout_for(num_tokens, num_seqs, num_rows, longest)
+        return None if layout is None or layout in self.eager_only else layout
 
     def steps(self, host: HostMeta, staged: torch.Tensor) -> Generator[tuple[torch.Tensor, str] | None, None, None]:
         """The padded batch `host`: yields None after each graph but the last, then (the rows on the device, how:
@@ -113,28 +106,20 @@ class LayerGraphs:
         if not (chain or due) or not self._stepping.acquire(blocking=False):
             yield from eager_layer_steps(self.runner, host, staged)
             return
-        held = True
         try:
             if chain is None:
-                checked = self._capture_checked(host, staged)
-                if checked is not None:
-                    self._stepping.release()
-                    held = False
-                    yield checked, "layers-capture"
-                    return
+                rows, how = self._capture_checked(host, staged), "layers-capture"
             else:
-                for rows in self._replay(chain, host, staged):
+                for rows in self._replay(chain, host, staged):  # None after each graph but the last: its rows
                     if rows is None:
                         yield None
-                        continue
-                    self._stepping.release()
-                    held = False
-                    yield rows, "layers"
-                    return
+                how = "layers"
         finally:
-            if held:
-                self._stepping.release()
-        yield from eager_layer_steps(self.runner, host, staged)  # the capture or its check failed
+            self._stepping.release()
+        if rows is None:  # the capture or its check failed
+            yield from eager_layer_steps(self.runner, host, staged)
+            return
+        yield rows, how
 
     def _replay(self, chain: _Chain, host: HostMeta, staged: torch.Tensor):
         chain.static_in.copy_(staged, non_blocking=True)
@@ -231,6 +216,3 @@ def eager_layer_steps(runner, host: HostMeta, staged: torch.Tensor) -> Generator
             return
         yield None
 
-
-def _host_rows(out: torch.Tensor, host: HostMeta) -> np.ndarray:
-    return out[: host.num_rows].float().cpu().numpy()

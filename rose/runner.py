@@ -123,7 +123,11 @@ class ModelRunner:
 
     def layer_chains(self):
         """The per-layer graph chains batches stepped layer by layer replay (rose.layer_graphs), built on first
-        use; None without whole-model graphs (a CPU) or for a model without per-layer forwards."""
+        use; None without whole-model graphs (a CPU), for a model without per-layer forwards, and for a backend
+        whose plan leaves host state (FlashInfer: a query planned between two layers would re-plan the slot a
+        chain reads)."""
+        if getattr(self.backend, "host_plan_state", False):
+            return None
         if self._layer_graphs is None and self.graphs is not None and hasattr(self.model, "forward_layers"):
             from rose.layer_graphs import LayerGraphs
 

@@ -50,3 +50,43 @@ class DeviceTimes:
     def seconds_per_token(self) -> float | None:
         """The fastest recent rate, device seconds per token (None before any measurement)."""
         return self._fastest
+
+
+class DeviceClock:
+    """The batches on the device, oldest first, and what they imply: when the last is expected to leave it
+    (`tail_end`, what the launcher paces by), since when the oldest is on it (the watchdog's), and how long the
+    device has been busy. A batch is on the device from its launch or the delivery of the one before it,
+    whichever is later. Not thread-safe: the worker calls it under its own lock."""
+
+    def __init__(self) -> None:
+        self._batches: deque[tuple[float, float, float]] = deque()  # (launched, expected s, expected s left)
+        self.tail_end = 0.0  # when the last launched batch is expected to leave the device (monotonic)
+        self.last_done = 0.0  # when the last delivered batch's rows reached the host (monotonic)
+        self.busy_s = 0.0  # seconds with a batch on the device (tulip_device_busy_seconds_total)
+
+    def launched(self, now: float, estimate: float, began: float | None = None, left: float | None = None) -> None:
+        """A batch enqueued whole at `now`, expected to take `estimate` s on the device; or one stepped by layers
+        since `began`, of which only `left` s were still to run when its stepping returned at `now`."""
+        if began is None:
+            self._batches.append((now, estimate, estimate))
+            self.tail_end = max(now, self.tail_end) + estimate
+        else:
+            self._batches.append((began, estimate, left))
+            self.tail_end = now + left
+
+    def delivered(self, now: float, launched: float) -> float:
+        """The oldest batch (launched at `launched`) has its rows on the host at `now`: its device seconds."""
+        if self._batches:
+            self._batches.popleft()
+        on_device_from = max(launched, self.last_done)  # it queued behind the previous one
+        self.last_done = now
+        self.busy_s += max(0.0, now - on_device_from)
+        self.tail_end = now + sum(left for _, _, left in self._batches)
+        return now - on_device_from
+
+    def oldest(self) -> tuple[float, float] | None:
+        """(since when, expected device seconds) of the oldest batch in flight, None when there is none."""
+        if not self._batches:
+            return None
+        launched, estimate, _ = self._batches[0]
+        return max(launched, self.last_done), estimate

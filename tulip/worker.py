@@ -32,12 +32,11 @@ import logging
 import queue as stdlib_queue
 import threading
 import time
-from collections import deque
 
 from tulip.errors import DeadlineExpired, engine_error
 from tulip.job import Handoff
 from tulip.packing import FailedBatch, Launched, build_batch, jobs_of, release_lazy
-from tulip.pacing import DeviceTimes
+from tulip.pacing import DeviceClock, DeviceTimes
 from tulip.scheduler import BULK, REHOLD, PackedBatch, SequenceQueue
 
 log = logging.getLogger("tulip.worker")
@@ -67,12 +66,8 @@ class Worker:
         self.idle_captures = 0
         self.pack_ahead_s = pack_ahead_s  # 0 = pack as soon as a slot frees; see tulip.pacing
         self.device_times = DeviceTimes()
-        self._estimates: list[float] = []  # expected device seconds of the batches in flight, launch order
-        self._started: deque[tuple[float, float]] = deque()  # (launched at, expected seconds) per batch in flight
+        self._clock = DeviceClock()  # the batches in flight, under _count_lock
         self._stepping_since = 0.0  # monotonic time the launcher entered engine.step(); 0 = not inside it
-        self._tail_end = 0.0  # when the last launched batch is expected to leave the device (monotonic)
-        self._last_done = 0.0  # when the last delivered batch's rows reached the host (monotonic)
-        self.device_busy_s = 0.0  # seconds with a batch on the device (tulip_device_busy_seconds_total)
         self.held_launches = 0
         self._holding = False  # the launcher waits in queue.hold() for a delivery: poke it
         info = engine.info
@@ -96,6 +91,11 @@ class Worker:
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    @property
+    def device_busy_s(self) -> float:
+        """Seconds with a batch on the device (tulip_device_busy_seconds_total)."""
+        return self._clock.busy_s
 
     def start(self) -> None:
         for t in self._threads:
@@ -187,7 +187,7 @@ class Worker:
         with self._count_lock:
             if not self._inflight:
                 return
-            until = self._tail_end - self.pack_ahead_s
+            until = self._clock.tail_end - self.pack_ahead_s
         start = time.monotonic()
         if until > start:
             self.held_launches += 1
@@ -249,13 +249,11 @@ class Worker:
         estimate = self.device_times.estimate(packed.tokens) or 0.0
         # A layered batch returns with only its last `layers_ahead` layers still to run: that is what is left of
         # it on the device, and it has been on the device since the stepping began.
-        left = estimate * min(1.0, self.layers_ahead / self._layer_steps) if layered else estimate
+        left = estimate * min(1.0, self.layers_ahead / self._layer_steps) if layered else None
         with self._count_lock:
             self._inflight += 1
             self.batches_launched += 1
-            self._estimates.append(left)
-            self._started.append((began if layered else now, estimate))
-            self._tail_end = now + left if layered else max(now, self._tail_end) + estimate
+            self._clock.launched(now, estimate, began if layered else None, left)
         self._launched.put(Launched(packed, row_starts, lazy, t0, began if layered else now))
         if self.heartbeat is not None:
             try:  # launched already: nothing after the put may fail the batch
@@ -269,13 +267,10 @@ class Worker:
                 log.debug("metrics failed", exc_info=True)
 
     def on_device(self) -> tuple[float, float] | None:
-        """(since when, expected device seconds) of the oldest batch in flight, None when there is none: a
-        batch is on the device from its launch or the delivery of the one before it, whichever is later."""
+        """(since when, expected device seconds) of the oldest batch in flight, None when there is none
+        (tulip.pacing.DeviceClock)."""
         with self._count_lock:
-            if not self._started:
-                return None
-            launched, estimate = self._started[0]
-            return max(launched, self._last_done), estimate
+            return self._clock.oldest()
 
     @property
     def stepping_since(self) -> float:
@@ -299,17 +294,10 @@ class Worker:
         now = item.done_mono or time.monotonic()
         with self._count_lock:
             self._inflight -= 1
-            if self._estimates:
-                self._estimates.pop(0)
-            if self._started:
-                self._started.popleft()
-            on_device_from = max(item.launched_mono, self._last_done)  # it queued behind the previous one
-            self._last_done = now
-            self.device_busy_s += max(0.0, now - on_device_from)
-            self._tail_end = now + sum(self._estimates)
+            device_s = self._clock.delivered(now, item.launched_mono)
         if item.packed.lane_tokens[BULK]:
             self.queue.bulk_done()  # counted by the queue when it handed the batch out
-        self.device_times.observe(item.packed.tokens, now - on_device_from)
+        self.device_times.observe(item.packed.tokens, device_s)
 
     def _deliver(self, item: Launched) -> None:
         finished = []

@@ -84,7 +84,25 @@ def test_oldest_batch_is_on_the_device_from_the_previous_delivery() -> None:
 
     worker = Worker(FakeEngine(), queue=None)  # type: ignore[arg-type]  # threads not started
     assert worker.on_device() is None
-    worker._started.append((90.0, 0.2))
+    worker._clock.launched(90.0, 0.2)  # tulip.pacing.DeviceClock: launched at 90 s, 0.2 s expected
     assert worker.on_device() == (90.0, 0.2)
-    worker._last_done = 95.0  # it queued behind a batch delivered at 95 s
+    worker._clock.last_done = 95.0  # it queued behind a batch delivered at 95 s
     assert worker.on_device() == (95.0, 0.2)
+
+
+def test_the_device_clock_paces_whole_and_layered_batches() -> None:
+    """tulip.pacing.DeviceClock: a whole batch queues behind the tail; a batch stepped by layers returns with only
+    its last layers left and counts as on the device since its stepping began; a delivery re-anchors the tail."""
+    from tulip.pacing import DeviceClock
+
+    clock = DeviceClock()
+    clock.launched(10.0, 0.030)
+    clock.launched(10.001, 0.030)  # behind the first: the tail is both
+    assert clock.tail_end == pytest.approx(10.060)
+    assert clock.delivered(10.030, 10.0) == pytest.approx(0.030)
+    assert clock.tail_end == pytest.approx(10.060) and clock.oldest() == (10.030, 0.030)
+    assert clock.delivered(10.060, 10.001) == pytest.approx(0.030) and clock.oldest() is None
+    clock.launched(10.090, 0.030, began=10.062, left=0.002)  # stepped by layers from 10.062
+    assert clock.tail_end == pytest.approx(10.092) and clock.oldest() == (10.062, 0.030)
+    assert clock.delivered(10.092, 10.062) == pytest.approx(0.030)
+    assert clock.busy_s == pytest.approx(0.090)
