@@ -35,7 +35,8 @@ from rose.st_head import attach_dense
 from rose.spec import EngineInfo, ModelSpec, default_manifest_path, load_spec  # noqa: F401 (EngineInfo re-exported)
 from rose.tokenizer import Tokenizer
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS
-from rose.warmup import DEFAULT_PREWARM, MANIFEST_NAME, VerifiedLayout, prewarm_and_verify, prewarm_shapes
+from rose.warmup import (DEFAULT_PREWARM, MANIFEST_NAME, VerifiedLayout, prewarm_and_verify, prewarm_chains,
+                         prewarm_shapes)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about this many tokens
@@ -262,7 +263,8 @@ class Engine:
         if self.runner.graphs is None:
             return []
         shapes = prewarm_shapes(self.runner, self.prewarm, self.graph_manifest)
-        return prewarm_and_verify(self.runner, shapes, self.spec.pooling)
+        verified = prewarm_and_verify(self.runner, shapes, self.spec.pooling)
+        return verified + prewarm_chains(self.runner, self.graph_manifest, self.spec.pooling)
 
     def prewarm_express(self) -> list[VerifiedLayout]:
         """Capture and verify the express lane's graphs (the small prewarm layouts that fit it, rose.express)
@@ -301,10 +303,11 @@ class Engine:
     def save_graph_manifest(self) -> Path | None:
         """Record the layouts seen in traffic, hottest first, for the next start's prewarm."""
         graphs = self._runner.graphs if self._runner is not None else None
-        if graphs is None or self.graph_manifest is None or not graphs.seen:
+        chains = self._runner._layer_graphs if graphs is not None else None
+        if graphs is None or self.graph_manifest is None or not (graphs.seen or (chains and chains.seen)):
             return None
         try:
-            graphs.save_manifest(self.graph_manifest)
+            graphs.save_manifest(self.graph_manifest, chains.manifest_rows() if chains is not None else None)
         except OSError:
             return None
         return self.graph_manifest

@@ -42,10 +42,11 @@ def check_replay(label: str, replayed: np.ndarray, eager: np.ndarray) -> float:
     return worst
 
 
-def load_manifest(path: Path) -> list[tuple[int, int, int, int]]:
-    """(tokens, sequences, rows, longest) batch shapes, hottest first."""
+def load_manifest(path: Path, key: str = "shapes") -> list[tuple[int, int, int, int]]:
+    """(tokens, sequences, rows, longest) batch shapes, hottest first: whole-model graphs' ("shapes") or the layer
+    chains' ("chains")."""
     data = json.loads(Path(path).read_text())
-    return [(int(t), int(s), int(p), int(m)) for t, s, p, m, *_ in data.get("shapes", [])]
+    return [(int(t), int(s), int(p), int(m)) for t, s, p, m, *_ in data.get(key, [])]
 
 
 def probe_batch(shape: tuple[int, int, int, int], vocab_size: int, pooling: str, seed: int = 0) -> Batch | None:

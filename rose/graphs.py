@@ -235,12 +235,13 @@ class CudaGraphs:
                     and lay in self.examples]
 
     # -- the manifest ---------------------------------------------------------------------------
-    def save_manifest(self, path: Path) -> None:
-        """Hot layouts, most frequent first, each with a real batch shape that maps to it."""
+    def save_manifest(self, path: Path, chains: list[list[int]] | None = None) -> None:
+        """Hot layouts, most frequent first, each with a real batch shape that maps to it; `chains`, the layouts
+        stepped layer by layer (rose.layer_graphs.LayerGraphs.manifest_rows), beside them."""
         sights = self.seen + self.substituted
         rows = [[*self.examples[lay], n] for lay, n in sights.most_common() if lay in self.examples]
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": 2, "shapes": rows}, indent=1))
+        tmp.write_text(json.dumps({"version": 2, "shapes": rows, "chains": chains or []}, indent=1))
         os.replace(tmp, path)
 
 

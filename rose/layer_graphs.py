@@ -10,6 +10,12 @@ as whole-model graphs are: a layout's first stepped batch runs eagerly, its next
 the new chain's rows are checked against the eager run of the same batch before it serves (rose.graph_checks).
 A capture that fails or a chain that fails its check is not retried: that layout steps eagerly from then on.
 
+The capturing batch is stepped like any other, so work stepped between two of its steps (an interactive query)
+never waits for a whole capture: its eager run (the warm run on the capture's side stream, and the check's
+reference) a layer a step, then the chain's graphs captured one a step, then the new chain replayed a graph a
+step and checked. Captured in one step under the runner's lock, a chain held a query back ~50-60 ms on the H200
+(`benchmarks/NOTES.md`, "Chains captured a step at a time").
+
 The chains share one memory pool, apart from the whole-model graphs'. Inside a chain, graph i+1 may reuse what
 graph i freed, and a chain captured later may reuse what an earlier one freed: safe because a chain always
 replays in order and only one batch is stepped through chains at a time (`steps` holds a lock for the batch's
@@ -65,7 +71,9 @@ class LayerGraphs:
         self.max_chains = max_chains  # each keeps its graphs and its static input and rows
         self.chains: dict[MetaLayout, _Chain] = {}
         self.seen: Counter[MetaLayout] = Counter()
+        self.examples: dict[MetaLayout, tuple[int, int, int, int]] = {}  # a real (T, S, P, longest) per layout
         self.eager_only: dict[MetaLayout, str] = {}
+        self.divergence: dict[MetaLayout, float] = {}  # each kept chain's check: its rows against the eager run's
         self.capture_seconds = 0.0
         self.captures = 0
         self.full = 0  # due layouts stepped eagerly because max_chains were held
@@ -79,6 +87,11 @@ class LayerGraphs:
                 "layer_chain_captures": self.captures, "layer_chain_capture_seconds": self.capture_seconds,
                 "layer_chains_full": self.full}
 
+    def manifest_rows(self) -> list[list[int]]:
+        """[tokens, sequences, rows, longest, sights] of each layout stepped, hottest first (the graph manifest's
+        "chains": the next start prewarms them, rose.warmup.prewarm_chains)."""
+        return [[*self.examples[lay], n] for lay, n in self.seen.most_common() if lay in self.examples]
+
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
         """The bucket layout a stepped batch pads to, or None (stepped eagerly at its exact size): above the
         largest bucket, and for a layout refused before. Past max_chains a new layout is stepped eagerly at its
@@ -87,14 +100,16 @@ class LayerGraphs:
         return None if layout is None or layout in self.eager_only else layout
 
     def steps(self, host: HostMeta, staged: torch.Tensor) -> Generator[tuple[torch.Tensor, str] | None, None, None]:
-        """The padded batch `host`: yields None after each graph but the last, then (the rows on the device, how:
+        """The padded batch `host`: yields None after each step but the last, then (the rows on the device, how:
         "layers" for a chain's replay, "layers-capture" when this batch captured it, "eager"). A layout whose
-        chain is due is captured, checked and served in the first step (the check's replay is the batch's rows:
-        one step in all). A layout not yet due, or whose capture or check fails, or a batch stepped while another
-        is stepped through chains, runs eagerly at the layout. The chains' lock is let go before the rows are
-        yielded (and by the finally of an abandoned stepping), never left to the garbage collector."""
+        chain is due is captured a step at a time (module docstring) and its check's replay is the batch's rows;
+        should the capture or check fail, the batch's eager run is. A layout not yet due, or a batch stepped while
+        another is stepped through chains, runs eagerly at the layout. The chains' lock is let go before the rows
+        are yielded (and by the finally of an abandoned stepping), never left to the garbage collector."""
         layout = host.layout
         self.seen[layout] += 1
+        if layout not in self.examples:
+            self.examples[layout] = _shape(host)
         chain = self.chains.get(layout)
         due = chain is None and layout not in self.eager_only and self.seen[layout] > self.capture_after
         if due and len(self.chains) >= self.max_chains:
@@ -108,18 +123,15 @@ class LayerGraphs:
             return
         try:
             if chain is None:
-                rows, how = self._capture_checked(host, staged), "layers-capture"
+                result = yield from self._capture_checked(host, staged)
             else:
                 for rows in self._replay(chain, host, staged):  # None after each graph but the last: its rows
                     if rows is None:
                         yield None
-                how = "layers"
+                result = rows, "layers"
         finally:
             self._stepping.release()
-        if rows is None:  # the capture or its check failed
-            yield from eager_layer_steps(self.runner, host, staged)
-            return
-        yield rows, how
+        yield result
 
     def _replay(self, chain: _Chain, host: HostMeta, staged: torch.Tensor):
         chain.static_in.copy_(staged, non_blocking=True)
@@ -130,48 +142,78 @@ class LayerGraphs:
             graph.replay()
             yield chain.static_out if i == last else None
 
-    def _capture_checked(self, host: HostMeta, staged: torch.Tensor) -> torch.Tensor | None:
-        """Capture the layout's chain, replay it for `host` and check the rows against the eager run; the rows
-        (on the device) when the chain is kept, None when it is refused (logged once; eager from now on)."""
-        layout = host.layout
+    def _capture_checked(self, host: HostMeta, staged: torch.Tensor):
+        """Step `host` through its layout's eager run, the chain's capture and the new chain's replay, yielding
+        None between steps; returns (rows, "layers-capture") when the chain is kept, else (the eager rows,
+        "eager") with the layout refused (logged once; eager from now on)."""
+        layout, reference, chain = host.layout, None, None
         try:
-            chain = self._capture(host, staged)
+            for step in self._on_side(eager_layer_steps(self.runner, host, staged)):
+                if step is None:
+                    yield None
+                else:
+                    reference = step[0]
+            chain = yield from self._capture(host, staged)
             for rows in self._replay(chain, host, staged):
-                pass
-            reference = self.runner.eager(host, staged)
-            check_replay(f"layers {layout_label(layout)}", _host_rows(rows, host), _host_rows(reference, host))
+                if rows is None:
+                    yield None
+            worst = check_replay(f"layers {layout_label(layout)}", _host_rows(rows, host), _host_rows(reference, host))
         except Exception as exc:  # this layout steps eagerly from now on
             self.eager_only[layout] = f"{type(exc).__name__}: {exc}"
             log.warning("layer graphs %s: %s; this layout is stepped eagerly from now on", layout_label(layout),
                         self.eager_only[layout], exc_info=exc)
-            return None
-        self.chains[layout] = chain
+            if reference is not None:
+                if reference.is_cuda:  # made on the side stream, copied back on this one
+                    reference.record_stream(torch.cuda.current_stream(self.runner.device))
+                return reference, "eager"
+            for step in eager_layer_steps(self.runner, host, staged):  # the eager run itself failed: once more
+                if step is None:
+                    yield None
+                else:
+                    return step
+        self.chains[layout], self.divergence[layout] = chain, worst
         self.captures += 1
-        return rows
+        return rows, "layers-capture"
 
-    def _capture(self, host: HostMeta, staged: torch.Tensor) -> _Chain:
-        """One warm run and the chain's captures, on a side stream (as rose.graphs captures)."""
+    def _side_stream(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.runner.device)
+        return self._side
+
+    def _on_side(self, steps):
+        """`steps`' work enqueued on the capture's side stream, in the main stream's order: the side waits for what
+        the main stream has before each step, the main stream for the step after it (a query stepped between two
+        steps runs after the one before, as on one stream). Its eager run warms the side stream for the capture
+        (cuBLAS's workspace and the allocator's blocks are per stream), as torch.cuda.graph asks."""
+        stream, side = torch.cuda.current_stream(self.runner.device), self._side_stream()
+        while True:
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                step = next(steps, _END)
+            stream.wait_stream(side)
+            if step is _END:
+                return
+            yield step
+
+    def _capture(self, host: HostMeta, staged: torch.Tensor):
+        """The chain's graphs captured on the side stream, one a step (yields None after each). A failed capture
+        leaves the pool to the graphs already captured and gives later chains a fresh one."""
         start, runner, layout = time.perf_counter(), self.runner, host.layout
-        stream = torch.cuda.current_stream(runner.device)
-        pool = self.pool
+        stream, side = torch.cuda.current_stream(runner.device), self._side_stream()
         static_in = torch.zeros(layout.words, dtype=torch.int64, device=runner.device)
         static_in.copy_(staged, non_blocking=True)
         meta = ForwardMeta.from_buffer(static_in, layout, layout.seqlen_bound, host, graph=True)
         runner.backend.plan(meta)
-        if self._side is None:
-            self._side = torch.cuda.Stream(runner.device)
-        side = self._side
-        side.wait_stream(stream)
+        hidden = runner.model.forward_layers(meta, runner.backend)
         graphs, out = [], None
         try:
-            with torch.cuda.stream(side):
-                runner.forward(meta)  # the warm run
-                hidden = runner.model.forward_layers(meta, runner.backend)
-                _count_capture(1)
-                try:
-                    for i, count in enumerate(self.chunks):
-                        graph = torch.cuda.CUDAGraph()
-                        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            for i, count in enumerate(self.chunks):
+                side.wait_stream(stream)
+                with torch.cuda.stream(side):
+                    graph = torch.cuda.CUDAGraph()
+                    _count_capture(1)
+                    try:
+                        graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
                         try:
                             for _ in range(count):
                                 h = next(hidden)
@@ -181,19 +223,29 @@ class LayerGraphs:
                             _end_failed_capture(graph)
                             raise
                         graph.capture_end()
-                        graphs.append(graph)
-                finally:
-                    _count_capture(-1)
-                    hidden.close()
-            stream.wait_stream(side)
+                    finally:
+                        _count_capture(-1)
+                graphs.append(graph)
+                stream.wait_stream(side)
+                self.capture_seconds += time.perf_counter() - start
+                yield None
+                start = time.perf_counter()
         except BaseException:
             torch.cuda.set_stream(stream)
-            end_pool_recording(runner.device, pool)
+            end_pool_recording(runner.device, self.pool)
             self.pool = torch.cuda.graph_pool_handle()  # later chains: a fresh pool (captured ones keep theirs)
             raise
         finally:
-            self.capture_seconds += time.perf_counter() - start
+            hidden.close()
         return _Chain(graphs, static_in, out, meta)
+
+
+_END = object()
+
+
+def _shape(host: HostMeta) -> tuple[int, int, int, int]:
+    lengths = host.cu_seqlens[1: host.num_seqs + 1] - host.cu_seqlens[: host.num_seqs]
+    return host.num_tokens, host.num_seqs, host.num_rows, int(lengths.max(initial=1))
 
 
 def eager_layer_steps(runner, host: HostMeta, staged: torch.Tensor) -> Generator[tuple[torch.Tensor, str] | None, None,

@@ -1,7 +1,9 @@
 """Before a replica reports ready: prewarm CUDA graphs and verify their replay against the eager forward.
 
 Prewarm keys come from the caller (e.g. Tulip's --prewarm '128x1,512x1,2048x8') and from the manifest
-of hot layouts recorded from earlier traffic (kept beside the model, `rose_graphs.json`). Each key's
+of hot layouts recorded from earlier traffic (kept beside the model, `rose_graphs.json`), which also names the
+layouts bulk was stepped layer by layer in (their chains of per-layer graphs are prewarmed as well,
+`prewarm_chains`). Each key's
 layout is run twice on probe inputs (eager warm-up, then capture), then once more by replay, and the
 replayed rows are compared with a plain eager run of the same batch (rose.graph_checks.check_replay, the
 check every lazily captured graph also gets): a cosine divergence above 0.1 % on any row raises
@@ -19,6 +21,7 @@ from typing import Iterable
 
 
 from rose.graphs import GraphVerificationError, check_replay, layout_label, load_manifest, probe_batch
+from rose.layer_steps import step_layers
 from rose.meta import MetaLayout
 
 log = logging.getLogger("rose.warmup")
@@ -87,4 +90,44 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
         except GraphVerificationError as exc:
             raise GraphVerificationError(f"{exc}; {REFUSAL}") from None
         done.append(VerifiedLayout(layout, worst, capture_s))
+    return done
+
+
+def prewarm_chains(runner, manifest: Path | None, pooling: str) -> list[VerifiedLayout]:
+    """Capture the layer chains (rose.layer_graphs) of the bulk layouts the manifest names, hottest first, up to the
+    chains held: each probe batch stepped by layers until its chain is captured and checked against the eager run
+    (the check every chain gets). A chain
+    that disagrees raises GraphVerificationError, as whole-model graphs do; one whose capture fails is skipped."""
+    chains = runner.layer_chains()
+    if chains is None or manifest is None or not manifest.is_file():
+        return []
+    try:
+        shapes = load_manifest(manifest, "chains")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring unreadable graph manifest %s: %s", manifest, exc)
+        return []
+    done = []
+    for shape in shapes:
+        batch = probe_batch(shape, runner.vocab_size, pooling, seed=0)
+        if batch is None or int(batch.seq_lens.max()) > runner.spec.max_length:
+            continue
+        layout = chains.layout_for(batch.num_tokens, batch.num_seqs, batch.num_rows, int(batch.seq_lens.max()))
+        if layout is None or layout in chains.chains:
+            continue
+        if len(chains.chains) >= chains.max_chains:
+            break
+        t0 = time.perf_counter()
+        while layout not in chains.chains and layout not in chains.eager_only:  # eager warm-up, then the capture
+            steps = step_layers(runner, batch)
+            while (lazy := next(steps)) is None:
+                pass
+            lazy.result()
+        if layout in chains.eager_only:
+            if "GraphVerificationError" in chains.eager_only[layout]:
+                raise GraphVerificationError(f"layer chain {layout_label(layout)}: {chains.eager_only[layout]}; "
+                                             f"{REFUSAL}")
+            continue
+        done.append(VerifiedLayout(layout, chains.divergence[layout], time.perf_counter() - t0))
+    if done:
+        log.info("layer chains prewarmed: %s", ", ".join(layout_label(v.layout) for v in done))
     return done

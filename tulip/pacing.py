@@ -18,7 +18,9 @@ built on it refuses only what could not be met even at that rate.
 
 from __future__ import annotations
 
+import bisect
 import statistics
+import threading
 from collections import deque
 
 
@@ -52,13 +54,52 @@ class DeviceTimes:
         return self._fastest
 
 
+class BusySpans:
+    """Seconds with at least one batch on the device, over every worker's batches: the union of their spans on
+    it, so a query stepped between two of bulk's layers (inside the bulk batch's span) or beside it on the
+    express lane is not counted twice (tulip_device_busy_seconds_total). Spans arrive as batches are delivered,
+    not in order of their starts; those ending more than `horizon_s` before the latest end are settled into a
+    sum (a span starting before the settled time counts only from it). Thread-safe."""
+
+    def __init__(self, horizon_s: float = 10.0) -> None:
+        self.horizon_s = horizon_s
+        self._starts: list[float] = []  # disjoint spans, sorted: starts and ends side by side
+        self._ends: list[float] = []
+        self._settled_s = 0.0  # the length of the spans settled
+        self._settled_to = float("-inf")  # nothing before this is counted again
+        self._lock = threading.Lock()
+
+    def add(self, start: float, end: float) -> None:
+        with self._lock:
+            start = max(start, self._settled_to)
+            if end <= start:
+                return
+            i = bisect.bisect_left(self._ends, start)  # the first span that ends at or after the new start
+            j = bisect.bisect_right(self._starts, end)  # past the last span that starts at or before its end
+            if i < j:  # overlapping spans merge into the new one
+                start, end = min(start, self._starts[i]), max(end, self._ends[j - 1])
+            self._starts[i:j], self._ends[i:j] = [start], [end]
+            limit = self._ends[-1] - self.horizon_s
+            k = bisect.bisect_left(self._ends, limit)
+            if k:
+                self._settled_s += sum(e - s for s, e in zip(self._starts[:k], self._ends[:k]))
+                self._settled_to = self._ends[k - 1]
+                del self._starts[:k], self._ends[:k]
+
+    def total(self) -> float:
+        with self._lock:
+            return self._settled_s + sum(e - s for s, e in zip(self._starts, self._ends))
+
+
 class DeviceClock:
     """The batches on the device, oldest first, and what they imply: when the last is expected to leave it
     (`tail_end`, what the launcher paces by), since when the oldest is on it (the watchdog's), and how long the
     device has been busy. A batch is on the device from its launch or the delivery of the one before it,
-    whichever is later. Not thread-safe: the worker calls it under its own lock."""
+    whichever is later; its span goes to `spans` as well, where the workers share one (BusySpans). Not
+    thread-safe: the worker calls it under its own lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, spans: BusySpans | None = None) -> None:
+        self.spans = spans
         self._batches: deque[tuple[float, float, float]] = deque()  # (launched, expected s, expected s left)
         self.tail_end = 0.0  # when the last launched batch is expected to leave the device (monotonic)
         self.last_done = 0.0  # when the last delivered batch's rows reached the host (monotonic)
@@ -81,6 +122,8 @@ class DeviceClock:
         on_device_from = max(launched, self.last_done)  # it queued behind the previous one
         self.last_done = now
         self.busy_s += max(0.0, now - on_device_from)
+        if self.spans is not None:
+            self.spans.add(on_device_from, now)
         self.tail_end = now + sum(left for _, _, left in self._batches)
         return now - on_device_from
 

@@ -30,6 +30,7 @@ from tulip.errors import DeadlineExpired, DeadlineUnmeetable, NotReady, QueueFul
 from tulip.job import Job
 from tulip.lanes import check_deadline, lane_of
 from tulip.metrics import TulipMetrics
+from tulip.pacing import BusySpans
 from tulip.request import RequestLimits, parse_embed_request
 from tulip.scheduler import INTERACTIVE, SequenceQueue
 from tulip.servicer import TulipEmbedderServicer
@@ -71,11 +72,12 @@ class TulipServer:
         # and held over no allocation, so a collection cannot interrupt one of them (rose/gc_pauses.py).
         self.gc_timer = gc_pauses.PauseTimer(self.metrics.observe_gc_pause)
         self._frozen = False
+        self.busy_spans = BusySpans()  # the device's busy seconds over both workers' batches
         self.metrics.bind_state(
             queue_depth=lambda: self.queue.depth() if self.queue else (0, 0),
             lane_depth=lambda lane: self.queue.lane_tokens(lane) if self.queue else 0,
             inflight=lambda: sum(w.inflight for w in (self.worker, self.express) if w is not None),
-            device_busy=lambda: sum(w.device_busy_s for w in (self.worker, self.express) if w is not None),
+            device_busy=self.busy_spans.total,
             ready=lambda: self.ready and not self.stalled,
             engine_stats=self._engine_stats)
 
@@ -155,11 +157,11 @@ class TulipServer:
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch,
-                             heartbeat=heartbeat, layers_ahead=layered)
+                             heartbeat=heartbeat, layers_ahead=layered, busy_spans=self.busy_spans)
         self.worker.start()
         if config.express_batch_tokens and config.lanes and (layered or getattr(self.engine, "express", False)):
             self.express = ExpressWorker(self.engine, self.queue, express_tokens=config.express_batch_tokens,
-                                         metrics=self.metrics, main_lane=bool(layered))
+                                         metrics=self.metrics, main_lane=bool(layered), busy_spans=self.busy_spans)
             self.express.heartbeat = heartbeat
             self.express.start()  # prewarms its lane's graphs, then turns express on (tulip/express.py)
         if config.watchdog_s > 0:

@@ -36,7 +36,7 @@ import time
 from tulip.errors import DeadlineExpired, engine_error
 from tulip.job import Handoff
 from tulip.packing import FailedBatch, Launched, build_batch, jobs_of, release_lazy
-from tulip.pacing import DeviceClock, DeviceTimes
+from tulip.pacing import BusySpans, DeviceClock, DeviceTimes
 from tulip.scheduler import BULK, REHOLD, PackedBatch, SequenceQueue
 
 log = logging.getLogger("tulip.worker")
@@ -51,10 +51,11 @@ class Worker:
 
     def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
                  idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0, inline_launch: bool = False,
-                 heartbeat=None, layers_ahead: int = 0) -> None:
+                 heartbeat=None, layers_ahead: int = 0, busy_spans: BusySpans | None = None) -> None:
         """layers_ahead: batches with bulk work are stepped one decoder layer at a time with at most this many
         layers on the device ahead of the launcher (engine.step_layered), so the express worker's interactive
-        batches run between two of them; 0 = whole steps."""
+        batches run between two of them; 0 = whole steps. busy_spans: the device's busy time shared with the
+        other worker (tulip.pacing.BusySpans)."""
         self.engine = engine
         self.layers_ahead = layers_ahead
         self._layer_steps = int(getattr(engine, "layer_steps", 0) or 0) if layers_ahead > 0 else 0
@@ -66,7 +67,7 @@ class Worker:
         self.idle_captures = 0
         self.pack_ahead_s = pack_ahead_s  # 0 = pack as soon as a slot frees; see tulip.pacing
         self.device_times = DeviceTimes()
-        self._clock = DeviceClock()  # the batches in flight, under _count_lock
+        self._clock = DeviceClock(busy_spans)  # the batches in flight, under _count_lock
         self._stepping_since = 0.0  # monotonic time the launcher entered engine.step(); 0 = not inside it
         self.held_launches = 0
         self._holding = False  # the launcher waits in queue.hold() for a delivery: poke it

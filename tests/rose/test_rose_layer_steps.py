@@ -12,11 +12,11 @@ from rose import Batch
 from rose.layer_steps import step_layers
 
 
-def _stepped(runner, batch, between=None) -> tuple[np.ndarray, int]:
+def _stepped(runner, batch, between=None, every=False) -> tuple[np.ndarray, int]:
     steps, layers = step_layers(runner, batch), 0
     while (lazy := next(steps)) is None:
         layers += 1
-        if between is not None and layers == 1:  # between the first layer and the second
+        if between is not None and (every or layers == 1):  # between the first layer and the second, or each two
             between()
     return lazy.result(), layers
 
@@ -162,10 +162,10 @@ def _stepped_no_graphs(runner, batch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layers_per_graph", [1, 2])
 def test_on_the_gpu_chains_of_layer_graphs_replay_right_with_a_query_between(layers_per_graph, tmp_path):
-    """A bulk layout stepped three times: eager at its bucket layout, then its chain captured and checked, then
-    replayed with the query's whole-model graph replayed between two of the chain's graphs; both rows equal
-    their eager runs, and the chain (its own pool) is not disturbed by the query's graph. Five layers: with
-    two a graph the chain is 2 + 2 + 1."""
+    """A bulk layout stepped three times: eager at its bucket layout, then its chain captured and checked a step
+    at a time with the query's whole-model graph replayed between every two steps, then replayed with the query
+    between two of the chain's graphs; all rows equal their eager runs, and the chain (its own pool) is not
+    disturbed by the query's graph. Five layers: with two a graph the chain is 2 + 2 + 1."""
     import torch
 
     if not torch.cuda.is_available():
@@ -185,11 +185,18 @@ def test_on_the_gpu_chains_of_layer_graphs_replay_right_with_a_query_between(lay
         engine.step(query).result()
     eager_bulk = runner.step(bulk, use_graphs=False).result()
     eager_query = runner.step(query, use_graphs=False).result()
-    for _ in range(2):  # the bucket layout's eager warm-up, then the chain's capture and check
-        rows, _ = _stepped(runner, bulk)
-        assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3
+    rows, _ = _stepped(runner, bulk)  # the bucket layout's eager warm-up
+    assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3
+    # Then the chain's capture and check, a step at a time, with the query's graph replayed between every two
+    # steps: the eager run's layers (on the side stream), each graph's capture, the new chain's replays.
+    queries = []
+    rows, steps = _stepped(runner, bulk, between=lambda: queries.append(engine.step(query)), every=True)
     chains = runner.layer_chains()
     assert len(chains.chains) == 1 and not chains.eager_only, chains.eager_only
+    assert steps == 5 - 1 + 2 * len(chains.chunks) - 1, steps
+    assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3
+    for lazy in queries:
+        assert float(cosine_divergence(lazy.result(), eager_query).max()) <= 1e-3
     got = {}
     rows, steps = _stepped(runner, bulk, between=lambda: got.update(query=engine.step(query)))
     assert steps + 1 == len(chains.chunks) == (5 if layers_per_graph == 1 else 3)
@@ -231,7 +238,7 @@ def test_the_chains_lock_is_let_go_before_the_rows_and_by_an_abandoned_stepping(
     staged = runner._stage(host, None)
     chains = object.__new__(LayerGraphs)
     chains.runner, chains.seen, chains.eager_only, chains.full = runner, Counter(), {}, 0
-    chains.capture_after, chains.max_chains, chains._stepping = 1, 16, threading.Lock()
+    chains.capture_after, chains.max_chains, chains._stepping, chains.examples = 1, 16, threading.Lock(), {}
     rows = torch.zeros(2, runner.dimensions)
     chains.chains = {host.layout: "a chain"}
     chains._replay = lambda chain, h, s: iter([None, None, rows])
@@ -271,3 +278,113 @@ def test_on_a_gpu_layer_steps_is_0_where_the_layers_would_run_eagerly(tiny_model
     monkeypatch.setattr(runner, "backend", SimpleNamespace(host_plan_state=True))
     assert engine.layer_steps == 0
     runner._layer_graphs = None
+
+
+@pytest.mark.parametrize("check", ["kept", "refused"])
+def test_a_chain_is_captured_a_step_at_a_time_and_a_refused_one_serves_the_eager_run(check, tiny_models, engine_for):
+    """rose.layer_graphs.LayerGraphs.steps for a layout whose chain is due, with stand-ins for the CUDA parts (the
+    side stream, the captures, the replays): the eager run a layer a step, then one step per graph captured, then
+    the replay a graph a step; the chain is kept when its rows pass the check. A chain whose rows fail it is
+    refused, and the batch gets the eager run's rows without running it again."""
+    import threading
+    from collections import Counter
+
+    import torch
+
+    from rose.layer_graphs import LayerGraphs
+
+    tiny, engine = tiny_models["qwen3"], engine_for("qwen3")
+    runner = engine.runner
+    host = runner.pack(Batch.from_sequences(random_seqs(tiny, [9, 5], seed=45)))
+    staged = runner._stage(host, None)
+    eager = runner.eager(host, staged)
+    chains = object.__new__(LayerGraphs)
+    chains.runner, chains.seen, chains.eager_only, chains.full, chains.chains = runner, Counter(), {}, 0, {}
+    chains.capture_after, chains.max_chains, chains._stepping = 0, 16, threading.Lock()
+    chains.examples, chains.divergence, chains.captures, chains.chunks = {}, {}, 0, [1] * len(runner.model.layers)
+    chains._on_side = lambda steps: steps
+    captured = []
+
+    def capture(h, s):
+        for _ in chains.chunks:
+            captured.append(len(captured))
+            yield None
+        return "a chain"
+
+    rows = eager.clone() if check == "kept" else -eager
+    chains._capture = capture
+    chains._replay = lambda chain, h, s: iter([None] * (len(chains.chunks) - 1) + [rows])
+    steps = list(chains.steps(host, staged))
+    layers = len(runner.model.layers)
+    assert steps[:-1] == [None] * (layers - 1 + 2 * len(chains.chunks) - 1) and captured == list(range(layers))
+    got, how = steps[-1]
+    assert not chains._stepping.locked()
+    if check == "kept":
+        assert how == "layers-capture" and got is rows and chains.chains == {host.layout: "a chain"}
+        assert chains.captures == 1
+    else:
+        assert how == "eager" and host.layout in chains.eager_only and not chains.chains
+        torch.testing.assert_close(got, eager)
+
+
+def test_the_layouts_stepped_by_layers_go_to_the_manifest_and_come_back_as_probes(tiny_models, engine_for, tmp_path):
+    """LayerGraphs records a real shape per layout stepped (stand-in chains on a CPU); the graph manifest keeps
+    them beside the whole-model shapes ("chains"), hottest first, and a probe batch of each has that shape, so
+    the next start's prewarm (rose.warmup.prewarm_chains) captures the same layout."""
+    import threading
+    from collections import Counter
+
+    from rose.graph_checks import load_manifest, probe_batch
+    from rose.graphs import CudaGraphs
+    from rose.layer_graphs import LayerGraphs
+
+    tiny, engine = tiny_models["qwen3"], engine_for("qwen3")
+    runner = engine.runner
+    chains = object.__new__(LayerGraphs)
+    chains.runner, chains.seen, chains.eager_only, chains.full, chains.chains = runner, Counter(), {}, 0, {}
+    chains.examples, chains.capture_after, chains.max_chains, chains._stepping = {}, 9, 16, threading.Lock()
+    batches = [Batch.from_sequences(random_seqs(tiny, lengths, seed=46)) for lengths in ([30, 12, 9], [7])]
+    for batch in (batches[0], batches[1], batches[0]):
+        list(chains.steps(runner.pack(batch), runner._stage(runner.pack(batch), None)))
+    assert chains.manifest_rows() == [[51, 3, 3, 30, 2], [7, 1, 1, 7, 1]]
+    graphs = object.__new__(CudaGraphs)
+    graphs.seen, graphs.substituted, graphs.examples = Counter(), Counter(), {}
+    graphs.save_manifest(tmp_path / "m.json", chains.manifest_rows())
+    assert load_manifest(tmp_path / "m.json") == []
+    shapes = load_manifest(tmp_path / "m.json", "chains")
+    assert shapes == [(51, 3, 3, 30), (7, 1, 1, 7)]
+    for shape in shapes:
+        probe = probe_batch(shape, runner.vocab_size, "mean")
+        assert (probe.num_tokens, probe.num_seqs, probe.num_rows, int(probe.seq_lens.max())) == shape
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_restart_prewarms_the_chains_its_manifest_names(tmp_path):
+    """An engine that stepped a bulk layout by layers writes it to its graph manifest at close; the next engine on
+    that manifest captures and checks the layout's chain in warmup(), so its first bulk batch replays the chain."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from rose_tiny_models import build_qwen3
+
+    from rose.engine import Engine
+    from rose.graphs import cosine_divergence
+
+    tiny = build_qwen3(tmp_path, overrides={"num_hidden_layers": 3})
+    manifest = tmp_path / "rose_graphs.json"
+    bulk = Batch.from_sequences(random_seqs(tiny, [120, 100, 64], seed=47))
+    with Engine.from_pretrained(tiny.path, device="cuda", prewarm=(), graph_manifest=manifest) as engine:
+        engine.warmup()
+        for _ in range(2):
+            _stepped(engine.runner, bulk)
+        eager_bulk = engine.runner.step(bulk, use_graphs=False).result()
+    with Engine.from_pretrained(tiny.path, device="cuda", prewarm=(), graph_manifest=manifest) as engine:
+        verified = engine.warmup()
+        chains = engine.runner.layer_chains()
+        assert len(chains.chains) == 1 and any(v.layout in chains.chains for v in verified)
+        before = dict(engine.runner.runs)
+        rows, _ = _stepped(engine.runner, bulk)
+        grew = {key[1] for key, n in engine.runner.runs.items() if n > before.get(key, 0)}
+        assert grew == {"layers"}, grew
+        assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3

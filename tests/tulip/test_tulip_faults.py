@@ -106,3 +106,48 @@ def test_the_device_clock_paces_whole_and_layered_batches() -> None:
     assert clock.tail_end == pytest.approx(10.092) and clock.oldest() == (10.062, 0.030)
     assert clock.delivered(10.092, 10.062) == pytest.approx(0.030)
     assert clock.busy_s == pytest.approx(0.090)
+
+
+def test_busy_spans_count_the_union_of_both_workers_batches() -> None:
+    """tulip.pacing.BusySpans (tulip_device_busy_seconds_total): a query stepped between bulk's layers lies inside
+    the bulk batch's span and is not counted twice, whichever is delivered first; random spans against the
+    union measured on a fine grid."""
+    import random
+
+    from tulip.pacing import BusySpans, DeviceClock
+
+    spans = BusySpans()
+    bulk, query = DeviceClock(spans), DeviceClock(spans)
+    query.launched(10.004, 0.001)
+    query.delivered(10.005, 10.004)  # delivered first, inside the bulk batch's span
+    bulk.launched(10.030, 0.030, began=10.000, left=0.002)
+    bulk.delivered(10.030, 10.000)
+    assert spans.total() == pytest.approx(0.030)
+    assert bulk.busy_s + query.busy_s == pytest.approx(0.031)  # each worker's own count keeps its batches
+    query.launched(10.040, 0.002)
+    query.delivered(10.042, 10.040)
+    assert spans.total() == pytest.approx(0.032)
+
+    rng = random.Random(7)
+    spans, grid = BusySpans(horizon_s=1e9), [False] * 20000
+    for _ in range(300):
+        start = rng.randrange(0, 19900)
+        end = start + rng.randrange(0, 100)
+        spans.add(start / 1000, end / 1000)
+        grid[start:end] = [True] * (end - start)
+    assert spans.total() == pytest.approx(sum(grid) / 1000, abs=1e-9)
+
+
+def test_busy_spans_settle_what_is_older_than_their_horizon() -> None:
+    """Spans ending more than the horizon before the latest end are summed and dropped; a late span reaching
+    into the settled past counts only from the settled time on."""
+    from tulip.pacing import BusySpans
+
+    spans = BusySpans(horizon_s=1.0)
+    for i in range(100):
+        spans.add(i * 0.1, i * 0.1 + 0.05)
+    assert len(spans._starts) <= 11 and spans.total() == pytest.approx(5.0)
+    settled_s, settled_to = spans._settled_s, spans._settled_to
+    assert 8.0 < settled_to < 9.0 and settled_s == pytest.approx(0.05 * round(settled_to / 0.1 + 0.5))
+    spans.add(0.0, 10.0)  # the settled past is not counted again: it covers the rest from the settled time on
+    assert spans.total() == pytest.approx(settled_s + 10.0 - settled_to)
