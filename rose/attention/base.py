@@ -48,30 +48,6 @@ class AttentionBackend:
                 causal: bool, scale: float, state: Any = None, window: int = FULL) -> torch.Tensor:
         raise NotImplementedError
 
-    def fuses_rope(self, meta: ForwardMeta, head_dim: int) -> bool:
-        """Whether forward_roped runs this forward's layers (the decoder's QK step inside the attention kernel).
-        Default: never."""
-        return False
-
-    def forward_roped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMeta, causal: bool,
-                      scale: float, state: Any, window: int, rope: QKRope) -> torch.Tensor:
-        """forward() of q and k before the decoder's QK step (rose.layers.fused.qk_norm_rope), which it applies
-        (`rope`); q [T, Hq, D] and k [T, Hkv, D] may be strided views of the fused QKV projection."""
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class QKRope:
-    """The decoder's QK step for forward_roped: the per-head norm of q and k (`norm`: "rms", "gemma" or None,
-    rose.layers.fused.QK_NORMS) with its weights, then RoPE at `positions` with `inv_freq`."""
-
-    q_weight: torch.Tensor | None
-    k_weight: torch.Tensor | None
-    positions: torch.Tensor
-    inv_freq: torch.Tensor
-    eps: float
-    norm: str | None = "rms"
-
 
 @dataclass
 class AttentionContext:
@@ -91,10 +67,3 @@ class AttentionContext:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self.backend.forward(q, k, v, self.meta, self.causal, self.scale, self.state, self.window)
-
-    def fuses_rope(self, head_dim: int) -> bool:
-        """Whether roped() serves this forward (AttentionBackend.fuses_rope)."""
-        return self.backend.fuses_rope(self.meta, head_dim)
-
-    def roped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: QKRope) -> torch.Tensor:
-        return self.backend.forward_roped(q, k, v, self.meta, self.causal, self.scale, self.state, self.window, rope)

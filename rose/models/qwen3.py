@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rose.attention.base import AttentionBackend, AttentionContext, QKRope
+from rose.attention.base import AttentionBackend, AttentionContext
 from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding
 from rose.layers.fused import (
     add_rms_norm,
@@ -76,18 +76,13 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                 attn: AttentionContext) -> torch.Tensor:
-        t, d = x.shape[0], self.head_dim
+        t = x.shape[0]
         qkv = self.qkv_proj(x)
         weights = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
-        v = qkv[:, (self.num_heads + self.num_kv_heads) * d:].view(t, self.num_kv_heads, d)
-        if attn.fuses_rope(d):  # the QK step inside the attention kernel (rose.attention.triton_varlen)
-            q = qkv[:, :self.num_heads * d].view(t, self.num_heads, d)
-            k = qkv[:, self.num_heads * d:(self.num_heads + self.num_kv_heads) * d].view(t, self.num_kv_heads, d)
-            out = attn.roped(q, k, v, QKRope(*weights, positions, inv_freq, self.eps, self.qk_norm))
-        else:
-            q, k = qk_norm_rope(qkv, *weights, positions, inv_freq, self.num_heads, self.num_kv_heads, d, self.eps,
-                                norm=self.qk_norm)
-            out = attn(q, k, v)
+        q, k = qk_norm_rope(qkv, *weights, positions, inv_freq, self.num_heads, self.num_kv_heads, self.head_dim,
+                            self.eps, norm=self.qk_norm)
+        v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim:].view(t, self.num_kv_heads, self.head_dim)
+        out = attn(q, k, v)
         return self.o_proj(out.reshape(t, -1))
 
 

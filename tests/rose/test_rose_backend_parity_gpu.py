@@ -26,8 +26,6 @@ from rose.meta import ForwardMeta, pack_batch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 BACKENDS = ["varlen", "flashinfer-fa2", "flashinfer-fa3", "fa4", "triton"]  # varlen: the control
-# triton with the decoder's QK step inside its kernel at every bound, and at none (its own QK kernel before it)
-ROPE_BOUNDS = {"triton": 1 << 30, "triton-qk-apart": 0}
 LENGTHS = [1, 5, 17, 40, 64, 3, 29, 300]  # ragged, one sequence over two 128-row query tiles
 BAR = 1e-3
 
@@ -53,20 +51,16 @@ def qwen3(request, tiny_root):
     return tiny, seqs, reference_rows(tiny, seqs, device="cuda")
 
 
-@pytest.mark.parametrize("attention", BACKENDS + ["triton-qk-apart"])
+@pytest.mark.parametrize("attention", BACKENDS)
 def test_whole_model_parity_with_transformers(attention, qwen3):
     from rose.engine import Engine
 
     tiny, seqs, ref = qwen3
-    rope_bound = ROPE_BOUNDS.get(attention)
-    attention = "triton" if rope_bound is not None else attention
     backend_or_skip(attention, AttentionShape(16, 8, 128, causal=not tiny.bidirectional_mask))  # skip early
     engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", attention=attention, prewarm=(),
                                     graph_manifest=None)
     try:
         assert engine.info.attention_backend == attention and engine.runner.graphs is not None
-        if rope_bound is not None:
-            engine.runner.backend.rope_max_bound = rope_bound
         runner, hows, worst = engine.runner, [], {}
         for step in range(3):  # the layout's eager warm-up, its capture (verified against eager), a replay
             before = dict(runner.runs)

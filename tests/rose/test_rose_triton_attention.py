@@ -4,8 +4,7 @@ The same kernel runs compiled on the GPU in test_rose_attention_backends.py (rag
 of new batches) and test_rose_backend_parity_gpu.py (the whole model against transformers). Here: the
 interpreter (numpy) in a process of its own, float32 and float16, causal and not, GQA, strided K/V views,
 max-seqlen bounds above the longest sequence, sliding windows (narrower and wider than a key block, zero,
-wider than every sequence) both ways, MPNet's position bias (reach under and over a sequence's length), the decoder's
-QK step inside the kernel (each norm, against the QK kernel then the plain kernel). Skipped where Triton is not installed (CPU builds of torch ship
+wider than every sequence) both ways, MPNet's position bias (reach under and over a sequence's length). Skipped where Triton is not installed (CPU builds of torch ship
 without it; `pip install triton` to run it).
 """
 
@@ -28,7 +27,7 @@ def test_kernel_matches_float32_reference_under_the_interpreter():
     run = subprocess.run([sys.executable, str(Path(__file__).with_name("triton_interpreted.py"))], env=env,
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(" ok") == 72, run.stdout
+    assert run.stdout.count(" ok") == 60, run.stdout
 
 
 def test_block_config_follows_the_layout():
