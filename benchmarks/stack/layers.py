@@ -5,7 +5,8 @@
 
 Layers, in this order (`--layers` picks some): `ivy-text` (the gateway with texts), `ivy-ids` (the
 gateway with the client's own token ids), `tulip-grpc` (one Tulip over gRPC with ids, `--tulip-call
-stream|unary`; needs `--tulip`) and, with `--inprocess true`, `inprocess` (rose.Engine in this process,
+stream|unary`; needs `--tulip`), `tulip-framed` (the same Tulip over its framed EmbedStream, the transport Ivy
+uses: the port its Info names) and, with `--inprocess true`, `inprocess` (rose.Engine in this process,
 after the servers' layers; the server may stay up) and `inprocess-closed` (the same engine as L closed-loop
 clients with a harness that costs nothing, the concurrency suite only: inprocess_closed.py says why).
 Every layer runs the same suites on the same seeded requests (context.py). Each layer is verified against `--reference` when given, on what it is
@@ -30,7 +31,7 @@ from benchmarks.stack.__main__ import EXIT_CONFIG, EXIT_SERVER, redact
 from benchmarks.stack.config import BenchConfig, _f
 from benchmarks.stack.context import IdTokenizer, SuiteContext
 from benchmarks.stack.corpus import Corpus, CorpusError, DocumentMaker, TokenCounter
-from benchmarks.stack.layers_report import INPROCESS, LAYERS, headline_env, layers_stem, write_layers
+from benchmarks.stack.layers_report import INPROCESS, LAYERS, TULIP, headline_env, layers_stem, write_layers
 from benchmarks.stack.load import ClientSpec, parse_cpus
 from benchmarks.stack.report import CostBasis, collect_env, failed_record
 from benchmarks.stack.servers import IdsFace, http_server, tulip_server, verification
@@ -69,12 +70,12 @@ def check(config: LayersConfig) -> tuple[tuple[str, ...], list[str]]:
     wanted = [s.strip() for s in config.layers.split(",") if s.strip()]
     if unknown := [s for s in wanted if s not in LAYERS]:
         raise ValueError(f"unknown layer(s) {', '.join(unknown)}; choose from {', '.join(LAYERS)}")
-    layers = [name for name in LAYERS if name in wanted and (name != "tulip-grpc" or config.tulip)
+    layers = [name for name in LAYERS if name in wanted and (name not in TULIP or config.tulip)
               and (name not in INPROCESS or config.inprocess)]
     if set(INPROCESS) & set(layers) and not config.model_dir:
         raise ValueError("--inprocess true needs --model-dir (the engine loads it)")
     if not layers:
-        raise ValueError("no layer to run (tulip-grpc needs --tulip, inprocess --inprocess true)")
+        raise ValueError("no layer to run (tulip-grpc and tulip-framed need --tulip, inprocess --inprocess true)")
     return config.suites(), layers
 
 
@@ -112,8 +113,9 @@ class LayersRun:
             client = spec.connect()
             face = client if layer == "ivy-text" else IdsFace(lambda s: client.embeddings(s, "float")[0], self.tokenize)
             return client, spec, _closing(client, lambda: http_server(config, client)), face
-        if layer == "tulip-grpc":
-            tulip = TulipSpec(config.tulip or "", config.tulip_call, config.timeout_s, self.cpus)
+        if layer in TULIP:
+            call = "framed" if layer == "tulip-framed" else config.tulip_call
+            tulip = TulipSpec(config.tulip or "", call, config.timeout_s, self.cpus)
             client = tulip.connect()
             server = _closing(client, lambda: tulip_server(config, client))
             info = server["info"]

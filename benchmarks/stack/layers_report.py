@@ -14,9 +14,10 @@ from benchmarks.gpu_env import git_commit
 from benchmarks.stack.config import SUITES
 from benchmarks.stack.report import measured, write_result
 
-LAYERS = ("ivy-text", "ivy-ids", "tulip-grpc", "inprocess", "inprocess-closed")
-COLORS = {"ivy-text": "tab:blue", "ivy-ids": "tab:orange", "tulip-grpc": "tab:green", "inprocess": "tab:red",
-          "inprocess-closed": "tab:purple"}
+LAYERS = ("ivy-text", "ivy-ids", "tulip-grpc", "tulip-framed", "inprocess", "inprocess-closed")
+COLORS = {"ivy-text": "tab:blue", "ivy-ids": "tab:orange", "tulip-grpc": "tab:green", "tulip-framed": "tab:olive",
+          "inprocess": "tab:red", "inprocess-closed": "tab:purple"}
+TULIP = ("tulip-grpc", "tulip-framed")  # Tulip direct with ids: over --tulip-call (gRPC), and its framed EmbedStream
 INPROCESS = ("inprocess", "inprocess-closed")  # rose.Engine in the benchmark's process (--inprocess true)
 
 

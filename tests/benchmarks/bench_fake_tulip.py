@@ -1,4 +1,5 @@
-"""A small fake Tulip (grpc.aio servicer: Embed, EmbedStream, Info) on loopback in a background thread.
+"""A small fake Tulip (grpc.aio servicer: Embed, EmbedStream, Info, and the framed EmbedStream's port that Info
+names) on loopback in a background thread.
 
 Rows are the fake stack's (stack_bench_fake.FakeStack.embed of the token ids), so a layers run sees the
 same embeddings through either fake. `fail_over_seqs`: requests with more sequences end with
@@ -17,6 +18,7 @@ import grpc
 import numpy as np
 
 from protos import embed_pb2, embed_pb2_grpc
+from protos.framing import FrameBuffer, frame
 
 
 class FakeTulip(embed_pb2_grpc.EmbedderServicer):
@@ -27,6 +29,23 @@ class FakeTulip(embed_pb2_grpc.EmbedderServicer):
         self.fail_over_seqs = 0
         self.delay_token, self.delay_s = -1, 0.0
         self.cancelled: list[int] = []
+        self.framed_port = 0  # FakeTulipThread binds it
+
+    async def serve_framed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The framed EmbedStream (protos.framing): StreamRequests in, their StreamResponses out, one at a time."""
+        frames = FrameBuffer(1 << 30)
+        while data := await reader.read(1 << 16):
+            for payload in frames.feed(data):
+                message = embed_pb2.StreamRequest.FromString(payload)
+                if message.cancel:
+                    self.cancelled.append(message.id)
+                    continue
+                self.calls["framed-messages"] += 1
+                response, code, text = await self._answer(message.request)
+                answer = (embed_pb2.StreamResponse(id=message.id, response=response) if response is not None else
+                          embed_pb2.StreamResponse(id=message.id, code=code.value[0], message=text, reason="deadline"))
+                writer.write(frame(answer))
+        writer.close()
 
     async def _answer(self, request: embed_pb2.EmbedRequest) -> tuple[Any, grpc.StatusCode, str]:
         ids = np.frombuffer(request.token_ids, dtype="<i4")
@@ -64,7 +83,8 @@ class FakeTulip(embed_pb2_grpc.EmbedderServicer):
     async def Info(self, request, context):  # noqa: N802
         self.calls["Info"] += 1
         return embed_pb2.InfoResponse(model_id="fake-minilm", max_length=self.max_length, dimensions=32,
-                                      pooling="mean", max_batch_tokens=256, max_batch_seqs=16, device="cpu")
+                                      pooling="mean", max_batch_tokens=256, max_batch_seqs=16, device="cpu",
+                                      framed_port=self.framed_port)
 
 
 class FakeTulipThread:
@@ -83,9 +103,12 @@ class FakeTulipThread:
         embed_pb2_grpc.add_EmbedderServicer_to_server(self.servicer, self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
+        self.framed = await asyncio.start_server(self.servicer.serve_framed, "127.0.0.1", 0)
+        self.servicer.framed_port = self.framed.sockets[0].getsockname()[1]
         return port
 
     def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.framed.close)
         asyncio.run_coroutine_threadsafe(self.server.stop(0), self.loop).result(20)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)

@@ -46,13 +46,15 @@ def layers_run(fake_stack: FakeStack, minilm_dir: Path, tmp_path_factory: pytest
 def test_every_layer_runs_every_suite_in_order(layers_run: dict[str, Any]) -> None:
     records = layers_run["result"]["records"]
     assert [(r["layer"], r["suite"], r["param"]) for r in records] == [
-        (layer, suite, param) for layer in ("ivy-text", "ivy-ids", "tulip-grpc", "inprocess") for suite, param in STEPS
+        (layer, suite, param) for layer in ("ivy-text", "ivy-ids", "tulip-grpc", "tulip-framed", "inprocess")
+        for suite, param in STEPS
     ] + [("inprocess-closed", suite, param) for suite, param in STEPS if suite == "concurrency"]
     for r in records:
         assert "error" not in r, r
         assert all(isinstance(r[k], float) and r[k] > 0 for k in NUMBERS), r
         assert r["input"] == ("text" if r["layer"] == "ivy-text" else "ids")
     assert layers_run["calls"]["EmbedStream"] >= 1 and layers_run["calls"]["Embed"] == 0  # stream by default
+    assert layers_run["calls"]["framed-messages"] >= len(STEPS)  # tulip-framed: on the port Info names
 
 
 def test_layers_send_the_same_requests(layers_run: dict[str, Any]) -> None:
@@ -66,7 +68,7 @@ def test_layers_send_the_same_requests(layers_run: dict[str, Any]) -> None:
 def test_env_has_the_headline_facts_and_each_layers_server(layers_run: dict[str, Any]) -> None:
     env = layers_run["result"]["env"]
     assert list(env)[:4] == ["gpu", "driver", "torch", "commit"] and env["commit"]
-    assert set(env["layers"]) == {"ivy-text", "ivy-ids", "tulip-grpc", "inprocess", "inprocess-closed"}
+    assert set(env["layers"]) == {"ivy-text", "ivy-ids", "tulip-grpc", "tulip-framed", "inprocess", "inprocess-closed"}
     assert env["layers"]["tulip-grpc"]["info"]["max_batch_tokens"] == 256
     assert env["layers"]["inprocess"]["engine"]["max_batch_tokens"] == 256  # Tulip's limits, from Info
     assert env["layers"]["ivy-ids"]["verification"] == {"skipped": True}
