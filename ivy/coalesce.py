@@ -12,6 +12,11 @@ its output options (dimensions, normalize, encoding) and priority lane (never ac
 other requests parsed in the same turn). Under load a turn holds many ready requests and the groups grow
 by themselves. A group is also sent as soon as it is full (chunk token or sequence budget).
 
+Only while some replica is on its gRPC stream (or unary calls): over the framed EmbedStream a call costs Tulip a
+fifth of a gRPC one, and on the H200 sharing calls there cost 8 % of the requests at 16 clients (Ivy's own time a
+request 0.8-1.0 ms against 1.5-1.7 with groups; benchmarks/NOTES.md, "Coalescing"), so the gateway sends each
+request on its own when every serving replica is framed (ReplicaPool.all_framed).
+
 Each caller waits for its own rows until its own deadline; the group's call carries the latest deadline
 of its members. A caller that goes away leaves the group; the call is cancelled only when every member
 has gone (then its work is dropped before batching, as for a single request).

@@ -70,7 +70,9 @@ class IvyConfig:
         "whose queue is full is retried after a jittered pause until the deadline. 0 = 4 per serving replica."))
     coalesce: bool = field(default=True, metadata=_help(
         "Concurrent requests with the same output options that fit in one chunk share one gRPC call "
-        "(sent after one turn of the event loop, never after a timer); false = one call per request."))
+        "(sent after one turn of the event loop, never after a timer) while some replica is on its gRPC stream; "
+        "over the framed EmbedStream each request is its own call (cheaper there: benchmarks/NOTES.md, "
+        "'Coalescing'); false = one call per request always."))
     grpc_stream: bool = field(default=True, metadata=_help(
         "Send requests over one long-lived EmbedStream per replica (multiplexed by id, each with its deadline) "
         "instead of a unary call each; responses over 1 MiB still take a unary call. false = unary only."))

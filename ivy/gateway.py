@@ -216,7 +216,8 @@ class Gateway:
             raise IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
         request_id = metrics.REQUEST_ID.get() or uuid.uuid4().hex
         if (self.coalescer is not None and spans is None and token_types is None and not output and len(chunks) == 1
-                and (self.coalescer.has_open_group() or self.pool.busy())):  # alone: straight out, no extra turn
+                and (self.coalescer.has_open_group() or self.pool.busy())  # alone: straight out, no extra turn
+                and not self.pool.all_framed()):  # framed calls are cheap: each request its own (ivy/coalesce.py)
             return await self.coalescer.embed(sequences, chunks[0].tokens, deadline=deadline, dimensions=dimensions,
                                               normalize=normalize, encoding=encoding, request_id=request_id,
                                               lane=wire_lane)

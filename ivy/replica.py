@@ -75,6 +75,11 @@ class Replica:
         self.m_chunks = metrics.CHUNKS.labels(address)
         self.m_grpc_seconds = metrics.GRPC_SECONDS.labels(address)
 
+    @property
+    def on_framed(self) -> bool:
+        """Its requests go over the framed EmbedStream now (ivy/framed.py), not a gRPC call."""
+        return isinstance(self.stream, FramedStream)
+
     async def embed(self, request: embed_pb2.EmbedRequest, timeout: float, response_bytes: int) -> embed_pb2.EmbedResponse:
         """One chunk on this replica: over the stream, or a unary call for a large response (on the shared
         stream it would hold the small answers behind it). Raises CallFailed."""

@@ -184,6 +184,12 @@ class ReplicaPool:
         """Some call of this process is waiting on a replica."""
         return any(r.outstanding_tokens for r in self.replicas)
 
+    def all_framed(self) -> bool:
+        """Every serving replica takes its requests over the framed EmbedStream (ivy.coalesce: then a call is
+        cheap enough that sharing one costs more than it saves)."""
+        serving = [r for r in self.replicas if r.state is State.SERVING]
+        return bool(serving) and all(r.on_framed for r in serving)
+
     def ready(self) -> bool:
         """Ready while any replica serves (RELIABILITY 29): one GPU pod down or rolling must not take every
         gateway out of its Service; the others answer, `degraded()` says so."""

@@ -234,6 +234,20 @@ def test_through_the_gateway_concurrent_requests_share_calls_and_get_exact_rows(
     assert sum(c.seqs for c in fake.calls[calls_solo + calls_shared:]) == len(texts)
 
 
+def test_over_framed_replicas_each_request_is_its_own_call() -> None:
+    """When every serving replica takes its requests over the framed EmbedStream (ReplicaPool.all_framed), the
+    requests ready in one turn are not grouped: one call each (coalescing stays for replicas on gRPC, above)."""
+    seqs = [[101, 1000 + i, 2000 + i % 5, 102] for i in range(12)]
+    with FakeTulip() as fake:
+        with gateway(fake) as client:
+            gw = client.app.state.gateway
+            assert not gw.pool.all_framed()  # the fake speaks gRPC only
+            gw.pool.all_framed = lambda: True
+            rows = _gateway_burst(client, seqs, together=True)
+    assert len(fake.calls) == len(seqs) and all(c.seqs == 1 for c in fake.calls)
+    assert len(rows) == len(seqs)
+
+
 def test_every_member_of_a_shared_call_gets_its_cold_flag_and_timings() -> None:
     from ivy import metrics
 
@@ -249,3 +263,18 @@ def test_every_member_of_a_shared_call_gets_its_cold_flag_and_timings() -> None:
 
     assert _run(main(True)) == [(True, 120, 1400, 1800)] * 3
     assert _run(main(False)) == [(False, 120, 1400, 1800)] * 3
+
+
+def test_all_framed_counts_the_serving_replicas_only() -> None:
+    from types import SimpleNamespace
+
+    from ivy.replica import State
+    from ivy.replicas import ReplicaPool
+
+    pool = object.__new__(ReplicaPool)
+    framed, grpc_ = (SimpleNamespace(state=State.SERVING, on_framed=f) for f in (True, False))
+    down_on_grpc = SimpleNamespace(state=State.UNREACHABLE, on_framed=False)
+    for replicas, want in (([framed], True), ([framed, grpc_], False), ([framed, down_on_grpc], True),
+                           ([down_on_grpc], False), ([], False)):
+        pool.replicas = replicas
+        assert pool.all_framed() is want, replicas
