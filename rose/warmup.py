@@ -96,8 +96,8 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
 def prewarm_chains(runner, manifest: Path | None, pooling: str) -> list[VerifiedLayout]:
     """Capture the layer chains (rose.layer_graphs) of the bulk layouts the manifest names, hottest first, up to the
     chains held: each probe batch stepped by layers until its chain is captured and checked against the eager run
-    (the check every chain gets). A chain
-    that disagrees raises GraphVerificationError, as whole-model graphs do; one whose capture fails is skipped."""
+    (the check every chain gets). A chain that disagrees raises GraphVerificationError, as whole-model graphs do;
+    one whose capture fails is skipped, and so is a layout not captured within its steppings."""
     chains = runner.layer_chains()
     if chains is None or manifest is None or not manifest.is_file():
         return []
@@ -117,11 +117,15 @@ def prewarm_chains(runner, manifest: Path | None, pooling: str) -> list[Verified
         if len(chains.chains) >= chains.max_chains:
             break
         t0 = time.perf_counter()
-        while layout not in chains.chains and layout not in chains.eager_only:  # eager warm-up, then the capture
+        for _ in range(chains.capture_after + 1):  # eager warm-up(s), then the capture
+            if layout in chains.chains or layout in chains.eager_only:
+                break
             steps = step_layers(runner, batch)
             while (lazy := next(steps)) is None:
                 pass
             lazy.result()
+        if layout not in chains.chains and layout not in chains.eager_only:  # not captured (its lock was held)
+            continue
         if layout in chains.eager_only:
             if "GraphVerificationError" in chains.eager_only[layout]:
                 raise GraphVerificationError(f"layer chain {layout_label(layout)}: {chains.eager_only[layout]}; "

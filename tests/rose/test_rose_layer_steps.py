@@ -388,3 +388,28 @@ def test_on_the_gpu_a_restart_prewarms_the_chains_its_manifest_names(tmp_path):
         grew = {key[1] for key, n in engine.runner.runs.items() if n > before.get(key, 0)}
         assert grew == {"layers"}, grew
         assert float(cosine_divergence(rows, eager_bulk).max()) <= 1e-3
+
+
+def test_the_chains_prewarm_steps_each_layout_a_bounded_number_of_times(tiny_models, engine_for, tmp_path,
+                                                                        monkeypatch):
+    """rose.warmup.prewarm_chains with stand-in chains whose lock another stepping holds (so nothing is captured):
+    each manifest layout is stepped capture_after + 1 times, eagerly, and skipped; the prewarm ends."""
+    import json
+    import threading
+    from collections import Counter
+
+    from rose.layer_graphs import LayerGraphs
+    from rose.warmup import prewarm_chains
+
+    engine = engine_for("qwen3")
+    runner = engine.runner
+    chains = object.__new__(LayerGraphs)
+    chains.runner, chains.seen, chains.eager_only, chains.full, chains.chains = runner, Counter(), {}, 0, {}
+    chains.capture_after, chains.max_chains, chains._stepping, chains.examples = 1, 16, threading.Lock(), {}
+    chains.layout_for = lambda t, s, p, m: runner.pack(Batch.from_sequences([[5] * (t // s)] * s)).layout
+    chains._stepping.acquire()  # held: every stepping runs eagerly
+    monkeypatch.setattr(runner, "layer_chains", lambda: chains)
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"version": 2, "shapes": [], "chains": [[24, 3, 3, 8, 5], [10, 1, 1, 10, 2]]}))
+    assert prewarm_chains(runner, manifest, "mean") == []
+    assert sorted(chains.seen.values()) == [2, 2] and not chains.chains
