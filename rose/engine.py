@@ -70,6 +70,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 class Engine:
+    # warmup() also captures the layer chains of the bulk layouts the graph manifest names (rose.warmup.prewarm_chains):
+    # only for a caller that steps bulk by layers (Tulip with TULIP_BULK_LAYERS_AHEAD > 0 sets it before warmup)
+    prewarm_layer_chains = False
+
     def __init__(self, spec: ModelSpec, tokenizer: Tokenizer, runner: ModelRunner) -> None:
         self.spec = spec
         self.tokenizer = tokenizer
@@ -264,7 +268,9 @@ class Engine:
             return []
         shapes = prewarm_shapes(self.runner, self.prewarm, self.graph_manifest)
         verified = prewarm_and_verify(self.runner, shapes, self.spec.pooling)
-        return verified + prewarm_chains(self.runner, self.graph_manifest, self.spec.pooling)
+        if self.prewarm_layer_chains:
+            verified += prewarm_chains(self.runner, self.graph_manifest, self.spec.pooling)
+        return verified
 
     def prewarm_express(self) -> list[VerifiedLayout]:
         """Capture and verify the express lane's graphs (the small prewarm layouts that fit it, rose.express)

@@ -90,7 +90,7 @@ class LayerGraphs:
     def manifest_rows(self) -> list[list[int]]:
         """[tokens, sequences, rows, longest, sights] of each layout stepped, hottest first (the graph manifest's
         "chains": the next start prewarms them, rose.warmup.prewarm_chains)."""
-        return [[*self.examples[lay], n] for lay, n in self.seen.most_common() if lay in self.examples]
+        return [[*self.examples[lay], n] for lay, n in self.seen.most_common() if n and lay in self.examples]
 
     def layout_for(self, num_tokens: int, num_seqs: int, num_rows: int, longest: int) -> MetaLayout | None:
         """The bucket layout a stepped batch pads to, or None (stepped eagerly at its exact size): above the
@@ -154,10 +154,16 @@ class LayerGraphs:
                 else:
                     reference = step[0]
             chain = yield from self._capture(host, staged)
-            for rows in self._replay(chain, host, staged):
-                if rows is None:
-                    yield None
-            worst = check_replay(f"layers {layout_label(layout)}", _host_rows(rows, host), _host_rows(reference, host))
+            try:
+                for rows in self._replay(chain, host, staged):
+                    if rows is None:
+                        yield None
+                worst = check_replay(f"layers {layout_label(layout)}", _host_rows(rows, host),
+                                     _host_rows(reference, host))
+            except BaseException:  # the chain is dropped (refused, or the stepping abandoned)
+                if not self.chains:  # it was the pool's only user: a pool nobody uses may not be captured into again
+                    self.pool = self._fresh_pool()
+                raise
         except Exception as exc:  # this layout steps eagerly from now on
             self.eager_only[layout] = f"{type(exc).__name__}: {exc}"
             log.warning("layer graphs %s: %s; this layout is stepped eagerly from now on", layout_label(layout),
@@ -174,6 +180,10 @@ class LayerGraphs:
         self.chains[layout], self.divergence[layout] = chain, worst
         self.captures += 1
         return rows, "layers-capture"
+
+    @staticmethod
+    def _fresh_pool():
+        return torch.cuda.graph_pool_handle()
 
     def _side_stream(self) -> torch.cuda.Stream:
         if self._side is None:
@@ -228,12 +238,15 @@ class LayerGraphs:
                 graphs.append(graph)
                 stream.wait_stream(side)
                 self.capture_seconds += time.perf_counter() - start
+                start = None  # not capturing while the other steps run
                 yield None
                 start = time.perf_counter()
         except BaseException:
+            if start is not None:
+                self.capture_seconds += time.perf_counter() - start
             torch.cuda.set_stream(stream)
             end_pool_recording(runner.device, self.pool)
-            self.pool = torch.cuda.graph_pool_handle()  # later chains: a fresh pool (captured ones keep theirs)
+            self.pool = self._fresh_pool()  # later chains: a fresh pool (captured ones keep theirs)
             raise
         finally:
             hidden.close()

@@ -54,7 +54,7 @@ def prewarm_shapes(runner, keys: Iterable[tuple[int, int]], manifest: Path | Non
     if manifest is not None and manifest.is_file():
         try:
             shapes.extend(load_manifest(manifest)[:limit])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("ignoring unreadable graph manifest %s: %s", manifest, exc)
     return shapes
 
@@ -103,7 +103,7 @@ def prewarm_chains(runner, manifest: Path | None, pooling: str) -> list[Verified
         return []
     try:
         shapes = load_manifest(manifest, "chains")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.warning("ignoring unreadable graph manifest %s: %s", manifest, exc)
         return []
     done = []
@@ -116,7 +116,7 @@ def prewarm_chains(runner, manifest: Path | None, pooling: str) -> list[Verified
             continue
         if len(chains.chains) >= chains.max_chains:
             break
-        t0 = time.perf_counter()
+        t0, sights = time.perf_counter(), chains.seen[layout]
         for _ in range(chains.capture_after + 1):  # eager warm-up(s), then the capture
             if layout in chains.chains or layout in chains.eager_only:
                 break
@@ -124,6 +124,7 @@ def prewarm_chains(runner, manifest: Path | None, pooling: str) -> list[Verified
             while (lazy := next(steps)) is None:
                 pass
             lazy.result()
+        chains.seen[layout] = sights  # probes are not traffic: the manifest keeps what serving met
         if layout not in chains.chains and layout not in chains.eager_only:  # not captured (its lock was held)
             continue
         if layout in chains.eager_only:

@@ -313,6 +313,7 @@ def test_a_chain_is_captured_a_step_at_a_time_and_a_refused_one_serves_the_eager
 
     rows = eager.clone() if check == "kept" else -eager
     chains._capture = capture
+    chains.pool, chains._fresh_pool = "the pool", lambda: "a fresh pool"
     chains._replay = lambda chain, h, s: iter([None] * (len(chains.chunks) - 1) + [rows])
     steps = list(chains.steps(host, staged))
     layers = len(runner.model.layers)
@@ -321,10 +322,12 @@ def test_a_chain_is_captured_a_step_at_a_time_and_a_refused_one_serves_the_eager
     assert not chains._stepping.locked()
     if check == "kept":
         assert how == "layers-capture" and got is rows and chains.chains == {host.layout: "a chain"}
-        assert chains.captures == 1
+        assert chains.captures == 1 and chains.pool == "the pool"
     else:
         assert how == "eager" and host.layout in chains.eager_only and not chains.chains
         torch.testing.assert_close(got, eager)
+        # the dropped chain was the pool's only user: a pool nobody uses may not be captured into again
+        assert chains.pool == "a fresh pool"
 
 
 def test_the_layouts_stepped_by_layers_go_to_the_manifest_and_come_back_as_probes(tiny_models, engine_for, tmp_path):
@@ -380,6 +383,7 @@ def test_on_the_gpu_a_restart_prewarms_the_chains_its_manifest_names(tmp_path):
             _stepped(engine.runner, bulk)
         eager_bulk = engine.runner.step(bulk, use_graphs=False).result()
     with Engine.from_pretrained(tiny.path, device="cuda", prewarm=(), graph_manifest=manifest) as engine:
+        engine.prewarm_layer_chains = True  # as Tulip sets it when it steps bulk by layers
         verified = engine.warmup()
         chains = engine.runner.layer_chains()
         assert len(chains.chains) == 1 and any(v.layout in chains.chains for v in verified)
@@ -409,7 +413,13 @@ def test_the_chains_prewarm_steps_each_layout_a_bounded_number_of_times(tiny_mod
     chains.layout_for = lambda t, s, p, m: runner.pack(Batch.from_sequences([[5] * (t // s)] * s)).layout
     chains._stepping.acquire()  # held: every stepping runs eagerly
     monkeypatch.setattr(runner, "layer_chains", lambda: chains)
+    stepped, steps = [], chains.steps
+    chains.steps = lambda host, staged: (stepped.append(host.layout), steps(host, staged))[1]
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"version": 2, "shapes": [], "chains": [[24, 3, 3, 8, 5], [10, 1, 1, 10, 2]]}))
     assert prewarm_chains(runner, manifest, "mean") == []
-    assert sorted(chains.seen.values()) == [2, 2] and not chains.chains
+    assert len(stepped) == 4 and len(set(stepped)) == 2  # capture_after + 1 steppings each, then skipped
+    assert not chains.chains and not any(chains.seen.values())  # the probes are not counted as traffic
+    assert chains.manifest_rows() == []
+    manifest.write_text("[1, 2]")  # readable JSON, not a manifest
+    assert prewarm_chains(runner, manifest, "mean") == []

@@ -4,6 +4,7 @@ worker steps interactive ones on the main lane (not the express lane) while that
 rows are the engine's own. A gated fake engine for the wiring, the tiny Qwen3 on a CPU for the rows, and on a
 GPU the same through per-layer CUDA graphs."""
 
+import dataclasses
 import sys
 import threading
 from pathlib import Path
@@ -136,3 +137,27 @@ def test_a_bulk_batch_stepped_by_layers_never_runs_on_the_event_loop() -> None:
     threads = engine.step_threads
     assert all(name != "test-tulip-loop" for name in threads[:3]), threads
     assert threads[3] == "test-tulip-loop", threads  # an interactive lone request still launches inline
+
+
+def test_the_engine_prewarms_layer_chains_only_where_bulk_is_stepped_by_layers(monkeypatch) -> None:
+    """tulip.engine_loader.build_engine asks ROSE's warmup for the manifest's layer chains (Engine.prewarm_layer_chains)
+    when Tulip steps bulk by layers (lanes on, the express budget set, TULIP_BULK_LAYERS_AHEAD > 0), not otherwise."""
+    import rose
+    from tulip.config import TulipConfig
+    from tulip.engine_loader import build_engine
+
+    seen = []
+
+    class Loaded:
+        prewarm_layer_chains = False
+
+        def warmup(self):
+            seen.append(self.prewarm_layer_chains)
+
+    monkeypatch.setattr(rose.Engine, "from_pretrained", staticmethod(lambda *a, **k: Loaded()))
+    base = TulipConfig(device="cpu")
+    assert base.lanes and base.express_batch_tokens and base.bulk_layers_ahead > 0  # the defaults step by layers
+    for config, want in ((base, True), (dataclasses.replace(base, bulk_layers_ahead=0), False),
+                         (dataclasses.replace(base, lanes=False), False)):
+        build_engine(config)
+        assert seen[-1] is want, config
