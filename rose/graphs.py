@@ -156,8 +156,7 @@ class CudaGraphs:
     def _note(self, host: HostMeta) -> None:
         self.seen[host.layout] += 1
         if host.layout not in self.examples:
-            self.examples[host.layout] = (host.num_tokens, host.num_seqs, host.num_rows,
-                                          int(np.diff(host.cu_seqlens[: host.num_seqs + 1]).max(initial=1)))
+            self.examples[host.layout] = host.shape()
 
     def _replay(self, entry: _Graph, host: HostMeta, staged: torch.Tensor) -> torch.Tensor:
         entry.static_in.copy_(staged, non_blocking=True)

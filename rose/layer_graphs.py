@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rose.graph_checks import check_replay
+from rose.graph_checks import GraphVerificationError, check_replay
 from rose.graphs import _count_capture, _end_failed_capture, _host_rows, end_pool_recording, layout_label
 from rose.meta import ForwardMeta, HostMeta, MetaLayout
 
@@ -73,6 +73,7 @@ class LayerGraphs:
         self.seen: Counter[MetaLayout] = Counter()
         self.examples: dict[MetaLayout, tuple[int, int, int, int]] = {}  # a real (T, S, P, longest) per layout
         self.eager_only: dict[MetaLayout, str] = {}
+        self.refused: set[MetaLayout] = set()  # ... of eager_only, the ones whose chain failed its check
         self.divergence: dict[MetaLayout, float] = {}  # each kept chain's check: its rows against the eager run's
         self.capture_seconds = 0.0
         self.captures = 0
@@ -109,7 +110,7 @@ class LayerGraphs:
         layout = host.layout
         self.seen[layout] += 1
         if layout not in self.examples:
-            self.examples[layout] = _shape(host)
+            self.examples[layout] = host.shape()
         chain = self.chains.get(layout)
         due = chain is None and layout not in self.eager_only and self.seen[layout] > self.capture_after
         if due and len(self.chains) >= self.max_chains:
@@ -165,6 +166,8 @@ class LayerGraphs:
                     self.pool = self._fresh_pool()
                 raise
         except Exception as exc:  # this layout steps eagerly from now on
+            if isinstance(exc, GraphVerificationError):
+                self.refused.add(layout)
             self.eager_only[layout] = f"{type(exc).__name__}: {exc}"
             log.warning("layer graphs %s: %s; this layout is stepped eagerly from now on", layout_label(layout),
                         self.eager_only[layout], exc_info=exc)
@@ -255,10 +258,6 @@ class LayerGraphs:
 
 _END = object()
 
-
-def _shape(host: HostMeta) -> tuple[int, int, int, int]:
-    lengths = host.cu_seqlens[1: host.num_seqs + 1] - host.cu_seqlens[: host.num_seqs]
-    return host.num_tokens, host.num_seqs, host.num_rows, int(lengths.max(initial=1))
 
 
 def eager_layer_steps(runner, host: HostMeta, staged: torch.Tensor) -> Generator[tuple[torch.Tensor, str] | None, None,

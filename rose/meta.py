@@ -71,6 +71,12 @@ class HostMeta:
     max_seqlen: int  # longest (pseudo-)sequence in the packed array
     cu_seqlens: np.ndarray  # int32 [Sb + 1], the same values as on the device
 
+    def shape(self) -> tuple[int, int, int, int]:
+        """(tokens, sequences, rows, longest real sequence): what a probe batch needs to map to this layout
+        (rose.graph_checks.probe_batch; the graph manifest's rows)."""
+        longest = int(np.diff(self.cu_seqlens[: self.num_seqs + 1]).max(initial=1))
+        return self.num_tokens, self.num_seqs, self.num_rows, longest
+
 
 @dataclass
 class ForwardMeta:

@@ -21,13 +21,14 @@ from typing import Iterable
 
 
 from rose.graphs import GraphVerificationError, check_replay, layout_label, load_manifest, probe_batch
-from rose.layer_steps import step_layers
+from rose.layer_steps import step_paced
 from rose.meta import MetaLayout
 
 log = logging.getLogger("rose.warmup")
 MANIFEST_NAME = "rose_graphs.json"
 DEFAULT_PREWARM = ((128, 1), (512, 1), (2048, 8))
 REFUSAL = "refusing to serve (driver/GPU/kernel problem?)"
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError)  # a manifest file that is not one
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def prewarm_shapes(runner, keys: Iterable[tuple[int, int]], manifest: Path | Non
     if manifest is not None and manifest.is_file():
         try:
             shapes.extend(load_manifest(manifest)[:limit])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except UNREADABLE as exc:
             log.warning("ignoring unreadable graph manifest %s: %s", manifest, exc)
     return shapes
 
@@ -103,7 +104,7 @@ def prewarm_chains(runner, manifest: Path | None, pooling: str) -> list[Verified
         return []
     try:
         shapes = load_manifest(manifest, "chains")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except UNREADABLE as exc:
         log.warning("ignoring unreadable graph manifest %s: %s", manifest, exc)
         return []
     done = []
@@ -120,17 +121,11 @@ def prewarm_chains(runner, manifest: Path | None, pooling: str) -> list[Verified
         for _ in range(chains.capture_after + 1):  # eager warm-up(s), then the capture
             if layout in chains.chains or layout in chains.eager_only:
                 break
-            steps = step_layers(runner, batch)
-            while (lazy := next(steps)) is None:
-                pass
-            lazy.result()
+            step_paced(runner, batch, ahead=len(chains.chunks) + 1).result()  # never waits: one batch in flight
         chains.seen[layout] = sights  # probes are not traffic: the manifest keeps what serving met
-        if layout not in chains.chains and layout not in chains.eager_only:  # not captured (its lock was held)
-            continue
-        if layout in chains.eager_only:
-            if "GraphVerificationError" in chains.eager_only[layout]:
-                raise GraphVerificationError(f"layer chain {layout_label(layout)}: {chains.eager_only[layout]}; "
-                                             f"{REFUSAL}")
+        if layout in chains.refused:
+            raise GraphVerificationError(f"layer chain {layout_label(layout)}: {chains.eager_only[layout]}; {REFUSAL}")
+        if layout not in chains.chains:  # its capture failed, or it was not captured (the chains' lock was held)
             continue
         done.append(VerifiedLayout(layout, chains.divergence[layout], time.perf_counter() - t0))
     if done:

@@ -184,5 +184,11 @@ class TulipConfig:
         return choice in ("true", "1", "yes", "on")
 
     @property
+    def bulk_by_layers(self) -> bool:
+        """Bulk is stepped layer by layer, interactive batches between its layers (tulip/express.py), where the
+        engine can (its layer_steps)."""
+        return bool(self.lanes and self.express_batch_tokens and self.bulk_layers_ahead > 0)
+
+    @property
     def max_message_bytes(self) -> int:
         return self.max_message_mb * 1024 * 1024

@@ -105,7 +105,7 @@ def build_engine(config: TulipConfig) -> tuple[Any, str]:
                   "express_tokens": config.express_batch_tokens if config.lanes else 0}
     engine = factory(folder, device=device, dtype=config.dtype or None, attention=config.attention,
                      pinned_cap_bytes=config.pinned_cap_mb * 1024 * 1024, **kwargs)
-    if not config.engine_factory and config.lanes and config.express_batch_tokens and config.bulk_layers_ahead > 0:
+    if not config.engine_factory and config.bulk_by_layers:
         engine.prewarm_layer_chains = True  # bulk is stepped by layers: its chains from the manifest before ready
     warmup = getattr(engine, "warmup", None)
     if callable(warmup):

@@ -152,8 +152,7 @@ class TulipServer:
                                    interactive_batch_tokens=config.interactive_batch_tokens,
                                    interactive_recent_s=config.interactive_recent_ms / 1e3)
         heartbeat = _heartbeat(config.activity_file, str(info.device))
-        layered = config.bulk_layers_ahead if config.lanes and config.express_batch_tokens and \
-            getattr(self.engine, "layer_steps", 0) else 0  # bulk by layers, queries between them (tulip/express.py)
+        layered = config.bulk_layers_ahead if config.bulk_by_layers and getattr(self.engine, "layer_steps", 0) else 0
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch,

@@ -302,6 +302,7 @@ def test_a_chain_is_captured_a_step_at_a_time_and_a_refused_one_serves_the_eager
     chains.runner, chains.seen, chains.eager_only, chains.full, chains.chains = runner, Counter(), {}, 0, {}
     chains.capture_after, chains.max_chains, chains._stepping = 0, 16, threading.Lock()
     chains.examples, chains.divergence, chains.captures, chains.chunks = {}, {}, 0, [1] * len(runner.model.layers)
+    chains.refused = set()
     chains._on_side = lambda steps: steps
     captured = []
 
@@ -410,6 +411,7 @@ def test_the_chains_prewarm_steps_each_layout_a_bounded_number_of_times(tiny_mod
     chains = object.__new__(LayerGraphs)
     chains.runner, chains.seen, chains.eager_only, chains.full, chains.chains = runner, Counter(), {}, 0, {}
     chains.capture_after, chains.max_chains, chains._stepping, chains.examples = 1, 16, threading.Lock(), {}
+    chains.refused, chains.chunks = set(), [1] * len(runner.model.layers)
     chains.layout_for = lambda t, s, p, m: runner.pack(Batch.from_sequences([[5] * (t // s)] * s)).layout
     chains._stepping.acquire()  # held: every stepping runs eagerly
     monkeypatch.setattr(runner, "layer_chains", lambda: chains)
