@@ -39,6 +39,7 @@ from rose.express import ExpressLane
 from rose.graphs import CudaGraphs, layout_label
 from rose.layers import output_transform, segment_mean
 from rose.lazy import LazyTensor, PinnedBuffer, PinnedPool
+from rose.layers.persistent_decoder import attach as attach_persistent
 from rose.loader import load_model
 from rose.meta import ForwardMeta, HostMeta, MetaLayout, pack_batch
 from rose.spec import ModelSpec
@@ -56,6 +57,7 @@ class ModelRunner:
         """graphs: None = eager only; else CudaGraphs keyword arguments (token_buckets, seq_buckets)."""
         self.spec, self.device, self.dtype, self.pool, self.attention = spec, device, dtype, pool, attention
         self.model = load_model(spec, device, dtype)
+        attach_persistent(self.model)  # small batches' layers in one kernel where ROSE_PERSISTENT_DECODER is on
         self.backend = make_backend(attention, device, dtype, spec)
         self.pooler = segment_mean  # hidden, span_index, span_count -> rows (SPLADE: rose.retrieval_head)
         self.transform = output_transform(spec.native_int8)

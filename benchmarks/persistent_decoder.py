@@ -1,0 +1,177 @@
+"""The persistent decoder (rose.layers.persistent_decoder) beside ROSE's layer-by-layer kernels: GPU time per
+CUDA-graph replay of the decoder of Qwen3-0.6B (random bf16 weights of the real shape) at small batches.
+
+    python -m benchmarks.persistent_decoder [--tokens 16,64,128] [--replays 200] [--out DIR]
+
+Variants, each captured in a CUDA graph and replayed on the same batch, rounds interleaved:
+  layers      Qwen3Model.forward as served today (fused norms, cuBLAS GEMMs, ROSE's Triton attention)
+  persistent  every layer in one persistent kernel (grid barriers between phases)
+  launches    the same phases, one launch each (no barriers): what the barriers cost against launches
+then a sweep of the persistent kernel's tiles at the largest token count. Reported: median and p90 of the
+replays' GPU time (CUDA events), relative error of the final hidden states against `layers`, and the weight
+-read floor at the card's measured copy bandwidth. Writes DIR/persistent_decoder.json; prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+import torch
+
+from benchmarks.model_zoo import QWEN3_CONFIGS
+from rose import Batch
+from rose.attention import make_backend
+from rose.attention.shape import AttentionShape
+from rose.layers.persistent_decoder import PersistentDecoder, Tiles
+from rose.meta import ForwardMeta, pack_batch
+from rose.models.qwen3 import Qwen3Model
+
+SWEEP = [Tiles(), Tiles(qkv=64, o=32, gate_up=64, down=32), Tiles(k=128, stages=2), Tiles(qkv=16, warps=4),
+         Tiles(o=32, down=32, stages=4)]
+
+
+def random_qwen3(name: str = "qwen3-0.6b", causal: bool = True, layers: int | None = None, seed: int = 0,
+                 device: str = "cuda") -> Qwen3Model:
+    """Qwen3 of the zoo config `name` (`layers` of them) with random bf16 weights on `device`."""
+    cfg = dict(QWEN3_CONFIGS[name], **({"num_hidden_layers": layers} if layers else {}))
+    with torch.device("meta"):
+        model = Qwen3Model(cfg, causal=causal)
+    inv_freq = model.rotary.inv_freq.clone()  # built on the CPU, not in the checkpoint
+    model = model.to_empty(device=device).to(torch.bfloat16)
+    model.rotary.inv_freq = inv_freq.to(device)
+    gen = torch.Generator(device).manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32)
+            p.copy_(1.0 + 0.1 * noise if "norm" in pname else 0.02 * noise)
+    return model.eval().requires_grad_(False)
+
+
+def device_meta(lens: list[int], vocab: int, seed: int = 0) -> ForwardMeta:
+    gen = torch.Generator().manual_seed(seed)
+    batch = Batch.from_sequences([torch.randint(1, vocab, (n,), generator=gen).tolist() for n in lens])
+    host = pack_batch(batch)
+    return ForwardMeta.from_buffer(torch.from_numpy(host.packed).cuda(), host.layout, host.layout.tokens, graph=True)
+
+
+def capture(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def replay_ms(graph, n: int) -> list[float]:
+    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in marks:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in marks]
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (the weight-read floor's bandwidth)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * 10 * a.numel() / (start.elapsed_time(end) / 1e3)
+
+
+def forwards(model, decoder, backend, meta) -> dict:
+    """The variants' forwards on one batch."""
+    def embed():
+        return model.embed_tokens(meta.input_ids)
+
+    return {"layers": lambda: model(meta, backend),
+            "persistent": lambda: decoder(embed(), meta.positions, meta.seq_ids),
+            "launches": lambda: decoder(embed(), meta.positions, meta.seq_ids, persistent=False)}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="16,64,128")
+    parser.add_argument("--replays", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    model = random_qwen3()
+    cfg = QWEN3_CONFIGS["qwen3-0.6b"]
+    shape = AttentionShape(cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], causal=True)
+    backend = make_backend("triton", torch.device("cuda"), torch.bfloat16, shape=shape)
+    decoder = PersistentDecoder(model)
+    weight_bytes = sum(t.numel() * t.element_size() for t in (decoder.wqkv, decoder.wo, decoder.wgu, decoder.wd))
+    bandwidth = copy_bandwidth()
+    floor_ms = weight_bytes / (bandwidth / 2) * 1e3  # reading only: half the copy's bytes per second
+    records = []
+    with torch.inference_mode():
+        for tokens in [int(t) for t in args.tokens.split(",")]:
+            meta = device_meta([tokens], cfg["vocab_size"], seed=tokens)
+            variants = {name: capture(fn) for name, fn in forwards(model, decoder, backend, meta).items()}
+            times = {name: [] for name in variants}
+            for _ in range(3):  # rounds, interleaved
+                for name, (graph, _) in variants.items():
+                    times[name] += replay_ms(graph, args.replays)
+            ref = variants["layers"][1]
+            for name, (graph, out) in variants.items():
+                graph.replay()
+                torch.cuda.synchronize()
+                records.append({"tokens": tokens, "variant": name, "tiles": str(decoder.tiles),
+                                    "p50_ms": statistics.median(times[name]),
+                                    "p90_ms": sorted(times[name])[int(0.9 * len(times[name]))],
+                                    "rel_err_vs_layers": rel_err(out, ref)})
+                print(json.dumps(records[-1]), flush=True)
+        tokens = max(int(t) for t in args.tokens.split(","))
+        meta = device_meta([tokens], cfg["vocab_size"], seed=tokens)
+        for tiles in SWEEP[1:]:
+            decoder.tiles = tiles
+            try:
+                graph, _ = capture(forwards(model, decoder, backend, meta)["persistent"])
+                times = replay_ms(graph, 3 * args.replays)
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is reported
+                records.append({"tokens": tokens, "variant": "persistent", "tiles": str(tiles),
+                                "error": repr(exc)[:300]})
+                continue
+            records.append({"tokens": tokens, "variant": "persistent", "tiles": str(tiles),
+                            "p50_ms": statistics.median(times), "p90_ms": sorted(times)[int(0.9 * len(times))]})
+            print(json.dumps(records[-1]), flush=True)
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),
+               "programs": decoder.programs, "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bandwidth / 1e9,
+               "weight_read_floor_ms": floor_ms}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "persistent_decoder.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
+    print(f"\n{env['gpu']} · torch {env['torch']} · {env['commit']} · weight-read floor {floor_ms:.3f} ms "
+          f"({bandwidth / 2e9:.0f} GB/s read)")
+    print(f"{'tokens':>6} {'variant':<11} {'p50 ms':>8} {'p90 ms':>8} {'rel err':>9}  tiles")
+    for r in records:
+        if "error" in r:
+            print(f"{r['tokens']:>6} {r['variant']:<11} {'error':>8}  {r['tiles']}: {r['error'][:80]}")
+            continue
+        err = f"{r['rel_err_vs_layers']:.2e}" if "rel_err_vs_layers" in r else ""
+        print(f"{r['tokens']:>6} {r['variant']:<11} {r['p50_ms']:8.3f} {r['p90_ms']:8.3f} {err:>9}  {r['tiles']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""A Qwen3 decoder's every layer in one persistent kernel, for small batches (at most 128 tokens).
+
+Why (issue 14, benchmarks/NOTES.md "One persistent kernel for the decoder at small batches"): at 128 tokens a
+layer is nine kernels, and each GEMM costs >= 5.5 µs in a graph whatever its size (the o and down projections
+cover 8 of 132 SMs with cuBLAS's tiles); split-K, folded norms, PDL and L2-resident weights were each
+refuted. Here one program per SM walks every layer's phases, the work of a phase spread over all programs,
+with a grid barrier between phases in place of a kernel boundary:
+
+    0 add + RMSNorm (input_layernorm)     rows          4 add + RMSNorm (post_attention_layernorm)   rows
+    1 QKV projection                      column tiles  5 gate-up projection, SiLU(gate) * up         column tiles
+    2 QK-norm + RoPE + attention          q heads       6 down projection                             column tiles
+    3 o projection                        column tiles  after the last layer: add + the final RMSNorm
+
+Attention at these sizes is one [tokens x tokens] tile per q head, masked to the token's own sequence (and
+causally where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the layer-by-
+layer kernels (rose.layers.fused): bf16 residual sums, norm output and RoPE's cos/sin rounded, float32 inside.
+
+The grid barrier: each program writes how many phases it finished into its own slot (an exchange, so the
+same whichever threads execute it) with release order, then spins on plain (volatile) reads of every slot
+until all reach the count, and orders what follows with an acquire on its own slot; data written by other programs is read past L1 (`.cg`). The slots are zeroed
+before each launch (a memset node in a graph). Every program must be resident at once: the grid is at most
+the SM count and the kernel runs alone on the device (Tulip steps one batch at a time). `persistent=False`
+runs the same phases one launch each, no barrier: the CPU tests (Triton's interpreter runs programs one after
+another, so a barrier between several would never open) and the A/B of barriers against launches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from rose.windows import FULL
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the torch build
+    triton = None
+
+PHASES = 7  # per layer; step L * PHASES is the final norm
+MAX_TOKENS = 128
+ENABLED = os.environ.get("ROSE_PERSISTENT_DECODER", "0") in ("1", "true", "on")
+log = logging.getLogger("rose.persistent_decoder")
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Column tile widths per projection, the K step, warps and pipeline stages (benchmarks sweep these)."""
+
+    qkv: int = 32
+    o: int = 16
+    gate_up: int = 32
+    down: int = 16
+    k: int = 64
+    warps: int = 8
+    stages: int = 3
+
+
+class PersistentDecoder:
+    """The decoder layers of a Qwen3Model (QK-norm, no biases, SiLU, full attention) as one kernel.
+
+    Building it stacks each kind of weight over the layers and points the model's own parameters at views
+    of the stacks, so the weights are held once. `__call__(residual, positions, seq_ids)` takes the token
+    embeddings [T, hidden] and returns the final-normed hidden states, as Qwen3Model.forward does."""
+
+    def __init__(self, model, tiles: Tiles = Tiles(), programs: int | None = None) -> None:
+        reason = unsupported(model)
+        if reason:
+            raise ValueError(f"no persistent decoder for this model: {reason}")
+        layers = model.layers
+        attn0, mlp0 = layers[0].self_attn, layers[0].mlp
+        self.heads, self.kv_heads, self.head_dim = attn0.num_heads, attn0.num_kv_heads, attn0.head_dim
+        self.hidden = attn0.qkv_proj.in_features
+        self.inner = mlp0.down_proj.in_features
+        self.eps, self.scale, self.causal = attn0.eps, model.scale, model.causal
+        self.tiles = tiles
+        self.wqkv = _stack_params([layer.self_attn.qkv_proj for layer in layers])
+        self.wo = _stack_params([layer.self_attn.o_proj for layer in layers])
+        self.wgu = _stack_params([layer.mlp.gate_up_proj for layer in layers])
+        self.wd = _stack_params([layer.mlp.down_proj for layer in layers])
+        self.ln1 = _stack_params([layer.input_layernorm for layer in layers])
+        self.ln2 = _stack_params([layer.post_attention_layernorm for layer in layers])
+        self.qn = _stack_params([layer.self_attn.q_norm for layer in layers])
+        self.kn = _stack_params([layer.self_attn.k_norm for layer in layers])
+        self.final = model.norm.weight
+        self.inv_freq = model.rotary.inv_freq
+        self.layers = len(layers)
+        device = self.wqkv.device
+        if programs is None:
+            programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        self.programs = programs
+        self.flags = torch.zeros(programs, dtype=torch.int32, device=device)
+        for n in (self.heads * self.head_dim, self.hidden, self.inner):
+            if n % tiles.k:
+                raise ValueError(f"K = {n} is not a multiple of the tiles' K step {tiles.k}")
+
+    def fits(self, tokens: int) -> bool:
+        return 0 < tokens <= MAX_TOKENS
+
+    def __call__(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
+                 persistent: bool = True) -> torch.Tensor:
+        t = residual.shape[0]
+        if not self.fits(t):
+            raise ValueError(f"{t} tokens: the persistent decoder takes 1 to {MAX_TOKENS}")
+        residual = residual.contiguous().clone()  # updated in place, layer by layer
+        new = lambda n: torch.empty(t, n, dtype=residual.dtype, device=residual.device)
+        d = self.head_dim
+        h, x, out = new(self.hidden), new(self.hidden), new(self.hidden)
+        qkv = new((self.heads + 2 * self.kv_heads) * d)
+        attn, act = new(self.heads * d), new(self.inner)
+        steps = self.layers * PHASES + 1
+        tl_ = self.tiles
+        block_m = max(16, triton.next_power_of_2(t))
+        args = (residual, h, qkv, attn, x, act, out, self.wqkv, self.wo, self.wgu, self.wd, self.ln1, self.ln2,
+                self.qn, self.kn, self.final, positions, seq_ids, self.inv_freq, self.flags, t, self.eps,
+                self.scale, steps - 1)
+        meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
+                "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tl_.qkv,
+                "BN_O": tl_.o, "BN_GU": tl_.gate_up, "BN_D": tl_.down, "BK": tl_.k, "CAUSAL": self.causal,
+                "NPROG_P2": triton.next_power_of_2(self.programs), "num_warps": tl_.warps,
+                "num_stages": tl_.stages}
+        grid = (self.programs,)
+        if persistent:
+            self.flags.zero_()
+            _decoder_kernel[grid](*args, 0, steps, PERSISTENT=True, **meta)
+        else:
+            for step in range(steps):
+                _decoder_kernel[grid](*args, step, step + 1, PERSISTENT=False, **meta)
+        return out
+
+
+def attach(model) -> PersistentDecoder | None:
+    """Where ROSE_PERSISTENT_DECODER is on, the model is a supported decoder and its weights are on CUDA: build
+    the persistent decoder and set it as `model.persistent` (Qwen3Model.forward then runs batches of up to
+    MAX_TOKENS tokens through it). Returns it, or None with the reason logged."""
+    if not ENABLED or triton is None or not hasattr(model, "persistent"):
+        return None
+    reason = unsupported(model) or (None if model.embed_tokens.weight.is_cuda else "weights not on CUDA")
+    if reason:
+        log.info("persistent decoder off: %s", reason)
+        return None
+    model.persistent = PersistentDecoder(model)
+    log.info("persistent decoder on for batches of up to %d tokens (%d programs)", MAX_TOKENS,
+             model.persistent.programs)
+    return model.persistent
+
+
+def unsupported(model) -> str | None:
+    """Why the persistent decoder cannot run this model, or None."""
+    layers = getattr(model, "layers", None)
+    if not layers or not hasattr(layers[0], "self_attn") or not hasattr(layers[0], "mlp"):
+        return "not a Qwen3-style decoder"
+    attn = layers[0].self_attn
+    if attn.q_norm is None or attn.qk_norm != "rms":
+        return "no Qwen3 QK-norm"
+    if attn.qkv_proj.bias is not None or attn.o_proj.bias is not None:
+        return "projection biases"
+    if any(w != FULL for w in model.windows):
+        return "sliding windows"
+    d = attn.head_dim
+    if d & (d - 1) or d < 32:
+        return f"head_dim {d} (a power of two >= 32)"
+    if attn.num_heads % attn.num_kv_heads:
+        return "q heads not a multiple of kv heads"
+    return None
+
+
+def _stack_params(modules) -> torch.Tensor:
+    """Stack the modules' weights along a new first dimension and point each module's weight at its view."""
+    stacked = torch.stack([m.weight.detach() for m in modules]).contiguous()
+    for i, m in enumerate(modules):
+        m.weight.data = stacked[i]
+    return stacked
+
+
+if triton is not None:
+
+    @triton.jit
+    def _barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr):
+        tl.debug_barrier()  # this program's stores before its arrival
+        tl.atomic_xchg(flags_ptr + pid, target, sem="release", scope="gpu")
+        offs = tl.arange(0, NPROG_P2)
+        live = offs < nprog
+        seen = tl.zeros([NPROG_P2], dtype=tl.int32)
+        while tl.min(seen, axis=0) < target:  # plain reads from L2 while waiting: no atomic traffic
+            seen = tl.load(flags_ptr + offs, mask=live, other=target, volatile=True)
+        tl.atomic_add(flags_ptr + pid, 0, sem="acquire", scope="gpu")  # order the reads that follow
+        tl.debug_barrier()
+
+    @triton.jit
+    def _norm_rows(res_ptr, add_ptr, w_ptr, dst_ptr, T, pid, nprog, eps, add,
+                   H: tl.constexpr, BLOCK_H: tl.constexpr):
+        """res += add (when `add`), dst = RMSNorm(res) * w, one row per program at a time."""
+        offs = tl.arange(0, BLOCK_H)
+        ok = offs < H
+        w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        dt = dst_ptr.dtype.element_ty
+        for r in range(pid, T, nprog):
+            x = tl.load(res_ptr + r * H + offs, mask=ok, other=0.0, cache_modifier=".cg")
+            if add:
+                y = tl.load(add_ptr + r * H + offs, mask=ok, other=0.0, cache_modifier=".cg")
+                x = (x.to(tl.float32) + y.to(tl.float32)).to(dt)
+                tl.store(res_ptr + r * H + offs, x, mask=ok)
+            v = x.to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
+            tl.store(dst_ptr + r * H + offs, ((v * rstd).to(dt).to(tl.float32) * w).to(dt), mask=ok)
+
+    @triton.jit
+    def _gemm(a_ptr, w_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+              BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr):
+        """dst[T, N] = a[T, K] @ w[N, K]^T; GATED: w is [2N, K] (gate rows, then up rows) and
+        dst = SiLU(a @ gate^T) * (a @ up^T), each product rounded first as the unfused path does."""
+        rm = tl.arange(0, BLOCK_M)
+        rk = tl.arange(0, BK)
+        row_ok = rm < T
+        dt = dst_ptr.dtype.element_ty
+        for tile in range(pid, N // BN, nprog):
+            rn = tile * BN + tl.arange(0, BN)
+            acc = tl.zeros([BLOCK_M, BN], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BN], dtype=tl.float32)
+            for k0 in range(0, K, BK):
+                a = tl.load(a_ptr + rm[:, None] * K + k0 + rk[None, :], mask=row_ok[:, None], other=0.0,
+                            cache_modifier=".cg")
+                w = tl.load(w_ptr + rn[:, None] * K + k0 + rk[None, :])
+                acc = tl.dot(a, tl.trans(w), acc)
+                if GATED:
+                    u = tl.load(w_ptr + (rn[:, None] + N) * K + k0 + rk[None, :])
+                    acc_up = tl.dot(a, tl.trans(u), acc_up)
+            if GATED:
+                g = acc.to(dt).to(tl.float32)
+                y = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)
+            else:
+                y = acc
+            tl.store(dst_ptr + rm[:, None] * N + rn[None, :], y.to(dt), mask=row_ok[:, None])
+
+    @triton.jit
+    def _norm_rope(qkv_ptr, col0, w_ptr, rm, ok, c, s, eps, QKV_N: tl.constexpr, HALF: tl.constexpr):
+        """One head's [BLOCK_M, D] slice of the QKV output, RMS-normed by w and rotated: its two halves."""
+        j = tl.arange(0, HALF)
+        src = qkv_ptr + rm[:, None] * QKV_N + col0 + j[None, :]
+        n1 = tl.load(src, mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        n2 = tl.load(src + HALF, mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        dt = qkv_ptr.dtype.element_ty
+        rstd = tl.rsqrt((tl.sum(n1 * n1, axis=1) + tl.sum(n2 * n2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
+        n1 = ((n1 * rstd).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        n2 = ((n2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+        return (n1 * c - n2 * s).to(dt), (n2 * c + n1 * s).to(dt)
+
+    @triton.jit
+    def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, pos_ptr, seq_ptr, inv_freq_ptr, T, pid, nprog, eps, scale,
+                   NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
+                   CAUSAL: tl.constexpr):
+        """Each q head: QK-norm + RoPE of its q and its kv head's k, then softmax(q k^T) v over the tokens of
+        the same sequence (and no later ones when causal)."""
+        D: tl.constexpr = 2 * HALF
+        QKV_N: tl.constexpr = (NH + 2 * NKV) * D
+        rm = tl.arange(0, BLOCK_M)
+        ok = rm < T
+        dt = qkv_ptr.dtype.element_ty
+        j = tl.arange(0, HALF)
+        pos = tl.load(pos_ptr + rm, mask=ok, other=0).to(tl.float32)
+        freq = pos[:, None] * tl.load(inv_freq_ptr + j)[None, :]
+        c = tl.cos(freq).to(dt).to(tl.float32)
+        s = tl.sin(freq).to(dt).to(tl.float32)
+        seq = tl.load(seq_ptr + rm, mask=ok, other=-1)
+        allowed = (seq[:, None] == seq[None, :]) & ok[None, :]
+        if CAUSAL:
+            allowed = allowed & (rm[None, :] <= rm[:, None])
+        dcols = tl.arange(0, D)
+        for hq in range(pid, NH, nprog):
+            g = hq // (NH // NKV)
+            q1, q2 = _norm_rope(qkv_ptr, hq * D, qn_ptr, rm, ok, c, s, eps, QKV_N, HALF)
+            k1, k2 = _norm_rope(qkv_ptr, (NH + g) * D, kn_ptr, rm, ok, c, s, eps, QKV_N, HALF)
+            v = tl.load(qkv_ptr + rm[:, None] * QKV_N + (NH + NKV + g) * D + dcols[None, :], mask=ok[:, None],
+                        other=0.0, cache_modifier=".cg")
+            logits = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
+            logits = tl.where(allowed, logits * scale, -1.0e30)
+            p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+            o = tl.dot(p.to(dt), v) / tl.sum(p, axis=1)[:, None]
+            tl.store(attn_ptr + rm[:, None] * (NH * D) + hq * D + dcols[None, :], o.to(dt), mask=ok[:, None])
+
+    @triton.jit
+    def _decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, x_ptr, act_ptr, out_ptr,
+                        wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, ln1_ptr, ln2_ptr, qn_ptr, kn_ptr, fin_ptr,
+                        pos_ptr, seq_ptr, inv_freq_ptr, flags_ptr, T, eps, scale, final, first, last,
+                        H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
+                        HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
+                        BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, BK: tl.constexpr,
+                        CAUSAL: tl.constexpr, NPROG_P2: tl.constexpr, PERSISTENT: tl.constexpr):
+        """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
+        last layer's is the final norm. PERSISTENT: a grid barrier after each step."""
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        D: tl.constexpr = 2 * HALF
+        QKV_N: tl.constexpr = (NH + 2 * NKV) * D
+        for step in range(first, last):
+            layer = tl.cast(step // 7, tl.int64)
+            phase = step % 7
+            if phase == 0:
+                if step == final:
+                    _norm_rows(res_ptr, x_ptr, fin_ptr, out_ptr, T, pid, nprog, eps, True, H, BLOCK_H)
+                else:
+                    _norm_rows(res_ptr, x_ptr, ln1_ptr + layer * H, h_ptr, T, pid, nprog, eps, step > 0, H, BLOCK_H)
+            elif phase == 1:
+                _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M, BN_QKV, BK,
+                      False)
+            elif phase == 2:
+                _attention(qkv_ptr, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D, pos_ptr, seq_ptr,
+                           inv_freq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, CAUSAL)
+            elif phase == 3:
+                _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), x_ptr, T, pid, nprog, H, NH * D, BLOCK_M, BN_O, BK,
+                      False)
+            elif phase == 4:
+                _norm_rows(res_ptr, x_ptr, ln2_ptr + layer * H, h_ptr, T, pid, nprog, eps, True, H, BLOCK_H)
+            elif phase == 5:
+                _gemm(h_ptr, wgu_ptr + layer * (2 * INNER * H), act_ptr, T, pid, nprog, INNER, H, BLOCK_M, BN_GU,
+                      BK, True)
+            else:
+                _gemm(act_ptr, wd_ptr + layer * (H * INNER), x_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D, BK,
+                      False)
+            if PERSISTENT:
+                _barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2)

@@ -1,0 +1,42 @@
+"""The persistent decoder's kernel under Triton's interpreter, against the layer-by-layer forward (the cases are
+in persistent_interpreted.py, run in a process of its own: the interpreter is chosen at import), and what it
+refuses to serve."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (pip install triton)")
+def test_kernel_matches_the_layer_by_layer_forward_under_the_interpreter():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("persistent_interpreted.py"))], env=env,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count(" ok") == 16, run.stdout
+
+
+def test_unsupported_decoders_are_named():
+    import torch
+
+    from rose.layers.persistent_decoder import attach, unsupported
+    from rose.models.qwen3 import DecoderOptions, Qwen3Model
+
+    cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+    with torch.device("meta"):
+        assert unsupported(Qwen3Model(cfg, causal=True)) is None
+        assert "QK-norm" in unsupported(Qwen3Model(cfg, True, DecoderOptions(qk_norm=False)))
+        assert "biases" in unsupported(Qwen3Model(cfg, True, DecoderOptions(qkv_bias=True, o_bias=True)))
+        assert "windows" in unsupported(Qwen3Model(cfg, True, windows=(64, -1)))
+        assert "head_dim" in unsupported(Qwen3Model({**cfg, "head_dim": 24}, causal=True))
+        model = Qwen3Model(cfg, causal=True)
+    assert attach(model) is None and model.persistent is None  # off unless ROSE_PERSISTENT_DECODER is on

@@ -1,0 +1,90 @@
+"""The persistent decoder (rose.layers.persistent_decoder) on the GPU, at the Qwen3-0.6B's layer shape (three
+layers, random bf16): as close to the layer-by-layer kernels as bf16 allows on single, ragged and padded
+batches, causal and not; the barriers' kernel the same bits as the phases launched one by one and on every
+call; the same under CUDA-graph capture and replay; and ROSE_PERSISTENT_DECODER routing Qwen3Model.forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rose.layers import persistent_decoder
+from rose.layers.persistent_decoder import PersistentDecoder
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or persistent_decoder.triton is None,
+                                                  reason="needs CUDA and Triton")]
+
+BATCHES = {"one-128": [128], "one-1": [1], "ragged": [5, 60, 3, 17], "eight-16": [16] * 8, "odd-77": [77]}
+
+
+def _setup(causal: bool, lens: list[int]):
+    from benchmarks.persistent_decoder import device_meta, random_qwen3
+    from rose.attention import make_backend
+    from rose.attention.shape import AttentionShape
+
+    model = random_qwen3(causal=causal, layers=3, seed=len(lens))
+    attn = model.layers[0].self_attn
+    shape = AttentionShape(attn.num_heads, attn.num_kv_heads, attn.head_dim, causal=causal)
+    backend = make_backend("triton", torch.device("cuda"), torch.bfloat16, shape=shape)
+    return model, backend, device_meta(lens, 1000, seed=sum(lens))
+
+
+def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_matches_the_layer_by_layer_kernels(causal, batch):
+    model, backend, meta = _setup(causal, BATCHES[batch])
+    with torch.inference_mode():
+        expected = model(meta, backend)
+        decoder = PersistentDecoder(model)
+        embedded = model.embed_tokens(meta.input_ids)
+        got = decoder(embedded, meta.positions, meta.seq_ids)
+        launched = decoder(embedded, meta.positions, meta.seq_ids, persistent=False)
+        again = [decoder(embedded, meta.positions, meta.seq_ids) for _ in range(5)]
+    torch.cuda.synchronize()
+    err = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
+    assert err < 2e-2, err
+    assert _cosines(got, expected).min().item() > 0.999
+    assert torch.equal(got, launched)
+    assert all(torch.equal(got, a) for a in again)
+
+
+def test_graph_replay_equals_eager_and_follows_new_inputs():
+    model, _, meta = _setup(True, [100])
+    decoder = PersistentDecoder(model)
+    with torch.inference_mode():
+        ids = meta.input_ids.clone()
+        eager = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids).clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, eager)
+        meta.input_ids.copy_(torch.flip(ids, [0]))
+        fresh = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids).clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fresh) and not torch.equal(out, eager)
+
+
+def test_the_flag_routes_small_batches_only(monkeypatch):
+    model, backend, small = _setup(True, [64])
+    _, _, large = _setup(True, [200])
+    with torch.inference_mode():
+        plain_small, plain_large = model(small, backend), model(large, backend)
+        monkeypatch.setattr(persistent_decoder, "ENABLED", True)
+        assert persistent_decoder.attach(model) is model.persistent is not None
+        routed_small, routed_large = model(small, backend), model(large, backend)
+        direct = model.persistent(model.embed_tokens(small.input_ids), small.positions, small.seq_ids)
+    assert torch.equal(routed_small, direct) and not torch.equal(routed_small, plain_small)
+    assert torch.equal(routed_large, plain_large)
