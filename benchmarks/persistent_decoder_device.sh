@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The persistent decoder (issue 14): a smoke run, its GPU tests, then GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles; ENGINE=1 adds benchmarks.rose_gpu's Qwen3-0.6B rows with ROSE_PERSISTENT_DECODER off and on.
+# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles, then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's Qwen3-0.6B rows with ROSE_PERSISTENT_DECODER off and on.
 # Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root (~4 min, ~6 with ENGINE=1):
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh persistent-decoder
-# Results in $OUT: persistent_decoder.json and .log, persistent_decoder_tests.log (and rose_gpu_persistent_*.json);
+# Results in $OUT: persistent_decoder.json and .log, persistent_decoder_tests.log (the smoke run's lines first; and
+# rose_gpu_persistent{0,1}.json and .log);
 # the table last.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 t0=$(date +%s)
 stamp() { echo "-- $1 rc=$2 ($(( $(date +%s) - t0 )) s)"; }
-timeout 90 python3 - <<'PY' > $OUT/persistent_decoder_smoke.log 2>&1
+timeout 90 python3 - <<'PY' > $OUT/persistent_decoder_tests.log 2>&1
 import time, torch
 from benchmarks.persistent_decoder import device_meta, random_qwen3
 from rose.layers.persistent_decoder import PersistentDecoder
@@ -22,15 +23,15 @@ with torch.inference_mode():
         torch.cuda.synchronize()
         print(f"persistent={persistent}: first call {time.perf_counter() - t:.1f} s, finite {bool(out.isfinite().all())}")
 PY
-rc=$?; stamp smoke $rc; cat $OUT/persistent_decoder_smoke.log | tail -5
+rc=$?; stamp smoke $rc; tail -5 $OUT/persistent_decoder_tests.log
 [ $rc -eq 0 ] || exit $rc
-timeout 200 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py > $OUT/persistent_decoder_tests.log 2>&1
-stamp tests $?; tail -4 $OUT/persistent_decoder_tests.log
-timeout 240 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
+timeout 200 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
 rc=$?; stamp benchmark $rc
+timeout 150 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1
+stamp tests $?; tail -4 $OUT/persistent_decoder_tests.log
 if [ "${ENGINE:-0}" = 1 ]; then
   for flag in 0 1; do
-    ROSE_PERSISTENT_DECODER=$flag timeout 150 python3 -m benchmarks.rose_gpu --models qwen3-0.6b --variants rose-graphs \
+    ROSE_PERSISTENT_DECODER=$flag timeout 110 python3 -m benchmarks.rose_gpu --models qwen3-0.6b --variants rose-graphs \
       --quick --tag _persistent$flag --out $OUT > $OUT/rose_gpu_persistent$flag.log 2>&1
     stamp "rose_gpu ROSE_PERSISTENT_DECODER=$flag" $?; grep -E 'bs1-|docs' $OUT/rose_gpu_persistent$flag.log | tail -6
   done
