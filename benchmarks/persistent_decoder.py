@@ -30,7 +30,7 @@ from rose.layers.persistent_decoder import PersistentDecoder, Tiles
 from rose.meta import ForwardMeta, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
-SWEEP = [Tiles(), Tiles(qkv=64, o=32, gate_up=64, down=32), Tiles(k=128, stages=2), Tiles(qkv=16, warps=4),
+SWEEP = [Tiles(), Tiles(qkv=64, o=32, gate_up=64, down=32), Tiles(k=128, stages=2), Tiles(qkv=16, gate_up=16),
          Tiles(o=32, down=32, stages=4)]
 
 

@@ -184,9 +184,10 @@ if triton is not None:
         tl.atomic_xchg(flags_ptr + pid, target, sem="release", scope="gpu")
         offs = tl.arange(0, NPROG_P2)
         live = offs < nprog
-        seen = tl.zeros([NPROG_P2], dtype=tl.int32)
-        while tl.min(seen, axis=0) < target:  # plain reads from L2 while waiting: no atomic traffic
+        behind = nprog
+        while behind > 0:  # plain reads from L2 while waiting: no atomic traffic
             seen = tl.load(flags_ptr + offs, mask=live, other=target, volatile=True)
+            behind = tl.sum((seen < target).to(tl.int32), axis=0)
         tl.atomic_add(flags_ptr + pid, 0, sem="acquire", scope="gpu")  # order the reads that follow
         tl.debug_barrier()
 
@@ -272,7 +273,7 @@ if triton is not None:
         if CAUSAL:
             allowed = allowed & (rm[None, :] <= rm[:, None])
         dcols = tl.arange(0, D)
-        for hq in range(pid, NH, nprog):
+        for hq in tl.range(pid, NH, nprog, num_stages=1):  # pipelined, 3 stages of q, k, v: 288 KB of smem
             g = hq // (NH // NKV)
             q1, q2 = _norm_rope(qkv_ptr, hq * D, qn_ptr, rm, ok, c, s, eps, QKV_N, HALF)
             k1, k2 = _norm_rope(qkv_ptr, (NH + g) * D, kn_ptr, rm, ok, c, s, eps, QKV_N, HALF)
