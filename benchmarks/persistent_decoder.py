@@ -26,12 +26,28 @@ from benchmarks.model_zoo import QWEN3_CONFIGS
 from rose import Batch
 from rose.attention import make_backend
 from rose.attention.shape import AttentionShape
-from rose.layers.persistent_decoder import PersistentDecoder, Tiles
+from rose.layers.persistent_decoder import PersistentDecoder, Tiles, _barrier
 from rose.meta import ForwardMeta, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
-SWEEP = [Tiles(), Tiles(qkv=64, o=32, gate_up=64, down=32), Tiles(k=128, stages=2), Tiles(qkv=16, gate_up=16),
-         Tiles(o=32, down=32, stages=4)]
+WIDE = {"qkv": 32, "o": 32, "gate_up": 32, "down": 32}
+SWEEP = [  # (tokens, tiles): more bytes of weight in flight per SM (K step x stages), and the least token block
+    (16, Tiles(**WIDE, k=256, stages=4)), (16, Tiles(**WIDE, k=512, stages=3)), (16, Tiles(rows=32)),
+    (16, Tiles(rows=64)), (64, Tiles(**WIDE, k=256, stages=3)), (128, Tiles(**WIDE, stages=4)),
+    (128, Tiles(**WIDE, k=256, stages=2)), (128, Tiles(qkv=64, **{k: 32 for k in ("o", "gate_up", "down")}, k=128,
+                                                     stages=4))]
+
+
+try:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr):
+        for i in range(n):
+            _barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2)
+except ImportError:  # pragma: no cover - a CPU build of torch without Triton
+    triton = None
 
 
 def random_qwen3(name: str = "qwen3-0.6b", causal: bool = True, layers: int | None = None, seed: int = 0,
@@ -81,6 +97,21 @@ def replay_ms(graph, n: int) -> list[float]:
     return [start.elapsed_time(end) for start, end in marks]
 
 
+def barrier_cost_us(programs: int, count: int = 1000) -> float:
+    """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them."""
+    flags = torch.zeros(programs, dtype=torch.int32, device="cuda")
+    p2 = triton.next_power_of_2(programs)
+
+    def run(n):
+        flags.zero_()
+        _barriers_kernel[(programs,)](flags, n, NPROG_P2=p2, num_warps=8)
+
+    run(10)
+    graph, _ = capture(lambda: run(count))
+    base, _ = capture(lambda: run(1))
+    return (statistics.median(replay_ms(graph, 20)) - statistics.median(replay_ms(base, 20))) / (count - 1) * 1e3
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy, bytes read + written per second (the weight-read floor's bandwidth)."""
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -124,7 +155,7 @@ def main() -> None:
     decoder = PersistentDecoder(model)
     weight_bytes = sum(t.numel() * t.element_size() for t in (decoder.wqkv, decoder.wo, decoder.wgu, decoder.wd))
     bandwidth = copy_bandwidth()
-    floor_ms = weight_bytes / (bandwidth / 2) * 1e3  # reading only: half the copy's bytes per second
+    floor_ms = weight_bytes / bandwidth * 1e3  # read at the copy's rate of bytes moved
     records = []
     with torch.inference_mode():
         for tokens in [int(t) for t in args.tokens.split(",")]:
@@ -143,27 +174,33 @@ def main() -> None:
                                     "p90_ms": sorted(times[name])[int(0.9 * len(times[name]))],
                                     "rel_err_vs_layers": rel_err(out, ref)})
                 print(json.dumps(records[-1]), flush=True)
-        tokens = max(int(t) for t in args.tokens.split(","))
-        meta = device_meta([tokens], cfg["vocab_size"], seed=tokens)
-        for tiles in SWEEP[1:]:
+        layers_out = {}
+        for tokens, tiles in SWEEP:
+            meta = device_meta([tokens], cfg["vocab_size"], seed=tokens)
+            if tokens not in layers_out:
+                layers_out[tokens] = model(meta, backend).clone()
             decoder.tiles = tiles
             try:
-                graph, _ = capture(forwards(model, decoder, backend, meta)["persistent"])
+                graph, out = capture(forwards(model, decoder, backend, meta)["persistent"])
                 times = replay_ms(graph, 3 * args.replays)
             except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is reported
                 records.append({"tokens": tokens, "variant": "persistent", "tiles": str(tiles),
                                 "error": repr(exc)[:300]})
                 continue
+            graph.replay()
+            torch.cuda.synchronize()
             records.append({"tokens": tokens, "variant": "persistent", "tiles": str(tiles),
-                            "p50_ms": statistics.median(times), "p90_ms": sorted(times)[int(0.9 * len(times))]})
+                            "p50_ms": statistics.median(times), "p90_ms": sorted(times)[int(0.9 * len(times))],
+                            "rel_err_vs_layers": rel_err(out, layers_out[tokens])})
             print(json.dumps(records[-1]), flush=True)
+        barrier_us = barrier_cost_us(decoder.programs)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),
                "programs": decoder.programs, "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bandwidth / 1e9,
-               "weight_read_floor_ms": floor_ms}
+               "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "persistent_decoder.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
     print(f"\n{env['gpu']} · torch {env['torch']} · {env['commit']} · weight-read floor {floor_ms:.3f} ms "
-          f"({bandwidth / 2e9:.0f} GB/s read)")
+          f"({bandwidth / 1e9:.0f} GB/s moved by a copy) · one grid barrier {barrier_us:.2f} µs")
     print(f"{'tokens':>6} {'variant':<11} {'p50 ms':>8} {'p90 ms':>8} {'rel err':>9}  tiles")
     for r in records:
         if "error" in r:

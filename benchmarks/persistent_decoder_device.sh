@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles, then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's Qwen3-0.6B rows with ROSE_PERSISTENT_DECODER off and on.
+# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles, then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's Qwen3-0.6B rows with ROSE_PERSISTENT_DECODER off and on; TESTS=0 runs the benchmark alone.
 # Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root (~4 min, ~6 with ENGINE=1):
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh persistent-decoder
 # Results in $OUT: persistent_decoder.json and .log, persistent_decoder_tests.log (the smoke run's lines first; and
@@ -9,6 +9,7 @@ set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 t0=$(date +%s)
 stamp() { echo "-- $1 rc=$2 ($(( $(date +%s) - t0 )) s)"; }
+if [ "${TESTS:-1}" = 1 ]; then
 timeout 90 python3 - <<'PY' > $OUT/persistent_decoder_tests.log 2>&1
 import time, torch
 from benchmarks.persistent_decoder import device_meta, random_qwen3
@@ -25,10 +26,13 @@ with torch.inference_mode():
 PY
 rc=$?; stamp smoke $rc; tail -5 $OUT/persistent_decoder_tests.log
 [ $rc -eq 0 ] || exit $rc
+fi
 timeout 200 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
 rc=$?; stamp benchmark $rc
-timeout 150 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1
-stamp tests $?; tail -4 $OUT/persistent_decoder_tests.log
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout 150 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1
+  stamp tests $?; tail -4 $OUT/persistent_decoder_tests.log
+fi
 if [ "${ENGINE:-0}" = 1 ]; then
   for flag in 0 1; do
     ROSE_PERSISTENT_DECODER=$flag timeout 110 python3 -m benchmarks.rose_gpu --models qwen3-0.6b --variants rose-graphs \

@@ -57,6 +57,7 @@ class Tiles:
     k: int = 64
     warps: int = 8
     stages: int = 3
+    rows: int = 16  # the least token block (BLOCK_M): batches of fewer tokens are padded to it
 
 
 class PersistentDecoder:
@@ -113,7 +114,7 @@ class PersistentDecoder:
         attn, act = new(self.heads * d), new(self.inner)
         steps = self.layers * PHASES + 1
         tl_ = self.tiles
-        block_m = max(16, triton.next_power_of_2(t))
+        block_m = max(tl_.rows, triton.next_power_of_2(t))
         args = (residual, h, qkv, attn, x, act, out, self.wqkv, self.wo, self.wgu, self.wd, self.ln1, self.ln2,
                 self.qn, self.kn, self.final, positions, seq_ids, self.inv_freq, self.flags, t, self.eps,
                 self.scale, steps - 1)
