@@ -30,12 +30,10 @@ from rose.layers.persistent_decoder import PersistentDecoder, Tiles, _barrier
 from rose.meta import ForwardMeta, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
-WIDE = {"qkv": 32, "o": 32, "gate_up": 32, "down": 32}
-SWEEP = [  # (tokens, tiles): more bytes of weight in flight per SM (K step x stages), and the least token block
-    (16, Tiles(**WIDE, k=256, stages=4)), (16, Tiles(**WIDE, k=512, stages=3)), (16, Tiles(rows=32)),
-    (16, Tiles(rows=64)), (64, Tiles(**WIDE, k=256, stages=3)), (128, Tiles(**WIDE, stages=4)),
-    (128, Tiles(**WIDE, k=256, stages=2)), (128, Tiles(qkv=64, **{k: 32 for k in ("o", "gate_up", "down")}, k=128,
-                                                     stages=4))]
+SWEEP = [  # (tokens, tiles): weight bytes in flight per SM (K step x stages), slices of K, column tiles
+    (16, Tiles(k=256, stages=4)), (16, Tiles(split_od=2, k=256, stages=4)), (64, Tiles(k=256, stages=2)),
+    (64, Tiles(stages=4)), (128, Tiles(stages=4)), (128, Tiles(split_qkv=4)), (128, Tiles(split_od=8, k=128)),
+    (128, Tiles(qkv=32, split_qkv=1))]
 
 
 try:

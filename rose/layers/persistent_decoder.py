@@ -11,14 +11,19 @@ with a grid barrier between phases in place of a kernel boundary:
     2 QK-norm + RoPE + attention          q heads       6 down projection                             column tiles
     3 o projection                        column tiles  after the last layer: add + the final RMSNorm
 
-Attention at these sizes is one [tokens x tokens] tile per q head, masked to the token's own sequence (and
+The QKV, o and down projections are split along K too (split-K: items of a column tile and a slice of K, each
+storing its float32 partial), so that every SM has work and each reads only its slice of the activations, which
+every item otherwise re-reads whole from L2 (128 tokens x K); the phase that reads a projection sums its
+slices (attention for the QKV, the next add+RMSNorm for o and down). Attention at these sizes is one
+[tokens x tokens] tile per q head, masked to the token's own sequence (and
 causally where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the layer-by-
 layer kernels (rose.layers.fused): bf16 residual sums, norm output and RoPE's cos/sin rounded, float32 inside.
 
 The grid barrier: each program writes how many phases it finished into its own slot (an exchange, so the
 same whichever threads execute it) with release order, then spins on plain (volatile) reads of every slot
-until all reach the count, and orders what follows with an acquire on its own slot; data written by other programs is read past L1 (`.cg`). The slots are zeroed
-before each launch (a memset node in a graph). Every program must be resident at once: the grid is at most
+until all reach the count, and orders what follows with an acquire on its own slot; data written by other
+programs is read past L1 (`.cg`). The slots are zeroed before each launch (a memset node in a graph); one
+barrier costs 1.1 µs on the H200 (benchmarks.persistent_decoder). Every program must be resident at once: the grid is at most
 the SM count and the kernel runs alone on the device (Tulip steps one batch at a time). `persistent=False`
 runs the same phases one launch each, no barrier: the CPU tests (Triton's interpreter runs programs one after
 another, so a barrier between several would never open) and the A/B of barriers against launches.
@@ -48,16 +53,27 @@ log = logging.getLogger("rose.persistent_decoder")
 
 @dataclass(frozen=True)
 class Tiles:
-    """Column tile widths per projection, the K step, warps and pipeline stages (benchmarks sweep these)."""
+    """Column tile widths per projection, slices of K (split-K) for the QKV and for the o and down projections,
+    the K step, warps, pipeline stages, and the least token block (benchmarks sweep these). Column tiles are at
+    least 32 wide: 16-wide tiles of a 16-token block over 8 warps computed wrong on the H200 (Triton 3.6)."""
 
-    qkv: int = 32
-    o: int = 16
+    qkv: int = 64
+    o: int = 32
     gate_up: int = 32
-    down: int = 16
-    k: int = 64
+    down: int = 32
+    split_qkv: int = 2
+    split_od: int = 4
+    k: int = 128
     warps: int = 8
     stages: int = 3
     rows: int = 16  # the least token block (BLOCK_M): batches of fewer tokens are padded to it
+
+    def check(self, hidden: int, q_size: int, inner: int) -> None:
+        if min(self.qkv, self.o, self.gate_up, self.down) < 32:
+            raise ValueError(f"column tiles under 32 wide: {self}")
+        for k, split in ((hidden, self.split_qkv), (q_size, self.split_od), (hidden, 1), (inner, self.split_od)):
+            if k % (split * self.k):
+                raise ValueError(f"K = {k} in {split} slices is not a multiple of the K step {self.k}")
 
 
 class PersistentDecoder:
@@ -94,9 +110,7 @@ class PersistentDecoder:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.programs = programs
         self.flags = torch.zeros(programs, dtype=torch.int32, device=device)
-        for n in (self.heads * self.head_dim, self.hidden, self.inner):
-            if n % tiles.k:
-                raise ValueError(f"K = {n} is not a multiple of the tiles' K step {tiles.k}")
+        tiles.check(self.hidden, self.heads * self.head_dim, self.inner)
 
     def fits(self, tokens: int) -> bool:
         return 0 < tokens <= MAX_TOKENS
@@ -107,20 +121,26 @@ class PersistentDecoder:
         if not self.fits(t):
             raise ValueError(f"{t} tokens: the persistent decoder takes 1 to {MAX_TOKENS}")
         residual = residual.contiguous().clone()  # updated in place, layer by layer
-        new = lambda n: torch.empty(t, n, dtype=residual.dtype, device=residual.device)
-        d = self.head_dim
-        h, x, out = new(self.hidden), new(self.hidden), new(self.hidden)
-        qkv = new((self.heads + 2 * self.kv_heads) * d)
-        attn, act = new(self.heads * d), new(self.inner)
-        steps = self.layers * PHASES + 1
         tl_ = self.tiles
+        self.tiles.check(self.hidden, self.heads * self.head_dim, self.inner)
+
+        def new(*shape, dtype=residual.dtype):
+            return torch.empty(*shape, dtype=dtype, device=residual.device)
+
+        d = self.head_dim
+        h, out = new(t, self.hidden), new(t, self.hidden)
+        qkv = new(tl_.split_qkv, t, (self.heads + 2 * self.kv_heads) * d, dtype=torch.float32)  # K slices' partials
+        x = new(tl_.split_od, t, self.hidden, dtype=torch.float32)  # the o and down projections' partials
+        attn, act = new(t, self.heads * d), new(t, self.inner)
+        steps = self.layers * PHASES + 1
         block_m = max(tl_.rows, triton.next_power_of_2(t))
         args = (residual, h, qkv, attn, x, act, out, self.wqkv, self.wo, self.wgu, self.wd, self.ln1, self.ln2,
                 self.qn, self.kn, self.final, positions, seq_ids, self.inv_freq, self.flags, t, self.eps,
                 self.scale, steps - 1)
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tl_.qkv,
-                "BN_O": tl_.o, "BN_GU": tl_.gate_up, "BN_D": tl_.down, "BK": tl_.k, "CAUSAL": self.causal,
+                "BN_O": tl_.o, "BN_GU": tl_.gate_up, "BN_D": tl_.down, "S_QKV": tl_.split_qkv, "S_OD": tl_.split_od,
+                "BK": tl_.k, "CAUSAL": self.causal,
                 "NPROG_P2": triton.next_power_of_2(self.programs), "num_warps": tl_.warps,
                 "num_stages": tl_.stages}
         grid = (self.programs,)
@@ -194,8 +214,9 @@ if triton is not None:
 
     @triton.jit
     def _norm_rows(res_ptr, add_ptr, w_ptr, dst_ptr, T, pid, nprog, eps, add,
-                   H: tl.constexpr, BLOCK_H: tl.constexpr):
-        """res += add (when `add`), dst = RMSNorm(res) * w, one row per program at a time."""
+                   H: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr):
+        """res += the sum of add's SPLIT float32 partials ([SPLIT, T, H], rounded once, when `add`), then
+        dst = RMSNorm(res) * w; one row per program at a time."""
         offs = tl.arange(0, BLOCK_H)
         ok = offs < H
         w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -203,8 +224,10 @@ if triton is not None:
         for r in range(pid, T, nprog):
             x = tl.load(res_ptr + r * H + offs, mask=ok, other=0.0, cache_modifier=".cg")
             if add:
-                y = tl.load(add_ptr + r * H + offs, mask=ok, other=0.0, cache_modifier=".cg")
-                x = (x.to(tl.float32) + y.to(tl.float32)).to(dt)
+                y = tl.zeros([BLOCK_H], dtype=tl.float32)
+                for s in tl.static_range(SPLIT):
+                    y += tl.load(add_ptr + (s * T + r) * H + offs, mask=ok, other=0.0, cache_modifier=".cg")
+                x = (x.to(tl.float32) + y.to(dt).to(tl.float32)).to(dt)
                 tl.store(res_ptr + r * H + offs, x, mask=ok)
             v = x.to(tl.float32)
             rstd = tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
@@ -212,18 +235,23 @@ if triton is not None:
 
     @triton.jit
     def _gemm(a_ptr, w_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-              BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr):
-        """dst[T, N] = a[T, K] @ w[N, K]^T; GATED: w is [2N, K] (gate rows, then up rows) and
-        dst = SiLU(a @ gate^T) * (a @ up^T), each product rounded first as the unfused path does."""
+              BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
+        """a[T, K] @ w[N, K]^T, the work cut into (column tile, slice of K) items spread over the programs.
+        Plain: dst [SPLIT, T, N] float32, item (tile, s) storing the s-th slice's partial product (the phase
+        that reads dst sums the slices). GATED (SPLIT 1): w is [2N, K] (gate rows, then up rows) and
+        dst [T, N] = SiLU(a @ gate^T) * (a @ up^T) in dst's dtype, each product rounded first as the unfused
+        path does."""
+        KS: tl.constexpr = K // SPLIT
         rm = tl.arange(0, BLOCK_M)
         rk = tl.arange(0, BK)
         row_ok = rm < T
-        dt = dst_ptr.dtype.element_ty
-        for tile in range(pid, N // BN, nprog):
+        for item in range(pid, (N // BN) * SPLIT, nprog):
+            tile = item // SPLIT
+            k_lo = (item % SPLIT) * KS
             rn = tile * BN + tl.arange(0, BN)
             acc = tl.zeros([BLOCK_M, BN], dtype=tl.float32)
             acc_up = tl.zeros([BLOCK_M, BN], dtype=tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in range(k_lo, k_lo + KS, BK):
                 a = tl.load(a_ptr + rm[:, None] * K + k0 + rk[None, :], mask=row_ok[:, None], other=0.0,
                             cache_modifier=".cg")
                 w = tl.load(w_ptr + rn[:, None] * K + k0 + rk[None, :])
@@ -232,20 +260,32 @@ if triton is not None:
                     u = tl.load(w_ptr + (rn[:, None] + N) * K + k0 + rk[None, :])
                     acc_up = tl.dot(a, tl.trans(u), acc_up)
             if GATED:
+                dt = dst_ptr.dtype.element_ty
                 g = acc.to(dt).to(tl.float32)
                 y = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)
+                tl.store(dst_ptr + rm[:, None] * N + rn[None, :], y.to(dt), mask=row_ok[:, None])
             else:
-                y = acc
-            tl.store(dst_ptr + rm[:, None] * N + rn[None, :], y.to(dt), mask=row_ok[:, None])
+                part = dst_ptr + (item % SPLIT) * T * N
+                tl.store(part + rm[:, None] * N + rn[None, :], acc, mask=row_ok[:, None])
 
     @triton.jit
-    def _norm_rope(qkv_ptr, col0, w_ptr, rm, ok, c, s, eps, QKV_N: tl.constexpr, HALF: tl.constexpr):
+    def _summed(part_ptr, like_ptr, cols, rm, ok, T, QKV_N: tl.constexpr, SPLIT: tl.constexpr):
+        """The QKV output at [rm, cols] from its SPLIT float32 partials, rounded to the activations' dtype (like_ptr's)
+        as a GEMM's output is."""
+        acc = tl.zeros([rm.shape[0], cols.shape[0]], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            acc += tl.load(part_ptr + (s * T + rm[:, None]) * QKV_N + cols[None, :], mask=ok[:, None], other=0.0,
+                           cache_modifier=".cg")
+        return acc.to(like_ptr.dtype.element_ty).to(tl.float32)
+
+    @triton.jit
+    def _norm_rope(qkv_ptr, like_ptr, col0, w_ptr, rm, ok, c, s, eps, T, QKV_N: tl.constexpr, HALF: tl.constexpr,
+                   SPLIT: tl.constexpr):
         """One head's [BLOCK_M, D] slice of the QKV output, RMS-normed by w and rotated: its two halves."""
         j = tl.arange(0, HALF)
-        src = qkv_ptr + rm[:, None] * QKV_N + col0 + j[None, :]
-        n1 = tl.load(src, mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-        n2 = tl.load(src + HALF, mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-        dt = qkv_ptr.dtype.element_ty
+        n1 = _summed(qkv_ptr, like_ptr, col0 + j, rm, ok, T, QKV_N, SPLIT)
+        n2 = _summed(qkv_ptr, like_ptr, col0 + HALF + j, rm, ok, T, QKV_N, SPLIT)
+        dt = like_ptr.dtype.element_ty
         rstd = tl.rsqrt((tl.sum(n1 * n1, axis=1) + tl.sum(n2 * n2, axis=1)) / (2 * HALF) + eps)[:, None]
         w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
@@ -256,14 +296,14 @@ if triton is not None:
     @triton.jit
     def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, pos_ptr, seq_ptr, inv_freq_ptr, T, pid, nprog, eps, scale,
                    NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
-                   CAUSAL: tl.constexpr):
+                   CAUSAL: tl.constexpr, SPLIT: tl.constexpr):
         """Each q head: QK-norm + RoPE of its q and its kv head's k, then softmax(q k^T) v over the tokens of
-        the same sequence (and no later ones when causal)."""
+        the same sequence (and no later ones when causal). q, k, v are summed from the QKV's partials."""
         D: tl.constexpr = 2 * HALF
         QKV_N: tl.constexpr = (NH + 2 * NKV) * D
         rm = tl.arange(0, BLOCK_M)
         ok = rm < T
-        dt = qkv_ptr.dtype.element_ty
+        dt = attn_ptr.dtype.element_ty
         j = tl.arange(0, HALF)
         pos = tl.load(pos_ptr + rm, mask=ok, other=0).to(tl.float32)
         freq = pos[:, None] * tl.load(inv_freq_ptr + j)[None, :]
@@ -276,10 +316,9 @@ if triton is not None:
         dcols = tl.arange(0, D)
         for hq in tl.range(pid, NH, nprog, num_stages=1):  # pipelined, 3 stages of q, k, v: 288 KB of smem
             g = hq // (NH // NKV)
-            q1, q2 = _norm_rope(qkv_ptr, hq * D, qn_ptr, rm, ok, c, s, eps, QKV_N, HALF)
-            k1, k2 = _norm_rope(qkv_ptr, (NH + g) * D, kn_ptr, rm, ok, c, s, eps, QKV_N, HALF)
-            v = tl.load(qkv_ptr + rm[:, None] * QKV_N + (NH + NKV + g) * D + dcols[None, :], mask=ok[:, None],
-                        other=0.0, cache_modifier=".cg")
+            q1, q2 = _norm_rope(qkv_ptr, attn_ptr, hq * D, qn_ptr, rm, ok, c, s, eps, T, QKV_N, HALF, SPLIT)
+            k1, k2 = _norm_rope(qkv_ptr, attn_ptr, (NH + g) * D, kn_ptr, rm, ok, c, s, eps, T, QKV_N, HALF, SPLIT)
+            v = _summed(qkv_ptr, attn_ptr, (NH + NKV + g) * D + dcols, rm, ok, T, QKV_N, SPLIT).to(dt)
             logits = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
             logits = tl.where(allowed, logits * scale, -1.0e30)
             p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
@@ -292,10 +331,12 @@ if triton is not None:
                         pos_ptr, seq_ptr, inv_freq_ptr, flags_ptr, T, eps, scale, final, first, last,
                         H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                         HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
-                        BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, BK: tl.constexpr,
-                        CAUSAL: tl.constexpr, NPROG_P2: tl.constexpr, PERSISTENT: tl.constexpr):
+                        BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
+                        S_OD: tl.constexpr, BK: tl.constexpr, CAUSAL: tl.constexpr, NPROG_P2: tl.constexpr,
+                        PERSISTENT: tl.constexpr):
         """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
-        last layer's is the final norm. PERSISTENT: a grid barrier after each step."""
+        last layer's is the final norm. qkv_ptr and x_ptr hold float32 partials of K's slices (S_QKV; S_OD for
+        the o and down projections), summed where they are read. PERSISTENT: a grid barrier after each step."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         D: tl.constexpr = 2 * HALF
@@ -305,25 +346,26 @@ if triton is not None:
             phase = step % 7
             if phase == 0:
                 if step == final:
-                    _norm_rows(res_ptr, x_ptr, fin_ptr, out_ptr, T, pid, nprog, eps, True, H, BLOCK_H)
+                    _norm_rows(res_ptr, x_ptr, fin_ptr, out_ptr, T, pid, nprog, eps, True, H, BLOCK_H, S_OD)
                 else:
-                    _norm_rows(res_ptr, x_ptr, ln1_ptr + layer * H, h_ptr, T, pid, nprog, eps, step > 0, H, BLOCK_H)
+                    _norm_rows(res_ptr, x_ptr, ln1_ptr + layer * H, h_ptr, T, pid, nprog, eps, step > 0, H, BLOCK_H,
+                               S_OD)
             elif phase == 1:
                 _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M, BN_QKV, BK,
-                      False)
+                      S_QKV, False)
             elif phase == 2:
                 _attention(qkv_ptr, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D, pos_ptr, seq_ptr,
-                           inv_freq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, CAUSAL)
+                           inv_freq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, CAUSAL, S_QKV)
             elif phase == 3:
                 _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), x_ptr, T, pid, nprog, H, NH * D, BLOCK_M, BN_O, BK,
-                      False)
+                      S_OD, False)
             elif phase == 4:
-                _norm_rows(res_ptr, x_ptr, ln2_ptr + layer * H, h_ptr, T, pid, nprog, eps, True, H, BLOCK_H)
+                _norm_rows(res_ptr, x_ptr, ln2_ptr + layer * H, h_ptr, T, pid, nprog, eps, True, H, BLOCK_H, S_OD)
             elif phase == 5:
                 _gemm(h_ptr, wgu_ptr + layer * (2 * INNER * H), act_ptr, T, pid, nprog, INNER, H, BLOCK_M, BN_GU,
-                      BK, True)
+                      BK, 1, True)
             else:
                 _gemm(act_ptr, wd_ptr + layer * (H * INNER), x_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D, BK,
-                      False)
+                      S_OD, False)
             if PERSISTENT:
                 _barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2)
