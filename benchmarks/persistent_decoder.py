@@ -30,10 +30,9 @@ from rose.layers.persistent_decoder import PersistentDecoder, Tiles, _barrier
 from rose.meta import ForwardMeta, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
-SWEEP = [  # (tokens, tiles): weight bytes in flight per SM (K step x stages), slices of K, column tiles
-    (16, Tiles(k=256, stages=4)), (16, Tiles(split_od=2, k=256, stages=4)), (64, Tiles(k=256, stages=2)),
-    (64, Tiles(stages=4)), (128, Tiles(stages=4)), (128, Tiles(split_qkv=4)), (128, Tiles(split_od=8, k=128)),
-    (128, Tiles(qkv=32, split_qkv=1))]
+SWEEP = [  # (tokens, tiles): pipeline stages, queries per attention item, slices of K
+    (16, Tiles(stages=4)), (64, Tiles(stages=4)), (64, Tiles(queries=16)), (128, Tiles(stages=4)),
+    (128, Tiles(queries=16)), (128, Tiles(queries=64)), (128, Tiles(qkv=32, split_qkv=1))]
 
 
 try:

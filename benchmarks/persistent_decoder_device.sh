@@ -30,7 +30,7 @@ fi
 timeout 200 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
 rc=$?; stamp benchmark $rc
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 150 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1
+  timeout 240 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1
   stamp tests $?; tail -4 $OUT/persistent_decoder_tests.log
 fi
 if [ "${ENGINE:-0}" = 1 ]; then

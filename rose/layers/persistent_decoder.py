@@ -14,9 +14,9 @@ with a grid barrier between phases in place of a kernel boundary:
 The QKV, o and down projections are split along K too (split-K: items of a column tile and a slice of K, each
 storing its float32 partial), so that every SM has work and each reads only its slice of the activations, which
 every item otherwise re-reads whole from L2 (128 tokens x K); the phase that reads a projection sums its
-slices (attention for the QKV, the next add+RMSNorm for o and down). Attention at these sizes is one
-[tokens x tokens] tile per q head, masked to the token's own sequence (and
-causally where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the layer-by-
+slices (attention for the QKV, the next add+RMSNorm for o and down). Attention at these sizes is, per
+q head and block of 32 queries, one [queries x tokens] tile, masked to the query's own sequence (and causally
+where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the layer-by-
 layer kernels (rose.layers.fused): bf16 residual sums, norm output and RoPE's cos/sin rounded, float32 inside.
 
 The grid barrier: each program writes how many phases it finished into its own slot (an exchange, so the
@@ -67,6 +67,7 @@ class Tiles:
     warps: int = 8
     stages: int = 3
     rows: int = 16  # the least token block (BLOCK_M): batches of fewer tokens are padded to it
+    queries: int = 32  # queries per attention item (a q head's block of them)
 
     def check(self, hidden: int, q_size: int, inner: int) -> None:
         if min(self.qkv, self.o, self.gate_up, self.down) < 32:
@@ -140,7 +141,7 @@ class PersistentDecoder:
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tl_.qkv,
                 "BN_O": tl_.o, "BN_GU": tl_.gate_up, "BN_D": tl_.down, "S_QKV": tl_.split_qkv, "S_OD": tl_.split_od,
-                "BK": tl_.k, "CAUSAL": self.causal,
+                "BK": tl_.k, "BQ": min(block_m, tl_.queries), "CAUSAL": self.causal,
                 "NPROG_P2": triton.next_power_of_2(self.programs), "num_warps": tl_.warps,
                 "num_stages": tl_.stages}
         grid = (self.programs,)
@@ -294,36 +295,46 @@ if triton is not None:
         return (n1 * c - n2 * s).to(dt), (n2 * c + n1 * s).to(dt)
 
     @triton.jit
+    def _rope_table(pos_ptr, inv_freq_ptr, rows, ok, dt, HALF: tl.constexpr):
+        """cos and sin of each row's position times the RoPE frequencies, rounded to dt as HF's are."""
+        j = tl.arange(0, HALF)
+        freq = tl.load(pos_ptr + rows, mask=ok, other=0).to(tl.float32)[:, None] * tl.load(inv_freq_ptr + j)[None, :]
+        return tl.cos(freq).to(dt).to(tl.float32), tl.sin(freq).to(dt).to(tl.float32)
+
+    @triton.jit
     def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, pos_ptr, seq_ptr, inv_freq_ptr, T, pid, nprog, eps, scale,
                    NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
-                   CAUSAL: tl.constexpr, SPLIT: tl.constexpr):
-        """Each q head: QK-norm + RoPE of its q and its kv head's k, then softmax(q k^T) v over the tokens of
-        the same sequence (and no later ones when causal). q, k, v are summed from the QKV's partials."""
+                   BQ: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr):
+        """Items of a q head and a block of BQ queries: QK-norm + RoPE of those queries and of every key of the
+        head's kv head, then softmax(q k^T) v over the keys of the query's own sequence (and no later ones when
+        causal). q, k, v are summed from the QKV's partials."""
         D: tl.constexpr = 2 * HALF
         QKV_N: tl.constexpr = (NH + 2 * NKV) * D
-        rm = tl.arange(0, BLOCK_M)
-        ok = rm < T
+        keys = tl.arange(0, BLOCK_M)
+        key_ok = keys < T
         dt = attn_ptr.dtype.element_ty
-        j = tl.arange(0, HALF)
-        pos = tl.load(pos_ptr + rm, mask=ok, other=0).to(tl.float32)
-        freq = pos[:, None] * tl.load(inv_freq_ptr + j)[None, :]
-        c = tl.cos(freq).to(dt).to(tl.float32)
-        s = tl.sin(freq).to(dt).to(tl.float32)
-        seq = tl.load(seq_ptr + rm, mask=ok, other=-1)
-        allowed = (seq[:, None] == seq[None, :]) & ok[None, :]
-        if CAUSAL:
-            allowed = allowed & (rm[None, :] <= rm[:, None])
+        key_seq = tl.load(seq_ptr + keys, mask=key_ok, other=-1)
         dcols = tl.arange(0, D)
-        for hq in tl.range(pid, NH, nprog, num_stages=1):  # pipelined, 3 stages of q, k, v: 288 KB of smem
+        for item in tl.range(pid, NH * (BLOCK_M // BQ), nprog, num_stages=1):  # unpipelined: q, k, v in smem
+            hq = item % NH
+            rq = (item // NH) * BQ + tl.arange(0, BQ)
+            q_ok = rq < T
             g = hq // (NH // NKV)
-            q1, q2 = _norm_rope(qkv_ptr, attn_ptr, hq * D, qn_ptr, rm, ok, c, s, eps, T, QKV_N, HALF, SPLIT)
-            k1, k2 = _norm_rope(qkv_ptr, attn_ptr, (NH + g) * D, kn_ptr, rm, ok, c, s, eps, T, QKV_N, HALF, SPLIT)
-            v = _summed(qkv_ptr, attn_ptr, (NH + NKV + g) * D + dcols, rm, ok, T, QKV_N, SPLIT).to(dt)
+            cq, sq = _rope_table(pos_ptr, inv_freq_ptr, rq, q_ok, dt, HALF)
+            ck, sk = _rope_table(pos_ptr, inv_freq_ptr, keys, key_ok, dt, HALF)  # here, not live across items
+            q1, q2 = _norm_rope(qkv_ptr, attn_ptr, hq * D, qn_ptr, rq, q_ok, cq, sq, eps, T, QKV_N, HALF, SPLIT)
+            k1, k2 = _norm_rope(qkv_ptr, attn_ptr, (NH + g) * D, kn_ptr, keys, key_ok, ck, sk, eps, T, QKV_N, HALF,
+                                SPLIT)
+            v = _summed(qkv_ptr, attn_ptr, (NH + NKV + g) * D + dcols, keys, key_ok, T, QKV_N, SPLIT).to(dt)
+            q_seq = tl.load(seq_ptr + rq, mask=q_ok, other=-2)
+            allowed = (q_seq[:, None] == key_seq[None, :]) & key_ok[None, :]
+            if CAUSAL:
+                allowed = allowed & (keys[None, :] <= rq[:, None])
             logits = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
             logits = tl.where(allowed, logits * scale, -1.0e30)
             p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
             o = tl.dot(p.to(dt), v) / tl.sum(p, axis=1)[:, None]
-            tl.store(attn_ptr + rm[:, None] * (NH * D) + hq * D + dcols[None, :], o.to(dt), mask=ok[:, None])
+            tl.store(attn_ptr + rq[:, None] * (NH * D) + hq * D + dcols[None, :], o.to(dt), mask=q_ok[:, None])
 
     @triton.jit
     def _decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, x_ptr, act_ptr, out_ptr,
@@ -332,7 +343,8 @@ if triton is not None:
                         H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                         HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
                         BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
-                        S_OD: tl.constexpr, BK: tl.constexpr, CAUSAL: tl.constexpr, NPROG_P2: tl.constexpr,
+                        S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, CAUSAL: tl.constexpr,
+                        NPROG_P2: tl.constexpr,
                         PERSISTENT: tl.constexpr):
         """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
         last layer's is the final norm. qkv_ptr and x_ptr hold float32 partials of K's slices (S_QKV; S_OD for
@@ -355,7 +367,7 @@ if triton is not None:
                       S_QKV, False)
             elif phase == 2:
                 _attention(qkv_ptr, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D, pos_ptr, seq_ptr,
-                           inv_freq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, CAUSAL, S_QKV)
+                           inv_freq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, CAUSAL, S_QKV)
             elif phase == 3:
                 _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), x_ptr, T, pid, nprog, H, NH * D, BLOCK_M, BN_O, BK,
                       S_OD, False)

@@ -38,8 +38,10 @@ def main() -> int:
     from rose.meta import ForwardMeta, MetaLayout, pack_batch
 
     failed = 0
-    tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, warps=4, stages=1)
-    cases = [([5], None), ([3, 9, 1, 6], None), ([7, 7, 7], MetaLayout(tokens=24, seqs=4, rows=3)), ([1], None)]
+    tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, warps=4, stages=1,
+                  queries=16)
+    cases = [([5], None), ([3, 9, 1, 6], None), ([7, 7, 7], MetaLayout(tokens=24, seqs=4, rows=3)), ([1], None),
+             ([30, 12], None)]
     for causal in (True, False):
         for lens, layout in cases:
             model = tiny_qwen3(causal, seed=len(lens) + 10 * causal)
