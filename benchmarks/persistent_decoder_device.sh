@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles, then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's Qwen3-0.6B rows with ROSE_PERSISTENT_DECODER off and on; TESTS=0 runs the benchmark alone.
+# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles, then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's Qwen3-0.6B rows at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark.
 # Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root (~4 min, ~6 with ENGINE=1):
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh persistent-decoder
 # Results in $OUT: persistent_decoder.json and .log, persistent_decoder_tests.log (the smoke run's lines first; and
-# rose_gpu_persistent{0,1}.json and .log);
+# rose_gpu_persistent{0,128}.json and .log);
 # the table last.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
@@ -27,18 +27,22 @@ PY
 rc=$?; stamp smoke $rc; tail -5 $OUT/persistent_decoder_tests.log
 [ $rc -eq 0 ] || exit $rc
 fi
-timeout 200 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
-rc=$?; stamp benchmark $rc
+rc=0
+if [ "${BENCH:-1}" = 1 ]; then
+  timeout 200 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
+  rc=$?; stamp benchmark $rc
+fi
 if [ "${TESTS:-1}" = 1 ]; then
   timeout 240 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1
   stamp tests $?; tail -4 $OUT/persistent_decoder_tests.log
 fi
 if [ "${ENGINE:-0}" = 1 ]; then
-  for flag in 0 1; do
+  for flag in 0 128; do
     ROSE_PERSISTENT_DECODER=$flag timeout 110 python3 -m benchmarks.rose_gpu --models qwen3-0.6b --variants rose-graphs \
-      --quick --tag _persistent$flag --out $OUT > $OUT/rose_gpu_persistent$flag.log 2>&1
-    stamp "rose_gpu ROSE_PERSISTENT_DECODER=$flag" $?; grep -E 'bs1-|docs' $OUT/rose_gpu_persistent$flag.log | tail -6
+      --quick --suites ${SUITES:-bs1-16,bs1-32,bs1-64,bs1-128} --tag _persistent$flag --out $OUT \
+      > $OUT/rose_gpu_persistent$flag.log 2>&1
+    stamp "rose_gpu ROSE_PERSISTENT_DECODER=$flag" $?; grep -E '^qwen3' $OUT/rose_gpu_persistent$flag.log | tail -6
   done
 fi
-grep -A40 'weight-read floor' $OUT/persistent_decoder.log | tail -40
+[ "${BENCH:-1}" = 1 ] && grep -A40 'weight-read floor' $OUT/persistent_decoder.log | tail -40
 exit $rc

@@ -46,6 +46,7 @@ SHORT_RUN = {*BERT_LIKE, *DECODER_CONFIGS, *HEAD_MODELS, *REMOTE_MODELS}  # time
 
 DEVICE = "cuda"  # --device cpu: a smoke run of this script where there is no GPU (numbers meaningless)
 ATTENTION = "auto"  # --attention: the backend of rose-eager / rose-graphs
+ONLY_SUITES: tuple[str, ...] = ()  # --suites: these alone (bs1-N for any N), else the standard set and docs-100
 
 
 def empty_cache() -> None:
@@ -171,6 +172,8 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
     max_len = spec.max_length
     suites = {k: v for k, v in SUITES.items() if max(v) <= max_len and (name not in SHORT_RUN or k == "bs1-128")}
     suites["docs-100"] = docs_100(max_len)
+    if ONLY_SUITES:
+        suites = {k: suites[k] if k in suites else [int(k.split("-", 1)[1])] for k in ONLY_SUITES}
     iters = 10 if quick else 40
     inputs = {k: [make_ids(v, seed) for seed in range(4)] for k, v in suites.items()}
 
@@ -289,9 +292,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: smoke-test the script")
     parser.add_argument("--attention", default="auto",
                         help="ROSE's attention backend for rose-eager / rose-graphs (rose-best: the profile's)")
+    parser.add_argument("--suites", default="",
+                        help="only these suites, comma-separated (bs1-N for any N tokens); default: the standard set")
     args = parser.parse_args()
-    global DEVICE, ATTENTION
+    global DEVICE, ATTENTION, ONLY_SUITES
     DEVICE, ATTENTION = args.device, args.attention
+    ONLY_SUITES = tuple(s for s in args.suites.split(",") if s)
+    if any(s not in SUITES and s != "docs-100" and not s.startswith("bs1-") for s in ONLY_SUITES):
+        parser.error(f"unknown suites in {args.suites!r}")
     variants = set(args.variants.split(","))
     if variants - set(VARIANTS):
         parser.error(f"unknown variants: {sorted(variants - set(VARIANTS))}")

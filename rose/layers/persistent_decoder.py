@@ -47,7 +47,23 @@ except ImportError:  # pragma: no cover - depends on the torch build
 
 PHASES = 7  # per layer; step L * PHASES is the final norm
 MAX_TOKENS = 128
-ENABLED = os.environ.get("ROSE_PERSISTENT_DECODER", "0") in ("1", "true", "on")
+ROUTED_TOKENS = 64  # ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, where it beat the layers on the H200
+
+
+def routed_tokens(raw: str) -> int:
+    """ROSE_PERSISTENT_DECODER: off (default; 0, false), on (1, true: batches of up to ROUTED_TOKENS tokens),
+    or the largest batch in tokens to route to it (2 to MAX_TOKENS)."""
+    raw = raw.strip().lower()
+    if raw in ("", "0", "off", "false", "no"):
+        return 0
+    if raw in ("1", "on", "true", "yes"):
+        return ROUTED_TOKENS
+    if raw.isdigit() and 2 <= int(raw) <= MAX_TOKENS:
+        return int(raw)
+    raise ValueError(f"ROSE_PERSISTENT_DECODER={raw!r}: expected off, on or a token count of 2 to {MAX_TOKENS}")
+
+
+ENABLED = routed_tokens(os.environ.get("ROSE_PERSISTENT_DECODER", ""))  # tokens routed to it; 0: off
 log = logging.getLogger("rose.persistent_decoder")
 
 
@@ -84,7 +100,8 @@ class PersistentDecoder:
     of the stacks, so the weights are held once. `__call__(residual, positions, seq_ids)` takes the token
     embeddings [T, hidden] and returns the final-normed hidden states, as Qwen3Model.forward does."""
 
-    def __init__(self, model, tiles: Tiles = Tiles(), programs: int | None = None) -> None:
+    def __init__(self, model, tiles: Tiles = Tiles(), programs: int | None = None, routed: int = MAX_TOKENS) -> None:
+        """routed: the largest batch (tokens) `fits` accepts, for Qwen3Model.forward's routing."""
         reason = unsupported(model)
         if reason:
             raise ValueError(f"no persistent decoder for this model: {reason}")
@@ -94,7 +111,7 @@ class PersistentDecoder:
         self.hidden = attn0.qkv_proj.in_features
         self.inner = mlp0.down_proj.in_features
         self.eps, self.scale, self.causal = attn0.eps, model.scale, model.causal
-        self.tiles = tiles
+        self.tiles, self.routed = tiles, min(routed, MAX_TOKENS)
         self.wqkv = _stack_params([layer.self_attn.qkv_proj for layer in layers])
         self.wo = _stack_params([layer.self_attn.o_proj for layer in layers])
         self.wgu = _stack_params([layer.mlp.gate_up_proj for layer in layers])
@@ -114,12 +131,12 @@ class PersistentDecoder:
         tiles.check(self.hidden, self.heads * self.head_dim, self.inner)
 
     def fits(self, tokens: int) -> bool:
-        return 0 < tokens <= MAX_TOKENS
+        return 0 < tokens <= self.routed
 
     def __call__(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
                  persistent: bool = True) -> torch.Tensor:
         t = residual.shape[0]
-        if not self.fits(t):
+        if not 0 < t <= MAX_TOKENS:
             raise ValueError(f"{t} tokens: the persistent decoder takes 1 to {MAX_TOKENS}")
         residual = residual.contiguous().clone()  # updated in place, layer by layer
         tl_ = self.tiles
@@ -157,16 +174,15 @@ class PersistentDecoder:
 def attach(model) -> PersistentDecoder | None:
     """Where ROSE_PERSISTENT_DECODER is on, the model is a supported decoder and its weights are on CUDA: build
     the persistent decoder and set it as `model.persistent` (Qwen3Model.forward then runs batches of up to
-    MAX_TOKENS tokens through it). Returns it, or None with the reason logged."""
+    ENABLED tokens through it). Returns it, or None with the reason logged."""
     if not ENABLED or triton is None or not hasattr(model, "persistent"):
         return None
     reason = unsupported(model) or (None if model.embed_tokens.weight.is_cuda else "weights not on CUDA")
     if reason:
         log.info("persistent decoder off: %s", reason)
         return None
-    model.persistent = PersistentDecoder(model)
-    log.info("persistent decoder on for batches of up to %d tokens (%d programs)", MAX_TOKENS,
-             model.persistent.programs)
+    model.persistent = PersistentDecoder(model, routed=ENABLED)
+    log.info("persistent decoder on for batches of up to %d tokens (%d programs)", ENABLED, model.persistent.programs)
     return model.persistent
 
 

@@ -40,3 +40,14 @@ def test_unsupported_decoders_are_named():
         assert "head_dim" in unsupported(Qwen3Model({**cfg, "head_dim": 24}, causal=True))
         model = Qwen3Model(cfg, causal=True)
     assert attach(model) is None and model.persistent is None  # off unless ROSE_PERSISTENT_DECODER is on
+
+
+def test_the_flag_reads_off_on_or_a_token_bound():
+    from rose.layers.persistent_decoder import MAX_TOKENS, ROUTED_TOKENS, routed_tokens
+
+    assert routed_tokens("") == routed_tokens("off") == routed_tokens("0") == 0
+    assert routed_tokens("on") == routed_tokens("1") == routed_tokens("TRUE") == ROUTED_TOKENS
+    assert routed_tokens("32") == 32 and routed_tokens(str(MAX_TOKENS)) == MAX_TOKENS
+    for bad in ("129", "fast", "-4"):
+        with pytest.raises(ValueError, match="ROSE_PERSISTENT_DECODER"):
+            routed_tokens(bad)

@@ -82,7 +82,7 @@ def test_the_flag_routes_small_batches_only(monkeypatch):
     _, _, large = _setup(True, [200])
     with torch.inference_mode():
         plain_small, plain_large = model(small, backend), model(large, backend)
-        monkeypatch.setattr(persistent_decoder, "ENABLED", True)
+        monkeypatch.setattr(persistent_decoder, "ENABLED", 128)
         assert persistent_decoder.attach(model) is model.persistent is not None
         routed_small, routed_large = model(small, backend), model(large, backend)
         direct = model.persistent(model.embed_tokens(small.input_ids), small.positions, small.seq_ids)
