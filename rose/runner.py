@@ -119,6 +119,9 @@ class ModelRunner:
         """Give small batches a lane of their own beside long ones (rose.express); CUDA only. False on a CPU."""
         if not self.on_cuda:
             return False
+        if getattr(self.model, "persistent", None) is not None:  # its programs must all be resident: two at once
+            log.warning("the persistent decoder is off beside the express lane (two at once would deadlock)")
+            self.model.persistent = None
         if self.express is None:
             self.express = ExpressLane.build(self, max_tokens)
         return True

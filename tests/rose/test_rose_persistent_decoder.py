@@ -51,3 +51,16 @@ def test_the_flag_reads_off_on_or_a_token_bound():
     for bad in ("129", "fast", "-4"):
         with pytest.raises(ValueError, match="ROSE_PERSISTENT_DECODER"):
             routed_tokens(bad)
+
+
+def test_the_express_lane_turns_the_persistent_decoder_off(monkeypatch):
+    """Two persistent kernels on two streams at once would each wait for programs the other holds: the express
+    lane (a second stream of forwards) detaches it."""
+    from types import SimpleNamespace
+
+    from rose import runner as runner_module
+
+    monkeypatch.setattr(runner_module.ExpressLane, "build", classmethod(lambda cls, runner, tokens: ("lane", tokens)))
+    stub = SimpleNamespace(on_cuda=True, express=None, model=SimpleNamespace(persistent=object()))
+    assert runner_module.ModelRunner.enable_express(stub, 64) is True
+    assert stub.model.persistent is None and stub.express == ("lane", 64)
