@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import logging
 
+from tulip.completer import STOP
 from tulip.scheduler import PackedBatch
-from tulip.worker import _STOP, Worker
+from tulip.worker import Worker
 
 log = logging.getLogger("tulip.express")
 
@@ -60,7 +61,7 @@ class ExpressWorker(Worker):
         except Exception:  # noqa: BLE001 - serving goes on without the lane
             log.exception("express lane prewarm failed: express stays off (interactive requests wait for bulk)")
             self.prewarm_failed = True
-            self._launched.put(_STOP)
+            self._launched.put(STOP)
             return
         log.info("express lane on: %d graphs prewarmed, batches up to %d tokens", len(verified), self.express_tokens)
         self.queue.enable_express(self.express_tokens)
