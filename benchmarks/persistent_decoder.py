@@ -26,7 +26,13 @@ from benchmarks.model_zoo import QWEN3_CONFIGS
 from rose import Batch
 from rose.attention import make_backend
 from rose.attention.shape import AttentionShape
-from rose.layers.persistent_decoder import PersistentDecoder, Tiles, _barrier
+from rose.layers.persistent_decoder import (
+    PHASE_NAMES,
+    PHASES,
+    PersistentDecoder,
+    Tiles,
+    _barrier,
+)
 from rose.meta import ForwardMeta, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
@@ -124,6 +130,21 @@ def copy_bandwidth() -> float:
     return 2 * 10 * a.numel() / (start.elapsed_time(end) / 1e3)
 
 
+def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[str, float]:
+    """µs per phase, the mean over the layers of the median over `runs`, from the kernel's own clock (program 0
+    reads %globaltimer after each barrier)."""
+    meta = device_meta([tokens], vocab, seed=tokens)
+    clock = torch.zeros(decoder.layers * PHASES + 2, dtype=torch.int64, device="cuda")
+    samples = []
+    for _ in range(runs + 3):
+        decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids, clock=clock)
+        torch.cuda.synchronize()
+        samples.append(clock.diff().cpu())
+    steps = torch.stack(samples[3:]).median(0).values.double() / 1e3
+    per_phase = steps[:-1].view(decoder.layers, PHASES).mean(0).tolist()
+    return {**dict(zip(PHASE_NAMES, per_phase)), "final norm": float(steps[-1]), "total": float(steps.sum())}
+
+
 def forwards(model, decoder, backend, meta) -> dict:
     """The variants' forwards on one batch."""
     def embed():
@@ -143,6 +164,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="16,64,128")
     parser.add_argument("--replays", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    parser.add_argument("--phases", action="store_true",
+                        help="only the persistent kernel's own clock per phase, at each of --tokens")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     model = random_qwen3()
@@ -150,6 +173,10 @@ def main() -> None:
     shape = AttentionShape(cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], causal=True)
     backend = make_backend("triton", torch.device("cuda"), torch.bfloat16, shape=shape)
     decoder = PersistentDecoder(model)
+    if args.phases:
+        print_phases({t: phase_us(model, decoder, int(t), cfg["vocab_size"]) for t in args.tokens.split(",")},
+                     args.out)
+        return
     weight_bytes = sum(t.numel() * t.element_size() for t in (decoder.wqkv, decoder.wo, decoder.wgu, decoder.wd))
     bandwidth = copy_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3  # read at the copy's rate of bytes moved
@@ -205,6 +232,17 @@ def main() -> None:
             continue
         err = f"{r['rel_err_vs_layers']:.2e}" if "rel_err_vs_layers" in r else ""
         print(f"{r['tokens']:>6} {r['variant']:<11} {r['p50_ms']:8.3f} {r['p90_ms']:8.3f} {err:>9}  {r['tiles']}")
+
+
+def print_phases(table: dict[str, dict[str, float]], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?")}
+    (out / "persistent_decoder_phases.json").write_text(json.dumps({"env": env, "phases_us": table}, indent=1))
+    print(f"\n{env['gpu']} · {env['commit']} · µs per phase (mean over layers), the kernel's own clock")
+    names = list(next(iter(table.values())))
+    print(f"{'tokens':>6} " + " ".join(f"{n:>11}" for n in names))
+    for tokens, row in table.items():
+        print(f"{tokens:>6} " + " ".join(f"{row[n]:11.2f}" for n in names))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles, then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's Qwen3-0.6B rows at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark.
+# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles, then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's Qwen3-0.6B rows at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark; PHASES=1 adds the kernel's own clock per phase.
 # Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root (~4 min, ~6 with ENGINE=1):
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh persistent-decoder
 # Results in $OUT: persistent_decoder.json and .log, persistent_decoder_tests.log (the smoke run's lines first; and
@@ -31,6 +31,11 @@ rc=0
 if [ "${BENCH:-1}" = 1 ]; then
   timeout 200 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
   rc=$?; stamp benchmark $rc
+fi
+if [ "${PHASES:-0}" = 1 ]; then
+  timeout 120 python3 -m benchmarks.persistent_decoder --phases --tokens ${TOKENS:-16,64,128} --out $OUT \
+    > $OUT/persistent_decoder_phases.log 2>&1
+  stamp phases $?; tail -5 $OUT/persistent_decoder_phases.log
 fi
 if [ "${TESTS:-1}" = 1 ]; then
   timeout 240 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1

@@ -6,27 +6,31 @@ cover 8 of 132 SMs with cuBLAS's tiles); split-K, folded norms, PDL and L2-resid
 refuted. Here one program per SM walks every layer's phases, the work of a phase spread over all programs,
 with a grid barrier between phases in place of a kernel boundary:
 
-    0 add + RMSNorm (input_layernorm)     rows          4 add + RMSNorm (post_attention_layernorm)   rows
-    1 QKV projection                      column tiles  5 gate-up projection, SiLU(gate) * up         column tiles
-    2 QK-norm + RoPE + attention          q heads       6 down projection                             column tiles
-    3 o projection                        column tiles  after the last layer: add + the final RMSNorm
+    0 add + RMSNorm (input_layernorm)  rows           4 add + RMSNorm (post_attention_layernorm)  rows
+    1 QKV projection                   tiles x slices 5 gate-up projection, SiLU(gate) * up        tiles
+    2 QK-norm + RoPE + attention       heads x blocks 6 down projection                            tiles x slices
+    3 o projection                     tiles x slices after the last layer: add + the final RMSNorm
 
-The QKV, o and down projections are split along K too (split-K: items of a column tile and a slice of K, each
-storing its float32 partial), so that every SM has work and each reads only its slice of the activations, which
-every item otherwise re-reads whole from L2 (128 tokens x K); the phase that reads a projection sums its
-slices (attention for the QKV, the next add+RMSNorm for o and down). Attention at these sizes is, per
-q head and block of 32 queries, one [queries x tokens] tile, masked to the query's own sequence (and causally
-where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the layer-by-
-layer kernels (rose.layers.fused): bf16 residual sums, norm output and RoPE's cos/sin rounded, float32 inside.
+The QKV, o and down projections are split along K too (items of a column tile and a slice of K, each storing
+its float32 partial), so that every SM has work and each item reads only its slice of the activations, which
+it would otherwise re-read whole from L2; the phase that reads a projection sums its slices (attention for the
+QKV, the next add+RMSNorm for o and down). Attention at these sizes is, per q head and block of 32 queries,
+one [queries x tokens] tile masked to the query's own sequence (and causally where the model is causal): any
+ragged batch of up to 128 tokens. Rounding follows the layer-by-layer kernels (rose.layers.fused): bf16
+residual sums, norm output and RoPE's cos/sin rounded, float32 inside.
 
 The grid barrier: each program writes how many phases it finished into its own slot (an exchange, so the
 same whichever threads execute it) with release order, then spins on plain (volatile) reads of every slot
 until all reach the count, and orders what follows with an acquire on its own slot; data written by other
 programs is read past L1 (`.cg`). The slots are zeroed before each launch (a memset node in a graph); one
-barrier costs 1.1 µs on the H200 (benchmarks.persistent_decoder). Every program must be resident at once: the grid is at most
-the SM count and the kernel runs alone on the device (Tulip steps one batch at a time). `persistent=False`
-runs the same phases one launch each, no barrier: the CPU tests (Triton's interpreter runs programs one after
-another, so a barrier between several would never open) and the A/B of barriers against launches.
+barrier costs 1.1 µs on the H200. Every program must be resident at once: the grid is at most the SM count
+and the kernel runs alone on the device (Tulip steps one batch at a time; the express lane, a second stream
+of forwards, turns the persistent decoder off: rose.runner.enable_express). `persistent=False` runs the same
+phases one launch each, no barrier: the CPU tests (Triton's interpreter runs programs one after another, so a
+barrier between several would never open) and the A/B of barriers against launches.
+
+Measured on the H200 (NOTES): per graph replay 23 % under the layers at 16 tokens, level at 64, 1.76 x over
+them at 128; through the engine 1.156 -> 1.018 ms at 16 tokens. Hence opt-in, batches of up to 64 tokens.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
 
 PHASES = 7  # per layer; step L * PHASES is the final norm
+PHASE_NAMES = ("add+norm", "qkv", "attention", "o", "add+norm 2", "gate-up", "down")
 MAX_TOKENS = 128
 ROUTED_TOKENS = 64  # ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, where it beat the layers on the H200
 
@@ -134,7 +139,10 @@ class PersistentDecoder:
         return 0 < tokens <= self.routed
 
     def __call__(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
-                 persistent: bool = True) -> torch.Tensor:
+                 persistent: bool = True, clock: torch.Tensor | None = None) -> torch.Tensor:
+        """clock: int64 [layers * 7 + 2] on the device (persistent only, a GPU only): program 0 writes the
+        GPU's clock (ns) before the first step and after each step's barrier, so where the time goes per phase
+        can be read (benchmarks.persistent_decoder --phases)."""
         t = residual.shape[0]
         if not 0 < t <= MAX_TOKENS:
             raise ValueError(f"{t} tokens: the persistent decoder takes 1 to {MAX_TOKENS}")
@@ -153,15 +161,17 @@ class PersistentDecoder:
         steps = self.layers * PHASES + 1
         block_m = max(tl_.rows, triton.next_power_of_2(t))
         args = (residual, h, qkv, attn, x, act, out, self.wqkv, self.wo, self.wgu, self.wd, self.ln1, self.ln2,
-                self.qn, self.kn, self.final, positions, seq_ids, self.inv_freq, self.flags, t, self.eps,
-                self.scale, steps - 1)
+                self.qn, self.kn, self.final, positions, seq_ids, self.inv_freq, self.flags,
+                self.flags if clock is None else clock, t, self.eps, self.scale, steps - 1)
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tl_.qkv,
                 "BN_O": tl_.o, "BN_GU": tl_.gate_up, "BN_D": tl_.down, "S_QKV": tl_.split_qkv, "S_OD": tl_.split_od,
                 "BK": tl_.k, "BQ": min(block_m, tl_.queries), "CAUSAL": self.causal,
-                "NPROG_P2": triton.next_power_of_2(self.programs), "num_warps": tl_.warps,
+                "NPROG_P2": triton.next_power_of_2(self.programs), "CLOCK": clock is not None, "num_warps": tl_.warps,
                 "num_stages": tl_.stages}
         grid = (self.programs,)
+        if clock is not None and (not persistent or clock.numel() < steps + 1):
+            raise ValueError(f"a clock needs the persistent kernel and {steps + 1} slots")
         if persistent:
             self.flags.zero_()
             _decoder_kernel[grid](*args, 0, steps, PERSISTENT=True, **meta)
@@ -215,6 +225,11 @@ def _stack_params(modules) -> torch.Tensor:
 
 
 if triton is not None:
+
+    @triton.jit
+    def _globaltimer():
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                         pack=1)
 
     @triton.jit
     def _barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr):
@@ -355,13 +370,12 @@ if triton is not None:
     @triton.jit
     def _decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, x_ptr, act_ptr, out_ptr,
                         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, ln1_ptr, ln2_ptr, qn_ptr, kn_ptr, fin_ptr,
-                        pos_ptr, seq_ptr, inv_freq_ptr, flags_ptr, T, eps, scale, final, first, last,
+                        pos_ptr, seq_ptr, inv_freq_ptr, flags_ptr, clock_ptr, T, eps, scale, final, first, last,
                         H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                         HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
                         BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
                         S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, CAUSAL: tl.constexpr,
-                        NPROG_P2: tl.constexpr,
-                        PERSISTENT: tl.constexpr):
+                        NPROG_P2: tl.constexpr, CLOCK: tl.constexpr, PERSISTENT: tl.constexpr):
         """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
         last layer's is the final norm. qkv_ptr and x_ptr hold float32 partials of K's slices (S_QKV; S_OD for
         the o and down projections), summed where they are read. PERSISTENT: a grid barrier after each step."""
@@ -369,6 +383,8 @@ if triton is not None:
         nprog = tl.num_programs(0)
         D: tl.constexpr = 2 * HALF
         QKV_N: tl.constexpr = (NH + 2 * NKV) * D
+        if CLOCK and pid == 0:
+            tl.store(clock_ptr + first, _globaltimer())
         for step in range(first, last):
             layer = tl.cast(step // 7, tl.int64)
             phase = step % 7
@@ -397,3 +413,5 @@ if triton is not None:
                       S_OD, False)
             if PERSISTENT:
                 _barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2)
+            if CLOCK and pid == 0:
+                tl.store(clock_ptr + step + 1, _globaltimer())

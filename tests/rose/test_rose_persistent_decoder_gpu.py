@@ -88,3 +88,20 @@ def test_the_flag_routes_small_batches_only(monkeypatch):
         direct = model.persistent(model.embed_tokens(small.input_ids), small.positions, small.seq_ids)
     assert torch.equal(routed_small, direct) and not torch.equal(routed_small, plain_small)
     assert torch.equal(routed_large, plain_large)
+
+
+def test_the_kernels_clock_marks_every_step_in_order():
+    from rose.layers.persistent_decoder import PHASES
+
+    model, _, meta = _setup(True, [64])
+    decoder = PersistentDecoder(model)
+    clock = torch.zeros(decoder.layers * PHASES + 2, dtype=torch.int64, device="cuda")
+    with torch.inference_mode():
+        timed = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids, clock=clock)
+        plain = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
+    torch.cuda.synchronize()
+    steps = clock.diff()
+    assert torch.equal(timed, plain) and bool((clock > 0).all()) and bool((steps >= 0).all())
+    assert 0 < int(clock[-1] - clock[0]) < 1_000_000_000
+    with pytest.raises(ValueError, match="clock"):
+        decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids, persistent=False, clock=clock)
