@@ -90,12 +90,19 @@ class Tiles:
     rows: int = 16  # the least token block (BLOCK_M): batches of fewer tokens are padded to it
     queries: int = 32  # queries per attention item (a q head's block of them)
 
-    def check(self, hidden: int, q_size: int, inner: int) -> None:
+    def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
+        """Raise unless every projection's N is whole column tiles and its K whole slices of whole K steps
+        (the kernel does not mask a partial tile)."""
         if min(self.qkv, self.o, self.gate_up, self.down) < 32:
             raise ValueError(f"column tiles under 32 wide: {self}")
-        for k, split in ((hidden, self.split_qkv), (q_size, self.split_od), (hidden, 1), (inner, self.split_od)):
+        projections = {"qkv": (qkv_size, hidden, self.qkv, self.split_qkv),  # name: (N, K, tile, slices)
+                       "o": (hidden, q_size, self.o, self.split_od), "gate-up": (inner, hidden, self.gate_up, 1),
+                       "down": (hidden, inner, self.down, self.split_od)}
+        for name, (n, k, tile, split) in projections.items():
+            if n % tile:
+                raise ValueError(f"the {name} projection's {n} columns are not whole tiles of {tile}")
             if k % (split * self.k):
-                raise ValueError(f"K = {k} in {split} slices is not a multiple of the K step {self.k}")
+                raise ValueError(f"the {name} projection's K = {k} in {split} slices is not whole K steps of {self.k}")
 
 
 class PersistentDecoder:
@@ -115,6 +122,7 @@ class PersistentDecoder:
         self.heads, self.kv_heads, self.head_dim = attn0.num_heads, attn0.num_kv_heads, attn0.head_dim
         self.hidden = attn0.qkv_proj.in_features
         self.inner = mlp0.down_proj.in_features
+        self.qkv_size = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.eps, self.scale, self.causal = attn0.eps, model.scale, model.causal
         self.tiles, self.routed = tiles, min(routed, MAX_TOKENS)
         self.wqkv = _stack_params([layer.self_attn.qkv_proj for layer in layers])
@@ -133,7 +141,7 @@ class PersistentDecoder:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.programs = programs
         self.flags = torch.zeros(programs, dtype=torch.int32, device=device)
-        tiles.check(self.hidden, self.heads * self.head_dim, self.inner)
+        tiles.check(self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)
 
     def fits(self, tokens: int) -> bool:
         return 0 < tokens <= self.routed
@@ -148,7 +156,7 @@ class PersistentDecoder:
             raise ValueError(f"{t} tokens: the persistent decoder takes 1 to {MAX_TOKENS}")
         residual = residual.contiguous().clone()  # updated in place, layer by layer
         tl_ = self.tiles
-        self.tiles.check(self.hidden, self.heads * self.head_dim, self.inner)
+        self.tiles.check(self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)
 
         def new(*shape, dtype=residual.dtype):
             return torch.empty(*shape, dtype=dtype, device=residual.device)

@@ -64,3 +64,16 @@ def test_the_express_lane_turns_the_persistent_decoder_off(monkeypatch):
     stub = SimpleNamespace(on_cuda=True, express=None, model=SimpleNamespace(persistent=object()))
     assert runner_module.ModelRunner.enable_express(stub, 64) is True
     assert stub.model.persistent is None and stub.express == ("lane", 64)
+
+
+def test_tiles_that_do_not_divide_a_projection_are_refused():
+    from rose.layers.persistent_decoder import Tiles
+
+    Tiles().check(1024, 4096, 2048, 3072)  # Qwen3-0.6B
+    Tiles().check(2560, 6144, 4096, 9728)  # Qwen3-4B
+    with pytest.raises(ValueError, match="gate-up projection's 3000 columns"):
+        Tiles().check(1024, 4096, 2048, 3000)
+    with pytest.raises(ValueError, match="o projection's K = 2048 in 8 slices"):
+        Tiles(split_od=8, k=512).check(1024, 4096, 2048, 3072)
+    with pytest.raises(ValueError, match="under 32 wide"):
+        Tiles(o=16).check(1024, 4096, 2048, 3072)
