@@ -26,14 +26,8 @@ from benchmarks.model_zoo import QWEN3_CONFIGS
 from rose import Batch
 from rose.attention import make_backend
 from rose.attention.shape import AttentionShape
-from rose.layers.persistent_decoder import (
-    PHASE_NAMES,
-    PHASES,
-    PersistentDecoder,
-    Tiles,
-    _barrier,
-)
-from rose.meta import ForwardMeta, pack_batch
+from rose.layers.persistent_decoder import PHASE_NAMES, PHASES, PersistentDecoder, Tiles
+from rose.meta import ForwardMeta, MetaLayout, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
 SWEEP = [  # (tokens, tiles): pipeline stages, queries per attention item, slices of K
@@ -45,10 +39,12 @@ try:
     import triton
     import triton.language as tl
 
+    from rose.layers.persistent_kernels import grid_barrier
+
     @triton.jit
     def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr):
         for i in range(n):
-            _barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2)
+            grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, True)
 except ImportError:  # pragma: no cover - a CPU build of torch without Triton
     triton = None
 
@@ -70,10 +66,11 @@ def random_qwen3(name: str = "qwen3-0.6b", causal: bool = True, layers: int | No
     return model.eval().requires_grad_(False)
 
 
-def device_meta(lens: list[int], vocab: int, seed: int = 0) -> ForwardMeta:
+def device_meta(lens: list[int], vocab: int, seed: int = 0, layout: MetaLayout | None = None) -> ForwardMeta:
+    """A batch of random ids of these lengths, packed (at `layout`: padded as a graph's batch is) on the GPU."""
     gen = torch.Generator().manual_seed(seed)
     batch = Batch.from_sequences([torch.randint(1, vocab, (n,), generator=gen).tolist() for n in lens])
-    host = pack_batch(batch)
+    host = pack_batch(batch, layout)
     return ForwardMeta.from_buffer(torch.from_numpy(host.packed).cuda(), host.layout, host.layout.tokens, graph=True)
 
 
@@ -194,9 +191,9 @@ def main() -> None:
                 graph.replay()
                 torch.cuda.synchronize()
                 records.append({"tokens": tokens, "variant": name, "tiles": str(decoder.tiles),
-                                    "p50_ms": statistics.median(times[name]),
-                                    "p90_ms": sorted(times[name])[int(0.9 * len(times[name]))],
-                                    "rel_err_vs_layers": rel_err(out, ref)})
+                                "p50_ms": statistics.median(times[name]),
+                                "p90_ms": sorted(times[name])[int(0.9 * len(times[name]))],
+                                "rel_err_vs_layers": rel_err(out, ref)})
                 print(json.dumps(records[-1]), flush=True)
         layers_out = {}
         for tokens, tiles in SWEEP:
@@ -219,8 +216,8 @@ def main() -> None:
             print(json.dumps(records[-1]), flush=True)
         barrier_us = barrier_cost_us(decoder.programs)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),
-               "programs": decoder.programs, "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bandwidth / 1e9,
-               "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us}
+           "programs": decoder.programs, "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bandwidth / 1e9,
+           "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "persistent_decoder.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
     print(f"\n{env['gpu']} · torch {env['torch']} · {env['commit']} · weight-read floor {floor_ms:.3f} ms "

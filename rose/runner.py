@@ -38,8 +38,8 @@ from rose.batch import Batch
 from rose.express import ExpressLane
 from rose.graphs import CudaGraphs, layout_label
 from rose.layers import output_transform, segment_mean
-from rose.lazy import LazyTensor, PinnedBuffer, PinnedPool
 from rose.layers.persistent_decoder import attach as attach_persistent
+from rose.lazy import LazyTensor, PinnedBuffer, PinnedPool
 from rose.loader import load_model
 from rose.meta import ForwardMeta, HostMeta, MetaLayout, pack_batch
 from rose.spec import ModelSpec
@@ -57,8 +57,8 @@ class ModelRunner:
         """graphs: None = eager only; else CudaGraphs keyword arguments (token_buckets, seq_buckets)."""
         self.spec, self.device, self.dtype, self.pool, self.attention = spec, device, dtype, pool, attention
         self.model = load_model(spec, device, dtype)
-        attach_persistent(self.model)  # small batches' layers in one kernel where ROSE_PERSISTENT_DECODER is on
         self.backend = make_backend(attention, device, dtype, spec)
+        attach_persistent(self.model, self.backend)  # small batches' layers in one kernel (ROSE_PERSISTENT_DECODER)
         self.pooler = segment_mean  # hidden, span_index, span_count -> rows (SPLADE: rose.retrieval_head)
         self.transform = output_transform(spec.native_int8)
         self.dimensions = spec.dimensions
@@ -119,9 +119,6 @@ class ModelRunner:
         """Give small batches a lane of their own beside long ones (rose.express); CUDA only. False on a CPU."""
         if not self.on_cuda:
             return False
-        if getattr(self.model, "persistent", None) is not None:  # its programs must all be resident: two at once
-            log.warning("the persistent decoder is off beside the express lane (two at once would deadlock)")
-            self.model.persistent = None
         if self.express is None:
             self.express = ExpressLane.build(self, max_tokens)
         return True

@@ -148,11 +148,13 @@ class Qwen3Model(nn.Module):
         return precompile_qk_norm_rope(self.layers[0].self_attn)
 
     # rose.layers.persistent_decoder.PersistentDecoder when attached (ROSE_PERSISTENT_DECODER): every layer of a
-    # batch of up to its MAX_TOKENS tokens in one kernel; forward_layers (bulk stepped by layers) never uses it
+    # batch of up to its routed bound in one kernel, for forwards with its backend (the runner's, not the express
+    # lane's); forward_layers (bulk stepped by layers) never uses it
     persistent = None
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
-        if self.persistent is not None and self.persistent.fits(meta.layout.tokens):
+        p = self.persistent
+        if p is not None and backend is p.backend and p.fits(meta.layout.tokens):
             return self.persistent(self.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
         for h in self.forward_layers(meta, backend):
             pass

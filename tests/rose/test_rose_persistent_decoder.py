@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def test_kernel_matches_the_layer_by_layer_forward_under_the_interpreter():
     run = subprocess.run([sys.executable, str(Path(__file__).with_name("persistent_interpreted.py"))], env=env,
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(" ok") == 20, run.stdout
+    assert run.stdout.count(" ok") == 28, run.stdout
 
 
 def test_unsupported_decoders_are_named():
@@ -39,7 +40,7 @@ def test_unsupported_decoders_are_named():
         assert "windows" in unsupported(Qwen3Model(cfg, True, windows=(64, -1)))
         assert "head_dim" in unsupported(Qwen3Model({**cfg, "head_dim": 24}, causal=True))
         model = Qwen3Model(cfg, causal=True)
-    assert attach(model) is None and model.persistent is None  # off unless ROSE_PERSISTENT_DECODER is on
+    assert attach(model, object()) is None and model.persistent is None  # off unless ROSE_PERSISTENT_DECODER is on
 
 
 def test_the_flag_reads_off_on_or_a_token_bound():
@@ -53,17 +54,54 @@ def test_the_flag_reads_off_on_or_a_token_bound():
             routed_tokens(bad)
 
 
-def test_the_express_lane_turns_the_persistent_decoder_off(monkeypatch):
-    """Two persistent kernels on two streams at once would each wait for programs the other holds: the express
-    lane (a second stream of forwards) detaches it."""
-    from types import SimpleNamespace
+def test_forward_routes_small_batches_of_its_own_backend_only():
+    """Qwen3Model.forward hands a batch to the persistent decoder when it fits and comes with the decoder's
+    backend (the runner's); the express lane's backend (a second stream) and larger batches take the layers."""
+    import torch
 
-    from rose import runner as runner_module
+    from rose.meta import MetaLayout
+    from rose.models.qwen3 import Qwen3Model
 
-    monkeypatch.setattr(runner_module.ExpressLane, "build", classmethod(lambda cls, runner, tokens: ("lane", tokens)))
-    stub = SimpleNamespace(on_cuda=True, express=None, model=SimpleNamespace(persistent=object()))
-    assert runner_module.ModelRunner.enable_express(stub, 64) is True
-    assert stub.model.persistent is None and stub.express == ("lane", 64)
+    cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+    model = Qwen3Model(cfg, causal=True)
+    main, express, sentinel = object(), object(), torch.full((1,), 7.0)
+
+    class Decoder:
+        backend = main
+
+        def fits(self, tokens):
+            return tokens <= 64
+
+        def __call__(self, residual, positions, seq_ids):
+            return sentinel
+
+    model.persistent = Decoder()
+    taken = []
+    model.forward_layers = lambda meta, backend: iter([taken.append(backend) or torch.zeros(1)])
+    ids = torch.zeros(8, dtype=torch.long)
+    small = types.SimpleNamespace(layout=MetaLayout(tokens=8, seqs=1, rows=1), input_ids=ids, positions=ids,
+                                  seq_ids=ids)
+    large = types.SimpleNamespace(layout=MetaLayout(tokens=256, seqs=1, rows=1))
+    assert model(small, main) is sentinel
+    assert model(small, express) is not sentinel and taken == [express]
+    assert model(large, main) is not sentinel and taken == [express, main]
+
+
+def test_attach_refuses_what_it_cannot_serve(monkeypatch):
+    import torch
+
+    from rose.layers import persistent_decoder
+    from rose.models.qwen3 import Qwen3Model
+
+    cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+    model = Qwen3Model(cfg, causal=True)
+    monkeypatch.setattr(persistent_decoder, "ENABLED", 64)
+    assert persistent_decoder.attach(model, object()) is None and model.persistent is None  # weights on a CPU
+    with torch.device("meta"):
+        wide = Qwen3Model({**cfg, "head_dim": 256}, causal=True)
+    assert "head_dim 256" in persistent_decoder.unsupported(wide)
 
 
 def test_tiles_that_do_not_divide_a_projection_are_refused():

@@ -1,7 +1,8 @@
 """The persistent decoder (rose.layers.persistent_decoder) on the GPU, at the Qwen3-0.6B's layer shape (three
 layers, random bf16): as close to the layer-by-layer kernels as bf16 allows on single, ragged and padded
-batches, causal and not; the barriers' kernel the same bits as the phases launched one by one and on every
-call; the same under CUDA-graph capture and replay; and ROSE_PERSISTENT_DECODER routing Qwen3Model.forward."""
+batches (one packed at a graph's padded layout), causal and not; the barriers' kernel the same bits as the
+phases launched one by one and on every call; the same under CUDA-graph capture and replay; ROSE_PERSISTENT_DECODER
+routing Qwen3Model.forward; the kernel's own clock."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from rose.layers.persistent_decoder import PersistentDecoder
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or persistent_decoder.triton is None,
                                                   reason="needs CUDA and Triton")]
 
-BATCHES = {"one-128": [128], "one-1": [1], "ragged": [5, 60, 3, 17], "eight-16": [16] * 8, "odd-77": [77]}
+BATCHES = {"one-128": [128], "one-1": [1], "ragged": [5, 60, 3, 17], "eight-16": [16] * 8, "odd-77": [77],
+           "padded-64": [20, 9]}  # "padded-64": packed at a graph's layout of 64 tokens (a padding pseudo-sequence)
 
 
 def _setup(causal: bool, lens: list[int]):
@@ -26,7 +28,10 @@ def _setup(causal: bool, lens: list[int]):
     attn = model.layers[0].self_attn
     shape = AttentionShape(attn.num_heads, attn.num_kv_heads, attn.head_dim, causal=causal)
     backend = make_backend("triton", torch.device("cuda"), torch.bfloat16, shape=shape)
-    return model, backend, device_meta(lens, 1000, seed=sum(lens))
+    from rose.meta import MetaLayout
+
+    layout = MetaLayout(tokens=64, seqs=4, rows=4) if lens == BATCHES["padded-64"] else None
+    return model, backend, device_meta(lens, 1000, seed=sum(lens), layout=layout)
 
 
 def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -83,7 +88,7 @@ def test_the_flag_routes_small_batches_only(monkeypatch):
     with torch.inference_mode():
         plain_small, plain_large = model(small, backend), model(large, backend)
         monkeypatch.setattr(persistent_decoder, "ENABLED", 128)
-        assert persistent_decoder.attach(model) is model.persistent is not None
+        assert persistent_decoder.attach(model, backend) is model.persistent is not None
         routed_small, routed_large = model(small, backend), model(large, backend)
         direct = model.persistent(model.embed_tokens(small.input_ids), small.positions, small.seq_ids)
     assert torch.equal(routed_small, direct) and not torch.equal(routed_small, plain_small)

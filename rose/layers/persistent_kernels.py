@@ -1,0 +1,207 @@
+"""The persistent decoder's Triton kernels (rose.layers.persistent_decoder says what they do and why)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                     pack=1)
+
+@triton.jit
+def _fence():
+    """fence.acq_rel.gpu on every thread: what the other programs released before their arrival is visible to
+    this program's later loads, L1 included."""
+    tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr):
+    """Wait until every program's slot reads at least `target` (module docstring). FENCE: the acquire fence
+    (off only under Triton's interpreter, which has no inline assembly and runs programs one at a time)."""
+    tl.debug_barrier()  # this program's stores before its arrival
+    tl.atomic_xchg(flags_ptr + pid, target, sem="release", scope="gpu")
+    offs = tl.arange(0, NPROG_P2)
+    live = offs < nprog
+    behind = nprog
+    while behind > 0:  # plain reads from L2 while waiting: no atomic traffic
+        seen = tl.load(flags_ptr + offs, mask=live, other=target, volatile=True)
+        behind = tl.sum((seen < target).to(tl.int32), axis=0)
+    if FENCE:
+        _fence()
+    tl.debug_barrier()
+
+@triton.jit
+def _norm_rows(res_ptr, add_ptr, w_ptr, dst_ptr, T, pid, nprog, eps, add,
+               H: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr):
+    """res += the sum of add's SPLIT float32 partials ([SPLIT, T, H], rounded once, when `add`), then
+    dst = RMSNorm(res) * w; one row per program at a time."""
+    offs = tl.arange(0, BLOCK_H)
+    ok = offs < H
+    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    dt = dst_ptr.dtype.element_ty
+    for r in range(pid, T, nprog):
+        x = tl.load(res_ptr + r * H + offs, mask=ok, other=0.0, cache_modifier=".cg")
+        if add:
+            y = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for s in tl.static_range(SPLIT):
+                y += tl.load(add_ptr + (s * T + r) * H + offs, mask=ok, other=0.0, cache_modifier=".cg")
+            x = (x.to(tl.float32) + y.to(dt).to(tl.float32)).to(dt)
+            tl.store(res_ptr + r * H + offs, x, mask=ok)
+        v = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
+        tl.store(dst_ptr + r * H + offs, ((v * rstd).to(dt).to(tl.float32) * w).to(dt), mask=ok)
+
+@triton.jit
+def _gemm(a_ptr, w_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+          BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
+    """a[T, K] @ w[N, K]^T, the work cut into (column tile, slice of K) items spread over the programs.
+    Plain: dst [SPLIT, T, N] float32, item (tile, s) storing the s-th slice's partial product (the phase
+    that reads dst sums the slices). GATED (SPLIT 1): w is [2N, K] (gate rows, then up rows) and
+    dst [T, N] = SiLU(a @ gate^T) * (a @ up^T) in dst's dtype, each product rounded first as the unfused
+    path does."""
+    KS: tl.constexpr = K // SPLIT
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BK)
+    row_ok = rm < T
+    for item in range(pid, (N // BN) * SPLIT, nprog):
+        tile = item // SPLIT
+        k_lo = (item % SPLIT) * KS
+        rn = tile * BN + tl.arange(0, BN)
+        acc = tl.zeros([BLOCK_M, BN], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BN], dtype=tl.float32)
+        for k0 in range(k_lo, k_lo + KS, BK):
+            a = tl.load(a_ptr + rm[:, None] * K + k0 + rk[None, :], mask=row_ok[:, None], other=0.0,
+                        cache_modifier=".cg")
+            w = tl.load(w_ptr + rn[:, None] * K + k0 + rk[None, :])
+            acc = tl.dot(a, tl.trans(w), acc)
+            if GATED:
+                u = tl.load(w_ptr + (rn[:, None] + N) * K + k0 + rk[None, :])
+                acc_up = tl.dot(a, tl.trans(u), acc_up)
+        if GATED:
+            dt = dst_ptr.dtype.element_ty
+            g = acc.to(dt).to(tl.float32)
+            y = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)
+            tl.store(dst_ptr + rm[:, None] * N + rn[None, :], y.to(dt), mask=row_ok[:, None])
+        else:
+            part = dst_ptr + (item % SPLIT) * T * N
+            tl.store(part + rm[:, None] * N + rn[None, :], acc, mask=row_ok[:, None])
+
+@triton.jit
+def _summed(part_ptr, like_ptr, cols, rm, ok, T, QKV_N: tl.constexpr, SPLIT: tl.constexpr):
+    """The QKV output at [rm, cols] from its SPLIT float32 partials, rounded to the activations' dtype (like_ptr's)
+    as a GEMM's output is."""
+    acc = tl.zeros([rm.shape[0], cols.shape[0]], dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(part_ptr + (s * T + rm[:, None]) * QKV_N + cols[None, :], mask=ok[:, None], other=0.0,
+                       cache_modifier=".cg")
+    return acc.to(like_ptr.dtype.element_ty).to(tl.float32)
+
+@triton.jit
+def _norm_rope(qkv_ptr, like_ptr, col0, w_ptr, rm, ok, c, s, eps, T, QKV_N: tl.constexpr, HALF: tl.constexpr,
+               SPLIT: tl.constexpr):
+    """One head's [BLOCK_M, D] slice of the QKV output, RMS-normed by w and rotated: its two halves."""
+    j = tl.arange(0, HALF)
+    n1 = _summed(qkv_ptr, like_ptr, col0 + j, rm, ok, T, QKV_N, SPLIT)
+    n2 = _summed(qkv_ptr, like_ptr, col0 + HALF + j, rm, ok, T, QKV_N, SPLIT)
+    dt = like_ptr.dtype.element_ty
+    rstd = tl.rsqrt((tl.sum(n1 * n1, axis=1) + tl.sum(n2 * n2, axis=1)) / (2 * HALF) + eps)[:, None]
+    w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
+    n1 = ((n1 * rstd).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+    n2 = ((n2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    return (n1 * c - n2 * s).to(dt), (n2 * c + n1 * s).to(dt)
+
+@triton.jit
+def _rope_table(pos_ptr, inv_freq_ptr, rows, ok, dt, HALF: tl.constexpr):
+    """cos and sin of each row's position times the RoPE frequencies, rounded to dt as HF's are."""
+    j = tl.arange(0, HALF)
+    freq = tl.load(pos_ptr + rows, mask=ok, other=0).to(tl.float32)[:, None] * tl.load(inv_freq_ptr + j)[None, :]
+    return tl.cos(freq).to(dt).to(tl.float32), tl.sin(freq).to(dt).to(tl.float32)
+
+@triton.jit
+def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, pos_ptr, seq_ptr, inv_freq_ptr, T, pid, nprog, eps, scale,
+               NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
+               BQ: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr):
+    """Items of a q head and a block of BQ queries: QK-norm + RoPE of those queries and of every key of the
+    head's kv head, then softmax(q k^T) v over the keys of the query's own sequence (and no later ones when
+    causal). q, k, v are summed from the QKV's partials."""
+    D: tl.constexpr = 2 * HALF
+    QKV_N: tl.constexpr = (NH + 2 * NKV) * D
+    keys = tl.arange(0, BLOCK_M)
+    key_ok = keys < T
+    dt = attn_ptr.dtype.element_ty
+    key_seq = tl.load(seq_ptr + keys, mask=key_ok, other=-1)
+    dcols = tl.arange(0, D)
+    for item in tl.range(pid, NH * (BLOCK_M // BQ), nprog, num_stages=1):  # unpipelined: q, k, v in smem
+        hq = item % NH
+        rq = (item // NH) * BQ + tl.arange(0, BQ)
+        q_ok = rq < T
+        g = hq // (NH // NKV)
+        cq, sq = _rope_table(pos_ptr, inv_freq_ptr, rq, q_ok, dt, HALF)
+        ck, sk = _rope_table(pos_ptr, inv_freq_ptr, keys, key_ok, dt, HALF)  # here, not live across items
+        q1, q2 = _norm_rope(qkv_ptr, attn_ptr, hq * D, qn_ptr, rq, q_ok, cq, sq, eps, T, QKV_N, HALF, SPLIT)
+        k1, k2 = _norm_rope(qkv_ptr, attn_ptr, (NH + g) * D, kn_ptr, keys, key_ok, ck, sk, eps, T, QKV_N, HALF,
+                            SPLIT)
+        v = _summed(qkv_ptr, attn_ptr, (NH + NKV + g) * D + dcols, keys, key_ok, T, QKV_N, SPLIT).to(dt)
+        q_seq = tl.load(seq_ptr + rq, mask=q_ok, other=-2)
+        allowed = (q_seq[:, None] == key_seq[None, :]) & key_ok[None, :]
+        if CAUSAL:
+            allowed = allowed & (keys[None, :] <= rq[:, None])
+        logits = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
+        logits = tl.where(allowed, logits * scale, -1.0e30)
+        p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+        o = tl.dot(p.to(dt), v) / tl.sum(p, axis=1)[:, None]
+        tl.store(attn_ptr + rq[:, None] * (NH * D) + hq * D + dcols[None, :], o.to(dt), mask=q_ok[:, None])
+
+@triton.jit(do_not_specialize=["T", "final", "first", "last"])  # one compile per token block, not per count
+def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
+                    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, ln1_ptr, ln2_ptr, qn_ptr, kn_ptr, fin_ptr,
+                    pos_ptr, seq_ptr, inv_freq_ptr, flags_ptr, clock_ptr, T, eps, scale, final, first, last,
+                    H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
+                    HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
+                    BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
+                    S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, CAUSAL: tl.constexpr,
+                    NPROG_P2: tl.constexpr, CLOCK: tl.constexpr, PERSISTENT: tl.constexpr,
+                   FENCE: tl.constexpr, PHASES: tl.constexpr):
+    """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
+    last layer's is the final norm. qkv_ptr and od_ptr hold float32 partials of K's slices (S_QKV; S_OD for
+    the o and down projections), summed where they are read. PERSISTENT: a grid barrier after each step but
+    the last (and after the last too when CLOCK: program 0 then reads the clock once every program is done)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    D: tl.constexpr = 2 * HALF
+    QKV_N: tl.constexpr = (NH + 2 * NKV) * D
+    if CLOCK and pid == 0:
+        tl.store(clock_ptr + first, _globaltimer())
+    for step in range(first, last):
+        layer = tl.cast(step // PHASES, tl.int64)
+        phase = step % PHASES
+        if phase == 0:
+            if step == final:
+                _norm_rows(res_ptr, od_ptr, fin_ptr, out_ptr, T, pid, nprog, eps, True, H, BLOCK_H, S_OD)
+            else:
+                _norm_rows(res_ptr, od_ptr, ln1_ptr + layer * H, h_ptr, T, pid, nprog, eps, step > 0, H, BLOCK_H,
+                           S_OD)
+        elif phase == 1:
+            _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M, BN_QKV, BK,
+                  S_QKV, False)
+        elif phase == 2:
+            _attention(qkv_ptr, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D, pos_ptr, seq_ptr,
+                       inv_freq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, CAUSAL, S_QKV)
+        elif phase == 3:
+            _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), od_ptr, T, pid, nprog, H, NH * D, BLOCK_M, BN_O, BK,
+                  S_OD, False)
+        elif phase == 4:
+            _norm_rows(res_ptr, od_ptr, ln2_ptr + layer * H, h_ptr, T, pid, nprog, eps, True, H, BLOCK_H, S_OD)
+        elif phase == 5:
+            _gemm(h_ptr, wgu_ptr + layer * (2 * INNER * H), act_ptr, T, pid, nprog, INNER, H, BLOCK_M, BN_GU,
+                  BK, 1, True)
+        else:
+            _gemm(act_ptr, wd_ptr + layer * (H * INNER), od_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D, BK,
+                  S_OD, False)
+        if PERSISTENT and (CLOCK or step < final):
+            grid_barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2, FENCE)
+        if CLOCK and pid == 0:
+            tl.store(clock_ptr + step + 1, _globaltimer())
