@@ -251,8 +251,12 @@ def unsupported(model) -> str | None:
 
 
 def _stack_params(modules) -> torch.Tensor:
-    """Stack the modules' weights along a new first dimension and point each module's weight at its view."""
-    stacked = torch.stack([m.weight.detach() for m in modules])
+    """Stack the modules' weights along a new first dimension and point each module's weight at its view, one
+    layer at a time: each layer's own tensor is freed as its view replaces it (at most one layer's weight held
+    twice, not the whole kind)."""
+    first = modules[0].weight
+    stacked = torch.empty((len(modules), *first.shape), dtype=first.dtype, device=first.device)
     for i, m in enumerate(modules):
+        stacked[i].copy_(m.weight.detach())
         m.weight.data = stacked[i]
     return stacked
