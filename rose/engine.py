@@ -27,6 +27,7 @@ from rose.head import OutputOptions, apply_head
 from rose.kernel_cache import use_kernel_cache
 from rose.kernel_manifest import Recorder
 from rose.graphs import probe_batch
+from rose.layers.persistent_decoder import routed_tokens
 from rose.lazy import LazyTensor, PinnedPool
 from rose.runner import ModelRunner
 from rose.retrieval_head import attach_retrieval_heads
@@ -95,7 +96,7 @@ class Engine:
                         seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS,
                         prewarm: Sequence[tuple[int, int]] = DEFAULT_PREWARM,
                         graph_manifest: str | Path | None = "auto", express_tokens: int = 0,
-                        kernel_manifest: str | None = "auto") -> Engine:
+                        kernel_manifest: str | None = "auto", persistent_decoder: str | None = None) -> Engine:
         """Load a Hugging Face model folder. device None = CUDA when available; dtype None = float32 on
         a CPU, bfloat16 on CUDA; attention "auto" = the winners per token bucket in the model's serving
         profile (rose_profile.json beside it, written by benchmarks.attention_ab) when present, else ROSE's
@@ -105,7 +106,9 @@ class Engine:
         captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off. On CUDA the
         Triton kernel variants the kernel manifest lists ("auto": rose_kernels.json beside the model; a path;
         None = off) compile in worker processes while the weights load, and this start's are recorded there
-        (rose.kernel_ahead, rose.kernel_manifest)."""
+        (rose.kernel_ahead, rose.kernel_manifest). persistent_decoder: off, on or a token bound: small batches of a
+        Qwen3 model run every decoder layer in one persistent kernel (rose.layers.persistent_decoder); None = the
+        ROSE_PERSISTENT_DECODER variable, else off."""
         use_kernel_cache()  # ROSE_KERNEL_CACHE_DIR: JIT caches (Triton's too) there, before anything compiles
         spec = load_spec(model_dir, model_id)
         dev = resolve_device(device)
@@ -115,7 +118,8 @@ class Engine:
             pool = PinnedPool(pinned_cap_bytes, pinned_timeout_s, pin=dev.type == "cuda")
             use_graphs = dev.type == "cuda" if cuda_graphs is None else cuda_graphs
             graphs = {"token_buckets": token_buckets, "seq_buckets": seq_buckets} if use_graphs else None
-            runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool, graphs)
+            runner = ModelRunner(spec, dev, resolve_dtype(dtype, dev), attention, pool, graphs,
+                                 persistent_tokens=routed_tokens(persistent_decoder))
             attach_dense(runner, spec)  # sentence-transformers Dense modules, inside forward (and its graphs)
             attach_score_head(runner, spec, tokenizer)  # a cross-encoder's classifier / yes-no head, likewise
             attach_retrieval_heads(runner, spec)  # SPLADE's MLM pooling, BGE-M3's ColBERT and sparse heads, likewise

@@ -53,12 +53,14 @@ def token_bucket_label(num_tokens: int) -> str:
 
 class ModelRunner:
     def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype, attention: str,
-                 pool: PinnedPool, graphs: dict | None = None) -> None:
-        """graphs: None = eager only; else CudaGraphs keyword arguments (token_buckets, seq_buckets)."""
+                 pool: PinnedPool, graphs: dict | None = None, persistent_tokens: int = 0) -> None:
+        """graphs: None = eager only; else CudaGraphs keyword arguments (token_buckets, seq_buckets).
+        persistent_tokens: batches of up to this many tokens run every decoder layer in one persistent kernel
+        where the model supports it (rose.layers.persistent_decoder); 0 = off."""
         self.spec, self.device, self.dtype, self.pool, self.attention = spec, device, dtype, pool, attention
         self.model = load_model(spec, device, dtype)
         self.backend = make_backend(attention, device, dtype, spec)
-        attach_persistent(self.model, self.backend)  # small batches' layers in one kernel (ROSE_PERSISTENT_DECODER)
+        attach_persistent(self.model, self.backend, persistent_tokens)
         self.pooler = segment_mean  # hidden, span_index, span_count -> rows (SPLADE: rose.retrieval_head)
         self.transform = output_transform(spec.native_int8)
         self.dimensions = spec.dimensions

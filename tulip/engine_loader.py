@@ -102,7 +102,8 @@ def build_engine(config: TulipConfig) -> tuple[Any, str]:
                   "prewarm": parse_layouts(config.prewarm),
                   "graph_manifest": None if config.graph_manifest in ("", "off") else config.graph_manifest,
                   "kernel_manifest": None if is_off(config.kernel_manifest) else config.kernel_manifest,
-                  "express_tokens": config.express_batch_tokens if config.lanes else 0}
+                  "express_tokens": config.express_batch_tokens if config.lanes else 0,
+                  "persistent_decoder": config.persistent_decoder}
     engine = factory(folder, device=device, dtype=config.dtype or None, attention=config.attention,
                      pinned_cap_bytes=config.pinned_cap_mb * 1024 * 1024, **kwargs)
     if not config.engine_factory and config.bulk_by_layers:

@@ -57,9 +57,12 @@ MAX_TOKENS = 128
 ROUTED_TOKENS = 64  # ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, where it beat the layers on the H200
 
 
-def routed_tokens(raw: str) -> int:
-    """ROSE_PERSISTENT_DECODER: off (default; 0, false), on (1, true: batches of up to ROUTED_TOKENS tokens),
-    or the largest batch in tokens to route to it (2 to MAX_TOKENS)."""
+def routed_tokens(raw: str | None) -> int:
+    """The persistent_decoder setting (EngineConfig, TulipConfig; None: the ROSE_PERSISTENT_DECODER variable) ->
+    the largest batch in tokens routed to it: off (default; 0, false) -> 0, on (1, true) -> ROUTED_TOKENS, or a
+    number of tokens from 2 to MAX_TOKENS."""
+    if raw is None:
+        raw = os.environ.get("ROSE_PERSISTENT_DECODER", "")
     raw = raw.strip().lower()
     if raw in ("", "0", "off", "false", "no"):
         return 0
@@ -67,11 +70,10 @@ def routed_tokens(raw: str) -> int:
         return ROUTED_TOKENS
     if raw.isdigit() and 2 <= int(raw) <= MAX_TOKENS:
         return int(raw)
-    raise ValueError(f"ROSE_PERSISTENT_DECODER={raw!r}: expected off, on or a token count of 2 to {MAX_TOKENS}")
+    raise ValueError(f"persistent_decoder {raw!r}: expected off, on or a token count of 2 to {MAX_TOKENS}")
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # Triton's interpreter: no inline assembly
-ENABLED = routed_tokens(os.environ.get("ROSE_PERSISTENT_DECODER", ""))  # tokens routed to it; 0: off
 log = logging.getLogger("rose.persistent_decoder")
 
 
@@ -206,12 +208,12 @@ class PersistentDecoder:
         return out
 
 
-def attach(model, backend) -> PersistentDecoder | None:
-    """Where ROSE_PERSISTENT_DECODER is on, the model is a supported decoder and its weights are bf16 or fp16 on
-    CUDA: build the persistent decoder, compile and launch it for every token block it will serve (warm), and set
-    it as `model.persistent` (Qwen3Model.forward then runs batches of up to ENABLED tokens through it, with
-    `backend`'s forwards only). Returns it, or None with the reason logged."""
-    if not ENABLED or triton is None or not hasattr(model, "persistent"):
+def attach(model, backend, routed: int) -> PersistentDecoder | None:
+    """Where `routed` (tokens, routed_tokens) is not 0, the model is a supported decoder and its weights are bf16
+    or fp16 on CUDA: build the persistent decoder, compile and launch it for every token block it will serve
+    (warm), and set it as `model.persistent` (Qwen3Model.forward then runs batches of up to `routed` tokens
+    through it, with `backend`'s forwards only). Returns it, or None with the reason logged."""
+    if routed <= 0 or triton is None or not hasattr(model, "persistent"):
         return None
     weight = model.embed_tokens.weight
     reason = unsupported(model) or ("weights not on CUDA" if not weight.is_cuda else None) or (
@@ -220,13 +222,13 @@ def attach(model, backend) -> PersistentDecoder | None:
         log.info("persistent decoder off: %s", reason)
         return None
     try:
-        decoder = PersistentDecoder(model, routed=ENABLED, backend=backend)
+        decoder = PersistentDecoder(model, routed=routed, backend=backend)
         decoder.warm()
     except Exception as exc:  # noqa: BLE001 - the layer-by-layer path serves (it reads the same weights)
         log.warning("persistent decoder off: %s", exc)
         return None
     model.persistent = decoder
-    log.info("persistent decoder on for batches of up to %d tokens (%d programs)", ENABLED, decoder.programs)
+    log.info("persistent decoder on for batches of up to %d tokens (%d programs)", routed, decoder.programs)
     return decoder
 
 

@@ -40,17 +40,22 @@ def test_unsupported_decoders_are_named():
         assert "windows" in unsupported(Qwen3Model(cfg, True, windows=(64, -1)))
         assert "head_dim" in unsupported(Qwen3Model({**cfg, "head_dim": 24}, causal=True))
         model = Qwen3Model(cfg, causal=True)
-    assert attach(model, object()) is None and model.persistent is None  # off unless ROSE_PERSISTENT_DECODER is on
+    assert attach(model, object(), 0) is None and model.persistent is None  # 0 tokens routed: off
 
 
-def test_the_flag_reads_off_on_or_a_token_bound():
+def test_the_setting_reads_off_on_or_a_token_bound(monkeypatch):
     from rose.layers.persistent_decoder import MAX_TOKENS, ROUTED_TOKENS, routed_tokens
+
+    monkeypatch.setenv("ROSE_PERSISTENT_DECODER", "48")
+    assert routed_tokens(None) == 48  # a library caller's None: the variable
+    monkeypatch.delenv("ROSE_PERSISTENT_DECODER")
+    assert routed_tokens(None) == 0
 
     assert routed_tokens("") == routed_tokens("off") == routed_tokens("0") == 0
     assert routed_tokens("on") == routed_tokens("1") == routed_tokens("TRUE") == ROUTED_TOKENS
     assert routed_tokens("32") == 32 and routed_tokens(str(MAX_TOKENS)) == MAX_TOKENS
     for bad in ("129", "fast", "-4"):
-        with pytest.raises(ValueError, match="ROSE_PERSISTENT_DECODER"):
+        with pytest.raises(ValueError, match="persistent_decoder"):
             routed_tokens(bad)
 
 
@@ -88,6 +93,30 @@ def test_forward_routes_small_batches_of_its_own_backend_only():
     assert model(large, main) is not sentinel and taken == [express, main]
 
 
+def test_tulip_and_the_rose_cli_pass_the_setting_to_the_engine(monkeypatch):
+    """`tulip serve --persistent-decoder` (TULIP_PERSISTENT_DECODER) and the rose CLI's ROSE_PERSISTENT_DECODER
+    reach Engine.from_pretrained, which hands the token bound to the runner."""
+    from rose import cli as rose_cli
+    from rose.flags import config_from_args
+    from tulip import engine_loader
+    from tulip.config import TulipConfig
+
+    seen = {}
+
+    def factory(folder, **kwargs):
+        seen.update(kwargs)
+        return types.SimpleNamespace()
+
+    monkeypatch.setattr(engine_loader, "model_dir", lambda config: "/models/x")
+    env = {"TULIP_PERSISTENT_DECODER": "32", "TULIP_DEVICE": "cpu"}
+    config = config_from_args(TulipConfig, {}, "TULIP", environ=env)
+    monkeypatch.setattr("rose.Engine.from_pretrained", factory)
+    engine_loader.build_engine(config)
+    assert seen["persistent_decoder"] == "32"
+    cfg = config_from_args(rose_cli.EngineConfig, {}, "ROSE", environ={"ROSE_PERSISTENT_DECODER": "on"})
+    assert cfg.persistent_decoder == "on"
+
+
 def test_attach_refuses_what_it_cannot_serve(monkeypatch):
     import torch
 
@@ -97,8 +126,7 @@ def test_attach_refuses_what_it_cannot_serve(monkeypatch):
     cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
     model = Qwen3Model(cfg, causal=True)
-    monkeypatch.setattr(persistent_decoder, "ENABLED", 64)
-    assert persistent_decoder.attach(model, object()) is None and model.persistent is None  # weights on a CPU
+    assert persistent_decoder.attach(model, object(), 64) is None and model.persistent is None  # weights on a CPU
     with torch.device("meta"):
         wide = Qwen3Model({**cfg, "head_dim": 256}, causal=True)
     assert "head_dim 256" in persistent_decoder.unsupported(wide)

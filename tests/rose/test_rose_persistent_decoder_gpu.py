@@ -1,8 +1,8 @@
 """The persistent decoder (rose.layers.persistent_decoder) on the GPU, at the Qwen3-0.6B's layer shape (three
 layers, random bf16): as close to the layer-by-layer kernels as bf16 allows on single, ragged and padded
 batches (one packed at a graph's padded layout), causal and not; the barriers' kernel the same bits as the
-phases launched one by one and on every call; the same under CUDA-graph capture and replay; ROSE_PERSISTENT_DECODER
-routing Qwen3Model.forward; the kernel's own clock."""
+phases launched one by one and on every call; the same under CUDA-graph capture and replay; attach's
+routing through Qwen3Model.forward; the kernel's own clock."""
 
 from __future__ import annotations
 
@@ -82,13 +82,12 @@ def test_graph_replay_equals_eager_and_follows_new_inputs():
         assert torch.equal(out, fresh) and not torch.equal(out, eager)
 
 
-def test_the_flag_routes_small_batches_only(monkeypatch):
+def test_attached_it_takes_small_batches_only():
     model, backend, small = _setup(True, [64])
     _, _, large = _setup(True, [200])
     with torch.inference_mode():
         plain_small, plain_large = model(small, backend), model(large, backend)
-        monkeypatch.setattr(persistent_decoder, "ENABLED", 128)
-        assert persistent_decoder.attach(model, backend) is model.persistent is not None
+        assert persistent_decoder.attach(model, backend, 128) is model.persistent is not None
         routed_small, routed_large = model(small, backend), model(large, backend)
         direct = model.persistent(model.embed_tokens(small.input_ids), small.positions, small.seq_ids)
     assert torch.equal(routed_small, direct) and not torch.equal(routed_small, plain_small)
