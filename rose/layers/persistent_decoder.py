@@ -185,10 +185,11 @@ class PersistentDecoder:
         qkv = new(tiles.split_qkv, t, (self.heads + 2 * self.kv_heads) * d, dtype=torch.float32)  # K slices' partials
         od = new(tiles.split_od, t, self.hidden, dtype=torch.float32)  # the o and down projections' partials
         attn, act = new(t, self.heads * d), new(t, self.inner)
+        rope = new(2, t, d // 2, dtype=torch.float32)  # cos and sin per token, computed by the first step
         steps = self.layers * PHASES + 1
         block_m = max(tiles.rows, triton.next_power_of_2(t))
         args = (residual, h, qkv, attn, od, act, out, self.wqkv, self.wo, self.wgu, self.wd, self.ln1, self.ln2,
-                self.qn, self.kn, self.final, positions, seq_ids, self.inv_freq, self.flags,
+                self.qn, self.kn, self.final, positions, seq_ids, self.inv_freq, rope, self.flags,
                 self.flags if clock is None else clock, t, self.eps, self.scale, steps - 1)
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tiles.qkv,

@@ -114,14 +114,29 @@ def _norm_rope(qkv_ptr, like_ptr, col0, w_ptr, rm, ok, c, s, eps, T, QKV_N: tl.c
     return (n1 * c - n2 * s).to(dt), (n2 * c + n1 * s).to(dt)
 
 @triton.jit
-def _rope_table(pos_ptr, inv_freq_ptr, rows, ok, dt, HALF: tl.constexpr):
-    """cos and sin of each row's position times the RoPE frequencies, rounded to dt as HF's are."""
+def _rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, dt, HALF: tl.constexpr):
+    """The RoPE table, once per forward: rope[0, t] = cos and rope[1, t] = sin of token t's position times the
+    frequencies, rounded to dt as HF's are (float32 [2, T, HALF]). A row at a time: cos and sin of a whole
+    [tokens x HALF] tile inside the attention phase unrolled ~15 000 instructions of libdevice code per item,
+    spilling, and cost 128 tokens ~38 µs a layer (NOTES)."""
     j = tl.arange(0, HALF)
-    freq = tl.load(pos_ptr + rows, mask=ok, other=0).to(tl.float32)[:, None] * tl.load(inv_freq_ptr + j)[None, :]
-    return tl.cos(freq).to(dt).to(tl.float32), tl.sin(freq).to(dt).to(tl.float32)
+    inv_freq = tl.load(inv_freq_ptr + j)
+    for r in range(pid, T, nprog):
+        freq = tl.load(pos_ptr + r).to(tl.float32) * inv_freq
+        tl.store(rope_ptr + r * HALF + j, tl.cos(freq).to(dt).to(tl.float32))
+        tl.store(rope_ptr + (T + r) * HALF + j, tl.sin(freq).to(dt).to(tl.float32))
+
 
 @triton.jit
-def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, pos_ptr, seq_ptr, inv_freq_ptr, T, pid, nprog, eps, scale,
+def _rope_table(rope_ptr, rows, ok, T, HALF: tl.constexpr):
+    """cos and sin [rows, HALF] from the RoPE table (_rope_rows)."""
+    at = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    c = tl.load(rope_ptr + at, mask=ok[:, None], other=0.0, cache_modifier=".cg")
+    return c, tl.load(rope_ptr + T * HALF + at, mask=ok[:, None], other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, pid, nprog, eps, scale,
                NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
                BQ: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr):
     """Items of a q head and a block of BQ queries: QK-norm + RoPE of those queries and of every key of the
@@ -139,8 +154,8 @@ def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, pos_ptr, seq_ptr, inv_freq_ptr
         rq = (item // NH) * BQ + tl.arange(0, BQ)
         q_ok = rq < T
         g = hq // (NH // NKV)
-        cq, sq = _rope_table(pos_ptr, inv_freq_ptr, rq, q_ok, dt, HALF)
-        ck, sk = _rope_table(pos_ptr, inv_freq_ptr, keys, key_ok, dt, HALF)  # here, not live across items
+        cq, sq = _rope_table(rope_ptr, rq, q_ok, T, HALF)
+        ck, sk = _rope_table(rope_ptr, keys, key_ok, T, HALF)  # here, not live across items
         q1, q2 = _norm_rope(qkv_ptr, attn_ptr, hq * D, qn_ptr, rq, q_ok, cq, sq, eps, T, QKV_N, HALF, SPLIT)
         k1, k2 = _norm_rope(qkv_ptr, attn_ptr, (NH + g) * D, kn_ptr, keys, key_ok, ck, sk, eps, T, QKV_N, HALF,
                             SPLIT)
@@ -158,13 +173,14 @@ def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, pos_ptr, seq_ptr, inv_freq_ptr
 @triton.jit(do_not_specialize=["T", "final", "first", "last"])  # one compile per token block, not per count
 def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                     wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, ln1_ptr, ln2_ptr, qn_ptr, kn_ptr, fin_ptr,
-                    pos_ptr, seq_ptr, inv_freq_ptr, flags_ptr, clock_ptr, T, eps, scale, final, first, last,
+                    pos_ptr, seq_ptr, inv_freq_ptr, rope_ptr, flags_ptr, clock_ptr, T, eps, scale, final, first,
+                    last,
                     H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                     HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
                     BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
                     S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, CAUSAL: tl.constexpr,
                     NPROG_P2: tl.constexpr, CLOCK: tl.constexpr, PERSISTENT: tl.constexpr,
-                   FENCE: tl.constexpr, PHASES: tl.constexpr):
+                    FENCE: tl.constexpr, PHASES: tl.constexpr):
     """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
     last layer's is the final norm. qkv_ptr and od_ptr hold float32 partials of K's slices (S_QKV; S_OD for
     the o and down projections), summed where they are read. PERSISTENT: a grid barrier after each step but
@@ -184,12 +200,14 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
             else:
                 _norm_rows(res_ptr, od_ptr, ln1_ptr + layer * H, h_ptr, T, pid, nprog, eps, step > 0, H, BLOCK_H,
                            S_OD)
+                if step == 0:
+                    _rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, attn_ptr.dtype.element_ty, HALF)
         elif phase == 1:
             _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M, BN_QKV, BK,
                   S_QKV, False)
         elif phase == 2:
-            _attention(qkv_ptr, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D, pos_ptr, seq_ptr,
-                       inv_freq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, CAUSAL, S_QKV)
+            _attention(qkv_ptr, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D, rope_ptr, seq_ptr, T, pid,
+                       nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, CAUSAL, S_QKV)
         elif phase == 3:
             _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), od_ptr, T, pid, nprog, H, NH * D, BLOCK_M, BN_O, BK,
                   S_OD, False)
