@@ -31,7 +31,9 @@ one launch each, no barrier: the CPU tests (Triton's interpreter runs programs o
 between several would never open) and the A/B of barriers against launches.
 
 Measured on the H200 (NOTES): per graph replay 23 % under the layers at 16 tokens, level at 64, 1.76 x over
-them at 128; through the engine 1.156 -> 1.018 ms at 16 tokens. Hence opt-in, batches of up to 64 tokens.
+them at 128; through the engine 1.156 -> 1.018 ms at 16 tokens. Hence opt-in, batches of up to 64 tokens. (Since
+that run, not yet measured: the RoPE table is computed once per forward instead of inside every attention item,
+whose unrolled libdevice cos/sin was most of the kernel's code at 128 tokens.)
 """
 
 from __future__ import annotations
