@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.attention_ab import replay_times
 from benchmarks.model_zoo import QWEN3_CONFIGS
 from rose import Batch
 from rose.attention import make_backend
@@ -87,16 +88,6 @@ def capture(fn):
     return graph, out
 
 
-def replay_ms(graph, n: int) -> list[float]:
-    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for start, end in marks:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in marks]
-
-
 def barrier_cost_us(programs: int, count: int = 1000) -> float:
     """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them."""
     flags = torch.zeros(programs, dtype=torch.int32, device="cuda")
@@ -109,7 +100,7 @@ def barrier_cost_us(programs: int, count: int = 1000) -> float:
     run(10)
     graph, _ = capture(lambda: run(count))
     base, _ = capture(lambda: run(1))
-    return (statistics.median(replay_ms(graph, 20)) - statistics.median(replay_ms(base, 20))) / (count - 1) * 1e3
+    return (statistics.median(replay_times(graph, 20)) - statistics.median(replay_times(base, 20))) / (count - 1) * 1e3
 
 
 def copy_bandwidth() -> float:
@@ -185,7 +176,7 @@ def main() -> None:
             times = {name: [] for name in variants}
             for _ in range(3):  # rounds, interleaved
                 for name, (graph, _) in variants.items():
-                    times[name] += replay_ms(graph, args.replays)
+                    times[name] += replay_times(graph, args.replays)
             ref = variants["layers"][1]
             for name, (graph, out) in variants.items():
                 graph.replay()
@@ -203,7 +194,7 @@ def main() -> None:
             decoder.tiles = tiles
             try:
                 graph, out = capture(forwards(model, decoder, backend, meta)["persistent"])
-                times = replay_ms(graph, 3 * args.replays)
+                times = replay_times(graph, 3 * args.replays)
             except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is reported
                 records.append({"tokens": tokens, "variant": "persistent", "tiles": str(tiles),
                                 "error": repr(exc)[:300]})

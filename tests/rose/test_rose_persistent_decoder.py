@@ -4,25 +4,16 @@ refuses to serve."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 import types
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.rose.interpreter import needs_triton, run_interpreted
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (pip install triton)")
+@needs_triton
 def test_kernel_matches_the_layer_by_layer_forward_under_the_interpreter():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(Path(__file__).with_name("persistent_interpreted.py"))], env=env,
-                         capture_output=True, text=True, timeout=600, check=False)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(" ok") == 28, run.stdout
+    run_interpreted("persistent_interpreted.py", cases=28)
 
 
 def test_unsupported_decoders_are_named():

@@ -10,24 +10,12 @@ without it; `pip install triton` to run it).
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.rose.interpreter import needs_triton, run_interpreted
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (pip install triton)")
+@needs_triton
 def test_kernel_matches_float32_reference_under_the_interpreter():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(Path(__file__).with_name("triton_interpreted.py"))], env=env,
-                         capture_output=True, text=True, timeout=600, check=False)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(" ok") == 60, run.stdout
+    run_interpreted("triton_interpreted.py", cases=60)
 
 
 def test_block_config_follows_the_layout():
