@@ -1,7 +1,7 @@
 """The persistent decoder (rose.layers.persistent_decoder) beside ROSE's layer-by-layer kernels: GPU time per
 CUDA-graph replay of the decoder of Qwen3-0.6B (random bf16 weights of the real shape) at small batches.
 
-    python -m benchmarks.persistent_decoder [--tokens 16,64,128] [--replays 200] [--out DIR]
+    python -m benchmarks.persistent_decoder [--tokens 16,32,64,128] [--replays 200] [--out DIR]
 
 Variants, each captured in a CUDA graph and replayed on the same batch, rounds interleaved:
   layers      Qwen3Model.forward as served today (fused norms, cuBLAS GEMMs, ROSE's Triton attention)
@@ -149,7 +149,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", default="16,64,128")
+    parser.add_argument("--tokens", default="16,32,64,128")
     parser.add_argument("--replays", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     parser.add_argument("--phases", action="store_true",
