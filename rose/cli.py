@@ -122,7 +122,7 @@ def cmd_build_kernels(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
     from rose.attention import AttentionShape, ServingProfile, profile_path
     from rose.attention.kernels import JIT_BACKENDS, build_kernels
-    from rose.engine import resolve_dtype
+    from rose.devices import resolve_dtype
     from rose.spec import load_spec
 
     named = args.backends not in (None, "", "profile")

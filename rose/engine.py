@@ -23,6 +23,7 @@ import torch
 
 from rose import kernel_ahead
 from rose.batch import Batch
+from rose.devices import resolve_device, resolve_dtype
 from rose.head import OutputOptions, apply_head
 from rose.kernel_cache import use_kernel_cache
 from rose.kernel_manifest import Recorder
@@ -39,35 +40,9 @@ from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS
 from rose.warmup import (DEFAULT_PREWARM, MANIFEST_NAME, VerifiedLayout, prewarm_and_verify, prewarm_chains,
                          prewarm_shapes)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EMBED_CHUNK_TOKENS = 8192  # embed() splits bigger inputs into steps of about this many tokens
 
 log = logging.getLogger("rose.engine")
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} requested but CUDA is not available")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type != "cpu":
-        raise ValueError(f"unsupported device {device!r}; expected cpu, cuda or cuda:N")
-    return dev
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}") from None
 
 
 class Engine:

@@ -259,7 +259,6 @@ class LayerGraphs:
 _END = object()
 
 
-
 def eager_layer_steps(runner, host: HostMeta, staged: torch.Tensor) -> Generator[tuple[torch.Tensor, str] | None, None,
                                                                                   None]:
     """`host` eagerly at its layout, one decoder layer per step: yields None after each layer but the last,

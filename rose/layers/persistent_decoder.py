@@ -134,8 +134,8 @@ class PersistentDecoder:
         self.inner = mlp0.down_proj.in_features
         self.qkv_size = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.eps, self.scale, self.causal = attn0.eps, model.scale, model.causal
-        self.tiles, self.routed, self.backend = tiles, min(routed, MAX_TOKENS), backend
-        tiles.check(self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)  # before the weights move
+        self.routed, self.backend = min(routed, MAX_TOKENS), backend
+        self.tiles = tiles  # checked against the shapes (the setter) before the weights move
         self.wqkv = _stack_params([layer.self_attn.qkv_proj for layer in layers])
         self.wo = _stack_params([layer.self_attn.o_proj for layer in layers])
         self.wgu = _stack_params([layer.mlp.gate_up_proj for layer in layers])
@@ -152,6 +152,16 @@ class PersistentDecoder:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.programs = programs
         self.flags = torch.zeros(programs, dtype=torch.int32, device=device)
+
+    @property
+    def tiles(self) -> Tiles:
+        return self._tiles
+
+    @tiles.setter
+    def tiles(self, tiles: Tiles) -> None:
+        """Tiles for the next calls (a benchmark sweeps them), refused unless they divide every projection."""
+        tiles.check(self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)
+        self._tiles = tiles
 
     def fits(self, tokens: int) -> bool:
         return 0 < tokens <= self.routed
@@ -175,16 +185,15 @@ class PersistentDecoder:
         t = residual.shape[0]
         if not 0 < t <= MAX_TOKENS:
             raise ValueError(f"{t} tokens: the persistent decoder takes 1 to {MAX_TOKENS}")
-        residual = residual.contiguous().clone()  # updated in place, layer by layer
+        residual = residual.clone(memory_format=torch.contiguous_format)  # updated in place, layer by layer
         tiles = self.tiles
-        tiles.check(self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)  # a benchmark may swap them
 
         def new(*shape, dtype=residual.dtype):
             return torch.empty(*shape, dtype=dtype, device=residual.device)
 
         d = self.head_dim
         h, out = new(t, self.hidden), new(t, self.hidden)
-        qkv = new(tiles.split_qkv, t, (self.heads + 2 * self.kv_heads) * d, dtype=torch.float32)  # K slices' partials
+        qkv = new(tiles.split_qkv, t, self.qkv_size, dtype=torch.float32)  # the K slices' partials
         od = new(tiles.split_od, t, self.hidden, dtype=torch.float32)  # the o and down projections' partials
         attn, act = new(t, self.heads * d), new(t, self.inner)
         rope = new(2, t, d // 2, dtype=torch.float32)  # cos and sin per token, computed by the first step

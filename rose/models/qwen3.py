@@ -155,7 +155,7 @@ class Qwen3Model(nn.Module):
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         p = self.persistent
         if p is not None and backend is p.backend and p.fits(meta.layout.tokens):
-            return self.persistent(self.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
+            return p(self.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
         for h in self.forward_layers(meta, backend):
             pass
         return h
