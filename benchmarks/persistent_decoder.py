@@ -27,7 +27,13 @@ from benchmarks.model_zoo import QWEN3_CONFIGS
 from rose import Batch
 from rose.attention import make_backend
 from rose.attention.shape import AttentionShape
-from rose.layers.persistent_decoder import PHASE_NAMES, PHASES, PersistentDecoder, Tiles
+from rose.layers.persistent_decoder import (
+    PHASE_NAMES,
+    PHASES,
+    SPIN_LIMIT,
+    PersistentDecoder,
+    Tiles,
+)
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
@@ -45,7 +51,7 @@ try:
     @triton.jit
     def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr):
         for i in range(n):
-            grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, True)
+            grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, True, SPIN_LIMIT)
 except ImportError:  # pragma: no cover - a CPU build of torch without Triton
     triton = None
 
@@ -90,7 +96,7 @@ def capture(fn):
 
 def barrier_cost_us(programs: int, count: int = 1000) -> float:
     """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them."""
-    flags = torch.zeros(programs, dtype=torch.int32, device="cuda")
+    flags = torch.zeros(programs + 1, dtype=torch.int32, device="cuda")  # the last: the stall word
     p2 = triton.next_power_of_2(programs)
 
     def run(n):

@@ -38,7 +38,8 @@ if [ "${PHASES:-0}" = 1 ]; then
   stamp phases $?; tail -5 $OUT/persistent_decoder_phases.log
 fi
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 240 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1
+  timeout 240 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py \
+    tests/rose/test_rose_persistent_phases_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1
   stamp tests $?; tail -4 $OUT/persistent_decoder_tests.log
 fi
 if [ "${ENGINE:-0}" = 1 ]; then

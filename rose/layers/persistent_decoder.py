@@ -26,9 +26,12 @@ that its later loads see what the others wrote; those loads also go past L1 (`.c
 before each launch (a memset node in a graph); one barrier costs 1.1 µs on the H200. Every program must be
 resident at once: the grid is at most the SM count, and only the runner's own forwards are routed here
 (Qwen3Model.forward checks the backend), never the express lane's, whose second stream could run a second
-persistent kernel at once, each waiting for programs the other holds. `persistent=False` runs the same phases
-one launch each, no barrier: the CPU tests (Triton's interpreter runs programs one after another, so a barrier
-between several would never open) and the A/B of barriers against launches.
+persistent kernel at once, each waiting for programs the other holds. A wait is bounded (SPIN_LIMIT reads): a
+program that gives up sets the stall word (the slot after the programs'), every later wait ends at once and
+the final norm writes NaN rows, so a grid that cannot all be resident (fewer SMs than the device reports: MPS,
+a green context) fails warm-up instead of hanging the device. `persistent=False` runs the same phases one
+launch each, no barrier: the CPU tests (Triton's interpreter runs programs one after another, so a barrier
+between several never opens: it stalls) and the A/B of barriers against launches.
 
 Measured on the H200 (NOTES): per graph replay 23 % under the layers at 16 tokens, level at 64, 1.76 x over
 them at 128; through the engine 1.156 -> 1.018 ms at 16 tokens. Hence opt-in, batches of up to 64 tokens. (Since
@@ -56,6 +59,7 @@ except ImportError:  # pragma: no cover - depends on the torch build
 PHASES = 7  # per layer; step L * PHASES is the final norm
 PHASE_NAMES = ("add+norm", "qkv", "attention", "o", "add+norm 2", "gate-up", "down")
 MAX_TOKENS = 128
+SPIN_LIMIT = 1 << 21  # reads a barrier waits before it calls the grid stalled: ~1-2 s on the H200, ~1000 x a forward
 ROUTED_TOKENS = 64  # ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, where it beat the layers on the H200
 
 
@@ -151,7 +155,8 @@ class PersistentDecoder:
         if programs is None:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.programs = programs
-        self.flags = torch.zeros(programs, dtype=torch.int32, device=device)
+        self.flags = torch.zeros(programs + 1, dtype=torch.int32, device=device)  # the last: the stall word
+        self.spins = SPIN_LIMIT
 
     @property
     def tiles(self) -> Tiles:
@@ -166,58 +171,103 @@ class PersistentDecoder:
     def fits(self, tokens: int) -> bool:
         return 0 < tokens <= self.routed
 
+    def stalled(self) -> bool:
+        """Whether the last launch's grid barrier gave up waiting (its rows are NaN): the programs were not all
+        resident at once (an MPS or green-context share of the SMs, say). Synchronizes with the device."""
+        return bool(self.flags[-1].item())
+
     def warm(self) -> int:
         """Compile and launch the kernel for every token block up to the routed bound now (a launch that the
-        device cannot hold fails here, not in serving). Returns how many blocks ran."""
+        device cannot hold fails here, not in serving: so does a grid that stalls). Returns how many blocks
+        ran."""
         device = self.wqkv.device
         blocks = [b for b in (16, 32, 64, 128) if b <= max(self.tiles.rows, triton.next_power_of_2(self.routed))]
         with torch.inference_mode():
             for block in blocks:
                 zeros = torch.zeros(block, dtype=torch.int64, device=device)
                 self(torch.zeros(block, self.hidden, dtype=self.wqkv.dtype, device=device), zeros, zeros)
+                if self.stalled():
+                    raise RuntimeError(f"the grid barrier stalled at {block} tokens: its {self.programs} programs "
+                                       "were not all resident at once (fewer SMs than the device reports?)")
         return len(blocks)
 
     def __call__(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
                  persistent: bool = True, clock: torch.Tensor | None = None) -> torch.Tensor:
-        """clock: int64 [layers * 7 + 2] on the device (persistent only, a GPU only): program 0 writes the
-        GPU's clock (ns) before the first step and after each step's barrier, so where the time goes per phase
-        can be read (benchmarks.persistent_decoder --phases)."""
+        """Every layer and the final norm over `residual` (the embeddings [T, hidden]). clock: int64
+        [layers * 7 + 2] on the device (persistent only, a GPU only): program 0 writes the GPU's clock (ns)
+        before the first step and after each step's barrier, so where the time goes per phase can be read
+        (benchmarks.persistent_decoder --phases)."""
+        work = self.workspace(residual, positions, seq_ids)
+        self.run(work, 0, self.steps, persistent, clock)
+        return work.out
+
+    @property
+    def steps(self) -> int:
+        """Steps of a forward: PHASES per layer, then the final norm."""
+        return self.layers * PHASES + 1
+
+    def workspace(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor) -> Workspace:
+        """The buffers of one forward over `residual` (cloned: the kernel updates it in place, layer by layer)."""
         t = residual.shape[0]
         if not 0 < t <= MAX_TOKENS:
             raise ValueError(f"{t} tokens: the persistent decoder takes 1 to {MAX_TOKENS}")
-        residual = residual.clone(memory_format=torch.contiguous_format)  # updated in place, layer by layer
-        tiles = self.tiles
 
         def new(*shape, dtype=residual.dtype):
             return torch.empty(*shape, dtype=dtype, device=residual.device)
 
-        d = self.head_dim
-        h, out = new(t, self.hidden), new(t, self.hidden)
-        qkv = new(tiles.split_qkv, t, self.qkv_size, dtype=torch.float32)  # the K slices' partials
-        od = new(tiles.split_od, t, self.hidden, dtype=torch.float32)  # the o and down projections' partials
-        attn, act = new(t, self.heads * d), new(t, self.inner)
-        rope = new(2, t, d // 2, dtype=torch.float32)  # cos and sin per token, computed by the first step
-        steps = self.layers * PHASES + 1
+        tiles, d = self.tiles, self.head_dim
+        return Workspace(residual=residual.clone(memory_format=torch.contiguous_format), positions=positions,
+                         seq_ids=seq_ids, h=new(t, self.hidden),
+                         qkv=new(tiles.split_qkv, t, self.qkv_size, dtype=torch.float32),
+                         attn=new(t, self.heads * d), od=new(tiles.split_od, t, self.hidden, dtype=torch.float32),
+                         act=new(t, self.inner), out=new(t, self.hidden),
+                         rope=new(2, t, d // 2, dtype=torch.float32))
+
+    def run(self, work: Workspace, first: int, last: int, persistent: bool = True,
+            clock: torch.Tensor | None = None) -> None:
+        """Steps [first, last) over `work` (step = layer * PHASES + phase; self.steps - 1 is the final norm): one
+        launch with barriers (persistent), or one launch a step. A run from a later step reads what the steps
+        before it left in `work` (the tests check phase by phase)."""
+        tiles, d, t = self.tiles, self.head_dim, work.residual.shape[0]
         block_m = max(tiles.rows, triton.next_power_of_2(t))
-        args = (residual, h, qkv, attn, od, act, out, self.wqkv, self.wo, self.wgu, self.wd, self.ln1, self.ln2,
-                self.qn, self.kn, self.final, positions, seq_ids, self.inv_freq, rope, self.flags,
-                self.flags if clock is None else clock, t, self.eps, self.scale, steps - 1)
+        args = (work.residual, work.h, work.qkv, work.attn, work.od, work.act, work.out, self.wqkv, self.wo,
+                self.wgu, self.wd, self.ln1, self.ln2, self.qn, self.kn, self.final, work.positions, work.seq_ids,
+                self.inv_freq, work.rope, self.flags, self.flags if clock is None else clock, t, self.eps,
+                self.scale, self.steps - 1)
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tiles.qkv,
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
                 "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries), "CAUSAL": self.causal,
                 "NPROG_P2": triton.next_power_of_2(self.programs), "CLOCK": clock is not None,
-                "FENCE": not INTERPRETED, "PHASES": PHASES, "num_warps": tiles.warps, "num_stages": tiles.stages}
+                "FENCE": not INTERPRETED, "PHASES": PHASES, "SPINS": self.spins, "num_warps": tiles.warps,
+                "num_stages": tiles.stages}
         grid = (self.programs,)
-        if clock is not None and (not persistent or clock.numel() < steps + 1):
-            raise ValueError(f"a clock needs the persistent kernel and {steps + 1} slots")
+        if clock is not None and (not persistent or first != 0 or clock.numel() < last + 1):
+            raise ValueError(f"a clock needs the persistent kernel from step 0 and {last + 1} slots")
+        self.flags.zero_()
         if persistent:
-            self.flags.zero_()
-            decoder_kernel[grid](*args, 0, steps, PERSISTENT=True, **meta)
+            decoder_kernel[grid](*args, first, last, PERSISTENT=True, **meta)
         else:
-            for step in range(steps):
+            for step in range(first, last):
                 decoder_kernel[grid](*args, step, step + 1, PERSISTENT=False, **meta)
-        return out
+
+
+@dataclass
+class Workspace:
+    """One forward's buffers: the residual (updated in place), the norms' output h, the QKV's and the o and
+    down projections' float32 partials per slice of K ([slices, T, N]), attention's output, the gate-up's
+    SiLU(gate) * up, the final norm's output, and the RoPE table (float32 cos and sin [2, T, head_dim / 2])."""
+
+    residual: torch.Tensor
+    positions: torch.Tensor
+    seq_ids: torch.Tensor
+    h: torch.Tensor
+    qkv: torch.Tensor
+    attn: torch.Tensor
+    od: torch.Tensor
+    act: torch.Tensor
+    out: torch.Tensor
+    rope: torch.Tensor
 
 
 def attach(model, backend, routed: int) -> PersistentDecoder | None:

@@ -17,26 +17,37 @@ def _fence():
 
 
 @triton.jit
-def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr):
-    """Wait until every program's slot reads at least `target` (module docstring). FENCE: the acquire fence
-    (off only under Triton's interpreter, which has no inline assembly and runs programs one at a time)."""
+def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr, SPINS: tl.constexpr):
+    """Wait until every program's slot reads at least `target` (module docstring), or the stall word (the slot
+    after the programs') is set: a program that has waited SPINS reads sets it, and every later wait of every
+    program ends at once, so a grid that is not all resident ends in poisoned rows instead of a hang. FENCE: the
+    acquire fence (off only under Triton's interpreter, which has no inline assembly and runs programs one at a
+    time)."""
     tl.debug_barrier()  # this program's stores before its arrival
     tl.atomic_xchg(flags_ptr + pid, target, sem="release", scope="gpu")
     offs = tl.arange(0, NPROG_P2)
     live = offs < nprog
+    stall_ptr = flags_ptr + nprog
     behind = nprog
-    while behind > 0:  # plain reads from L2 while waiting: no atomic traffic
+    stalled = tl.load(stall_ptr, volatile=True)
+    spins = 0
+    while (behind > 0) & (stalled == 0):  # plain reads from L2 while waiting: no atomic traffic
         seen = tl.load(flags_ptr + offs, mask=live, other=target, volatile=True)
         behind = tl.sum((seen < target).to(tl.int32), axis=0)
+        spins += 1
+        late = (spins >= SPINS) & (behind > 0)
+        if late:
+            tl.atomic_xchg(stall_ptr, 1, sem="relaxed", scope="gpu")
+        stalled = tl.load(stall_ptr, volatile=True) | late.to(tl.int32)
     if FENCE:
         _fence()
     tl.debug_barrier()
 
 @triton.jit
-def _norm_rows(res_ptr, add_ptr, w_ptr, dst_ptr, T, pid, nprog, eps, add,
+def _norm_rows(res_ptr, add_ptr, w_ptr, dst_ptr, T, pid, nprog, eps, add, poison,
                H: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr):
     """res += the sum of add's SPLIT float32 partials ([SPLIT, T, H], rounded once, when `add`), then
-    dst = RMSNorm(res) * w; one row per program at a time."""
+    dst = RMSNorm(res) * w (NaN where `poison`: a barrier stalled); one row per program at a time."""
     offs = tl.arange(0, BLOCK_H)
     ok = offs < H
     w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -51,7 +62,8 @@ def _norm_rows(res_ptr, add_ptr, w_ptr, dst_ptr, T, pid, nprog, eps, add,
             tl.store(res_ptr + r * H + offs, x, mask=ok)
         v = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
-        tl.store(dst_ptr + r * H + offs, ((v * rstd).to(dt).to(tl.float32) * w).to(dt), mask=ok)
+        y = (v * rstd).to(dt).to(tl.float32) * w
+        tl.store(dst_ptr + r * H + offs, tl.where(poison, float("nan"), y).to(dt), mask=ok)
 
 @triton.jit
 def _gemm(a_ptr, w_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -180,7 +192,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                     BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
                     S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, CAUSAL: tl.constexpr,
                     NPROG_P2: tl.constexpr, CLOCK: tl.constexpr, PERSISTENT: tl.constexpr,
-                    FENCE: tl.constexpr, PHASES: tl.constexpr):
+                    FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr):
     """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
     last layer's is the final norm. qkv_ptr and od_ptr hold float32 partials of K's slices (S_QKV; S_OD for
     the o and down projections), summed where they are read. PERSISTENT: a grid barrier after each step but
@@ -196,10 +208,11 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
         phase = step % PHASES
         if phase == 0:
             if step == final:
-                _norm_rows(res_ptr, od_ptr, fin_ptr, out_ptr, T, pid, nprog, eps, True, H, BLOCK_H, S_OD)
+                stalled = tl.load(flags_ptr + nprog, volatile=True) != 0
+                _norm_rows(res_ptr, od_ptr, fin_ptr, out_ptr, T, pid, nprog, eps, True, stalled, H, BLOCK_H, S_OD)
             else:
-                _norm_rows(res_ptr, od_ptr, ln1_ptr + layer * H, h_ptr, T, pid, nprog, eps, step > 0, H, BLOCK_H,
-                           S_OD)
+                _norm_rows(res_ptr, od_ptr, ln1_ptr + layer * H, h_ptr, T, pid, nprog, eps, step > 0, False, H,
+                           BLOCK_H, S_OD)
                 if step == 0:
                     _rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, attn_ptr.dtype.element_ty, HALF)
         elif phase == 1:
@@ -212,7 +225,8 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
             _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), od_ptr, T, pid, nprog, H, NH * D, BLOCK_M, BN_O, BK,
                   S_OD, False)
         elif phase == 4:
-            _norm_rows(res_ptr, od_ptr, ln2_ptr + layer * H, h_ptr, T, pid, nprog, eps, True, H, BLOCK_H, S_OD)
+            _norm_rows(res_ptr, od_ptr, ln2_ptr + layer * H, h_ptr, T, pid, nprog, eps, True, False, H, BLOCK_H,
+                       S_OD)
         elif phase == 5:
             _gemm(h_ptr, wgu_ptr + layer * (2 * INNER * H), act_ptr, T, pid, nprog, INNER, H, BLOCK_M, BN_GU,
                   BK, 1, True)
@@ -220,6 +234,6 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
             _gemm(act_ptr, wd_ptr + layer * (H * INNER), od_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D, BK,
                   S_OD, False)
         if PERSISTENT and (CLOCK or step < final):
-            grid_barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2, FENCE)
+            grid_barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2, FENCE, SPINS)
         if CLOCK and pid == 0:
             tl.store(clock_ptr + step + 1, _globaltimer())

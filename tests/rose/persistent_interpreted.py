@@ -1,8 +1,8 @@
 """rose.layers.persistent_decoder under Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU) against the
 layer-by-layer Qwen3Model forward (float32, SDPA): one launch per phase over three programs, and the
 persistent kernel with its barriers on one program (the interpreter runs programs one after another, so a
-barrier between several never opens). Run by test_rose_persistent_decoder.py in a process of its own; prints
-one line per case and exits 1 on a mismatch."""
+barrier between several never opens: the stall cases check that such a wait gives up). Run by
+test_rose_persistent_decoder.py in a process of its own; prints one line per case and exits 1 on a mismatch."""
 
 from __future__ import annotations
 
@@ -74,7 +74,70 @@ def main() -> int:
                     ok = err <= bound
                     failed += not ok
                     print(f"causal={causal} {name}: rel err {err:.2e} {'ok' if ok else 'MISMATCH'}")
+    failed += stalls() + phases(tiles)
     return 1 if failed else 0
+
+
+def phases(tiles) -> int:
+    """Every step launched alone against the layer path's kernels (persistent_phases.check_phases, the GPU
+    test's checks, here in float32 over three programs)."""
+    import torch
+
+    from rose.layers.persistent_decoder import PersistentDecoder
+    from tests.rose.persistent_phases import check_phases
+
+    failed = 0
+    for causal in (True, False):
+        model = tiny_qwen3(causal, seed=5)
+        decoder = PersistentDecoder(model, tiles, programs=3)
+        gen = torch.Generator().manual_seed(2)
+        ids = torch.randint(1, 50, (21,), generator=gen)
+        positions = torch.cat([torch.arange(13), torch.arange(8)])
+        seq_ids = torch.tensor([0] * 13 + [1] * 8)
+        try:
+            with torch.no_grad():
+                steps = check_phases(decoder, model.embed_tokens(ids), positions, seq_ids, causal)
+            verdict = "ok" if steps == 2 * 7 + 1 else f"MISMATCH: {steps} steps"
+        except AssertionError as exc:
+            verdict = f"MISMATCH: {exc}"
+        failed += verdict != "ok"
+        print(f"phases: causal={causal} each step against the layer path's kernels {verdict}")
+    return failed
+
+
+def stalls() -> int:
+    """Two programs with barriers under the interpreter: program 0 waits for a program that runs only after it
+    ends, so its wait gives up (a small spin limit), sets the stall word and every later wait ends at once:
+    the launch returns (no hang) with every row NaN, stalled() says so, and warm() refuses the decoder."""
+    import torch
+
+    from rose.layers.persistent_decoder import PersistentDecoder, Tiles
+
+    tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, warps=4, stages=1,
+                  queries=16)
+    model = tiny_qwen3(True, seed=3)
+    failed = 0
+    with torch.no_grad():
+        embedded = model.embed_tokens(torch.arange(1, 6))
+        zeros = torch.zeros(5, dtype=torch.int64)
+        for programs in (1, 2):
+            decoder = PersistentDecoder(model, tiles, programs=programs, routed=16)
+            decoder.spins = 32
+            got = decoder(embedded, torch.arange(5), zeros)
+            stalled = decoder.stalled()
+            ok = stalled == (programs > 1) and bool(got.isnan().all() if stalled else got.isfinite().all())
+            failed += not ok
+            print(f"stall: programs={programs} stalled={stalled} rows NaN={bool(got.isnan().all())} "
+                  f"{'ok' if ok else 'MISMATCH'}")
+        try:
+            decoder.warm()
+            refused = ""
+        except RuntimeError as exc:
+            refused = str(exc)
+        ok = "stalled" in refused and "2 programs" in refused
+        failed += not ok
+        print(f"stall: warm-up refuses a grid that stalls ({refused!r}) {'ok' if ok else 'MISMATCH'}")
+    return failed
 
 
 if __name__ == "__main__":

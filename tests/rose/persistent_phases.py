@@ -1,0 +1,107 @@
+"""Each phase of the persistent decoder against the layer path's own kernels (rose.layers.fused), one step at a
+time (PersistentDecoder.run over a Workspace): the residual adds the same bits as the layer kernel's; the norms,
+the RoPE table and SiLU·mul at most one bf16 step away on at most 0.1 % of the elements (a float32 sum's order:
+a rounding step missed moves a third of them); the projections' float32 partials summing to the float64 product
+within float32's accumulation error; attention within bf16's error of a float32 one from the layer kernels' q,
+k and v. Used by the GPU test (test_rose_persistent_phases_gpu.py, bf16) and under Triton's interpreter on the
+CPU (persistent_interpreted.py, float32: the checks themselves checked)."""
+
+from __future__ import annotations
+
+import torch
+
+from rose.layers import fused
+from rose.layers.persistent_decoder import PHASES
+
+
+def _ordered(x: torch.Tensor) -> torch.Tensor:
+    """bf16 bits as integers in the values' order (adjacent bf16 values differ by 1; -0 = +0)."""
+    bits = x.contiguous().view(torch.int16).to(torch.int32)
+    return torch.where(bits < 0, -(bits + 32768), bits)
+
+
+def assert_within_a_step(got: torch.Tensor, want: torch.Tensor, what: str, share: float = 1e-3) -> None:
+    """got and want (bf16) at most one bf16 step apart, on at most `share` of the elements."""
+    steps = (_ordered(got.to(torch.bfloat16)) - _ordered(want.to(torch.bfloat16))).abs()
+    off = (steps > 0).float().mean().item()
+    assert int(steps.max()) <= 1 and off <= share, f"{what}: {off:.2%} of elements off, up to {int(steps.max())} steps"
+
+
+def assert_product(partials: torch.Tensor, a: torch.Tensor, w: torch.Tensor, what: str) -> None:
+    """The float32 partials [slices, T, N] sum to a @ w^T (computed in float64) within float32's error."""
+    want = a.double() @ w.double().T
+    got = partials.double().sum(0)
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err < 1e-5, f"{what}: max error {err:.2e} of the largest element"
+
+
+def _reference_attention(q, k, v, seq_ids, causal: bool) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v per q head over its kv head, masked to the query's sequence (and causally),
+    float32 from the layer kernels' bf16 q, k, v."""
+    t, heads, d = q.shape
+    k = k.repeat_interleave(heads // k.shape[1], dim=1).float()
+    v = v.repeat_interleave(heads // v.shape[1], dim=1).float()
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) / d ** 0.5
+    mask = seq_ids[:, None] == seq_ids[None, :]
+    if causal:
+        mask &= torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", probs, v).reshape(t, heads * d)
+
+
+def _summed(partials: torch.Tensor) -> torch.Tensor:
+    """The slices' float32 partials summed in the kernel's order (0 + p0 + p1 + ...)."""
+    total = partials[0].clone()
+    for part in partials[1:]:
+        total += part
+    return total
+
+
+def check_phases(dec, embedded: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor, causal: bool) -> int:
+    """Run every step of `dec` over `embedded` one launch at a time, checking each against the layer path;
+    returns how many steps were checked (AssertionError naming the layer and phase on the first miss)."""
+    d, q_size, kv_size = dec.head_dim, dec.heads * dec.head_dim, dec.kv_heads * dec.head_dim
+    with torch.inference_mode():
+        work = dec.workspace(embedded, positions, seq_ids)
+        for step in range(dec.steps):
+            layer, phase = divmod(step, PHASES)
+            residual, od = work.residual.clone(), work.od.clone()
+            dec.run(work, step, step + 1, persistent=False)
+            what = f"layer {layer} phase {phase}"
+            if phase == 0:
+                weight = dec.final if step == dec.steps - 1 else dec.ln1[layer]
+                if step == 0:  # the embeddings, no add; and the RoPE table
+                    assert torch.equal(work.residual, residual)
+                    want = fused.rms_norm(residual, weight, dec.eps)
+                    freqs = positions.float()[:, None] * dec.inv_freq[None, :]
+                    assert_within_a_step(work.rope[0], freqs.cos(), "RoPE cos")
+                    assert_within_a_step(work.rope[1], freqs.sin(), "RoPE sin")
+                else:
+                    summed = _summed(od).to(residual.dtype)
+                    want, want_residual = fused.add_rms_norm(summed, residual, weight, dec.eps)
+                    assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
+                got = work.out if step == dec.steps - 1 else work.h
+                assert_within_a_step(got, want, what)
+            elif phase == 1:
+                assert_product(work.qkv, work.h, dec.wqkv[layer], what)
+            elif phase == 2:
+                qkv = _summed(work.qkv).to(work.h.dtype)
+                q, k = fused.qk_norm_rope(qkv, dec.qn[layer], dec.kn[layer], positions, dec.inv_freq,
+                                          dec.heads, dec.kv_heads, d, dec.eps)
+                v = qkv[:, q_size + kv_size:].reshape(-1, dec.kv_heads, d)
+                want = _reference_attention(q, k, v, seq_ids, causal)
+                err = ((work.attn.float() - want).norm() / want.norm()).item()
+                assert err < 1e-2, f"{what}: relative error {err:.2e}"
+            elif phase == 3:
+                assert_product(work.od, work.attn, dec.wo[layer], what)
+            elif phase == 4:
+                want, want_residual = fused.add_rms_norm(_summed(od).to(residual.dtype), residual, dec.ln2[layer],
+                                                         dec.eps)
+                assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
+                assert_within_a_step(work.h, want, what)
+            elif phase == 5:
+                gate_up = (work.h.double() @ dec.wgu[layer].double().T).to(work.h.dtype)
+                assert_within_a_step(work.act, fused.silu_mul(gate_up), what)
+            else:
+                assert_product(work.od, work.act, dec.wd[layer], what)
+    return dec.steps

@@ -1,0 +1,28 @@
+"""Each phase of the persistent decoder on the GPU against the layer path's own kernels, one step at a time, bf16
+at the Qwen3-0.6B's layer shape, two layers and the final norm (the checks: persistent_phases.py). The whole-model
+bar (test_rose_persistent_decoder_gpu.py: relative error 2e-2) cannot see one rounding step missed or added;
+these can."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rose.layers import persistent_decoder
+from rose.layers.persistent_decoder import PHASES, PersistentDecoder
+from tests.rose.persistent_phases import check_phases
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or persistent_decoder.triton is None,
+                                                  reason="needs CUDA and Triton")]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_phase_matches_the_layer_kernels(causal):
+    from benchmarks.persistent_decoder import device_meta, random_qwen3
+
+    model = random_qwen3(causal=causal, layers=2, seed=7)
+    meta = device_meta([5, 60, 3, 17], 1000, seed=1)  # ragged, 85 tokens
+    dec = PersistentDecoder(model)
+    with torch.inference_mode():
+        embedded = model.embed_tokens(meta.input_ids)
+        assert check_phases(dec, embedded, meta.positions, meta.seq_ids, causal) == 2 * PHASES + 1
