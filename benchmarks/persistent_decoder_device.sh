@@ -39,7 +39,8 @@ if [ "${PHASES:-0}" = 1 ]; then
 fi
 if [ "${TESTS:-1}" = 1 ]; then
   timeout 240 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py \
-    tests/rose/test_rose_persistent_phases_gpu.py >> $OUT/persistent_decoder_tests.log 2>&1
+    tests/rose/test_rose_persistent_phases_gpu.py "tests/rose/test_rose_backend_parity_gpu.py::test_persistent_decoder_parity_with_transformers" \
+    >> $OUT/persistent_decoder_tests.log 2>&1
   stamp tests $?; tail -4 $OUT/persistent_decoder_tests.log
 fi
 if [ "${ENGINE:-0}" = 1 ]; then
