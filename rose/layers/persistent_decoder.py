@@ -100,12 +100,15 @@ class Tiles:
     stages: int = 3
     rows: int = 16  # the least token block (BLOCK_M): batches of fewer tokens are padded to it
     queries: int = 32  # queries per attention item (a q head's block of them)
+    prefetch: bool = False  # each GEMM phase's weights asked into L2 a phase early (off under the interpreter)
 
     def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
         """Raise unless every projection's N is whole column tiles and its K whole slices of whole K steps
         (the kernel does not mask a partial tile)."""
         if min(self.qkv, self.o, self.gate_up, self.down) < 32:
             raise ValueError(f"column tiles under 32 wide: {self}")
+        if self.prefetch and self.k % 64:
+            raise ValueError(f"prefetch asks whole 128-byte lines: a K step of {self.k} is not whole lines")
         projections = {"qkv": (qkv_size, hidden, self.qkv, self.split_qkv),  # name: (N, K, tile, slices)
                        "o": (hidden, q_size, self.o, self.split_od), "gate-up": (inner, hidden, self.gate_up, 1),
                        "down": (hidden, inner, self.down, self.split_od)}
@@ -239,7 +242,8 @@ class PersistentDecoder:
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
                 "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries), "CAUSAL": self.causal,
                 "NPROG_P2": triton.next_power_of_2(self.programs), "CLOCK": clock is not None,
-                "FENCE": not INTERPRETED, "PHASES": PHASES, "SPINS": self.spins, "num_warps": tiles.warps,
+                "FENCE": not INTERPRETED, "PHASES": PHASES, "SPINS": self.spins,
+                "PREFETCH": tiles.prefetch and not INTERPRETED, "num_warps": tiles.warps,
                 "num_stages": tiles.stages}
         grid = (self.programs,)
         if clock is not None and (not persistent or first != 0 or clock.numel() < last + 1):

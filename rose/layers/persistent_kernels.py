@@ -44,6 +44,26 @@ def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: t
     tl.debug_barrier()
 
 @triton.jit
+def _prefetch(w_ptr, pid, nprog, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
+              GATED: tl.constexpr):
+    """Pull into L2 the weight tiles this program's items of a later GEMM phase (_gemm's items, the same
+    partition) will read: prefetch.global.L2 per 128-byte line, no registers held, nothing waited for. Weights
+    do not depend on the activations, so a phase can ask for the next one's while its own work and the barrier
+    run (NOTES: a GEMM phase's first bytes wait on HBM's latency, and programs reach it at once)."""
+    KS: tl.constexpr = K // SPLIT
+    LINES: tl.constexpr = KS // 64  # 64 bf16 or fp16 a line
+    rows = tl.arange(0, BN)
+    for item in range(pid, (N // BN) * SPLIT, nprog):
+        row = w_ptr + ((item // SPLIT) * BN + rows) * K + (item % SPLIT) * KS
+        for first in tl.static_range(0, LINES, 4):  # 4 lines of each row at a time (the last line again past the end)
+            at = row[:, None] + tl.minimum(first + tl.arange(0, 4), LINES - 1)[None, :] * 64
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+            if GATED:
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at + N * K],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+
+@triton.jit
 def _norm_rows(res_ptr, add_ptr, w_ptr, dst_ptr, T, pid, nprog, eps, add, poison,
                H: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr):
     """res += the sum of add's SPLIT float32 partials ([SPLIT, T, H], rounded once, when `add`), then
@@ -192,11 +212,13 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                     BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
                     S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, CAUSAL: tl.constexpr,
                     NPROG_P2: tl.constexpr, CLOCK: tl.constexpr, PERSISTENT: tl.constexpr,
-                    FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr):
+                    FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr, PREFETCH: tl.constexpr):
     """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
     last layer's is the final norm. qkv_ptr and od_ptr hold float32 partials of K's slices (S_QKV; S_OD for
     the o and down projections), summed where they are read. PERSISTENT: a grid barrier after each step but
-    the last (and after the last too when CLOCK: program 0 then reads the clock once every program is done)."""
+    the last (and after the last too when CLOCK: program 0 then reads the clock once every program is done).
+    PREFETCH: each GEMM phase's weights are asked into L2 a phase early, where no weights stream (the norms for
+    the QKV and gate-up, attention for o) or after the gate-up's own work (for down)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     D: tl.constexpr = 2 * HALF
@@ -211,6 +233,8 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                 stalled = tl.load(flags_ptr + nprog, volatile=True) != 0
                 _norm_rows(res_ptr, od_ptr, fin_ptr, out_ptr, T, pid, nprog, eps, True, stalled, H, BLOCK_H, S_OD)
             else:
+                if PREFETCH:
+                    _prefetch(wqkv_ptr + layer * (QKV_N * H), pid, nprog, QKV_N, H, BN_QKV, S_QKV, False)
                 _norm_rows(res_ptr, od_ptr, ln1_ptr + layer * H, h_ptr, T, pid, nprog, eps, step > 0, False, H,
                            BLOCK_H, S_OD)
                 if step == 0:
@@ -219,17 +243,23 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
             _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M, BN_QKV, BK,
                   S_QKV, False)
         elif phase == 2:
+            if PREFETCH:
+                _prefetch(wo_ptr + layer * (H * NH * D), pid, nprog, H, NH * D, BN_O, S_OD, False)
             _attention(qkv_ptr, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D, rope_ptr, seq_ptr, T, pid,
                        nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, CAUSAL, S_QKV)
         elif phase == 3:
             _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), od_ptr, T, pid, nprog, H, NH * D, BLOCK_M, BN_O, BK,
                   S_OD, False)
         elif phase == 4:
+            if PREFETCH:
+                _prefetch(wgu_ptr + layer * (2 * INNER * H), pid, nprog, INNER, H, BN_GU, 1, True)
             _norm_rows(res_ptr, od_ptr, ln2_ptr + layer * H, h_ptr, T, pid, nprog, eps, True, False, H, BLOCK_H,
                        S_OD)
         elif phase == 5:
             _gemm(h_ptr, wgu_ptr + layer * (2 * INNER * H), act_ptr, T, pid, nprog, INNER, H, BLOCK_M, BN_GU,
                   BK, 1, True)
+            if PREFETCH:
+                _prefetch(wd_ptr + layer * (H * INNER), pid, nprog, H, INNER, BN_D, S_OD, False)
         else:
             _gemm(act_ptr, wd_ptr + layer * (H * INNER), od_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D, BK,
                   S_OD, False)

@@ -134,3 +134,6 @@ def test_tiles_that_do_not_divide_a_projection_are_refused():
         Tiles(split_od=8, k=512).check(1024, 4096, 2048, 3072)
     with pytest.raises(ValueError, match="under 32 wide"):
         Tiles(o=16).check(1024, 4096, 2048, 3072)
+    Tiles(prefetch=True).check(1024, 4096, 2048, 3072)
+    with pytest.raises(ValueError, match="whole 128-byte lines"):
+        Tiles(prefetch=True, k=32).check(1024, 4096, 2048, 3072)

@@ -2,7 +2,7 @@
 layers, random bf16): as close to the layer-by-layer kernels as bf16 allows on single, ragged and padded
 batches (one packed at a graph's padded layout), causal and not; the barriers' kernel the same bits as the
 phases launched one by one and on every call; the same under CUDA-graph capture and replay; attach's
-routing through Qwen3Model.forward; the kernel's own clock."""
+routing through Qwen3Model.forward; the kernel's own clock; weights prefetched into L2 changing no bits."""
 
 from __future__ import annotations
 
@@ -55,6 +55,21 @@ def test_matches_the_layer_by_layer_kernels(causal, batch):
     assert _cosines(got, expected).min().item() > 0.999
     assert torch.equal(got, launched)
     assert all(torch.equal(got, a) for a in again)
+
+
+@pytest.mark.parametrize("tokens", [16, 128])
+def test_weights_prefetched_into_l2_change_no_bits(tokens):
+    from rose.layers.persistent_decoder import Tiles
+
+    model, _, meta = _setup(True, [tokens])
+    decoder = PersistentDecoder(model)
+    with torch.inference_mode():
+        embedded = model.embed_tokens(meta.input_ids)
+        plain = decoder(embedded, meta.positions, meta.seq_ids).clone()
+        decoder.tiles = Tiles(prefetch=True)
+        prefetched = decoder(embedded, meta.positions, meta.seq_ids)
+    torch.cuda.synchronize()
+    assert torch.equal(prefetched, plain)
 
 
 def test_graph_replay_equals_eager_and_follows_new_inputs():
