@@ -14,9 +14,9 @@ with a grid barrier between phases in place of a kernel boundary:
 The QKV, o and down projections are split along K too (items of a column tile and a slice of K, each storing
 its float32 partial), so that every SM has work and each item reads only its slice of the activations, which
 it would otherwise re-read whole from L2; the phase that reads a projection sums its slices (attention for the
-QKV, the next add+RMSNorm for o and down). Attention at these sizes is, per q head and block of 32 queries,
-one [queries x tokens] tile masked to the query's own sequence (and causally where the model is causal): any
-ragged batch of up to 128 tokens. Rounding follows the layer-by-layer kernels (rose.layers.fused): bf16
+QKV, the next add+RMSNorm for o and down). Attention is, per q head and block of 32 queries, an online
+softmax over the keys 32 at a time (each block's QK-norm and RoPE on the way), masked to the query's own sequence
+(and causally where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the layer-by-layer kernels (rose.layers.fused): bf16
 residual sums, norm output and RoPE's cos/sin rounded, float32 inside.
 
 The grid barrier (rose.layers.persistent_kernels.grid_barrier): each program writes how many phases it finished
@@ -86,7 +86,8 @@ log = logging.getLogger("rose.persistent_decoder")
 @dataclass(frozen=True)
 class Tiles:
     """Column tile widths per projection, slices of K (split-K) for the QKV and for the o and down projections,
-    the K step, warps, pipeline stages, and the least token block (benchmarks sweep these). Column tiles are at
+    the K step, warps, pipeline stages, the least token block, queries per attention item and keys per step of
+    its online softmax, and the weights' prefetch into L2 (benchmarks sweep these). Column tiles are at
     least 32 wide: 16-wide tiles of a 16-token block over 8 warps computed wrong on the H200 (Triton 3.6)."""
 
     qkv: int = 64
@@ -100,6 +101,7 @@ class Tiles:
     stages: int = 3
     rows: int = 16  # the least token block (BLOCK_M): batches of fewer tokens are padded to it
     queries: int = 32  # queries per attention item (a q head's block of them)
+    keys: int = 32  # keys per step of an attention item's online softmax
     prefetch: bool = False  # each GEMM phase's weights asked into L2 a phase early (off under the interpreter)
 
     def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
@@ -107,6 +109,8 @@ class Tiles:
         (the kernel does not mask a partial tile)."""
         if min(self.qkv, self.o, self.gate_up, self.down) < 32:
             raise ValueError(f"column tiles under 32 wide: {self}")
+        if self.keys < 16 or self.keys & (self.keys - 1):
+            raise ValueError(f"keys per attention step must be a power of two from 16: {self.keys}")
         if self.prefetch and self.k % 64:
             raise ValueError(f"prefetch asks whole 128-byte lines: a K step of {self.k} is not whole lines")
         projections = {"qkv": (qkv_size, hidden, self.qkv, self.split_qkv),  # name: (N, K, tile, slices)
@@ -240,7 +244,7 @@ class PersistentDecoder:
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tiles.qkv,
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
-                "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries), "CAUSAL": self.causal,
+                "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries), "BKEY": tiles.keys, "CAUSAL": self.causal,
                 "NPROG_P2": triton.next_power_of_2(self.programs), "CLOCK": clock is not None,
                 "FENCE": not INTERPRETED, "PHASES": PHASES, "SPINS": self.spins,
                 "PREFETCH": tiles.prefetch and not INTERPRETED, "num_warps": tiles.warps,

@@ -170,36 +170,48 @@ def _rope_table(rope_ptr, rows, ok, T, HALF: tl.constexpr):
 @triton.jit
 def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, pid, nprog, eps, scale,
                NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
-               BQ: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr):
-    """Items of a q head and a block of BQ queries: QK-norm + RoPE of those queries and of every key of the
-    head's kv head, then softmax(q k^T) v over the keys of the query's own sequence (and no later ones when
-    causal). q, k, v are summed from the QKV's partials."""
+               BQ: tl.constexpr, BKEY: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr):
+    """Items of a q head and a block of BQ queries: QK-norm + RoPE of those queries, then over the keys of the
+    head's kv head BKEY at a time (QK-norm + RoPE of those keys, an online softmax), softmax(q k^T) v over the keys
+    of the query's own sequence (and no later ones when causal). q, k, v are summed from the QKV's partials. Keys
+    a block at a time keep the phase's registers low: all 128 keys' norm and RoPE at once (float32 [128 x 64]
+    tiles of k, cos and sin) made the whole kernel spill, its GEMM loops included (58 local loads at 128 tokens)."""
     D: tl.constexpr = 2 * HALF
     QKV_N: tl.constexpr = (NH + 2 * NKV) * D
-    keys = tl.arange(0, BLOCK_M)
-    key_ok = keys < T
     dt = attn_ptr.dtype.element_ty
-    key_seq = tl.load(seq_ptr + keys, mask=key_ok, other=-1)
     dcols = tl.arange(0, D)
     for item in tl.range(pid, NH * (BLOCK_M // BQ), nprog, num_stages=1):  # unpipelined: q, k, v in smem
         hq = item % NH
-        rq = (item // NH) * BQ + tl.arange(0, BQ)
+        q0 = (item // NH) * BQ
+        rq = q0 + tl.arange(0, BQ)
         q_ok = rq < T
         g = hq // (NH // NKV)
         cq, sq = _rope_table(rope_ptr, rq, q_ok, T, HALF)
-        ck, sk = _rope_table(rope_ptr, keys, key_ok, T, HALF)  # here, not live across items
         q1, q2 = _norm_rope(qkv_ptr, attn_ptr, hq * D, qn_ptr, rq, q_ok, cq, sq, eps, T, QKV_N, HALF, SPLIT)
-        k1, k2 = _norm_rope(qkv_ptr, attn_ptr, (NH + g) * D, kn_ptr, keys, key_ok, ck, sk, eps, T, QKV_N, HALF,
-                            SPLIT)
-        v = _summed(qkv_ptr, attn_ptr, (NH + NKV + g) * D + dcols, keys, key_ok, T, QKV_N, SPLIT).to(dt)
         q_seq = tl.load(seq_ptr + rq, mask=q_ok, other=-2)
-        allowed = (q_seq[:, None] == key_seq[None, :]) & key_ok[None, :]
-        if CAUSAL:
-            allowed = allowed & (keys[None, :] <= rq[:, None])
-        logits = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
-        logits = tl.where(allowed, logits * scale, -1.0e30)
-        p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-        o = tl.dot(p.to(dt), v) / tl.sum(p, axis=1)[:, None]
+        top = tl.minimum(T, q0 + BQ) if CAUSAL else T  # no key after the block's last query when causal
+        best = tl.full([BQ], -1.0e30, dtype=tl.float32)
+        total = tl.zeros([BQ], dtype=tl.float32)
+        acc = tl.zeros([BQ, D], dtype=tl.float32)
+        for k0 in tl.range(0, top, BKEY, num_stages=1):
+            keys = k0 + tl.arange(0, BKEY)
+            key_ok = keys < T
+            ck, sk = _rope_table(rope_ptr, keys, key_ok, T, HALF)
+            k1, k2 = _norm_rope(qkv_ptr, attn_ptr, (NH + g) * D, kn_ptr, keys, key_ok, ck, sk, eps, T, QKV_N,
+                                HALF, SPLIT)
+            v = _summed(qkv_ptr, attn_ptr, (NH + NKV + g) * D + dcols, keys, key_ok, T, QKV_N, SPLIT).to(dt)
+            key_seq = tl.load(seq_ptr + keys, mask=key_ok, other=-1)
+            allowed = (q_seq[:, None] == key_seq[None, :]) & key_ok[None, :]
+            if CAUSAL:
+                allowed = allowed & (keys[None, :] <= rq[:, None])
+            logits = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
+            new_best = tl.maximum(best, tl.max(tl.where(allowed, logits, -1.0e30), axis=1))
+            p = tl.where(allowed, tl.exp(logits - new_best[:, None]), 0.0)
+            shrink = tl.exp(best - new_best)
+            total = total * shrink + tl.sum(p, axis=1)
+            acc = acc * shrink[:, None] + tl.dot(p.to(dt), v)
+            best = new_best
+        o = acc / tl.where(total > 0, total, 1.0)[:, None]
         tl.store(attn_ptr + rq[:, None] * (NH * D) + hq * D + dcols[None, :], o.to(dt), mask=q_ok[:, None])
 
 @triton.jit(do_not_specialize=["T", "final", "first", "last"])  # one compile per token block, not per count
@@ -210,7 +222,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                     H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                     HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
                     BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
-                    S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, CAUSAL: tl.constexpr,
+                    S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, BKEY: tl.constexpr, CAUSAL: tl.constexpr,
                     NPROG_P2: tl.constexpr, CLOCK: tl.constexpr, PERSISTENT: tl.constexpr,
                     FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr, PREFETCH: tl.constexpr):
     """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
@@ -246,7 +258,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
             if PREFETCH:
                 _prefetch(wo_ptr + layer * (H * NH * D), pid, nprog, H, NH * D, BN_O, S_OD, False)
             _attention(qkv_ptr, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D, rope_ptr, seq_ptr, T, pid,
-                       nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, CAUSAL, S_QKV)
+                       nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, BKEY, CAUSAL, S_QKV)
         elif phase == 3:
             _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), od_ptr, T, pid, nprog, H, NH * D, BLOCK_M, BN_O, BK,
                   S_OD, False)

@@ -38,7 +38,7 @@ def main() -> int:
     from rose.meta import ForwardMeta, MetaLayout, pack_batch
 
     failed = 0
-    tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, warps=4, stages=1,
+    tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, warps=4, stages=1, keys=16,
                   queries=16)
     cases = [([5], None, 64), ([3, 9, 1, 6], None, 64), ([7, 7, 7], MetaLayout(tokens=24, seqs=4, rows=3), 64),
              ([1], None, 64), ([30, 12], None, 64), ([11, 4], None, 96)]  # hidden 96: the norms' masked columns
@@ -113,7 +113,7 @@ def stalls() -> int:
 
     from rose.layers.persistent_decoder import PersistentDecoder, Tiles
 
-    tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, warps=4, stages=1,
+    tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, warps=4, stages=1, keys=16,
                   queries=16)
     model = tiny_qwen3(True, seed=3)
     failed = 0

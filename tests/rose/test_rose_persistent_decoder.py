@@ -137,3 +137,5 @@ def test_tiles_that_do_not_divide_a_projection_are_refused():
     Tiles(prefetch=True).check(1024, 4096, 2048, 3072)
     with pytest.raises(ValueError, match="whole 128-byte lines"):
         Tiles(prefetch=True, k=32).check(1024, 4096, 2048, 3072)
+    with pytest.raises(ValueError, match="keys per attention step"):
+        Tiles(keys=24).check(1024, 4096, 2048, 3072)
