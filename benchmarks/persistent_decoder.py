@@ -37,9 +37,10 @@ from rose.layers.persistent_decoder import (
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
-SWEEP = [  # (tokens, tiles): pipeline stages, queries per attention item, slices of K, prefetch
+SWEEP = [  # (tokens, tiles): stages, queries per attention item, slices of K, keys, prefetch
     (16, Tiles(stages=4)), (64, Tiles(stages=4)), (64, Tiles(queries=16)), (128, Tiles(stages=4)),
     (128, Tiles(queries=16)), (128, Tiles(queries=64)), (128, Tiles(qkv=32, split_qkv=1)),
+    (128, Tiles(keys=64)), (128, Tiles(keys=16)),  # keys per step of attention's online softmax
     (16, Tiles(prefetch=True)), (64, Tiles(prefetch=True)), (128, Tiles(prefetch=True))]  # weights into L2 early
 
 

@@ -31,7 +31,7 @@ rc=$?; stamp smoke $rc; tail -5 $OUT/persistent_decoder_tests.log
 fi
 rc=0
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout 300 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
+  timeout 360 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
   rc=$?; stamp benchmark $rc
 fi
 if [ "${PHASES:-0}" = 1 ]; then
