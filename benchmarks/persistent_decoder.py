@@ -176,6 +176,8 @@ def main() -> None:
     weight_bytes = sum(t.numel() * t.element_size() for t in (decoder.wqkv, decoder.wo, decoder.wgu, decoder.wd))
     bandwidth = copy_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3  # read at the copy's rate of bytes moved
+    barrier_us = barrier_cost_us(decoder.programs)  # before the sweep, which a timeout may cut short
+    print(json.dumps({"weight_read_floor_ms": floor_ms, "barrier_us": barrier_us}), flush=True)
     records = []
     with torch.inference_mode():
         for tokens in [int(t) for t in args.tokens.split(",")]:
@@ -213,7 +215,6 @@ def main() -> None:
                             "p50_ms": statistics.median(times), "p90_ms": sorted(times)[int(0.9 * len(times))],
                             "rel_err_vs_layers": rel_err(out, layers_out[tokens])})
             print(json.dumps(records[-1]), flush=True)
-        barrier_us = barrier_cost_us(decoder.programs)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),
            "programs": decoder.programs, "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bandwidth / 1e9,
            "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us}
