@@ -1,20 +1,23 @@
 """The persistent decoder (rose.layers.persistent_decoder) beside ROSE's layer-by-layer kernels: GPU time per
-CUDA-graph replay of the decoder of Qwen3-0.6B (random bf16 weights of the real shape) at small batches.
+CUDA-graph replay of the decoder of Qwen3-0.6B, or the encoder of all-MiniLM-L6-v2 (random bf16 weights of the
+real shape) at small batches.
 
-    python -m benchmarks.persistent_decoder [--tokens 16,32,64,128] [--replays 200] [--out DIR]
+    python -m benchmarks.persistent_decoder [--model qwen3-0.6b|minilm-l6] [--tokens 16,32,64,128] [--replays 200]
+                                            [--out DIR]
 
 Variants, each captured in a CUDA graph and replayed on the same batch, rounds interleaved:
-  layers      Qwen3Model.forward as served today (fused norms, cuBLAS GEMMs, ROSE's Triton attention)
+  layers      the model's forward as served today (cuBLAS GEMMs, ROSE's Triton attention; Qwen3's fused norms)
   persistent  every layer in one persistent kernel (grid barriers between phases)
   launches    the same phases, one launch each (no barriers): what the barriers cost against launches
 then a sweep of the persistent kernel's tiles at the largest token count. Reported: median and p90 of the
 replays' GPU time (CUDA events), relative error of the final hidden states against `layers`, and the weight
--read floor at the card's measured copy bandwidth. Writes DIR/persistent_decoder.json; prints a table last.
+-read floor at the card's measured copy bandwidth. Writes DIR/persistent_decoder[_MODEL].json; prints a table last.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -32,16 +35,14 @@ from rose.layers.persistent_decoder import (
     PHASES,
     SPIN_LIMIT,
     PersistentDecoder,
-    Tiles,
 )
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
-SWEEP = [  # (tokens, tiles): stages, queries per attention item, slices of K, keys, prefetch
-    (16, Tiles(stages=4)), (64, Tiles(stages=4)), (64, Tiles(queries=16)), (128, Tiles(stages=4)),
-    (128, Tiles(queries=16)), (128, Tiles(queries=64)), (128, Tiles(qkv=32, split_qkv=1)),
-    (128, Tiles(keys=64)), (128, Tiles(keys=16)),  # keys per step of attention's online softmax
-    (16, Tiles(prefetch=True)), (64, Tiles(prefetch=True)), (128, Tiles(prefetch=True))]  # weights into L2 early
+SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attention item, slices of K, keys, prefetch
+    (16, {"stages": 4}), (64, {"stages": 4}), (64, {"queries": 16}), (128, {"stages": 4}), (128, {"queries": 16}),
+    (128, {"queries": 64}), (128, {"qkv": 32, "split_qkv": 1}), (128, {"keys": 64}), (128, {"keys": 16}),
+    (16, {"prefetch": True}), (64, {"prefetch": True}), (128, {"prefetch": True})]
 
 
 try:
@@ -56,6 +57,46 @@ try:
             grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, True, SPIN_LIMIT)
 except ImportError:  # pragma: no cover - a CPU build of torch without Triton
     triton = None
+
+
+def random_bert(layers: int | None = None, seed: int = 0, device: str = "cuda"):
+    """A BertModel of all-MiniLM-L6-v2's config (`layers` of them) with random bf16 weights on `device`."""
+    from benchmarks.model_zoo import MINILM_SKELETON
+    from rose.models.bert import BertModel
+
+    cfg = json.loads((MINILM_SKELETON / "config.json").read_text())
+    cfg.update({"num_hidden_layers": layers} if layers else {})
+    with torch.device("meta"):
+        model = BertModel(cfg)
+    model = model.to_empty(device=device).to(torch.bfloat16)
+    gen = torch.Generator(device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32)
+            p.copy_(1.0 + 0.1 * noise if "LayerNorm.weight" in name else 0.05 * noise)
+    return model.eval().requires_grad_(False)
+
+
+def embed(model, meta: ForwardMeta) -> torch.Tensor:
+    """What the model's forward hands its layers: Qwen3's token embeddings, BERT's normed embeddings."""
+    if hasattr(model, "embed_tokens"):
+        return model.embed_tokens(meta.input_ids)
+    return model.embeddings(meta.input_ids, meta.positions + model.position_offset)
+
+
+def setup(name: str):
+    """(model, its layers' attention backend, vocabulary size) of qwen3-0.6b or minilm-l6, random bf16."""
+    if name == "minilm-l6":
+        model = random_bert()
+        first = model.encoder.layer[0]
+        shape = AttentionShape(first.num_heads, first.num_heads, first.head_dim, causal=False)
+        vocab = model.embeddings.word_embeddings.num_embeddings
+    else:
+        model = random_qwen3(name)
+        cfg = QWEN3_CONFIGS[name]
+        shape = AttentionShape(cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], causal=True)
+        vocab = cfg["vocab_size"]
+    return model, make_backend("triton", torch.device("cuda"), torch.bfloat16, shape=shape), vocab
 
 
 def random_qwen3(name: str = "qwen3-0.6b", causal: bool = True, layers: int | None = None, seed: int = 0,
@@ -133,7 +174,7 @@ def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[st
     clock = torch.zeros(decoder.layers * PHASES + 2, dtype=torch.int64, device="cuda")
     samples = []
     for _ in range(runs + 3):
-        decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids, clock=clock)
+        decoder(embed(model, meta), meta.positions, meta.seq_ids, clock=clock)
         torch.cuda.synchronize()
         samples.append(clock.diff().cpu())
     steps = torch.stack(samples[3:]).median(0).values.double() / 1e3
@@ -143,12 +184,9 @@ def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[st
 
 def forwards(model, decoder, backend, meta) -> dict:
     """The variants' forwards on one batch."""
-    def embed():
-        return model.embed_tokens(meta.input_ids)
-
     return {"layers": lambda: model(meta, backend),
-            "persistent": lambda: decoder(embed(), meta.positions, meta.seq_ids),
-            "launches": lambda: decoder(embed(), meta.positions, meta.seq_ids, persistent=False)}
+            "persistent": lambda: decoder(embed(model, meta), meta.positions, meta.seq_ids),
+            "launches": lambda: decoder(embed(model, meta), meta.positions, meta.seq_ids, persistent=False)}
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -158,22 +196,21 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="16,32,64,128")
+    parser.add_argument("--model", default="qwen3-0.6b", choices=["qwen3-0.6b", "minilm-l6"])
+    parser.add_argument("--no-sweep", action="store_true", help="skip the sweep of the tiles")
     parser.add_argument("--replays", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     parser.add_argument("--phases", action="store_true",
                         help="only the persistent kernel's own clock per phase, at each of --tokens")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
-    model = random_qwen3()
-    cfg = QWEN3_CONFIGS["qwen3-0.6b"]
-    shape = AttentionShape(cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], causal=True)
-    backend = make_backend("triton", torch.device("cuda"), torch.bfloat16, shape=shape)
+    model, backend, vocab = setup(args.model)
     decoder = PersistentDecoder(model)
     if args.phases:
-        print_phases({t: phase_us(model, decoder, int(t), cfg["vocab_size"]) for t in args.tokens.split(",")},
-                     args.out)
+        print_phases({t: phase_us(model, decoder, int(t), vocab) for t in args.tokens.split(",")},
+                     args.out / f"{stem(args.model)}_phases.json")
         return
-    weight_bytes = sum(t.numel() * t.element_size() for t in (decoder.wqkv, decoder.wo, decoder.wgu, decoder.wd))
+    weight_bytes = sum(t.numel() * t.element_size() for t in (decoder.w.wqkv, decoder.w.wo, decoder.w.wgu, decoder.w.wd))
     bandwidth = copy_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3  # read at the copy's rate of bytes moved
     barrier_us = barrier_cost_us(decoder.programs)  # before the sweep, which a timeout may cut short
@@ -181,7 +218,7 @@ def main() -> None:
     records = []
     with torch.inference_mode():
         for tokens in [int(t) for t in args.tokens.split(",")]:
-            meta = device_meta([tokens], cfg["vocab_size"], seed=tokens)
+            meta = device_meta([tokens], vocab, seed=tokens)
             variants = {name: capture(fn) for name, fn in forwards(model, decoder, backend, meta).items()}
             times = {name: [] for name in variants}
             for _ in range(3):  # rounds, interleaved
@@ -197,12 +234,14 @@ def main() -> None:
                                 "rel_err_vs_layers": rel_err(out, ref)})
                 print(json.dumps(records[-1]), flush=True)
         layers_out = {}
-        for tokens, tiles in SWEEP:
-            meta = device_meta([tokens], cfg["vocab_size"], seed=tokens)
+        fitted = decoder.tiles
+        for tokens, changes in [] if args.no_sweep else SWEEP:
+            tiles = dataclasses.replace(fitted, **changes)
+            meta = device_meta([tokens], vocab, seed=tokens)
             if tokens not in layers_out:
                 layers_out[tokens] = model(meta, backend).clone()
-            decoder.tiles = tiles
             try:
+                decoder.tiles = tiles
                 graph, out = capture(forwards(model, decoder, backend, meta)["persistent"])
                 times = replay_times(graph, 3 * args.replays)
             except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is reported
@@ -216,10 +255,10 @@ def main() -> None:
                             "rel_err_vs_layers": rel_err(out, layers_out[tokens])})
             print(json.dumps(records[-1]), flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),
-           "programs": decoder.programs, "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bandwidth / 1e9,
-           "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us}
+           "model": args.model, "programs": decoder.programs, "weight_bytes": weight_bytes,
+           "copy_bandwidth_gbs": bandwidth / 1e9, "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "persistent_decoder.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
+    (args.out / f"{stem(args.model)}.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
     print(f"\n{env['gpu']} · torch {env['torch']} · {env['commit']} · weight-read floor {floor_ms:.3f} ms "
           f"({bandwidth / 1e9:.0f} GB/s moved by a copy) · one grid barrier {barrier_us:.2f} µs")
     print(f"{'tokens':>6} {'variant':<11} {'p50 ms':>8} {'p90 ms':>8} {'rel err':>9}  tiles")
@@ -231,10 +270,15 @@ def main() -> None:
         print(f"{r['tokens']:>6} {r['variant']:<11} {r['p50_ms']:8.3f} {r['p90_ms']:8.3f} {err:>9}  {r['tiles']}")
 
 
+def stem(model: str) -> str:
+    """Results' file name: persistent_decoder for the 0.6B, persistent_decoder_<model> for another."""
+    return "persistent_decoder" + ("" if model == "qwen3-0.6b" else f"_{model}")
+
+
 def print_phases(table: dict[str, dict[str, float]], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?")}
-    (out / "persistent_decoder_phases.json").write_text(json.dumps({"env": env, "phases_us": table}, indent=1))
+    out.write_text(json.dumps({"env": env, "phases_us": table}, indent=1))
     print(f"\n{env['gpu']} · {env['commit']} · µs per phase (mean over layers), the kernel's own clock")
     names = list(next(iter(table.values())))
     print(f"{'tokens':>6} " + " ".join(f"{n:>11}" for n in names))

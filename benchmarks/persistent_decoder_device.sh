@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles, then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's Qwen3-0.6B rows at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark; PHASES=1 adds the kernel's own clock per phase.
+# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles (MODEL=minilm-l6 for all-MiniLM's encoder; NO_SWEEP=1 skips the sweep), then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's rows of MODELS (qwen3-0.6b,minilm-l6) at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark; PHASES=1 adds the kernel's own clock per phase.
 # Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root (~5 min for the benchmark and
 # PHASES=1, ~6 for the tests cold; Triton's cache under /root stays while the machine is warm, so a second call
 # compiles less; more than 10 min at once does not fit one call: TESTS=0 first, then BENCH=0 TESTS=1 ENGINE=1):
@@ -31,26 +31,30 @@ rc=$?; stamp smoke $rc; tail -5 $OUT/persistent_decoder_tests.log
 fi
 rc=0
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout 360 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} > $OUT/persistent_decoder.log 2>&1
+  timeout 360 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} --model ${MODEL:-qwen3-0.6b} \
+    ${NO_SWEEP:+--no-sweep} > $OUT/persistent_decoder.log 2>&1
   rc=$?; stamp benchmark $rc
 fi
 if [ "${PHASES:-0}" = 1 ]; then
   timeout 120 python3 -m benchmarks.persistent_decoder --phases --tokens ${TOKENS:-16,64,128} --out $OUT \
+    --model ${MODEL:-qwen3-0.6b} \
     > $OUT/persistent_decoder_phases.log 2>&1
   stamp phases $?; tail -5 $OUT/persistent_decoder_phases.log
 fi
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 400 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py \
-    tests/rose/test_rose_persistent_phases_gpu.py "tests/rose/test_rose_backend_parity_gpu.py::test_persistent_decoder_parity_with_transformers" \
+  timeout 540 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py \
+    tests/rose/test_rose_persistent_phases_gpu.py \
+    "tests/rose/test_rose_backend_parity_gpu.py::test_persistent_decoder_parity_with_transformers" \
     >> $OUT/persistent_decoder_tests.log 2>&1
   stamp tests $?; tail -4 $OUT/persistent_decoder_tests.log
 fi
 if [ "${ENGINE:-0}" = 1 ]; then
   for flag in 0 128; do
-    ROSE_PERSISTENT_DECODER=$flag timeout 110 python3 -m benchmarks.rose_gpu --models qwen3-0.6b --variants rose-graphs \
+    ROSE_PERSISTENT_DECODER=$flag timeout 180 python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
+      --variants rose-graphs \
       --quick --suites ${SUITES:-bs1-16,bs1-32,bs1-64,bs1-128} --tag _persistent$flag --out $OUT \
       > $OUT/rose_gpu_persistent$flag.log 2>&1
-    stamp "rose_gpu ROSE_PERSISTENT_DECODER=$flag" $?; grep -E '^qwen3' $OUT/rose_gpu_persistent$flag.log | tail -6
+    stamp "rose_gpu ROSE_PERSISTENT_DECODER=$flag" $?; grep -E '^(qwen3|minilm)' $OUT/rose_gpu_persistent$flag.log | tail -6
   done
 fi
 [ "${BENCH:-1}" = 1 ] && grep -A40 'weight-read floor' $OUT/persistent_decoder.log | tail -40

@@ -40,8 +40,8 @@ class TulipConfig:
     device: str = _f("auto", "cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU, else cpu)")
     dtype: str = _f("", "float32, bfloat16 or float16; empty = ROSE's default for the device")
     attention: str = _f("auto", "attention backend for ROSE (auto = its measured choice per model)")
-    persistent_decoder: str = _f("off", "Qwen3 models on CUDA: batches of up to 64 tokens (on) or N tokens (N, at "
-                                        "most 128) run every decoder layer in one persistent kernel "
+    persistent_decoder: str = _f("off", "Qwen3 models and BERT-style encoders on CUDA: batches of up to 64 tokens "
+                                        "(on) or N tokens (N, at most 128) run every layer in one persistent kernel "
                                         "(rose/layers/persistent_decoder.py; 16-token queries 12 % faster on the "
                                         "H200, 128 tokens slower); off = the layer-by-layer kernels")
     max_batch_tokens: int = _f(

@@ -1,4 +1,5 @@
-"""A Qwen3 decoder's every layer in one persistent kernel, for small batches (at most 128 tokens).
+"""A Qwen3 decoder's or a BERT-style encoder's every layer in one persistent kernel, for small batches (at most
+128 tokens). The families' weights and forms: rose.layers.persistent_models.
 
 Why (issue 14, benchmarks/NOTES.md "One persistent kernel for the decoder at small batches"): at 128 tokens a
 layer is nine kernels, and each GEMM costs >= 5.5 µs in a graph whatever its size (the o and down projections
@@ -10,6 +11,10 @@ with a grid barrier between phases in place of a kernel boundary:
     1 QKV projection                   tiles x slices 5 gate-up projection, SiLU(gate) * up        tiles
     2 QK-norm + RoPE + attention       heads x blocks 6 down projection                            tiles x slices
     3 o projection                     tiles x slices after the last layer: add + the final RMSNorm
+
+A BERT-style encoder takes the same steps in its own form: post-norm (phase 0 of layer l > 0 is layer l - 1's
+add + output LayerNorm, the final step the last layer's; phase 4 its attention's), LayerNorm, the projections'
+biases added where their partials are summed, GELU(up) for SiLU(gate) * up, no QK-norm or RoPE.
 
 The QKV, o and down projections are split along K too (items of a column tile and a slice of K, each storing
 its float32 partial), so that every SM has work and each item reads only its slice of the activations, which
@@ -47,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rose.windows import FULL
+from rose.layers.persistent_models import shapes, stack, unsupported
 
 try:
     import triton
@@ -123,42 +128,46 @@ class Tiles:
                 raise ValueError(f"the {name} projection's K = {k} in {split} slices is not whole K steps of {self.k}")
 
 
+def fit_tiles(hidden: int, qkv_size: int, q_size: int, inner: int) -> Tiles:
+    """The default tiles if they fit these shapes (Qwen3-0.6B's and -4B's), else the first K step and slices of K
+    that do (BERT-base: 768; all-MiniLM: 384 = 3 x 128)."""
+    for k in (128, 64):
+        for split_qkv in (2, 3, 1, 4):
+            for split_od in (4, 3, 2, 1):
+                tiles = Tiles(k=k, split_qkv=split_qkv, split_od=split_od)
+                try:
+                    tiles.check(hidden, qkv_size, q_size, inner)
+                except ValueError:
+                    continue
+                return tiles
+    raise ValueError(f"no tiles fit hidden {hidden}, qkv {qkv_size}, q {q_size}, inner {inner}")
+
+
 class PersistentDecoder:
-    """The decoder layers of a Qwen3Model (QK-norm, no biases, SiLU, full attention) as one kernel.
+    """The layers of a Qwen3 decoder or a BERT-style encoder (rose.layers.persistent_models) as one kernel.
 
     Building it stacks each kind of weight over the layers and points the model's own parameters at views
     of the stacks, so the weights are held once. `__call__(residual, positions, seq_ids)` takes the token
-    embeddings [T, hidden] and returns the final-normed hidden states, as Qwen3Model.forward does."""
+    embeddings [T, hidden] (BERT's normed, as its embeddings module gives them) and returns the last hidden
+    states, as the model's forward does."""
 
-    def __init__(self, model, tiles: Tiles = Tiles(), programs: int | None = None, routed: int = MAX_TOKENS,
+    def __init__(self, model, tiles: Tiles | None = None, programs: int | None = None, routed: int = MAX_TOKENS,
                  backend=None) -> None:
-        """routed: the largest batch (tokens) `fits` accepts; backend: the attention backend whose forwards
-        Qwen3Model.forward routes here (the runner's own: never the express lane's, whose second stream could
-        run a second persistent kernel at once, each waiting for programs the other holds)."""
+        """tiles: None fits them to the model's shapes (fit_tiles); routed: the largest batch (tokens) `fits`
+        accepts; backend: the attention backend whose forwards the model's forward routes here (the runner's
+        own: never the express lane's, whose second stream could run a second persistent kernel at once, each
+        waiting for programs the other holds)."""
         reason = unsupported(model)
         if reason:
             raise ValueError(f"no persistent decoder for this model: {reason}")
-        layers = model.layers
-        attn0, mlp0 = layers[0].self_attn, layers[0].mlp
-        self.heads, self.kv_heads, self.head_dim = attn0.num_heads, attn0.num_kv_heads, attn0.head_dim
-        self.hidden = attn0.qkv_proj.in_features
-        self.inner = mlp0.down_proj.in_features
+        self.heads, self.kv_heads, self.head_dim, self.hidden, self.inner = shapes(model)
         self.qkv_size = (self.heads + 2 * self.kv_heads) * self.head_dim
-        self.eps, self.scale, self.causal = attn0.eps, model.scale, model.causal
         self.routed, self.backend = min(routed, MAX_TOKENS), backend
-        self.tiles = tiles  # checked against the shapes (the setter) before the weights move
-        self.wqkv = _stack_params([layer.self_attn.qkv_proj for layer in layers])
-        self.wo = _stack_params([layer.self_attn.o_proj for layer in layers])
-        self.wgu = _stack_params([layer.mlp.gate_up_proj for layer in layers])
-        self.wd = _stack_params([layer.mlp.down_proj for layer in layers])
-        self.ln1 = _stack_params([layer.input_layernorm for layer in layers])
-        self.ln2 = _stack_params([layer.post_attention_layernorm for layer in layers])
-        self.qn = _stack_params([layer.self_attn.q_norm for layer in layers])
-        self.kn = _stack_params([layer.self_attn.k_norm for layer in layers])
-        self.final = model.norm.weight
-        self.inv_freq = model.rotary.inv_freq
-        self.layers = len(layers)
-        device = self.wqkv.device
+        # checked against the shapes (the setter) before the weights move
+        self.tiles = tiles or fit_tiles(self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)
+        self.w = stack(model)
+        self.eps, self.scale, self.causal, self.layers = self.w.eps, self.w.scale, self.w.causal, self.w.layers
+        device = self.w.wqkv.device
         if programs is None:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.programs = programs
@@ -187,12 +196,12 @@ class PersistentDecoder:
         """Compile and launch the kernel for every token block up to the routed bound now (a launch that the
         device cannot hold fails here, not in serving: so does a grid that stalls). Returns how many blocks
         ran."""
-        device = self.wqkv.device
+        device = self.w.wqkv.device
         blocks = [b for b in (16, 32, 64, 128) if b <= max(self.tiles.rows, triton.next_power_of_2(self.routed))]
         with torch.inference_mode():
             for block in blocks:
                 zeros = torch.zeros(block, dtype=torch.int64, device=device)
-                self(torch.zeros(block, self.hidden, dtype=self.wqkv.dtype, device=device), zeros, zeros)
+                self(torch.zeros(block, self.hidden, dtype=self.w.wqkv.dtype, device=device), zeros, zeros)
                 if self.stalled():
                     raise RuntimeError(f"the grid barrier stalled at {block} tokens: its {self.programs} programs "
                                        "were not all resident at once (fewer SMs than the device reports?)")
@@ -223,8 +232,9 @@ class PersistentDecoder:
             return torch.empty(*shape, dtype=dtype, device=residual.device)
 
         tiles, d = self.tiles, self.head_dim
-        return Workspace(residual=residual.clone(memory_format=torch.contiguous_format), positions=positions,
-                         seq_ids=seq_ids, h=new(t, self.hidden),
+        residual = residual.clone(memory_format=torch.contiguous_format)
+        return Workspace(residual=residual, positions=positions, seq_ids=seq_ids,
+                         h=residual if self.w.post else new(t, self.hidden),  # post-norm: the residual is h
                          qkv=new(tiles.split_qkv, t, self.qkv_size, dtype=torch.float32),
                          attn=new(t, self.heads * d), od=new(tiles.split_od, t, self.hidden, dtype=torch.float32),
                          act=new(t, self.inner), out=new(t, self.hidden),
@@ -237,14 +247,16 @@ class PersistentDecoder:
         before it left in `work` (the tests check phase by phase)."""
         tiles, d, t = self.tiles, self.head_dim, work.residual.shape[0]
         block_m = max(tiles.rows, triton.next_power_of_2(t))
-        args = (work.residual, work.h, work.qkv, work.attn, work.od, work.act, work.out, self.wqkv, self.wo,
-                self.wgu, self.wd, self.ln1, self.ln2, self.qn, self.kn, self.final, work.positions, work.seq_ids,
-                self.inv_freq, work.rope, self.flags, self.flags if clock is None else clock, t, self.eps,
-                self.scale, self.steps - 1)
+        w = self.w
+        args = (work.residual, work.h, work.qkv, work.attn, work.od, work.act, work.out, w.wqkv, w.wo, w.wgu, w.wd,
+                w.bqkv, w.bo, w.bgu, w.bd, w.ln1, w.ln1b, w.ln2, w.ln2b, w.final, w.final_b, w.qn, w.kn,
+                work.positions, work.seq_ids, w.inv_freq, work.rope, self.flags,
+                self.flags if clock is None else clock, t, self.eps, self.scale, self.steps - 1)
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tiles.qkv,
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
-                "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries), "BKEY": tiles.keys, "CAUSAL": self.causal,
+                "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries), "BKEY": tiles.keys,
+                "CAUSAL": self.causal, "POST": w.post, "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
                 "NPROG_P2": triton.next_power_of_2(self.programs), "CLOCK": clock is not None,
                 "FENCE": not INTERPRETED, "PHASES": PHASES, "SPINS": self.spins,
                 "PREFETCH": tiles.prefetch and not INTERPRETED, "num_warps": tiles.warps,
@@ -262,9 +274,10 @@ class PersistentDecoder:
 
 @dataclass
 class Workspace:
-    """One forward's buffers: the residual (updated in place), the norms' output h, the QKV's and the o and
-    down projections' float32 partials per slice of K ([slices, T, N]), attention's output, the gate-up's
-    SiLU(gate) * up, the final norm's output, and the RoPE table (float32 cos and sin [2, T, head_dim / 2])."""
+    """One forward's buffers: the residual (updated in place), the norms' output h (the residual itself when
+    post-norm), the QKV's and the o and down projections' float32 partials per slice of K ([slices, T, N]),
+    attention's output, the MLP's activations (SiLU(gate) * up, or GELU(up)), the final norm's output, and the
+    RoPE table (float32 cos and sin [2, T, head_dim / 2])."""
 
     residual: torch.Tensor
     positions: torch.Tensor
@@ -285,7 +298,7 @@ def attach(model, backend, routed: int) -> PersistentDecoder | None:
     through it, with `backend`'s forwards only). Returns it, or None with the reason logged."""
     if routed <= 0 or triton is None or not hasattr(model, "persistent"):
         return None
-    weight = model.embed_tokens.weight
+    weight = next(model.parameters())
     reason = unsupported(model) or ("weights not on CUDA" if not weight.is_cuda else None) or (
         None if weight.dtype in (torch.bfloat16, torch.float16) else f"{weight.dtype} weights (bf16 or fp16 only)")
     if reason:
@@ -300,35 +313,3 @@ def attach(model, backend, routed: int) -> PersistentDecoder | None:
     model.persistent = decoder
     log.info("persistent decoder on for batches of up to %d tokens (%d programs)", routed, decoder.programs)
     return decoder
-
-
-def unsupported(model) -> str | None:
-    """Why the persistent decoder cannot run this model, or None."""
-    layers = getattr(model, "layers", None)
-    if not layers or not hasattr(layers[0], "self_attn") or not hasattr(layers[0], "mlp"):
-        return "not a Qwen3-style decoder"
-    attn = layers[0].self_attn
-    if attn.q_norm is None or attn.qk_norm != "rms":
-        return "no Qwen3 QK-norm"
-    if attn.qkv_proj.bias is not None or attn.o_proj.bias is not None:
-        return "projection biases"
-    if any(w != FULL for w in model.windows):
-        return "sliding windows"
-    d = attn.head_dim
-    if d & (d - 1) or not 32 <= d <= 128:
-        return f"head_dim {d} (a power of two from 32 to 128)"
-    if attn.num_heads % attn.num_kv_heads:
-        return "q heads not a multiple of kv heads"
-    return None
-
-
-def _stack_params(modules) -> torch.Tensor:
-    """Stack the modules' weights along a new first dimension and point each module's weight at its view, one
-    layer at a time: each layer's own tensor is freed as its view replaces it (at most one layer's weight held
-    twice, not the whole kind)."""
-    first = modules[0].weight
-    stacked = torch.empty((len(modules), *first.shape), dtype=first.dtype, device=first.device)
-    for i, m in enumerate(modules):
-        stacked[i].copy_(m.weight.detach())
-        m.weight.data = stacked[i]
-    return stacked

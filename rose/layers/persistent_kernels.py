@@ -64,10 +64,13 @@ def _prefetch(w_ptr, pid, nprog, N: tl.constexpr, K: tl.constexpr, BN: tl.conste
                                           dtype=tl.int32, is_pure=False, pack=1)
 
 @triton.jit
-def _norm_rows(res_ptr, add_ptr, w_ptr, dst_ptr, T, pid, nprog, eps, add, poison,
-               H: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr):
-    """res += the sum of add's SPLIT float32 partials ([SPLIT, T, H], rounded once, when `add`), then
-    dst = RMSNorm(res) * w (NaN where `poison`: a barrier stalled); one row per program at a time."""
+def _norm_rows(res_ptr, add_ptr, add_b_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog, eps, add, poison,
+               H: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, LAYER_NORM: tl.constexpr,
+               POST: tl.constexpr, BIAS: tl.constexpr):
+    """x = res + the sum of add's SPLIT float32 partials ([SPLIT, T, H]) and its bias (BIAS), rounded once, when
+    `add`; dst = RMSNorm(x) * w, or LayerNorm(x) * w + b (LAYER_NORM); NaN where `poison` (a barrier stalled).
+    Pre-norm (Qwen3) keeps x as the residual; post-norm (POST, BERT: dst is res) the normed rows. One row per
+    program at a time."""
     offs = tl.arange(0, BLOCK_H)
     ok = offs < H
     w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -78,21 +81,29 @@ def _norm_rows(res_ptr, add_ptr, w_ptr, dst_ptr, T, pid, nprog, eps, add, poison
             y = tl.zeros([BLOCK_H], dtype=tl.float32)
             for s in tl.static_range(SPLIT):
                 y += tl.load(add_ptr + (s * T + r) * H + offs, mask=ok, other=0.0, cache_modifier=".cg")
+            if BIAS:
+                y += tl.load(add_b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) + y.to(dt).to(tl.float32)).to(dt)
-            tl.store(res_ptr + r * H + offs, x, mask=ok)
+            if not POST:
+                tl.store(res_ptr + r * H + offs, x, mask=ok)
         v = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
-        y = (v * rstd).to(dt).to(tl.float32) * w
+        if LAYER_NORM:  # torch's LayerNorm: float32 inside, rounded once
+            centred = tl.where(ok, v - tl.sum(v, axis=0) / H, 0.0)
+            rstd = tl.rsqrt(tl.sum(centred * centred, axis=0) / H + eps)
+            y = centred * rstd * w + tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        else:  # Qwen3's RMSNorm: w * round(x * rstd)
+            rstd = tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
+            y = (v * rstd).to(dt).to(tl.float32) * w
         tl.store(dst_ptr + r * H + offs, tl.where(poison, float("nan"), y).to(dt), mask=ok)
 
 @triton.jit
-def _gemm(a_ptr, w_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-          BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
+def _gemm(a_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+          BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, ACT: tl.constexpr):
     """a[T, K] @ w[N, K]^T, the work cut into (column tile, slice of K) items spread over the programs.
-    Plain: dst [SPLIT, T, N] float32, item (tile, s) storing the s-th slice's partial product (the phase
-    that reads dst sums the slices). GATED (SPLIT 1): w is [2N, K] (gate rows, then up rows) and
-    dst [T, N] = SiLU(a @ gate^T) * (a @ up^T) in dst's dtype, each product rounded first as the unfused
-    path does."""
+    ACT 0: dst [SPLIT, T, N] float32, item (tile, s) storing the s-th slice's partial product (the phase that
+    reads dst sums the slices and adds a bias). ACT 1 (SPLIT 1): w is [2N, K] (gate rows, then up rows) and
+    dst [T, N] = SiLU(a @ gate^T) * (a @ up^T) in dst's dtype, each product rounded first as the unfused path
+    does. ACT 2 (SPLIT 1): dst = GELU(a @ w^T + b) (erf), the product rounded first."""
     KS: tl.constexpr = K // SPLIT
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BK)
@@ -108,26 +119,33 @@ def _gemm(a_ptr, w_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.constexpr
                         cache_modifier=".cg")
             w = tl.load(w_ptr + rn[:, None] * K + k0 + rk[None, :])
             acc = tl.dot(a, tl.trans(w), acc)
-            if GATED:
+            if ACT == 1:
                 u = tl.load(w_ptr + (rn[:, None] + N) * K + k0 + rk[None, :])
                 acc_up = tl.dot(a, tl.trans(u), acc_up)
-        if GATED:
-            dt = dst_ptr.dtype.element_ty
+        dt = dst_ptr.dtype.element_ty
+        if ACT == 1:
             g = acc.to(dt).to(tl.float32)
             y = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)
+            tl.store(dst_ptr + rm[:, None] * N + rn[None, :], y.to(dt), mask=row_ok[:, None])
+        elif ACT == 2:
+            g = (acc + tl.load(b_ptr + rn).to(tl.float32)[None, :]).to(dt).to(tl.float32)
+            y = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
             tl.store(dst_ptr + rm[:, None] * N + rn[None, :], y.to(dt), mask=row_ok[:, None])
         else:
             part = dst_ptr + (item % SPLIT) * T * N
             tl.store(part + rm[:, None] * N + rn[None, :], acc, mask=row_ok[:, None])
 
 @triton.jit
-def _summed(part_ptr, like_ptr, cols, rm, ok, T, QKV_N: tl.constexpr, SPLIT: tl.constexpr):
-    """The QKV output at [rm, cols] from its SPLIT float32 partials, rounded to the activations' dtype (like_ptr's)
-    as a GEMM's output is."""
+def _summed(part_ptr, b_ptr, like_ptr, cols, rm, ok, T, QKV_N: tl.constexpr, SPLIT: tl.constexpr,
+            BIAS: tl.constexpr):
+    """The QKV output at [rm, cols] from its SPLIT float32 partials and its bias (BIAS), rounded to the
+    activations' dtype (like_ptr's) as a GEMM's output is."""
     acc = tl.zeros([rm.shape[0], cols.shape[0]], dtype=tl.float32)
     for s in tl.static_range(SPLIT):
         acc += tl.load(part_ptr + (s * T + rm[:, None]) * QKV_N + cols[None, :], mask=ok[:, None], other=0.0,
                        cache_modifier=".cg")
+    if BIAS:
+        acc += tl.load(b_ptr + cols).to(tl.float32)[None, :]
     return acc.to(like_ptr.dtype.element_ty).to(tl.float32)
 
 @triton.jit
@@ -135,8 +153,8 @@ def _norm_rope(qkv_ptr, like_ptr, col0, w_ptr, rm, ok, c, s, eps, T, QKV_N: tl.c
                SPLIT: tl.constexpr):
     """One head's [BLOCK_M, D] slice of the QKV output, RMS-normed by w and rotated: its two halves."""
     j = tl.arange(0, HALF)
-    n1 = _summed(qkv_ptr, like_ptr, col0 + j, rm, ok, T, QKV_N, SPLIT)
-    n2 = _summed(qkv_ptr, like_ptr, col0 + HALF + j, rm, ok, T, QKV_N, SPLIT)
+    n1 = _summed(qkv_ptr, qkv_ptr, like_ptr, col0 + j, rm, ok, T, QKV_N, SPLIT, False)
+    n2 = _summed(qkv_ptr, qkv_ptr, like_ptr, col0 + HALF + j, rm, ok, T, QKV_N, SPLIT, False)
     dt = like_ptr.dtype.element_ty
     rstd = tl.rsqrt((tl.sum(n1 * n1, axis=1) + tl.sum(n2 * n2, axis=1)) / (2 * HALF) + eps)[:, None]
     w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
@@ -168,14 +186,29 @@ def _rope_table(rope_ptr, rows, ok, T, HALF: tl.constexpr):
 
 
 @triton.jit
-def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, pid, nprog, eps, scale,
+def _head(qkv_ptr, b_ptr, like_ptr, col0, w_ptr, rope_ptr, rows, ok, eps, T, QKV_N: tl.constexpr,
+          HALF: tl.constexpr, SPLIT: tl.constexpr, BIAS: tl.constexpr, ROPE: tl.constexpr):
+    """One head's [rows, D] slice of the QKV output as its two halves: QK-normed and rotated (ROPE, Qwen3), or as
+    the projection gives it with its bias (BERT)."""
+    if ROPE:
+        c, s = _rope_table(rope_ptr, rows, ok, T, HALF)
+        return _norm_rope(qkv_ptr, like_ptr, col0, w_ptr, rows, ok, c, s, eps, T, QKV_N, HALF, SPLIT)
+    j = tl.arange(0, HALF)
+    dt = like_ptr.dtype.element_ty
+    return (_summed(qkv_ptr, b_ptr, like_ptr, col0 + j, rows, ok, T, QKV_N, SPLIT, BIAS).to(dt),
+            _summed(qkv_ptr, b_ptr, like_ptr, col0 + HALF + j, rows, ok, T, QKV_N, SPLIT, BIAS).to(dt))
+
+
+@triton.jit
+def _attention(qkv_ptr, b_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, pid, nprog, eps, scale,
                NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
-               BQ: tl.constexpr, BKEY: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr):
-    """Items of a q head and a block of BQ queries: QK-norm + RoPE of those queries, then over the keys of the
-    head's kv head BKEY at a time (QK-norm + RoPE of those keys, an online softmax), softmax(q k^T) v over the keys
-    of the query's own sequence (and no later ones when causal). q, k, v are summed from the QKV's partials. Keys
-    a block at a time keep the phase's registers low: all 128 keys' norm and RoPE at once (float32 [128 x 64]
-    tiles of k, cos and sin) made the whole kernel spill, its GEMM loops included (58 local loads at 128 tokens)."""
+               BQ: tl.constexpr, BKEY: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr,
+               BIAS: tl.constexpr, ROPE: tl.constexpr):
+    """Items of a q head and a block of BQ queries: those queries' half-heads (_head), then over the keys of the
+    head's kv head BKEY at a time (their half-heads, an online softmax), softmax(q k^T) v over the keys of the
+    query's own sequence (and no later ones when causal). q, k, v are summed from the QKV's partials. Keys a block
+    at a time keep the phase's registers low: all 128 keys' norm and RoPE at once (float32 [128 x 64] tiles of
+    k, cos and sin) made the whole kernel spill, its GEMM loops included (58 local loads at 128 tokens)."""
     D: tl.constexpr = 2 * HALF
     QKV_N: tl.constexpr = (NH + 2 * NKV) * D
     dt = attn_ptr.dtype.element_ty
@@ -186,8 +219,8 @@ def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, pid, npr
         rq = q0 + tl.arange(0, BQ)
         q_ok = rq < T
         g = hq // (NH // NKV)
-        cq, sq = _rope_table(rope_ptr, rq, q_ok, T, HALF)
-        q1, q2 = _norm_rope(qkv_ptr, attn_ptr, hq * D, qn_ptr, rq, q_ok, cq, sq, eps, T, QKV_N, HALF, SPLIT)
+        q1, q2 = _head(qkv_ptr, b_ptr, attn_ptr, hq * D, qn_ptr, rope_ptr, rq, q_ok, eps, T, QKV_N, HALF, SPLIT,
+                       BIAS, ROPE)
         q_seq = tl.load(seq_ptr + rq, mask=q_ok, other=-2)
         top = tl.minimum(T, q0 + BQ) if CAUSAL else T  # no key after the block's last query when causal
         best = tl.full([BQ], -1.0e30, dtype=tl.float32)
@@ -196,10 +229,10 @@ def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, pid, npr
         for k0 in tl.range(0, top, BKEY, num_stages=1):
             keys = k0 + tl.arange(0, BKEY)
             key_ok = keys < T
-            ck, sk = _rope_table(rope_ptr, keys, key_ok, T, HALF)
-            k1, k2 = _norm_rope(qkv_ptr, attn_ptr, (NH + g) * D, kn_ptr, keys, key_ok, ck, sk, eps, T, QKV_N,
-                                HALF, SPLIT)
-            v = _summed(qkv_ptr, attn_ptr, (NH + NKV + g) * D + dcols, keys, key_ok, T, QKV_N, SPLIT).to(dt)
+            k1, k2 = _head(qkv_ptr, b_ptr, attn_ptr, (NH + g) * D, kn_ptr, rope_ptr, keys, key_ok, eps, T, QKV_N,
+                           HALF, SPLIT, BIAS, ROPE)
+            v = _summed(qkv_ptr, b_ptr, attn_ptr, (NH + NKV + g) * D + dcols, keys, key_ok, T, QKV_N, SPLIT,
+                        BIAS).to(dt)
             key_seq = tl.load(seq_ptr + keys, mask=key_ok, other=-1)
             allowed = (q_seq[:, None] == key_seq[None, :]) & key_ok[None, :]
             if CAUSAL:
@@ -216,25 +249,32 @@ def _attention(qkv_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, pid, npr
 
 @triton.jit(do_not_specialize=["T", "final", "first", "last"])  # one compile per token block, not per count
 def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
-                    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, ln1_ptr, ln2_ptr, qn_ptr, kn_ptr, fin_ptr,
-                    pos_ptr, seq_ptr, inv_freq_ptr, rope_ptr, flags_ptr, clock_ptr, T, eps, scale, final, first,
-                    last,
-                    H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
-                    HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
-                    BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
-                    S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, BKEY: tl.constexpr, CAUSAL: tl.constexpr,
-                    NPROG_P2: tl.constexpr, CLOCK: tl.constexpr, PERSISTENT: tl.constexpr,
-                    FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr, PREFETCH: tl.constexpr):
+                   wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, bqkv_ptr, bo_ptr, bgu_ptr, bd_ptr,
+                   ln1_ptr, ln1b_ptr, ln2_ptr, ln2b_ptr, fin_ptr, finb_ptr, qn_ptr, kn_ptr,
+                   pos_ptr, seq_ptr, inv_freq_ptr, rope_ptr, flags_ptr, clock_ptr, T, eps, scale, final, first,
+                   last,
+                   H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
+                   HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
+                   BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, S_QKV: tl.constexpr,
+                   S_OD: tl.constexpr, BK: tl.constexpr, BQ: tl.constexpr, BKEY: tl.constexpr,
+                   CAUSAL: tl.constexpr, POST: tl.constexpr, LAYER_NORM: tl.constexpr, BIAS: tl.constexpr,
+                   ACT: tl.constexpr, ROPE: tl.constexpr, NPROG_P2: tl.constexpr, CLOCK: tl.constexpr,
+                   PERSISTENT: tl.constexpr, FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr,
+                   PREFETCH: tl.constexpr):
     """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
     last layer's is the final norm. qkv_ptr and od_ptr hold float32 partials of K's slices (S_QKV; S_OD for
-    the o and down projections), summed where they are read. PERSISTENT: a grid barrier after each step but
-    the last (and after the last too when CLOCK: program 0 then reads the clock once every program is done).
-    PREFETCH: each GEMM phase's weights are asked into L2 a phase early, where no weights stream (the norms for
-    the QKV and gate-up, attention for o) or after the gate-up's own work (for down)."""
+    the o and down projections), summed where they are read (with their biases, BIAS). The family: Qwen3 is
+    pre-norm, RMSNorm, SiLU-gated (ACT 1), QK-norm + RoPE (ROPE); BERT is post-norm (POST: h_ptr is res_ptr,
+    phase 0 of layer l > 0 is layer l - 1's output norm, ln1 holds those), LayerNorm, biases, GELU (ACT 2).
+    PERSISTENT: a grid barrier after each step but the last (and after the last too when CLOCK: program 0 then
+    reads the clock once every program is done). PREFETCH: each GEMM phase's weights are asked into L2 a phase
+    early, where no weights stream (the norms for the QKV and gate-up, attention for o) or after the gate-up's
+    own work (for down)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     D: tl.constexpr = 2 * HALF
     QKV_N: tl.constexpr = (NH + 2 * NKV) * D
+    GU_N: tl.constexpr = 2 * INNER if ACT == 1 else INNER  # the gate-up weight's rows
     if CLOCK and pid == 0:
         tl.store(clock_ptr + first, _globaltimer())
     for step in range(first, last):
@@ -243,38 +283,46 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
         if phase == 0:
             if step == final:
                 stalled = tl.load(flags_ptr + nprog, volatile=True) != 0
-                _norm_rows(res_ptr, od_ptr, fin_ptr, out_ptr, T, pid, nprog, eps, True, stalled, H, BLOCK_H, S_OD)
+                _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, fin_ptr, finb_ptr, out_ptr, T, pid, nprog,
+                           eps, True, stalled, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
             else:
                 if PREFETCH:
                     _prefetch(wqkv_ptr + layer * (QKV_N * H), pid, nprog, QKV_N, H, BN_QKV, S_QKV, False)
-                _norm_rows(res_ptr, od_ptr, ln1_ptr + layer * H, h_ptr, T, pid, nprog, eps, step > 0, False, H,
-                           BLOCK_H, S_OD)
-                if step == 0:
+                if POST:  # layer l - 1's output norm; the embeddings come normed
+                    if layer > 0:
+                        _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + (layer - 1) * H,
+                                   ln1b_ptr + (layer - 1) * H, h_ptr, T, pid, nprog, eps, True, False, H, BLOCK_H,
+                                   S_OD, LAYER_NORM, POST, BIAS)
+                else:
+                    _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + layer * H, ln1b_ptr + layer * H, h_ptr,
+                               T, pid, nprog, eps, step > 0, False, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
+                if ROPE and step == 0:
                     _rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, attn_ptr.dtype.element_ty, HALF)
         elif phase == 1:
-            _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M, BN_QKV, BK,
-                  S_QKV, False)
+            _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), bqkv_ptr, qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M,
+                  BN_QKV, BK, S_QKV, 0)
         elif phase == 2:
             if PREFETCH:
                 _prefetch(wo_ptr + layer * (H * NH * D), pid, nprog, H, NH * D, BN_O, S_OD, False)
-            _attention(qkv_ptr, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D, rope_ptr, seq_ptr, T, pid,
-                       nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, BKEY, CAUSAL, S_QKV)
+            _attention(qkv_ptr, bqkv_ptr + layer * QKV_N, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D,
+                       rope_ptr, seq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, BKEY, CAUSAL,
+                       S_QKV, BIAS, ROPE)
         elif phase == 3:
-            _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), od_ptr, T, pid, nprog, H, NH * D, BLOCK_M, BN_O, BK,
-                  S_OD, False)
+            _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), bo_ptr, od_ptr, T, pid, nprog, H, NH * D, BLOCK_M,
+                  BN_O, BK, S_OD, 0)
         elif phase == 4:
             if PREFETCH:
-                _prefetch(wgu_ptr + layer * (2 * INNER * H), pid, nprog, INNER, H, BN_GU, 1, True)
-            _norm_rows(res_ptr, od_ptr, ln2_ptr + layer * H, h_ptr, T, pid, nprog, eps, True, False, H, BLOCK_H,
-                       S_OD)
+                _prefetch(wgu_ptr + layer * (GU_N * H), pid, nprog, INNER, H, BN_GU, 1, ACT == 1)
+            _norm_rows(res_ptr, od_ptr, bo_ptr + layer * H, ln2_ptr + layer * H, ln2b_ptr + layer * H, h_ptr, T,
+                       pid, nprog, eps, True, False, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
         elif phase == 5:
-            _gemm(h_ptr, wgu_ptr + layer * (2 * INNER * H), act_ptr, T, pid, nprog, INNER, H, BLOCK_M, BN_GU,
-                  BK, 1, True)
+            _gemm(h_ptr, wgu_ptr + layer * (GU_N * H), bgu_ptr + layer * INNER, act_ptr, T, pid, nprog, INNER, H,
+                  BLOCK_M, BN_GU, BK, 1, ACT)
             if PREFETCH:
                 _prefetch(wd_ptr + layer * (H * INNER), pid, nprog, H, INNER, BN_D, S_OD, False)
         else:
-            _gemm(act_ptr, wd_ptr + layer * (H * INNER), od_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D, BK,
-                  S_OD, False)
+            _gemm(act_ptr, wd_ptr + layer * (H * INNER), bd_ptr, od_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D,
+                  BK, S_OD, 0)
         if PERSISTENT and (CLOCK or step < final):
             grid_barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2, FENCE, SPINS)
         if CLOCK and pid == 0:

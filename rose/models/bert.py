@@ -110,9 +110,16 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg, cfg["hidden_size"])
         self.encoder = BertEncoder(cfg)
 
+    # rose.layers.persistent_decoder.PersistentDecoder when attached (ROSE_PERSISTENT_DECODER): every layer of a
+    # batch of up to its routed bound in one kernel, for forwards with its backend (the runner's)
+    persistent = None
+
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         positions = meta.positions + self.position_offset if self.position_offset else meta.positions
         x = self.embeddings(meta.input_ids, positions, meta.token_types if self.token_types else None)
+        p = self.persistent
+        if p is not None and backend is p.backend and p.fits(meta.layout.tokens):
+            return p(x, positions, meta.seq_ids)
         attn = AttentionContext.build(backend, meta, causal=False, scale=self.scale)
         for layer in self.encoder.layer:
             x = layer(x, attn)

@@ -74,8 +74,65 @@ def main() -> int:
                     ok = err <= bound
                     failed += not ok
                     print(f"causal={causal} {name}: rel err {err:.2e} {'ok' if ok else 'MISMATCH'}")
-    failed += stalls() + phases(tiles)
+    failed += stalls() + phases(tiles) + bert(tiles)
     return 1 if failed else 0
+
+
+def tiny_bert(seed: int, hidden: int = 64, offset: int = 0):
+    import torch
+
+    from rose.models.bert import BertModel
+
+    cfg = {"vocab_size": 50, "hidden_size": hidden, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": hidden // 32, "max_position_embeddings": 80, "layer_norm_eps": 1e-12}
+    model = BertModel(cfg, position_offset=offset)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            base = 1.0 if "LayerNorm.weight" in name else 0.0
+            p.copy_(base + (0.1 if "LayerNorm" in name or "bias" in name else 0.15) * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+def bert(tiles) -> int:
+    """A BERT-style encoder (post-norm, LayerNorm, biases, GELU, no rotary) against BertModel's layer-by-layer
+    forward: ragged, padded, hidden 96 (the LayerNorm's masked columns), XLM-R's position offset; launched over
+    three programs and persistent on one; and routed through BertModel.forward."""
+    import torch
+
+    from rose import Batch
+    from rose.attention import make_backend
+    from rose.layers.persistent_decoder import PersistentDecoder
+    from rose.meta import ForwardMeta, MetaLayout, pack_batch
+
+    failed = 0
+    cases = [([5], None, 64, 0), ([3, 9, 1, 6], None, 64, 2), ([7, 7, 7], MetaLayout(tokens=24, seqs=4, rows=3), 64, 0),
+             ([30, 12], None, 64, 0), ([11, 4], None, 96, 0)]
+    for lens, layout, hidden, offset in cases:
+        model = tiny_bert(seed=len(lens), hidden=hidden, offset=offset)
+        gen = torch.Generator().manual_seed(sum(lens))
+        batch = Batch.from_sequences([torch.randint(3, 50, (n,), generator=gen).tolist() for n in lens])
+        host = pack_batch(batch, layout)
+        meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, host.max_seqlen, host)
+        backend = make_backend("sdpa", torch.device("cpu"), torch.float32)
+        with torch.no_grad():
+            expected = model(meta, backend)
+            embedded = model.embeddings(meta.input_ids, meta.positions + offset)
+            for programs, persistent in ((3, False), (1, True)):
+                decoder = PersistentDecoder(model, tiles, programs=programs)
+                got = decoder(embedded, meta.positions, meta.seq_ids, persistent=persistent)
+                err = ((got - expected).norm() / expected.norm()).item()
+                ok = err < 1e-4 and got.shape == expected.shape
+                failed += not ok
+                print(f"bert lens={lens} tokens={host.layout.tokens} hidden={hidden} offset={offset} "
+                      f"programs={programs} persistent={persistent}: rel err {err:.2e} {'ok' if ok else 'MISMATCH'}")
+            if lens == [30, 12]:
+                model.persistent = PersistentDecoder(model, tiles, programs=1, backend=backend)
+                err = ((model(meta, backend) - expected).norm() / expected.norm()).item()
+                model.persistent = None
+                failed += not err < 1e-4
+                print(f"bert routed through forward: rel err {err:.2e} {'ok' if err < 1e-4 else 'MISMATCH'}")
+    return failed
 
 
 def phases(tiles) -> int:

@@ -69,11 +69,11 @@ def check_phases(dec, embedded: torch.Tensor, positions: torch.Tensor, seq_ids: 
             dec.run(work, step, step + 1, persistent=False)
             what = f"layer {layer} phase {phase}"
             if phase == 0:
-                weight = dec.final if step == dec.steps - 1 else dec.ln1[layer]
+                weight = dec.w.final if step == dec.steps - 1 else dec.w.ln1[layer]
                 if step == 0:  # the embeddings, no add; and the RoPE table
                     assert torch.equal(work.residual, residual)
                     want = fused.rms_norm(residual, weight, dec.eps)
-                    freqs = positions.float()[:, None] * dec.inv_freq[None, :]
+                    freqs = positions.float()[:, None] * dec.w.inv_freq[None, :]
                     assert_within_a_step(work.rope[0], freqs.cos(), "RoPE cos")
                     assert_within_a_step(work.rope[1], freqs.sin(), "RoPE sin")
                 else:
@@ -83,25 +83,25 @@ def check_phases(dec, embedded: torch.Tensor, positions: torch.Tensor, seq_ids: 
                 got = work.out if step == dec.steps - 1 else work.h
                 assert_within_a_step(got, want, what)
             elif phase == 1:
-                assert_product(work.qkv, work.h, dec.wqkv[layer], what)
+                assert_product(work.qkv, work.h, dec.w.wqkv[layer], what)
             elif phase == 2:
                 qkv = _summed(work.qkv).to(work.h.dtype)
-                q, k = fused.qk_norm_rope(qkv, dec.qn[layer], dec.kn[layer], positions, dec.inv_freq,
+                q, k = fused.qk_norm_rope(qkv, dec.w.qn[layer], dec.w.kn[layer], positions, dec.w.inv_freq,
                                           dec.heads, dec.kv_heads, d, dec.eps)
                 v = qkv[:, q_size + kv_size:].reshape(-1, dec.kv_heads, d)
                 want = _reference_attention(q, k, v, seq_ids, causal)
                 err = ((work.attn.float() - want).norm() / want.norm()).item()
                 assert err < 1e-2, f"{what}: relative error {err:.2e}"
             elif phase == 3:
-                assert_product(work.od, work.attn, dec.wo[layer], what)
+                assert_product(work.od, work.attn, dec.w.wo[layer], what)
             elif phase == 4:
-                want, want_residual = fused.add_rms_norm(_summed(od).to(residual.dtype), residual, dec.ln2[layer],
+                want, want_residual = fused.add_rms_norm(_summed(od).to(residual.dtype), residual, dec.w.ln2[layer],
                                                          dec.eps)
                 assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
                 assert_within_a_step(work.h, want, what)
             elif phase == 5:
-                gate_up = (work.h.double() @ dec.wgu[layer].double().T).to(work.h.dtype)
+                gate_up = (work.h.double() @ dec.w.wgu[layer].double().T).to(work.h.dtype)
                 assert_within_a_step(work.act, fused.silu_mul(gate_up), what)
             else:
-                assert_product(work.od, work.act, dec.wd[layer], what)
+                assert_product(work.od, work.act, dec.w.wd[layer], what)
     return dec.steps

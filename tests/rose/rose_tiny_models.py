@@ -138,15 +138,16 @@ def _word_tokenizer(path: Path, eos_suffix: bool) -> None:
 
 
 def build_bert(root: Path, family: str = "bert", pooling: str = "mean", seed: int = 0,
-               sentencepiece: bool = False) -> TinyModel:
-    """bert | roberta | xlm-roberta; with sentencepiece=True an XLM-R folder holding only a .model."""
+               sentencepiece: bool = False, heads: int = 4) -> TinyModel:
+    """bert | roberta | xlm-roberta; with sentencepiece=True an XLM-R folder holding only a .model; `heads` of
+    hidden 64 (2: all-MiniLM's head dim of 32)."""
     from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel
 
-    name = f"tiny-{family}" + ("-spm" if sentencepiece else "")
+    name = f"tiny-{family}" + ("-spm" if sentencepiece else "") + (f"-h{heads}" if heads != 4 else "")
     path = root / name
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
-    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=heads,
                   intermediate_size=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     if family == "bert":
         cfg, cls, pad = BertConfig(max_position_embeddings=64, pad_token_id=0, **common), BertModel, 0

@@ -13,7 +13,7 @@ from tests.rose.interpreter import needs_triton, run_interpreted
 
 @needs_triton
 def test_kernel_matches_the_layer_by_layer_forward_under_the_interpreter():
-    run_interpreted("persistent_interpreted.py", cases=33)
+    run_interpreted("persistent_interpreted.py", cases=44)
 
 
 def test_unsupported_decoders_are_named():
@@ -139,3 +139,27 @@ def test_tiles_that_do_not_divide_a_projection_are_refused():
         Tiles(prefetch=True, k=32).check(1024, 4096, 2048, 3072)
     with pytest.raises(ValueError, match="keys per attention step"):
         Tiles(keys=24).check(1024, 4096, 2048, 3072)
+
+
+def test_bert_encoders_are_taken_and_their_tiles_fitted():
+    """BERT-style encoders (post-norm, LayerNorm, biases, GELU) are supported where the head dim is; tiles are
+    fitted to shapes the defaults do not divide (all-MiniLM's 384 = 3 x 128)."""
+    import torch
+
+    from rose.layers.persistent_decoder import Tiles, fit_tiles, unsupported
+    from rose.layers.persistent_models import shapes
+    from rose.models.bert import BertModel
+
+    cfg = {"vocab_size": 50, "hidden_size": 384, "intermediate_size": 1536, "num_hidden_layers": 2,
+           "num_attention_heads": 12, "max_position_embeddings": 64}
+    with torch.device("meta"):
+        minilm = BertModel(cfg)
+        assert unsupported(minilm) is None
+        assert shapes(minilm) == (12, 12, 32, 384, 1536)
+        assert "head_dim 16" in unsupported(BertModel({**cfg, "num_attention_heads": 24}))
+        assert "GELU" in unsupported(BertModel({**cfg, "hidden_act": "gelu_new"}))
+    assert fit_tiles(1024, 4096, 2048, 3072) == Tiles()  # Qwen3-0.6B: the defaults
+    tiles = fit_tiles(384, 1152, 384, 1536)
+    assert (tiles.k, tiles.split_qkv, tiles.split_od) == (128, 3, 3)
+    tiles.check(384, 1152, 384, 1536)
+    fit_tiles(768, 2304, 768, 3072).check(768, 2304, 768, 3072)  # BERT-base, BGE-base, E5-base
