@@ -41,9 +41,12 @@ COALESCED = Histogram("ivy_requests_per_call", "Requests sharing one gRPC call (
                       buckets=(1, 2, 4, 8, 16, 32, 64))
 RETRIES = Counter("ivy_chunk_retries", "Chunks retried on another replica", ["reason"])
 CONNECTIONS_REFUSED = Counter("ivy_connections_refused", "Connections answered and closed by ivy.connections' limits "
-                              "(header_too_large, header_timeout, connection_cap, send_timeout)", ["reason"])
+                              "(header_too_large, header_timeout, connection_cap, send_timeout; drain_too_large, "
+                              "drain_timeout: the rest of a body answered early)", ["reason"])
 REPLICA_UP = Gauge("ivy_replica_up", "1 when the replica is SERVING the expected model", ["replica"],
                    multiprocess_mode="livemax")
+REPLICA_GONE = -1.0  # ivy_replica_up of a replica gone from DNS: below 0 and 1, so a worker that still routes
+# to it wins the max; left out of /metrics (render)
 OUTSTANDING = Gauge("ivy_replica_outstanding_tokens", "Tokens sent to a replica and not answered", ["replica"],
                     multiprocess_mode="livesum")
 REPLICAS = Gauge("ivy_replicas", "Tulip replicas routed to (configured, or resolved from DNS)",
@@ -85,8 +88,22 @@ def render() -> tuple[bytes, str]:
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(_WithoutGone(registry)), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+class _WithoutGone:
+    """A registry's metrics without the ivy_replica_up series of replicas every worker has forgotten (gone from
+    DNS): multiprocess mode keeps a child's last value for as long as the worker lives."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self):
+        for metric in self.registry.collect():
+            if metric.name == REPLICA_UP._name:
+                metric.samples = [s for s in metric.samples if s.value != REPLICA_GONE]
+            yield metric
 
 
 REQUEST_ID: ContextVar[str] = ContextVar("ivy_request_id", default="")

@@ -186,8 +186,10 @@ class Replica:
         await self.channel.close()
 
     def forget(self) -> None:
-        """Gone for good (left DNS): its up gauge reads 0, and is dropped where the registry allows."""
-        metrics.REPLICA_UP.labels(self.address).set(0)
+        """Gone for good (left DNS): its up gauge is dropped; with several workers (multiprocess mode, where a
+        child cannot be removed) it is set to REPLICA_GONE, which /metrics leaves out (ivy.metrics.render): a 0
+        left behind would read as a replica down (the TulipReplicaDown alert) after every rollout."""
+        metrics.REPLICA_UP.labels(self.address).set(metrics.REPLICA_GONE)
         try:
             metrics.REPLICA_UP.remove(self.address)
         except KeyError:

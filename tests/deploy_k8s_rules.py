@@ -66,6 +66,8 @@ def check_hardening(objects: dict, files: dict) -> None:
     for where, pod in pod_specs(objects).items():
         ctx = pod.get("securityContext", {})
         assert ctx.get("runAsNonRoot") is True, f"k8s {where}: runAsNonRoot"
+        assert pod.get("automountServiceAccountToken") is False, \
+            f"k8s {where}: automountServiceAccountToken must be false (no container talks to the API server)"
         images = {c["image"].rsplit("/", 1)[-1].split(":")[0] for c in pod["containers"]}
         for kind in images & set(files):
             uid = int(files[kind].user.split(":")[0])
@@ -76,6 +78,32 @@ def check_hardening(objects: dict, files: dict) -> None:
             assert "ALL" in sc.get("capabilities", {}).get("drop", []), f"k8s {where} {c['name']}: drop ALL"
             assert sc.get("readOnlyRootFilesystem") is True, f"k8s {where} {c['name']}: readOnlyRootFilesystem"
             assert c.get("resources", {}).get("requests"), f"k8s {where} {c['name']}: no resource requests"
+
+
+def _spread_over_nodes(pod: dict, labels: dict) -> bool:
+    """A topology spread over nodes, or a pod anti-affinity on the node, among the pods of these labels."""
+    spreads = [c for c in pod.get("topologySpreadConstraints", []) if c["topologyKey"] == "kubernetes.io/hostname"
+               and c.get("maxSkew") == 1 and _selects(c.get("labelSelector", {}), labels)]
+    anti = pod.get("affinity", {}).get("podAntiAffinity", {})
+    terms = [*anti.get("requiredDuringSchedulingIgnoredDuringExecution", []),
+             *(t["podAffinityTerm"] for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution", []))]
+    return bool(spreads) or any(t["topologyKey"] == "kubernetes.io/hostname"
+                                and _selects(t.get("labelSelector", {}), labels) for t in terms)
+
+
+def check_scheduling(objects: dict) -> None:
+    """Where the pods land: each service's replicas spread over nodes (a PodDisruptionBudget guards only
+    voluntary evictions: two gateways on one node go down together when it fails), and Tulip tolerates the
+    taint GPU nodes commonly carry (nvidia.com/gpu), or it never schedules on them."""
+    for kind, name in (("Deployment", "ivy"), ("StatefulSet", "tulip")):
+        template = objects[(kind, name)]["spec"]["template"]
+        assert _spread_over_nodes(template["spec"], template["metadata"]["labels"]), \
+            f"k8s {kind}/{name}: no topologySpreadConstraints (maxSkew 1) or pod anti-affinity over " \
+            "kubernetes.io/hostname selecting its own pods"
+    pod = objects[("StatefulSet", "tulip")]["spec"]["template"]["spec"]
+    assert any(t.get("key") == "nvidia.com/gpu" and t.get("operator") == "Exists"
+               and t.get("effect") in (None, "NoSchedule") for t in pod.get("tolerations", [])), \
+        "k8s StatefulSet/tulip: no toleration of the nvidia.com/gpu taint GPU nodes carry"
 
 
 def _claim_mounts(pod: dict, claim: str) -> list[tuple[dict, dict]]:
@@ -225,7 +253,34 @@ def check_service_monitors(objects: dict, files: dict) -> None:
                 assert target == ports["http"], f"ServiceMonitor {service_name}: port {target}"
 
 
-ALERTS = {"TulipQueueSaturated", "TulipReplicaDown", "GatewayLatencyP99High", "RoseGraphCaptureFailed"}
+ALERTS = {"TulipQueueSaturated", "TulipReplicaDown", "GatewayLatencyP99High", "RoseGraphCaptureFailed", "TulipNotReady"}
+CRASHLOOP_BACKOFF_CAP_S = 300  # kubelet's longest wait before it starts a crashed or killed container again
+START_TO_METRICS_S = 60  # a restarted Tulip's process start to a scrape-able /metrics (imports, then bind)
+
+
+def duration_s(text: str) -> float:
+    """A Prometheus duration (30s, 10m, 1h30m) in seconds."""
+    parts = re.findall(r"(\d+)(ms|s|m|h|d)", str(text))
+    assert parts and "".join(n + u for n, u in parts) == str(text), f"not a Prometheus duration: {text!r}"
+    return sum(int(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[u] for n, u in parts)
+
+
+def _check_over_restarts(rule: dict, scrape_interval_s: float, start_period_s: float) -> None:
+    """An alert on tulip_ready must outlive the container restarts that come with not being ready: the startup
+    probe restarts a Tulip not SERVING in its budget, one that refuses to serve exits, the liveness probe
+    restarts a stalled one. Each restart leaves a scrape gap (stale series), and Prometheus drops a pending
+    alert whose series is missing at one evaluation, so a plain `tulip_ready == 0` with a `for` longer than
+    one attempt never fires. A max_over_time window wider than the longest gap bridges them; its `for` covers
+    a normal start (the image's health-check start period), else every starting pod fires."""
+    expr, where = rule["expr"], f"alert {rule['alert']}"
+    windows = re.findall(r"max_over_time\(\s*tulip_ready(?:\{[^}]*\})?\[(\w+)\]\)", expr)
+    assert windows and len(windows) == len(re.findall(r"\btulip_ready\b", expr)), \
+        f"{where}: tulip_ready outside max_over_time: each restart's scrape gap resets its `for` ({expr})"
+    gap = CRASHLOOP_BACKOFF_CAP_S + START_TO_METRICS_S + 2 * scrape_interval_s
+    for window in windows:
+        assert duration_s(window) > gap, f"{where}: window {window} <= the longest scrape gap of a restart ({gap} s)"
+    assert duration_s(rule.get("for", "0s")) >= start_period_s, \
+        f"{where}: `for` {rule.get('for', '0s')} shorter than a start ({start_period_s} s): every new pod fires"
 
 
 def check_alerts(objects: dict, files: dict, exported: set[str]) -> None:
@@ -239,7 +294,13 @@ def check_alerts(objects: dict, files: dict, exported: set[str]) -> None:
     anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
                for h in re.findall(r"^#+ (.+)$", RUNBOOK.read_text(), re.M)}
     cap = _tulip_config(objects, files).max_queue_tokens
+    (monitor,) = [o for (k, _), o in objects.items() if k == "ServiceMonitor"
+                  and _selects(o["spec"]["selector"], objects[("Service", "tulip-headless")]["metadata"]["labels"])]
+    interval = max(duration_s(e.get("interval", "30s")) for e in monitor["spec"]["endpoints"])
+    start_period = duration_s(files["tulip"].healthcheck_options.get("start-period", "0s"))
     for rule in rules:
+        if "tulip_ready" in rule["expr"]:
+            _check_over_restarts(rule, interval, start_period)
         expr, where = rule["expr"], f"alert {rule['alert']}"
         used = set(re.findall(r"\b(?:ivy|tulip|rose)_[a-z_]+", expr))
         assert used and used <= exported, f"{where}: queries {sorted(used - exported)}, which nobody exports"

@@ -120,6 +120,13 @@ def _check_ready_timeouts(command: str, check_timeout: float, config, where: str
     assert check_timeout > float(found[1]), f"{where}: killed ({check_timeout} s) before its request times out"
 
 
+def _check_gateway_grace(grace_s: float, config, where: str) -> None:
+    """On SIGTERM the gateway serves on for its drain delay, then finishes what is in flight (a request lives up
+    to --request-timeout-s): a grace period shorter than both kills accepted requests mid-way (SIGKILL)."""
+    need = config.drain_delay_s + config.request_timeout_s
+    assert grace_s > need, f"{where}: {grace_s} s, not above drain delay + request timeout ({need} s)"
+
+
 def check_compose(compose: dict, files: dict, host: dict[str, str]) -> None:
     tulips, ivys, others = {}, {}, {}
     for name, service in compose["services"].items():
@@ -164,6 +171,7 @@ def check_compose(compose: dict, files: dict, host: dict[str, str]) -> None:
         assert found and (int(found[1]), found[2]) == (config.port, "/ready"), f"{where}: healthcheck URL"
         _check_ready_timeouts(" ".join(service["healthcheck"]["test"]),
                               _seconds(service["healthcheck"].get("timeout", "30s")), config, f"{where} healthcheck")
+        _check_gateway_grace(_seconds(service.get("stop_grace_period", "10s")), config, f"{where} stop_grace_period")
         for replica in config.replicas:
             target, _, port = replica.rpartition(":")
             assert target in served and int(port) == served[target][0].port, \
@@ -236,14 +244,23 @@ def check_k8s(objects: dict, files: dict) -> None:
     for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/health")):
         assert ivy[probe]["httpGet"]["path"] == path and probe_port(ivy[probe], ivy) == ivy_config.port, \
             f"k8s ivy {probe}: must be GET {path} on port {ivy_config.port}"
+    _check_gateway_grace(deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30), ivy_config,
+                         "k8s ivy terminationGracePeriodSeconds")
     timeout = ivy["readinessProbe"].get("timeoutSeconds", 1)
     assert timeout > ready_seconds(ivy_config), \
         f"k8s ivy readinessProbe: timeoutSeconds {timeout} <= {ready_seconds(ivy_config)} s, the longest /ready"
     # Tulip's replicas come and go with the autoscaler: Ivy finds them through the headless Service's name.
     namespace = service["metadata"].get("namespace", "default")
     expected = f"{service['metadata']['name']}.{namespace}.svc.cluster.local:{tulip_config.port}"
-    dns = k8s_env(ivy).get(REPLICAS_DNS_ENV)
-    assert dns == expected, f"k8s ivy: {REPLICAS_DNS_ENV}={dns}, not {expected}"
+    dns = k8s_env(ivy).get(REPLICAS_DNS_ENV, "")
+    name, _, port = dns.rpartition(":")
+    assert f"{name.rstrip('.')}:{port}" == expected, f"k8s ivy: {REPLICAS_DNS_ENV}={dns}, not {expected}"
+    # Resolved every health interval in every worker: a relative name with fewer dots than ndots (5 unless the
+    # pod's dnsConfig says otherwise) is tried under each search domain first, each a failed A+AAAA pair.
+    options = deployment["spec"]["template"]["spec"].get("dnsConfig", {}).get("options", [])
+    ndots = next((int(o["value"]) for o in options if o["name"] == "ndots"), 5)
+    assert name.endswith(".") or name.count(".") >= ndots, \
+        f"k8s ivy: {REPLICAS_DNS_ENV}={dns} walks the search list at every resolution (ndots {ndots}): end it with '.'"
     assert "IVY_REPLICAS" not in k8s_env(ivy), "k8s ivy: a fixed IVY_REPLICAS list cannot follow the autoscaler"
     assert ivy_config.model == tulip_config.model, f"k8s: IVY_MODEL {ivy_config.model} != TULIP_MODEL"
     assert claim_at(deployment, ivy, ivy_config.model) == tulip_claim, "k8s: Ivy and Tulip mount other models"

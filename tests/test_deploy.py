@@ -41,6 +41,7 @@ from deploy_k8s_rules import (
     check_model_volume,
     check_network_policy,
     check_persistent_caches,
+    check_scheduling,
     check_schemas,
     check_service_monitors,
 )
@@ -119,6 +120,7 @@ COMPOSE_BREAKAGES = {
     "ivy tokenizes another model": lambda c: _env(c["services"]["ivy"], IVY_MODEL=""),
     "kernels into another cache": lambda c: c["services"]["kernels"].update(
         command=["build-kernels", "/models/model", "--cache-dir", "/tmp/k"]),
+    "ivy killed before its requests end": lambda c: c["services"]["ivy"].pop("stop_grace_period"),
     "ivy healthcheck killed before its request ends": lambda c: c["services"]["ivy"]["healthcheck"].update(
         timeout="3s"),
 }
@@ -159,6 +161,8 @@ K8S_BREAKAGES = {
         path="/health"),
     "ivy finds another Service": lambda o: _k8s_env(o, "ivy", "IVY_REPLICAS_DNS",
                                                     "tulip.embeddings.svc.cluster.local:50051"),
+    "ivy resolves a relative name": lambda o: _k8s_env(o, "ivy", "IVY_REPLICAS_DNS",
+                                                       "tulip-headless.embeddings.svc.cluster.local:50051"),
     "ivy with a fixed replica list": lambda o: _k8s_env(o, "ivy", "IVY_REPLICAS", "tulip-0.tulip-headless:50051"),
     "ivy readiness shorter than /ready": lambda o: _k8s_container(o, "ivy")["readinessProbe"].update(timeoutSeconds=2),
     "unknown TULIP_ variable": lambda o: _k8s_env(o, "tulip", "TULIP_MODEL_DIR", "/models/model"),
@@ -169,6 +173,7 @@ K8S_BREAKAGES = {
     "no GPU": lambda o: _k8s_container(o, "tulip")["resources"]["limits"].pop("nvidia.com/gpu"),
     "tulip framed port not declared": lambda o: _k8s_container(o, "tulip")["ports"].pop(1),
     "framed port differs from TULIP_FRAMED_PORT": lambda o: _k8s_env(o, "tulip", "TULIP_FRAMED_PORT", "50252"),
+    "ivy killed before its drain and requests end": lambda o: _k8s_env(o, "ivy", "IVY_DRAIN_DELAY_S", "15"),
     "service targets no port": lambda o: o[("Service", "tulip-headless")]["spec"]["ports"][0].update(targetPort="rpc"),
 }
 
@@ -242,6 +247,7 @@ K8S_RULES = {
     "model volume": check_model_volume,
     "persistent caches": check_persistent_caches,
     "disruption budgets": check_disruption_budgets,
+    "scheduling": check_scheduling,
     "network policy": check_network_policy,
     "autoscaling": lambda o: check_autoscaling(o, dockerfiles()),
     "service monitors": lambda o: check_service_monitors(o, dockerfiles()),
@@ -285,6 +291,14 @@ K8S_RULE_BREAKAGES = {
                                                                               "/tmp/triton")),
     "no Triton cache set": ("persistent caches", lambda o: _k8s_container(o, "tulip").update(env=[
         e for e in _k8s_container(o, "tulip")["env"] if e["name"] != "TRITON_CACHE_DIR"])),
+    "service account token mounted": ("hardening", lambda o: _pod(o, "tulip").update(
+        automountServiceAccountToken=True)),
+    "gateways may share one node": ("scheduling", lambda o: _pod(o, "ivy").pop("topologySpreadConstraints")),
+    "gateway spread over other pods": ("scheduling", lambda o: [c["labelSelector"]["matchLabels"].update(
+        app="ivy-old") for c in _pod(o, "ivy")["topologySpreadConstraints"]]),
+    "tulips spread over zones only": ("scheduling", lambda o: _pod(o, "tulip")["topologySpreadConstraints"][0].update(
+        topologyKey="topology.kubernetes.io/zone")),
+    "tulip does not tolerate the GPU taint": ("scheduling", lambda o: _pod(o, "tulip").pop("tolerations")),
     "no PDB for ivy": ("disruption budgets", lambda o: o.pop(("PodDisruptionBudget", "ivy"))),
     "gRPC open to every pod": ("network policy", lambda o: _policy_rules(o)[0].update(
         **{"from": [{"podSelector": {}}]})),
@@ -309,6 +323,12 @@ K8S_RULE_BREAKAGES = {
         expr="rose_pinned_bytes_in_use / rose_pinned_bytes_cap > 0.9")),
     "alert on another queue cap": ("alerts", lambda o: _rule(o, "TulipQueueSaturated").update(
         expr=_rule(o, "TulipQueueSaturated")["expr"].replace("262144", "131072"))),
+    "not-ready alert reset by each restart": ("alerts", lambda o: _rule(o, "TulipNotReady").update(
+        expr='tulip_ready{namespace="embeddings"} == 0', **{"for": "10m"})),
+    "not-ready window narrower than a restart's gap": ("alerts", lambda o: _rule(o, "TulipNotReady").update(
+        expr=_rule(o, "TulipNotReady")["expr"].replace("[10m]", "[5m]"))),
+    "not-ready alert on every starting pod": ("alerts", lambda o: _rule(o, "TulipNotReady").update(
+        **{"for": "30s"})),
     "alert links no runbook section": ("alerts", lambda o: _rule(o, "TulipNotReady")["annotations"].update(
         runbook_url="deploy/RUNBOOK.md#nowhere")),
 }
