@@ -33,12 +33,14 @@ def _too_large(limit: int, what: str = "request body") -> IvyError:
 
 
 class _Inflater:
-    """Incremental gzip/deflate decoder that never produces more than `limit` bytes in total."""
+    """Incremental gzip/deflate decoder that never produces more than `limit` bytes in total. A gzip body may
+    hold several members back to back (RFC 1952), each inflated in turn; anything else after the end of a
+    stream, or a stream without its end, is refused as corrupt (never a part of the body silently dropped)."""
 
     def __init__(self, encoding: str, limit: int) -> None:
-        wbits = _ZLIB_WBITS[encoding]
+        self._wbits = _ZLIB_WBITS[encoding]
         self._raw_deflate = encoding == "deflate"
-        self._obj = zlib.decompressobj(wbits)
+        self._obj = zlib.decompressobj(self._wbits)
         self._limit = limit
         self._size = 0
         self._parts: list[bytes] = []
@@ -46,9 +48,13 @@ class _Inflater:
     def feed(self, data: bytes) -> None:
         try:
             while data:
+                if self._obj.eof:  # a stream ended with more to come: only gzip's next member may follow
+                    if self._wbits != _ZLIB_WBITS["gzip"]:
+                        raise zlib.error("data after the end of the deflate stream")
+                    self._obj = zlib.decompressobj(self._wbits)
                 out = self._obj.decompress(data, self._limit + 1 - self._size)
                 self._take(out)
-                data = self._obj.unconsumed_tail
+                data = self._obj.unused_data if self._obj.eof else self._obj.unconsumed_tail
         except zlib.error:
             if self._raw_deflate and self._size == 0 and not self._parts:
                 # Some clients send raw DEFLATE (no zlib header) as "deflate": retry that way once.
@@ -69,6 +75,8 @@ class _Inflater:
             self._take(self._obj.flush())
         except zlib.error:
             raise IvyError(Problem.INVALID_JSON, "the compressed body is corrupt", param="body") from None
+        if not self._obj.eof:
+            raise IvyError(Problem.INVALID_JSON, "the compressed body is truncated", param="body")
         return b"".join(self._parts)
 
 

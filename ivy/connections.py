@@ -19,8 +19,12 @@ descriptor. `ivy serve` runs these subclasses of uvicorn's protocols instead (RE
 
 Bytes are counted only between requests (no request of this connection in progress), where every byte
 received is part of the next request's line or headers, so the count is exact and the hot path pays two
-attribute checks per read. The limits are set per process by `configure()` (from create_app, which every
-worker runs) because uvicorn hands its protocols only its own config.
+attribute checks per read. An answer given before its body was read (a bad header, a body over the cap) leaves
+the rest of that body to come: uvicorn discards it, and it is not the next request's headers. It is drained
+up to the body cap and within the header timeout, else the connection is closed without a second answer
+(counted as headers, it drew an unasked-for 431 that the client's next request read: RELIABILITY 44).
+The limits are set per process by `configure()` (from create_app, which every worker runs) because uvicorn
+hands its protocols only its own config.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import logging
 import resource
 from dataclasses import dataclass
 
+import h11
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -49,6 +54,7 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     max_connections: int = 0  # 0: no cap
     send_timeout_s: float = 30.0  # 0: never
+    max_drain_bytes: int = 2 * 1024 * 1024  # the rest of a body answered early, read and discarded
 
     @classmethod
     def from_config(cls, config: IvyConfig) -> ConnectionLimits:
@@ -56,7 +62,8 @@ class ConnectionLimits:
         if cap == 0:  # auto: what this process's open-file limit leaves room for
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
             cap = 0 if soft == resource.RLIM_INFINITY else max(64, soft - FD_RESERVE)
-        return cls(config.max_header_bytes, config.header_read_timeout_s, cap, config.send_timeout_s)
+        return cls(config.max_header_bytes, config.header_read_timeout_s, cap, config.send_timeout_s,
+                   config.payload_limit_bytes)
 
 
 LIMITS = ConnectionLimits()
@@ -87,6 +94,7 @@ class _Limits:
     cycle (a new one per request whose headers are complete), transport, loop and the keep-alive timer."""
 
     _header_bytes = 0
+    _drained = 0  # bytes of an answered request's body that arrived after its answer
     _header_timer: asyncio.TimerHandle | None = None
     _send_timer: asyncio.TimerHandle | None = None
 
@@ -102,19 +110,31 @@ class _Limits:
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
         between = cycle is None or cycle.response_complete  # these bytes begin or continue the next request
+        draining = between and not self._body_received()  # ... or end the body of one answered early
         super().data_received(data)
         if not between or self.transport.is_closing():
             return
         if self.cycle is not cycle:  # its headers are complete: a new request has started
-            self._header_bytes = 0
+            self._header_bytes = self._drained = 0
             self._cancel_header_timer()
             return
-        self._header_bytes += len(data)
+        if draining:
+            self._drained += len(data)
+            if self._drained > LIMITS.max_drain_bytes:
+                metrics.CONNECTIONS_REFUSED.labels("drain_too_large").inc()
+                self.transport.close()  # answered already: nothing more is written
+                return
+        else:
+            self._header_bytes += len(data)
         if self._header_bytes > LIMITS.max_header_bytes:
             self._refuse(Problem.HEADERS_TOO_LARGE, "the request line and headers are larger than the limit of "
                          f"{LIMITS.max_header_bytes} bytes", "header_too_large")
         elif self._header_timer is None:
             self._header_timer = self.loop.call_later(LIMITS.header_timeout_s, self._header_timeout, cycle)
+
+    def _body_received(self) -> bool:
+        """The current request's body has arrived whole (or there is no request yet)."""
+        raise NotImplementedError
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
@@ -153,7 +173,10 @@ class _Limits:
 
     def _header_timeout(self, cycle) -> None:
         self._header_timer = None
-        if self.cycle is cycle and not self.transport.is_closing():  # still no new request: headers incomplete
+        if self.cycle is cycle and not self.transport.is_closing() and not self._body_received():
+            metrics.CONNECTIONS_REFUSED.labels("drain_timeout").inc()  # the rest of a body answered early
+            self.transport.close()
+        elif self.cycle is cycle and not self.transport.is_closing():  # still no new request: headers incomplete
             self._refuse(Problem.HEADER_TIMEOUT, f"the request headers did not arrive within "
                          f"{LIMITS.header_timeout_s:g} s", "header_timeout")
 
@@ -171,7 +194,8 @@ class _Limits:
 
 
 class H11Limits(_Limits, H11Protocol):
-    pass
+    def _body_received(self) -> bool:
+        return self.conn.their_state is not h11.SEND_BODY
 
 
 try:
@@ -180,4 +204,11 @@ except ImportError:  # uvicorn without its [standard] extra
     HttpToolsProtocol = None
 else:
     class HttpToolsLimits(_Limits, HttpToolsProtocol):
-        pass
+        _received = None  # the cycle whose request the parser has read to its end
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()  # (which ignores it once answered)
+            self._received = self.cycle
+
+        def _body_received(self) -> bool:
+            return self.cycle is None or self._received is self.cycle

@@ -22,6 +22,7 @@ class Inputs:
 
     texts: list[str] | None = None
     ids: list[list[int]] | None = None
+    flat: bool = False  # ids sent as one flat list: errors name input[j] and input, not input[0][j]
 
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.ids or [])
@@ -72,7 +73,7 @@ def parse_inputs(value: Any, name: str = "input") -> Inputs:
     if _is_int(first):
         if not _all_ints(value):
             raise _wrong(f"{name}[{_first_not_int(value)}]", "a token id (integer) like the other elements")
-        return Inputs(ids=[value])
+        return Inputs(ids=[value], flat=True)
     if isinstance(first, list):
         for i, seq in enumerate(value):
             if not isinstance(seq, list):

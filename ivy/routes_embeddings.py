@@ -75,7 +75,7 @@ async def encode_inputs(gw, inputs, *, route: str, param: str, truncate: bool | 
         seqs = await gw.encoder.encode_texts(inputs.texts, truncate=truncate, side=side,
                                              prompt=gw.encoder.prompt_for(*prompt), param=param)
     else:
-        seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param)
+        seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param, flat=inputs.flat)
     metrics.INPUTS.labels(route).inc(len(seqs))
     metrics.TOKENS.labels(route).inc(sum(map(len, seqs)))
     return seqs

@@ -172,20 +172,23 @@ class InputEncoder:
     # ---- token ids ----
 
     async def check_ids(self, seqs: list[list[int]], *, truncate: bool, side: str,
-                        param: str = "input") -> list[np.ndarray]:
+                        param: str = "input", flat: bool = False) -> list[np.ndarray]:
         # On the loop whatever the size: reading Python ints into an array holds the GIL, so a pool thread would
         # block the loop as long and add two thread hand-offs (benchmarks/NOTES.md, "Token ids in the gateway").
-        return await self._run(self._check_ids, seqs, truncate, side, param, size=0)
+        return await self._run(self._check_ids, seqs, truncate, side, param, flat, size=0)
 
-    def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str, param: str) -> list[np.ndarray]:
-        """Each sequence checked (vocabulary, length) and returned as an int32 array, truncated if asked."""
+    def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str, param: str,
+                   flat: bool = False) -> list[np.ndarray]:
+        """Each sequence checked (vocabulary, length) and returned as an int32 array, truncated if asked.
+        flat: `seqs` is the one list the client sent as `param` itself (errors name param[j], not param[0][j])."""
         vocab = self.vocab_limit
         out = []
         for i, seq in enumerate(seqs):
-            seq = _check_vocab(seq, f"{param}[{i}]", vocab)
+            where = param if flat else f"{param}[{i}]"
+            seq = _check_vocab(seq, where, vocab)
             if len(seq) > self.max_length:
                 if not truncate:
-                    raise too_long(f"{param}[{i}]", len(seq), self.max_length)
+                    raise too_long(where, len(seq), self.max_length)
                 seq = seq[: self.max_length] if side == "right" else seq[-self.max_length:]
             out.append(seq)
         return out

@@ -56,6 +56,33 @@ def test_gzip_bomb_is_413_and_small_gzip_works(fake) -> None:
     assert brotli.status_code == 415
 
 
+def test_a_compressed_body_is_read_whole_or_refused(fake) -> None:
+    """RELIABILITY 45: gzip members back to back are one body (RFC 1952; what `gzip.decompress` and streaming
+    compressors produce); only the first was read, so a JSON body split over two was a 400, and whatever
+    followed a first member or a deflate stream (a second document, garbage) was dropped without a word, as
+    was a stream cut before its end. Now every member is inflated, under the same cap; anything else after a
+    stream, or a stream that never ends, is a 400 naming the body."""
+    body = json.dumps({"input": ["hello world"]}).encode()
+    half = len(body) // 2
+    with gateway(fake, payload_limit_bytes=LIMIT) as client:
+        members = _post(client, gzip.compress(body[:half]) + gzip.compress(body[half:]), {"Content-Encoding": "gzip"})
+        bomb = _post(client, gzip.compress(b'{"input": "') + gzip.compress(b"a" * 10 * LIMIT + b'"}'),
+                     {"Content-Encoding": "gzip"})
+        refused = [_post(client, data, {"Content-Encoding": encoding}) for encoding, data in (
+            ("gzip", gzip.compress(body) + b"GARBAGE"),
+            ("gzip", gzip.compress(body) + zlib.compress(b'{"input": "x"}')),
+            ("gzip", gzip.compress(body)[:-8]),  # no trailer
+            ("deflate", zlib.compress(body) + zlib.compress(b'{"input": "x"}')),
+            ("deflate", zlib.compress(body)[:-4]),
+        )]
+    assert members.status_code == 200, members.text
+    assert bomb.status_code == 413 and "decompressed" in bomb.json()["error"]["message"]
+    for r in refused:
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "body" and "compressed body" in r.json()["error"]["message"]
+    assert len(fake.calls) == 1
+
+
 def test_invalid_utf8_is_400_never_500(client) -> None:
     r = _post(client, b'{"input": "caf\xe9"}')
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_utf8"

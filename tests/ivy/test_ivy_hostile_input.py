@@ -82,3 +82,18 @@ def test_error_messages_never_echo_request_text(tmp_path, fake) -> None:
     assert "query" in answers[1].json()["error"]["message"]  # and the allowed prompt names
     assert answers[2].json()["error"]["param"] == "dimensions"
     assert "gzip" in answers[3].json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route, field", [("/v1/embeddings", "input"), ("/embed", "inputs")])
+def test_errors_in_one_flat_list_of_token_ids_name_its_element(fake, client, route, field) -> None:
+    """RELIABILITY 9 and 35: a single sequence of ids ([5, 99999]) was named as if nested (input[0][1], an
+    element that does not exist); now input[1], and `input` for its length. Nested lists keep input[i][j]."""
+    cases = [([5, 99999], f"{field}[1]", "invalid_parameter"), ([5, -1, 7], f"{field}[1]", "invalid_parameter"),
+             ([101] * 300, field, "input_too_long"), ([[5], [6, 99999]], f"{field}[1][1]", "invalid_parameter")]
+    for ids, param, code in cases:
+        r = client.post(route, json={field: ids})
+        assert r.status_code == 422, (ids[:3], r.text)
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == (param, code), (ids[:3], error)
+        assert error["message"].startswith(f"{param} "), error["message"]
+    assert fake.calls == []

@@ -135,3 +135,50 @@ def test_idle_and_trickling_connections_are_closed_and_capped() -> None:
             s.close()
         wait_until(lambda: server_connections_open(port) == 0, timeout=30)  # the server has let them go
         assert _embed(port)[0] == 200
+
+
+def _answers(sock: socket.socket, timeout: float) -> list[bytes]:
+    """The status lines of every answer the server sends within `timeout` (or until it closes)."""
+    sock.settimeout(timeout)
+    reply = b""
+    try:
+        while chunk := sock.recv(65536):
+            reply += chunk
+    except (TimeoutError, OSError):  # still open, or reset
+        pass
+    return [line for line in reply.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+
+def _post(body: bytes, extra: bytes = b"") -> bytes:
+    return HEAD + b"Content-Length: %d\r\n" % len(body) + extra + b"\r\n" + body
+
+
+def test_the_rest_of_a_body_answered_early_is_not_read_as_headers() -> None:
+    """RELIABILITY 44: an answer given before the body was read (a bad header, an unknown Content-Encoding, a
+    body over the cap) was followed by a second, unasked-for 431 once the unread rest of the body passed the
+    header limit, and the connection was closed: the client's next request on it read that 431 or a reset.
+    Now the rest is drained (up to the body cap, within the header timeout), the next request on the
+    connection is answered, and the next request's headers are still capped."""
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, IVY_PAYLOAD_LIMIT_BYTES="1000000") as port:
+        big = json.dumps({"input": "a" * 300_000}).encode()  # under the body cap, over the header limit
+        for early in (b"X-Request-Timeout: -1\r\n", b"Content-Encoding: br\r\n"):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(_post(big, early))
+                first = _answers(s, 1.5)
+                assert len(first) == 1 and first[0].split()[1] in (b"415", b"422"), first
+                s.sendall(_post(json.dumps({"input": "next"}).encode()))
+                assert _answers(s, 1.5) == [b"HTTP/1.1 200 OK"]  # the same connection serves the next one
+                started = time.monotonic()
+                try:
+                    s.sendall(HEAD + b"X-Big: " + b"h" * 200_000)
+                except OSError:  # closed while we were still sending
+                    pass
+                assert _answers(s, 5)[:1] == [b"HTTP/1.1 431 Request Header Fields Too Large"]
+                assert time.monotonic() - started < 5
+        with socket.create_connection(("127.0.0.1", port)) as s:  # over the cap: one 413, then closed silently
+            try:
+                s.sendall(_post(b"x" * 3_000_000))
+            except OSError:
+                pass
+            assert [a.split()[1] for a in _answers(s, 5)] == [b"413"]
+        assert _embed(port)[0] == 200

@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
+import pytest
 from cross_folders import bert_reranker
 from fake_tulip import FakeTulip, fake_scores
 from ivy_testkit import gateway
 from test_ivy_scoring import DOCS, QUERY, TOKENIZER, _cosines
 
+from ivy.errors import IvyError
 from rose.spec import load_spec
 from rose.tokenizer import Tokenizer
 
@@ -170,3 +174,35 @@ def test_tei_info_of_a_reranker(tmp_path) -> None:
         assert client.get("/info").status_code == 401  # behind the key like every route but the probes
         info = client.get("/info", headers={"authorization": "Bearer k"}).json()
         assert list(info["model_type"]) == ["reranker"]
+
+
+def _python_calls(fn) -> int:
+    """How many calls (Python functions and builtins called from Python) `fn()` makes."""
+    calls = 0
+
+    def count(frame, event, arg) -> None:
+        nonlocal calls
+        calls += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_decode_ids_are_checked_in_c_not_per_id_on_the_event_loop() -> None:
+    """RELIABILITY 9 (and the loop's promise in ivy.tokenization): /decode's body is validated on the event loop,
+    and its `ids` were checked with a Python call or two per id: 2 MB of ids (a million) held the loop ~180 ms
+    before any cap was checked, 18 times what the same ids cost /v1/embeddings (ivy.inputs._all_ints, in C).
+    Now a few calls per sequence; an error still names the first bad element."""
+    from ivy.schemas import DecodeRequest
+
+    for ids in ([1] * 100_000, [[1] * 400] * 250):
+        assert _python_calls(lambda ids=ids: DecodeRequest.model_validate({"ids": ids})) < 5_000, len(ids)
+    for ids, param in (([1, 2, True], "ids[2]"), ([1, 2.0], "ids[1]"), ([[1], [2, "3"]], "ids[1][1]"),
+                       ([[1], 2], "ids[1]"), ([1, [2]], "ids[1]")):
+        with pytest.raises(IvyError) as err:
+            DecodeRequest.model_validate({"ids": ids})
+        assert err.value.param == param, (ids, err.value.param)
