@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from ivy import (__version__, connections, docs, metrics, routes_embeddings, routes_retrieval, routes_scoring,
                  routes_tokenize)
+from ivy.body import configure as configure_bodies
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.errors import IvyError, Problem, from_validation_errors
 from ivy.gateway import Gateway
@@ -37,6 +38,7 @@ log = logging.getLogger("ivy")
 
 def create_app(config: IvyConfig) -> FastAPI:
     connections.configure(config)  # this process's socket limits (every uvicorn worker builds its app here)
+    configure_bodies(config)  # and its cap on the bodies being read
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         gateway = Gateway(config)

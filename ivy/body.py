@@ -4,7 +4,8 @@ The cap applies to what the server holds in memory: a declared Content-Length ov
 before a byte is read; a streamed (chunked) body is counted as it arrives and refused as soon as it
 passes the cap; a gzip or deflate body is kept compressed until all of it is in (a stalled socket holds its
 wire size, never its inflated size: RELIABILITY 32), then inflated in bounded steps and refused when the
-inflated size passes the cap (RELIABILITY cases 4, 5, 8, 9). Memory stays at about one cap per request.
+inflated size passes the cap (RELIABILITY cases 4, 5, 8, 9). Memory stays at about one cap per request, and
+the bodies one worker holds while reading them are capped together (BODIES, --body-bytes-in-flight: RELIABILITY 46).
 """
 
 from __future__ import annotations
@@ -25,6 +26,32 @@ from ivy.schemas import PEER_ALIASES
 M = TypeVar("M", bound=BaseModel)
 
 _ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+class BodyBudget:
+    """Bytes of request bodies this worker holds while reading them, and their cap (0: none). Requests count
+    against the concurrency cap only once their bodies are in, so without this many clients each uploading a
+    body under the payload limit (each within the body timeout) could take the worker's memory; over it a body
+    is refused with 429 and Retry-After, as the concurrency cap refuses work (RELIABILITY 46)."""
+
+    def __init__(self, cap: int = 0) -> None:
+        self.cap, self.held = cap, 0
+
+    def take(self, nbytes: int) -> None:
+        if self.cap and self.held + nbytes > self.cap:
+            raise IvyError(Problem.OVERLOADED, f"the server holds its limit of {self.cap} bytes of request bodies "
+                           "being read; retry later", limit=self.cap)
+        self.held += nbytes
+
+    def give(self, nbytes: int) -> None:
+        self.held -= nbytes
+
+
+BODIES = BodyBudget()  # this process's; its cap set by configure() (create_app, which every worker runs)
+
+
+def configure(config) -> None:
+    BODIES.cap = config.body_bytes_in_flight
 
 
 def _too_large(limit: int, what: str = "request body") -> IvyError:
@@ -86,10 +113,13 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
-            if int(declared) > limit:
-                raise _too_large(limit)
+            declared_bytes = int(declared)
         except ValueError:
             raise IvyError(Problem.INVALID_JSON, "Content-Length is not a number", param="body") from None
+        if declared_bytes > limit:
+            raise _too_large(limit)
+        BODIES.take(declared_bytes)  # refused before a byte is read when the worker holds too much already
+        BODIES.give(declared_bytes)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity") and encoding not in _ZLIB_WBITS:
         raise IvyError(Problem.UNSUPPORTED_ENCODING, "this Content-Encoding is not supported; "
@@ -101,9 +131,10 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in request.stream():
-                received += len(chunk)
-                if received > limit:  # the wire size is capped too: a compressed body is never bigger than this
+                if received + len(chunk) > limit:  # the wire size is capped too: a compressed body is never bigger
                     raise _too_large(limit)
+                BODIES.take(len(chunk))
+                received += len(chunk)
                 if more is not None:
                     more += chunk
                 elif first:
@@ -115,6 +146,8 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
     except TimeoutError:
         raise IvyError(Problem.BODY_TIMEOUT, f"the request body did not arrive within {timeout_s:g} s",
                        param="body", limit=timeout_s) from None
+    finally:
+        BODIES.give(received)  # what follows runs without a wait: parsed before another request's body grows
     raw = first if more is None else bytes(more)
     if inflater is None:
         return raw

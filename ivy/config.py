@@ -62,6 +62,10 @@ class IvyConfig:
         "Largest request body in bytes, after decompression; larger gets 413 before JSON parsing."))
     max_concurrent_requests: int = field(default=512, metadata=_help(
         "Requests in flight over all workers (split evenly); over it: 429 with Retry-After."))
+    body_bytes_in_flight: int = field(default=256 * 1024 * 1024, metadata=_help(
+        "Bytes of request bodies one worker holds while reading them (before parsing; the concurrency cap counts "
+        "requests only once their bodies are in): a body that would pass it gets 429 with Retry-After, so many "
+        "clients uploading at once cannot take the worker's memory. 0 = no cap."))
     chunk_max_tokens: int = field(default=8192, metadata=_help(
         "Token budget of one gRPC chunk; a request is split into chunks sent concurrently to replicas."))
     chunk_max_seqs: int = field(default=64, metadata=_help("Most sequences in one gRPC chunk."))
@@ -190,6 +194,8 @@ class IvyConfig:
         if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0:
             raise SystemExit("ivy: --header-read-timeout-s and --keep-alive-timeout-s must be positive, "
                              "--max-connections at least 0")
+        if self.body_bytes_in_flight and self.body_bytes_in_flight < self.payload_limit_bytes:
+            raise SystemExit("ivy: --body-bytes-in-flight must be 0 (no cap) or at least --payload-limit-bytes")
         if self.send_timeout_s < 0:
             raise SystemExit("ivy: --send-timeout-s must be 0 (never) or positive")
         if self.docs not in ("auto", "on", "off"):

@@ -1,4 +1,4 @@
-"""Hostile sockets against a real `ivy serve` (issue 15): RELIABILITY cases 26 and 27."""
+"""Hostile sockets against a real `ivy serve` (issue 15): RELIABILITY cases 26, 27, 44 and 46."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fake_tulip import FakeTulip, wait_until
-from ivy_testkit import ivy_process, server_connections_open
+from ivy_testkit import event_loop_turned, ivy_process, server_connections_open, server_has_read_everything
 
 pytestmark = pytest.mark.slow
 
@@ -182,3 +182,34 @@ def test_the_rest_of_a_body_answered_early_is_not_read_as_headers() -> None:
                 pass
             assert [a.split()[1] for a in _answers(s, 5)] == [b"413"]
         assert _embed(port)[0] == 200
+
+
+def test_bodies_being_read_are_capped_together() -> None:
+    """RELIABILITY 46: three uploads stalled before their end hold 900 kB of a worker's 1 MB budget for bodies being
+    read; a fourth body that would pass it gets 429 with Retry-After before it is read, a small request is served
+    meanwhile, and once the uploads are gone a full-size body is served again."""
+    env = dict(IVY_PAYLOAD_LIMIT_BYTES="400000", IVY_BODY_BYTES_IN_FLIGHT="1000000", IVY_BODY_READ_TIMEOUT_S="60",
+               IVY_WORKERS="1")
+    body = json.dumps({"input": ["a normal client"], "user": "u" * 399_000}).encode()  # OpenAI's `user`: ignored
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
+        stalled = []
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(body) + body[:300_000])
+            stalled.append(s)
+        wait_until(lambda: server_has_read_everything(port), timeout=30)
+        event_loop_turned(port)
+        refused = socket.create_connection(("127.0.0.1", port))
+        refused.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(body))  # its body never sent: refused unread
+        refused.settimeout(5)
+        reply = refused.recv(65536)  # the answer, the connection kept to drain a body that never comes
+        assert reply.startswith(b"HTTP/1.1 429") and b"retry-after" in reply.lower(), reply[:300]
+        assert b"bytes of request bodies" in reply
+        assert _embed(port)[0] == 200  # a small body still fits
+        for s in stalled:
+            s.close()
+        wait_until(lambda: server_connections_open(port) <= 1, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/v1/embeddings", body, {"content-type": "application/json"})
+        assert conn.getresponse().status == 200
+        conn.close()
