@@ -52,9 +52,9 @@ try:
     from rose.layers.persistent_kernels import grid_barrier
 
     @triton.jit
-    def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr):
+    def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr, SPINS: tl.constexpr):
         for i in range(n):
-            grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, True, SPIN_LIMIT)
+            grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, True, SPINS)
 except ImportError:  # pragma: no cover - a CPU build of torch without Triton
     triton = None
 
@@ -140,11 +140,11 @@ def capture(fn):
 def barrier_cost_us(programs: int, count: int = 1000) -> float:
     """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them."""
     flags = torch.zeros(programs + 1, dtype=torch.int32, device="cuda")  # the last: the stall word
-    p2 = triton.next_power_of_2(programs)
+    p2 = triton.next_power_of_2(programs + 1)  # the slots and the stall word
 
     def run(n):
         flags.zero_()
-        _barriers_kernel[(programs,)](flags, n, NPROG_P2=p2, num_warps=8)
+        _barriers_kernel[(programs,)](flags, n, NPROG_P2=p2, SPINS=SPIN_LIMIT, num_warps=8)
 
     run(10)
     graph, _ = capture(lambda: run(count))

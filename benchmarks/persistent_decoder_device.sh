@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles (MODEL=minilm-l6 for all-MiniLM's encoder; NO_SWEEP=1 skips the sweep), then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's rows of MODELS (qwen3-0.6b,minilm-l6) at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark; PHASES=1 adds the kernel's own clock per phase.
-# Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root (~5 min for the benchmark and
-# PHASES=1, ~6 for the tests cold; Triton's cache under /root stays while the machine is warm, so a second call
-# compiles less; more than 10 min at once does not fit one call: TESTS=0 first, then BENCH=0 TESTS=1 ENGINE=1):
-#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh persistent-decoder
+# Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root. Timeouts: smoke 90 s, benchmark
+# BENCH_TIMEOUT (360), phases 120, tests 480, engine 150 per flag; a call may run 600 s, so never TESTS=1 with
+# BENCH=1 or ENGINE=1 (Triton's cache under /root stays while the machine is warm: a later call compiles less):
+#   GIT_COMMIT=$(git rev-parse --short HEAD) PHASES=1 TESTS=0 bash benchmarks/device.sh persistent-decoder
+#   GIT_COMMIT=... BENCH=0 TESTS=1 bash benchmarks/device.sh persistent-decoder
+#   GIT_COMMIT=... MODEL=minilm-l6 NO_SWEEP=1 BENCH_TIMEOUT=120 PHASES=1 TESTS=0 ENGINE=1 bash benchmarks/device.sh ...
 # Results in $OUT: persistent_decoder.json and .log, persistent_decoder_tests.log (the smoke run's lines first; and
 # rose_gpu_persistent{0,128}.json and .log);
 # the table last.
@@ -31,7 +33,7 @@ rc=$?; stamp smoke $rc; tail -5 $OUT/persistent_decoder_tests.log
 fi
 rc=0
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout 360 python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} --model ${MODEL:-qwen3-0.6b} \
+  timeout ${BENCH_TIMEOUT:-360} python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} --model ${MODEL:-qwen3-0.6b} \
     ${NO_SWEEP:+--no-sweep} > $OUT/persistent_decoder.log 2>&1
   rc=$?; stamp benchmark $rc
 fi
@@ -42,7 +44,7 @@ if [ "${PHASES:-0}" = 1 ]; then
   stamp phases $?; tail -5 $OUT/persistent_decoder_phases.log
 fi
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 540 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py \
+  timeout 480 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py \
     tests/rose/test_rose_persistent_phases_gpu.py \
     "tests/rose/test_rose_backend_parity_gpu.py::test_persistent_decoder_parity_with_transformers" \
     >> $OUT/persistent_decoder_tests.log 2>&1
@@ -50,7 +52,7 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 if [ "${ENGINE:-0}" = 1 ]; then
   for flag in 0 128; do
-    ROSE_PERSISTENT_DECODER=$flag timeout 180 python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
+    ROSE_PERSISTENT_DECODER=$flag timeout 150 python3 -m benchmarks.rose_gpu --models ${MODELS:-qwen3-0.6b,minilm-l6} \
       --variants rose-graphs \
       --quick --suites ${SUITES:-bs1-16,bs1-32,bs1-64,bs1-128} --tag _persistent$flag --out $OUT \
       > $OUT/rose_gpu_persistent$flag.log 2>&1

@@ -114,8 +114,10 @@ class Tiles:
         (the kernel does not mask a partial tile)."""
         if min(self.qkv, self.o, self.gate_up, self.down) < 32:
             raise ValueError(f"column tiles under 32 wide: {self}")
-        if self.keys < 16 or self.keys & (self.keys - 1):
-            raise ValueError(f"keys per attention step must be a power of two from 16: {self.keys}")
+        for name in ("keys", "queries", "rows"):  # tl.arange and tl.dot sizes
+            n = getattr(self, name)
+            if n < 16 or n & (n - 1):
+                raise ValueError(f"{name} must be a power of two from 16: {n}")
         if self.prefetch and self.k % 64:
             raise ValueError(f"prefetch asks whole 128-byte lines: a K step of {self.k} is not whole lines")
         projections = {"qkv": (qkv_size, hidden, self.qkv, self.split_qkv),  # name: (N, K, tile, slices)
@@ -257,9 +259,9 @@ class PersistentDecoder:
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
                 "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries), "BKEY": tiles.keys,
                 "CAUSAL": self.causal, "POST": w.post, "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
-                "NPROG_P2": triton.next_power_of_2(self.programs), "CLOCK": clock is not None,
+                "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": clock is not None,
                 "FENCE": not INTERPRETED, "PHASES": PHASES, "SPINS": self.spins,
-                "PREFETCH": tiles.prefetch and not INTERPRETED, "num_warps": tiles.warps,
+                "PREFETCH": tiles.prefetch and not INTERPRETED and w.wqkv.element_size() == 2,  # 64 a line "num_warps": tiles.warps,
                 "num_stages": tiles.stages}
         grid = (self.programs,)
         if clock is not None and (not persistent or first != 0 or clock.numel() < last + 1):

@@ -19,26 +19,28 @@ def _fence():
 @triton.jit
 def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr, SPINS: tl.constexpr):
     """Wait until every program's slot reads at least `target` (module docstring), or the stall word (the slot
-    after the programs') is set: a program that has waited SPINS reads sets it, and every later wait of every
-    program ends at once, so a grid that is not all resident ends in poisoned rows instead of a hang. FENCE: the
-    acquire fence (off only under Triton's interpreter, which has no inline assembly and runs programs one at a
-    time)."""
+    after the programs', read in the same load: NPROG_P2 covers nprog + 1) is set: a program that has waited
+    SPINS reads sets it, and every later wait of every program ends at once, so a grid that is not all resident
+    ends in poisoned rows instead of a hang. Whether to wait on is decided from reductions over the load, the same
+    in every thread (a value each thread read for itself could differ between warps, and a warp leaving the loop
+    early would pair the program's bar.syncs wrongly). FENCE: the acquire fence (off only under Triton's
+    interpreter, which has no inline assembly and runs programs one at a time)."""
     tl.debug_barrier()  # this program's stores before its arrival
     tl.atomic_xchg(flags_ptr + pid, target, sem="release", scope="gpu")
     offs = tl.arange(0, NPROG_P2)
-    live = offs < nprog
-    stall_ptr = flags_ptr + nprog
+    is_slot = offs < nprog
+    is_stall = offs == nprog
     behind = nprog
-    stalled = tl.load(stall_ptr, volatile=True)
+    stalled = 0
     spins = 0
     while (behind > 0) & (stalled == 0):  # plain reads from L2 while waiting: no atomic traffic
-        seen = tl.load(flags_ptr + offs, mask=live, other=target, volatile=True)
-        behind = tl.sum((seen < target).to(tl.int32), axis=0)
+        seen = tl.load(flags_ptr + offs, mask=offs <= nprog, other=0, volatile=True)
+        behind = tl.sum((is_slot & (seen < target)).to(tl.int32), axis=0)
         spins += 1
         late = (spins >= SPINS) & (behind > 0)
         if late:
-            tl.atomic_xchg(stall_ptr, 1, sem="relaxed", scope="gpu")
-        stalled = tl.load(stall_ptr, volatile=True) | late.to(tl.int32)
+            tl.atomic_xchg(flags_ptr + nprog, 1, sem="relaxed", scope="gpu")
+        stalled = tl.max(tl.where(is_stall, seen, 0), axis=0) | late.to(tl.int32)
     if FENCE:
         _fence()
     tl.debug_barrier()
@@ -213,7 +215,8 @@ def _attention(qkv_ptr, b_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, p
     QKV_N: tl.constexpr = (NH + 2 * NKV) * D
     dt = attn_ptr.dtype.element_ty
     dcols = tl.arange(0, D)
-    for item in tl.range(pid, NH * (BLOCK_M // BQ), nprog, num_stages=1):  # unpipelined: q, k, v in smem
+    for item in tl.range(pid, NH * tl.cdiv(T, BQ), nprog, num_stages=1):  # unpipelined: q, k, v in smem
+        # (blocks of queries past the batch's T skipped: at 85 tokens in a block of 128, a quarter of the items)
         hq = item % NH
         q0 = (item // NH) * BQ
         rq = q0 + tl.arange(0, BQ)
@@ -247,7 +250,9 @@ def _attention(qkv_ptr, b_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, p
         o = acc / tl.where(total > 0, total, 1.0)[:, None]
         tl.store(attn_ptr + rq[:, None] * (NH * D) + hq * D + dcols[None, :], o.to(dt), mask=q_ok[:, None])
 
-@triton.jit(do_not_specialize=["T", "final", "first", "last"])  # one compile per token block, not per count
+# One compile per token block, not per count; nor per alignment of positions and sequence ids, views into a packed
+# buffer that are 16-byte aligned only for an even count (warm-up's own tensors always are)
+@triton.jit(do_not_specialize=["T", "final", "first", "last"], do_not_specialize_on_alignment=["pos_ptr", "seq_ptr"])
 def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, bqkv_ptr, bo_ptr, bgu_ptr, bd_ptr,
                    ln1_ptr, ln1b_ptr, ln2_ptr, ln2b_ptr, fin_ptr, finb_ptr, qn_ptr, kn_ptr,

@@ -1,7 +1,10 @@
 """Each phase of the persistent decoder against the layer path's own kernels (rose.layers.fused), one step at a
 time (PersistentDecoder.run over a Workspace): the residual adds the same bits as the layer kernel's; the norms,
-the RoPE table and SiLU·mul at most one bf16 step away on at most 0.1 % of the elements (a float32 sum's order:
-a rounding step missed moves a third of them); the projections' float32 partials summing to the float64 product
+the RoPE table and SiLU·mul off on at most 0.1 % of the elements (a float32 sum's order; a rounding step missed
+moves a third of them), and then by a step or two: the norms' rstd can differ by a float32 ulp (the kernels sum
+the squares in different orders), which a weight under 1 can turn into two steps; SiLU·mul's gate and up come
+from float32 sums the reference takes in float64, so where either nearly cancels (|x| under 1e-3 of its
+largest) any number of steps, elsewhere two at most; the projections' float32 partials summing to the float64 product
 within float32's accumulation error; attention within bf16's error of a float32 one from the layer kernels' q,
 k and v. Used by the GPU test (test_rose_persistent_phases_gpu.py, bf16) and under Triton's interpreter on the
 CPU (persistent_interpreted.py, float32: the checks themselves checked)."""
@@ -20,11 +23,14 @@ def _ordered(x: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, -(bits + 32768), bits)
 
 
-def assert_within_a_step(got: torch.Tensor, want: torch.Tensor, what: str, share: float = 1e-3) -> None:
-    """got and want (bf16) at most one bf16 step apart, on at most `share` of the elements."""
-    steps = (_ordered(got.to(torch.bfloat16)) - _ordered(want.to(torch.bfloat16))).abs()
-    off = (steps > 0).float().mean().item()
-    assert int(steps.max()) <= 1 and off <= share, f"{what}: {off:.2%} of elements off, up to {int(steps.max())} steps"
+def assert_within_a_step(got: torch.Tensor, want: torch.Tensor, what: str, share: float = 1e-3, steps: int = 1,
+                         where: torch.Tensor | None = None) -> None:
+    """got and want (bf16) differ on at most `share` of the elements, and by at most `steps` bf16 steps (where
+    `where` is true, when given)."""
+    apart = (_ordered(got.to(torch.bfloat16)) - _ordered(want.to(torch.bfloat16))).abs()
+    off = (apart > 0).float().mean().item()
+    worst = int((apart if where is None else apart[where]).max())
+    assert worst <= steps and off <= share, f"{what}: {off:.2%} of elements off, up to {worst} steps"
 
 
 def assert_product(partials: torch.Tensor, a: torch.Tensor, w: torch.Tensor, what: str) -> None:
@@ -81,7 +87,7 @@ def check_phases(dec, embedded: torch.Tensor, positions: torch.Tensor, seq_ids: 
                     want, want_residual = fused.add_rms_norm(summed, residual, weight, dec.eps)
                     assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
                 got = work.out if step == dec.steps - 1 else work.h
-                assert_within_a_step(got, want, what)
+                assert_within_a_step(got, want, what, steps=2)
             elif phase == 1:
                 assert_product(work.qkv, work.h, dec.w.wqkv[layer], what)
             elif phase == 2:
@@ -98,10 +104,12 @@ def check_phases(dec, embedded: torch.Tensor, positions: torch.Tensor, seq_ids: 
                 want, want_residual = fused.add_rms_norm(_summed(od).to(residual.dtype), residual, dec.w.ln2[layer],
                                                          dec.eps)
                 assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
-                assert_within_a_step(work.h, want, what)
+                assert_within_a_step(work.h, want, what, steps=2)
             elif phase == 5:
-                gate_up = (work.h.double() @ dec.w.wgu[layer].double().T).to(work.h.dtype)
-                assert_within_a_step(work.act, fused.silu_mul(gate_up), what)
+                exact = work.h.double() @ dec.w.wgu[layer].double().T
+                gate, up = exact.abs().chunk(2, dim=-1)
+                clear = (gate > 1e-3 * gate.max()) & (up > 1e-3 * up.max())
+                assert_within_a_step(work.act, fused.silu_mul(exact.to(work.h.dtype)), what, steps=2, where=clear)
             else:
                 assert_product(work.od, work.act, dec.w.wd[layer], what)
     return dec.steps

@@ -137,8 +137,9 @@ def test_tiles_that_do_not_divide_a_projection_are_refused():
     Tiles(prefetch=True).check(1024, 4096, 2048, 3072)
     with pytest.raises(ValueError, match="whole 128-byte lines"):
         Tiles(prefetch=True, k=32).check(1024, 4096, 2048, 3072)
-    with pytest.raises(ValueError, match="keys per attention step"):
-        Tiles(keys=24).check(1024, 4096, 2048, 3072)
+    for bad in ({"keys": 24}, {"queries": 48}, {"rows": 8}):
+        with pytest.raises(ValueError, match="must be a power of two from 16"):
+            Tiles(**bad).check(1024, 4096, 2048, 3072)
 
 
 def test_bert_encoders_are_taken_and_their_tiles_fitted():
