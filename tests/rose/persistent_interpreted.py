@@ -144,21 +144,22 @@ def phases(tiles) -> int:
     from tests.rose.persistent_phases import check_phases
 
     failed = 0
-    for causal in (True, False):
-        model = tiny_qwen3(causal, seed=5)
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, 50, (21,), generator=gen)
+    positions = torch.cat([torch.arange(13), torch.arange(8)])
+    seq_ids = torch.tensor([0] * 13 + [1] * 8)
+    for family, causal in (("qwen3", True), ("qwen3", False), ("bert", False)):
+        model = tiny_qwen3(causal, seed=5) if family == "qwen3" else tiny_bert(seed=5)
         decoder = PersistentDecoder(model, tiles, programs=3)
-        gen = torch.Generator().manual_seed(2)
-        ids = torch.randint(1, 50, (21,), generator=gen)
-        positions = torch.cat([torch.arange(13), torch.arange(8)])
-        seq_ids = torch.tensor([0] * 13 + [1] * 8)
         try:
             with torch.no_grad():
-                steps = check_phases(decoder, model.embed_tokens(ids), positions, seq_ids, causal)
+                embedded = model.embed_tokens(ids) if family == "qwen3" else model.embeddings(ids, positions)
+                steps = check_phases(decoder, embedded, positions, seq_ids, causal)
             verdict = "ok" if steps == 2 * 7 + 1 else f"MISMATCH: {steps} steps"
         except AssertionError as exc:
             verdict = f"MISMATCH: {exc}"
         failed += verdict != "ok"
-        print(f"phases: causal={causal} each step against the layer path's kernels {verdict}")
+        print(f"phases: {family} causal={causal} each step against the layer path's kernels {verdict}")
     return failed
 
 

@@ -6,8 +6,9 @@ the squares in different orders), which a weight under 1 can turn into two steps
 from float32 sums the reference takes in float64, so where either nearly cancels (|x| under 1e-3 of its
 largest) any number of steps, elsewhere two at most; the projections' float32 partials summing to the float64 product
 within float32's accumulation error; attention within bf16's error of a float32 one from the layer kernels' q,
-k and v. Used by the GPU test (test_rose_persistent_phases_gpu.py, bf16) and under Triton's interpreter on the
-CPU (persistent_interpreted.py, float32: the checks themselves checked)."""
+k and v. Qwen3's phases against rose.layers.fused, BERT's against torch's Linear, LayerNorm and GELU. Used by the
+GPU test (test_rose_persistent_phases_gpu.py, bf16) and under Triton's interpreter on the CPU
+(persistent_interpreted.py, float32: the checks themselves checked)."""
 
 from __future__ import annotations
 
@@ -66,50 +67,99 @@ def _summed(partials: torch.Tensor) -> torch.Tensor:
 def check_phases(dec, embedded: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor, causal: bool) -> int:
     """Run every step of `dec` over `embedded` one launch at a time, checking each against the layer path;
     returns how many steps were checked (AssertionError naming the layer and phase on the first miss)."""
-    d, q_size, kv_size = dec.head_dim, dec.heads * dec.head_dim, dec.kv_heads * dec.head_dim
+    check = _check_bert_step if dec.w.post else _check_qwen3_step
     with torch.inference_mode():
         work = dec.workspace(embedded, positions, seq_ids)
         for step in range(dec.steps):
-            layer, phase = divmod(step, PHASES)
-            residual, od = work.residual.clone(), work.od.clone()
+            before = {"residual": work.residual.clone(), "od": work.od.clone()}
             dec.run(work, step, step + 1, persistent=False)
-            what = f"layer {layer} phase {phase}"
-            if phase == 0:
-                weight = dec.w.final if step == dec.steps - 1 else dec.w.ln1[layer]
-                if step == 0:  # the embeddings, no add; and the RoPE table
-                    assert torch.equal(work.residual, residual)
-                    want = fused.rms_norm(residual, weight, dec.eps)
-                    freqs = positions.float()[:, None] * dec.w.inv_freq[None, :]
-                    assert_within_a_step(work.rope[0], freqs.cos(), "RoPE cos")
-                    assert_within_a_step(work.rope[1], freqs.sin(), "RoPE sin")
-                else:
-                    summed = _summed(od).to(residual.dtype)
-                    want, want_residual = fused.add_rms_norm(summed, residual, weight, dec.eps)
-                    assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
-                got = work.out if step == dec.steps - 1 else work.h
-                assert_within_a_step(got, want, what, steps=2)
-            elif phase == 1:
-                assert_product(work.qkv, work.h, dec.w.wqkv[layer], what)
-            elif phase == 2:
-                qkv = _summed(work.qkv).to(work.h.dtype)
-                q, k = fused.qk_norm_rope(qkv, dec.w.qn[layer], dec.w.kn[layer], positions, dec.w.inv_freq,
-                                          dec.heads, dec.kv_heads, d, dec.eps)
-                v = qkv[:, q_size + kv_size:].reshape(-1, dec.kv_heads, d)
-                want = _reference_attention(q, k, v, seq_ids, causal)
-                err = ((work.attn.float() - want).norm() / want.norm()).item()
-                assert err < 1e-2, f"{what}: relative error {err:.2e}"
-            elif phase == 3:
-                assert_product(work.od, work.attn, dec.w.wo[layer], what)
-            elif phase == 4:
-                want, want_residual = fused.add_rms_norm(_summed(od).to(residual.dtype), residual, dec.w.ln2[layer],
-                                                         dec.eps)
-                assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
-                assert_within_a_step(work.h, want, what, steps=2)
-            elif phase == 5:
-                exact = work.h.double() @ dec.w.wgu[layer].double().T
-                gate, up = exact.abs().chunk(2, dim=-1)
-                clear = (gate > 1e-3 * gate.max()) & (up > 1e-3 * up.max())
-                assert_within_a_step(work.act, fused.silu_mul(exact.to(work.h.dtype)), what, steps=2, where=clear)
-            else:
-                assert_product(work.od, work.act, dec.w.wd[layer], what)
+            check(dec, work, before, step, positions, seq_ids, causal)
     return dec.steps
+
+
+def _check_qwen3_step(dec, work, before, step: int, positions, seq_ids, causal: bool) -> None:
+    d, q_size, kv_size = dec.head_dim, dec.heads * dec.head_dim, dec.kv_heads * dec.head_dim
+    residual, od = before["residual"], before["od"]
+    layer, phase = divmod(step, PHASES)
+    what = f"layer {layer} phase {phase}"
+    if phase == 0:
+        weight = dec.w.final if step == dec.steps - 1 else dec.w.ln1[layer]
+        if step == 0:  # the embeddings, no add; and the RoPE table
+            assert torch.equal(work.residual, residual)
+            want = fused.rms_norm(residual, weight, dec.eps)
+            freqs = positions.float()[:, None] * dec.w.inv_freq[None, :]
+            assert_within_a_step(work.rope[0], freqs.cos(), "RoPE cos")
+            assert_within_a_step(work.rope[1], freqs.sin(), "RoPE sin")
+        else:
+            summed = _summed(od).to(residual.dtype)
+            want, want_residual = fused.add_rms_norm(summed, residual, weight, dec.eps)
+            assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
+        got = work.out if step == dec.steps - 1 else work.h
+        assert_within_a_step(got, want, what, steps=2)
+    elif phase == 1:
+        assert_product(work.qkv, work.h, dec.w.wqkv[layer], what)
+    elif phase == 2:
+        qkv = _summed(work.qkv).to(work.h.dtype)
+        q, k = fused.qk_norm_rope(qkv, dec.w.qn[layer], dec.w.kn[layer], positions, dec.w.inv_freq,
+                                  dec.heads, dec.kv_heads, d, dec.eps)
+        v = qkv[:, q_size + kv_size:].reshape(-1, dec.kv_heads, d)
+        _assert_attention(work.attn, q, k, v, seq_ids, causal, what)
+    elif phase == 3:
+        assert_product(work.od, work.attn, dec.w.wo[layer], what)
+    elif phase == 4:
+        want, want_residual = fused.add_rms_norm(_summed(od).to(residual.dtype), residual, dec.w.ln2[layer],
+                                                 dec.eps)
+        assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
+        assert_within_a_step(work.h, want, what, steps=2)
+    elif phase == 5:
+        exact = work.h.double() @ dec.w.wgu[layer].double().T
+        gate, up = exact.abs().chunk(2, dim=-1)
+        clear = (gate > 1e-3 * gate.max()) & (up > 1e-3 * up.max())
+        assert_within_a_step(work.act, fused.silu_mul(exact.to(work.h.dtype)), what, steps=2, where=clear)
+    else:
+        assert_product(work.od, work.act, dec.w.wd[layer], what)
+
+
+def _check_bert_step(dec, work, before, step: int, positions, seq_ids, causal: bool) -> None:
+    """BERT (post-norm): as torch's nn.Linear (the bias added to the float32 product, rounded once), the bf16
+    residual add, torch's LayerNorm and exact GELU compute them; the residual stream is the normed rows."""
+    d, hidden = dec.head_dim, dec.hidden
+    residual, od = before["residual"], before["od"]
+    dt = residual.dtype
+    layer, phase = divmod(step, PHASES)
+    what = f"layer {layer} phase {phase}"
+    w = dec.w
+    if phase in (0, 4):
+        final = step == dec.steps - 1
+        if step == 0:  # the embeddings come normed: nothing to do
+            assert torch.equal(work.residual, residual), f"{what}: the embeddings changed"
+            return
+        at = layer - 1 if phase == 0 else layer  # phase 0 ends layer - 1 (its output LayerNorm)
+        bias, weight, norm_bias = ((w.bd[at], w.final if final else w.ln1[at], w.final_b if final else w.ln1b[at])
+                                   if phase == 0 else (w.bo[at], w.ln2[at], w.ln2b[at]))
+        projected = (_summed(od) + bias.float()).to(dt)
+        summed = (projected.float() + residual.float()).to(dt)
+        want = torch.nn.functional.layer_norm(summed.float(), (hidden,), weight.float(), norm_bias.float(),
+                                              dec.eps).to(dt)
+        assert_within_a_step(work.out if final else work.residual, want, what, steps=2)
+    elif phase == 1:
+        assert_product(work.qkv, work.h, w.wqkv[layer], what)
+    elif phase == 2:
+        qkv = (_summed(work.qkv) + w.bqkv[layer].float()).to(dt)
+        q, k, v = (part.reshape(-1, dec.heads, d) for part in qkv.split(dec.heads * d, dim=-1))
+        _assert_attention(work.attn, q, k, v, seq_ids, causal, what)
+    elif phase == 3:
+        assert_product(work.od, work.attn, w.wo[layer], what)
+    elif phase == 5:
+        exact = work.h.double() @ w.wgu[layer].double().T + w.bgu[layer].double()
+        clear = exact.abs() > 1e-3 * exact.abs().max()  # GELU near 0 is x / 2: nearly cancelled sums differ
+        want = torch.nn.functional.gelu(exact.to(dt).float()).to(dt)
+        assert_within_a_step(work.act, want, what, steps=2, where=clear)
+    else:
+        assert_product(work.od, work.act, w.wd[layer], what)
+
+
+def _assert_attention(got, q, k, v, seq_ids, causal: bool, what: str) -> None:
+    want = _reference_attention(q, k, v, seq_ids, causal)
+    err = ((got.float() - want).norm() / want.norm()).item()
+    assert err < 1e-2, f"{what}: relative error {err:.2e}"

@@ -1,7 +1,7 @@
-"""Each phase of the persistent decoder on the GPU against the layer path's own kernels, one step at a time, bf16
-at the Qwen3-0.6B's layer shape, two layers and the final norm (the checks: persistent_phases.py). The whole-model
-bar (test_rose_persistent_decoder_gpu.py: relative error 2e-2) cannot see one rounding step missed or added;
-these can."""
+"""Each phase of the persistent kernel on the GPU against the layer path's own kernels, one step at a time, bf16,
+two layers and the final norm: Qwen3 at the 0.6B's layer shape (causal and not) and a BERT encoder at
+all-MiniLM's (the checks: persistent_phases.py). The whole-model bar (test_rose_persistent_decoder_gpu.py:
+relative error 2e-2) cannot see one rounding step missed or added; these can."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
                                                   reason="needs CUDA and Triton")]
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_every_phase_matches_the_layer_kernels(causal):
-    from benchmarks.persistent_decoder import device_meta, random_qwen3
+@pytest.mark.parametrize("model", ["qwen3-causal", "qwen3-bidirectional", "minilm"])
+def test_every_phase_matches_the_layer_kernels(model):
+    from benchmarks.persistent_decoder import device_meta, embed, random_bert, random_qwen3
 
-    model = random_qwen3(causal=causal, layers=2, seed=7)
+    causal = model == "qwen3-causal"
+    net = random_bert(layers=2, seed=7) if model == "minilm" else random_qwen3(causal=causal, layers=2, seed=7)
     meta = device_meta([5, 60, 3, 17], 1000, seed=1)  # ragged, 85 tokens
-    dec = PersistentDecoder(model)
+    dec = PersistentDecoder(net)
     with torch.inference_mode():
-        embedded = model.embed_tokens(meta.input_ids)
-        assert check_phases(dec, embedded, meta.positions, meta.seq_ids, causal) == 2 * PHASES + 1
+        assert check_phases(dec, embed(net, meta), meta.positions, meta.seq_ids, causal) == 2 * PHASES + 1
