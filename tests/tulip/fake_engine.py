@@ -98,8 +98,10 @@ class FakeEngine:
                  fail_when: Callable[[Batch], bool] | None = None,
                  raise_in_step: Callable[[Batch], BaseException | None] | None = None,
                  express: bool = False, express_gated: bool = False,
-                 replays_when: Callable[[Batch], bool] | None = None) -> None:
+                 replays_when: Callable[[Batch], bool] | None = None,
+                 poison_when: Callable[[Batch], bool] | None = None) -> None:
         self.info = info or FakeInfo()
+        self.poison_when = poison_when  # batches whose rows come back NaN (a stalled persistent kernel's)
         self.replays_when = replays_when  # Engine.replays: which batches count as captured-graph replays
         self.step_threads: list[str] = []  # the thread each step ran on, in launch order
         self.express = express
@@ -198,6 +200,8 @@ class FakeEngine:
                 if failure:
                     raise RuntimeError("fake engine failure")
                 rows = reference_rows(batch, self.info.dimensions)
+                if self.poison_when is not None and self.poison_when(batch):
+                    rows = np.full_like(rows, np.nan)
                 error = None
             except Exception as exc:  # noqa: BLE001 - handed to the waiter, like a device error
                 rows, error = None, exc

@@ -38,6 +38,18 @@ def test_failed_batch_cancels_the_rest_of_its_request() -> None:
     assert 3 not in first_tokens(engine) and 5 in first_tokens(engine)
 
 
+def test_non_finite_rows_fail_their_request_not_the_next() -> None:
+    """RELIABILITY 47: a batch whose rows come back NaN (a persistent kernel's stalled grid poisons them) fails
+    its request with INTERNAL naming non-finite values, never an answer of NaNs; the next request is correct."""
+    engine = FakeEngine(poison_when=lambda b: int(b.token_ids[0]) == 999)
+    with ServerThread(make_config(), engine) as s:
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(encode_request([marked_sequence(999, 8)]), timeout=30)
+        assert err.value.code() == grpc.StatusCode.INTERNAL and "NonFiniteRows" in err.value.details()
+        after = encode_request([marked_sequence(5, 4)])
+        np.testing.assert_array_equal(decode_response(s.stub.Embed(after, timeout=30)), solo_embedding(after))
+
+
 def _status(s: ServerThread) -> int:
     return health_pb2_grpc.HealthStub(s.channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
 
