@@ -34,7 +34,8 @@ resident at once: the grid is at most the SM count, and only the runner's own fo
 persistent kernel at once, each waiting for programs the other holds. A wait is bounded (SPIN_LIMIT reads): a
 program that gives up sets the stall word (the slot after the programs'), every later wait ends at once and
 the final norm writes NaN rows, so a grid that cannot all be resident (fewer SMs than the device reports: MPS,
-a green context) fails warm-up instead of hanging the device. `persistent=False` runs the same phases one
+a green context) fails warm-up instead of hanging the device; a stall in serving fails that batch's requests
+(Tulip refuses non-finite rows: tulip.completer.check_finite). `persistent=False` runs the same phases one
 launch each, no barrier: the CPU tests (Triton's interpreter runs programs one after another, so a barrier
 between several never opens: it stalls) and the A/B of barriers against launches.
 
