@@ -68,13 +68,7 @@ def random_bert(layers: int | None = None, seed: int = 0, device: str = "cuda"):
     cfg.update({"num_hidden_layers": layers} if layers else {})
     with torch.device("meta"):
         model = BertModel(cfg)
-    model = model.to_empty(device=device).to(torch.bfloat16)
-    gen = torch.Generator(device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32)
-            p.copy_(1.0 + 0.1 * noise if "LayerNorm.weight" in name else 0.05 * noise)
-    return model.eval().requires_grad_(False)
+    return _randomized(model.to_empty(device=device).to(torch.bfloat16), seed, "LayerNorm.weight", 0.05)
 
 
 def embed(model, meta: ForwardMeta) -> torch.Tensor:
@@ -108,11 +102,18 @@ def random_qwen3(name: str = "qwen3-0.6b", causal: bool = True, layers: int | No
     inv_freq = model.rotary.inv_freq.clone()  # built on the CPU, not in the checkpoint
     model = model.to_empty(device=device).to(torch.bfloat16)
     model.rotary.inv_freq = inv_freq.to(device)
+    return _randomized(model, seed, "norm", 0.02)
+
+
+def _randomized(model, seed: int, norm: str, std: float):
+    """Every parameter random on its device: the norms' weights around 1 (std 0.1; those whose name holds
+    `norm`), the rest around 0 with `std`."""
+    device = next(model.parameters()).device
     gen = torch.Generator(device).manual_seed(seed)
     with torch.no_grad():
-        for pname, p in model.named_parameters():
+        for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32)
-            p.copy_(1.0 + 0.1 * noise if "norm" in pname else 0.02 * noise)
+            p.copy_(1.0 + 0.1 * noise if norm in name else std * noise)
     return model.eval().requires_grad_(False)
 
 

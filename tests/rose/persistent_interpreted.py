@@ -29,13 +29,41 @@ def tiny_qwen3(causal: bool, seed: int, hidden: int = 64):
     return model.eval()
 
 
-def main() -> int:
+def packed(lens: list[int], layout, low: int = 1):
+    """(host, meta) of a batch of random ids of these lengths (ids from `low`), packed at `layout` on the CPU."""
     import torch
 
     from rose import Batch
+    from rose.meta import ForwardMeta, pack_batch
+
+    gen = torch.Generator().manual_seed(sum(lens))
+    batch = Batch.from_sequences([torch.randint(low, 50, (n,), generator=gen).tolist() for n in lens])
+    host = pack_batch(batch, layout)
+    return host, ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, host.max_seqlen, host)
+
+
+def against(model, tiles, embedded, meta, expected, label: str) -> int:
+    """The kernel launched a phase at a time over three programs, and persistent on one, against `expected`;
+    prints a line each, returns how many missed."""
+    from rose.layers.persistent_decoder import PersistentDecoder
+
+    failed = 0
+    for programs, persistent in ((3, False), (1, True)):
+        got = PersistentDecoder(model, tiles, programs=programs)(embedded, meta.positions, meta.seq_ids,
+                                                                 persistent=persistent)
+        err = ((got - expected).norm() / expected.norm()).item()
+        ok = err < 1e-4 and got.shape == expected.shape
+        failed += not ok
+        print(f"{label} programs={programs} persistent={persistent}: rel err {err:.2e} {'ok' if ok else 'MISMATCH'}")
+    return failed
+
+
+def main() -> int:
+    import torch
+
     from rose.attention import make_backend
     from rose.layers.persistent_decoder import PersistentDecoder, Tiles
-    from rose.meta import ForwardMeta, MetaLayout, pack_batch
+    from rose.meta import MetaLayout
 
     failed = 0
     tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, warps=4, stages=1, keys=16,
@@ -45,23 +73,12 @@ def main() -> int:
     for causal in (True, False):
         for lens, layout, hidden in cases:
             model = tiny_qwen3(causal, seed=len(lens) + 10 * causal, hidden=hidden)
-            gen = torch.Generator().manual_seed(sum(lens))
-            batch = Batch.from_sequences([torch.randint(1, 50, (n,), generator=gen).tolist() for n in lens])
-            host = pack_batch(batch, layout)
-            meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, host.max_seqlen, host)
+            host, meta = packed(lens, layout)
             backend = make_backend("sdpa", torch.device("cpu"), torch.float32)
             with torch.no_grad():
                 expected = model(meta, backend)
-                embedded = model.embed_tokens(meta.input_ids)
-                for programs, persistent in ((3, False), (1, True)):
-                    decoder = PersistentDecoder(model, tiles, programs=programs)
-                    got = decoder(embedded, meta.positions, meta.seq_ids, persistent=persistent)
-                    err = ((got - expected).norm() / expected.norm()).item()
-                    ok = err < 1e-4 and got.shape == expected.shape
-                    failed += not ok
-                    verdict = "ok" if ok else "MISMATCH"
-                    print(f"causal={causal} lens={lens} tokens={host.layout.tokens} hidden={hidden} "
-                          f"programs={programs} persistent={persistent}: rel err {err:.2e} {verdict}")
+                failed += against(model, tiles, model.embed_tokens(meta.input_ids), meta, expected,
+                                  f"causal={causal} lens={lens} tokens={host.layout.tokens} hidden={hidden}")
             if lens == [30, 12]:  # after the weights were stacked: the layers still read them, and forward routes
                 with torch.no_grad():
                     layers_after = model(meta, backend)
@@ -100,32 +117,21 @@ def bert(tiles) -> int:
     three programs and persistent on one; and routed through BertModel.forward."""
     import torch
 
-    from rose import Batch
     from rose.attention import make_backend
     from rose.layers.persistent_decoder import PersistentDecoder
-    from rose.meta import ForwardMeta, MetaLayout, pack_batch
+    from rose.meta import MetaLayout
 
     failed = 0
     cases = [([5], None, 64, 0), ([3, 9, 1, 6], None, 64, 2), ([7, 7, 7], MetaLayout(tokens=24, seqs=4, rows=3), 64, 0),
              ([30, 12], None, 64, 0), ([11, 4], None, 96, 0)]
     for lens, layout, hidden, offset in cases:
         model = tiny_bert(seed=len(lens), hidden=hidden, offset=offset)
-        gen = torch.Generator().manual_seed(sum(lens))
-        batch = Batch.from_sequences([torch.randint(3, 50, (n,), generator=gen).tolist() for n in lens])
-        host = pack_batch(batch, layout)
-        meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, host.max_seqlen, host)
+        host, meta = packed(lens, layout, low=3)
         backend = make_backend("sdpa", torch.device("cpu"), torch.float32)
         with torch.no_grad():
             expected = model(meta, backend)
-            embedded = model.embeddings(meta.input_ids, meta.positions + offset)
-            for programs, persistent in ((3, False), (1, True)):
-                decoder = PersistentDecoder(model, tiles, programs=programs)
-                got = decoder(embedded, meta.positions, meta.seq_ids, persistent=persistent)
-                err = ((got - expected).norm() / expected.norm()).item()
-                ok = err < 1e-4 and got.shape == expected.shape
-                failed += not ok
-                print(f"bert lens={lens} tokens={host.layout.tokens} hidden={hidden} offset={offset} "
-                      f"programs={programs} persistent={persistent}: rel err {err:.2e} {'ok' if ok else 'MISMATCH'}")
+            failed += against(model, tiles, model.embeddings(meta.input_ids, meta.positions + offset), meta, expected,
+                              f"bert lens={lens} tokens={host.layout.tokens} hidden={hidden} offset={offset}")
             if lens == [30, 12]:
                 model.persistent = PersistentDecoder(model, tiles, programs=1, backend=backend)
                 err = ((model(meta, backend) - expected).norm() / expected.norm()).item()

@@ -87,3 +87,30 @@ def attention_written_out(q, k, v, lengths, causal, window, scale):
         out.append((scores.softmax(-1) @ vs).transpose(0, 1))
         at += n
     return torch.cat(out)
+
+
+def persistent_engine_parity(tiny: TinyModel, seqs: Sequence[Sequence[int]], ref: np.ndarray) -> dict:
+    """A GPU engine with ROSE_PERSISTENT_DECODER=on embeds `seqs` three times (the layout's eager warm-up, its
+    checked capture, a replay) and once eagerly at its exact size. Returns the worst divergence from `ref` per
+    way, how many forwards the persistent kernel had run after each of the three, each forward's steps, its step
+    count and the engine's stats; AssertionError when the kernel did not attach."""
+    from rose import Batch
+    from rose.engine import Engine
+
+    engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", prewarm=(), graph_manifest=None,
+                                    persistent_decoder="on")
+    try:
+        decoder = engine.runner.model.persistent
+        assert decoder is not None, "the persistent decoder did not attach (its log line says why)"
+        runs, run = [], decoder.run
+        decoder.run = lambda *args, **kwargs: (runs.append(args[1:3]), run(*args, **kwargs))[1]
+        worst, seen = {}, []
+        for way in ("eager", "capture", "replay"):
+            worst[way] = float(1.0 - cosine(engine.embed(seqs), ref).min())
+            seen.append(len(runs))
+        batch = Batch.from_sequences(seqs, engine.spec.pooling)
+        worst["exact-size eager"] = float(1.0 - cosine(engine.runner.step(batch, use_graphs=False).result(), ref).min())
+        return {"worst": worst, "seen": seen, "runs": runs, "steps": decoder.steps, "stats": engine.stats()}
+    finally:
+        engine.close()
+

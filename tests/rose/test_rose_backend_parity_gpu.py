@@ -80,32 +80,16 @@ def test_whole_model_parity_with_transformers(attention, qwen3):
 def test_persistent_decoder_parity_with_transformers(qwen3):
     """ROSE_PERSISTENT_DECODER=on: a batch of up to 64 tokens runs every decoder layer in the persistent kernel
     (rose.layers.persistent_decoder), eagerly, captured and replayed, within the same bar of transformers."""
-    from rose_parity import reference_rows
-
-    from rose.engine import Engine
+    from rose_parity import persistent_engine_parity, reference_rows
 
     tiny, _, _ = qwen3
     seqs = random_seqs(tiny, [1, 5, 17, 40], seed=15)  # 63 tokens, a graph layout of 64
-    ref = reference_rows(tiny, seqs, device="cuda")
-    engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", prewarm=(), graph_manifest=None,
-                                    persistent_decoder="on")
-    try:
-        decoder = engine.runner.model.persistent
-        assert decoder is not None, "the persistent decoder did not attach (its log line says why)"
-        runs, run = [], decoder.run
-        decoder.run = lambda *args, **kwargs: (runs.append(args[1:3]), run(*args, **kwargs))[1]
-        worst, seen = {}, []
-        for step in ("eager", "capture", "replay"):  # the layout's eager warm-up, its checked capture, a replay
-            worst[step] = divergence(engine.embed(seqs), ref)
-            seen.append(len(runs))
-        batch = Batch.from_sequences(seqs, engine.spec.pooling)
-        worst["exact-size eager"] = divergence(engine.runner.step(batch, use_graphs=False).result(), ref)
-        assert seen[0] == 1 and seen[1] > 1 and seen[2] == seen[1] and len(runs) == seen[2] + 1, (seen, runs)
-        assert all(r == (0, decoder.steps) for r in runs), runs  # every forward in one launch: all steps
-        assert engine.stats()["graphs_captured"] == 1
-        assert max(worst.values()) <= BAR, worst
-    finally:
-        engine.close()
+    got = persistent_engine_parity(tiny, seqs, reference_rows(tiny, seqs, device="cuda"))
+    seen, runs = got["seen"], got["runs"]
+    assert seen[0] == 1 and seen[1] > 1 and seen[2] == seen[1] and len(runs) == seen[2] + 1, (seen, runs)
+    assert all(r == (0, got["steps"]) for r in runs), runs  # every forward in one launch: all steps
+    assert got["stats"]["graphs_captured"] == 1
+    assert max(got["worst"].values()) <= BAR, got["worst"]
 
 
 @pytest.mark.parametrize("causal", [False, True])

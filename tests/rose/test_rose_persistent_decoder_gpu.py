@@ -156,23 +156,13 @@ def test_bert_matches_its_layers(batch):
 @pytest.mark.parametrize("family", ["bert", "xlm-roberta"])
 def test_bert_through_the_engine_against_transformers(family, tiny_root):
     """ROSE_PERSISTENT_DECODER=on with a BERT (and an XLM-R: positions after the padding id) of head dim 32:
-    eager, captured and replayed within 0.1 % of transformers in float32."""
-    from rose_parity import cosine, random_seqs, reference_rows
+    eager, captured, replayed and at its exact size within 0.1 % of transformers in float32, every forward in
+    the persistent kernel."""
+    from rose_parity import persistent_engine_parity, random_seqs, reference_rows
     from rose_tiny_models import build_bert
-
-    from rose.engine import Engine
 
     tiny = build_bert(tiny_root, family, heads=2)
     seqs = random_seqs(tiny, [1, 5, 17, 40], seed=3)
-    ref = reference_rows(tiny, seqs, device="cuda")
-    engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", prewarm=(), graph_manifest=None,
-                                    persistent_decoder="on")
-    try:
-        decoder = engine.runner.model.persistent
-        assert decoder is not None, "the persistent decoder did not attach (its log line says why)"
-        runs, run = [], decoder.run
-        decoder.run = lambda *args, **kwargs: (runs.append(1), run(*args, **kwargs))[1]
-        worst = [float(1.0 - cosine(engine.embed(seqs), ref).min()) for _ in range(3)]
-        assert runs and max(worst) <= 1e-3, worst
-    finally:
-        engine.close()
+    got = persistent_engine_parity(tiny, seqs, reference_rows(tiny, seqs, device="cuda"))
+    assert got["seen"][0] == 1 and got["runs"] and all(r == (0, got["steps"]) for r in got["runs"]), got
+    assert max(got["worst"].values()) <= 1e-3, got["worst"]
