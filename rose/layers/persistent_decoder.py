@@ -295,10 +295,11 @@ class Workspace:
 
 
 def attach(model, backend, routed: int) -> PersistentDecoder | None:
-    """Where `routed` (tokens, routed_tokens) is not 0, the model is a supported decoder and its weights are bf16
-    or fp16 on CUDA: build the persistent decoder, compile and launch it for every token block it will serve
-    (warm), and set it as `model.persistent` (Qwen3Model.forward then runs batches of up to `routed` tokens
-    through it, with `backend`'s forwards only). Returns it, or None with the reason logged."""
+    """Where `routed` (tokens, routed_tokens) is not 0, the model is supported (a Qwen3 decoder or a BERT-style
+    encoder: persistent_models.unsupported) and its weights are bf16 or fp16 on CUDA: build the persistent
+    decoder, compile and launch it for every token block it will serve (warm), and set it as `model.persistent`
+    (the model's forward then runs batches of up to `routed` tokens through it, with `backend`'s forwards only).
+    Returns it, or None with the reason logged."""
     if routed <= 0 or triton is None or not hasattr(model, "persistent"):
         return None
     weight = next(model.parameters())
