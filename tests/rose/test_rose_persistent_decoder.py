@@ -84,6 +84,49 @@ def test_forward_routes_small_batches_of_its_own_backend_only():
     assert model(large, main) is not sentinel and taken == [express, main]
 
 
+def test_bert_forward_routes_small_batches_of_its_own_backend_only():
+    """BertModel.forward hands its normed embeddings (positions after the model's offset) to the persistent
+    kernel when the batch fits and comes with the kernel's backend; another backend and larger batches take the
+    layers."""
+    import torch
+
+    from rose import Batch
+    from rose.attention import make_backend
+    from rose.meta import ForwardMeta, pack_batch
+    from rose.models.bert import BertModel
+
+    cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "max_position_embeddings": 64}
+    model = BertModel(cfg, position_offset=2).eval()
+    main, sentinel, seen = object(), torch.full((1,), 7.0), {}
+
+    class Decoder:
+        backend = main
+
+        def fits(self, tokens):
+            return tokens <= 4
+
+        def __call__(self, residual, positions, seq_ids):
+            seen.update(residual=residual, positions=positions)
+            return sentinel
+
+    model.persistent = Decoder()
+
+    def meta_of(n):
+        host = pack_batch(Batch.from_sequences([list(range(3, 3 + n))]))
+        return ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, host.max_seqlen, host)
+
+    small, large = meta_of(4), meta_of(8)
+    with torch.no_grad():
+        assert model(small, main) is sentinel
+        assert torch.equal(seen["positions"], small.positions + 2)
+        assert torch.equal(seen["residual"], model.embeddings(small.input_ids, small.positions + 2))
+        sdpa = make_backend("sdpa", torch.device("cpu"), torch.float32)
+        assert model(small, sdpa) is not sentinel
+        model.persistent.backend = sdpa
+        assert model(large, sdpa) is not sentinel and model(small, sdpa) is sentinel
+
+
 def test_tulip_and_the_rose_cli_pass_the_setting_to_the_engine(monkeypatch):
     """`tulip serve --persistent-decoder` (TULIP_PERSISTENT_DECODER) and the rose CLI's ROSE_PERSISTENT_DECODER
     reach Engine.from_pretrained, which hands the token bound to the runner."""
