@@ -32,6 +32,7 @@ from rose.attention import make_backend
 from rose.attention.shape import AttentionShape
 from rose.layers.persistent_decoder import (
     PHASE_NAMES,
+    POST_PHASE_NAMES,
     PHASES,
     SPIN_LIMIT,
     PersistentDecoder,
@@ -180,7 +181,8 @@ def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[st
         samples.append(clock.diff().cpu())
     steps = torch.stack(samples[3:]).median(0).values.double() / 1e3
     per_phase = steps[:-1].view(decoder.layers, PHASES).mean(0).tolist()
-    return {**dict(zip(PHASE_NAMES, per_phase)), "final norm": float(steps[-1]), "total": float(steps.sum())}
+    names = POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES
+    return {**dict(zip(names, per_phase)), "final norm": float(steps[-1]), "total": float(steps.sum())}
 
 
 def forwards(model, decoder, backend, meta) -> dict:

@@ -63,7 +63,9 @@ except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
 
 PHASES = 7  # per layer; step L * PHASES is the final norm
-PHASE_NAMES = ("add+norm", "qkv", "attention", "o", "add+norm 2", "gate-up", "down")
+PHASE_NAMES = ("add+norm", "qkv", "attention", "o", "add+norm 2", "gate-up", "down")  # pre-norm (Qwen3)
+POST_PHASE_NAMES = ("out add+LN", "qkv", "attention", "o", "attn add+LN", "up+GELU", "down")  # BERT's: phase 0
+# ends the layer before (its output LayerNorm; nothing at layer 0)
 MAX_TOKENS = 128
 SPIN_LIMIT = 1 << 21  # reads a barrier waits before it calls the grid stalled: ~1-2 s on the H200, ~1000 x a forward
 ROUTED_TOKENS = 64  # ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, where it beat the layers on the H200
