@@ -94,7 +94,8 @@ class IvyConfig:
         "idle timeout of whatever sits in front (nginx 75 s, AWS ALB 60 s), or it reuses connections Ivy has "
         "closed and answers 502; open connections are bounded by --max-connections, not by this."))
     max_connections: int = field(default=0, metadata=_help(
-        "Open connections per worker process; a new one over it gets 503 and is closed at once. "
+        "Open connections per worker process; a new one over it closes the connection idle longest (no request "
+        "in progress), or gets 503 and is closed at once when every one has a request in progress. "
         "0 = the process's open-file limit minus 256 (so sockets never take every descriptor)."))
     gc_freeze: bool = field(default=True, metadata=_help(
         "once a worker serves, move every object alive into the garbage collector's permanent generation "

@@ -11,7 +11,9 @@ descriptor. `ivy serve` runs these subclasses of uvicorn's protocols instead (RE
   httptools is missing, bounds its own buffer at the same size and answers 400);
 - headers not complete --header-read-timeout-s after their first byte: 408 and closed;
 - a new connection that sends nothing: closed after the keep-alive timeout, like an idle kept-alive one;
-- over --max-connections open in this process: 503 with Retry-After and closed at once;
+- over --max-connections open in this process: the connection idle longest (no request in progress) is closed
+  to make room, and only when every one has a request in progress is the new one answered 503 with Retry-After
+  and closed at once (RELIABILITY 27, 48);
 - an answer the client does not read: while the transport's send buffer is over its high-water mark (from
   asyncio's pause_writing to resume_writing), each --send-timeout-s must see some of it sent; a client that
   read nothing in that time is aborted, which frees the unsent bytes (a slow reader is only watched longer). 30 stalled readers of 2048-input
@@ -89,6 +91,24 @@ def _raw_response(problem: Problem, message: str) -> bytes:
     return head.encode() + body
 
 
+_IDLE: dict = {}  # this process's connections with no request in progress, the longest idle first
+
+
+def _evict_idle(newcomer) -> bool:
+    """Make room for a connection over the cap by closing the one idle longest (no request in progress: kept
+    alive after an answer, silent since it opened, or still sending its headers), as nginx reuses its idle
+    keep-alive connections; False when every connection has a request in progress. So idle sockets, however
+    many, never lock out new clients (the kubelet's health probe among them)."""
+    victim = next(iter(_IDLE), None)
+    if victim is None or victim is newcomer:
+        return False
+    del _IDLE[victim]
+    metrics.CONNECTIONS_REFUSED.labels("idle_evicted").inc()
+    victim._cancel_header_timer()
+    victim.transport.close()  # no answer: as its keep-alive timeout would have closed it
+    return True
+
+
 class _Limits:
     """Mixed in ahead of uvicorn's H11Protocol or HttpToolsProtocol, whose attributes it uses: connections,
     cycle (a new one per request whose headers are complete), transport, loop and the keep-alive timer."""
@@ -100,12 +120,18 @@ class _Limits:
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        if LIMITS.max_connections and len(self.connections) > LIMITS.max_connections:
+        if LIMITS.max_connections and len(self.connections) > LIMITS.max_connections and not _evict_idle(self):
             self._refuse(Problem.TOO_MANY_CONNECTIONS, f"the server is at its limit of {LIMITS.max_connections} "
                          "open connections; retry later", "connection_cap")
             return
+        _IDLE[self] = None
         # Closed after the keep-alive timeout unless a byte arrives (data_received cancels this timer).
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            _IDLE[self] = None  # kept alive with no request in progress (none pipelined): the newest idle
 
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
@@ -117,6 +143,7 @@ class _Limits:
         if self.cycle is not cycle:  # its headers are complete: a new request has started
             self._header_bytes = self._drained = 0
             self._cancel_header_timer()
+            _IDLE.pop(self, None)
             return
         if draining:
             self._drained += len(data)
@@ -137,6 +164,7 @@ class _Limits:
         raise NotImplementedError
 
     def connection_lost(self, exc: Exception | None) -> None:
+        _IDLE.pop(self, None)
         self._cancel_header_timer()
         self._cancel_send_timer()
         super().connection_lost(exc)

@@ -42,7 +42,8 @@ COALESCED = Histogram("ivy_requests_per_call", "Requests sharing one gRPC call (
 RETRIES = Counter("ivy_chunk_retries", "Chunks retried on another replica", ["reason"])
 CONNECTIONS_REFUSED = Counter("ivy_connections_refused", "Connections answered and closed by ivy.connections' limits "
                               "(header_too_large, header_timeout, connection_cap, send_timeout; drain_too_large, "
-                              "drain_timeout: the rest of a body answered early)", ["reason"])
+                              "drain_timeout: the rest of a body answered early; idle_evicted: the connection idle "
+                              "longest, closed to make room over the cap)", ["reason"])
 REPLICA_UP = Gauge("ivy_replica_up", "1 when the replica is SERVING the expected model", ["replica"],
                    multiprocess_mode="livemax")
 REPLICA_GONE = -1.0  # ivy_replica_up of a replica gone from DNS: below 0 and 1, so a worker that still routes

@@ -1,4 +1,4 @@
-"""Hostile sockets against a real `ivy serve` (issue 15): RELIABILITY cases 26, 27, 44 and 46."""
+"""Hostile sockets against a real `ivy serve` (issue 15): RELIABILITY cases 26, 27, 44, 46 and 48."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -96,8 +97,7 @@ def test_huge_headers_get_431_fast_while_others_are_served(shape) -> None:
 
 def test_idle_and_trickling_connections_are_closed_and_capped() -> None:
     """RELIABILITY 27: a connection that sends nothing, one idle after its answer (keep-alive) and one that
-    trickles its headers are closed after their timeouts; over the connection cap a new one gets a fast 503;
-    once the idle ones are gone new clients are served again."""
+    trickles its headers are closed after their timeouts; once they are gone new clients are served."""
     env = dict(IVY_KEEP_ALIVE_TIMEOUT_S="1", IVY_HEADER_READ_TIMEOUT_S="2", IVY_MAX_CONNECTIONS="24")
     with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
         # The readiness probes' connections are gone: the cap below counts only this test's connections.
@@ -123,16 +123,6 @@ def test_idle_and_trickling_connections_are_closed_and_capped() -> None:
             assert _reply(s, 3) is not None, "an idle connection was never closed"
         assert _reply(kept.sock, 3) is not None, "a keep-alive connection was never closed"
 
-        crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
-        started = time.monotonic()
-        refused = 0
-        for s in crowd[24:]:
-            reply = _reply(s, 0.5)
-            assert reply is not None, "a connection over the cap was kept open"
-            refused += reply.startswith(b"HTTP/1.1 503")
-        assert refused >= 8 and time.monotonic() - started < 5
-        for s in crowd:
-            s.close()
         wait_until(lambda: server_connections_open(port) == 0, timeout=30)  # the server has let them go
         assert _embed(port)[0] == 200
 
@@ -147,6 +137,25 @@ def _answers(sock: socket.socket, timeout: float) -> list[bytes]:
     except (TimeoutError, OSError):  # still open, or reset
         pass
     return [line for line in reply.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+
+def _answer(sock: socket.socket, timeout: float) -> bytes:
+    """One whole answer (headers and its Content-Length of body), however the server's writes arrive."""
+    sock.settimeout(timeout)
+    reply = b""
+    while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < _content_length(reply):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+    return reply
+
+
+def _content_length(reply: bytes) -> int:
+    for line in reply.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
 
 
 def _post(body: bytes, extra: bytes = b"") -> bytes:
@@ -201,8 +210,7 @@ def test_bodies_being_read_are_capped_together() -> None:
         event_loop_turned(port)
         refused = socket.create_connection(("127.0.0.1", port))
         refused.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(body))  # its body never sent: refused unread
-        refused.settimeout(5)
-        reply = refused.recv(65536)  # the answer, the connection kept to drain a body that never comes
+        reply = _answer(refused, 5)  # the connection is kept to drain a body that never comes
         assert reply.startswith(b"HTTP/1.1 429") and b"retry-after" in reply.lower(), reply[:300]
         assert b"bytes of request bodies" in reply
         assert _embed(port)[0] == 200  # a small body still fits
@@ -213,3 +221,49 @@ def test_bodies_being_read_are_capped_together() -> None:
         conn.request("POST", "/v1/embeddings", body, {"content-type": "application/json"})
         assert conn.getresponse().status == 200
         conn.close()
+
+
+def test_over_the_cap_a_new_connection_closes_the_one_idle_longest() -> None:
+    """RELIABILITY 48: with the cap full of idle connections (silent ones, a kept-alive one) each new connection
+    closes the one idle longest, without an answer, and the newer ones stay open; a client over the cap (the
+    kubelet's liveness probe, say) is served."""
+    env = dict(IVY_MAX_CONNECTIONS="8", IVY_KEEP_ALIVE_TIMEOUT_S="60", IVY_HEADER_READ_TIMEOUT_S="60",
+               IVY_WORKERS="1")
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
+        wait_until(lambda: server_connections_open(port) == 0, timeout=30)  # the readiness probes' are gone
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        kept.request("GET", "/health")
+        assert kept.getresponse().read() and kept.sock is not None  # idle longest: kept alive after its answer
+        crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(11)]  # 12 in all on a cap of 8
+        assert _reply(kept.sock, 5) == b"", "the connection idle longest was not closed, or was answered"
+        for s in crowd[:3]:
+            assert _reply(s, 5) == b"", "an older idle connection over the cap was not closed, or was answered"
+        assert all(_reply(s, 0.1) is None for s in crowd[3:]), "a newer idle connection was closed"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            assert r.status == 200  # over the cap: crowd[3] makes room
+        assert _reply(crowd[3], 5) == b"" and _reply(crowd[4], 0.1) is None
+        for s in crowd:
+            s.close()
+
+
+def test_over_the_cap_with_every_connection_busy_a_new_one_gets_a_fast_503() -> None:
+    """RELIABILITY 48: with every connection of the cap holding a request in progress nothing can make room, so
+    a new connection is answered 503 with Retry-After at once; when they are answered it is served again."""
+    env = dict(IVY_MAX_CONNECTIONS="5", IVY_WORKERS="1")
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
+        wait_until(lambda: server_connections_open(port) == 0, timeout=30)  # the readiness probes' are gone
+        fake.gate = threading.Event()
+        busy = [threading.Thread(target=_embed, args=(port,), daemon=True) for _ in range(5)]
+        for t in busy:
+            t.start()
+        wait_until(lambda: fake.waiting == 5, timeout=30)
+        started = time.monotonic()
+        refused = socket.create_connection(("127.0.0.1", port))
+        reply = _reply(refused, 3)
+        assert reply is not None and reply.startswith(b"HTTP/1.1 503") and b"retry-after" in reply.lower(), reply
+        assert time.monotonic() - started < 2
+        fake.gate.set()
+        for t in busy:
+            t.join(timeout=30)
+        wait_until(lambda: server_connections_open(port) == 0, timeout=30)
+        assert _embed(port)[0] == 200
