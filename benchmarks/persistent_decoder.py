@@ -9,6 +9,7 @@ Variants, each captured in a CUDA graph and replayed on the same batch, rounds i
   layers      the model's forward as served today (cuBLAS GEMMs, ROSE's Triton attention; Qwen3's fused norms)
   persistent  every layer in one persistent kernel (grid barriers between phases)
   launches    the same phases, one launch each (no barriers): what the barriers cost against launches
+  +embeddings (BERT) the persistent kernel from the token ids: the embeddings in its first step
 then a sweep of the persistent kernel's tiles at the largest token count. Reported: median and p90 of the
 replays' GPU time (CUDA events), relative error of the final hidden states against `layers`, and the weight
 -read floor at the card's measured copy bandwidth. Writes DIR/persistent_decoder[_MODEL].json; prints a table last.
@@ -187,9 +188,13 @@ def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[st
 
 def forwards(model, decoder, backend, meta) -> dict:
     """The variants' forwards on one batch."""
-    return {"layers": lambda: model(meta, backend),
-            "persistent": lambda: decoder(embed(model, meta), meta.positions, meta.seq_ids),
-            "launches": lambda: decoder(embed(model, meta), meta.positions, meta.seq_ids, persistent=False)}
+    variants = {"layers": lambda: model(meta, backend),
+                "persistent": lambda: decoder(embed(model, meta), meta.positions, meta.seq_ids),
+                "launches": lambda: decoder(embed(model, meta), meta.positions, meta.seq_ids, persistent=False)}
+    if decoder.w.post:  # BERT: its embeddings in the kernel's first step too
+        variants["+embeddings"] = lambda: decoder.from_ids(meta.input_ids, meta.positions + model.position_offset,
+                                                           meta.seq_ids)
+    return variants
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -227,8 +227,23 @@ class PersistentDecoder:
         """Steps of a forward: PHASES per layer, then the final norm."""
         return self.layers * PHASES + 1
 
-    def workspace(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor) -> Workspace:
-        """The buffers of one forward over `residual` (cloned: the kernel updates it in place, layer by layer)."""
+    def from_ids(self, ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
+                 token_types: torch.Tensor | None = None, persistent: bool = True) -> torch.Tensor:
+        """A BERT-style encoder's forward from its token ids: the kernel's first step computes the embeddings
+        (word + token type + position, LayerNorm) that BertModel's module otherwise computes in ~5 kernels
+        before it. positions: after the model's offset (XLM-R's); token_types: read when the model takes them."""
+        if not self.w.post:
+            raise ValueError("from_ids is for BERT-style encoders (their embeddings are computed in step 0)")
+        residual = torch.empty(ids.shape[0], self.hidden, dtype=self.w.wqkv.dtype, device=ids.device)
+        work = self.workspace(residual, positions, seq_ids, clone=False)
+        work.ids, work.types = ids, token_types if token_types is not None else ids
+        self.run(work, 0, self.steps, persistent)
+        return work.out
+
+    def workspace(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
+                  clone: bool = True) -> Workspace:
+        """The buffers of one forward over `residual` (cloned unless `clone` is False: the kernel updates it in
+        place, layer by layer)."""
         t = residual.shape[0]
         if not 0 < t <= MAX_TOKENS:
             raise ValueError(f"{t} tokens: the persistent decoder takes 1 to {MAX_TOKENS}")
@@ -237,7 +252,7 @@ class PersistentDecoder:
             return torch.empty(*shape, dtype=dtype, device=residual.device)
 
         tiles, d = self.tiles, self.head_dim
-        residual = residual.clone(memory_format=torch.contiguous_format)
+        residual = residual.clone(memory_format=torch.contiguous_format) if clone else residual
         return Workspace(residual=residual, positions=positions, seq_ids=seq_ids,
                          h=residual if self.w.post else new(t, self.hidden),  # post-norm: the residual is h
                          qkv=new(tiles.split_qkv, t, self.qkv_size, dtype=torch.float32),
@@ -256,7 +271,8 @@ class PersistentDecoder:
         args = (work.residual, work.h, work.qkv, work.attn, work.od, work.act, work.out, w.wqkv, w.wo, w.wgu, w.wd,
                 w.bqkv, w.bo, w.bgu, w.bd, w.ln1, w.ln1b, w.ln2, w.ln2b, w.final, w.final_b, w.qn, w.kn,
                 work.positions, work.seq_ids, w.inv_freq, work.rope, self.flags,
-                self.flags if clock is None else clock, t, self.eps, self.scale, self.steps - 1)
+                self.flags if clock is None else clock, *self._embed_args(work), t, self.eps, self.scale,
+                self.steps - 1)
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tiles.qkv,
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
@@ -264,7 +280,8 @@ class PersistentDecoder:
                 "CAUSAL": self.causal, "POST": w.post, "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
                 "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": clock is not None,
                 "FENCE": not INTERPRETED, "PHASES": PHASES, "SPINS": self.spins,
-                "PREFETCH": tiles.prefetch and not INTERPRETED and w.wqkv.element_size() == 2,  # 64 a line "num_warps": tiles.warps,
+                "PREFETCH": tiles.prefetch and not INTERPRETED and w.wqkv.element_size() == 2,  # 64 a line
+                "EMBED": work.ids is not None, "TYPES": w.token_types, "num_warps": tiles.warps,
                 "num_stages": tiles.stages}
         grid = (self.programs,)
         if clock is not None and (not persistent or first != 0 or clock.numel() < last + 1):
@@ -275,6 +292,14 @@ class PersistentDecoder:
         else:
             for step in range(first, last):
                 decoder_kernel[grid](*args, step, step + 1, PERSISTENT=False, **meta)
+
+
+    def _embed_args(self, work: Workspace) -> tuple:
+        """The kernel's ids, token types and embedding tables (placeholders when step 0 does not embed)."""
+        w = self.w
+        if work.ids is None:
+            return (self.flags, self.flags, w.wemb, w.temb, w.pemb, w.eln, w.elnb)
+        return (work.ids, work.types, w.wemb, w.temb, w.pemb, w.eln, w.elnb)
 
 
 @dataclass
@@ -294,6 +319,8 @@ class Workspace:
     act: torch.Tensor
     out: torch.Tensor
     rope: torch.Tensor
+    ids: torch.Tensor | None = None  # from_ids: step 0 embeds these (BERT), with these token types
+    types: torch.Tensor | None = None
 
 
 def attach(model, backend, routed: int) -> PersistentDecoder | None:

@@ -88,15 +88,38 @@ def _norm_rows(res_ptr, add_ptr, add_b_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog
             x = (x.to(tl.float32) + y.to(dt).to(tl.float32)).to(dt)
             if not POST:
                 tl.store(res_ptr + r * H + offs, x, mask=ok)
-        v = x.to(tl.float32)
-        if LAYER_NORM:  # torch's LayerNorm: float32 inside, rounded once
-            centred = tl.where(ok, v - tl.sum(v, axis=0) / H, 0.0)
-            rstd = tl.rsqrt(tl.sum(centred * centred, axis=0) / H + eps)
-            y = centred * rstd * w + tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-        else:  # Qwen3's RMSNorm: w * round(x * rstd)
-            rstd = tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
-            y = (v * rstd).to(dt).to(tl.float32) * w
+        y = _normed(x.to(tl.float32), ok, w, b_ptr, offs, eps, dt, H, LAYER_NORM)
         tl.store(dst_ptr + r * H + offs, tl.where(poison, float("nan"), y).to(dt), mask=ok)
+
+
+@triton.jit
+def _normed(v, ok, w, b_ptr, offs, eps, dt, H: tl.constexpr, LAYER_NORM: tl.constexpr):
+    """A row's norm in float32 (before its last rounding): torch's LayerNorm (float32 inside, rounded once), or
+    Qwen3's RMSNorm (w * round(x * rstd))."""
+    if LAYER_NORM:
+        centred = tl.where(ok, v - tl.sum(v, axis=0) / H, 0.0)
+        rstd = tl.rsqrt(tl.sum(centred * centred, axis=0) / H + eps)
+        return centred * rstd * w + tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
+    return (v * rstd).to(dt).to(tl.float32) * w
+
+
+@triton.jit
+def _embed_rows(ids_ptr, types_ptr, pos_ptr, wemb_ptr, temb_ptr, pemb_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog,
+                eps, H: tl.constexpr, BLOCK_H: tl.constexpr, TYPES: tl.constexpr):
+    """BERT's embeddings, a row per program at a time: LayerNorm(word + token type (type 0 unless TYPES) +
+    position), rounded as torch's modules round them (each sum, then the norm once)."""
+    offs = tl.arange(0, BLOCK_H)
+    ok = offs < H
+    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    dt = dst_ptr.dtype.element_ty
+    for r in range(pid, T, nprog):
+        kind = tl.load(types_ptr + r) if TYPES else 0
+        x = (tl.load(wemb_ptr + tl.load(ids_ptr + r) * H + offs, mask=ok, other=0.0).to(tl.float32)
+             + tl.load(temb_ptr + kind * H + offs, mask=ok, other=0.0).to(tl.float32)).to(dt).to(tl.float32)
+        x = (x + tl.load(pemb_ptr + tl.load(pos_ptr + r) * H + offs, mask=ok, other=0.0).to(tl.float32)).to(dt)
+        tl.store(dst_ptr + r * H + offs, _normed(x.to(tl.float32), ok, w, b_ptr, offs, eps, dt, H, True).to(dt),
+                 mask=ok)
 
 @triton.jit
 def _gemm(a_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -256,7 +279,8 @@ def _attention(qkv_ptr, b_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, p
 def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, bqkv_ptr, bo_ptr, bgu_ptr, bd_ptr,
                    ln1_ptr, ln1b_ptr, ln2_ptr, ln2b_ptr, fin_ptr, finb_ptr, qn_ptr, kn_ptr,
-                   pos_ptr, seq_ptr, inv_freq_ptr, rope_ptr, flags_ptr, clock_ptr, T, eps, scale, final, first,
+                   pos_ptr, seq_ptr, inv_freq_ptr, rope_ptr, flags_ptr, clock_ptr,
+                   ids_ptr, types_ptr, wemb_ptr, temb_ptr, pemb_ptr, eln_ptr, elnb_ptr, T, eps, scale, final, first,
                    last,
                    H: tl.constexpr, BLOCK_H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                    HALF: tl.constexpr, INNER: tl.constexpr, BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr,
@@ -265,14 +289,15 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                    CAUSAL: tl.constexpr, POST: tl.constexpr, LAYER_NORM: tl.constexpr, BIAS: tl.constexpr,
                    ACT: tl.constexpr, ROPE: tl.constexpr, NPROG_P2: tl.constexpr, CLOCK: tl.constexpr,
                    PERSISTENT: tl.constexpr, FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+                   PREFETCH: tl.constexpr, EMBED: tl.constexpr, TYPES: tl.constexpr):
     """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
     last layer's is the final norm. qkv_ptr and od_ptr hold float32 partials of K's slices (S_QKV; S_OD for
     the o and down projections), summed where they are read (with their biases, BIAS). The family: Qwen3 is
     pre-norm, RMSNorm, SiLU-gated (ACT 1), QK-norm + RoPE (ROPE); BERT is post-norm (POST: h_ptr is res_ptr,
     phase 0 of layer l > 0 is layer l - 1's output norm, ln1 holds those), LayerNorm, biases, GELU (ACT 2).
     PERSISTENT: a grid barrier after each step but the last (and after the last too when CLOCK: program 0 then
-    reads the clock once every program is done). PREFETCH: each GEMM phase's weights are asked into L2 a phase
+    reads the clock once every program is done). EMBED (post-norm only): step 0 computes BERT's embeddings from
+    the ids (and token types, TYPES) into the residual. PREFETCH: each GEMM phase's weights are asked into L2 a phase
     early, where no weights stream (the norms for the QKV and gate-up, attention for o) or after the gate-up's
     own work (for down)."""
     pid = tl.program_id(0)
@@ -293,11 +318,14 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
             else:
                 if PREFETCH:
                     _prefetch(wqkv_ptr + layer * (QKV_N * H), pid, nprog, QKV_N, H, BN_QKV, S_QKV, False)
-                if POST:  # layer l - 1's output norm; the embeddings come normed
+                if POST:  # layer l - 1's output norm; at layer 0 the embeddings (EMBED), else they come normed
                     if layer > 0:
                         _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + (layer - 1) * H,
                                    ln1b_ptr + (layer - 1) * H, h_ptr, T, pid, nprog, eps, True, False, H, BLOCK_H,
                                    S_OD, LAYER_NORM, POST, BIAS)
+                    elif EMBED:
+                        _embed_rows(ids_ptr, types_ptr, pos_ptr, wemb_ptr, temb_ptr, pemb_ptr, eln_ptr, elnb_ptr,
+                                    res_ptr, T, pid, nprog, eps, H, BLOCK_H, TYPES)
                 else:
                     _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + layer * H, ln1b_ptr + layer * H, h_ptr,
                                T, pid, nprog, eps, step > 0, False, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
@@ -328,7 +356,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
         else:
             _gemm(act_ptr, wd_ptr + layer * (H * INNER), bd_ptr, od_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D,
                   BK, S_OD, 0)
-        if PERSISTENT and (CLOCK or (step < final and not (POST and step == 0))):  # post-norm's step 0: no work
+        if PERSISTENT and (CLOCK or (step < final and not (POST and step == 0 and not EMBED))):  # (no work)
             grid_barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2, FENCE, SPINS)
         if CLOCK and pid == 0:
             tl.store(clock_ptr + step + 1, _globaltimer())

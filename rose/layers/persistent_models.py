@@ -54,6 +54,12 @@ class Stacked:
     qn: torch.Tensor
     kn: torch.Tensor
     inv_freq: torch.Tensor
+    wemb: torch.Tensor  # BERT's embedding tables and their LayerNorm (PersistentDecoder.from_ids)
+    temb: torch.Tensor
+    pemb: torch.Tensor
+    eln: torch.Tensor
+    elnb: torch.Tensor
+    token_types: bool  # a pair's second text has its own type (cross-encoders), else type 0 everywhere
 
 
 def unsupported(model) -> str | None:
@@ -108,7 +114,8 @@ def _stack_qwen3(model) -> Stacked:
                    ln2=_stack([layer.post_attention_layernorm for layer in layers]), ln2b=none,
                    final=model.norm.weight, final_b=none,
                    qn=_stack([layer.self_attn.q_norm for layer in layers]),
-                   kn=_stack([layer.self_attn.k_norm for layer in layers]), inv_freq=model.rotary.inv_freq)
+                   kn=_stack([layer.self_attn.k_norm for layer in layers]), inv_freq=model.rotary.inv_freq,
+                   wemb=none, temb=none, pemb=none, eln=none, elnb=none, token_types=False)
 
 
 def _bert_layers(model):
@@ -126,7 +133,7 @@ def _bert_unsupported(model) -> str | None:
 
 
 def _stack_bert(model, layers) -> Stacked:
-    first = layers[0]
+    first, emb = layers[0], model.embeddings
     qkv = [layer.attention._modules["self"].qkv_proj for layer in layers]
     out_norms = [layer.output.LayerNorm for layer in layers]
     ln1, ln1b = _stack(out_norms), _stack(out_norms, "bias")
@@ -143,7 +150,10 @@ def _stack_bert(model, layers) -> Stacked:
                    bd=_stack([layer.output.dense for layer in layers], "bias"), ln1=ln1, ln1b=ln1b,
                    ln2=_stack([layer.attention.output.LayerNorm for layer in layers]),
                    ln2b=_stack([layer.attention.output.LayerNorm for layer in layers], "bias"),
-                   final=ln1[-1], final_b=ln1b[-1], qn=none, kn=none, inv_freq=none.float())
+                   final=ln1[-1], final_b=ln1b[-1], qn=none, kn=none, inv_freq=none.float(),
+                   wemb=emb.word_embeddings.weight, temb=emb.token_type_embeddings.weight,
+                   pemb=emb.position_embeddings.weight, eln=emb.LayerNorm.weight, elnb=emb.LayerNorm.bias,
+                   token_types=model.token_types)
 
 
 def _head_dim_unsupported(d: int) -> str | None:

@@ -95,14 +95,14 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def tiny_bert(seed: int, hidden: int = 64, offset: int = 0):
+def tiny_bert(seed: int, hidden: int = 64, offset: int = 0, token_types: bool = False):
     import torch
 
     from rose.models.bert import BertModel
 
     cfg = {"vocab_size": 50, "hidden_size": hidden, "intermediate_size": 128, "num_hidden_layers": 2,
            "num_attention_heads": hidden // 32, "max_position_embeddings": 80, "layer_norm_eps": 1e-12}
-    model = BertModel(cfg, position_offset=offset)
+    model = BertModel(cfg, position_offset=offset, token_types=token_types)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -132,13 +132,47 @@ def bert(tiles) -> int:
             expected = model(meta, backend)
             failed += against(model, tiles, model.embeddings(meta.input_ids, meta.positions + offset), meta, expected,
                               f"bert lens={lens} tokens={host.layout.tokens} hidden={hidden} offset={offset}")
+            for programs, persistent in ((3, False), (1, True)):  # the embeddings in the kernel's first step
+                got = PersistentDecoder(model, tiles, programs=programs).from_ids(
+                    meta.input_ids, meta.positions + offset, meta.seq_ids, persistent=persistent)
+                err = ((got - expected).norm() / expected.norm()).item()
+                failed += not err < 1e-4
+                print(f"bert from ids lens={lens} offset={offset} programs={programs}: rel err {err:.2e} "
+                      f"{'ok' if err < 1e-4 else 'MISMATCH'}")
             if lens == [30, 12]:
                 model.persistent = PersistentDecoder(model, tiles, programs=1, backend=backend)
                 err = ((model(meta, backend) - expected).norm() / expected.norm()).item()
                 model.persistent = None
                 failed += not err < 1e-4
                 print(f"bert routed through forward: rel err {err:.2e} {'ok' if err < 1e-4 else 'MISMATCH'}")
+    failed += bert_pairs(tiles)
     return failed
+
+
+def bert_pairs(tiles) -> int:
+    """A cross-encoder's BERT (token types: a pair's second text is type 1) from its ids, types read in step 0."""
+    import torch
+
+    from rose import Batch
+    from rose.attention import make_backend
+    from rose.layers.persistent_decoder import PersistentDecoder
+    from rose.meta import ForwardMeta, pack_batch
+
+    model = tiny_bert(seed=9, token_types=True)
+    gen = torch.Generator().manual_seed(9)
+    seqs = [torch.randint(3, 50, (n,), generator=gen).tolist() for n in (9, 14)]
+    types = [[0] * 4 + [1] * 5, [0] * 6 + [1] * 8]
+    host = pack_batch(Batch.from_sequences(seqs, token_types=types), type_vocab_size=2)
+    meta = ForwardMeta.from_buffer(torch.from_numpy(host.packed), host.layout, host.max_seqlen, host)
+    with torch.no_grad():
+        expected = model(meta, make_backend("sdpa", torch.device("cpu"), torch.float32))
+        got = PersistentDecoder(model, tiles, programs=1).from_ids(meta.input_ids, meta.positions, meta.seq_ids,
+                                                                   meta.token_types)
+        plain = PersistentDecoder(model, tiles, programs=1).from_ids(meta.input_ids, meta.positions, meta.seq_ids)
+    err = ((got - expected).norm() / expected.norm()).item()
+    ok = err < 1e-4 and not torch.allclose(plain, expected, atol=1e-3)  # the types matter, and are read
+    print(f"bert pairs from ids with token types: rel err {err:.2e} {'ok' if ok else 'MISMATCH'}")
+    return not ok
 
 
 def phases(tiles) -> int:
