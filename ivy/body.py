@@ -118,8 +118,8 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
             raise IvyError(Problem.INVALID_JSON, "Content-Length is not a number", param="body") from None
         if declared_bytes > limit:
             raise _too_large(limit)
-        BODIES.take(declared_bytes)  # refused before a byte is read when the worker holds too much already
-        BODIES.give(declared_bytes)
+    else:
+        declared_bytes = None
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity") and encoding not in _ZLIB_WBITS:
         raise IvyError(Problem.UNSUPPORTED_ENCODING, "this Content-Encoding is not supported; "
@@ -127,13 +127,18 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
     inflater = _Inflater(encoding, limit) if encoding in _ZLIB_WBITS else None
     first = b""  # most bodies arrive in one chunk, kept as is
     more: bytearray | None = None  # later chunks appended in place: no object per chunk held
-    received = 0
+    received = held = 0
+    if declared_bytes is not None:  # reserved whole before a byte is read: an admitted body never fails midway
+        BODIES.take(declared_bytes)
+        held = declared_bytes
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in request.stream():
                 if received + len(chunk) > limit:  # the wire size is capped too: a compressed body is never bigger
                     raise _too_large(limit)
-                BODIES.take(len(chunk))
+                if declared_bytes is None:  # chunked: counted as it arrives
+                    BODIES.take(len(chunk))
+                    held += len(chunk)
                 received += len(chunk)
                 if more is not None:
                     more += chunk
@@ -147,7 +152,7 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
         raise IvyError(Problem.BODY_TIMEOUT, f"the request body did not arrive within {timeout_s:g} s",
                        param="body", limit=timeout_s) from None
     finally:
-        BODIES.give(received)  # what follows runs without a wait: parsed before another request's body grows
+        BODIES.give(held)  # what follows runs without a wait: parsed before another request's body grows
     raw = first if more is None else bytes(more)
     if inflater is None:
         return raw

@@ -91,22 +91,29 @@ def _raw_response(problem: Problem, message: str) -> bytes:
     return head.encode() + body
 
 
-_IDLE: dict = {}  # this process's connections with no request in progress, the longest idle first
+_IDLE: dict = {}  # this process's connections with no request in progress -> since when (loop time), oldest first
+EVICT_AFTER_S = 2.0  # idle at least this long before a connection may be closed to make room: a connection just
+# answered may already be carrying a proxy's next request (closed now, that request would get a 502)
 
 
 def _evict_idle(newcomer) -> bool:
     """Make room for a connection over the cap by closing the one idle longest (no request in progress: kept
-    alive after an answer, silent since it opened, or still sending its headers), as nginx reuses its idle
-    keep-alive connections; False when every connection has a request in progress. So idle sockets, however
-    many, never lock out new clients (the kubelet's health probe among them)."""
-    victim = next(iter(_IDLE), None)
-    if victim is None or victim is newcomer:
-        return False
-    del _IDLE[victim]
-    metrics.CONNECTIONS_REFUSED.labels("idle_evicted").inc()
-    victim._cancel_header_timer()
-    victim.transport.close()  # no answer: as its keep-alive timeout would have closed it
-    return True
+    alive after an answer, silent since it opened, or still sending its headers; idle EVICT_AFTER_S at least,
+    nothing of an answer left unsent), as nginx reuses its idle keep-alive connections; False when none is (every
+    connection busy, or idle only just). So idle sockets, however many, never lock out new clients (the kubelet's
+    health probe among them)."""
+    cutoff = newcomer.loop.time() - EVICT_AFTER_S
+    for victim, since in _IDLE.items():  # oldest first: stops at the first too recent to evict
+        if since > cutoff:
+            return False
+        if victim is not newcomer and not victim.transport.is_closing() \
+                and not victim.transport.get_write_buffer_size():  # (a close would wait for a slow reader)
+            del _IDLE[victim]
+            metrics.CONNECTIONS_REFUSED.labels("idle_evicted").inc()
+            victim._cancel_header_timer()
+            victim.transport.close()  # no answer: as its keep-alive timeout would have closed it
+            return True
+    return False
 
 
 class _Limits:
@@ -124,14 +131,15 @@ class _Limits:
             self._refuse(Problem.TOO_MANY_CONNECTIONS, f"the server is at its limit of {LIMITS.max_connections} "
                          "open connections; retry later", "connection_cap")
             return
-        _IDLE[self] = None
+        _IDLE[self] = self.loop.time()
         # Closed after the keep-alive timeout unless a byte arrives (data_received cancels this timer).
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
-            _IDLE[self] = None  # kept alive with no request in progress (none pipelined): the newest idle
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete) \
+                and self._body_received():  # (a body still arriving after an early answer: idle once drained)
+            _IDLE[self] = self.loop.time()  # kept alive with no request in progress (none pipelined)
 
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
@@ -150,6 +158,14 @@ class _Limits:
             if self._drained > LIMITS.max_drain_bytes:
                 metrics.CONNECTIONS_REFUSED.labels("drain_too_large").inc()
                 self.transport.close()  # answered already: nothing more is written
+                return
+            if self._body_received():  # drained: kept alive and idle, as after any answer
+                self._drained = 0
+                self._cancel_header_timer()
+                self._unset_keepalive_if_required()
+                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                    self.timeout_keep_alive_handler)
+                _IDLE[self] = self.loop.time()
                 return
         else:
             self._header_bytes += len(data)

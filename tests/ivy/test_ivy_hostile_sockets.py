@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from fake_tulip import FakeTulip, wait_until
+from ivy.connections import EVICT_AFTER_S
 from ivy_testkit import event_loop_turned, ivy_process, server_connections_open, server_has_read_everything
 
 pytestmark = pytest.mark.slow
@@ -194,10 +195,11 @@ def test_the_rest_of_a_body_answered_early_is_not_read_as_headers() -> None:
 
 
 def test_bodies_being_read_are_capped_together() -> None:
-    """RELIABILITY 46: three uploads stalled before their end hold 900 kB of a worker's 1 MB budget for bodies being
-    read; a fourth body that would pass it gets 429 with Retry-After before it is read, a small request is served
-    meanwhile, and once the uploads are gone a full-size body is served again."""
-    env = dict(IVY_PAYLOAD_LIMIT_BYTES="400000", IVY_BODY_BYTES_IN_FLIGHT="1000000", IVY_BODY_READ_TIMEOUT_S="60",
+    """RELIABILITY 46: three uploads stalled before their end hold (their Content-Length reserved) 1.2 MB of a
+    worker's 1.25 MB budget for bodies being read; a fourth body that would pass it gets 429 with Retry-After
+    before it is read, a small request is served meanwhile, and once the uploads are gone a full-size body is
+    served again."""
+    env = dict(IVY_PAYLOAD_LIMIT_BYTES="400000", IVY_BODY_BYTES_IN_FLIGHT="1250000", IVY_BODY_READ_TIMEOUT_S="60",
                IVY_WORKERS="1")
     body = json.dumps({"input": ["a normal client"], "user": "u" * 399_000}).encode()  # OpenAI's `user`: ignored
     with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
@@ -234,7 +236,9 @@ def test_over_the_cap_a_new_connection_closes_the_one_idle_longest() -> None:
         kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         kept.request("GET", "/health")
         assert kept.getresponse().read() and kept.sock is not None  # idle longest: kept alive after its answer
-        crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(11)]  # 12 in all on a cap of 8
+        crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(7)]  # the cap of 8 full
+        time.sleep(EVICT_AFTER_S + 0.3)  # idle long enough to be closed to make room
+        crowd += [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]  # 12 in all
         assert _reply(kept.sock, 5) == b"", "the connection idle longest was not closed, or was answered"
         for s in crowd[:3]:
             assert _reply(s, 5) == b"", "an older idle connection over the cap was not closed, or was answered"
@@ -242,8 +246,25 @@ def test_over_the_cap_a_new_connection_closes_the_one_idle_longest() -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
             assert r.status == 200  # over the cap: crowd[3] makes room
         assert _reply(crowd[3], 5) == b"" and _reply(crowd[4], 0.1) is None
+
         for s in crowd:
             s.close()
+
+
+def test_a_connection_drained_after_an_early_answer_idles_quietly() -> None:
+    """RELIABILITY 44: after an early answer (a 422 for its header) and the rest of its body drained, the
+    connection is idle like any other: no unasked-for 408 when the header timeout passes, and its next request is
+    served."""
+    env = dict(IVY_HEADER_READ_TIMEOUT_S="1", IVY_KEEP_ALIVE_TIMEOUT_S="60", IVY_WORKERS="1")
+    body = json.dumps({"input": ["a normal client"], "user": "u" * 20_000}).encode()
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(HEAD + b"X-Request-Timeout: -1\r\nContent-Length: %d\r\n\r\n" % len(body))
+        assert _answer(sock, 5).startswith(b"HTTP/1.1 422")
+        sock.sendall(body)  # the rest, after its answer: drained
+        time.sleep(2.5)  # past the header timeout
+        sock.sendall(_post(body))
+        assert _answers(sock, 5)[:1] == [b"HTTP/1.1 200 OK"], "the next request was not the next answer"
 
 
 def test_over_the_cap_with_every_connection_busy_a_new_one_gets_a_fast_503() -> None:
