@@ -51,7 +51,7 @@ try:
     import triton
     import triton.language as tl
 
-    from rose.layers.persistent_kernels import grid_barrier
+    from rose.layers.grid_sync import grid_barrier
 
     @triton.jit
     def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr, SPINS: tl.constexpr):
@@ -218,7 +218,8 @@ def main() -> None:
         print_phases({t: phase_us(model, decoder, int(t), vocab) for t in args.tokens.split(",")},
                      args.out / f"{stem(args.model)}_phases.json")
         return
-    weight_bytes = sum(t.numel() * t.element_size() for t in (decoder.w.wqkv, decoder.w.wo, decoder.w.wgu, decoder.w.wd))
+    w = decoder.w
+    weight_bytes = sum(t.numel() * t.element_size() for t in (w.wqkv, w.wo, w.wgu, w.wd))
     bandwidth = copy_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3  # read at the copy's rate of bytes moved
     barrier_us = barrier_cost_us(decoder.programs)  # before the sweep, which a timeout may cut short

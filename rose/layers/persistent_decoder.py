@@ -20,11 +20,12 @@ The QKV, o and down projections are split along K too (items of a column tile an
 its float32 partial), so that every SM has work and each item reads only its slice of the activations, which
 it would otherwise re-read whole from L2; the phase that reads a projection sums its slices (attention for the
 QKV, the next add+RMSNorm for o and down). Attention is, per q head and block of 32 queries, an online
-softmax over the keys 32 at a time (each block's QK-norm and RoPE on the way), masked to the query's own sequence
-(and causally where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the layer-by-layer kernels (rose.layers.fused): bf16
-residual sums, norm output and RoPE's cos/sin rounded, float32 inside.
+softmax over the keys 32 at a time (each block's QK-norm and RoPE on the way), masked to the query's own
+sequence (and causally where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the
+layer-by-layer kernels (rose.layers.fused): bf16 residual sums, norm output and RoPE's cos/sin rounded, float32
+inside.
 
-The grid barrier (rose.layers.persistent_kernels.grid_barrier): each program writes how many phases it finished
+The grid barrier (rose.layers.grid_sync.grid_barrier): each program writes how many phases it finished
 into its own slot (an exchange, so the same whichever threads execute it) with release order, spins on plain
 (volatile) reads of every slot until all reach the count, then fences (fence.acq_rel.gpu on every thread) so
 that its later loads see what the others wrote; those loads also go past L1 (`.cg`). The slots are zeroed
@@ -277,7 +278,8 @@ class PersistentDecoder:
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tiles.qkv,
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
                 "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries), "BKEY": tiles.keys,
-                "CAUSAL": self.causal, "POST": w.post, "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
+                "CAUSAL": self.causal, "POST": w.post, "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act,
+                "ROPE": w.rope,
                 "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": clock is not None,
                 "FENCE": not INTERPRETED, "PHASES": PHASES, "SPINS": self.spins,
                 "PREFETCH": tiles.prefetch and not INTERPRETED and w.wqkv.element_size() == 2,  # 64 a line

@@ -3,47 +3,8 @@
 import triton
 import triton.language as tl
 
+from rose.layers.grid_sync import globaltimer, grid_barrier
 
-@triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
-                                     pack=1)
-
-@triton.jit
-def _fence():
-    """fence.acq_rel.gpu on every thread: what the other programs released before their arrival is visible to
-    this program's later loads, L1 included."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr, SPINS: tl.constexpr):
-    """Wait until every program's slot reads at least `target` (module docstring), or the stall word (the slot
-    after the programs', read in the same load: NPROG_P2 covers nprog + 1) is set: a program that has waited
-    SPINS reads sets it, and every later wait of every program ends at once, so a grid that is not all resident
-    ends in poisoned rows instead of a hang. Whether to wait on is decided from reductions over the load, the same
-    in every thread (a value each thread read for itself could differ between warps, and a warp leaving the loop
-    early would pair the program's bar.syncs wrongly). FENCE: the acquire fence (off only under Triton's
-    interpreter, which has no inline assembly and runs programs one at a time)."""
-    tl.debug_barrier()  # this program's stores before its arrival
-    tl.atomic_xchg(flags_ptr + pid, target, sem="release", scope="gpu")
-    offs = tl.arange(0, NPROG_P2)
-    is_slot = offs < nprog
-    is_stall = offs == nprog
-    behind = nprog
-    stalled = 0
-    spins = 0
-    while (behind > 0) & (stalled == 0):  # plain reads from L2 while waiting: no atomic traffic
-        seen = tl.load(flags_ptr + offs, mask=offs <= nprog, other=0, volatile=True)
-        behind = tl.sum((is_slot & (seen < target)).to(tl.int32), axis=0)
-        spins += 1
-        late = (spins >= SPINS) & (behind > 0)
-        if late:
-            tl.atomic_xchg(flags_ptr + nprog, 1, sem="relaxed", scope="gpu")
-        stalled = tl.max(tl.where(is_stall, seen, 0), axis=0) | late.to(tl.int32)
-    if FENCE:
-        _fence()
-    tl.debug_barrier()
 
 @triton.jit
 def _prefetch(w_ptr, pid, nprog, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
@@ -306,7 +267,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
     QKV_N: tl.constexpr = (NH + 2 * NKV) * D
     GU_N: tl.constexpr = 2 * INNER if ACT == 1 else INNER  # the gate-up weight's rows
     if CLOCK and pid == 0:
-        tl.store(clock_ptr + first, _globaltimer())
+        tl.store(clock_ptr + first, globaltimer())
     for step in range(first, last):
         layer = tl.cast(step // PHASES, tl.int64)
         phase = step % PHASES
@@ -327,8 +288,8 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                         _embed_rows(ids_ptr, types_ptr, pos_ptr, wemb_ptr, temb_ptr, pemb_ptr, eln_ptr, elnb_ptr,
                                     res_ptr, T, pid, nprog, eps, H, BLOCK_H, TYPES)
                 else:
-                    _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + layer * H, ln1b_ptr + layer * H, h_ptr,
-                               T, pid, nprog, eps, step > 0, False, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
+                    _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + layer * H, ln1b_ptr + layer * H,
+                               h_ptr, T, pid, nprog, eps, step > 0, False, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
                 if ROPE and step == 0:
                     _rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, attn_ptr.dtype.element_ty, HALF)
         elif phase == 1:
@@ -359,4 +320,4 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
         if PERSISTENT and (CLOCK or (step < final and not (POST and step == 0 and not EMBED))):  # (no work)
             grid_barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2, FENCE, SPINS)
         if CLOCK and pid == 0:
-            tl.store(clock_ptr + step + 1, _globaltimer())
+            tl.store(clock_ptr + step + 1, globaltimer())

@@ -29,11 +29,6 @@ class Stacked:
     act: int  # SILU_GATED or GELU
     rope: bool  # QK-norm + RoPE
     causal: bool
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    inner: int
     eps: float
     scale: float
     layers: int
@@ -100,13 +95,10 @@ def stack(model) -> Stacked:
 
 def _stack_qwen3(model) -> Stacked:
     layers = model.layers
-    attn0, mlp0 = layers[0].self_attn, layers[0].mlp
     wqkv = _stack([layer.self_attn.qkv_proj for layer in layers])
     none = torch.zeros(1, dtype=wqkv.dtype, device=wqkv.device)
     return Stacked(post=False, layer_norm=False, bias=False, act=SILU_GATED, rope=True, causal=model.causal,
-                   heads=attn0.num_heads, kv_heads=attn0.num_kv_heads, head_dim=attn0.head_dim,
-                   hidden=attn0.qkv_proj.in_features, inner=mlp0.down_proj.in_features, eps=attn0.eps,
-                   scale=model.scale, layers=len(layers), wqkv=wqkv,
+                   eps=layers[0].self_attn.eps, scale=model.scale, layers=len(layers), wqkv=wqkv,
                    wo=_stack([layer.self_attn.o_proj for layer in layers]),
                    wgu=_stack([layer.mlp.gate_up_proj for layer in layers]),
                    wd=_stack([layer.mlp.down_proj for layer in layers]), bqkv=none, bo=none, bgu=none, bd=none,
@@ -133,27 +125,22 @@ def _bert_unsupported(model) -> str | None:
 
 
 def _stack_bert(model, layers) -> Stacked:
-    first, emb = layers[0], model.embeddings
-    qkv = [layer.attention._modules["self"].qkv_proj for layer in layers]
-    out_norms = [layer.output.LayerNorm for layer in layers]
-    ln1, ln1b = _stack(out_norms), _stack(out_norms, "bias")
-    none = torch.zeros(1, dtype=ln1.dtype, device=ln1.device)
+    emb = model.embeddings
+    kinds = {"qkv": [layer.attention._modules["self"].qkv_proj for layer in layers],
+             "o": [layer.attention.output.dense for layer in layers],
+             "up": [layer.intermediate.dense for layer in layers], "down": [layer.output.dense for layer in layers],
+             "ln1": [layer.output.LayerNorm for layer in layers],  # phase 0 of the next layer's (final: the last's)
+             "ln2": [layer.attention.output.LayerNorm for layer in layers]}
+    w = {kind: _stack(modules) for kind, modules in kinds.items()}
+    b = {kind: _stack(modules, "bias") for kind, modules in kinds.items()}
+    none = torch.zeros(1, dtype=w["ln1"].dtype, device=w["ln1"].device)
     return Stacked(post=True, layer_norm=True, bias=True, act=GELU, rope=False, causal=False,
-                   heads=first.num_heads, kv_heads=first.num_heads, head_dim=first.head_dim,
-                   hidden=first.attention.output.dense.out_features, inner=first.intermediate.dense.out_features,
-                   eps=first.output.LayerNorm.eps, scale=model.scale, layers=len(layers), wqkv=_stack(qkv),
-                   wo=_stack([layer.attention.output.dense for layer in layers]),
-                   wgu=_stack([layer.intermediate.dense for layer in layers]),
-                   wd=_stack([layer.output.dense for layer in layers]), bqkv=_stack(qkv, "bias"),
-                   bo=_stack([layer.attention.output.dense for layer in layers], "bias"),
-                   bgu=_stack([layer.intermediate.dense for layer in layers], "bias"),
-                   bd=_stack([layer.output.dense for layer in layers], "bias"), ln1=ln1, ln1b=ln1b,
-                   ln2=_stack([layer.attention.output.LayerNorm for layer in layers]),
-                   ln2b=_stack([layer.attention.output.LayerNorm for layer in layers], "bias"),
-                   final=ln1[-1], final_b=ln1b[-1], qn=none, kn=none, inv_freq=none.float(),
-                   wemb=emb.word_embeddings.weight, temb=emb.token_type_embeddings.weight,
-                   pemb=emb.position_embeddings.weight, eln=emb.LayerNorm.weight, elnb=emb.LayerNorm.bias,
-                   token_types=model.token_types)
+                   eps=layers[0].output.LayerNorm.eps, scale=model.scale, layers=len(layers), wqkv=w["qkv"],
+                   wo=w["o"], wgu=w["up"], wd=w["down"], bqkv=b["qkv"], bo=b["o"], bgu=b["up"], bd=b["down"],
+                   ln1=w["ln1"], ln1b=b["ln1"], ln2=w["ln2"], ln2b=b["ln2"], final=w["ln1"][-1],
+                   final_b=b["ln1"][-1], qn=none, kn=none, inv_freq=none.float(), wemb=emb.word_embeddings.weight,
+                   temb=emb.token_type_embeddings.weight, pemb=emb.position_embeddings.weight,
+                   eln=emb.LayerNorm.weight, elnb=emb.LayerNorm.bias, token_types=model.token_types)
 
 
 def _head_dim_unsupported(d: int) -> str | None:

@@ -107,7 +107,8 @@ def tiny_bert(seed: int, hidden: int = 64, offset: int = 0, token_types: bool = 
     with torch.no_grad():
         for name, p in model.named_parameters():
             base = 1.0 if "LayerNorm.weight" in name else 0.0
-            p.copy_(base + (0.1 if "LayerNorm" in name or "bias" in name else 0.15) * torch.randn(p.shape, generator=gen))
+            scale = 0.1 if "LayerNorm" in name or "bias" in name else 0.15
+            p.copy_(base + scale * torch.randn(p.shape, generator=gen))
     return model.eval()
 
 
