@@ -96,7 +96,14 @@ class IvyConfig:
     max_connections: int = field(default=0, metadata=_help(
         "Open connections per worker process; a new one over it closes the connection idle longest (no request "
         "in progress), or gets 503 and is closed at once when every one has a request in progress. "
-        "0 = the process's open-file limit minus 256 (so sockets never take every descriptor)."))
+        "0 = the process's open-file limit minus 256 and --probe-connections (so sockets never take every "
+        "descriptor)."))
+    probe_connections: int = field(default=8, metadata=_help(
+        "Connections per worker process over --max-connections kept for health probes while every connection has "
+        "a request in progress: one must send its request within 1 s, only GET or HEAD of /health or /ready is "
+        "served (then closed), anything else gets 503 with Retry-After; a new one over a full reserve closes the "
+        "one waiting longest for its request. So a gateway that is only busy passes its liveness probe. 0 = none: "
+        "a fast 503 for every connection over the cap."))
     gc_freeze: bool = field(default=True, metadata=_help(
         "once a worker serves, move every object alive into the garbage collector's permanent generation "
         "(gc.freeze), so full collections walk only what requests made, not FastAPI's, pydantic's and the "
@@ -108,7 +115,8 @@ class IvyConfig:
         "buffer (~1 MB): keep it above the time the slowest client takes to read that much. "
         "0 = never (a client that never reads holds its answer's memory for as long as it stays connected)."))
     body_read_timeout_s: float = field(default=10.0, metadata=_help(
-        "Seconds the whole request body may take to arrive; a client trickling bytes gets 408 and is closed."))
+        "Seconds the whole request body may take to arrive; a client trickling bytes gets 408 and is closed. The "
+        "rest of a body answered before it was read (401, 413, 415, 422, 429) is read and discarded within it too."))
     request_timeout_s: float = field(default=30.0, metadata=_help(
         "Deadline of a request; the time left becomes each gRPC call's timeout (504 when it passes)."))
     truncate: bool = field(default=False, metadata=_help(
@@ -192,9 +200,10 @@ class IvyConfig:
             raise SystemExit(f"ivy: {exc}") from None
         if self.max_chunks_in_flight < 0:
             raise SystemExit("ivy: --max-chunks-in-flight must be 0 (4 per serving replica) or positive")
-        if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0:
+        if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0 \
+                or self.probe_connections < 0:
             raise SystemExit("ivy: --header-read-timeout-s and --keep-alive-timeout-s must be positive, "
-                             "--max-connections at least 0")
+                             "--max-connections and --probe-connections at least 0")
         if self.body_bytes_in_flight and self.body_bytes_in_flight < self.payload_limit_bytes:
             raise SystemExit("ivy: --body-bytes-in-flight must be 0 (no cap) or at least --payload-limit-bytes")
         if self.send_timeout_s < 0:

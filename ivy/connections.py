@@ -12,19 +12,20 @@ descriptor. `ivy serve` runs these subclasses of uvicorn's protocols instead (RE
 - headers not complete --header-read-timeout-s after their first byte: 408 and closed;
 - a new connection that sends nothing: closed after the keep-alive timeout, like an idle kept-alive one;
 - over --max-connections open in this process: the connection idle longest (no request in progress) is closed
-  to make room, and only when every one has a request in progress is the new one answered 503 with Retry-After
-  and closed at once (RELIABILITY 27, 48);
+  to make room; when every one has a request in progress the new one enters a small reserve where only a health
+  probe is served, anything else answered 503 with Retry-After (ivy/connection_cap.py: RELIABILITY 27, 48, 49);
 - an answer the client does not read: while the transport's send buffer is over its high-water mark (from
   asyncio's pause_writing to resume_writing), each --send-timeout-s must see some of it sent; a client that
-  read nothing in that time is aborted, which frees the unsent bytes (a slow reader is only watched longer). 30 stalled readers of 2048-input
-  answers held +382 MiB in one worker, indefinitely, before (RELIABILITY 40).
+  read nothing in that time is aborted, which frees the unsent bytes (a slow reader is only watched longer).
+  30 stalled readers of 2048-input answers held +382 MiB in one worker, indefinitely, before (RELIABILITY 40).
 
 Bytes are counted only between requests (no request of this connection in progress), where every byte
 received is part of the next request's line or headers, so the count is exact and the hot path pays two
 attribute checks per read. An answer given before its body was read (a bad header, a body over the cap) leaves
 the rest of that body to come: uvicorn discards it, and it is not the next request's headers. It is drained
-up to the body cap and within the header timeout, else the connection is closed without a second answer
-(counted as headers, it drew an unasked-for 431 that the client's next request read: RELIABILITY 44).
+up to the body cap and within the body read timeout (--body-read-timeout-s: a client may take that long to send a
+body that is read, and one answered early must not be reset sooner), else the connection is closed without a
+second answer (counted as headers, it drew an unasked-for 431 that the client's next request read: RELIABILITY 44).
 The limits are set per process by `configure()` (from create_app, which every worker runs) because uvicorn
 hands its protocols only its own config.
 """
@@ -41,8 +42,9 @@ import h11
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ivy import metrics
+from ivy import connection_cap, metrics
 from ivy.config import IvyConfig
+from ivy.connection_cap import PROBE_HEADER_TIMEOUT_S
 from ivy.errors import PROBLEMS, RETRY_AFTER_S, Problem
 
 log = logging.getLogger("ivy")
@@ -57,15 +59,17 @@ class ConnectionLimits:
     max_connections: int = 0  # 0: no cap
     send_timeout_s: float = 30.0  # 0: never
     max_drain_bytes: int = 2 * 1024 * 1024  # the rest of a body answered early, read and discarded
+    drain_timeout_s: float = 10.0  # ... within this (the body read timeout)
+    probe_connections: int = 8  # over the cap, kept for health probes (ivy/connection_cap.py)
 
     @classmethod
     def from_config(cls, config: IvyConfig) -> ConnectionLimits:
         cap = config.max_connections
         if cap == 0:  # auto: what this process's open-file limit leaves room for
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-            cap = 0 if soft == resource.RLIM_INFINITY else max(64, soft - FD_RESERVE)
+            cap = 0 if soft == resource.RLIM_INFINITY else max(64, soft - FD_RESERVE - config.probe_connections)
         return cls(config.max_header_bytes, config.header_read_timeout_s, cap, config.send_timeout_s,
-                   config.payload_limit_bytes)
+                   config.payload_limit_bytes, config.body_read_timeout_s, config.probe_connections)
 
 
 LIMITS = ConnectionLimits()
@@ -91,31 +95,6 @@ def _raw_response(problem: Problem, message: str) -> bytes:
     return head.encode() + body
 
 
-_IDLE: dict = {}  # this process's connections with no request in progress -> since when (loop time), oldest first
-EVICT_AFTER_S = 2.0  # idle at least this long before a connection may be closed to make room: a connection just
-# answered may already be carrying a proxy's next request (closed now, that request would get a 502)
-
-
-def _evict_idle(newcomer) -> bool:
-    """Make room for a connection over the cap by closing the one idle longest (no request in progress: kept
-    alive after an answer, silent since it opened, or still sending its headers; idle EVICT_AFTER_S at least,
-    nothing of an answer left unsent), as nginx reuses its idle keep-alive connections; False when none is (every
-    connection busy, or idle only just). So idle sockets, however many, never lock out new clients (the kubelet's
-    health probe among them)."""
-    cutoff = newcomer.loop.time() - EVICT_AFTER_S
-    for victim, since in _IDLE.items():  # oldest first: stops at the first too recent to evict
-        if since > cutoff:
-            return False
-        if victim is not newcomer and not victim.transport.is_closing() \
-                and not victim.transport.get_write_buffer_size():  # (a close would wait for a slow reader)
-            del _IDLE[victim]
-            metrics.CONNECTIONS_REFUSED.labels("idle_evicted").inc()
-            victim._cancel_header_timer()
-            victim.transport.close()  # no answer: as its keep-alive timeout would have closed it
-            return True
-    return False
-
-
 class _Limits:
     """Mixed in ahead of uvicorn's H11Protocol or HttpToolsProtocol, whose attributes it uses: connections,
     cycle (a new one per request whose headers are complete), transport, loop and the keep-alive timer."""
@@ -127,19 +106,25 @@ class _Limits:
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        if LIMITS.max_connections and len(self.connections) > LIMITS.max_connections and not _evict_idle(self):
-            self._refuse(Problem.TOO_MANY_CONNECTIONS, f"the server is at its limit of {LIMITS.max_connections} "
-                         "open connections; retry later", "connection_cap")
-            return
-        _IDLE[self] = self.loop.time()
-        # Closed after the keep-alive timeout unless a byte arrives (data_received cancels this timer).
-        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+        cap = LIMITS.max_connections
+        place = connection_cap.admit(self, cap, LIMITS.probe_connections)
+        if place == connection_cap.FULL:
+            self._refuse(Problem.TOO_MANY_CONNECTIONS, connection_cap.over_the_cap(cap), "connection_cap")
+        elif place == connection_cap.PROBE:  # only a probe is served, and its request must come at once
+            self.app = connection_cap.ProbesOnly(self.app, cap)
+            self._header_timer = self.loop.call_later(min(PROBE_HEADER_TIMEOUT_S, LIMITS.header_timeout_s),
+                                                      self._probe_timeout)
+        else:
+            connection_cap.idle(self)
+            # Closed after the keep-alive timeout unless a byte arrives (data_received cancels this timer).
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                self.timeout_keep_alive_handler)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete) \
                 and self._body_received():  # (a body still arriving after an early answer: idle once drained)
-            _IDLE[self] = self.loop.time()  # kept alive with no request in progress (none pipelined)
+            connection_cap.idle(self)  # kept alive with no request in progress (none pipelined)
 
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
@@ -151,7 +136,7 @@ class _Limits:
         if self.cycle is not cycle:  # its headers are complete: a new request has started
             self._header_bytes = self._drained = 0
             self._cancel_header_timer()
-            _IDLE.pop(self, None)
+            connection_cap.busy(self)
             return
         if draining:
             self._drained += len(data)
@@ -165,22 +150,23 @@ class _Limits:
                 self._unset_keepalive_if_required()
                 self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
                                                                     self.timeout_keep_alive_handler)
-                _IDLE[self] = self.loop.time()
+                connection_cap.idle(self)
                 return
         else:
             self._header_bytes += len(data)
         if self._header_bytes > LIMITS.max_header_bytes:
             self._refuse(Problem.HEADERS_TOO_LARGE, "the request line and headers are larger than the limit of "
                          f"{LIMITS.max_header_bytes} bytes", "header_too_large")
-        elif self._header_timer is None:
-            self._header_timer = self.loop.call_later(LIMITS.header_timeout_s, self._header_timeout, cycle)
+        elif self._header_timer is None:  # the drain of a body answered early has the body's time (RELIABILITY 44)
+            wait = LIMITS.drain_timeout_s if draining else LIMITS.header_timeout_s
+            self._header_timer = self.loop.call_later(wait, self._header_timeout, cycle)
 
     def _body_received(self) -> bool:
         """The current request's body has arrived whole (or there is no request yet)."""
         raise NotImplementedError
 
     def connection_lost(self, exc: Exception | None) -> None:
-        _IDLE.pop(self, None)
+        connection_cap.forget(self)
         self._cancel_header_timer()
         self._cancel_send_timer()
         super().connection_lost(exc)
@@ -223,6 +209,13 @@ class _Limits:
         elif self.cycle is cycle and not self.transport.is_closing():  # still no new request: headers incomplete
             self._refuse(Problem.HEADER_TIMEOUT, f"the request headers did not arrive within "
                          f"{LIMITS.header_timeout_s:g} s", "header_timeout")
+
+    def _probe_timeout(self) -> None:
+        """A reserve connection whose request has not begun in time: answered as the cap answers, and closed."""
+        self._header_timer = None
+        if self.cycle is None and not self.transport.is_closing():
+            self._refuse(Problem.TOO_MANY_CONNECTIONS, connection_cap.over_the_cap(LIMITS.max_connections),
+                         "probe_timeout")
 
     def _cancel_header_timer(self) -> None:
         if self._header_timer is not None:

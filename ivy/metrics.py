@@ -2,7 +2,8 @@
 
 With several uvicorn workers `ivy serve` points PROMETHEUS_MULTIPROC_DIR at a fresh folder before the
 workers start, so /metrics (answered by any worker) aggregates all of them (prometheus-client's
-multiprocess mode). Labels are route templates and status codes only: no request content.
+multiprocess mode). Labels are route templates and status codes only: no request content; and the replica
+series' address, whose series go when the replica leaves (forget_replica, RELIABILITY 50).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 import time
 import traceback
 import uuid
+import warnings
 from contextvars import ContextVar
 
 import orjson
@@ -43,13 +45,15 @@ RETRIES = Counter("ivy_chunk_retries", "Chunks retried on another replica", ["re
 CONNECTIONS_REFUSED = Counter("ivy_connections_refused", "Connections answered and closed by ivy.connections' limits "
                               "(header_too_large, header_timeout, connection_cap, send_timeout; drain_too_large, "
                               "drain_timeout: the rest of a body answered early; idle_evicted: the connection idle "
-                              "longest, closed to make room over the cap)", ["reason"])
+                              "longest, closed to make room over the cap; probe_only, probe_timeout, probe_evicted: "
+                              "503 in the probe reserve over a busy cap)", ["reason"])
 REPLICA_UP = Gauge("ivy_replica_up", "1 when the replica is SERVING the expected model", ["replica"],
                    multiprocess_mode="livemax")
 REPLICA_GONE = -1.0  # ivy_replica_up of a replica gone from DNS: below 0 and 1, so a worker that still routes
-# to it wins the max; left out of /metrics (render)
+# to it wins the max; its series are left out of /metrics (render)
 OUTSTANDING = Gauge("ivy_replica_outstanding_tokens", "Tokens sent to a replica and not answered", ["replica"],
                     multiprocess_mode="livesum")
+REPLICA_SERIES = (REPLICA_UP, OUTSTANDING, CHUNKS, GRPC_SECONDS)  # every metric labelled by a replica's address
 REPLICAS = Gauge("ivy_replicas", "Tulip replicas routed to (configured, or resolved from DNS)",
                  multiprocess_mode="livemax")
 REPLICAS_SERVING = Gauge("ivy_replicas_serving", "Replicas SERVING the expected model (the fewest any worker sees)",
@@ -68,7 +72,8 @@ def observe_gc_pause(generation: int, seconds: float) -> None:
 
 KNOWN_ROUTES = {"/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v2/rerank", "/v1/models",
                 "/embed", "/embed_sparse", "/embed_multi_vector", "/tokenize", "/health", "/ready", "/metrics",
-                "/rerank", "/score", "/embeddings", "/similarity", "/decode", "/detokenize", "/info"}  # from /rerank: the peers' paths
+                "/rerank", "/score", "/embeddings", "/similarity", "/decode", "/detokenize",
+                "/info"}  # from /rerank: the peers' paths
 
 
 _REQUEST_CHILDREN: dict[tuple[str, int], tuple] = {}
@@ -89,22 +94,43 @@ def render() -> tuple[bytes, str]:
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        return generate_latest(_WithoutGone(registry)), CONTENT_TYPE_LATEST
+        return generate_latest(_LiveReplicasOnly(registry)), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
 
-class _WithoutGone:
-    """A registry's metrics without the ivy_replica_up series of replicas every worker has forgotten (gone from
-    DNS): multiprocess mode keeps a child's last value for as long as the worker lives."""
+def forget_replica(address: str) -> None:
+    """A replica gone for good (left DNS: a rolled pod's IP): its series leave /metrics (RELIABILITY 50), or a
+    cluster whose Tulip pods roll would grow them without bound, and an up series left at 0 would read as a replica
+    down (the TulipReplicaDown alert) after every rollout. With one worker its children are removed. With several
+    (multiprocess mode) they cannot be: each worker's values live in its own mmap file (counter_PID.db, ...), which
+    prometheus-client only appends to (remove() drops the worker's child object, warns, and leaves the entry, which
+    every scrape then reads). So its up gauge is set to REPLICA_GONE and render() leaves out every series of an
+    address whose up gauge is REPLICA_GONE in every live worker (_LiveReplicasOnly); what stays is the entries
+    themselves, ~2.8 KB an address a worker (measured: 1000 addresses, 2.8 MB), until the worker restarts. An
+    address that comes back (pod IPs are reused) takes its entries back, so they are bounded by the addresses the
+    Service's pods can get (the pod CIDRs of the nodes Tulip runs on: ~250 a node)."""
+    REPLICA_UP.labels(address).set(REPLICA_GONE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # multiprocess mode's "not implemented": known, handled above
+        for metric in REPLICA_SERIES:
+            metric.remove(address)
+
+
+class _LiveReplicasOnly:
+    """A registry's metrics without the series of replicas every live worker has forgotten (ivy_replica_up at
+    REPLICA_GONE: forget_replica). A replica some worker still routes to keeps its series, all workers' summed."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
 
     def collect(self):
-        for metric in self.registry.collect():
-            if metric.name == REPLICA_UP._name:
-                metric.samples = [s for s in metric.samples if s.value != REPLICA_GONE]
-            yield metric
+        families = list(self.registry.collect())
+        live = {s.labels["replica"] for family in families if family.name == REPLICA_UP._name
+                for s in family.samples if s.value != REPLICA_GONE}
+        for family in families:
+            family.samples = [s for s in family.samples if s.labels.get("replica", "") in live
+                              or "replica" not in s.labels]
+            yield family
 
 
 REQUEST_ID: ContextVar[str] = ContextVar("ivy_request_id", default="")

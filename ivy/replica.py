@@ -80,7 +80,8 @@ class Replica:
         """Its requests go over the framed EmbedStream now (ivy/framed.py), not a gRPC call."""
         return isinstance(self.stream, FramedStream)
 
-    async def embed(self, request: embed_pb2.EmbedRequest, timeout: float, response_bytes: int) -> embed_pb2.EmbedResponse:
+    async def embed(self, request: embed_pb2.EmbedRequest, timeout: float,
+                    response_bytes: int) -> embed_pb2.EmbedResponse:
         """One chunk on this replica: over the stream, or a unary call for a large response (on the shared
         stream it would hold the small answers behind it). Raises CallFailed."""
         limit = self.stream_max_bytes
@@ -186,14 +187,8 @@ class Replica:
         await self.channel.close()
 
     def forget(self) -> None:
-        """Gone for good (left DNS): its up gauge is dropped; with several workers (multiprocess mode, where a
-        child cannot be removed) it is set to REPLICA_GONE, which /metrics leaves out (ivy.metrics.render): a 0
-        left behind would read as a replica down (the TulipReplicaDown alert) after every rollout."""
-        metrics.REPLICA_UP.labels(self.address).set(metrics.REPLICA_GONE)
-        try:
-            metrics.REPLICA_UP.remove(self.address)
-        except KeyError:
-            pass
+        """Gone for good (left DNS): its series leave /metrics (ivy.metrics.forget_replica, RELIABILITY 50)."""
+        metrics.forget_replica(self.address)
 
     def mark_down(self, detail: str) -> None:
         """A call failed as if the replica were gone: not routed to until a probe finds it SERVING. A replica

@@ -135,7 +135,8 @@ class ReplicaPool:
                 await asyncio.sleep(0.05)
         finally:
             self._leaving.pop(replica, None)
-            replica.forget()
+            if all(r.address != replica.address for r in self.replicas):  # not back (a pod IP reused) meanwhile:
+                replica.forget()  # the new replica's series are the same ones
             await replica.close()
 
     # ---- health ----

@@ -1,4 +1,5 @@
-"""Hostile sockets against a real `ivy serve` (issue 15): RELIABILITY cases 26, 27, 44, 46 and 48."""
+"""Hostile sockets against a real `ivy serve` (issue 15): RELIABILITY cases 26, 27, 44 and 46 (the connection cap,
+48 and 49: test_ivy_connection_cap.py)."""
 
 from __future__ import annotations
 
@@ -7,43 +8,14 @@ import json
 import socket
 import threading
 import time
-import urllib.request
 
 import pytest
 
 from fake_tulip import FakeTulip, wait_until
-from ivy.connections import EVICT_AFTER_S
 from ivy_testkit import event_loop_turned, ivy_process, server_connections_open, server_has_read_everything
+from raw_sockets import HEAD, closing_reply, embed_once, one_answer, raw_post, status_lines
 
 pytestmark = pytest.mark.slow
-
-HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-
-
-def _embed(port: int) -> tuple[int, float]:
-    """(status, seconds) of one request on a fresh connection."""
-    started = time.monotonic()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("POST", "/v1/embeddings", json.dumps({"input": ["a normal client"]}),
-                     {"content-type": "application/json"})
-        return conn.getresponse().status, time.monotonic() - started
-    finally:
-        conn.close()
-
-
-def _reply(sock: socket.socket, timeout: float) -> bytes | None:
-    """What the server sends before closing: b"" when it closed without a word, None when it kept it open."""
-    sock.settimeout(timeout)
-    reply = b""
-    try:
-        while chunk := sock.recv(65536):
-            reply += chunk
-    except TimeoutError:
-        return None
-    except OSError:  # reset: closed while we were still sending
-        pass
-    return reply
 
 
 class _Latencies(threading.Thread):
@@ -55,7 +27,7 @@ class _Latencies(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            self.results.append(_embed(self.port))
+            self.results.append(embed_once(self.port))
             time.sleep(0.02)  # pacing, not a wait: a steady client that leaves the CPU to the server and attacker
 
     def stop(self) -> list[tuple[int, float]]:
@@ -84,7 +56,7 @@ def test_huge_headers_get_431_fast_while_others_are_served(shape) -> None:
         except OSError:  # closed or reset by the server, or it stopped reading
             pass
         cut_after = time.monotonic() - started
-        reply = _reply(attacker, 5)
+        reply = closing_reply(attacker, 5)
         attacker.close()
         during = len(others.results)
         wait_until(lambda: len(others.results) >= during + 2, timeout=30)  # and still is, after the attack
@@ -116,51 +88,16 @@ def test_idle_and_trickling_connections_are_closed_and_capped() -> None:
             except OSError:
                 closed_at = time.monotonic() - started
                 break
-            if _reply(trickler, 0.1) is not None:  # the server answered or closed
+            if closing_reply(trickler, 0.1) is not None:  # the server answered or closed
                 closed_at = time.monotonic() - started
                 break
         assert closed_at is not None and closed_at < 4, closed_at
         for s in silent:
-            assert _reply(s, 3) is not None, "an idle connection was never closed"
-        assert _reply(kept.sock, 3) is not None, "a keep-alive connection was never closed"
+            assert closing_reply(s, 3) is not None, "an idle connection was never closed"
+        assert closing_reply(kept.sock, 3) is not None, "a keep-alive connection was never closed"
 
         wait_until(lambda: server_connections_open(port) == 0, timeout=30)  # the server has let them go
-        assert _embed(port)[0] == 200
-
-
-def _answers(sock: socket.socket, timeout: float) -> list[bytes]:
-    """The status lines of every answer the server sends within `timeout` (or until it closes)."""
-    sock.settimeout(timeout)
-    reply = b""
-    try:
-        while chunk := sock.recv(65536):
-            reply += chunk
-    except (TimeoutError, OSError):  # still open, or reset
-        pass
-    return [line for line in reply.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
-
-
-def _answer(sock: socket.socket, timeout: float) -> bytes:
-    """One whole answer (headers and its Content-Length of body), however the server's writes arrive."""
-    sock.settimeout(timeout)
-    reply = b""
-    while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < _content_length(reply):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        reply += chunk
-    return reply
-
-
-def _content_length(reply: bytes) -> int:
-    for line in reply.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            return int(line.split(b":", 1)[1])
-    return 0
-
-
-def _post(body: bytes, extra: bytes = b"") -> bytes:
-    return HEAD + b"Content-Length: %d\r\n" % len(body) + extra + b"\r\n" + body
+        assert embed_once(port)[0] == 200
 
 
 def test_the_rest_of_a_body_answered_early_is_not_read_as_headers() -> None:
@@ -173,25 +110,25 @@ def test_the_rest_of_a_body_answered_early_is_not_read_as_headers() -> None:
         big = json.dumps({"input": "a" * 300_000}).encode()  # under the body cap, over the header limit
         for early in (b"X-Request-Timeout: -1\r\n", b"Content-Encoding: br\r\n"):
             with socket.create_connection(("127.0.0.1", port)) as s:
-                s.sendall(_post(big, early))
-                first = _answers(s, 1.5)
+                s.sendall(raw_post(big, early))
+                first = status_lines(s, 1.5)
                 assert len(first) == 1 and first[0].split()[1] in (b"415", b"422"), first
-                s.sendall(_post(json.dumps({"input": "next"}).encode()))
-                assert _answers(s, 1.5) == [b"HTTP/1.1 200 OK"]  # the same connection serves the next one
+                s.sendall(raw_post(json.dumps({"input": "next"}).encode()))
+                assert status_lines(s, 1.5) == [b"HTTP/1.1 200 OK"]  # the same connection serves the next one
                 started = time.monotonic()
                 try:
                     s.sendall(HEAD + b"X-Big: " + b"h" * 200_000)
                 except OSError:  # closed while we were still sending
                     pass
-                assert _answers(s, 5)[:1] == [b"HTTP/1.1 431 Request Header Fields Too Large"]
+                assert status_lines(s, 5)[:1] == [b"HTTP/1.1 431 Request Header Fields Too Large"]
                 assert time.monotonic() - started < 5
         with socket.create_connection(("127.0.0.1", port)) as s:  # over the cap: one 413, then closed silently
             try:
-                s.sendall(_post(b"x" * 3_000_000))
+                s.sendall(raw_post(b"x" * 3_000_000))
             except OSError:
                 pass
-            assert [a.split()[1] for a in _answers(s, 5)] == [b"413"]
-        assert _embed(port)[0] == 200
+            assert [a.split()[1] for a in status_lines(s, 5)] == [b"413"]
+        assert embed_once(port)[0] == 200
 
 
 def test_bodies_being_read_are_capped_together() -> None:
@@ -212,10 +149,10 @@ def test_bodies_being_read_are_capped_together() -> None:
         event_loop_turned(port)
         refused = socket.create_connection(("127.0.0.1", port))
         refused.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(body))  # its body never sent: refused unread
-        reply = _answer(refused, 5)  # the connection is kept to drain a body that never comes
+        reply = one_answer(refused, 5)  # the connection is kept to drain a body that never comes
         assert reply.startswith(b"HTTP/1.1 429") and b"retry-after" in reply.lower(), reply[:300]
         assert b"bytes of request bodies" in reply
-        assert _embed(port)[0] == 200  # a small body still fits
+        assert embed_once(port)[0] == 200  # a small body still fits
         for s in stalled:
             s.close()
         wait_until(lambda: server_connections_open(port) <= 1, timeout=30)
@@ -223,32 +160,6 @@ def test_bodies_being_read_are_capped_together() -> None:
         conn.request("POST", "/v1/embeddings", body, {"content-type": "application/json"})
         assert conn.getresponse().status == 200
         conn.close()
-
-
-def test_over_the_cap_a_new_connection_closes_the_one_idle_longest() -> None:
-    """RELIABILITY 48: with the cap full of idle connections (silent ones, a kept-alive one) each new connection
-    closes the one idle longest, without an answer, and the newer ones stay open; a client over the cap (the
-    kubelet's liveness probe, say) is served."""
-    env = dict(IVY_MAX_CONNECTIONS="8", IVY_KEEP_ALIVE_TIMEOUT_S="60", IVY_HEADER_READ_TIMEOUT_S="60",
-               IVY_WORKERS="1")
-    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
-        wait_until(lambda: server_connections_open(port) == 0, timeout=30)  # the readiness probes' are gone
-        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        kept.request("GET", "/health")
-        assert kept.getresponse().read() and kept.sock is not None  # idle longest: kept alive after its answer
-        crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(7)]  # the cap of 8 full
-        time.sleep(EVICT_AFTER_S + 0.3)  # idle long enough to be closed to make room
-        crowd += [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]  # 12 in all
-        assert _reply(kept.sock, 5) == b"", "the connection idle longest was not closed, or was answered"
-        for s in crowd[:3]:
-            assert _reply(s, 5) == b"", "an older idle connection over the cap was not closed, or was answered"
-        assert all(_reply(s, 0.1) is None for s in crowd[3:]), "a newer idle connection was closed"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
-            assert r.status == 200  # over the cap: crowd[3] makes room
-        assert _reply(crowd[3], 5) == b"" and _reply(crowd[4], 0.1) is None
-
-        for s in crowd:
-            s.close()
 
 
 def test_a_connection_drained_after_an_early_answer_idles_quietly() -> None:
@@ -260,33 +171,41 @@ def test_a_connection_drained_after_an_early_answer_idles_quietly() -> None:
     with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
         sock = socket.create_connection(("127.0.0.1", port))
         sock.sendall(HEAD + b"X-Request-Timeout: -1\r\nContent-Length: %d\r\n\r\n" % len(body))
-        assert _answer(sock, 5).startswith(b"HTTP/1.1 422")
+        assert one_answer(sock, 5).startswith(b"HTTP/1.1 422")
         sock.sendall(body)  # the rest, after its answer: drained
         time.sleep(2.5)  # past the header timeout
-        sock.sendall(_post(body))
-        assert _answers(sock, 5)[:1] == [b"HTTP/1.1 200 OK"], "the next request was not the next answer"
+        sock.sendall(raw_post(body))
+        assert status_lines(sock, 5)[:1] == [b"HTTP/1.1 200 OK"], "the next request was not the next answer"
 
 
-def test_over_the_cap_with_every_connection_busy_a_new_one_gets_a_fast_503() -> None:
-    """RELIABILITY 48: with every connection of the cap holding a request in progress nothing can make room, so
-    a new connection is answered 503 with Retry-After at once; when they are answered it is served again."""
-    env = dict(IVY_MAX_CONNECTIONS="5", IVY_WORKERS="1")
+def test_a_slow_upload_answered_early_is_drained_within_the_body_timeout() -> None:
+    """RELIABILITY 44: the rest of a body answered early (a 422 for its header) is drained within the body read
+    timeout, not the header timeout: a client that takes 3 s to send its body (the header timeout 1 s, the body
+    timeout 5 s), as a client does that reads only once it has sent everything, then reads exactly one answer and
+    its next request on the connection is served (it was reset after 1 s); a body that is still arriving when the
+    body timeout passes is cut off silently, without a second answer."""
+    env = dict(IVY_HEADER_READ_TIMEOUT_S="1", IVY_BODY_READ_TIMEOUT_S="5", IVY_WORKERS="1")
+    body = json.dumps({"input": ["a slow upload"], "user": "u" * 600_000}).encode()
+    early = HEAD + b"X-Request-Timeout: -1\r\nContent-Length: %d\r\n\r\n" % len(body)
     with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
-        wait_until(lambda: server_connections_open(port) == 0, timeout=30)  # the readiness probes' are gone
-        fake.gate = threading.Event()
-        busy = [threading.Thread(target=_embed, args=(port,), daemon=True) for _ in range(5)]
-        for t in busy:
-            t.start()
-        # every request read and held (Ivy may share one call among them: the fake sees fewer calls)
-        wait_until(lambda: fake.waiting >= 1 and server_connections_open(port) == 5
-                   and server_has_read_everything(port), timeout=30)
-        started = time.monotonic()
-        refused = socket.create_connection(("127.0.0.1", port))
-        reply = _reply(refused, 3)
-        assert reply is not None and reply.startswith(b"HTTP/1.1 503") and b"retry-after" in reply.lower(), reply
-        assert time.monotonic() - started < 2
-        fake.gate.set()
-        for t in busy:
-            t.join(timeout=30)
-        wait_until(lambda: server_connections_open(port) == 0, timeout=30)
-        assert _embed(port)[0] == 200
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(early)
+            started = time.monotonic()
+            try:
+                for at in range(0, len(body), 20_000):  # ~3 s in all
+                    s.sendall(body[at:at + 20_000])
+                    time.sleep(0.1)
+            except OSError as exc:
+                pytest.fail(f"the drain was cut off after {time.monotonic() - started:.1f} s: {exc!r}")
+            assert [a.split()[1] for a in status_lines(s, 1.5)] == [b"422"]
+            s.sendall(raw_post(json.dumps({"input": "next"}).encode()))
+            assert status_lines(s, 5) == [b"HTTP/1.1 200 OK"]
+
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(early)
+            assert one_answer(s, 5).startswith(b"HTTP/1.1 422")
+            s.sendall(body[:20_000])  # then nothing more: the drain waits the body timeout, then closes
+            started = time.monotonic()
+            assert closing_reply(s, 10) == b"", "a second answer, or the connection was kept"
+            assert 4 < time.monotonic() - started < 8
+        assert embed_once(port)[0] == 200

@@ -1,19 +1,36 @@
 """A Tulip replica that left the headless Service's DNS (a rolled or scaled-down pod: its IP is gone for good)
-leaves no `ivy_replica_up` series behind, with one gateway worker and with several (prometheus-client's
-multiprocess mode, where a labelled child cannot be removed). A series stuck at 0 there would read as a
-replica down and fire the TulipReplicaDown alert (`max by (replica) (ivy_replica_up) == 0` for 2 min,
-deploy/k8s/monitoring.yaml) after every Tulip rollout, until the gateway restarts."""
+leaves no series behind (RELIABILITY 50), with one gateway worker and with several (prometheus-client's
+multiprocess mode, where a labelled child cannot be removed). An `ivy_replica_up` series stuck at 0 would read
+as a replica down and fire the TulipReplicaDown alert (`max by (replica) (ivy_replica_up) == 0` for 2 min,
+deploy/k8s/monitoring.yaml) after every Tulip rollout, until the gateway restarts; the per-replica chunk,
+latency and outstanding-token series of every pod IP ever seen grew without bound with rolling Tulip pods."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fake_tulip import FakeTulip, wait_until
+from ivy import metrics
+from ivy.encode import embed_request
+from ivy.replicas import Expected, ReplicaPool, State
+from ivy_testkit import ivy_process
+from raw_sockets import embed_once
+from rose.head import Encoding
 
 HERE = Path(__file__).resolve().parent
+
+NAME = "tulip-headless.ns.svc"
 
 SCRIPT = r"""
 import asyncio, socket, time
@@ -76,3 +93,107 @@ def test_a_replica_gone_from_dns_leaves_no_down_series(mode: str, tmp_path: Path
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+# `ivy serve`'s processes (its uvicorn workers too: they inherit PYTHONPATH) resolve the test's name from a file
+# the test rewrites, as a headless Service's records change when a pod rolls.
+SITECUSTOMIZE = """
+import os, socket
+
+_getaddrinfo = socket.getaddrinfo
+
+
+def getaddrinfo(host, port, *args, **kwargs):
+    if host != os.environ["TEST_DNS_NAME"]:
+        return _getaddrinfo(host, port, *args, **kwargs)
+    with open(os.environ["TEST_DNS_FILE"]) as records:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", int(p))) for p in records.read().split()]
+
+
+socket.getaddrinfo = getaddrinfo
+"""
+
+
+def _replica_labels(port: int, sample: str | None = None) -> set[str]:
+    """The replica addresses /metrics names (in `sample`'s series, or in any)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {s.labels["replica"] for family in text_string_to_metric_families(text) for s in family.samples
+            if "replica" in s.labels and (sample is None or s.name == sample)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_replica_gone_from_dns_leaves_metrics_within_a_health_round(workers: str, tmp_path: Path) -> None:
+    """RELIABILITY 50: a real `ivy serve` routes chunks to two replicas of a DNS name; one leaves the records and,
+    within a few health rounds, /metrics names it in no series (chunks, latency, outstanding tokens, up), with
+    one worker (its children removed) and with two (multiprocess files, where they cannot be: left out)."""
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    records = tmp_path / "records"
+    with FakeTulip() as a, FakeTulip() as b:
+        records.write_text(f"{a.port} {b.port}")
+        env = dict(IVY_REPLICAS_DNS=f"{NAME}:50051", IVY_WORKERS=workers, IVY_HEALTH_INTERVAL_S="0.2",
+                   TEST_DNS_NAME=NAME, TEST_DNS_FILE=str(records),
+                   PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+        with ivy_process(**env) as port:
+            both = {a.address, b.address}
+            wait_until(lambda: embed_once(port)[0] == 200 and _replica_labels(port, "ivy_chunks_total") == both,
+                       timeout=30)
+            assert _replica_labels(port) == both
+            records.write_text(f"{b.port}")  # a's pod is gone
+            wait_until(lambda: a.address not in _replica_labels(port), timeout=10)
+            assert embed_once(port)[0] == 200
+            assert _replica_labels(port, "ivy_chunks_total") == {b.address}
+
+
+def test_a_replica_back_in_dns_before_its_old_self_closed_keeps_its_series() -> None:
+    """RELIABILITY 50: a pod IP that leaves the records and comes back (reused) while its old replica still
+    finishes a call is the same series: the old one's forgetting, once its call is answered, must not remove the
+    series the new replica counts into (with one worker they would be gone from /metrics for good)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        pytest.skip("in-process registry needed")
+    gate = threading.Event()
+    with FakeTulip(gate=gate) as a, FakeTulip() as b:
+        ports = [a.port]
+
+        def resolver(host, port, type=0, **kwargs):
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", p)) for p in ports]
+
+        def series(name: str) -> dict[str, float]:
+            text = metrics.render()[0].decode()
+            return {s.labels["replica"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                    if s.name == name}
+
+        async def until(predicate) -> None:
+            end = time.monotonic() + 10
+            while not predicate():
+                assert time.monotonic() < end, "condition not reached in time"
+                await asyncio.sleep(0.01)
+
+        async def run() -> None:
+            expected = Expected(frozenset({a.model_id}), a.fingerprint, a.spec.dimensions, a.spec.max_length)
+            request = embed_request([[101, 7592, 102]], 3, dimensions=0, normalize=None, encoding=Encoding.FLOAT32,
+                                    request_id="back")
+            pool = ReplicaPool((f"dns:///{NAME}:50051",), expected, health_interval_s=0.05,
+                               max_message_bytes=1 << 24, resolver=resolver)
+            await pool.start()
+            try:
+                held = asyncio.ensure_future(pool.call(request, 3, time.monotonic() + 30))  # on a, held
+                await until(lambda: a.waiting == 1)
+                ports[:] = [b.port]  # a leaves, its call still in flight
+                await until(lambda: [r.address for r in pool.replicas] == [b.address])
+                ports[:] = [a.port, b.port]  # and comes back at once (the same IP)
+                await until(lambda: [r.state for r in pool.replicas] == [State.SERVING] * 2)
+                gate.set()
+                await held
+                await until(lambda: not pool._leaving)  # the old a closed once its call was answered
+                end = time.monotonic() + 10
+                while len(a.calls) < 2:  # the new a takes a chunk
+                    assert time.monotonic() < end, f"no chunk routed to the new a: {len(b.calls)} to b"
+                    await pool.call(request, 3, time.monotonic() + 10)
+                assert series("ivy_chunks_total").get(a.address, 0) >= 2, series("ivy_chunks_total")
+                assert series("ivy_replica_up").get(a.address) == 1.0
+            finally:
+                await pool.close()
+
+        asyncio.run(run())
