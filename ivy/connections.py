@@ -43,7 +43,6 @@ import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ivy import connection_cap, metrics
-from ivy.answer_writes import HeadHeld
 from ivy.config import IvyConfig
 from ivy.connection_cap import PROBE_HEADER_TIMEOUT_S
 from ivy.errors import PROBLEMS, RETRY_AFTER_S, Problem
@@ -243,17 +242,6 @@ except ImportError:  # uvicorn without its [standard] extra
 else:
     class HttpToolsLimits(_Limits, HttpToolsProtocol):
         _received = None  # the cycle whose request the parser has read to its end
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(HeadHeld(transport))  # an answer's head and body in one send
-
-        def on_headers_complete(self) -> None:
-            super().on_headers_complete()
-            self.transport.hold_next = True  # the next write is this request's answer's head
-
-        def on_response_complete(self) -> None:
-            self.transport.flush()  # a head with no body after it (HEAD, 204) goes out now
-            super().on_response_complete()
 
         def on_message_complete(self) -> None:
             super().on_message_complete()  # (which ignores it once answered)
