@@ -156,8 +156,14 @@ async def _drain_gc_pauses(every_s: float = 1.0) -> None:
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory: the config from IVY_* environment variables (set by `ivy serve`)."""
-    return create_app(config_from_args(IvyConfig, {}, ENV_PREFIX))
+    """uvicorn factory in each worker process: the config from IVY_* environment variables (set by `ivy serve`),
+    and the worker's logging (a worker starts as a new interpreter: without it only warnings reached stderr,
+    unformatted)."""
+    from ivy.cli import setup_logging
+
+    config = config_from_args(IvyConfig, {}, ENV_PREFIX)
+    setup_logging(config)
+    return create_app(config)
 
 
 def _add_ops_routes(app: FastAPI) -> None:

@@ -7,14 +7,13 @@ flags win over the environment. `--help` on each command lists them with their v
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
-import sys
 import tempfile
 from typing import Sequence
 
 from ivy.config import ENV_PREFIX, IvyConfig
+from rose import log_format
 from rose.flags import add_config_arguments, config_from_args, config_to_env
 
 
@@ -44,21 +43,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def setup_logging(config: IvyConfig) -> None:
+    """This process's logs in config.log_format, each JSON line with the request id being served."""
+    from ivy.metrics import REQUEST_ID
+
+    log_format.setup(config.log_level, config.log_format, "ivy", lambda: {"request_id": REQUEST_ID.get()})
 
 
 def serve(config: IvyConfig) -> int:
     """Run uvicorn: one process in-line, or N workers that rebuild the config from IVY_* variables."""
     import uvicorn
 
-    setup_logging(config.log_level)
+    setup_logging(config)
     from ivy.connections import protocol_class
 
     # uvicorn's protocol with header size and read-timeout limits and a connection cap (ivy/connections.py).
     common = dict(host=config.host, port=config.port, log_level=config.log_level.lower(), access_log=False,
-                  http=protocol_class(), timeout_keep_alive=config.keep_alive_timeout_s,
+                  log_config=None, http=protocol_class(), timeout_keep_alive=config.keep_alive_timeout_s,
                   h11_max_incomplete_event_size=config.max_header_bytes)
     if config.workers == 1:
         from ivy.app import create_app
@@ -89,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(config)
     from ivy.up import UP_ENV_PREFIX, UpConfig, run_stack
 
-    setup_logging(config.log_level)
+    setup_logging(config)
     return run_stack(config, config_from_args(UpConfig, args, UP_ENV_PREFIX))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rose.host_cpus import usable_cpus
+from rose.log_format import FORMATS
 
 ENV_PREFIX = "IVY"
 CPUS_PER_WORKER = 4  # a gateway worker's share of the host: on the 16-core H200 host 4 workers served 3.5x one
@@ -167,8 +168,13 @@ class IvyConfig:
         "balancers stop routing here) before the server stops accepting; in-flight requests then finish. "
         "Set it to your load balancer's or Kubernetes endpoints' propagation time (e.g. 5)."))
     log_level: str = field(default="info", metadata=_help("Log level: debug, info, warning, error."))
+    log_format: str = field(default="text", metadata=_help(
+        "text (lines for people) or json (one object a line: time, level, logger, message, service, pid, the "
+        "request id being served, exception; for a log pipeline)."))
 
     def __post_init__(self) -> None:
+        if self.log_format not in FORMATS:
+            raise SystemExit(f"ivy: --log-format must be one of {', '.join(FORMATS)}, not {self.log_format!r}")
         if not self.replicas:
             raise SystemExit("ivy: --replicas needs at least one host:port")
         if self.workers < 0:

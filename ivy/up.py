@@ -201,6 +201,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         env.update(compile_env)
         if counters[k]:  # its launched batches, read by the warm-cores controller (protos/heartbeat.py)
             env["TULIP_ACTIVITY_FILE"] = counters[k]
+        env.setdefault("TULIP_LOG_FORMAT", config.log_format)  # one format for the whole stack's output
         argv = [sys.executable, "-m", "tulip", "serve", "--model", model, "--port", str(port)]
         if config.served_model_name:
             argv += ["--served-model-name", config.served_model_name]

@@ -19,6 +19,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rose import log_format
 from rose.flags import add_config_arguments, config_from_args
 from tulip.config import ENV_PREFIX, TulipConfig
 
@@ -108,8 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # __post_init__ range checks
         print(f"tulip: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format.setup(config.log_level, config.log_format, "tulip")
     compile_kernels_early(config)
     return run_loop(serve(config), config.event_loop)
 

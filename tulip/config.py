@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rose.log_format import check_format
+
 ENV_PREFIX = "TULIP"
 GPU_BATCH_TOKENS = 8192
 CPU_BATCH_TOKENS = 2048
@@ -133,6 +135,8 @@ class TulipConfig:
     event_loop: str = _f("auto", "auto (uvloop when installed, else asyncio), uvloop or asyncio: uvloop cut "
                          "Tulip's CPU per call 6-12 % on the 2-core VM (benchmarks/NOTES.md)")
     log_level: str = _f("info", "debug, info, warning or error; logs never contain token ids")
+    log_format: str = _f("text", "text (lines for people) or json (one object a line: time, level, logger, "
+                         "message, service, pid, exception; for a log pipeline)")
 
     def __post_init__(self) -> None:
         for name in ("max_batch_seqs", "max_queue_tokens", "max_inflight_batches", "max_message_mb",
@@ -143,6 +147,7 @@ class TulipConfig:
             raise ValueError(f"max_batch_tokens must be 0 (by device) or positive, got {self.max_batch_tokens}")
         if self.event_loop not in ("auto", "uvloop", "asyncio"):
             raise ValueError(f"event_loop must be auto, uvloop or asyncio, got {self.event_loop!r}")
+        check_format(self.log_format, "log_format")
         if str(self.cuda_graphs).lower() not in _WARMUP_CHOICES:
             raise ValueError(f"cuda_graphs must be one of {sorted(_WARMUP_CHOICES)}, got {self.cuda_graphs!r}")
         if str(self.warmup_full_batch).lower() not in _WARMUP_CHOICES:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ivy.index.config import ENV_PREFIX, IndexConfig
+from rose import log_format
 from rose.flags import add_config_arguments, config_from_args
 from rose.host_cpus import usable_cpus
 
@@ -52,8 +53,7 @@ def run_index(args: argparse.Namespace) -> int:
 
     config = config_from_args(IndexConfig, {k: v for k, v in vars(args).items() if k not in ("input", "output")},
                               ENV_PREFIX)
-    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format.setup(config.log_level, config.log_format, "ivy-index")
     source = Path(args.input)
     if not source.exists():
         raise SystemExit(f"ivy index: {source} does not exist")

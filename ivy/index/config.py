@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rose.log_format import FORMATS as LOG_FORMATS
+
 ENV_PREFIX = "IVY_INDEX"
 ENCODINGS = ("float", "base64_int8", "base64_binary")
 FORMATS = ("auto", "jsonl", "csv", "parquet", "text")
@@ -53,8 +55,11 @@ class IndexConfig:
     device: str = field(default="", metadata=_help("In-process device: cpu, cuda, cuda:N; empty = auto."))
     dtype: str = field(default="", metadata=_help("In-process dtype: float32, bfloat16; empty = auto."))
     log_level: str = field(default="info", metadata=_help("Log level: debug, info, warning, error."))
+    log_format: str = field(default="text", metadata=_help("text, or json (one object a line, for a log pipeline)."))
 
     def __post_init__(self) -> None:
+        if self.log_format not in LOG_FORMATS:
+            raise SystemExit(f"ivy index: --log-format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}")
         if bool(self.url) == bool(self.model):
             raise SystemExit("ivy index: give exactly one of --url (a server) or --model (in-process)")
         if self.encoding not in ENCODINGS:

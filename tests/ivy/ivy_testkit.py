@@ -61,11 +61,12 @@ def ivy_process(**env: str) -> Iterator[int]:
 
 
 @contextmanager
-def ivy_server(**env: str) -> Iterator[tuple[int, subprocess.Popen]]:
-    """As ivy_process, yielding (port, process) for tests that signal the process themselves."""
+def ivy_server(_stderr=None, **env: str) -> Iterator[tuple[int, subprocess.Popen]]:
+    """As ivy_process, yielding (port, process) for tests that signal the process themselves; its stderr goes
+    to `_stderr` (a file) when given."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ivy", "serve"], env={**os.environ, **env, "IVY_PORT": str(port)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=_stderr or subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while True:

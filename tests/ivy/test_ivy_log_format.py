@@ -1,0 +1,85 @@
+"""Logs in JSON for a log pipeline (`IVY_LOG_FORMAT=json`, `TULIP_LOG_FORMAT=json`; rose/log_format.py): every line
+one object with time, level, logger, message, service, pid, the request id being served and any `extra=` fields;
+uvicorn's own lines in the same format; and the workers of `ivy serve --workers N` logging at all (a worker is a
+new interpreter: before, its info lines, e.g. a replica turning SERVING, never reached stderr)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+import pytest
+
+from fake_tulip import FakeTulip
+from ivy.config import IvyConfig
+from ivy_testkit import ivy_server
+from rose.log_format import JsonFormatter, setup
+
+
+def _record(message: str, *args, exc_info=None, **extra) -> logging.LogRecord:
+    record = logging.getLogger("ivy.test").makeRecord("ivy.test", logging.WARNING, __file__, 1, message, args,
+                                                       exc_info, extra=extra)
+    return record
+
+
+def test_a_json_line_has_the_fields_a_pipeline_indexes() -> None:
+    line = json.loads(JsonFormatter("ivy", lambda: {"request_id": "r-1"}).format(
+        _record("replica %s: %s", "10.0.0.7:50051", "SERVING", chunk=3)))
+    assert line["message"] == "replica 10.0.0.7:50051: SERVING" and line["level"] == "WARNING"
+    assert line["logger"] == "ivy.test" and line["service"] == "ivy" and line["pid"] == os.getpid()
+    assert line["request_id"] == "r-1" and line["chunk"] == 3
+    assert line["time"].endswith("Z") and len(line["time"]) == len("2026-12-05T01:02:03.456Z")
+
+
+def test_no_request_id_outside_a_request_and_the_traceback_kept() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = _record("failed", exc_info=sys.exc_info())
+    line = json.loads(JsonFormatter("tulip", lambda: {"request_id": ""}).format(record))
+    assert "request_id" not in line and "ValueError: boom" in line["exception"]
+
+
+def test_setup_replaces_the_handlers_and_routes_uvicorn_through_them(capsys) -> None:
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        logging.getLogger("uvicorn.error").addHandler(logging.StreamHandler(sys.stdout))
+        setup("info", "json", "ivy")
+        assert len(root.handlers) == 1 and not logging.getLogger("uvicorn.error").handlers
+        logging.getLogger("uvicorn.error").info("Started server process [%d]", 1)
+        assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["logger"] == "uvicorn.error"
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.captureWarnings(False)
+
+
+def test_an_unknown_format_is_refused_naming_the_flag() -> None:
+    with pytest.raises(SystemExit, match="--log-format"):
+        IvyConfig(log_format="xml")
+    out = subprocess.run([sys.executable, "-m", "tulip", "serve", "--log-format", "xml"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "log_format" in out.stderr
+
+
+def test_ivy_serve_with_workers_logs_every_line_as_json() -> None:
+    with tempfile.TemporaryFile("w+") as err:
+        with FakeTulip() as fake:
+            with ivy_server(IVY_REPLICAS=fake.address, IVY_WORKERS="2", IVY_LOG_FORMAT="json",
+                            IVY_LOG_LEVEL="info", _stderr=err) as (port, proc):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+                    assert r.status == 200
+                parent = proc.pid
+        err.seek(0)
+        lines = [line for line in err.read().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert all(r["service"] == "ivy" for r in records)
+    workers = {r["pid"] for r in records if r["logger"].startswith("ivy") and r["level"] == "INFO"} - {parent}
+    assert len(workers) == 2, records  # each worker's own info lines (its replica turning SERVING)
+    assert any(r["logger"] == "uvicorn.error" for r in records)
