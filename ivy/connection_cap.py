@@ -9,9 +9,9 @@ connections over the cap (--probe-connections, 8 by default) are a reserve for h
 - a newcomer that finds every connection busy enters the reserve; its request line and headers must arrive within
   PROBE_HEADER_TIMEOUT_S of its connect (a kubelet sends them at once), else it is answered 503 and closed;
 - its request is served only when it is a GET or HEAD of a probe path (PROBE_PATHS: the manifests' liveness and
-  readiness probes, deploy/k8s/ivy.yaml), and the connection closes after the answer (Connection: close), giving
-  its place back; any other request is answered 503 with Retry-After (the cap's answer, the request unread) and
-  closed;
+  readiness probes, deploy/k8s/ivy.yaml, and Prometheus's scrape), and the connection closes after the answer
+  (Connection: close), giving its place back; any other request is answered 503 with Retry-After (the cap's
+  answer, the request unread) and closed;
 - with the reserve full, a newcomer closes (503) the reserve connection that has waited longest without a request,
   else (every reserve connection's probe being answered) it is answered 503 at once, as before the reserve.
 
@@ -35,7 +35,7 @@ EVICT_AFTER_S = 2.0  # idle at least this long before a connection may be closed
 # answered may already be carrying a proxy's next request (closed now, that request would get a 502)
 PROBE_HEADER_TIMEOUT_S = 1.0  # a reserve connection's request line and headers, from its connect (at most the
 # header timeout): a kubelet sends them at once; a fake probe holds a place no longer than this
-PROBE_PATHS = frozenset({"/health", "/ready"})
+PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})  # /metrics: a scrape during overload is when it counts
 PROBE_METHODS = frozenset({"GET", "HEAD"})
 
 OPEN, PROBE, FULL = "open", "probe", "full"  # admit()'s answers

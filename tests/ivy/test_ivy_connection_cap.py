@@ -90,12 +90,12 @@ def test_without_a_probe_reserve_every_connection_busy_means_a_fast_503() -> Non
 
 def test_with_every_connection_busy_health_probes_are_still_served() -> None:
     """RELIABILITY 49: with every connection of the cap holding a request in progress, the kubelet's liveness and
-    readiness probes (GET /health, GET /ready) are served over the cap, each connection closed after its answer
-    (a 503 there restarted a gateway that was only busy); an inference request over the cap is answered 503 with
-    Retry-After as soon as its headers arrive, and a connection that sends nothing within PROBE_HEADER_TIMEOUT_S
-    gets the same 503 then."""
+    readiness probes (GET /health, GET /ready) and Prometheus's scrape (GET /metrics) are served over the cap, each
+    connection closed after its answer (a 503 there restarted a gateway that was only busy); an inference request
+    over the cap is answered 503 with Retry-After as soon as its headers arrive, and a connection that sends
+    nothing within PROBE_HEADER_TIMEOUT_S gets the same 503 then."""
     with _every_connection_busy(IVY_PROBE_CONNECTIONS="2", IVY_HEADER_READ_TIMEOUT_S="60") as port:
-        for path in ("/health", "/ready"):
+        for path in ("/health", "/ready", "/metrics"):
             probe = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             probe.request("GET", path)  # keep-alive asked for: the server closes it anyway
             answer = probe.getresponse()
