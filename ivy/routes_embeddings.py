@@ -1,5 +1,5 @@
-"""POST /v1/embeddings (OpenAI-compatible), POST /v1/contextualizedembeddings (Perplexity-compatible) and
-POST /embed (text-embeddings-inference's, for its clients).
+"""POST /v1/embeddings (OpenAI-compatible), POST /v1/contextualizedembeddings (Perplexity-compatible),
+POST /embed (text-embeddings-inference's, for its clients) and POST /pooling (vLLM's pooling API, task embed).
 
 Both follow one path: auth -> admission -> bounded body -> schema -> model/limit checks -> tokenize off the
 loop -> Gateway.embed (chunks over replicas) -> encode rows. Usage counts the tokens actually sent.
@@ -7,12 +7,16 @@ loop -> Gateway.embed (chunks over replicas) -> encode rows. Usage counts the to
 
 from __future__ import annotations
 
+import time
+import uuid
+
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ivy import metrics
 from ivy.encode import WIRE_ENCODING, default_format, row_value
+from ivy.pooling import PoolingRequest, PoolingResponse, prompt_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.schemas import (ContextualizedEmbeddingsRequest, ContextualizedEmbeddingsResponse, EmbeddingsRequest,
                          EmbeddingsResponse, TeiEmbedRequest)
@@ -52,30 +56,60 @@ async def tei_embed(request: Request) -> Response:
         return json_response(rows)
 
 
+@router.post("/pooling", openapi_extra=request_body(PoolingRequest), responses={200: {"model": PoolingResponse}})
+async def vllm_pooling(request: Request) -> Response:
+    """vLLM's pooling API for an embedding model: /v1/embeddings' vectors (the same prompt, tokens and replicas)
+    in vLLM's shape, each as {"index", "object": "pooling", "data"}; `encoding_format` defaults to float for every
+    model. `truncate_prompt_tokens` -1 cuts to the model's length, k keeps k tokens. Fields vLLM has that Ivy
+    cannot honour (chat messages, other tasks, raw bytes, ...) are refused by name (ivy.pooling)."""
+    gw = gateway_of(request)
+    body, deadline, lane = await gw.open_request(request, PoolingRequest, "embed", "/pooling")
+    truncate, max_tokens = prompt_truncation(body.truncate_prompt_tokens, body.truncate, gw.spec.max_length,
+                                             gw.tokenizer.num_special, texts=body.input.texts is not None)
+    with gw.admit():
+        fmt = body.encoding_format or "float"
+        rows, tokens = await _embed_inputs(request, body.input, deadline, route="/pooling", param="input", fmt=fmt,
+                                           truncate=truncate, side=body.truncation_side or "right", prompt=(None, None),
+                                           dimensions=body.dimensions, normalize=body.normalize, lane=lane,
+                                           max_tokens=max_tokens)
+        data = [{"index": i, "object": "pooling", "data": row_value(rows[i], fmt)} for i in range(len(rows))]
+        rid = metrics.REQUEST_ID.get() or uuid.uuid4().hex  # X-Request-Id when the client sent a sane one
+        if body.request_id is not None and rid != request.headers.get("x-request-id"):
+            rid = body.request_id
+        return json_response({"id": f"pool-{rid}", "object": "list", "created": int(time.time()),
+                              "model": gw.model_name, "data": data,
+                              "usage": {**usage(tokens), "completion_tokens": 0, "prompt_tokens_details": None}})
+
+
 async def _embed_inputs(request: Request, inputs, deadline: float, *, route: str, param: str, fmt: str,
                         truncate: bool | None, side: str, prompt: tuple[str | None, str | None],
-                        dimensions: int | None, normalize: bool | None, lane: str | None = None):
+                        dimensions: int | None, normalize: bool | None, lane: str | None = None,
+                        max_tokens: int | None = None):
     """Texts or token ids -> (rows in `fmt`'s wire encoding, tokens sent): limits, templating (texts only:
-    `prompt` is (input_type, prompt_name)), tokenizing, replicas."""
+    `prompt` is (input_type, prompt_name)), tokenizing (cut to `max_tokens` when given), replicas."""
     gw = gateway_of(request)
     gw.check_count(len(inputs), gw.config.max_inputs_per_request, param)
     dims = gw.check_dimensions(dimensions)
-    seqs = await encode_inputs(gw, inputs, route=route, param=param, truncate=truncate, side=side, prompt=prompt)
+    seqs = await encode_inputs(gw, inputs, route=route, param=param, truncate=truncate, side=side, prompt=prompt,
+                               max_tokens=max_tokens)
     rows = await unless_disconnected(request, gw.embed(
         seqs, deadline=deadline, dimensions=dims, normalize=normalize, encoding=WIRE_ENCODING[fmt], lane=lane))
     return rows, sum(map(len, seqs))
 
 
 async def encode_inputs(gw, inputs, *, route: str, param: str, truncate: bool | None, side: str,
-                        prompt: tuple[str | None, str | None]) -> list[list[int]]:
+                        prompt: tuple[str | None, str | None], max_tokens: int | None = None) -> list[list[int]]:
     """Texts (templated by `prompt` = (input_type, prompt_name), tokenized) or token ids (checked) -> the
-    sequences to send, counted in the route's input and token metrics (the caller checks the input count)."""
+    sequences to send, counted in the route's input and token metrics (the caller checks the input count).
+    max_tokens: the length to cut to when truncating (vLLM's truncate_prompt_tokens); None = the model's."""
     truncate = gw.config.truncate if truncate is None else truncate
     if inputs.texts is not None:
         seqs = await gw.encoder.encode_texts(inputs.texts, truncate=truncate, side=side,
-                                             prompt=gw.encoder.prompt_for(*prompt), param=param)
+                                             prompt=gw.encoder.prompt_for(*prompt), param=param,
+                                             max_tokens=max_tokens)
     else:
-        seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param, flat=inputs.flat)
+        seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param, flat=inputs.flat,
+                                          max_tokens=max_tokens)
     metrics.INPUTS.labels(route).inc(len(seqs))
     metrics.TOKENS.labels(route).inc(sum(map(len, seqs)))
     return seqs

@@ -4,6 +4,7 @@ Requests follow the APIs clients already use: OpenAI embeddings (plus TEI/vLLM-s
 Perplexity contextualized embeddings, vLLM's score and Cohere/Jina rerank. `input`-like fields are parsed
 by hand in ivy.inputs, so that errors name the exact element (`input[3]`) and the limit.
 Responses are built as plain dicts (serialized with orjson); their models here document the shape.
+vLLM's /pooling, whose request refuses many vLLM-only fields by name, has its models in ivy.pooling.
 """
 
 from __future__ import annotations

@@ -137,13 +137,16 @@ class InputEncoder:
     # ---- texts ----
 
     async def encode_texts(self, texts: Sequence[str], *, truncate: bool, side: str, prompt: str = "",
-                           param: str = "input", one: bool = False) -> list[list[int]]:
-        """one: `param` is a single text sent as itself, not a list (errors name it without an index)."""
+                           param: str = "input", one: bool = False,
+                           max_tokens: int | None = None) -> list[list[int]]:
+        """one: `param` is a single text sent as itself, not a list (errors name it without an index).
+        max_tokens: cut to this many tokens, the special tokens included (vLLM's truncate_prompt_tokens), not the
+        model's max_length; only with truncate."""
         size = _size(texts, self.inline_chars, extra=len(prompt))
-        return await self._run(self._encode_texts, texts, truncate, side, prompt, param, one, size=size)
+        return await self._run(self._encode_texts, texts, truncate, side, prompt, param, one, max_tokens, size=size)
 
     def _encode_texts(self, texts: Sequence[str], truncate: bool, side: str, prompt: str,
-                      param: str, one: bool = False) -> list[list[int]]:
+                      param: str, one: bool = False, max_tokens: int | None = None) -> list[list[int]]:
         cap = self.char_cap
         capped = []
         at = (lambda i: param) if one else (lambda i: f"{param}[{i}]")
@@ -154,7 +157,7 @@ class InputEncoder:
                                    f"is {cap} (send truncate=true to cut it)", param=at(i), limit=cap)
                 text = text[:cap] if side == "right" else text[-cap:]
             capped.append(prompt + text if prompt else text)
-        encoded = self.splitter.encode_batch(capped, self.max_length, side)
+        encoded = self.splitter.encode_batch(capped, max_tokens or self.max_length, side)
         if not truncate:
             for i, enc in enumerate(encoded):
                 if enc.truncated:
@@ -172,24 +175,26 @@ class InputEncoder:
     # ---- token ids ----
 
     async def check_ids(self, seqs: list[list[int]], *, truncate: bool, side: str,
-                        param: str = "input", flat: bool = False) -> list[np.ndarray]:
+                        param: str = "input", flat: bool = False, max_tokens: int | None = None) -> list[np.ndarray]:
         # On the loop whatever the size: reading Python ints into an array holds the GIL, so a pool thread would
         # block the loop as long and add two thread hand-offs (benchmarks/NOTES.md, "Token ids in the gateway").
-        return await self._run(self._check_ids, seqs, truncate, side, param, flat, size=0)
+        return await self._run(self._check_ids, seqs, truncate, side, param, flat, max_tokens, size=0)
 
     def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str, param: str,
-                   flat: bool = False) -> list[np.ndarray]:
-        """Each sequence checked (vocabulary, length) and returned as an int32 array, truncated if asked.
+                   flat: bool = False, max_tokens: int | None = None) -> list[np.ndarray]:
+        """Each sequence checked (vocabulary, length) and returned as an int32 array, truncated if asked (to
+        max_tokens when given, else the model's max_length).
         flat: `seqs` is the one list the client sent as `param` itself (errors name param[j], not param[0][j])."""
         vocab = self.vocab_limit
+        limit = max_tokens or self.max_length
         out = []
         for i, seq in enumerate(seqs):
             where = param if flat else f"{param}[{i}]"
             seq = _check_vocab(seq, where, vocab)
-            if len(seq) > self.max_length:
+            if len(seq) > limit:
                 if not truncate:
-                    raise too_long(where, len(seq), self.max_length)
-                seq = seq[: self.max_length] if side == "right" else seq[-self.max_length:]
+                    raise too_long(where, len(seq), limit)
+                seq = seq[:limit] if side == "right" else seq[-limit:]
             out.append(seq)
         return out
 

@@ -23,6 +23,7 @@ INFERENCE_ROUTES = {
     "/similarity": {"inputs": {"source_sentence": "a", "sentences": ["b"]}},
     "/decode": {"ids": [101, 102]},
     "/detokenize": {"tokens": [101, 102]},
+    "/pooling": {"input": "hello"},
 }
 
 

@@ -1,0 +1,158 @@
+"""vLLM's pooling API (POST /pooling) on Ivy: which of its request fields are served, and how.
+
+vLLM's PoolingCompletionRequest (vllm/entrypoints/pooling/pooling/protocol.py and base/protocol.py; the API at
+https://docs.vllm.ai/en/latest/models/pooling_models/pooling/) takes /v1/embeddings' `input` and options plus its
+own. Ivy serves its embed task, the vectors /v1/embeddings gives, in vLLM's response shape (PoolingResponse;
+the models are here rather than in ivy.schemas, which they extend). What it has that Ivy cannot honour is
+refused by name, never silently ignored: chat `messages` (no chat template is applied), an IO processor
+plugin's `data`, `mm_processor_kwargs`, a `task` other than "embed", the raw binary `encoding_format`s, another
+`embed_dtype` or `endianness` than base64's little-endian float32, `add_special_tokens: false`, `padding:
+"max_length"`. Messages name the field and what is served, never the value sent (ivy.errors). A body with
+vLLM's defaults written out (nulls, priority 0, a request_id) is served as if they were omitted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from ivy.errors import IvyError, Problem
+from ivy.inputs import Dimensions, EmbeddingInput, EncodingFormat, Side
+from ivy.lanes import PRIORITY_RULE
+from ivy.schemas import Priority, Usage, _Request
+
+# field -> (the values served, why the others are not); None (vLLM's default) is always served
+SERVED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "encoding_format": (("float", "base64", "base64_int8", "base64_binary"),
+                        "vLLM's raw binary responses (bytes, bytes_only) are not served; base64 is little-endian "
+                        "float32, base64_int8 and base64_binary Ivy's smaller encodings"),
+    "embed_dtype": (("float32",), "base64 carries float32; for smaller vectors send encoding_format "
+                                  "base64_int8 or base64_binary"),
+    "endianness": (("native", "little"), "base64 carries little-endian bytes, this server's native order"),
+    "padding": (("do_not_pad",), "inputs are embedded unpadded"),
+    "add_special_tokens": ((True,), "texts are embedded with the model's special tokens; send token ids as input "
+                                    "to choose every id yourself"),
+}
+
+_SCORES = "a reranker's scores are served at /v1/score and /v1/rerank"
+_ELSEWHERE = {  # vLLM's other pooling tasks (vllm/tasks.py, removed ones included): where Ivy serves the like
+    "classify": _SCORES, "score": _SCORES,
+    "token_embed": "a multi-vector model's token vectors are served at /embed_multi_vector",
+    "token_classify": "token classification (and reward models) is not served",
+    "embed&token_classify": "token classification is not served; /v1/embeddings gives the embeddings",
+    "encode": "vLLM removed it; /pooling here embeds (task embed)",
+    "plugin": "IO processor plugins are not served",
+}
+
+
+def _refuse(param: str, why: str, problem: Problem = Problem.INVALID_PARAMETER) -> IvyError:
+    return IvyError(problem, f"{param}: {why}", param=param)
+
+
+def check_fields(data: Any) -> Any:
+    """The raw body refused where it asks for what Ivy cannot honour (a pydantic before-validator: the field
+    types are checked after it)."""
+    if not isinstance(data, dict):
+        return data
+    if data.get("messages") is not None:
+        raise _refuse("messages", "chat input is not served on /pooling (no chat template is applied); send the "
+                                  "text, or its token ids, as input")
+    if "data" in data and "input" not in data:
+        raise _refuse("data", "IO processor plugin requests are not served; send input (texts or token ids)")
+    if data.get("mm_processor_kwargs"):
+        raise _refuse("mm_processor_kwargs", "multimodal processing is not served; input is texts or token ids")
+    task = data.get("task")
+    if task is not None and task != "embed":
+        where = _ELSEWHERE.get(task) if isinstance(task, str) else None
+        raise _refuse("task", f'/pooling serves the task "embed" only (one pooled vector per input)'
+                              f'{"; " + where if where else ""}', Problem.UNSUPPORTED_TASK)
+    for field, (served, why) in SERVED.items():
+        value = data.get(field)
+        if value is not None and not any(value == s and type(value) is type(s) for s in served):
+            raise _refuse(field, f"must be {' or '.join(_json(s) for s in served)}: {why}")
+    return data
+
+
+def _json(value: Any) -> str:
+    return "true" if value is True else f'"{value}"'
+
+
+def prompt_truncation(value: int | None, truncate: bool | None, max_length: int, specials: int,
+                      texts: bool) -> tuple[bool | None, int | None]:
+    """vLLM's truncate_prompt_tokens (and Ivy's `truncate`) as (truncate, max_tokens) for ivy.routes_embeddings:
+    None = `truncate` (omitted: the server's default, as /v1/embeddings), -1 = cut to the model's length, k = keep
+    k tokens, the special tokens of a text included (the side: truncation_side; vLLM's pooling runner keeps the
+    first k, as Ivy's default "right" does). A text's k leaves room for its special tokens and one more."""
+    if value is None:
+        return truncate, None
+    if truncate is False:
+        raise IvyError(Problem.INVALID_PARAMETER, "truncate: false contradicts truncate_prompt_tokens; send one "
+                       "of them", param="truncate")
+    if value == -1:
+        return True, None
+    least = specials + 1 if texts else 1
+    if not least <= value <= max_length:
+        what = f"a text's {specials} special tokens and one more" if texts and specials else "one token"
+        raise IvyError(Problem.INVALID_PARAMETER, f"truncate_prompt_tokens must be -1 (the model's length, "
+                       f"{max_length}) or between {least} ({what}) and {max_length}, got {value}",
+                       param="truncate_prompt_tokens", limit=max_length)
+    return True, value
+
+
+class PoolingRequest(_Request):
+    """vLLM's POST /pooling (its PoolingCompletionRequest) for an embedding model: /v1/embeddings' vectors in
+    vLLM's shape. Its fields Ivy cannot honour are refused by name (check_fields); `use_activation` (vLLM's newer
+    name for an embedding's normalization) is read as `normalize`."""
+
+    input: EmbeddingInput
+    task: Literal["embed"] | None = Field(default=None, description='"embed" or omitted; other tasks are refused.')
+    encoding_format: EncodingFormat | None = Field(default=None, description="float (default), base64 (LE "
+                                                   "float32), base64_int8, base64_binary; bytes is refused.")
+    embed_dtype: Literal["float32"] = "float32"
+    endianness: Literal["native", "little"] = "native"
+    dimensions: Dimensions | None = None
+    normalize: bool | None = Field(default=None, description="L2-normalize; omitted = the model's own default.")
+    truncate_prompt_tokens: int | None = Field(default=None, description="-1: cut to the model's length; k: keep k "
+                                               "tokens (special tokens included); omitted: `truncate`.")
+    truncate: bool | None = Field(default=None, description="Ivy's: cut over-long inputs to the model's length "
+                                  "(truncate_prompt_tokens -1); omitted = the server default.")
+    truncation_side: Side | None = Field(default=None, description="right (omitted) keeps the first tokens.")
+    add_special_tokens: Literal[True] = True
+    padding: Literal["do_not_pad"] | None = None
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+    user: str | None = None
+    request_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@/+=-]{1,128}$",
+                                   description='The response\'s id is "pool-" and it (X-Request-Id wins).')
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024,
+                                   description="Accepted; Ivy keeps no prefix cache to salt.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_fields(cls, data: Any) -> Any:
+        data = check_fields(data)
+        if isinstance(data, dict) and "use_activation" in data and "normalize" not in data:
+            data = {**data, "normalize": data["use_activation"]}
+        return data
+
+
+class PoolingUsage(Usage):
+    completion_tokens: int = 0
+    prompt_tokens_details: None = None
+
+
+class PoolingData(BaseModel):
+    index: int
+    object: Literal["pooling"] = "pooling"
+    data: list[float] | str
+
+
+class PoolingResponse(BaseModel):
+    """vLLM's PoolingResponse: `id` is "pool-" and the request's id."""
+
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[PoolingData]
+    usage: PoolingUsage
