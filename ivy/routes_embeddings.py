@@ -30,12 +30,15 @@ router = APIRouter()
 async def create_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
     body, deadline, lane = await gw.open_request(request, EmbeddingsRequest, "embed", "/v1/embeddings")
+    truncate, max_tokens = prompt_truncation(body.truncate_prompt_tokens, body.truncate, gw.spec.max_length,
+                                             gw.tokenizer.num_special, texts=body.input.texts is not None)
     with gw.admit():
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
         rows, tokens = await _embed_inputs(request, body.input, deadline, route="/v1/embeddings", param="input",
-                                           fmt=fmt, truncate=body.truncate, side=body.truncation_side,
+                                           fmt=fmt, truncate=truncate, side=body.truncation_side,
                                            prompt=(body.input_type, body.prompt_name),
-                                           dimensions=body.dimensions, normalize=body.normalize, lane=lane)
+                                           dimensions=body.dimensions, normalize=body.normalize, lane=lane,
+                                           max_tokens=max_tokens)
         data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt)} for i in range(len(rows))]
         return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})
 

@@ -73,6 +73,8 @@ class EmbeddingsRequest(_Request):
     normalize: bool | None = Field(default=None, description="L2-normalize; omitted = the model's own default.")
     truncate: bool | None = Field(default=None, description="Cut over-long inputs; omitted = the server default.")
     truncation_side: Side = "right"
+    truncate_prompt_tokens: int | None = Field(default=None, description="vLLM's: -1 cuts to the model's length, "
+                                               "k keeps k tokens (a text's special tokens included).")
     input_type: InputType | None = Field(default=None, description="query or document templating.")
     prompt_name: str | None = Field(default=None, description="A sentence-transformers prompt of the model.")
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")

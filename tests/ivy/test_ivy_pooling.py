@@ -106,6 +106,20 @@ def test_truncate_prompt_tokens(client, fake) -> None:
     assert short["usage"]["prompt_tokens"] == len(TOKENIZER.encode("hi").ids)  # nothing to cut
 
 
+def test_v1_embeddings_takes_truncate_prompt_tokens_as_vllm_does(client, fake) -> None:
+    """vLLM's clients send truncate_prompt_tokens to /v1/embeddings too: k keeps k tokens there as well (before,
+    the field was ignored and the whole input embedded), -1 cuts to the model's length, a bad k names the field."""
+    content = TOKENIZER.encode(LONG).ids[1:-1]
+    body = client.post("/v1/embeddings", json={"input": LONG, "truncate_prompt_tokens": 10}).json()
+    same = client.post("/v1/embeddings", json={"input": [IDS[0][:1] + content[:8] + IDS[0][-1:]]}).json()
+    assert body["usage"]["prompt_tokens"] == 10
+    np.testing.assert_array_equal(_embedded(body), _embedded(same))
+    assert client.post("/v1/embeddings", json={"input": LONG, "truncate_prompt_tokens": -1}).json()["usage"][
+        "prompt_tokens"] == 256
+    r = client.post("/v1/embeddings", json={"input": LONG, "truncate_prompt_tokens": 1})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
+
+
 def _error(client, body: dict) -> tuple[int, str, str]:
     r = client.post("/pooling", json=body)
     assert 400 <= r.status_code < 500, (body, r.text)
