@@ -64,7 +64,8 @@ def setup(level: str, fmt: str, service: str, context: Callable[[], dict] | None
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.captureWarnings(True)  # Python's warnings as records too ("py.warnings"), not bare stderr lines
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # theirs go to the root's handler
-        logger = logging.getLogger(name)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # theirs go to the root's handler, at its level
+        logger = logging.getLogger(name)  # (uvicorn.run sets their level to the same log level afterwards)
         logger.handlers.clear()
-        logger.propagate = True
+        logger.propagate, logger.disabled = True, False
+        logger.setLevel(logging.NOTSET)

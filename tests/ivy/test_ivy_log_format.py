@@ -49,7 +49,9 @@ def test_setup_replaces_the_handlers_and_routes_uvicorn_through_them(capsys) -> 
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     try:
-        logging.getLogger("uvicorn.error").addHandler(logging.StreamHandler(sys.stdout))
+        uvicorn_error = logging.getLogger("uvicorn.error")
+        uvicorn_error.addHandler(logging.StreamHandler(sys.stdout))
+        uvicorn_error.setLevel(logging.WARNING)  # as an in-process uvicorn of an earlier test may have left it
         setup("info", "json", "ivy")
         assert len(root.handlers) == 1 and not logging.getLogger("uvicorn.error").handlers
         logging.getLogger("uvicorn.error").info("Started server process [%d]", 1)
