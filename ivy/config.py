@@ -101,7 +101,7 @@ class IvyConfig:
         "descriptor)."))
     probe_connections: int = field(default=8, metadata=_help(
         "Connections per worker process over --max-connections kept for health probes while every connection has "
-        "a request in progress: one must send its request within 1 s, only GET or HEAD of /health, /ready or /metrics is "
+        "a request in progress: one must send its request within 1 s, only a GET of /health, /ready or /metrics is "
         "served (then closed), anything else gets 503 with Retry-After; a new one over a full reserve closes the "
         "one waiting longest for its request. So a gateway that is only busy passes its liveness probe. 0 = none: "
         "a fast 503 for every connection over the cap."))

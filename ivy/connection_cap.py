@@ -8,7 +8,7 @@ connections over the cap (--probe-connections, 8 by default) are a reserve for h
 
 - a newcomer that finds every connection busy enters the reserve; its request line and headers must arrive within
   PROBE_HEADER_TIMEOUT_S of its connect (a kubelet sends them at once), else it is answered 503 and closed;
-- its request is served only when it is a GET or HEAD of a probe path (PROBE_PATHS: the manifests' liveness and
+- its request is served only when it is a GET of a probe path (PROBE_PATHS: the manifests' liveness and
   readiness probes, deploy/k8s/ivy.yaml, and Prometheus's scrape), and the connection closes after the answer
   (Connection: close), giving its place back; any other request is answered 503 with Retry-After (the cap's
   answer, the request unread) and closed;
@@ -35,8 +35,9 @@ EVICT_AFTER_S = 2.0  # idle at least this long before a connection may be closed
 # answered may already be carrying a proxy's next request (closed now, that request would get a 502)
 PROBE_HEADER_TIMEOUT_S = 1.0  # a reserve connection's request line and headers, from its connect (at most the
 # header timeout): a kubelet sends them at once; a fake probe holds a place no longer than this
+PROBE_FLUSH_S = 5.0  # a reserve connection's answer must be read whole within this of its end, else it is aborted
 PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})  # /metrics: a scrape during overload is when it counts
-PROBE_METHODS = frozenset({"GET", "HEAD"})
+PROBE_METHODS = frozenset({"GET"})  # the routes are GET only (a HEAD would get 405)
 
 OPEN, PROBE, FULL = "open", "probe", "full"  # admit()'s answers
 
@@ -111,7 +112,7 @@ def over_the_cap(cap: int) -> str:
 
 
 class ProbesOnly:
-    """The ASGI app of a reserve connection: a probe (GET or HEAD of PROBE_PATHS) goes to the app and the
+    """The ASGI app of a reserve connection: a probe (GET of PROBE_PATHS) goes to the app and the
     connection closes after its answer; anything else is answered 503 with Retry-After and closed, unread."""
 
     def __init__(self, app, cap: int) -> None:

@@ -15,9 +15,12 @@ descriptor. `ivy serve` runs these subclasses of uvicorn's protocols instead (RE
   to make room; when every one has a request in progress the new one enters a small reserve where only a health
   probe is served, anything else answered 503 with Retry-After (ivy/connection_cap.py: RELIABILITY 27, 48, 49);
 - an answer the client does not read: while the transport's send buffer is over its high-water mark (from
-  asyncio's pause_writing to resume_writing), each --send-timeout-s must see some of it sent; a client that
-  read nothing in that time is aborted, which frees the unsent bytes (a slow reader is only watched longer).
-  30 stalled readers of 2048-input answers held +382 MiB in one worker, indefinitely, before (RELIABILITY 40).
+  asyncio's pause_writing to resume_writing), and from the end of an answer some of which is still unsent
+  (under the mark, a kept-alive or closing connection waited for it for ever, so unread /metrics or
+  /openapi.json answers could hold the whole cap), each --send-timeout-s must see some of it sent; a client that
+  read nothing in that time is aborted, which frees the unsent bytes (a slow reader is only watched longer); a
+  probe-reserve connection's answer must be read whole within PROBE_FLUSH_S of its end. 30 stalled readers of
+  2048-input answers held +382 MiB in one worker, indefinitely, before (RELIABILITY 40).
 
 Bytes are counted only between requests (no request of this connection in progress), where every byte
 received is part of the next request's line or headers, so the count is exact and the hot path pays two
@@ -44,7 +47,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ivy import connection_cap, metrics
 from ivy.config import IvyConfig
-from ivy.connection_cap import PROBE_HEADER_TIMEOUT_S
+from ivy.connection_cap import PROBE_FLUSH_S, PROBE_HEADER_TIMEOUT_S
 from ivy.errors import PROBLEMS, RETRY_AFTER_S, Problem
 
 log = logging.getLogger("ivy")
@@ -122,9 +125,28 @@ class _Limits:
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        unsent = self.transport.get_write_buffer_size()
+        if unsent and self._send_timer is None:  # an answer under the high-water mark the client does not read
+            if connection_cap.in_reserve(self):  # (would hold its place as long as it stays connected: RELIABILITY
+                self._send_timer = self.loop.call_later(PROBE_FLUSH_S, self._probe_unflushed)  # 40, 48, 49)
+            elif LIMITS.send_timeout_s:
+                self._watch_send(unsent)
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete) \
                 and self._body_received():  # (a body still arriving after an early answer: idle once drained)
             connection_cap.idle(self)  # kept alive with no request in progress (none pipelined)
+
+    def handle_websocket_upgrade(self, *args) -> None:
+        """uvicorn hands the transport to a WebSocket protocol (Ivy serves none: it answers 403) and this one's
+        connection_lost never runs: forgotten here, or each handshake stayed in the cap's books for good."""
+        connection_cap.forget(self)
+        self._cancel_header_timer()
+        super().handle_websocket_upgrade(*args)
+
+    def _probe_unflushed(self) -> None:
+        self._send_timer = None
+        if self.transport.get_write_buffer_size():
+            metrics.CONNECTIONS_REFUSED.labels("send_timeout").inc()
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
@@ -189,6 +211,8 @@ class _Limits:
         (the client read nothing), watched again if some was (a slow link still makes progress)."""
         self._send_timer = None  # (connection_lost cancels it; a transport closing after `Connection: close`
         unsent = self.transport.get_write_buffer_size()  # still holds its unsent bytes until they are read)
+        if not unsent:  # all sent (an answer watched from its end never pauses writing, so never resumes)
+            return
         if unsent < unsent_before:
             self._watch_send(unsent)
             return

@@ -141,3 +141,81 @@ def test_a_flood_of_fake_probes_stays_within_the_cap_and_its_reserve() -> None:
         reused = socket.create_connection(("127.0.0.1", port))
         reused.sendall(HEAD + b"Content-Length: 2\r\n\r\n{}")  # the reserve takes no other request
         assert _is_503(closing_reply(reused, 5))
+
+
+def test_an_unread_answer_under_the_high_water_mark_is_dropped_at_the_send_timeout() -> None:
+    """RELIABILITY 40, 48: a client that asks for a 34 KB answer (/openapi.json, open without a key) and reads none
+    of it leaves the rest under the transport's 64 KiB high-water mark, so writing never paused and no send timeout
+    ran; the keep-alive close waits to flush and eviction skips a connection with unsent bytes, so a few such
+    clients held the cap for good. The answer's end now starts the send watch: the connection is aborted."""
+    env = dict(IVY_MAX_CONNECTIONS="8", IVY_SEND_TIMEOUT_S="2", IVY_KEEP_ALIVE_TIMEOUT_S="1")
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address, **env) as port:
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel takes ~nothing of the answer
+        stalled.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+        stalled.connect(("127.0.0.1", port))
+        stalled.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_until(lambda: server_connections_open(port) == 1, timeout=5)
+        wait_until(lambda: server_connections_open(port) == 0, timeout=15)  # aborted within two send timeouts
+        stalled.close()
+
+
+def test_a_websocket_handshake_leaves_nothing_in_the_caps_books() -> None:
+    """RELIABILITY 48, 49: uvicorn hands an upgraded connection to its WebSocket protocol and the HTTP protocol's
+    connection_lost never runs; the connection stayed among the idle (or the probe reserve's) for good: ~7 KB a
+    handshake, and reserve places lost until a restart."""
+    import asyncio
+
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from ivy import connection_cap
+    from ivy.connections import HttpToolsLimits
+
+    async def app(scope, receive, send) -> None:  # as Ivy: no WebSocket route, the handshake refused
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close"})
+
+    class Transport:
+        def __init__(self) -> None:
+            self.closing, self.protocol = False, None
+
+        def write(self, data) -> None:
+            pass
+
+        def get_extra_info(self, name, default=None):
+            return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+        def close(self) -> None:
+            self.closing = True
+
+        def set_protocol(self, protocol) -> None:
+            self.protocol = protocol
+
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+    async def run() -> None:
+        config = Config(app=app, lifespan="off", log_level="warning", ws="auto")
+        config.load()
+        protocol = HttpToolsLimits(config=config, server_state=ServerState(), app_state={})
+        protocol.connection_made(Transport())
+        assert connection_cap._IDLE.get(protocol) is not None
+        protocol.data_received(b"GET /v1/embeddings HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                               b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                               b"Sec-WebSocket-Version: 13\r\n\r\n")
+        await asyncio.sleep(0.1)
+        assert protocol not in connection_cap._IDLE and protocol not in connection_cap._RESERVE
+
+    pytest.importorskip("websockets")
+    pytest.importorskip("httptools")
+    asyncio.run(run())
