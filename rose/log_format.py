@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 FORMATS = ("text", "json")
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime",
+                                                                                   "color_message"}  # (uvicorn's)
 
 
 def check_format(value: str, flag: str) -> None:
@@ -38,29 +39,37 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         seconds = int(record.created)
+        extra = {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS and not k.startswith("_")}
         line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
                 + f".{int((record.created - seconds) * 1000):03d}Z",
                 "level": record.levelname, "logger": record.name, "message": record.getMessage(),
                 "service": self.service, "pid": self.pid}
         if self.context is not None:
             line.update({k: v for k, v in self.context().items() if v})
-        line.update({k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS and not k.startswith("_")})
+        line.update({k: v for k, v in extra.items() if k not in line})  # a call's extras never replace these
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:
             line["exception"] = record.exc_text
-        return json.dumps(line, default=str, ensure_ascii=False)
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        try:  # strict JSON: no NaN or Infinity, string keys only
+            return json.dumps(line, default=str, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):  # an extra JSON cannot hold: its repr, the line kept
+            line.update({k: repr(v) for k, v in extra.items() if k in line and line[k] is v})
+            return json.dumps(line, default=str, ensure_ascii=False)
 
 
 def setup(level: str, fmt: str, service: str, context: Callable[[], dict] | None = None) -> None:
-    """The root logger's one handler, on stderr, in `fmt`; replaces any handler set before (a worker process
-    that inherited one, or basicConfig's)."""
+    """The root logger's one handler, on stderr, in `fmt`; replaces the plain stream handlers set before (ours
+    again, or basicConfig's) and keeps any other (a test runner's capture)."""
     check_format(fmt, "log format")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service, context) if fmt == "json" else logging.Formatter(TEXT))
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        if type(old) is logging.StreamHandler:
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.captureWarnings(True)  # Python's warnings as records too ("py.warnings"), not bare stderr lines

@@ -53,7 +53,9 @@ def test_setup_replaces_the_handlers_and_routes_uvicorn_through_them(capsys) -> 
         uvicorn_error.addHandler(logging.StreamHandler(sys.stdout))
         uvicorn_error.setLevel(logging.WARNING)  # as an in-process uvicorn of an earlier test may have left it
         setup("info", "json", "ivy")
-        assert len(root.handlers) == 1 and not logging.getLogger("uvicorn.error").handlers
+        plain = [h for h in root.handlers if type(h) is logging.StreamHandler]
+        assert len(plain) == 1 and isinstance(plain[0].formatter, JsonFormatter)
+        assert not logging.getLogger("uvicorn.error").handlers
         logging.getLogger("uvicorn.error").info("Started server process [%d]", 1)
         assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["logger"] == "uvicorn.error"
     finally:
@@ -85,3 +87,28 @@ def test_ivy_serve_with_workers_logs_every_line_as_json() -> None:
     workers = {r["pid"] for r in records if r["logger"].startswith("ivy") and r["level"] == "INFO"} - {parent}
     assert len(workers) == 2, records  # each worker's own info lines (its replica turning SERVING)
     assert any(r["logger"] == "uvicorn.error" for r in records)
+
+
+def test_unusual_records_still_make_one_strict_json_line() -> None:
+    """Extras JSON cannot hold (tuple keys, NaN) become their repr, the line kept; an extra named like a field
+    of the line does not replace it; uvicorn's ANSI `color_message` is left out; stack_info kept as `stack`."""
+    formatter = JsonFormatter("ivy")
+    record = _record("shape %s", "ok", shape={(1, 2): 3}, ratio=float("nan"), level="fake", color_message="\x1b[1m")
+    record.stack_info = "Stack (most recent call last):\n  here"
+    text = formatter.format(record)
+    line = json.loads(text)  # strict: json.loads accepts NaN, so check the text too
+    assert "NaN" not in text and line["ratio"] == "nan" and line["shape"] == "{(1, 2): 3}"
+    assert line["level"] == "WARNING" and "color_message" not in line and line["stack"].endswith("here")
+
+
+def test_setup_keeps_a_test_runners_capture_handler(caplog) -> None:
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        setup("info", "text", "ivy-index")  # as `ivy index` run in-process by a test
+        logging.getLogger("ivy.index").warning("after setup")
+        assert "after setup" in caplog.text
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.captureWarnings(False)
