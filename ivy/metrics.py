@@ -92,10 +92,33 @@ def render() -> tuple[bytes, str]:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
+        _forget_dead_workers(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(_LiveReplicasOnly(registry)), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+_LIVE_FILE = re.compile(r"^gauge_live[a-z]*_(\d+)\.db$")
+
+
+def _forget_dead_workers(folder: str) -> None:
+    """A worker uvicorn restarted (killed, crashed) leaves its live gauges' files, which every scrape still read:
+    its last ivy_replica_up of 1 kept a replica gone from DNS in /metrics for good (RELIABILITY 50). The files of
+    a process no longer alive are dropped, as prometheus-client's mark_process_dead does."""
+    from prometheus_client import multiprocess
+
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for pid in {int(m[1]) for m in map(_LIVE_FILE.match, names) if m}:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            multiprocess.mark_process_dead(pid, folder)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 def forget_replica(address: str) -> None:

@@ -174,3 +174,20 @@ def test_a_replica_back_in_dns_before_its_old_self_closed_keeps_its_series() -> 
         await pool.close()
 
     asyncio.run(run())
+
+
+def test_a_dead_workers_live_gauges_do_not_keep_a_gone_replica(tmp_path) -> None:
+    """RELIABILITY 50 with a worker that died (uvicorn restarts a killed or crashed one): its live gauges' file
+    still said ivy_replica_up 1 for the address, so the max over workers kept every series of a replica gone
+    from DNS in /metrics for good. A scrape drops the live files of processes no longer alive."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    address = "10.9.8.7:50051"
+    dead = ("from ivy import metrics; "
+            f"metrics.REPLICA_UP.labels({address!r}).set(1); metrics.CHUNKS.labels({address!r}).inc(3)")
+    subprocess.run([sys.executable, "-c", dead], env=env, check=True, timeout=60)  # a worker, then gone
+    alive = ("from ivy import metrics; "
+             f"metrics.REPLICA_UP.labels({address!r}).set(1); metrics.forget_replica({address!r}); "
+             "print(metrics.render()[0].decode())")
+    out = subprocess.run([sys.executable, "-c", alive], env=env, check=True, timeout=60, capture_output=True,
+                         text=True).stdout
+    assert "ivy_replica_up" in out and address not in out, [line for line in out.splitlines() if address in line]
