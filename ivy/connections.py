@@ -131,9 +131,13 @@ class _Limits:
                 self._send_timer = self.loop.call_later(PROBE_FLUSH_S, self._probe_unflushed)  # 40, 48, 49)
             elif LIMITS.send_timeout_s:
                 self._watch_send(unsent)
-        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete) \
-                and self._body_received():  # (a body still arriving after an early answer: idle once drained)
+        if self.transport.is_closing() or not (self.cycle is None or self.cycle.response_complete):
+            return
+        if self._body_received():
             connection_cap.idle(self)  # kept alive with no request in progress (none pipelined)
+        elif self._header_timer is None:  # answered early, its body still to come: drained within the body's
+            self._header_timer = self.loop.call_later(LIMITS.drain_timeout_s, self._header_timeout, self.cycle)
+            # time from now (RELIABILITY 44), not kept for the keep-alive timeout if not a byte of it arrives
 
     def handle_websocket_upgrade(self, *args) -> None:
         """uvicorn hands the transport to a WebSocket protocol (Ivy serves none: it answers 403) and this one's

@@ -208,4 +208,11 @@ def test_a_slow_upload_answered_early_is_drained_within_the_body_timeout() -> No
             started = time.monotonic()
             assert closing_reply(s, 10) == b"", "a second answer, or the connection was kept"
             assert 4 < time.monotonic() - started < 8
+
+        with socket.create_connection(("127.0.0.1", port)) as s:  # not a byte of the body, ever: the same bound
+            s.sendall(early)  # from the answer (it waited for the keep-alive timeout, 75 s by default, counted busy)
+            started = time.monotonic()
+            assert one_answer(s, 5).startswith(b"HTTP/1.1 422")
+            assert closing_reply(s, 10) == b"", "a second answer, or the connection was kept"
+            assert 4 < time.monotonic() - started < 8
         assert embed_once(port)[0] == 200
