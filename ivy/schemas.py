@@ -18,8 +18,9 @@ from ivy.inputs import (_ID_LISTS, _all_ints, _first_not_int, _wrong, Dimensions
                         EncodingFormat, Inputs, InputType, Query, RerankDocuments, Side, TextOrTexts, one_text,
                         parse_inputs, parse_texts)
 
+# Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
-                 "output_dimension": "dimensions", "truncate_dim": "dimensions"}  # Voyage/Cohere v2, sentence-transformers
+                 "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize"}
 PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING})
 INSTRUCTION = ("The task line of a yes/no reranker's prompt (Qwen3-Reranker's <Instruct>); omitted = its default, "
                "web search. Other models refuse it.")

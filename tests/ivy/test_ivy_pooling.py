@@ -120,6 +120,16 @@ def test_v1_embeddings_takes_truncate_prompt_tokens_as_vllm_does(client, fake) -
     assert r.status_code == 422 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
 
 
+def test_v1_embeddings_takes_use_activation_as_vllm_does(client) -> None:
+    """vLLM's name for an embedding's normalization, sent to /v1/embeddings: false gives the raw rows (it was
+    ignored, and the rows came normalized)."""
+    raw = client.post("/v1/embeddings", json={"input": "hello there", "normalize": False}).json()
+    for flag, like in ((False, raw), (True, client.post("/v1/embeddings", json={"input": "hello there"}).json())):
+        body = client.post("/v1/embeddings", json={"input": "hello there", "use_activation": flag}).json()
+        np.testing.assert_array_equal(_embedded(body), _embedded(like))
+    assert abs(np.linalg.norm(_embedded(raw)[0]) - 1) > 1e-3  # the fake's raw rows are not unit vectors
+
+
 def _error(client, body: dict) -> tuple[int, str, str]:
     r = client.post("/pooling", json=body)
     assert 400 <= r.status_code < 500, (body, r.text)
