@@ -42,7 +42,7 @@ PROBE_METHODS = frozenset({"GET"})  # the routes are GET only (a HEAD would get 
 OPEN, PROBE, FULL = "open", "probe", "full"  # admit()'s answers
 
 _IDLE: dict = {}  # this process's connections with no request in progress -> since when (loop time), oldest first
-_RESERVE: dict = {}  # connections admitted over the cap for a probe -> when (loop time), oldest first
+_RESERVE: dict = {}  # connections admitted over the cap for a probe, oldest first (an ordered set: values None)
 
 
 def admit(conn, cap: int, reserve: int) -> str:
@@ -51,7 +51,7 @@ def admit(conn, cap: int, reserve: int) -> str:
     if not cap or len(conn.connections) - len(_RESERVE) <= cap or _evict_idle(conn):
         return OPEN
     if reserve and (len(_RESERVE) < reserve or _evict_waiting_probe(cap)):
-        _RESERVE[conn] = conn.loop.time()
+        _RESERVE[conn] = None
         return PROBE
     return FULL
 

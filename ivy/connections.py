@@ -149,8 +149,12 @@ class _Limits:
     def _probe_unflushed(self) -> None:
         self._send_timer = None
         if self.transport.get_write_buffer_size():
-            metrics.CONNECTIONS_REFUSED.labels("send_timeout").inc()
-            self.transport.abort()
+            self._drop_unread()
+
+    def _drop_unread(self) -> None:
+        """Close now, the unsent bytes discarded (close() would wait to flush them)."""
+        metrics.CONNECTIONS_REFUSED.labels("send_timeout").inc()
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
@@ -220,9 +224,8 @@ class _Limits:
         if unsent < unsent_before:
             self._watch_send(unsent)
             return
-        metrics.CONNECTIONS_REFUSED.labels("send_timeout").inc()
         log.info("a client read nothing of its answer for %g s: connection dropped", LIMITS.send_timeout_s)
-        self.transport.abort()  # close now, unsent bytes discarded (close() would wait to flush them)
+        self._drop_unread()
 
     def _cancel_send_timer(self) -> None:
         if self._send_timer is not None:

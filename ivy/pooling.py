@@ -103,7 +103,7 @@ def prompt_truncation(value: int | None, truncate: bool | None, max_length: int,
 class PoolingRequest(_Request):
     """vLLM's POST /pooling (its PoolingCompletionRequest) for an embedding model: /v1/embeddings' vectors in
     vLLM's shape. Its fields Ivy cannot honour are refused by name (check_fields); `use_activation` (vLLM's newer
-    name for an embedding's normalization) is read as `normalize`."""
+    name for an embedding's normalization) is read as `normalize`, as on every route (ivy.schemas' peer names)."""
 
     input: EmbeddingInput
     task: Literal["embed"] | None = Field(default=None, description='"embed" or omitted; other tasks are refused.')
@@ -130,10 +130,7 @@ class PoolingRequest(_Request):
     @model_validator(mode="before")
     @classmethod
     def _vllm_fields(cls, data: Any) -> Any:
-        data = check_fields(data)
-        if isinstance(data, dict) and "use_activation" in data and "normalize" not in data:
-            data = {**data, "normalize": data["use_activation"]}
-        return data
+        return check_fields(data)
 
 
 class PoolingUsage(Usage):
