@@ -11,7 +11,9 @@ connections over the cap (--probe-connections, 8 by default) are a reserve for h
 - its request is served only when it is a GET of a probe path (PROBE_PATHS: the manifests' liveness and
   readiness probes, deploy/k8s/ivy.yaml, and Prometheus's scrape), and the connection closes after the answer
   (Connection: close), giving its place back; any other request is answered 503 with Retry-After (the cap's
-  answer, the request unread) and closed;
+  answer) and closed, its body read first (as much as the drain of a body answered early reads, within
+  PROBE_HEADER_TIMEOUT_S): a socket closed with bytes unread is reset, and a client still sending its body saw
+  the reset, not the 503;
 - with the reserve full, a newcomer closes (503) the reserve connection that has waited longest without a request,
   else (every reserve connection's probe being answered) it is answered 503 at once, as before the reserve.
 
@@ -27,6 +29,8 @@ automatic cap, so the open-file limit still holds).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from ivy import metrics
 from ivy.errors import IvyError, Problem
@@ -113,19 +117,35 @@ def over_the_cap(cap: int) -> str:
 
 class ProbesOnly:
     """The ASGI app of a reserve connection: a probe (GET of PROBE_PATHS) goes to the app and the
-    connection closes after its answer; anything else is answered 503 with Retry-After and closed, unread."""
+    connection closes after its answer; anything else is answered 503 with Retry-After and closed, its body read
+    first (bounded) so that the client, which sends its whole body before it reads, gets the 503 and not a reset."""
 
-    def __init__(self, app, cap: int) -> None:
-        self.app, self.cap = app, cap
+    def __init__(self, app, cap: int, max_body_read: int) -> None:
+        self.app, self.cap, self.max_body_read = app, cap, max_body_read
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] in PROBE_METHODS and scope["path"] in PROBE_PATHS:
             await self.app(scope, receive, _closing(send))
             return
         metrics.CONNECTIONS_REFUSED.labels("probe_only").inc()
+        if scope["type"] == "http":
+            try:
+                await asyncio.wait_for(_discard_body(receive, self.max_body_read), PROBE_HEADER_TIMEOUT_S)
+            except TimeoutError:  # a trickling body: answered now (the client may see the close as a reset)
+                pass
         response = IvyError(Problem.TOO_MANY_CONNECTIONS, over_the_cap(self.cap)).to_response()
         response.headers["connection"] = "close"
         await response(scope, receive, send)
+
+
+async def _discard_body(receive, most: int) -> None:
+    """Read a request's body to its end or to `most` bytes, whichever comes first."""
+    read = 0
+    while read <= most:
+        message = await receive()
+        read += len(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
 
 
 def _closing(send):

@@ -114,7 +114,7 @@ class _Limits:
         if place == connection_cap.FULL:
             self._refuse(Problem.TOO_MANY_CONNECTIONS, connection_cap.over_the_cap(cap), "connection_cap")
         elif place == connection_cap.PROBE:  # only a probe is served, and its request must come at once
-            self.app = connection_cap.ProbesOnly(self.app, cap)
+            self.app = connection_cap.ProbesOnly(self.app, cap, LIMITS.max_drain_bytes)
             self._header_timer = self.loop.call_later(min(PROBE_HEADER_TIMEOUT_S, LIMITS.header_timeout_s),
                                                       self._probe_timeout)
         else:

@@ -118,6 +118,29 @@ def test_with_every_connection_busy_health_probes_are_still_served() -> None:
         assert 0.5 * PROBE_HEADER_TIMEOUT_S < waited < PROBE_HEADER_TIMEOUT_S + 2, waited
 
 
+def test_an_inference_request_with_a_large_body_in_the_reserve_gets_its_503_not_a_reset() -> None:
+    """RELIABILITY 49: a client sends its whole body before it reads. The reserve answered 503 on the headers and
+    closed with the body unread, and a socket closed with bytes unread is reset: a client posting a body at the
+    payload limit (2 MiB) could see a reset instead of the 503 that says retry later (on loopback, whose buffers
+    take ~1 MB; over a network, with smaller windows, far less). Its body is read first now (up to the drain's
+    2 MiB), and a body that never comes is answered within PROBE_HEADER_TIMEOUT_S."""
+    with _every_connection_busy(IVY_PROBE_CONNECTIONS="2", IVY_HEADER_READ_TIMEOUT_S="60") as port:
+        body = b'{"input": ["%s"]}' % (b"x" * (2 * 1024 * 1024 - 20))
+        for _ in range(3):
+            client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            client.request("POST", "/v1/embeddings", body, {"content-type": "application/json"})
+            answer = client.getresponse()
+            assert (answer.status, answer.getheader("connection")) == (503, "close")
+            assert answer.getheader("retry-after") and b"every one busy" in answer.read()
+            client.close()
+
+        started = time.monotonic()
+        stalled = socket.create_connection(("127.0.0.1", port))
+        stalled.sendall(HEAD + b"Content-Length: 1000\r\n\r\n{")  # the rest of its body never comes
+        assert _is_503(closing_reply(stalled, 5))
+        assert time.monotonic() - started < PROBE_HEADER_TIMEOUT_S + 2
+
+
 def test_a_flood_of_fake_probes_stays_within_the_cap_and_its_reserve() -> None:
     """RELIABILITY 49: twenty connections over a busy cap that trickle a probe's request line (a slowloris against
     the reserve of 2) never hold more than the reserve: each newcomer closes, with a 503, the one waiting longest
