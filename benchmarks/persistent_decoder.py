@@ -206,6 +206,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="16,32,64,128")
     parser.add_argument("--model", default="qwen3-0.6b", choices=["qwen3-0.6b", "minilm-l6"])
     parser.add_argument("--no-sweep", action="store_true", help="skip the sweep of the tiles")
+    parser.add_argument("--sweep", default="", help="only the sweep's rows that change one of these tile fields "
+                        "(comma-separated, e.g. prefetch,keys); all rows when omitted")
     parser.add_argument("--replays", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     parser.add_argument("--phases", action="store_true",
@@ -244,7 +246,9 @@ def main() -> None:
                 print(json.dumps(records[-1]), flush=True)
         layers_out = {}
         fitted = decoder.tiles
-        for tokens, changes in [] if args.no_sweep else SWEEP:
+        chosen = set(filter(None, args.sweep.split(",")))
+        sweep = [(t, c) for t, c in SWEEP if not chosen or chosen & set(c)]
+        for tokens, changes in [] if args.no_sweep else sweep:
             tiles = dataclasses.replace(fitted, **changes)
             meta = device_meta([tokens], vocab, seed=tokens)
             if tokens not in layers_out:
