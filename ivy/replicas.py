@@ -87,6 +87,7 @@ class ReplicaPool:
         self._task: asyncio.Task | None = None
         self._refresh: asyncio.Task | None = None
         self._last_probe = 0.0
+        self._closing = False
         self._publish()
 
     async def start(self) -> None:
@@ -95,6 +96,7 @@ class ReplicaPool:
         self._task = asyncio.create_task(self._watch(), name="ivy-replica-health")
 
     async def close(self) -> None:
+        self._closing = True  # the watcher stops at its next round even if its cancellation is lost (_watch)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -142,7 +144,10 @@ class ReplicaPool:
     # ---- health ----
 
     async def _watch(self) -> None:
-        while True:
+        # Not `while True`: close()'s cancel can be swallowed by a round. Python 3.11's asyncio.wait_for (the DNS
+        # lookup's, ivy/discovery.py) returns its future's result when the cancel comes as that future is done;
+        # the task then ran on forever, and close() waited on it forever.
+        while not self._closing:
             await asyncio.sleep(self.interval)
             try:
                 await self.resolve()
