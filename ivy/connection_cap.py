@@ -129,8 +129,9 @@ class ProbesOnly:
             return
         metrics.CONNECTIONS_REFUSED.labels("probe_only").inc()
         if scope["type"] == "http":
-            try:
-                await asyncio.wait_for(_discard_body(receive, self.max_body_read), PROBE_HEADER_TIMEOUT_S)
+            try:  # (asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancel that lands as it finishes)
+                async with asyncio.timeout(PROBE_HEADER_TIMEOUT_S):
+                    await _discard_body(receive, self.max_body_read)
             except TimeoutError:  # a trickling body: answered now (the client may see the close as a reset)
                 pass
         response = IvyError(Problem.TOO_MANY_CONNECTIONS, over_the_cap(self.cap)).to_response()
