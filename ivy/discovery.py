@@ -59,8 +59,9 @@ class Discovery:
         found: set[str] = set()
         for host, port in self.names:
             lookup = functools.partial(self.resolver, host, port, type=socket.SOCK_STREAM)
-            try:
-                infos = await asyncio.wait_for(loop.run_in_executor(None, lookup), RESOLVE_TIMEOUT_S)
+            try:  # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel that lands as the lookup finishes
+                async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                    infos = await loop.run_in_executor(None, lookup)
             except (OSError, TimeoutError) as exc:  # socket.gaierror is an OSError
                 log.warning("resolving %s:%d failed (%s); keeping the current replicas", host, port,
                             type(exc).__name__)

@@ -144,9 +144,9 @@ class ReplicaPool:
     # ---- health ----
 
     async def _watch(self) -> None:
-        # Not `while True`: close()'s cancel can be swallowed by a round. Python 3.11's asyncio.wait_for (the DNS
-        # lookup's, ivy/discovery.py) returns its future's result when the cancel comes as that future is done;
-        # the task then ran on forever, and close() waited on it forever.
+        # Not `while True`: a second guard should any await in a round swallow close()'s cancel, as Python 3.11's
+        # asyncio.wait_for did around the DNS lookup (ivy/discovery.py now bounds it with asyncio.timeout): the
+        # task then ran on forever, and close() waited on it forever.
         while not self._closing:
             await asyncio.sleep(self.interval)
             try:
