@@ -34,17 +34,20 @@ from rose.attention.shape import AttentionShape
 from rose.layers.persistent_decoder import (
     PHASE_NAMES,
     POST_PHASE_NAMES,
-    PHASES,
     SPIN_LIMIT,
     PersistentDecoder,
 )
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
-SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attention item, slices of K, keys, prefetch
+SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attention item, slices of K, keys, prefetch,
+    # attention computing its own heads (heads False: 32 and 64 keys a step), the heads step's rows, the barrier's form
     (16, {"stages": 4}), (64, {"stages": 4}), (64, {"queries": 16}), (128, {"stages": 4}), (128, {"queries": 16}),
-    (128, {"queries": 64}), (128, {"qkv": 32, "split_qkv": 1}), (128, {"keys": 64}), (128, {"keys": 16}),
-    (16, {"prefetch": True}), (64, {"prefetch": True}), (128, {"prefetch": True})]
+    (128, {"queries": 64}), (128, {"qkv": 32, "split_qkv": 1}), (128, {"keys": 64}), (128, {"keys": 32}),
+    (16, {"prefetch": True}), (64, {"prefetch": True}), (128, {"prefetch": True}),
+    (16, {"heads": False, "keys": 32}), (64, {"heads": False, "keys": 32}), (128, {"heads": False, "keys": 32}),
+    (128, {"heads": False, "keys": 64}), (128, {"head_rows": 32}),
+    (16, {"acquire": False}), (64, {"acquire": False}), (128, {"acquire": False})]
 
 
 try:
@@ -54,9 +57,9 @@ try:
     from rose.layers.grid_sync import grid_barrier
 
     @triton.jit
-    def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr, SPINS: tl.constexpr):
+    def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr, SPINS: tl.constexpr, FENCE: tl.constexpr):
         for i in range(n):
-            grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, True, SPINS)
+            grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, FENCE, SPINS)
 except ImportError:  # pragma: no cover - a CPU build of torch without Triton
     triton = None
 
@@ -140,14 +143,15 @@ def capture(fn):
     return graph, out
 
 
-def barrier_cost_us(programs: int, count: int = 1000) -> float:
-    """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them."""
+def barrier_cost_us(programs: int, count: int = 1000, fence: int = 2) -> float:
+    """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them (fence: 2
+    its acquire form, 1 its fence form; rose.layers.grid_sync)."""
     flags = torch.zeros(programs + 1, dtype=torch.int32, device="cuda")  # the last: the stall word
     p2 = triton.next_power_of_2(programs + 1)  # the slots and the stall word
 
     def run(n):
         flags.zero_()
-        _barriers_kernel[(programs,)](flags, n, NPROG_P2=p2, SPINS=SPIN_LIMIT, num_warps=8)
+        _barriers_kernel[(programs,)](flags, n, NPROG_P2=p2, SPINS=SPIN_LIMIT, FENCE=fence, num_warps=8)
 
     run(10)
     graph, _ = capture(lambda: run(count))
@@ -174,15 +178,15 @@ def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[st
     """µs per phase, the mean over the layers of the median over `runs`, from the kernel's own clock (program 0
     reads %globaltimer after each barrier)."""
     meta = device_meta([tokens], vocab, seed=tokens)
-    clock = torch.zeros(decoder.layers * PHASES + 2, dtype=torch.int64, device="cuda")
+    clock = torch.zeros(decoder.steps + 1, dtype=torch.int64, device="cuda")
     samples = []
     for _ in range(runs + 3):
         decoder(embed(model, meta), meta.positions, meta.seq_ids, clock=clock)
         torch.cuda.synchronize()
         samples.append(clock.diff().cpu())
     steps = torch.stack(samples[3:]).median(0).values.double() / 1e3
-    per_phase = steps[:-1].view(decoder.layers, PHASES).mean(0).tolist()
-    names = POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES
+    per_phase = steps[:-1].view(decoder.layers, decoder.phases).mean(0).tolist()
+    names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in decoder.kinds]
     return {**dict(zip(names, per_phase)), "final norm": float(steps[-1]), "total": float(steps.sum())}
 
 
@@ -225,7 +229,9 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3  # read at the copy's rate of bytes moved
     barrier_us = barrier_cost_us(decoder.programs)  # before the sweep, which a timeout may cut short
-    print(json.dumps({"weight_read_floor_ms": floor_ms, "barrier_us": barrier_us}), flush=True)
+    fence_us = barrier_cost_us(decoder.programs, fence=1)
+    print(json.dumps({"weight_read_floor_ms": floor_ms, "barrier_us": barrier_us, "barrier_fence_us": fence_us}),
+          flush=True)
     records = []
     with torch.inference_mode():
         for tokens in [int(t) for t in args.tokens.split(",")]:
@@ -269,11 +275,13 @@ def main() -> None:
             print(json.dumps(records[-1]), flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),
            "model": args.model, "programs": decoder.programs, "weight_bytes": weight_bytes,
-           "copy_bandwidth_gbs": bandwidth / 1e9, "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us}
+           "copy_bandwidth_gbs": bandwidth / 1e9, "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us,
+           "barrier_fence_us": fence_us}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem(args.model)}.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
     print(f"\n{env['gpu']} · torch {env['torch']} · {env['commit']} · weight-read floor {floor_ms:.3f} ms "
-          f"({bandwidth / 1e9:.0f} GB/s moved by a copy) · one grid barrier {barrier_us:.2f} µs")
+          f"({bandwidth / 1e9:.0f} GB/s moved by a copy) · one grid barrier {barrier_us:.2f} µs "
+          f"(its fence form {fence_us:.2f})")
     print(f"{'tokens':>6} {'variant':<11} {'p50 ms':>8} {'p90 ms':>8} {'rel err':>9}  tiles")
     for r in records:
         if "error" in r:

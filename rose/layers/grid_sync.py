@@ -1,8 +1,13 @@
 """A grid-wide barrier for persistent Triton kernels (rose.layers.persistent_decoder: one program per SM, every
 program resident at once), bounded so that a grid that cannot all be resident ends instead of hanging, and the
 GPU clock read between its phases. Each program writes how many steps it finished into its own slot (an
-exchange, with release order), spins on plain volatile reads of every slot until all reach the count, then
-fences (fence.acq_rel.gpu on every thread) so that its later loads see what the others wrote."""
+exchange, with release order) and spins on reads of every slot until all reach the count. Its later loads must
+see what the others wrote before their arrival: in the ACQUIRE form every read of a slot is ld.acquire.gpu, so
+the read that sees a program's count synchronizes with that program's release (PTX's acquire pattern, in the
+thread that read it) and the closing bar.sync carries it to the program's other threads; the FENCE form spins on
+volatile reads and then runs fence.acq_rel.gpu on every thread (each thread fences after its own reads: a fence
+in one thread would not make another thread's relaxed read an acquire). NOTES, "One persistent kernel", has
+what each costs."""
 
 import triton
 import triton.language as tl
@@ -22,14 +27,22 @@ def _fence():
 
 
 @triton.jit
+def _acquired(ptrs):
+    """ld.acquire.gpu of each 32-bit word (no mask: every pointer must be valid)."""
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
 def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr, SPINS: tl.constexpr):
     """Wait until every program's slot reads at least `target` (module docstring), or the stall word (the slot
     after the programs', read in the same load: NPROG_P2 covers nprog + 1) is set: a program that has waited
     SPINS reads sets it, and every later wait of every program ends at once, so a grid that is not all resident
     ends in poisoned rows instead of a hang. Whether to wait on is decided from reductions over the load, the same
     in every thread (a value each thread read for itself could differ between warps, and a warp leaving the loop
-    early would pair the program's bar.syncs wrongly). FENCE: the acquire fence (off only under Triton's
-    interpreter, which has no inline assembly and runs programs one at a time)."""
+    early would pair the program's bar.syncs wrongly). FENCE: 2 the acquire form (one reduction a spin: the
+    count of slots behind and the stall word in one sum), 1 the fence form (two), 0 neither, only under Triton's
+    interpreter, which has no inline assembly and runs programs one at a time (module docstring)."""
     tl.debug_barrier()  # this program's stores before its arrival
     tl.atomic_xchg(flags_ptr + pid, target, sem="release", scope="gpu")
     offs = tl.arange(0, NPROG_P2)
@@ -38,14 +51,22 @@ def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: t
     behind = nprog
     stalled = 0
     spins = 0
-    while (behind > 0) & (stalled == 0):  # plain reads from L2 while waiting: no atomic traffic
-        seen = tl.load(flags_ptr + offs, mask=offs <= nprog, other=0, volatile=True)
-        behind = tl.sum((is_slot & (seen < target)).to(tl.int32), axis=0)
+    while (behind > 0) & (stalled == 0):  # reads from L2 while waiting: no atomic traffic
+        if FENCE == 2:
+            seen = tl.where(offs <= nprog, _acquired(flags_ptr + tl.minimum(offs, nprog)), 0)
+            state = tl.sum((is_slot & (seen < target)).to(tl.int32) + (is_stall & (seen != 0)).to(tl.int32) * 65536,
+                           axis=0)  # slots behind (< 65536 programs), and the stall word above them
+            behind = state % 65536
+            stalled = state // 65536
+        else:
+            seen = tl.load(flags_ptr + offs, mask=offs <= nprog, other=0, volatile=True)
+            behind = tl.sum((is_slot & (seen < target)).to(tl.int32), axis=0)
+            stalled = tl.max(tl.where(is_stall, seen, 0), axis=0)
         spins += 1
         late = (spins >= SPINS) & (behind > 0)
         if late:
             tl.atomic_xchg(flags_ptr + nprog, 1, sem="relaxed", scope="gpu")
-        stalled = tl.max(tl.where(is_stall, seen, 0), axis=0) | late.to(tl.int32)
-    if FENCE:
+        stalled = stalled | late.to(tl.int32)
+    if FENCE == 1:
         _fence()
     tl.debug_barrier()

@@ -9,8 +9,12 @@ with a grid barrier between phases in place of a kernel boundary:
 
     0 add + RMSNorm (input_layernorm)  rows           4 add + RMSNorm (post_attention_layernorm)  rows
     1 QKV projection                   tiles x slices 5 gate-up projection, SiLU(gate) * up        tiles
-    2 QK-norm + RoPE + attention       heads x blocks 6 down projection                            tiles x slices
-    3 o projection                     tiles x slices after the last layer: add + the final RMSNorm
+    7 heads: QK-norm + RoPE, v summed  heads x rows   6 down projection                            tiles x slices
+    2 attention over the ready heads   heads x blocks after the last layer: add + the final RMSNorm
+    3 o projection                     tiles x slices
+
+(by kind, in the kernel's order: the heads step, kind 7, runs after the QKV; without it, Tiles.heads off, attention
+norms and rotates its heads itself, per q head and query block, and a layer is 7 steps: layer_kinds).
 
 A BERT-style encoder takes the same steps in its own form: post-norm (phase 0 of layer l > 0 is layer l - 1's
 add + output LayerNorm, the final step the last layer's; phase 4 its attention's), LayerNorm, the projections'
@@ -18,18 +22,19 @@ biases added where their partials are summed, GELU(up) for SiLU(gate) * up, no Q
 
 The QKV, o and down projections are split along K too (items of a column tile and a slice of K, each storing
 its float32 partial), so that every SM has work and each item reads only its slice of the activations, which
-it would otherwise re-read whole from L2; the phase that reads a projection sums its slices (attention for the
-QKV, the next add+RMSNorm for o and down). Attention is, per q head and block of 32 queries, an online
-softmax over the keys 32 at a time (each block's QK-norm and RoPE on the way), masked to the query's own
-sequence (and causally where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the
-layer-by-layer kernels (rose.layers.fused): bf16 residual sums, norm output and RoPE's cos/sin rounded, float32
+it would otherwise re-read whole from L2; the phase that reads a projection sums its slices (the
+heads step for the QKV, the next add+RMSNorm for o and down). Attention is, per q head and block of 32 queries,
+an online softmax over the keys (all of a block's at once by default), masked to the query's own sequence (and
+causally where the model is causal): any ragged batch of up to 128 tokens. Rounding follows the layer-by-layer
+kernels (rose.layers.fused): bf16 residual sums, norm output and RoPE's cos/sin rounded, float32
 inside.
 
 The grid barrier (rose.layers.grid_sync.grid_barrier): each program writes how many phases it finished
-into its own slot (an exchange, so the same whichever threads execute it) with release order, spins on plain
-(volatile) reads of every slot until all reach the count, then fences (fence.acq_rel.gpu on every thread) so
-that its later loads see what the others wrote; those loads also go past L1 (`.cg`). The slots are zeroed
-before each launch (a memset node in a graph); one barrier costs 1.1 µs on the H200. Every program must be
+into its own slot (an exchange, so the same whichever threads execute it) with release order and spins on
+acquire reads of every slot until all reach the count (Tiles.acquire; its older form: volatile reads, then
+fence.acq_rel.gpu on every thread), so that its later loads see what the others wrote; those loads also go past
+L1 (`.cg`). The slots are zeroed before each launch (a memset node in a graph); one barrier cost 1.72 µs on the
+H200 in the fence form. Every program must be
 resident at once: the grid is at most the SM count, and only the runner's own forwards are routed here
 (Qwen3Model.forward checks the backend), never the express lane's, whose second stream could run a second
 persistent kernel at once, each waiting for programs the other holds. A wait is bounded (SPIN_LIMIT reads): a
@@ -63,10 +68,19 @@ try:
 except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
 
-PHASES = 7  # per layer; step L * PHASES is the final norm
-PHASE_NAMES = ("add+norm", "qkv", "attention", "o", "add+norm 2", "gate-up", "down")  # pre-norm (Qwen3)
-POST_PHASE_NAMES = ("out add+LN", "qkv", "attention", "o", "attn add+LN", "up+GELU", "down")  # BERT's: phase 0
-# ends the layer before (its output LayerNorm; nothing at layer 0)
+# A layer's phases by kind; the kernel takes them in the order of layer_kinds (kind 7, the heads step, after the QKV
+PHASE_NAMES = ("add+norm", "qkv", "attention", "o", "add+norm 2", "gate-up", "down", "heads")  # pre-norm (Qwen3)
+POST_PHASE_NAMES = ("out add+LN", "qkv", "attention", "o", "attn add+LN", "up+GELU", "down", "heads")  # BERT's:
+# phase 0 ends the layer before (its output LayerNorm; nothing at layer 0)
+HEADS_KIND = 7
+
+
+def layer_kinds(heads: bool) -> tuple[int, ...]:
+    """A layer's phases in the kernel's order, by kind (PHASE_NAMES): with the heads step (Tiles.heads) its 8,
+    else 7 (attention computes its heads itself)."""
+    return (0, 1, HEADS_KIND, 2, 3, 4, 5, 6) if heads else (0, 1, 2, 3, 4, 5, 6)
+
+
 MAX_TOKENS = 128
 SPIN_LIMIT = 1 << 21  # reads a barrier waits before it calls the grid stalled: ~1-2 s on the H200, ~1000 x a forward
 ROUTED_TOKENS = 64  # ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, where it beat the layers on the H200
@@ -110,15 +124,18 @@ class Tiles:
     stages: int = 3
     rows: int = 16  # the least token block (BLOCK_M): batches of fewer tokens are padded to it
     queries: int = 32  # queries per attention item (a q head's block of them)
-    keys: int = 32  # keys per step of an attention item's online softmax
+    keys: int = 128  # keys per step of an attention item's online softmax (at most the token block)
     prefetch: bool = False  # each GEMM phase's weights asked into L2 a phase early (off under the interpreter)
+    heads: bool = True  # a step of its own that norms and rotates every head once, before attention
+    head_rows: int = 16  # rows per item of the heads step
+    acquire: bool = True  # the grid barrier's acquire form; False: its fence form (rose.layers.grid_sync)
 
     def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
         """Raise unless every projection's N is whole column tiles and its K whole slices of whole K steps
         (the kernel does not mask a partial tile)."""
         if min(self.qkv, self.o, self.gate_up, self.down) < 32:
             raise ValueError(f"column tiles under 32 wide: {self}")
-        for name in ("keys", "queries", "rows"):  # tl.arange and tl.dot sizes
+        for name in ("keys", "queries", "rows", "head_rows"):  # tl.arange and tl.dot sizes
             n = getattr(self, name)
             if n < 16 or n & (n - 1):
                 raise ValueError(f"{name} must be a power of two from 16: {n}")
@@ -216,7 +233,7 @@ class PersistentDecoder:
     def __call__(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
                  persistent: bool = True, clock: torch.Tensor | None = None) -> torch.Tensor:
         """Every layer and the final norm over `residual` (the embeddings [T, hidden]). clock: int64
-        [layers * 7 + 2] on the device (persistent only, a GPU only): program 0 writes the GPU's clock (ns)
+        [steps + 1] on the device (persistent only, a GPU only): program 0 writes the GPU's clock (ns)
         before the first step and after each step's barrier, so where the time goes per phase can be read
         (benchmarks.persistent_decoder --phases)."""
         work = self.workspace(residual, positions, seq_ids)
@@ -224,9 +241,23 @@ class PersistentDecoder:
         return work.out
 
     @property
+    def kinds(self) -> tuple[int, ...]:
+        """A layer's phases in order, by kind (layer_kinds)."""
+        return layer_kinds(self.tiles.heads)
+
+    @property
+    def phases(self) -> int:
+        return len(self.kinds)
+
+    @property
     def steps(self) -> int:
-        """Steps of a forward: PHASES per layer, then the final norm."""
-        return self.layers * PHASES + 1
+        """Steps of a forward: `phases` per layer, then the final norm."""
+        return self.layers * self.phases + 1
+
+    def step_kind(self, step: int) -> tuple[int, int]:
+        """(layer, kind) of a step; the final norm is (layers, 0)."""
+        layer, phase = divmod(step, self.phases)
+        return layer, self.kinds[phase]
 
     def from_ids(self, ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
                  token_types: torch.Tensor | None = None, persistent: bool = True) -> torch.Tensor:
@@ -257,31 +288,33 @@ class PersistentDecoder:
         return Workspace(residual=residual, positions=positions, seq_ids=seq_ids,
                          h=residual if self.w.post else new(t, self.hidden),  # post-norm: the residual is h
                          qkv=new(tiles.split_qkv, t, self.qkv_size, dtype=torch.float32),
+                         heads=new(t, self.qkv_size) if tiles.heads else residual[:1],  # (unread without)
                          attn=new(t, self.heads * d), od=new(tiles.split_od, t, self.hidden, dtype=torch.float32),
                          act=new(t, self.inner), out=new(t, self.hidden),
                          rope=new(2, t, d // 2, dtype=torch.float32))
 
     def run(self, work: Workspace, first: int, last: int, persistent: bool = True,
             clock: torch.Tensor | None = None) -> None:
-        """Steps [first, last) over `work` (step = layer * PHASES + phase; self.steps - 1 is the final norm): one
+        """Steps [first, last) over `work` (step = layer * phases + phase; self.steps - 1 is the final norm): one
         launch with barriers (persistent), or one launch a step. A run from a later step reads what the steps
         before it left in `work` (the tests check phase by phase)."""
         tiles, d, t = self.tiles, self.head_dim, work.residual.shape[0]
         block_m = max(tiles.rows, triton.next_power_of_2(t))
         w = self.w
-        args = (work.residual, work.h, work.qkv, work.attn, work.od, work.act, work.out, w.wqkv, w.wo, w.wgu, w.wd,
-                w.bqkv, w.bo, w.bgu, w.bd, w.ln1, w.ln1b, w.ln2, w.ln2b, w.final, w.final_b, w.qn, w.kn,
+        args = (work.residual, work.h, work.qkv, work.heads, work.attn, work.od, work.act, work.out, w.wqkv, w.wo,
+                w.wgu, w.wd, w.bqkv, w.bo, w.bgu, w.bd, w.ln1, w.ln1b, w.ln2, w.ln2b, w.final, w.final_b, w.qn, w.kn,
                 work.positions, work.seq_ids, w.inv_freq, work.rope, self.flags,
                 self.flags if clock is None else clock, *self._embed_args(work), t, self.eps, self.scale,
                 self.steps - 1)
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tiles.qkv,
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
-                "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries), "BKEY": tiles.keys,
-                "CAUSAL": self.causal, "POST": w.post, "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act,
-                "ROPE": w.rope,
+                "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries),
+                "BKEY": min(block_m, tiles.keys), "CAUSAL": self.causal, "POST": w.post,
+                "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
                 "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": clock is not None,
-                "FENCE": not INTERPRETED, "PHASES": PHASES, "SPINS": self.spins,
+                "FENCE": 0 if INTERPRETED else 2 if tiles.acquire else 1, "PHASES": self.phases, "SPINS": self.spins,
+                "HEADS": tiles.heads, "BR": tiles.head_rows,
                 "PREFETCH": tiles.prefetch and not INTERPRETED and w.wqkv.element_size() == 2,  # 64 a line
                 "EMBED": work.ids is not None, "TYPES": w.token_types, "num_warps": tiles.warps,
                 "num_stages": tiles.stages}
@@ -309,7 +342,7 @@ class Workspace:
     """One forward's buffers: the residual (updated in place), the norms' output h (the residual itself when
     post-norm), the QKV's and the o and down projections' float32 partials per slice of K ([slices, T, N]),
     attention's output, the MLP's activations (SiLU(gate) * up, or GELU(up)), the final norm's output, and the
-    RoPE table (float32 cos and sin [2, T, head_dim / 2])."""
+    RoPE table (float32 cos and sin [2, T, head_dim / 2]), and the heads step's q, k and v [T, QKV] (Tiles.heads)."""
 
     residual: torch.Tensor
     positions: torch.Tensor
@@ -321,6 +354,7 @@ class Workspace:
     act: torch.Tensor
     out: torch.Tensor
     rope: torch.Tensor
+    heads: torch.Tensor
     ids: torch.Tensor | None = None  # from_ids: step 0 embeds these (BERT), with these token types
     types: torch.Tensor | None = None
 

@@ -234,10 +234,84 @@ def _attention(qkv_ptr, b_ptr, attn_ptr, qn_ptr, kn_ptr, rope_ptr, seq_ptr, T, p
         o = acc / tl.where(total > 0, total, 1.0)[:, None]
         tl.store(attn_ptr + rq[:, None] * (NH * D) + hq * D + dcols[None, :], o.to(dt), mask=q_ok[:, None])
 
+@triton.jit
+def _heads(qkv_ptr, b_ptr, heads_ptr, qn_ptr, kn_ptr, rope_ptr, T, pid, nprog, eps, NH: tl.constexpr,
+           NKV: tl.constexpr, HALF: tl.constexpr, BR: tl.constexpr, SPLIT: tl.constexpr, BIAS: tl.constexpr,
+           ROPE: tl.constexpr):
+    """The heads step (HEADS): every head of every row once, into heads [T, QKV_N] in the activations' dtype: q
+    and k QK-normed and rotated (ROPE), v summed; or all three summed with their bias (BERT). Items of a head and
+    a block of BR rows, over all programs: attention then reads ready heads, where computing them inside its
+    items did each key block's norm and RoPE once per q head and query block (8 times at 128 tokens) on a chain
+    of dependent loads (NOTES: 15.8 µs a layer at 128 tokens)."""
+    HEADS_N: tl.constexpr = NH + 2 * NKV
+    D: tl.constexpr = 2 * HALF
+    QKV_N: tl.constexpr = HEADS_N * D
+    dt = heads_ptr.dtype.element_ty
+    j = tl.arange(0, HALF)
+    for item in range(pid, HEADS_N * tl.cdiv(T, BR), nprog):
+        hh = item % HEADS_N
+        rows = (item // HEADS_N) * BR + tl.arange(0, BR)
+        ok = rows < T
+        if ROPE and hh < NH + NKV:
+            w_ptr = kn_ptr
+            if hh < NH:
+                w_ptr = qn_ptr
+            a, b = _head(qkv_ptr, b_ptr, heads_ptr, hh * D, w_ptr, rope_ptr, rows, ok, eps, T, QKV_N, HALF, SPLIT,
+                         BIAS, ROPE)
+        else:
+            a = _summed(qkv_ptr, b_ptr, heads_ptr, hh * D + j, rows, ok, T, QKV_N, SPLIT, BIAS).to(dt)
+            b = _summed(qkv_ptr, b_ptr, heads_ptr, hh * D + HALF + j, rows, ok, T, QKV_N, SPLIT, BIAS).to(dt)
+        out = heads_ptr + rows[:, None] * QKV_N + hh * D + j[None, :]
+        tl.store(out, a, mask=ok[:, None])
+        tl.store(out + HALF, b, mask=ok[:, None])
+
+
+@triton.jit
+def _attention_ready(heads_ptr, attn_ptr, seq_ptr, T, pid, nprog, scale, NH: tl.constexpr, NKV: tl.constexpr,
+                     D: tl.constexpr, BQ: tl.constexpr, BKEY: tl.constexpr, CAUSAL: tl.constexpr):
+    """Attention over the heads step's ready q, k and v: items of a q head and a block of BQ queries, an online
+    softmax over its kv head's keys BKEY at a time (at most 128 tokens: one block when BKEY covers them), masked
+    to the query's own sequence (and no later key when causal)."""
+    QKV_N: tl.constexpr = (NH + 2 * NKV) * D
+    dt = attn_ptr.dtype.element_ty
+    dcols = tl.arange(0, D)
+    for item in tl.range(pid, NH * tl.cdiv(T, BQ), nprog, num_stages=1):
+        hq = item % NH
+        q0 = (item // NH) * BQ
+        rq = q0 + tl.arange(0, BQ)
+        q_ok = rq < T
+        g = hq // (NH // NKV)
+        q = tl.load(heads_ptr + rq[:, None] * QKV_N + hq * D + dcols[None, :], mask=q_ok[:, None], other=0.0,
+                    cache_modifier=".cg")
+        q_seq = tl.load(seq_ptr + rq, mask=q_ok, other=-2)
+        top = tl.minimum(T, q0 + BQ) if CAUSAL else T
+        best = tl.full([BQ], -1.0e30, dtype=tl.float32)
+        total = tl.zeros([BQ], dtype=tl.float32)
+        acc = tl.zeros([BQ, D], dtype=tl.float32)
+        for k0 in tl.range(0, top, BKEY, num_stages=1):
+            keys = k0 + tl.arange(0, BKEY)
+            key_ok = keys < T
+            at = heads_ptr + keys[:, None] * QKV_N + dcols[None, :]
+            k = tl.load(at + (NH + g) * D, mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
+            v = tl.load(at + (NH + NKV + g) * D, mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
+            key_seq = tl.load(seq_ptr + keys, mask=key_ok, other=-1)
+            allowed = (q_seq[:, None] == key_seq[None, :]) & key_ok[None, :]
+            if CAUSAL:
+                allowed = allowed & (keys[None, :] <= rq[:, None])
+            logits = tl.dot(q, tl.trans(k)) * scale
+            new_best = tl.maximum(best, tl.max(tl.where(allowed, logits, -1.0e30), axis=1))
+            p = tl.where(allowed, tl.exp(logits - new_best[:, None]), 0.0)
+            shrink = tl.exp(best - new_best)
+            total = total * shrink + tl.sum(p, axis=1)
+            acc = acc * shrink[:, None] + tl.dot(p.to(dt), v)
+            best = new_best
+        o = acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(attn_ptr + rq[:, None] * (NH * D) + hq * D + dcols[None, :], o.to(dt), mask=q_ok[:, None])
+
 # One compile per token block, not per count; nor per alignment of positions and sequence ids, views into a packed
 # buffer that are 16-byte aligned only for an even count (warm-up's own tensors always are)
 @triton.jit(do_not_specialize=["T", "final", "first", "last"], do_not_specialize_on_alignment=["pos_ptr", "seq_ptr"])
-def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
+def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, bqkv_ptr, bo_ptr, bgu_ptr, bd_ptr,
                    ln1_ptr, ln1b_ptr, ln2_ptr, ln2b_ptr, fin_ptr, finb_ptr, qn_ptr, kn_ptr,
                    pos_ptr, seq_ptr, inv_freq_ptr, rope_ptr, flags_ptr, clock_ptr,
@@ -250,9 +324,12 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                    CAUSAL: tl.constexpr, POST: tl.constexpr, LAYER_NORM: tl.constexpr, BIAS: tl.constexpr,
                    ACT: tl.constexpr, ROPE: tl.constexpr, NPROG_P2: tl.constexpr, CLOCK: tl.constexpr,
                    PERSISTENT: tl.constexpr, FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr,
-                   PREFETCH: tl.constexpr, EMBED: tl.constexpr, TYPES: tl.constexpr):
-    """Steps [first, last) of the decoder: step = layer * 7 + phase (module docstring); the step after the
-    last layer's is the final norm. qkv_ptr and od_ptr hold float32 partials of K's slices (S_QKV; S_OD for
+                   PREFETCH: tl.constexpr, EMBED: tl.constexpr, TYPES: tl.constexpr, HEADS: tl.constexpr,
+                   BR: tl.constexpr):
+    """Steps [first, last) of the decoder: step = layer * PHASES + phase (module docstring); the step after the
+    last layer's is the final norm. HEADS (PHASES 8): a heads step after the QKV (phase 2, _heads) and attention
+    over its ready heads (phase 3); the later phases one on. Without it (PHASES 7) attention computes its heads
+    itself. qkv_ptr and od_ptr hold float32 partials of K's slices (S_QKV; S_OD for
     the o and down projections), summed where they are read (with their biases, BIAS). The family: Qwen3 is
     pre-norm, RMSNorm, SiLU-gated (ACT 1), QK-norm + RoPE (ROPE); BERT is post-norm (POST: h_ptr is res_ptr,
     phase 0 of layer l > 0 is layer l - 1's output norm, ln1 holds those), LayerNorm, biases, GELU (ACT 2).
@@ -271,6 +348,8 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
     for step in range(first, last):
         layer = tl.cast(step // PHASES, tl.int64)
         phase = step % PHASES
+        if HEADS and phase >= 2:  # the same kinds of work with and without the heads step: 7 is the heads step
+            phase = tl.where(phase == 2, 7, phase - 1)
         if phase == 0:
             if step == final:
                 stalled = tl.load(flags_ptr + nprog, volatile=True) != 0
@@ -298,9 +377,12 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
         elif phase == 2:
             if PREFETCH:
                 _prefetch(wo_ptr + layer * (H * NH * D), pid, nprog, H, NH * D, BN_O, S_OD, False)
-            _attention(qkv_ptr, bqkv_ptr + layer * QKV_N, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D,
-                       rope_ptr, seq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, BKEY, CAUSAL,
-                       S_QKV, BIAS, ROPE)
+            if HEADS:
+                _attention_ready(heads_ptr, attn_ptr, seq_ptr, T, pid, nprog, scale, NH, NKV, D, BQ, BKEY, CAUSAL)
+            else:
+                _attention(qkv_ptr, bqkv_ptr + layer * QKV_N, attn_ptr, qn_ptr + layer * D, kn_ptr + layer * D,
+                           rope_ptr, seq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, BKEY, CAUSAL,
+                           S_QKV, BIAS, ROPE)
         elif phase == 3:
             _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), bo_ptr, od_ptr, T, pid, nprog, H, NH * D, BLOCK_M,
                   BN_O, BK, S_OD, 0)
@@ -314,9 +396,12 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                   BLOCK_M, BN_GU, BK, 1, ACT)
             if PREFETCH:
                 _prefetch(wd_ptr + layer * (H * INNER), pid, nprog, H, INNER, BN_D, S_OD, False)
-        else:
+        elif phase == 6:
             _gemm(act_ptr, wd_ptr + layer * (H * INNER), bd_ptr, od_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D,
                   BK, S_OD, 0)
+        else:
+            _heads(qkv_ptr, bqkv_ptr + layer * QKV_N, heads_ptr, qn_ptr + layer * D, kn_ptr + layer * D, rope_ptr,
+                   T, pid, nprog, eps, NH, NKV, HALF, BR, S_QKV, BIAS, ROPE)
         if PERSISTENT and (CLOCK or (step < final and not (POST and step == 0 and not EMBED))):  # (no work)
             grid_barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2, FENCE, SPINS)
         if CLOCK and pid == 0:

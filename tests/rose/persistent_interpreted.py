@@ -6,6 +6,7 @@ test_rose_persistent_decoder.py in a process of its own; prints one line per cas
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -77,8 +78,11 @@ def main() -> int:
             backend = make_backend("sdpa", torch.device("cpu"), torch.float32)
             with torch.no_grad():
                 expected = model(meta, backend)
-                failed += against(model, tiles, model.embed_tokens(meta.input_ids), meta, expected,
-                                  f"causal={causal} lens={lens} tokens={host.layout.tokens} hidden={hidden}")
+                label = f"causal={causal} lens={lens} tokens={host.layout.tokens} hidden={hidden}"
+                failed += against(model, tiles, model.embed_tokens(meta.input_ids), meta, expected, label)
+                if lens in ([3, 9, 1, 6], [30, 12]):  # attention computing its own heads (no heads step)
+                    failed += against(model, dataclasses.replace(tiles, heads=False), model.embed_tokens(
+                        meta.input_ids), meta, expected, f"{label} own heads")
             if lens == [30, 12]:  # after the weights were stacked: the layers still read them, and forward routes
                 with torch.no_grad():
                     layers_after = model(meta, backend)
@@ -189,18 +193,20 @@ def phases(tiles) -> int:
     ids = torch.randint(3, 50, (21,), generator=gen)
     positions = torch.cat([torch.arange(13), torch.arange(8)])
     seq_ids = torch.tensor([0] * 13 + [1] * 8)
-    for family, causal in (("qwen3", True), ("qwen3", False), ("bert", False)):
+    for family, causal, heads in (("qwen3", True, True), ("qwen3", False, True), ("bert", False, True),
+                                  ("qwen3", True, False)):
         model = tiny_qwen3(causal, seed=5) if family == "qwen3" else tiny_bert(seed=5)
-        decoder = PersistentDecoder(model, tiles, programs=3)
+        decoder = PersistentDecoder(model, dataclasses.replace(tiles, heads=heads), programs=3)
         try:
             with torch.no_grad():
                 embedded = model.embed_tokens(ids) if family == "qwen3" else model.embeddings(ids, positions)
                 steps = check_phases(decoder, embedded, positions, seq_ids, causal)
-            verdict = "ok" if steps == 2 * 7 + 1 else f"MISMATCH: {steps} steps"
+            verdict = "ok" if steps == 2 * decoder.phases + 1 else f"MISMATCH: {steps} steps"
         except AssertionError as exc:
             verdict = f"MISMATCH: {exc}"
         failed += verdict != "ok"
-        print(f"phases: {family} causal={causal} each step against the layer path's kernels {verdict}")
+        print(f"phases: {family} causal={causal} heads step={heads} each step against the layer path's kernels "
+              f"{verdict}")
     return failed
 
 

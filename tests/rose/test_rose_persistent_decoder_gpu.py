@@ -2,7 +2,8 @@
 layers, random bf16): as close to the layer-by-layer kernels as bf16 allows on single, ragged and padded
 batches (one packed at a graph's padded layout), causal and not; the barriers' kernel the same bits as the
 phases launched one by one and on every call; the same under CUDA-graph capture and replay; attach's
-routing through Qwen3Model.forward; the kernel's own clock; weights prefetched into L2 changing no bits. BERT-style
+routing through Qwen3Model.forward; the kernel's own clock; weights prefetched into L2 and the barrier's fence form
+changing no bits; attention computing its own heads (no heads step) as close to the layers. BERT-style
 encoders at all-MiniLM's shape against their layers, and through the engine against transformers."""
 
 from __future__ import annotations
@@ -58,6 +59,28 @@ def test_matches_the_layer_by_layer_kernels(causal, batch):
     assert all(torch.equal(got, a) for a in again)
 
 
+@pytest.mark.parametrize("batch", ["one-1", "ragged"])
+def test_the_other_forms_match_too(batch):
+    """Attention computing its own heads (no heads step) matches the layers as the default does; the barrier's
+    fence form changes no bits against its acquire form."""
+    import dataclasses
+
+    model, backend, meta = _setup(True, BATCHES[batch])
+    decoder = PersistentDecoder(model)
+    with torch.inference_mode():
+        expected = model(meta, backend)
+        embedded = model.embed_tokens(meta.input_ids)
+        plain = decoder(embedded, meta.positions, meta.seq_ids).clone()
+        decoder.tiles = dataclasses.replace(decoder.tiles, acquire=False)
+        fenced = decoder(embedded, meta.positions, meta.seq_ids).clone()
+        decoder.tiles = dataclasses.replace(decoder.tiles, acquire=True, heads=False, keys=32)
+        own_heads = decoder(embedded, meta.positions, meta.seq_ids)
+    torch.cuda.synchronize()
+    assert torch.equal(fenced, plain)
+    err = ((own_heads.float() - expected.float()).norm() / expected.float().norm()).item()
+    assert err < 2e-2 and _cosines(own_heads, expected).min().item() > 0.999, err
+
+
 @pytest.mark.parametrize("tokens", [16, 128])
 def test_weights_prefetched_into_l2_change_no_bits(tokens):
     from rose.layers.persistent_decoder import Tiles
@@ -111,11 +134,9 @@ def test_attached_it_takes_small_batches_only():
 
 
 def test_the_kernels_clock_marks_every_step_in_order():
-    from rose.layers.persistent_decoder import PHASES
-
     model, _, meta = _setup(True, [64])
     decoder = PersistentDecoder(model)
-    clock = torch.zeros(decoder.layers * PHASES + 2, dtype=torch.int64, device="cuda")
+    clock = torch.zeros(decoder.steps + 1, dtype=torch.int64, device="cuda")
     with torch.inference_mode():
         timed = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids, clock=clock)
         plain = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rose.layers import persistent_decoder
-from rose.layers.persistent_decoder import PHASES, PersistentDecoder
+from rose.layers.persistent_decoder import PersistentDecoder
 from tests.rose.persistent_phases import check_phases
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or persistent_decoder.triton is None,
@@ -25,4 +25,4 @@ def test_every_phase_matches_the_layer_kernels(model):
     meta = device_meta([5, 60, 3, 17], 1000, seed=1)  # ragged, 85 tokens
     dec = PersistentDecoder(net)
     with torch.inference_mode():
-        assert check_phases(dec, embed(net, meta), meta.positions, meta.seq_ids, causal) == 2 * PHASES + 1
+        assert check_phases(dec, embed(net, meta), meta.positions, meta.seq_ids, causal) == 2 * dec.phases + 1
