@@ -1,4 +1,4 @@
-"""Ivy's own time for one 128-token request sent as text against the same request sent as token ids.
+"""Ivy's own time for one 128-token request (--tokens) sent as text against the same request sent as token ids.
 
 The ASGI app is called directly (no sockets, no uvicorn) in front of a replica pool that costs nothing: its call
 serializes the EmbedRequest (as the framed stream does) and answers a canned row at once, so what differs between
@@ -70,9 +70,10 @@ class Variant:
     setup: Callable[[Gateway], None]  # before each of its requests
 
 
-def build_app():
-    """The app and its Gateway (no lifespan: nothing connects), the pool replaced by a ZeroPool."""
-    config = IvyConfig(replicas=("127.0.0.1:1",), health_interval_s=1000)
+def build_app(model: str = ""):
+    """The app and its Gateway (no lifespan: nothing connects), the pool replaced by a ZeroPool; `model`: a folder
+    whose tokenizer and limits Ivy takes (the bundled all-MiniLM-L6-v2 when empty)."""
+    config = IvyConfig(replicas=("127.0.0.1:1",), health_interval_s=1000, model=model)
     app, gateway = create_app(config), Gateway(config)
     gateway.pool = ZeroPool(gateway.spec.dimensions)
     app.state.gateway = gateway
@@ -162,8 +163,8 @@ async def profile(app, gateway: Gateway, v: Variant, n: int, top: int) -> str:
 
 
 async def main_async(args) -> None:
-    app, gateway = build_app()
-    chosen = variants(gateway)
+    app, gateway = build_app(args.model)
+    chosen = variants(gateway, tokens=args.tokens)
     gc.collect()
     gc.freeze()  # as a served worker's start-up heap (IVY_GC_FREEZE)
     evict = np.zeros(args.evict_kb * 1024 // 8) if args.evict_kb else None
@@ -180,6 +181,9 @@ async def main_async(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=128, help="tokens a document")
+    parser.add_argument("--model", default="", help="a model folder (its tokenizer and limits; 4096 tokens need one "
+                        "whose max length allows them: python -m benchmarks.model_zoo qwen3-0.6b DIR)")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per-round", type=int, default=1000)
     parser.add_argument("--evict-kb", type=int, default=0, help="KiB written over before each request")
