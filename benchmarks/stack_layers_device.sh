@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The stack's layers apart on the Qwen3-0.6B config (random bf16): STEP=layers (default) runs ROSE's GPU tests, then ivy-text, ivy-ids, tulip-grpc and in-process on the same requests in one run; STEP=ab runs stack A/Bs (stream vs unary, idle capture, Tulips per GPU); STEP=commits runs an older commit's services beside this tree's.
 # Carry .whl (STEP=commits: .whl and .base). From the repository root:
-#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-layers     # STEP=layers (GPU_TESTS=0: no tests)
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-layers     # STEP=layers (GPU_TESTS=0: no tests; SUITES=embed-latency,concurrency: those only)
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-ab         # STEP=ab
 #   BASE=48731df; rm -rf .base && mkdir .base && git archive $BASE ivy tulip rose protos | tar -x -C .base
 #   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh stack-commits
@@ -54,7 +54,7 @@ if [ "${STEP:-layers}" = layers ]; then
     echo "gpu tests rc=$? ($(el) s)"; tail -2 $OUT/gpu_tests.log
   fi
   start_stack layers python3 -m ivy up
-  layers "" $metrics1 --suite all --inprocess true --duration-s ${DURATION:-2}
+  layers "" $metrics1 --suite ${SUITES:-all} --inprocess true --duration-s ${DURATION:-2}
   stop_stack layers
 elif [ "${STEP}" = commits ]; then
   [ -f .base/ivy/__init__.py ] || { echo "no .base tree in this call: carry .base (see this script's header)" >&2; exit 1; }
