@@ -310,7 +310,8 @@ class PersistentDecoder:
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tiles.qkv,
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
                 "S_OD": tiles.split_od, "BK": tiles.k, "BQ": min(block_m, tiles.queries),
-                "BKEY": min(block_m, tiles.keys), "CAUSAL": self.causal, "POST": w.post,
+                "BKEY": min(block_m, tiles.keys if tiles.heads else min(tiles.keys, 64)),  # own heads: 128 spill
+                "CAUSAL": self.causal, "POST": w.post,
                 "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
                 "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": clock is not None,
                 "FENCE": 0 if INTERPRETED else 2 if tiles.acquire else 1, "PHASES": self.phases, "SPINS": self.spins,

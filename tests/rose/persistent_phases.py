@@ -139,9 +139,10 @@ def _check_qwen3_step(dec, work, before, step: int, positions, seq_ids, causal: 
         gate, up = exact.abs().chunk(2, dim=-1)
         clear = (gate > 1e-3 * gate.max()) & (up > 1e-3 * up.max())
         want = fused.silu_mul(exact.to(work.h.dtype))
-        served = fused.silu_mul(work.h @ dec.w.wgu[layer].T)  # the layer path: a GEMM's float32 sums, rounded
-        share = max(1e-3, 1.5 * _share_off(served, want))
-        assert_within_a_step(work.act, want, what, share=share, steps=2, where=clear)
+        # float32 sums of the same bf16 inputs, rounded once (as the kernel's and cuBLAS's; not a bf16 reduction)
+        served = fused.silu_mul((work.h.float() @ dec.w.wgu[layer].float().T).to(work.h.dtype))
+        share = min(5e-3, max(1e-3, 1.5 * _share_off(served, want)))
+        assert_within_a_step(work.act, want, f"{what} (bar {share:.3%})", share=share, steps=2, where=clear)
     else:
         assert_product(work.od, work.act, dec.w.wd[layer], what)
 
