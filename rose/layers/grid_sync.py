@@ -41,8 +41,9 @@ def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: t
     ends in poisoned rows instead of a hang. Whether to wait on is decided from reductions over the load, the same
     in every thread (a value each thread read for itself could differ between warps, and a warp leaving the loop
     early would pair the program's bar.syncs wrongly). FENCE: 2 the acquire form (one reduction a spin: the
-    count of slots behind and the stall word in one sum), 1 the fence form (two), 0 neither, only under Triton's
-    interpreter, which has no inline assembly and runs programs one at a time (module docstring)."""
+    count of slots behind and the stall word in one sum), 1 the fence form (two), 0 the fence form and 3 the
+    acquire form with volatile reads and no fence: only under Triton's interpreter, which has no inline assembly
+    and runs programs one at a time (so the acquire form's reduction and stall word are tested there)."""
     tl.debug_barrier()  # this program's stores before its arrival
     tl.atomic_xchg(flags_ptr + pid, target, sem="release", scope="gpu")
     offs = tl.arange(0, NPROG_P2)
@@ -52,8 +53,11 @@ def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: t
     stalled = 0
     spins = 0
     while (behind > 0) & (stalled == 0):  # reads from L2 while waiting: no atomic traffic
-        if FENCE == 2:
-            seen = tl.where(offs <= nprog, _acquired(flags_ptr + tl.minimum(offs, nprog)), 0)
+        if FENCE >= 2:
+            if FENCE == 2:
+                seen = tl.where(offs <= nprog, _acquired(flags_ptr + tl.minimum(offs, nprog)), 0)
+            else:
+                seen = tl.load(flags_ptr + offs, mask=offs <= nprog, other=0, volatile=True)
             state = tl.sum((is_slot & (seen < target)).to(tl.int32) + (is_stall & (seen != 0)).to(tl.int32) * 65536,
                            axis=0)  # slots behind (< 65536 programs), and the stall word above them
             behind = state % 65536

@@ -314,7 +314,8 @@ class PersistentDecoder:
                 "CAUSAL": self.causal, "POST": w.post,
                 "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
                 "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": clock is not None,
-                "FENCE": 0 if INTERPRETED else 2 if tiles.acquire else 1, "PHASES": self.phases, "SPINS": self.spins,
+                "FENCE": (3 if tiles.acquire else 0) if INTERPRETED else 2 if tiles.acquire else 1,
+                "PHASES": self.phases, "SPINS": self.spins,
                 "HEADS": tiles.heads, "BR": tiles.head_rows,
                 "PREFETCH": tiles.prefetch and not INTERPRETED and w.wqkv.element_size() == 2,  # 64 a line
                 "EMBED": work.ids is not None, "TYPES": w.token_types, "num_warps": tiles.warps,

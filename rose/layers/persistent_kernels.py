@@ -241,7 +241,7 @@ def _heads(qkv_ptr, b_ptr, heads_ptr, qn_ptr, kn_ptr, rope_ptr, T, pid, nprog, e
     """The heads step (HEADS): every head of every row once, into heads [T, QKV_N] in the activations' dtype: q
     and k QK-normed and rotated (ROPE), v summed; or all three summed with their bias (BERT). Items of a head and
     a block of BR rows, over all programs: attention then reads ready heads, where computing them inside its
-    items did each key block's norm and RoPE once per q head and query block (8 times at 128 tokens) on a chain
+    items did each key block's norm and RoPE once per q head and query block (up to 8 times at 128 tokens) on a chain
     of dependent loads (NOTES: 15.8 µs a layer at 128 tokens)."""
     HEADS_N: tl.constexpr = NH + 2 * NKV
     D: tl.constexpr = 2 * HALF
@@ -327,8 +327,9 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
                    PREFETCH: tl.constexpr, EMBED: tl.constexpr, TYPES: tl.constexpr, HEADS: tl.constexpr,
                    BR: tl.constexpr):
     """Steps [first, last) of the decoder: step = layer * PHASES + phase (module docstring); the step after the
-    last layer's is the final norm. HEADS (PHASES 8): a heads step after the QKV (phase 2, _heads) and attention
-    over its ready heads (phase 3); the later phases one on. Without it (PHASES 7) attention computes its heads
+    last layer's is the final norm. HEADS (PHASES 8): the heads step (_heads) is the third step of a layer and
+    attention over its ready heads the fourth, the later ones a step on; `phase` below holds the step's kind
+    (rose.layers.persistent_decoder.layer_kinds: 7 the heads step). Without it (PHASES 7) attention computes its heads
     itself. qkv_ptr and od_ptr hold float32 partials of K's slices (S_QKV; S_OD for
     the o and down projections), summed where they are read (with their biases, BIAS). The family: Qwen3 is
     pre-norm, RMSNorm, SiLU-gated (ACT 1), QK-norm + RoPE (ROPE); BERT is post-norm (POST: h_ptr is res_ptr,

@@ -83,6 +83,9 @@ def main() -> int:
                 if lens in ([3, 9, 1, 6], [30, 12]):  # attention computing its own heads (no heads step)
                     failed += against(model, dataclasses.replace(tiles, heads=False), model.embed_tokens(
                         meta.input_ids), meta, expected, f"{label} own heads")
+                if lens == [30, 12]:  # the default attention: every key of the block at once, 32 queries an item
+                    failed += against(model, dataclasses.replace(tiles, keys=128, queries=32), model.embed_tokens(
+                        meta.input_ids), meta, expected, f"{label} default keys and queries")
             if lens == [30, 12]:  # after the weights were stacked: the layers still read them, and forward routes
                 with torch.no_grad():
                     layers_after = model(meta, backend)
