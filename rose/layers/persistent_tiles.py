@@ -1,0 +1,66 @@
+"""The persistent decoder's tiles (rose.layers.persistent_decoder): how each phase cuts its work, checked against a
+model's shapes, and the defaults fitted to shapes they do not divide."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Column tile widths per projection, slices of K (split-K) for the QKV and for the o and down projections,
+    the K step, warps, pipeline stages, the least token block, queries per attention item and keys per step of
+    its online softmax, and the weights' prefetch into L2 (benchmarks sweep these). Column tiles are at
+    least 32 wide: 16-wide tiles of a 16-token block over 8 warps computed wrong on the H200 (Triton 3.6)."""
+
+    qkv: int = 64
+    o: int = 32
+    gate_up: int = 32
+    down: int = 32
+    split_qkv: int = 2
+    split_od: int = 4
+    k: int = 128
+    warps: int = 8
+    stages: int = 3
+    rows: int = 16  # the least token block (BLOCK_M): batches of fewer tokens are padded to it
+    queries: int = 32  # queries per attention item (a q head's block of them)
+    keys: int = 128  # keys per step of an attention item's online softmax (at most the token block)
+    prefetch: bool = False  # each GEMM phase's weights asked into L2 a phase early (off under the interpreter)
+    heads: bool = True  # a step of its own that norms and rotates every head once, before attention
+    head_rows: int = 16  # rows per item of the heads step
+    acquire: bool = True  # the grid barrier's acquire form; False: its fence form (rose.layers.grid_sync)
+
+    def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
+        """Raise unless every projection's N is whole column tiles and its K whole slices of whole K steps
+        (the kernel does not mask a partial tile)."""
+        if min(self.qkv, self.o, self.gate_up, self.down) < 32:
+            raise ValueError(f"column tiles under 32 wide: {self}")
+        for name in ("keys", "queries", "rows", "head_rows"):  # tl.arange and tl.dot sizes
+            n = getattr(self, name)
+            if n < 16 or n & (n - 1):
+                raise ValueError(f"{name} must be a power of two from 16: {n}")
+        if self.prefetch and self.k % 64:
+            raise ValueError(f"prefetch asks whole 128-byte lines: a K step of {self.k} is not whole lines")
+        projections = {"qkv": (qkv_size, hidden, self.qkv, self.split_qkv),  # name: (N, K, tile, slices)
+                       "o": (hidden, q_size, self.o, self.split_od), "gate-up": (inner, hidden, self.gate_up, 1),
+                       "down": (hidden, inner, self.down, self.split_od)}
+        for name, (n, k, tile, split) in projections.items():
+            if n % tile:
+                raise ValueError(f"the {name} projection's {n} columns are not whole tiles of {tile}")
+            if k % (split * self.k):
+                raise ValueError(f"the {name} projection's K = {k} in {split} slices is not whole K steps of {self.k}")
+
+
+def fit_tiles(hidden: int, qkv_size: int, q_size: int, inner: int) -> Tiles:
+    """The default tiles if they fit these shapes (Qwen3-0.6B's and -4B's), else the first K step and slices of K
+    that do (BERT-base: 768; all-MiniLM: 384 = 3 x 128)."""
+    for k in (128, 64):
+        for split_qkv in (2, 3, 1, 4):
+            for split_od in (4, 3, 2, 1):
+                tiles = Tiles(k=k, split_qkv=split_qkv, split_od=split_od)
+                try:
+                    tiles.check(hidden, qkv_size, q_size, inner)
+                except ValueError:
+                    continue
+                return tiles
+    raise ValueError(f"no tiles fit hidden {hidden}, qkv {qkv_size}, q {q_size}, inner {inner}")
