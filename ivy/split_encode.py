@@ -39,7 +39,7 @@ import unicodedata
 from concurrent.futures import Executor
 from typing import Sequence
 
-from rose.tokenizer import Encoded, Tokenizer
+from rose.tokenizer import Encoded, Tokenizer, as_arrays
 
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
           r"\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -155,14 +155,16 @@ class SplitEncoder:
         n = min(self.threads, -(-len(text) // self.piece_chars))
         return cut(text, self.rule, n) if n > 1 else None
 
-    def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right") -> list[Encoded]:
+    def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right", *,
+                     arrays: bool = False) -> list[Encoded]:
+        """arrays: each Encoded's ids an int32 array (rose.tokenizer.Tokenizer.encode_batch)."""
         if self.rule is None:
-            return self.tokenizer.encode_batch(texts, max_length, side)
+            return self.tokenizer.encode_batch(texts, max_length, side, arrays=arrays)
         # Several texts: cut only one longer than twice the call's characters per thread (it would outlast the rest)
         bound = 2 * sum(map(len, texts)) // self.threads if len(texts) > 1 else 0
         split = [self.pieces(t, bound) for t in texts]
         if not any(split):
-            return self.tokenizer.encode_batch(texts, max_length, side)
+            return self.tokenizer.encode_batch(texts, max_length, side, arrays=arrays)
         units = [p for t, s in zip(texts, split) for p in (s or [t])]
         encodings = self.tokenizer.content_encodings(units) if self._rust() else self._encode_parallel(units)
         out, i = [], 0
@@ -170,7 +172,7 @@ class SplitEncoder:
             k = len(s) if s else 1
             out.append(self.tokenizer.finish(self.tokenizer.merge(encodings[i:i + k]), max_length, side))
             i += k
-        return out
+        return [as_arrays(e) for e in out] if arrays else out
 
     def _rust(self) -> bool:
         if self.mode == "auto":

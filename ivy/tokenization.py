@@ -138,15 +138,16 @@ class InputEncoder:
 
     async def encode_texts(self, texts: Sequence[str], *, truncate: bool, side: str, prompt: str = "",
                            param: str = "input", one: bool = False,
-                           max_tokens: int | None = None) -> list[list[int]]:
-        """one: `param` is a single text sent as itself, not a list (errors name it without an index).
+                           max_tokens: int | None = None) -> list[np.ndarray]:
+        """Each text's ids as an int32 array (what ivy.encode.packed_ids sends as it is, as for checked ids).
+        one: `param` is a single text sent as itself, not a list (errors name it without an index).
         max_tokens: cut to this many tokens, the special tokens included (vLLM's truncate_prompt_tokens), not the
         model's max_length; only with truncate."""
         size = _size(texts, self.inline_chars, extra=len(prompt))
         return await self._run(self._encode_texts, texts, truncate, side, prompt, param, one, max_tokens, size=size)
 
     def _encode_texts(self, texts: Sequence[str], truncate: bool, side: str, prompt: str,
-                      param: str, one: bool = False, max_tokens: int | None = None) -> list[list[int]]:
+                      param: str, one: bool = False, max_tokens: int | None = None) -> list[np.ndarray]:
         cap = self.char_cap
         capped = []
         at = (lambda i: param) if one else (lambda i: f"{param}[{i}]")
@@ -157,7 +158,7 @@ class InputEncoder:
                                    f"is {cap} (send truncate=true to cut it)", param=at(i), limit=cap)
                 text = text[:cap] if side == "right" else text[-cap:]
             capped.append(prompt + text if prompt else text)
-        encoded = self.splitter.encode_batch(capped, max_tokens or self.max_length, side)
+        encoded = self.splitter.encode_batch(capped, max_tokens or self.max_length, side, arrays=True)
         if not truncate:
             for i, enc in enumerate(encoded):
                 if enc.truncated:

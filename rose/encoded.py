@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Encoded:
-    ids: list[int]
+    ids: list[int]  # or an int32 numpy array (rose.tokenizer's encode_batch with arrays=True)
     original_length: int  # tokens before truncation, specials included
     truncated: bool
 

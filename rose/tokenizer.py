@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from rose.ascii_bert import AsciiBert
 from rose.ascii_bpe import AsciiByteLevel
 from rose.encoded import Encoded, EncodedPair, longest_first
@@ -93,29 +95,35 @@ class Tokenizer:
         """The `tokenizers.Tokenizer` behind this one, or None for a SentencePiece model."""
         return self._hf
 
-    def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right") -> list[Encoded]:
-        """Tokenize with the model's special tokens; cut to `max_length` (default: the model's) from `side`."""
+    def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right", *,
+                     arrays: bool = False) -> list[Encoded]:
+        """Tokenize with the model's special tokens; cut to `max_length` (default: the model's) from `side`.
+        arrays: each Encoded's ids an int32 numpy array, not a list (what goes to the wire: the word cache's ids
+        then never become Python ints; ivy.tokenization asks for them)."""
         if self._spm is not None:
             keep = max((self.max_length if max_length is None else max_length) - self.num_special, 1)
-            return [self._spm.encode(t, keep, side) for t in texts]
-        if self._wrap is not None:
-            return [self._finish_ids(ids, max_length, side) for ids in self.content_ids(texts)]
-        return [self.finish(enc, max_length, side) for enc in self.content_encodings(texts)]
+            out = [self._spm.encode(t, keep, side) for t in texts]
+        elif self._wrap is not None:
+            return [self._finish_ids(ids, max_length, side) for ids in self.content_ids(texts, arrays=arrays)]
+        else:
+            out = [self.finish(enc, max_length, side) for enc in self.content_encodings(texts)]
+        return [as_arrays(e) for e in out] if arrays else out
 
-    def content_ids(self, texts: Sequence[str]) -> list[list[int]]:
+    def content_ids(self, texts: Sequence[str], *, arrays: bool = False) -> list[list[int]] | list[np.ndarray]:
         """Content ids without special tokens (HF tokenizers only): through the word cache where it takes a text
-        (rose.word_cache), the others in one content_encodings call."""
+        (rose.word_cache), the others in one content_encodings call. arrays: int32 numpy arrays, not lists."""
         texts = list(texts)
+        convert = _int32 if arrays else _ints
         if self._cached is None:
-            return [list(e.ids) for e in self.content_encodings(texts)]
+            return [convert(e.ids) for e in self.content_encodings(texts)]
         if not self._cache_takes(sum(map(len, texts))):  # all in `tokenizers`, its normalizer too: no GIL held
-            return [list(e.ids) for e in self._encode_many(texts, add_special_tokens=False)]
+            return [convert(e.ids) for e in self._encode_many(texts, add_special_tokens=False)]
         ids = self._cached.words.ids_of(texts, self._cached.normalized)
         rest = [i for i, x in enumerate(ids) if x is None]
         if rest:
             for i, enc in zip(rest, self.content_encodings([texts[i] for i in rest])):
-                ids[i] = list(enc.ids)
-        return ids  # type: ignore[return-value]
+                ids[i] = enc.ids
+        return [convert(x) for x in ids]
 
     @property
     def word_cache(self):
@@ -165,13 +173,18 @@ class Tokenizer:
         return Encoded(ids=list(full.ids), original_length=n + self.num_special, truncated=n > keep)
 
     def _finish_ids(self, ids, max_length: int | None, side: str) -> Encoded:
-        """finish() for content ids, with the post-processor's fixed (prefix, suffix)."""
+        """finish() for content ids (a list, or an int32 array: then the ids are one too), with the
+        post-processor's fixed (prefix, suffix)."""
         keep = max((self.max_length if max_length is None else max_length) - self.num_special, 1)
         n = len(ids)
         if n > keep:
             ids = ids[:keep] if side == "right" else ids[n - keep:]
-        return Encoded(ids=[*self._wrap[0], *ids, *self._wrap[1]], original_length=n + self.num_special,
-                       truncated=n > keep)
+        head, tail = self._wrap
+        if isinstance(ids, np.ndarray):
+            full = np.concatenate((_int32(head), ids, _int32(tail)))
+        else:
+            full = [*head, *ids, *tail]
+        return Encoded(ids=full, original_length=n + self.num_special, truncated=n > keep)
 
     def _fixed_wrap(self) -> tuple[list[int], list[int]] | None:
         """(prefix, suffix) when the post-processor puts the same ids around any content (seen on probes; true
@@ -232,6 +245,19 @@ class Tokenizer:
         if self._spm is not None:
             return [self._spm.decode(ids, skip_special_tokens) for ids in seqs]
         return self._hf.decode_batch([list(ids) for ids in seqs], skip_special_tokens=skip_special_tokens)
+
+
+def _int32(ids) -> np.ndarray:
+    return np.asarray(ids, dtype=np.int32)
+
+
+def _ints(ids) -> list[int]:
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+
+
+def as_arrays(enc: Encoded) -> Encoded:
+    """`enc` with its ids an int32 array (Tokenizer.encode_batch's arrays=True)."""
+    return enc if isinstance(enc.ids, np.ndarray) else Encoded(_int32(enc.ids), enc.original_length, enc.truncated)
 
 
 def _config_specials(hf, config_path: Path) -> bool:

@@ -35,7 +35,7 @@ def _threads_used(encoder: InputEncoder, texts: list[str]) -> tuple[set[str], li
         return await encoder.encode_texts(texts, truncate=True, side="right")
 
     try:
-        return seen, asyncio.run(run())
+        return seen, [ids.tolist() for ids in asyncio.run(run())]
     finally:
         encoder.close()
 

@@ -15,6 +15,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Regex, Tokenizer as HFTokenizer
 
@@ -216,21 +217,26 @@ def test_input_encoder_spreads_a_long_text_and_batches_short_ones(monkeypatch) -
     monkeypatch.setattr(tok, "content_encodings", spy)
     long_text = _long_text(random.Random(9), 20000)
 
+    async def encode(texts, side):  # int32 arrays, as lists to compare
+        out = await enc.encode_texts(texts, truncate=True, side=side)
+        assert all(isinstance(ids, np.ndarray) and ids.dtype == np.int32 for ids in out)
+        return [ids.tolist() for ids in out]
+
     async def main():
-        many = await enc.encode_texts(["hello world"] * 50, truncate=True, side="right")
+        many = await encode(["hello world"] * 50, "right")
         assert len(calls) == 1 and many == [e.ids for e in tok.encode_batch(["hello world"] * 50)]
         calls.clear()
-        got = await enc.encode_texts([long_text], truncate=True, side="left")
+        got = await encode([long_text], "left")
         assert calls == [(calls[0][0], 4)] and got == [_reference(tok, long_text, spec.max_length, "left")]
         enc.splitter.mode = "pool"  # the pieces on the encoder's threads, one call each
         calls.clear()
-        got = await enc.encode_texts([long_text], truncate=True, side="left")
+        got = await encode([long_text], "left")
         assert len(calls) == 4 and sum(n for _, n in calls) == 4
         assert got == [_reference(tok, long_text, spec.max_length, "left")]
         assert await enc.tokenize(long_text) == _reference(tok, long_text, 10**6, "right")
         # Many long requests at once on a 4-thread pool: no deadlock, every answer exact.
         outs = await asyncio.wait_for(asyncio.gather(*(
-            enc.encode_texts([long_text, "x"], truncate=True, side="right") for _ in range(12))), 60)
+            encode([long_text, "x"], "right") for _ in range(12))), 60)
         assert all(o[0] == outs[0][0] == _reference(tok, long_text, spec.max_length, "right") for o in outs)
 
     try:

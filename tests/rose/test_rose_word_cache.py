@@ -30,6 +30,11 @@ def each(tok: Tokenizer, texts: list[str], **kwargs) -> list:
     return [e for i in range(0, len(texts), 4) for e in tok.encode_batch(texts[i:i + 4], **kwargs)]
 
 
+def lists(arrays) -> list[list[int]]:
+    """WordCache's int32 arrays as lists, to compare with `tokenizers`' ids."""
+    return [a.tolist() for a in arrays]
+
+
 def texts_of(seed: int, n: int) -> list[str]:
     rng = random.Random(seed)
     out = [random_ascii(rng) for _ in range(n)]
@@ -80,11 +85,11 @@ def test_known_words_are_not_encoded_again_and_long_ones_not_remembered() -> Non
 
     cache = WordCache(words_by_offsets(encode))
     long_word = "q" * (MAX_WORD_CHARS + 1)
-    first = cache.content_ids(["hello world, hello", long_word])
+    first = lists(cache.content_ids(["hello world, hello", long_word]))
     assert sorted(calls[0]) == sorted(["hello", "world,", long_word])  # the new words, once each, in one call
     assert first == [bare.encode("hello world, hello", add_special_tokens=False).ids,
                      bare.encode(long_word, add_special_tokens=False).ids]
-    assert cache.content_ids(["world, hello hello"]) == [first[0][1:3] + first[0][:1] * 2]
+    assert lists(cache.content_ids(["world, hello hello"])) == [first[0][1:3] + first[0][:1] * 2]
     assert len(calls) == 1  # every word known: no call
     cache.content_ids([long_word])
     assert calls[1] == [long_word]  # too long to remember
@@ -169,8 +174,8 @@ def test_words_lost_to_an_emptied_cache_are_encoded_again() -> None:
     cache.content_ids(["alpha beta gamma"])
     # Two new words do not fit beside three: the cache starts again with them, and alpha and beta, known when
     # the call began, are gone by the time it looks them up.
-    assert cache.content_ids(["alpha beta delta epsilon"]) == [bare.encode("alpha beta delta epsilon",
-                                                                           add_special_tokens=False).ids]
+    assert lists(cache.content_ids(["alpha beta delta epsilon"])) == [bare.encode("alpha beta delta epsilon",
+                                                                                  add_special_tokens=False).ids]
     assert calls[1:] == [["delta", "epsilon"], ["alpha", "beta"]]
     assert sorted(cache._ids) == ["delta", "epsilon"]
 
@@ -210,18 +215,40 @@ def test_a_plain_added_token_keeps_the_cache_and_sends_its_texts_the_plain_way(t
     assert len(tok.word_cache) > 100
 
 
-def test_long_or_many_token_words_are_not_remembered() -> None:
-    from rose.word_cache import MAX_WORD_TOKENS
+def test_long_words_are_not_remembered_and_words_of_many_ids_are() -> None:
+    """A word of many ids ("-" * 38 under a heading: 38 ids) is remembered like any other, so a text holding one
+    is looked up whole the next time; a word over MAX_WORD_CHARS is not, and its text still comes back exact."""
+    calls: list[list[str]] = []
+    tok = bundled()
+    bare = tok._ascii.bare
+
+    def encode(texts):
+        calls.append([w for t in texts for w in t.split(" ")])
+        return bare.encode_batch(texts, add_special_tokens=False)
+
+    cache = WordCache(words_by_offsets(encode))
+    many_ids, long_word = "-" * 38, "a" * (MAX_WORD_CHARS + 1)
+    texts = ["plain", f"heading {many_ids} text", long_word, "x," * (MAX_WORD_CHARS // 2)]
+    want = [e.ids for e in reference(tok).encode_batch(texts, add_special_tokens=False)]
+    assert lists(cache.content_ids(texts)) == want
+    assert sorted(cache._ids) == sorted(["plain", "heading", many_ids, "text", "x," * (MAX_WORD_CHARS // 2)])
+    assert lists(cache.content_ids(texts[:2])) == want[:2] and len(calls) == 1  # all known: no call
+    assert lists(cache.content_ids(texts)) == want and calls[1:] == [[long_word]]
+
+
+def test_the_ids_held_are_bounded_as_well_as_the_words() -> None:
+    """A client sending words of many ids fills the cache's id budget (capacity × IDS_PER_WORD) before its word
+    count: the cache starts again, and every answer stays exact."""
+    from rose.word_cache import IDS_PER_WORD
 
     tok = bundled()
-    cache = tok.word_cache
-    many_ids = "x," * (MAX_WORD_TOKENS // 2 + 1)  # MAX_WORD_TOKENS + 2 ids, fewer characters than the limit
-    long_word = "a" * (MAX_WORD_CHARS + 1)
-    most = "x," * (MAX_WORD_TOKENS // 2)  # exactly MAX_WORD_TOKENS ids: kept
-    got = cache.content_ids(["plain", many_ids, long_word, most])
-    assert sorted(cache._ids) == sorted(["plain", most])
-    assert got == [e.ids for e in reference(tok).encode_batch(["plain", many_ids, long_word, most],
-                                                              add_special_tokens=False)]
+    cache = WordCache(words_by_offsets(lambda t: tok._ascii.bare.encode_batch(t, add_special_tokens=False)),
+                      capacity=20)
+    ref = reference(tok)
+    for i in range(40):
+        text = f"{'x,' * 20}{i} ok"  # one word of 42 ids or so, and "ok"
+        assert lists(cache.content_ids([text])) == [ref.encode(text, add_special_tokens=False).ids]
+        assert cache._held <= 20 * IDS_PER_WORD + 50 and len(cache) <= 20
 
 
 def test_a_call_of_mostly_new_words_takes_the_plain_path_and_learns_a_bounded_share() -> None:
