@@ -89,7 +89,9 @@ class Coalescer:
         group.tokens += tokens
         group.seqs += len(sequences)
         try:
-            rows = await asyncio.wait_for(asyncio.shield(member.future), max(0.0, deadline - time.monotonic()))
+            # asyncio.timeout, not wait_for: on 3.11 wait_for lost a cancel that landed as the future resolved
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                rows = await asyncio.shield(member.future)
             if member.response is not None:
                 metrics.note_backend(member.response)
             return rows
