@@ -135,9 +135,10 @@ class Tokenizer:
         """Whether encode_batch is fastest on `text` whole, never in pieces (ivy.split_encode): a text BERT's word
         cache takes (ASCII, no added token's text), whose new words are encoded in one batch call anyway; warm,
         4096 tokens took 0.79 ms on the H200 host where 8 pieces in parallel took 1.5. A byte-level BPE's up to
-        bpe_whole_chars: its warm path is ~4 x slower per token than BERT's (its regex runs in Python), so the
-        pieces' plain encodes on a host's cores win on long texts (4096 tokens: 2.29 ms on the H200 host) and
-        lose on medium ones (512 tokens: 0.66 ms in pieces, the cache's 128 tokens 0.12-0.14 ms whole)."""
+        bpe_whole_chars, a bound set when its warm path was ~4 x slower per token than BERT's (its regex ran over the
+        whole text in Python; 4096 tokens in pieces on the H200 host: 2.29 ms). Its chunks (rose.ascii_bpe) now cost
+        ~1.2 x BERT's per token on this project's CPU, so the bound may go: not yet measured on the host
+        (benchmarks/NOTES.md, "Tokenization")."""
         if self._cached is None or (self._cached is not self._ascii and len(text) > self.bpe_whole_chars):
             return False
         return self._cache_takes(len(text)) and self._cached.normalized(text) is not None

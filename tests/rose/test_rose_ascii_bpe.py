@@ -135,3 +135,26 @@ def test_a_medium_text_is_encoded_whole_through_the_cache_a_long_one_in_pieces(q
     assert not tok.takes_whole("café " * 300), "a text the cache refuses is cut as before"
     never = _tokenizer(qwen_json, tmp_path / "never", bpe_whole_chars=0)
     assert not never.takes_whole("plain ascii " * 300)
+
+
+def test_chunks_cut_before_every_space_followed_by_a_visible_character_and_nowhere_else() -> None:
+    """rose.ascii_bpe.chunks: the chunks' texts joined give the text back, and the cuts are exactly before the
+    spaces followed by a visible character, however the spaces, tabs, newlines and carriage returns run (that the
+    ids are the same is test_ids_equal_the_tokenizers_own's, on the same kind of texts)."""
+    from rose.ascii_bpe import _ODD, chunk_text, chunks
+
+    rng = random.Random(7)
+    texts = [random_ascii(rng) for _ in range(4000)] + [CORPUS[i:i + 900] for i in range(0, 90_000, 3000)]
+    texts += ["", " ", "  ", "x", " x", "x ", " x ", "a  b", "a   b", "a \n b", "\n  x", "x  \n", "a\t b", "a \tb",
+              "a \r\n b", "a b  c   d    e", "   ", " \n ", "a\n \nb", "    def f():\n        return 1\n"]
+    taken = [t for t in texts if t.isascii() and not _ODD.search(t)]
+    assert len(taken) > 600
+    for text in taken:
+        parts = [chunk_text(c) for c in chunks(text)]
+        assert "".join(parts) == text, repr(text)
+        cuts, at = set(), 0
+        for p in parts[:-1]:
+            at += len(p)
+            cuts.add(at)
+        want = {i for i in range(len(text) - 1) if text[i] == " " and text[i + 1] not in " \t\n\r"}
+        assert cuts - {0} == want - {0} and all(p for p in parts[1:]), repr(text)
