@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -96,22 +96,25 @@ class Tokenizer:
         return self._hf
 
     def encode_batch(self, texts: Sequence[str], max_length: int | None = None, side: str = "right", *,
-                     arrays: bool = False) -> list[Encoded]:
+                     arrays: bool = False, rest: Callable[[list[str]], list] | None = None) -> list[Encoded]:
         """Tokenize with the model's special tokens; cut to `max_length` (default: the model's) from `side`.
         arrays: each Encoded's ids an int32 numpy array, not a list (what goes to the wire: the word cache's ids
-        then never become Python ints; ivy.tokenization asks for them)."""
+        then never become Python ints; ivy.tokenization asks for them). rest: see content_ids."""
         if self._spm is not None:
             keep = max((self.max_length if max_length is None else max_length) - self.num_special, 1)
             out = [self._spm.encode(t, keep, side) for t in texts]
         elif self._wrap is not None:
-            return [self._finish_ids(ids, max_length, side) for ids in self.content_ids(texts, arrays=arrays)]
+            content = self.content_ids(texts, arrays=arrays, rest=rest)
+            return [self._finish_ids(ids, max_length, side) for ids in content]
         else:
             out = [self.finish(enc, max_length, side) for enc in self.content_encodings(texts)]
         return [as_arrays(e) for e in out] if arrays else out
 
-    def content_ids(self, texts: Sequence[str], *, arrays: bool = False) -> list[list[int]] | list[np.ndarray]:
+    def content_ids(self, texts: Sequence[str], *, arrays: bool = False,
+                    rest: Callable[[list[str]], list] | None = None) -> list[list[int]] | list[np.ndarray]:
         """Content ids without special tokens (HF tokenizers only): through the word cache where it takes a text
-        (rose.word_cache), the others in one content_encodings call. arrays: int32 numpy arrays, not lists."""
+        (rose.word_cache), the others in one content_encodings call, or by `rest` (texts -> their content ids: how
+        ivy.split_encode cuts a long one in pieces). arrays: int32 numpy arrays, not lists."""
         texts = list(texts)
         convert = _int32 if arrays else _ints
         if self._cached is None:
@@ -119,10 +122,11 @@ class Tokenizer:
         if not self._cache_takes(sum(map(len, texts))):  # all in `tokenizers`, its normalizer too: no GIL held
             return [convert(e.ids) for e in self._encode_many(texts, add_special_tokens=False)]
         ids = self._cached.words.ids_of(texts, self._cached.normalized)
-        rest = [i for i, x in enumerate(ids) if x is None]
-        if rest:
-            for i, enc in zip(rest, self.content_encodings([texts[i] for i in rest])):
-                ids[i] = enc.ids
+        left = [i for i, x in enumerate(ids) if x is None]
+        if left:
+            encode = rest or (lambda some: [enc.ids for enc in self.content_encodings(some)])
+            for i, found in zip(left, encode([texts[i] for i in left])):
+                ids[i] = found
         return [convert(x) for x in ids]
 
     @property
@@ -139,8 +143,9 @@ class Tokenizer:
         whole text in Python; 4096 tokens in pieces on the H200 host: 2.29 ms). Its chunks (rose.ascii_bpe) now cost
         ~1.2 x BERT's per token on this project's CPU, so the bound may go: not yet measured on the host
         (benchmarks/NOTES.md, "Tokenization")."""
-        if self._cached is None or (self._cached is not self._ascii and len(text) > self.bpe_whole_chars):
-            return False
+        if self._cached is None or self._wrap is None or (
+                self._cached is not self._ascii and len(text) > self.bpe_whole_chars):
+            return False  # no cache, or one encode_batch does not read (a post-processor that is not a fixed wrap)
         return self._cache_takes(len(text)) and self._cached.normalized(text) is not None
 
     def _cache_takes(self, chars: int) -> bool:

@@ -162,6 +162,27 @@ def test_a_long_ascii_text_is_encoded_whole_and_others_still_in_pieces() -> None
                 plain.encode_batch([long_ascii, long_other, "short"], max_length=512, side=side)
 
 
+def test_a_long_text_the_cache_refuses_is_cut_in_pieces_after_all() -> None:
+    """A long ASCII text goes whole to the word cache; when the cache refuses it (mostly new words: the plain path
+    would encode it whole on one thread), it is cut in pieces like a text the cache never takes, with the same ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok, plain = bundled(), bundled(cache_words=0)
+    rng = random.Random(12)
+    fresh = " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randrange(3, 10)))
+                     for _ in range(800))  # ~5 000 characters of words never seen
+    units: list[int] = []
+    real = tok.content_encodings
+    tok.content_encodings = lambda texts: (units.append(len(texts)), real(texts))[1]
+    with ThreadPoolExecutor(4) as pool:
+        ours = SplitEncoder(tok, pool, threads=4, split_chars=1000, piece_chars=500)
+        assert ours.pieces(fresh) is None, "the cache takes it whole"
+        for arrays in (False, True):
+            got = ours.encode_batch([fresh, "short"], max_length=10**6, arrays=arrays)
+            assert [list(e.ids) for e in got] == [e.ids for e in plain.encode_batch([fresh, "short"], max_length=10**6)]
+        assert units == [5, 5], "refused both times, then cut: four pieces and the short text, in one call"
+
+
 def test_words_lost_to_an_emptied_cache_are_encoded_again() -> None:
     bare = bundled()._ascii.bare
     calls: list[list[str]] = []
