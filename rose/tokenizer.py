@@ -120,6 +120,8 @@ class Tokenizer:
         if self._cached is None:
             return [convert(e.ids) for e in self.content_encodings(texts)]
         if not self._cache_takes(sum(map(len, texts))):  # all in `tokenizers`, its normalizer too: no GIL held
+            if rest is not None:  # the caller's way (long texts in pieces)
+                return [convert(x) for x in rest(texts)]
             return [convert(e.ids) for e in self._encode_many(texts, add_special_tokens=False)]
         ids = self._cached.words.ids_of(texts, self._cached.normalized)
         left = [i for i, x in enumerate(ids) if x is None]

@@ -141,11 +141,15 @@ class WordCache:
         keep = [(w, ids) for w, ids in fresh.items() if len(w) <= MAX_WORD_CHARS]
         if keep:
             with self._lock:
-                held = sum(len(ids) for _, ids in keep) // 4
-                if len(self._ids) + len(keep) > self.capacity or self._held + held > self.max_ids:
-                    self._ids.clear()
+                known = self._ids
+                added = [(w, ids) for w, ids in keep if w not in known]  # another thread may have learned some
+                held = sum(len(ids) for _, ids in added) // 4
+                if len(known) + len(added) > self.capacity or self._held + held > self.max_ids:
+                    known.clear()
+                    added = keep[: self.capacity]
+                    held = sum(len(ids) for _, ids in added) // 4
                     self._held = 0
-                keep = keep[: self.capacity]
-                self._ids.update(keep)
-                self._held += sum(len(ids) for _, ids in keep) // 4
+                known.update(added)
+                self._held += held
+            keep = keep[: self.capacity]
         return len(keep) == len(fresh)

@@ -183,6 +183,44 @@ def test_a_long_text_the_cache_refuses_is_cut_in_pieces_after_all() -> None:
         assert units == [5, 5], "refused both times, then cut: four pieces and the short text, in one call"
 
 
+def test_a_word_two_threads_learn_at_once_is_counted_once() -> None:
+    """Two threads that both found a word new remember it twice: the ids held count it once (an over-count
+    emptied a cache less than half full)."""
+    barrier = threading.Barrier(2)
+
+    def encode(words):
+        barrier.wait(timeout=10)
+        return [tuple(range(5)) for _ in words]
+
+    cache = WordCache(encode, capacity=4)
+    for word in ("w0", "w1", "w2"):
+        threads = [threading.Thread(target=cache.content_ids, args=([word],)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(cache) == 3 and cache._held == 15
+
+
+def test_a_long_text_in_a_call_over_cache_call_chars_is_cut_too() -> None:
+    """A call over cache_call_chars skips the cache; its long text the splitter left whole for the cache is cut in
+    pieces there (one thread for ~30 000 characters, else)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok, plain = bundled(), bundled(cache_words=0)
+    rng = random.Random(13)
+    long_text = " ".join("".join(rng.choice("abcdefghij") for _ in range(rng.randrange(3, 9))) for _ in range(5000))
+    texts = [long_text, "y " * 2000]
+    assert sum(map(len, texts)) > tok.cache_call_chars
+    units: list[int] = []
+    real = tok.content_encodings
+    tok.content_encodings = lambda some: (units.append(len(some)), real(some))[1]
+    with ThreadPoolExecutor(8) as pool:
+        got = SplitEncoder(tok, pool, threads=8, split_chars=1000, piece_chars=500).encode_batch(texts, 10**6)
+    assert [e.ids for e in got] == [e.ids for e in plain.encode_batch(texts, 10**6)]
+    assert units == [8 + 1], "the long text in eight pieces beside the other, in one call"
+
+
 def test_words_lost_to_an_emptied_cache_are_encoded_again() -> None:
     bare = bundled()._ascii.bare
     calls: list[list[str]] = []
