@@ -68,6 +68,8 @@ class Tokenizer:
             self.num_special = self._hf.num_special_tokens_to_add(False)
             self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
             self._wrap = self._fixed_wrap()
+            # the same as int32 arrays, for content ids that are arrays (encode_batch's arrays=True)
+            self._wrap_arrays = tuple(map(_int32, self._wrap)) if self._wrap is not None else None
         else:
             spm_file = next((spec.model_dir / n for n in _SPM_NAMES if (spec.model_dir / n).is_file()), None)
             if spm_file is None:
@@ -76,7 +78,7 @@ class Tokenizer:
             self._hf = None
             self._ascii = self._cached = None
             self._spm = SentencePieceTokenizer(spm_file, fairseq=spec.family in ("xlm-roberta", "roberta"))
-            self._wrap = None
+            self._wrap = self._wrap_arrays = None
             self._files = [spm_file]
             self.num_special = len(self._spm.head) + len(self._spm.tail)
             self.vocab_size = self._spm.vocab_size
@@ -187,10 +189,11 @@ class Tokenizer:
         n = len(ids)
         if n > keep:
             ids = ids[:keep] if side == "right" else ids[n - keep:]
-        head, tail = self._wrap
         if isinstance(ids, np.ndarray):
-            full = np.concatenate((_int32(head), ids, _int32(tail)))
+            head, tail = self._wrap_arrays
+            full = np.concatenate((head, ids, tail))
         else:
+            head, tail = self._wrap
             full = [*head, *ids, *tail]
         return Encoded(ids=full, original_length=n + self.num_special, truncated=n > keep)
 

@@ -136,20 +136,21 @@ class WordCache:
         return [_as_array(b"".join(map(get, w))) for w in words]
 
     def _remember(self, fresh: dict[str, bytes]) -> bool:
-        """Keep the words of `fresh` short enough to remember; start again empty when they would not fit.
-        True when every one of them was kept."""
-        keep = [(w, ids) for w, ids in fresh.items() if len(w) <= MAX_WORD_CHARS]
+        """Keep the words of `fresh` short enough to remember (at most `capacity` of them); start again empty when
+        they would not fit. True when every one of them was kept."""
+        keep = [(w, ids) for w, ids in fresh.items() if len(w) <= MAX_WORD_CHARS][: self.capacity]
         if keep:
             with self._lock:
                 known = self._ids
                 added = [(w, ids) for w, ids in keep if w not in known]  # another thread may have learned some
-                held = sum(len(ids) for _, ids in added) // 4
-                if len(known) + len(added) > self.capacity or self._held + held > self.max_ids:
+                if len(known) + len(added) > self.capacity or self._held + _count_ids(added) > self.max_ids:
                     known.clear()
-                    added = keep[: self.capacity]
-                    held = sum(len(ids) for _, ids in added) // 4
                     self._held = 0
+                    added = keep
                 known.update(added)
-                self._held += held
-            keep = keep[: self.capacity]
+                self._held += _count_ids(added)
         return len(keep) == len(fresh)
+
+
+def _count_ids(words: list[tuple[str, bytes]]) -> int:
+    return sum(len(ids) for _, ids in words) // 4

@@ -74,7 +74,8 @@ def test_a_small_cache_starts_again_and_stays_exact() -> None:
         assert len(ours._ascii.words) <= 7
 
 
-def test_known_words_are_not_encoded_again_and_long_ones_not_remembered() -> None:
+def spied_cache() -> tuple[WordCache, list[list[str]], Tokenizer]:
+    """A WordCache over the bundled tokenizer's bare encode, the words of each encode call it makes, the tokenizer."""
     calls: list[list[str]] = []
     tok = bundled()
     bare = tok._ascii.bare
@@ -83,7 +84,12 @@ def test_known_words_are_not_encoded_again_and_long_ones_not_remembered() -> Non
         calls.append([w for t in texts for w in t.split(" ")])
         return bare.encode_batch(texts, add_special_tokens=False)
 
-    cache = WordCache(words_by_offsets(encode))
+    return WordCache(words_by_offsets(encode)), calls, tok
+
+
+def test_known_words_are_not_encoded_again_and_long_ones_not_remembered() -> None:
+    cache, calls, tok = spied_cache()
+    bare = tok._ascii.bare
     long_word = "q" * (MAX_WORD_CHARS + 1)
     first = lists(cache.content_ids(["hello world, hello", long_word]))
     assert sorted(calls[0]) == sorted(["hello", "world,", long_word])  # the new words, once each, in one call
@@ -277,15 +283,7 @@ def test_a_plain_added_token_keeps_the_cache_and_sends_its_texts_the_plain_way(t
 def test_long_words_are_not_remembered_and_words_of_many_ids_are() -> None:
     """A word of many ids ("-" * 38 under a heading: 38 ids) is remembered like any other, so a text holding one
     is looked up whole the next time; a word over MAX_WORD_CHARS is not, and its text still comes back exact."""
-    calls: list[list[str]] = []
-    tok = bundled()
-    bare = tok._ascii.bare
-
-    def encode(texts):
-        calls.append([w for t in texts for w in t.split(" ")])
-        return bare.encode_batch(texts, add_special_tokens=False)
-
-    cache = WordCache(words_by_offsets(encode))
+    cache, calls, tok = spied_cache()
     many_ids, long_word = "-" * 38, "a" * (MAX_WORD_CHARS + 1)
     texts = ["plain", f"heading {many_ids} text", long_word, "x," * (MAX_WORD_CHARS // 2)]
     want = [e.ids for e in reference(tok).encode_batch(texts, add_special_tokens=False)]
