@@ -47,7 +47,8 @@ def setup_logging(config: IvyConfig) -> None:
     """This process's logs in config.log_format, each JSON line with the request id being served."""
     from ivy.metrics import REQUEST_ID
 
-    log_format.setup(config.log_level, config.log_format, "ivy", lambda: {"request_id": REQUEST_ID.get()})
+    log_format.setup(config.log_level, config.log_format, "ivy", lambda: {"request_id": REQUEST_ID.get()},
+                     access_log=config.access_log)
 
 
 def serve(config: IvyConfig) -> int:
@@ -58,7 +59,7 @@ def serve(config: IvyConfig) -> int:
     from ivy.connections import protocol_class
 
     # uvicorn's protocol with header size and read-timeout limits and a connection cap (ivy/connections.py).
-    common = dict(host=config.host, port=config.port, log_level=config.log_level.lower(), access_log=False,
+    common = dict(host=config.host, port=config.port, log_level=config.log_level.lower(), access_log=config.access_log,
                   log_config=None, http=protocol_class(), timeout_keep_alive=config.keep_alive_timeout_s,
                   h11_max_incomplete_event_size=config.max_header_bytes)
     if config.workers == 1:

@@ -171,6 +171,9 @@ class IvyConfig:
     log_format: str = field(default="text", metadata=_help(
         "text (lines for people) or json (one object a line: time, level, logger, message, service, pid, the "
         "request id being served, exception; for a log pipeline)."))
+    access_log: bool = field(default=False, metadata=_help(
+        "Log every HTTP request (uvicorn's access log: a line a request, in --log-format). Off by default: it "
+        "costs each request a log record formatted and written."))
 
     def __post_init__(self) -> None:
         if self.log_format not in FORMATS:

@@ -60,9 +60,13 @@ class JsonFormatter(logging.Formatter):
             return json.dumps(line, default=str, ensure_ascii=False)
 
 
-def setup(level: str, fmt: str, service: str, context: Callable[[], dict] | None = None) -> None:
+def setup(level: str, fmt: str, service: str, context: Callable[[], dict] | None = None,
+          access_log: bool = False) -> None:
     """The root logger's one handler, on stderr, in `fmt`; replaces the plain stream handlers set before (ours
-    again, or basicConfig's) and keeps any other (a test runner's capture)."""
+    again, or basicConfig's) and keeps any other (a test runner's capture). uvicorn's access log (a line per
+    request) only with `access_log`: uvicorn's protocol logs a request whenever "uvicorn.access" has a handler,
+    its own or the root's through propagation, and a worker sets up its logging after uvicorn's access_log=False
+    has cleared it."""
     check_format(fmt, "log format")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service, context) if fmt == "json" else logging.Formatter(TEXT))
@@ -76,5 +80,5 @@ def setup(level: str, fmt: str, service: str, context: Callable[[], dict] | None
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # theirs go to the root's handler, at its level
         logger = logging.getLogger(name)  # (uvicorn.run sets their level to the same log level afterwards)
         logger.handlers.clear()
-        logger.propagate, logger.disabled = True, False
+        logger.propagate, logger.disabled = name != "uvicorn.access" or access_log, False
         logger.setLevel(logging.NOTSET)

@@ -72,21 +72,36 @@ def test_an_unknown_format_is_refused_naming_the_flag() -> None:
     assert out.returncode == 2 and "log_format" in out.stderr
 
 
-def test_ivy_serve_with_workers_logs_every_line_as_json() -> None:
+def _serve_with_workers(**env) -> tuple[int, list[dict]]:
+    """`ivy serve --workers 2` in JSON, 3 requests to /health: the parent's pid and every record it wrote."""
     with tempfile.TemporaryFile("w+") as err:
         with FakeTulip() as fake:
             with ivy_server(IVY_REPLICAS=fake.address, IVY_WORKERS="2", IVY_LOG_FORMAT="json",
-                            IVY_LOG_LEVEL="info", _stderr=err) as (port, proc):
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
-                    assert r.status == 200
+                            IVY_LOG_LEVEL="info", _stderr=err, **env) as (port, proc):
+                for _ in range(3):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+                        assert r.status == 200
                 parent = proc.pid
         err.seek(0)
         lines = [line for line in err.read().splitlines() if line.strip()]
-    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    return parent, [json.loads(line) for line in lines]  # every line is one JSON object
+
+
+def test_ivy_serve_with_workers_logs_every_line_as_json() -> None:
+    parent, records = _serve_with_workers()
     assert all(r["service"] == "ivy" for r in records)
     workers = {r["pid"] for r in records if r["logger"].startswith("ivy") and r["level"] == "INFO"} - {parent}
     assert len(workers) == 2, records  # each worker's own info lines (its replica turning SERVING)
     assert any(r["logger"] == "uvicorn.error" for r in records)
+    # no line a request: a worker's logging set-up once re-enabled uvicorn's access log, which costs every request
+    assert not any(r["logger"] == "uvicorn.access" for r in records), records
+
+
+def test_the_access_log_is_there_when_asked_for() -> None:
+    _, records = _serve_with_workers(IVY_ACCESS_LOG="true")
+    access = [r for r in records if r["logger"] == "uvicorn.access"]
+    health = [r for r in access if '"GET /health HTTP/1.1" 200' in r["message"]]
+    assert len(health) >= 3, records  # ours, and the test server's own readiness probes
 
 
 def test_unusual_records_still_make_one_strict_json_line() -> None:
