@@ -27,7 +27,7 @@ from rose.word_cache import DEFAULT_CAPACITY
 __all__ = ["Encoded", "EncodedPair", "Tokenizer", "longest_first"]
 
 _SPM_NAMES = ("sentencepiece.bpe.model", "spiece.model", "tokenizer.model")
-BPE_WHOLE_CHARS = 4096  # Tokenizer.takes_whole: a byte-level BPE's cached ASCII text up to this long is not cut
+BPE_WHOLE_CHARS = 32768  # Tokenizer.takes_whole: a byte-level BPE's cached ASCII text up to this long is not cut
 # The word cache takes a call of at most this many characters (Tokenizer.cache_call_chars): its lookups are Python
 # and hold the GIL, ~3 ms for a 100-document request on the H200 host, while `tokenizers` releases it.
 CACHE_CALL_CHARS = 32768
@@ -143,10 +143,9 @@ class Tokenizer:
         """Whether encode_batch is fastest on `text` whole, never in pieces (ivy.split_encode): a text BERT's word
         cache takes (ASCII, no added token's text), whose new words are encoded in one batch call anyway; warm,
         4096 tokens took 0.79 ms on the H200 host where 8 pieces in parallel took 1.5. A byte-level BPE's up to
-        bpe_whole_chars, a bound set when its warm path was ~4 x slower per token than BERT's (its regex ran over the
-        whole text in Python; 4096 tokens in pieces on the H200 host: 2.29 ms). Its chunks (rose.ascii_bpe) now cost
-        ~1.2 x BERT's per token on this project's CPU, so the bound may go: not yet measured on the host
-        (benchmarks/NOTES.md, "Tokenization")."""
+        bpe_whole_chars: whole through its chunks (rose.ascii_bpe), a 4096-token text's tokenizing took 1.6 ms
+        through the stack on the H200 host against 2.6 in pieces (11c8496; benchmarks/NOTES.md, "The byte-level
+        BPE's cache by chunks")."""
         if self._cached is None or self._wrap is None or (
                 self._cached is not self._ascii and len(text) > self.bpe_whole_chars):
             return False  # no cache, or one encode_batch does not read (a post-processor that is not a fixed wrap)

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rose.layers.persistent_models import shapes, stack, unsupported
+from rose.layers.persistent_models import is_encoder, shapes, stack, unsupported
 from rose.layers.persistent_tiles import Tiles, fit_tiles
 
 try:
@@ -84,20 +84,24 @@ def layer_kinds(heads: bool) -> tuple[int, ...]:
 
 MAX_TOKENS = 128
 SPIN_LIMIT = 1 << 21  # reads a barrier waits before it calls the grid stalled: ~1-2 s on the H200, ~1000 x a forward
-ROUTED_TOKENS = 64  # ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, where it beat the layers on the H200
+ON = -1  # routed_tokens("on"): attach routes the family's ROUTED_TOKENS
+# ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, by family, up to where it beat the layers through the
+# engine on the H200 (11c8496, host to host: Qwen3-0.6B -13 % at 64 and 128 tokens; all-MiniLM -21 % at 16, level
+# at 32, +15 % at 64 and +39 % at 128)
+ROUTED_TOKENS = {"decoder": 128, "encoder": 16}
 
 
 def routed_tokens(raw: str | None) -> int:
     """The persistent_decoder setting (EngineConfig, TulipConfig; None: the ROSE_PERSISTENT_DECODER variable) ->
-    the largest batch in tokens routed to it: off (default; 0, false) -> 0, on (1, true) -> ROUTED_TOKENS, or a
-    number of tokens from 2 to MAX_TOKENS."""
+    the largest batch in tokens routed to it: off (default; 0, false) -> 0, on (1, true) -> ON (the family's
+    ROUTED_TOKENS, chosen by attach), or a number of tokens from 2 to MAX_TOKENS."""
     if raw is None:
         raw = os.environ.get("ROSE_PERSISTENT_DECODER", "")
     raw = raw.strip().lower()
     if raw in ("", "0", "off", "false", "no"):
         return 0
     if raw in ("1", "on", "true", "yes"):
-        return ROUTED_TOKENS
+        return ON
     if raw.isdigit() and 2 <= int(raw) <= MAX_TOKENS:
         return int(raw)
     raise ValueError(f"persistent_decoder {raw!r}: expected off, on or a token count of 2 to {MAX_TOKENS}")
@@ -302,13 +306,18 @@ class Workspace:
     types: torch.Tensor | None = None
 
 
+def bound_for(model, routed: int) -> int:
+    """routed_tokens' setting -> the largest batch routed to the kernel for this model (ON: its family's)."""
+    return ROUTED_TOKENS["encoder" if is_encoder(model) else "decoder"] if routed == ON else routed
+
+
 def attach(model, backend, routed: int) -> PersistentDecoder | None:
-    """Where `routed` (tokens, routed_tokens) is not 0, the model is supported (a Qwen3 decoder or a BERT-style
+    """Where `routed` (tokens, or ON: routed_tokens) is not 0, the model is supported (a Qwen3 decoder or a BERT-style
     encoder: persistent_models.unsupported) and its weights are bf16 or fp16 on CUDA: build the persistent
     decoder, compile and launch it for every token block it will serve (warm), and set it as `model.persistent`
     (the model's forward then runs batches of up to `routed` tokens through it, with `backend`'s forwards only).
     Returns it, or None with the reason logged."""
-    if routed <= 0 or triton is None or not hasattr(model, "persistent"):
+    if routed == 0 or triton is None or not hasattr(model, "persistent"):
         return None
     weight = next(model.parameters())
     reason = unsupported(model) or ("weights not on CUDA" if not weight.is_cuda else None) or (
@@ -316,6 +325,7 @@ def attach(model, backend, routed: int) -> PersistentDecoder | None:
     if reason:
         log.info("persistent decoder off: %s", reason)
         return None
+    routed = bound_for(model, routed)
     try:
         decoder = PersistentDecoder(model, routed=routed, backend=backend)
         decoder.warm()

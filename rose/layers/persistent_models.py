@@ -110,6 +110,11 @@ def _stack_qwen3(model) -> Stacked:
                    wemb=none, temb=none, pemb=none, eln=none, elnb=none, token_types=False)
 
 
+def is_encoder(model) -> bool:
+    """A BERT-style encoder (else a Qwen3-style decoder)."""
+    return _bert_layers(model) is not None
+
+
 def _bert_layers(model):
     layers = getattr(getattr(model, "encoder", None), "layer", None)
     if layers and hasattr(layers[0], "attention") and hasattr(layers[0], "intermediate"):

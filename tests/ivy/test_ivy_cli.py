@@ -220,7 +220,7 @@ def test_tokenizer_bpe_whole_chars_reaches_the_gateways_tokenizer() -> None:
         gateways = (Gateway(config_from_args(IvyConfig, {}, "IVY", environ=env)),
                     Gateway(IvyConfig(replicas=("127.0.0.1:1",))))
         try:
-            assert [g.tokenizer.bpe_whole_chars for g in gateways] == [0, 4096]
+            assert [g.tokenizer.bpe_whole_chars for g in gateways] == [0, 32768]
         finally:
             for g in gateways:
                 g.encoder.close()

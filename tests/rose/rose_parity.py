@@ -89,8 +89,9 @@ def attention_written_out(q, k, v, lengths, causal, window, scale):
     return torch.cat(out)
 
 
-def persistent_engine_parity(tiny: TinyModel, seqs: Sequence[Sequence[int]], ref: np.ndarray) -> dict:
-    """A GPU engine with ROSE_PERSISTENT_DECODER=on embeds `seqs` three times (the layout's eager warm-up, its
+def persistent_engine_parity(tiny: TinyModel, seqs: Sequence[Sequence[int]], ref: np.ndarray,
+                             routed: str = "on") -> dict:
+    """A GPU engine with ROSE_PERSISTENT_DECODER=`routed` embeds `seqs` three times (the layout's eager warm-up, its
     checked capture, a replay) and once eagerly at its exact size. Returns the worst divergence from `ref` per
     way, how many forwards the persistent kernel had run after each of the three, each forward's steps, its step
     count and the engine's stats; AssertionError when the kernel did not attach."""
@@ -98,7 +99,7 @@ def persistent_engine_parity(tiny: TinyModel, seqs: Sequence[Sequence[int]], ref
     from rose.engine import Engine
 
     engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", prewarm=(), graph_manifest=None,
-                                    persistent_decoder="on")
+                                    persistent_decoder=routed)
     try:
         decoder = engine.runner.model.persistent
         assert decoder is not None, "the persistent decoder did not attach (its log line says why)"

@@ -127,12 +127,14 @@ def test_pythons_regex_cuts_the_pieces_tokenizers_cuts(regex) -> None:
         assert ours.findall(text) == [p for p, _ in theirs.pre_tokenize_str(text)], repr(text)
 
 
-def test_a_medium_text_is_encoded_whole_through_the_cache_a_long_one_in_pieces(qwen_json, tmp_path) -> None:
+def test_a_text_the_cache_takes_is_encoded_whole_through_it_up_to_the_bound(qwen_json, tmp_path) -> None:
     tok = _tokenizer(qwen_json, tmp_path / "long")
-    assert tok.word_cache is not None and tok.bpe_whole_chars == 4096
-    assert tok.takes_whole("plain ascii " * 300)  # 3600 characters
-    assert not tok.takes_whole("plain ascii " * 1000), "12 000 characters: in pieces"
+    assert tok.word_cache is not None and tok.bpe_whole_chars == 32768
+    assert tok.takes_whole("plain ascii " * 1000)  # 12 000 characters (~3 000 tokens)
+    assert not tok.takes_whole("plain ascii " * 3000), "36 000 characters: over the cache's call, in pieces"
     assert not tok.takes_whole("café " * 300), "a text the cache refuses is cut as before"
+    bounded = _tokenizer(qwen_json, tmp_path / "bounded", bpe_whole_chars=4096)
+    assert bounded.takes_whole("plain ascii " * 300) and not bounded.takes_whole("plain ascii " * 1000)
     never = _tokenizer(qwen_json, tmp_path / "never", bpe_whole_chars=0)
     assert not never.takes_whole("plain ascii " * 300)
 

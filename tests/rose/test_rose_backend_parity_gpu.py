@@ -78,7 +78,7 @@ def test_whole_model_parity_with_transformers(attention, qwen3):
 
 
 def test_persistent_decoder_parity_with_transformers(qwen3):
-    """ROSE_PERSISTENT_DECODER=on: a batch of up to 64 tokens runs every decoder layer in the persistent kernel
+    """ROSE_PERSISTENT_DECODER=on: a batch of up to 128 tokens runs every decoder layer in the persistent kernel
     (rose.layers.persistent_decoder), eagerly, captured and replayed, within the same bar of transformers."""
     from rose_parity import persistent_engine_parity, reference_rows
 

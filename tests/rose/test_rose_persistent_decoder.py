@@ -35,7 +35,7 @@ def test_unsupported_decoders_are_named():
 
 
 def test_the_setting_reads_off_on_or_a_token_bound(monkeypatch):
-    from rose.layers.persistent_decoder import MAX_TOKENS, ROUTED_TOKENS, routed_tokens
+    from rose.layers.persistent_decoder import MAX_TOKENS, ON, routed_tokens
 
     monkeypatch.setenv("ROSE_PERSISTENT_DECODER", "48")
     assert routed_tokens(None) == 48  # a library caller's None: the variable
@@ -43,7 +43,7 @@ def test_the_setting_reads_off_on_or_a_token_bound(monkeypatch):
     assert routed_tokens(None) == 0
 
     assert routed_tokens("") == routed_tokens("off") == routed_tokens("0") == 0
-    assert routed_tokens("on") == routed_tokens("1") == routed_tokens("TRUE") == ROUTED_TOKENS
+    assert routed_tokens("on") == routed_tokens("1") == routed_tokens("TRUE") == ON  # the family's bound: attach
     assert routed_tokens("32") == 32 and routed_tokens(str(MAX_TOKENS)) == MAX_TOKENS
     for bad in ("129", "fast", "-4"):
         with pytest.raises(ValueError, match="persistent_decoder"):
@@ -164,6 +164,22 @@ def test_attach_refuses_what_it_cannot_serve(monkeypatch):
     with torch.device("meta"):
         wide = Qwen3Model({**cfg, "head_dim": 256}, causal=True)
     assert "head_dim 256" in persistent_decoder.unsupported(wide)
+
+
+def test_on_routes_each_family_up_to_where_it_was_measured_faster():
+    import torch
+
+    from rose.layers.persistent_decoder import ON, bound_for
+    from rose.models.bert import BertModel
+    from rose.models.qwen3 import Qwen3Model
+
+    with torch.device("meta"):
+        qwen3 = Qwen3Model({"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+                            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}, causal=True)
+        bert = BertModel({"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "max_position_embeddings": 64})
+    assert bound_for(qwen3, ON) == 128 and bound_for(bert, ON) == 16
+    assert bound_for(qwen3, 32) == bound_for(bert, 32) == 32 and bound_for(bert, 0) == 0
 
 
 def test_tiles_that_do_not_divide_a_projection_are_refused():
