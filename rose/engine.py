@@ -81,8 +81,9 @@ class Engine:
         captured and verified by warmup(). graph_manifest: "auto" = beside the model, None = off. On CUDA the
         Triton kernel variants the kernel manifest lists ("auto": rose_kernels.json beside the model; a path;
         None = off) compile in worker processes while the weights load, and this start's are recorded there
-        (rose.kernel_ahead, rose.kernel_manifest). persistent_decoder: off, on or a token bound: small batches of a
-        Qwen3 model run every decoder layer in one persistent kernel (rose.layers.persistent_decoder); None = the
+        (rose.kernel_ahead, rose.kernel_manifest). persistent_decoder: off, on (each family's measured bound: Qwen3
+        128 tokens, BERT-style encoders 16) or a token bound: small batches of a Qwen3 model or a BERT-style
+        encoder run every layer in one persistent kernel (rose.layers.persistent_decoder); None = the
         ROSE_PERSISTENT_DECODER variable, else off."""
         use_kernel_cache()  # ROSE_KERNEL_CACHE_DIR: JIT caches (Triton's too) there, before anything compiles
         spec = load_spec(model_dir, model_id)

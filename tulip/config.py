@@ -45,7 +45,7 @@ class TulipConfig:
     persistent_decoder: str = _f("off", "Qwen3 models and BERT-style encoders on CUDA: on = batches of up to 128 "
                                         "tokens (Qwen3) or 16 (BERT-style), where it beat their layers; N = up to "
                                         "N tokens (at most 128); every layer in one persistent kernel "
-                                        "(rose/layers/persistent_decoder.py; Qwen3-0.6B 13 % faster at 64 and 128 "
+                                        "(rose/layers/persistent_decoder.py; Qwen3-0.6B 9-15 % faster at 16-128 "
                                         "tokens on the H200); off = the layer-by-layer kernels")
     max_batch_tokens: int = _f(
         0, "token budget of one batch; a longer sequence runs alone; 0 = by device: 8192 on a GPU, 2048 on a CPU")

@@ -45,10 +45,9 @@ a green context) fails warm-up instead of hanging the device; a stall in serving
 launch each, no barrier: the CPU tests (Triton's interpreter runs programs one after another, so a barrier
 between several never opens: it stalls) and the A/B of barriers against launches.
 
-Measured on the H200 (NOTES): per graph replay 23 % under the layers at 16 tokens, level at 64, 1.76 x over
-them at 128; through the engine 1.156 -> 1.018 ms at 16 tokens. Hence opt-in, batches of up to 64 tokens. (Since
-that run, not yet measured: the RoPE table is computed once per forward instead of inside every attention item,
-whose unrolled libdevice cos/sin was most of the kernel's code at 128 tokens.)
+Measured on the H200 at 11c8496 (NOTES, "Heads a step of their own"): the 0.6B's replay 21 / 14 / 7 % under the
+layers at 16 / 64 / 128 tokens; through the engine, host to host, 9-15 % faster up to 128 tokens. all-MiniLM's:
+21 % faster at 16 tokens, slower from 64. Hence opt-in, each family up to where it won (ROUTED_TOKENS).
 """
 
 from __future__ import annotations
@@ -86,7 +85,7 @@ MAX_TOKENS = 128
 SPIN_LIMIT = 1 << 21  # reads a barrier waits before it calls the grid stalled: ~1-2 s on the H200, ~1000 x a forward
 ON = -1  # routed_tokens("on"): attach routes the family's ROUTED_TOKENS
 # ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, by family, up to where it beat the layers through the
-# engine on the H200 (11c8496, host to host: Qwen3-0.6B -13 % at 64 and 128 tokens; all-MiniLM -21 % at 16, level
+# engine on the H200 (11c8496, host to host: Qwen3-0.6B -9 to -15 % at 16-128 tokens; all-MiniLM -21 % at 16, level
 # at 32, +15 % at 64 and +39 % at 128)
 ROUTED_TOKENS = {"decoder": 128, "encoder": 16}
 
@@ -319,6 +318,8 @@ def attach(model, backend, routed: int) -> PersistentDecoder | None:
     Returns it, or None with the reason logged."""
     if routed == 0 or triton is None or not hasattr(model, "persistent"):
         return None
+    if routed < 0 and routed != ON:
+        raise ValueError(f"persistent decoder: {routed} tokens (off 0, on {ON}, or a bound of 2 to {MAX_TOKENS})")
     weight = next(model.parameters())
     reason = unsupported(model) or ("weights not on CUDA" if not weight.is_cuda else None) or (
         None if weight.dtype in (torch.bfloat16, torch.float16) else f"{weight.dtype} weights (bf16 or fp16 only)")

@@ -169,6 +169,7 @@ def test_attach_refuses_what_it_cannot_serve(monkeypatch):
 def test_on_routes_each_family_up_to_where_it_was_measured_faster():
     import torch
 
+    from rose.layers import persistent_decoder
     from rose.layers.persistent_decoder import ON, bound_for
     from rose.models.bert import BertModel
     from rose.models.qwen3 import Qwen3Model
@@ -180,6 +181,8 @@ def test_on_routes_each_family_up_to_where_it_was_measured_faster():
                           "num_attention_heads": 2, "max_position_embeddings": 64})
     assert bound_for(qwen3, ON) == 128 and bound_for(bert, ON) == 16
     assert bound_for(qwen3, 32) == bound_for(bert, 32) == 32 and bound_for(bert, 0) == 0
+    with pytest.raises(ValueError, match="-5 tokens"):
+        persistent_decoder.attach(qwen3, object(), -5)  # neither off, on nor a bound
 
 
 def test_tiles_that_do_not_divide_a_projection_are_refused():
