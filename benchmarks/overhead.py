@@ -38,6 +38,7 @@ from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "benchmarks" / "corpus" / "stdlib_docstrings.txt"
 FACTORY = f"{REPO / 'benchmarks' / 'zero_engine.py'}:ZeroEngine.from_pretrained"
 TICK = os.sysconf("SC_CLK_TCK")
 EMBED = "/v1/embeddings"
@@ -91,12 +92,19 @@ def children(pid: int) -> list[int]:
 
 
 def text_of_tokens(tokenizer: Tokenizer, n: int) -> str:
-    """A text that tokenizes to exactly n ids (special tokens included)."""
+    """A text that tokenizes to exactly n ids (special tokens included) where the test words are one token each
+    (WordPiece); else the longest prefix of the benchmarks' corpus with at most n ids (a byte-level BPE)."""
     specials = len(tokenizer.encode("", 1 << 30).ids)
     words = ["alpha", "river", "stone", "light", "cloud", "green", "house", "table"]
     text = " ".join(words[i % len(words)] for i in range(n - specials))
-    assert len(tokenizer.encode(text, 1 << 30).ids) == n, "pick single-token words for this tokenizer"
-    return text
+    if len(tokenizer.encode(text, 1 << 30).ids) == n:
+        return text
+    corpus = CORPUS.read_text().split(" ")
+    lo, hi = 0, min(len(corpus), 4 * n)
+    while lo < hi:  # the most corpus words whose text has at most n ids
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if len(tokenizer.encode(" ".join(corpus[:mid]), 1 << 30).ids) <= n else (lo, mid - 1)
+    return " ".join(corpus[:lo])
 
 
 def _shadow_accelerators() -> str:
