@@ -39,7 +39,7 @@ class EngineConfig:
     prewarm: str = field(default="128x1,512x1,2048x8,singles:512,mix:48", metadata={"help": "TOKENSxSEQS keys and named sets (singles:N, mix:K; rose/prewarm_sets.py) whose graphs are captured and verified before ready"})
     graph_manifest: str | None = field(default="auto", metadata={"help": "hot-layout manifest file to prewarm from and record to; auto = beside the model; empty = off"})
     kernel_manifest: str | None = field(default="auto", metadata={"help": "Triton kernel manifest to compile ahead from and record to (rose.kernel_ahead); auto = rose_kernels.json beside the model; empty = off"})
-    persistent_decoder: str = field(default="off", metadata={"help": "Qwen3 models and BERT-style encoders on CUDA: on = batches of up to 128 tokens (Qwen3) or 16 tokens (BERT-style, where it beat their layers), N = up to N tokens (at most 128), run every layer in one persistent kernel (rose/layers/persistent_decoder.py; Qwen3-0.6B 9-15 % faster at 16-128 tokens on the H200); off = the layer-by-layer kernels"})
+    persistent_decoder: str = field(default="off", metadata={"help": "Qwen3 models and BERT-style encoders on CUDA: on = batches of up to 128 tokens (Qwen3) or 16 tokens (BERT-style, where it beat their layers), auto = only the layer shapes measured faster (Qwen3-0.6B's up to 128, all-MiniLM's up to 16), N = up to N tokens (at most 128), run every layer in one persistent kernel (rose/layers/persistent_decoder.py; Qwen3-0.6B 9-15 % faster at 16-128 tokens on the H200); off = the layer-by-layer kernels"})
 
 
 def load_engine(model_dir: str, cfg: EngineConfig):

@@ -43,8 +43,9 @@ class TulipConfig:
     dtype: str = _f("", "float32, bfloat16 or float16; empty = ROSE's default for the device")
     attention: str = _f("auto", "attention backend for ROSE (auto = its measured choice per model)")
     persistent_decoder: str = _f("off", "Qwen3 models and BERT-style encoders on CUDA: on = batches of up to 128 "
-                                        "tokens (Qwen3) or 16 (BERT-style), where it beat their layers; N = up to "
-                                        "N tokens (at most 128); every layer in one persistent kernel "
+                                        "tokens (Qwen3) or 16 (BERT-style), where it beat their layers; auto = the "
+                                        "measured shapes only (Qwen3-0.6B's, all-MiniLM's); N = up to N tokens "
+                                        "(at most 128); every layer in one persistent kernel "
                                         "(rose/layers/persistent_decoder.py; Qwen3-0.6B 9-15 % faster at 16-128 "
                                         "tokens on the H200); off = the layer-by-layer kernels")
     max_batch_tokens: int = _f(

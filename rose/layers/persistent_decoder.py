@@ -88,12 +88,18 @@ ON = -1  # routed_tokens("on"): attach routes the family's ROUTED_TOKENS
 # engine on the H200 (11c8496, host to host: Qwen3-0.6B -9 to -15 % at 16-128 tokens; all-MiniLM -21 % at 16, level
 # at 32, +15 % at 64 and +39 % at 128)
 ROUTED_TOKENS = {"decoder": 128, "encoder": 16}
+AUTO = -2  # routed_tokens("auto"): attach routes MEASURED's bound for the model's shape, else nothing
+# ROSE_PERSISTENT_DECODER=auto: (family, heads, kv heads, head dim, hidden, inner) -> the bound where the kernel beat
+# the layers through the engine on the H200 (11c8496): Qwen3-0.6B's and all-MiniLM-L6's layer shapes; a shape not
+# measured takes the layers (Qwen3-4B's wider GEMM phases may want other tiles)
+MEASURED = {("decoder", 16, 8, 128, 1024, 3072): 128, ("encoder", 12, 12, 32, 384, 1536): 16}
 
 
 def routed_tokens(raw: str | None) -> int:
     """The persistent_decoder setting (EngineConfig, TulipConfig; None: the ROSE_PERSISTENT_DECODER variable) ->
     the largest batch in tokens routed to it: off (default; 0, false) -> 0, on (1, true) -> ON (the family's
-    ROUTED_TOKENS, chosen by attach), or a number of tokens from 2 to MAX_TOKENS."""
+    ROUTED_TOKENS, chosen by attach), auto -> AUTO (MEASURED's bound for the model's shape, else off), or a
+    number of tokens from 2 to MAX_TOKENS."""
     if raw is None:
         raw = os.environ.get("ROSE_PERSISTENT_DECODER", "")
     raw = raw.strip().lower()
@@ -101,9 +107,11 @@ def routed_tokens(raw: str | None) -> int:
         return 0
     if raw in ("1", "on", "true", "yes"):
         return ON
+    if raw == "auto":
+        return AUTO
     if raw.isdigit() and 2 <= int(raw) <= MAX_TOKENS:
         return int(raw)
-    raise ValueError(f"persistent_decoder {raw!r}: expected off, on or a token count of 2 to {MAX_TOKENS}")
+    raise ValueError(f"persistent_decoder {raw!r}: expected off, on, auto or a token count of 2 to {MAX_TOKENS}")
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # Triton's interpreter: no inline assembly
@@ -306,20 +314,25 @@ class Workspace:
 
 
 def bound_for(model, routed: int) -> int:
-    """routed_tokens' setting -> the largest batch routed to the kernel for this model (ON: its family's)."""
-    return ROUTED_TOKENS["encoder" if is_encoder(model) else "decoder"] if routed == ON else routed
+    """routed_tokens' setting -> the largest batch routed to the kernel for this (supported) model: ON its
+    family's, AUTO its shape's measured bound (0: not measured)."""
+    family = "encoder" if is_encoder(model) else "decoder"
+    if routed == ON:
+        return ROUTED_TOKENS[family]
+    return MEASURED.get((family, *shapes(model)), 0) if routed == AUTO else routed
 
 
 def attach(model, backend, routed: int) -> PersistentDecoder | None:
-    """Where `routed` (tokens, or ON: routed_tokens) is not 0, the model is supported (a Qwen3 decoder or a BERT-style
+    """Where `routed` (tokens, ON or AUTO: routed_tokens) is not 0, the model is supported (a Qwen3 decoder or a BERT-style
     encoder: persistent_models.unsupported) and its weights are bf16 or fp16 on CUDA: build the persistent
     decoder, compile and launch it for every token block it will serve (warm), and set it as `model.persistent`
     (the model's forward then runs batches of up to `routed` tokens through it, with `backend`'s forwards only).
     Returns it, or None with the reason logged."""
     if routed == 0 or triton is None or not hasattr(model, "persistent"):
         return None
-    if routed < 0 and routed != ON:
-        raise ValueError(f"persistent decoder: {routed} tokens (off 0, on {ON}, or a bound of 2 to {MAX_TOKENS})")
+    if routed < 0 and routed not in (ON, AUTO):
+        raise ValueError(f"persistent decoder: {routed} tokens (off 0, on {ON}, auto {AUTO}, or a bound of 2 to "
+                         f"{MAX_TOKENS})")
     weight = next(model.parameters())
     reason = unsupported(model) or ("weights not on CUDA" if not weight.is_cuda else None) or (
         None if weight.dtype in (torch.bfloat16, torch.float16) else f"{weight.dtype} weights (bf16 or fp16 only)")
@@ -327,6 +340,9 @@ def attach(model, backend, routed: int) -> PersistentDecoder | None:
         log.info("persistent decoder off: %s", reason)
         return None
     routed = bound_for(model, routed)
+    if not routed:
+        log.info("persistent decoder off: auto, and this layer shape %s was not measured faster", shapes(model))
+        return None
     try:
         decoder = PersistentDecoder(model, routed=routed, backend=backend)
         decoder.warm()

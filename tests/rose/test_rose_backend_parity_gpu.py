@@ -58,7 +58,7 @@ def test_whole_model_parity_with_transformers(attention, qwen3):
     tiny, seqs, ref = qwen3
     backend_or_skip(attention, AttentionShape(16, 8, 128, causal=not tiny.bidirectional_mask))  # skip early
     engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", attention=attention, prewarm=(),
-                                    graph_manifest=None)
+                                    graph_manifest=None, persistent_decoder="off")  # the backend's attention
     try:
         assert engine.info.attention_backend == attention and engine.runner.graphs is not None
         runner, hows, worst = engine.runner, [], {}

@@ -35,7 +35,7 @@ def test_unsupported_decoders_are_named():
 
 
 def test_the_setting_reads_off_on_or_a_token_bound(monkeypatch):
-    from rose.layers.persistent_decoder import MAX_TOKENS, ON, routed_tokens
+    from rose.layers.persistent_decoder import AUTO, MAX_TOKENS, ON, routed_tokens
 
     monkeypatch.setenv("ROSE_PERSISTENT_DECODER", "48")
     assert routed_tokens(None) == 48  # a library caller's None: the variable
@@ -44,6 +44,7 @@ def test_the_setting_reads_off_on_or_a_token_bound(monkeypatch):
 
     assert routed_tokens("") == routed_tokens("off") == routed_tokens("0") == 0
     assert routed_tokens("on") == routed_tokens("1") == routed_tokens("TRUE") == ON  # the family's bound: attach
+    assert routed_tokens("Auto") == AUTO  # the measured shapes' bounds
     assert routed_tokens("32") == 32 and routed_tokens(str(MAX_TOKENS)) == MAX_TOKENS
     for bad in ("129", "fast", "-4"):
         with pytest.raises(ValueError, match="persistent_decoder"):
@@ -170,7 +171,7 @@ def test_on_routes_each_family_up_to_where_it_was_measured_faster():
     import torch
 
     from rose.layers import persistent_decoder
-    from rose.layers.persistent_decoder import ON, bound_for
+    from rose.layers.persistent_decoder import AUTO, ON, bound_for
     from rose.models.bert import BertModel
     from rose.models.qwen3 import Qwen3Model
 
@@ -181,6 +182,14 @@ def test_on_routes_each_family_up_to_where_it_was_measured_faster():
                           "num_attention_heads": 2, "max_position_embeddings": 64})
     assert bound_for(qwen3, ON) == 128 and bound_for(bert, ON) == 16
     assert bound_for(qwen3, 32) == bound_for(bert, 32) == 32 and bound_for(bert, 0) == 0
+    assert bound_for(qwen3, AUTO) == bound_for(bert, AUTO) == 0  # shapes never measured: the layers
+    with torch.device("meta"):
+        qwen3_06b = Qwen3Model({"vocab_size": 50, "hidden_size": 1024, "intermediate_size": 3072,
+                                "num_hidden_layers": 1, "num_attention_heads": 16, "num_key_value_heads": 8,
+                                "head_dim": 128}, causal=False)
+        minilm = BertModel({"vocab_size": 50, "hidden_size": 384, "intermediate_size": 1536, "num_hidden_layers": 1,
+                            "num_attention_heads": 12, "max_position_embeddings": 64})
+    assert bound_for(qwen3_06b, AUTO) == 128 and bound_for(minilm, AUTO) == 16
     with pytest.raises(ValueError, match="-5 tokens"):
         persistent_decoder.attach(qwen3, object(), -5)  # neither off, on nor a bound
 
