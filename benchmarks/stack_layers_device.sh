@@ -4,6 +4,7 @@
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-layers     # STEP=layers (GPU_TESTS=0: no tests; SUITES=embed-latency,concurrency: those only)
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-ab         # STEP=ab
 #   BASE=48731df; rm -rf .base && mkdir .base && git archive $BASE ivy tulip rose protos | tar -x -C .base
+#   (STEP=commits took ~8 min on an H100 host with every layer and level: LAYERS, EMBED and LEVELS narrow it)
 #   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh stack-commits
 # Prints one table last. Results: $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
 # $OUT/stack_ab_qwen3-0.6b.tgz (STEP=ab: each variant's stack_layers_qwen3-0.6b_<variant>.json; their PNGs are dropped), $OUT/stack_layers_qwen3-0.6b_{base,head}{1,2}.json
@@ -66,8 +67,8 @@ elif [ "${STEP}" = commits ]; then
       # warm cores off on both sides: the code is compared, not the host's cores (the flag is auto since 817e29d)
       start_stack $side$round PYTHONPATH=/tmp/site:$path IVY_UP_WARM_CORES=off python3 -m ivy up
       cd - > /dev/null
-      layers $side$round $metrics1 --layers ivy-text,ivy-ids,tulip-grpc --suite embed-latency,concurrency \
-        --embed-tokens 128,4096 --duration-s ${DURATION:-2}
+      layers $side$round $metrics1 --layers ${LAYERS:-ivy-text,ivy-ids,tulip-grpc} --suite embed-latency,concurrency \
+        --embed-tokens ${EMBED:-128,4096} --concurrency-levels ${LEVELS:-1,2,4,8,16} --duration-s ${DURATION:-2}
       stop_stack $side$round
     done
   done
