@@ -28,7 +28,7 @@ from rose.head import OutputOptions, apply_head
 from rose.kernel_cache import use_kernel_cache
 from rose.kernel_manifest import Recorder
 from rose.graphs import probe_batch
-from rose.layers.persistent_decoder import routed_tokens
+from rose.persistent_routing import routed_tokens
 from rose.lazy import LazyTensor, PinnedPool
 from rose.runner import ModelRunner
 from rose.retrieval_head import attach_retrieval_heads

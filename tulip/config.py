@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rose.log_format import check_format
+from rose.persistent_routing import routed_tokens
 
 ENV_PREFIX = "TULIP"
 GPU_BATCH_TOKENS = 8192
@@ -164,6 +165,7 @@ class TulipConfig:
             raise ValueError(f"framed_max_connections must be at least 1, got {self.framed_max_connections}")
         if self.shutdown_timeout_s < 0:
             raise ValueError("shutdown_timeout_s must not be negative")
+        routed_tokens(self.persistent_decoder)  # ValueError naming the setting and what it takes
         if self.pack_ahead_ms < 0:
             raise ValueError(f"pack_ahead_ms must be 0 (pack at once) or positive, got {self.pack_ahead_ms}")
         if not 0 < self.request_share <= 1:

@@ -47,7 +47,7 @@ between several never opens: it stalls) and the A/B of barriers against launches
 
 Measured on the H200 at 11c8496 (NOTES, "Heads a step of their own"): the 0.6B's replay 21 / 14 / 7 % under the
 layers at 16 / 64 / 128 tokens; through the engine, host to host, 9-15 % faster up to 128 tokens. all-MiniLM's:
-21 % faster at 16 tokens, slower from 64. Hence opt-in, each family up to where it won (ROUTED_TOKENS).
+21 % faster at 16 tokens, slower from 64. Hence opt-in, each family up to where it won (rose.persistent_routing).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ import torch
 
 from rose.layers.persistent_models import is_encoder, shapes, stack, unsupported
 from rose.layers.persistent_tiles import Tiles, fit_tiles
+from rose.persistent_routing import AUTO, MAX_TOKENS, MEASURED, ON, ROUTED_TOKENS
 
 try:
     import triton
@@ -81,39 +82,7 @@ def layer_kinds(heads: bool) -> tuple[int, ...]:
     return (0, 1, HEADS_KIND, 2, 3, 4, 5, 6) if heads else (0, 1, 2, 3, 4, 5, 6)
 
 
-MAX_TOKENS = 128
 SPIN_LIMIT = 1 << 21  # reads a barrier waits before it calls the grid stalled: ~1-2 s on the H200, ~1000 x a forward
-ON = -1  # routed_tokens("on"): attach routes the family's ROUTED_TOKENS
-# ROSE_PERSISTENT_DECODER=on: the largest batch routed to it, by family, up to where it beat the layers through the
-# engine on the H200 (11c8496, host to host: Qwen3-0.6B -9 to -15 % at 16-128 tokens; all-MiniLM -21 % at 16, level
-# at 32, +15 % at 64 and +39 % at 128)
-ROUTED_TOKENS = {"decoder": 128, "encoder": 16}
-AUTO = -2  # routed_tokens("auto"): attach routes MEASURED's bound for the model's shape, else nothing
-# ROSE_PERSISTENT_DECODER=auto: (family, heads, kv heads, head dim, hidden, inner) -> the bound where the kernel beat
-# the layers through the engine on the H200 (11c8496): Qwen3-0.6B's and all-MiniLM-L6's layer shapes; a shape not
-# measured takes the layers (Qwen3-4B's wider GEMM phases may want other tiles)
-MEASURED = {("decoder", 16, 8, 128, 1024, 3072): 128, ("encoder", 12, 12, 32, 384, 1536): 16}
-
-
-def routed_tokens(raw: str | None) -> int:
-    """The persistent_decoder setting (EngineConfig, TulipConfig; None: the ROSE_PERSISTENT_DECODER variable) ->
-    the largest batch in tokens routed to it: off (default; 0, false) -> 0, on (1, true) -> ON (the family's
-    ROUTED_TOKENS, chosen by attach), auto -> AUTO (MEASURED's bound for the model's shape, else off), or a
-    number of tokens from 2 to MAX_TOKENS."""
-    if raw is None:
-        raw = os.environ.get("ROSE_PERSISTENT_DECODER", "")
-    raw = raw.strip().lower()
-    if raw in ("", "0", "off", "false", "no"):
-        return 0
-    if raw in ("1", "on", "true", "yes"):
-        return ON
-    if raw == "auto":
-        return AUTO
-    if raw.isdigit() and 2 <= int(raw) <= MAX_TOKENS:
-        return int(raw)
-    raise ValueError(f"persistent_decoder {raw!r}: expected off, on, auto or a token count of 2 to {MAX_TOKENS}")
-
-
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # Triton's interpreter: no inline assembly
 log = logging.getLogger("rose.persistent_decoder")
 

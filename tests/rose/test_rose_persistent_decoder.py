@@ -35,7 +35,7 @@ def test_unsupported_decoders_are_named():
 
 
 def test_the_setting_reads_off_on_or_a_token_bound(monkeypatch):
-    from rose.layers.persistent_decoder import AUTO, MAX_TOKENS, ON, routed_tokens
+    from rose.persistent_routing import AUTO, MAX_TOKENS, ON, routed_tokens
 
     monkeypatch.setenv("ROSE_PERSISTENT_DECODER", "48")
     assert routed_tokens(None) == 48  # a library caller's None: the variable
@@ -49,6 +49,17 @@ def test_the_setting_reads_off_on_or_a_token_bound(monkeypatch):
     for bad in ("129", "fast", "-4"):
         with pytest.raises(ValueError, match="persistent_decoder"):
             routed_tokens(bad)
+
+
+def test_the_configs_refuse_a_bad_setting_when_made():
+    """`tulip serve --persistent-decoder fast` ends at once naming the setting, not in the engine's start."""
+    from rose.cli import EngineConfig
+    from tulip.config import TulipConfig
+
+    for config in (TulipConfig, EngineConfig):
+        with pytest.raises(ValueError, match="persistent_decoder 'fast': expected off, on, auto"):
+            config(persistent_decoder="fast")
+        assert config(persistent_decoder="auto").persistent_decoder == "auto"
 
 
 def test_forward_routes_small_batches_of_its_own_backend_only():
@@ -171,7 +182,8 @@ def test_on_routes_each_family_up_to_where_it_was_measured_faster():
     import torch
 
     from rose.layers import persistent_decoder
-    from rose.layers.persistent_decoder import AUTO, ON, bound_for
+    from rose.layers.persistent_decoder import bound_for
+    from rose.persistent_routing import AUTO, ON
     from rose.models.bert import BertModel
     from rose.models.qwen3 import Qwen3Model
 
