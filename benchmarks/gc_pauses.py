@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--model", default=str(bundled_model_dir()), help="model folder (ROSE on the CPU)")
     parser.add_argument("--json", default="", help="write the rows here too")
     args = parser.parse_args()
-    text = text_of_tokens(Tokenizer(load_spec(args.model)), args.tokens)
+    text = text_of_tokens(Tokenizer(load_spec(args.model)), args.tokens, args.model)
     body = {"input": [text], "encoding_format": "base64"}
     rows = []
     for _ in range(args.rounds):

@@ -32,13 +32,13 @@ import grpc
 import numpy as np
 import orjson
 
+from benchmarks.stack.corpus import Corpus, TokenCounter
 from ivy.http_connection import Connection, HTTPError, Response
 from protos import embed_pb2, embed_pb2_grpc
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "benchmarks" / "corpus" / "stdlib_docstrings.txt"
 FACTORY = f"{REPO / 'benchmarks' / 'zero_engine.py'}:ZeroEngine.from_pretrained"
 TICK = os.sysconf("SC_CLK_TCK")
 EMBED = "/v1/embeddings"
@@ -91,20 +91,18 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in out]
 
 
-def text_of_tokens(tokenizer: Tokenizer, n: int) -> str:
-    """A text that tokenizes to exactly n ids (special tokens included) where the test words are one token each
-    (WordPiece); else the longest prefix of the benchmarks' corpus with at most n ids (a byte-level BPE)."""
+def text_of_tokens(tokenizer: Tokenizer, n: int, model_dir: str) -> str:
+    """A text that tokenizes to exactly n ids (special tokens included): test words of one token each where the
+    tokenizer has them (WordPiece), else a prefix of the stack's corpus (a byte-level BPE)."""
     specials = len(tokenizer.encode("", 1 << 30).ids)
     words = ["alpha", "river", "stone", "light", "cloud", "green", "house", "table"]
     text = " ".join(words[i % len(words)] for i in range(n - specials))
     if len(tokenizer.encode(text, 1 << 30).ids) == n:
         return text
-    corpus = CORPUS.read_text().split(" ")
-    lo, hi = 0, min(len(corpus), 4 * n)
-    while lo < hi:  # the most corpus words whose text has at most n ids
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if len(tokenizer.encode(" ".join(corpus[:mid]), 1 << 30).ids) <= n else (lo, mid - 1)
-    return " ".join(corpus[:lo])
+    text = TokenCounter(model_dir).cut("\n\n".join(Corpus.load().paragraphs), n)
+    if text is None:
+        raise SystemExit(f"no prefix of the corpus is exactly {n} tokens for this tokenizer")
+    return text
 
 
 def _shadow_accelerators() -> str:
@@ -330,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model_dir = args.model or str(bundled_model_dir())
     tokenizer = Tokenizer(load_spec(model_dir))
-    text = text_of_tokens(tokenizer, args.tokens)
+    text = text_of_tokens(tokenizer, args.tokens, model_dir)
     ids = tokenizer.encode(text, 1 << 30).ids
     stack = Stack(args.ivy_workers, model_dir, args.pure_python)
     try:

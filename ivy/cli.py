@@ -59,8 +59,9 @@ def serve(config: IvyConfig) -> int:
     from ivy.connections import protocol_class
 
     # uvicorn's protocol with header size and read-timeout limits and a connection cap (ivy/connections.py).
-    common = dict(host=config.host, port=config.port, log_level=config.log_level.lower(), access_log=config.access_log,
-                  log_config=None, http=protocol_class(), timeout_keep_alive=config.keep_alive_timeout_s,
+    common = dict(host=config.host, port=config.port, log_level=config.log_level.lower(),
+                  access_log=config.access_log, log_config=None, http=protocol_class(),
+                  timeout_keep_alive=config.keep_alive_timeout_s,
                   h11_max_incomplete_event_size=config.max_header_bytes)
     if config.workers == 1:
         from ivy.app import create_app

@@ -56,7 +56,7 @@ class ModelRunner:
                  pool: PinnedPool, graphs: dict | None = None, persistent_tokens: int = 0) -> None:
         """graphs: None = eager only; else CudaGraphs keyword arguments (token_buckets, seq_buckets).
         persistent_tokens: batches of up to this many tokens run every decoder layer in one persistent kernel
-        where the model supports it (rose.layers.persistent_decoder); 0 = off, ON (-1) = its family's bound."""
+        where the model supports it (rose.layers.persistent_decoder); 0 = off, ON / AUTO: rose.persistent_routing."""
         self.spec, self.device, self.dtype, self.pool, self.attention = spec, device, dtype, pool, attention
         self.model = load_model(spec, device, dtype)
         self.backend = make_backend(attention, device, dtype, spec)

@@ -292,8 +292,8 @@ def bound_for(model, routed: int) -> int:
 
 
 def attach(model, backend, routed: int) -> PersistentDecoder | None:
-    """Where `routed` (tokens, ON or AUTO: routed_tokens) is not 0, the model is supported (a Qwen3 decoder or a BERT-style
-    encoder: persistent_models.unsupported) and its weights are bf16 or fp16 on CUDA: build the persistent
+    """Where `routed` (tokens, ON or AUTO: routed_tokens) is not 0, the model is supported (a Qwen3 decoder or a
+    BERT-style encoder: persistent_models.unsupported) and its weights are bf16 or fp16 on CUDA: build the persistent
     decoder, compile and launch it for every token block it will serve (warm), and set it as `model.persistent`
     (the model's forward then runs batches of up to `routed` tokens through it, with `backend`'s forwards only).
     Returns it, or None with the reason logged."""
