@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rose.flags import add_config_arguments, config_from_args
-from rose.persistent_routing import routed_tokens
+from rose.persistent_routing import DEFAULT_ROUTING, routed_tokens
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS, parse_layouts
 
 PREFIX = "ROSE"
@@ -40,7 +40,7 @@ class EngineConfig:
     prewarm: str = field(default="128x1,512x1,2048x8,singles:512,mix:48", metadata={"help": "TOKENSxSEQS keys and named sets (singles:N, mix:K; rose/prewarm_sets.py) whose graphs are captured and verified before ready"})
     graph_manifest: str | None = field(default="auto", metadata={"help": "hot-layout manifest file to prewarm from and record to; auto = beside the model; empty = off"})
     kernel_manifest: str | None = field(default="auto", metadata={"help": "Triton kernel manifest to compile ahead from and record to (rose.kernel_ahead); auto = rose_kernels.json beside the model; empty = off"})
-    persistent_decoder: str = field(default="off", metadata={"help": "Qwen3 models and BERT-style encoders on CUDA: on = batches of up to 128 tokens (Qwen3) or 16 tokens (BERT-style, where it beat their layers), auto = only the layer shapes measured faster (Qwen3-0.6B's up to 128, all-MiniLM's up to 16), N = up to N tokens (at most 128), run every layer in one persistent kernel (rose/layers/persistent_decoder.py; Qwen3-0.6B 9-15 % faster at 16-128 tokens on the H200); off = the layer-by-layer kernels"})
+    persistent_decoder: str = field(default=DEFAULT_ROUTING, metadata={"help": "Qwen3 models and BERT-style encoders on CUDA: auto (default) = only the layer shapes measured faster (Qwen3-0.6B's up to 128 tokens, all-MiniLM's up to 16), on = batches of up to 128 tokens (Qwen3) or 16 tokens (BERT-style, where it beat their layers), N = up to N tokens (at most 128), run every layer in one persistent kernel (rose/layers/persistent_decoder.py; Qwen3-0.6B 9-15 % faster at 16-128 tokens on the H200); off = the layer-by-layer kernels"})
 
     def __post_init__(self) -> None:
         routed_tokens(self.persistent_decoder)  # ValueError naming the setting and what it takes

@@ -82,9 +82,9 @@ class Engine:
         Triton kernel variants the kernel manifest lists ("auto": rose_kernels.json beside the model; a path;
         None = off) compile in worker processes while the weights load, and this start's are recorded there
         (rose.kernel_ahead, rose.kernel_manifest). persistent_decoder: off, on (each family's measured bound: Qwen3
-        128 tokens, BERT-style encoders 16) or a token bound: small batches of a Qwen3 model or a BERT-style
-        encoder run every layer in one persistent kernel (rose.layers.persistent_decoder); None = the
-        ROSE_PERSISTENT_DECODER variable, else off."""
+        128 tokens, BERT-style encoders 16), auto (the layer shapes measured faster) or a token bound: small batches of a Qwen3 model or a BERT-style
+        encoder run every layer in one persistent kernel (rose.layers.persistent_decoder), from warmup() on; None
+        = the ROSE_PERSISTENT_DECODER variable, else auto (the layer shapes measured faster)."""
         use_kernel_cache()  # ROSE_KERNEL_CACHE_DIR: JIT caches (Triton's too) there, before anything compiles
         spec = load_spec(model_dir, model_id)
         dev = resolve_device(device)
@@ -232,6 +232,7 @@ class Engine:
         return self.kernels_ahead_report
 
     def _warmup(self) -> list[VerifiedLayout]:
+        self.runner.warm_persistent()  # before any graph holds its layouts' forwards
         n = max(1, min(16, self.spec.max_length))
         probe = [[(7 * i + j) % self.runner.vocab_size for j in range(max(1, n - 3 * i))] for i in range(3)]
         rows = self.step(Batch.from_sequences(probe, self.spec.pooling)).result()

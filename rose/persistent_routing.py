@@ -17,15 +17,16 @@ AUTO = -2  # routed_tokens("auto"): attach routes MEASURED's bound for the model
 # the layers through the engine on the H200 (11c8496): Qwen3-0.6B's and all-MiniLM-L6's layer shapes; a shape not
 # measured takes the layers (Qwen3-4B's wider GEMM phases may want other tiles)
 MEASURED = {("decoder", 16, 8, 128, 1024, 3072): 128, ("encoder", 12, 12, 32, 384, 1536): 16}
+DEFAULT_ROUTING = "auto"  # EngineConfig's, TulipConfig's and the library's (ROSE_PERSISTENT_DECODER unset)
 
 
 def routed_tokens(raw: str | None) -> int:
     """The persistent_decoder setting (EngineConfig, TulipConfig; None: the ROSE_PERSISTENT_DECODER variable) ->
-    the largest batch in tokens routed to it: off (default; 0, false) -> 0, on (1, true) -> ON (the family's
-    ROUTED_TOKENS, chosen by attach), auto -> AUTO (MEASURED's bound for the model's shape, else off), or a
-    number of tokens from 2 to MAX_TOKENS."""
+    the largest batch in tokens routed to it: off (0, false, "") -> 0, on (1, true) -> ON (the family's
+    ROUTED_TOKENS, chosen by attach), auto (the default) -> AUTO (MEASURED's bound for the model's shape, else
+    off), or a number of tokens from 2 to MAX_TOKENS."""
     if raw is None:
-        raw = os.environ.get("ROSE_PERSISTENT_DECODER", "")
+        raw = os.environ.get("ROSE_PERSISTENT_DECODER", DEFAULT_ROUTING)
     raw = raw.strip().lower()
     if raw in ("", "0", "off", "false", "no"):
         return 0

@@ -39,6 +39,7 @@ from rose.express import ExpressLane
 from rose.graphs import CudaGraphs, layout_label
 from rose.layers import output_transform, segment_mean
 from rose.layers.persistent_decoder import attach as attach_persistent
+from rose.layers.persistent_decoder import enable as enable_persistent
 from rose.lazy import LazyTensor, PinnedBuffer, PinnedPool
 from rose.loader import load_model
 from rose.meta import ForwardMeta, HostMeta, MetaLayout, pack_batch
@@ -60,7 +61,8 @@ class ModelRunner:
         self.spec, self.device, self.dtype, self.pool, self.attention = spec, device, dtype, pool, attention
         self.model = load_model(spec, device, dtype)
         self.backend = make_backend(attention, device, dtype, spec)
-        attach_persistent(self.model, self.backend, persistent_tokens)
+        # built now, routed to once warm_persistent() has compiled and launched it (the engine's warm-up)
+        self._persistent = attach_persistent(self.model, self.backend, persistent_tokens, warm=False)
         self.pooler = segment_mean  # hidden, span_index, span_count -> rows (SPLADE: rose.retrieval_head)
         self.transform = output_transform(spec.native_int8)
         self.dimensions = spec.dimensions
@@ -124,6 +126,13 @@ class ModelRunner:
         if self.express is None:
             self.express = ExpressLane.build(self, max_tokens)
         return True
+
+    def warm_persistent(self) -> bool:
+        """Compile and launch the persistent decoder built at start (rose.layers.persistent_decoder), then route
+        small batches to it; once (the engine's warm-up, before any graph is captured, so the graphs of its
+        layouts hold it). False when there is none or it failed (the layers serve)."""
+        decoder, self._persistent = self._persistent, None
+        return decoder is not None and enable_persistent(self.model, decoder)
 
     def layer_chains(self):
         """The per-layer graph chains batches stepped layer by layer replay (rose.layer_graphs), built on first

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rose.log_format import check_format
-from rose.persistent_routing import routed_tokens
+from rose.persistent_routing import DEFAULT_ROUTING, routed_tokens
 
 ENV_PREFIX = "TULIP"
 GPU_BATCH_TOKENS = 8192
@@ -43,12 +43,12 @@ class TulipConfig:
     device: str = _f("auto", "cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU, else cpu)")
     dtype: str = _f("", "float32, bfloat16 or float16; empty = ROSE's default for the device")
     attention: str = _f("auto", "attention backend for ROSE (auto = its measured choice per model)")
-    persistent_decoder: str = _f("off", "Qwen3 models and BERT-style encoders on CUDA: on = batches of up to 128 "
-                                        "tokens (Qwen3) or 16 (BERT-style), where it beat their layers; auto = the "
-                                        "measured shapes only (Qwen3-0.6B's, all-MiniLM's); N = up to N tokens "
-                                        "(at most 128); every layer in one persistent kernel "
-                                        "(rose/layers/persistent_decoder.py; Qwen3-0.6B 9-15 % faster at 16-128 "
-                                        "tokens on the H200); off = the layer-by-layer kernels")
+    persistent_decoder: str = _f(DEFAULT_ROUTING, "Qwen3 models and BERT-style encoders on CUDA: auto (default) = the "
+                                          "layer shapes measured faster only (Qwen3-0.6B's up to 128 tokens, "
+                                          "all-MiniLM's up to 16); on = batches of up to 128 tokens (Qwen3) or 16 "
+                                          "(BERT-style); N = up to N tokens (at most 128); every layer in one "
+                                          "persistent kernel (rose/layers/persistent_decoder.py; Qwen3-0.6B 9-15 % "
+                                          "faster at 16-128 tokens on the H200); off = the layer-by-layer kernels")
     max_batch_tokens: int = _f(
         0, "token budget of one batch; a longer sequence runs alone; 0 = by device: 8192 on a GPU, 2048 on a CPU")
     max_batch_seqs: int = _f(256, "most sequences in one batch")

@@ -291,12 +291,14 @@ def bound_for(model, routed: int) -> int:
     return MEASURED.get((family, *shapes(model)), 0) if routed == AUTO else routed
 
 
-def attach(model, backend, routed: int) -> PersistentDecoder | None:
+def attach(model, backend, routed: int, warm: bool = True) -> PersistentDecoder | None:
     """Where `routed` (tokens, ON or AUTO: routed_tokens) is not 0, the model is supported (a Qwen3 decoder or a
     BERT-style encoder: persistent_models.unsupported) and its weights are bf16 or fp16 on CUDA: build the persistent
     decoder, compile and launch it for every token block it will serve (warm), and set it as `model.persistent`
     (the model's forward then runs batches of up to `routed` tokens through it, with `backend`'s forwards only).
-    Returns it, or None with the reason logged."""
+    Returns it, or None with the reason logged. warm=False: built only, not yet routed to; `enable` warms it and
+    routes to it later (the engine's warm-up: after the kernels compiled ahead, with the kernel manifest
+    recording this kernel's variants too)."""
     if routed == 0 or triton is None or not hasattr(model, "persistent"):
         return None
     if routed < 0 and routed not in (ON, AUTO):
@@ -314,10 +316,20 @@ def attach(model, backend, routed: int) -> PersistentDecoder | None:
         return None
     try:
         decoder = PersistentDecoder(model, routed=routed, backend=backend)
-        decoder.warm()
     except Exception as exc:  # noqa: BLE001 - the layer-by-layer path serves (it reads the same weights)
         log.warning("persistent decoder off: %s", exc)
         return None
+    return decoder if not warm or enable(model, decoder) else None
+
+
+def enable(model, decoder: PersistentDecoder) -> bool:
+    """Warm `decoder` (attach's, built for `model`) and route `model`'s small batches to it; False, with the
+    reason logged and the layers serving, when its launch fails or its grid stalls (fewer SMs than reported)."""
+    try:
+        decoder.warm()
+    except Exception as exc:  # noqa: BLE001 - the layer-by-layer path serves (it reads the same weights)
+        log.warning("persistent decoder off: %s", exc)
+        return False
     model.persistent = decoder
-    log.info("persistent decoder on for batches of up to %d tokens (%d programs)", routed, decoder.programs)
-    return decoder
+    log.info("persistent decoder on for batches of up to %d tokens (%d programs)", decoder.routed, decoder.programs)
+    return True

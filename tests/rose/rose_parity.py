@@ -101,6 +101,7 @@ def persistent_engine_parity(tiny: TinyModel, seqs: Sequence[Sequence[int]], ref
     engine = Engine.from_pretrained(tiny.path, device="cuda", dtype="bfloat16", prewarm=(), graph_manifest=None,
                                     persistent_decoder=routed)
     try:
+        engine.warmup()  # routes to the kernel from here on (its warm launch, then the probe batch)
         decoder = engine.runner.model.persistent
         assert decoder is not None, "the persistent decoder did not attach (its log line says why)"
         runs, run = [], decoder.run

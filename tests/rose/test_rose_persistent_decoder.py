@@ -40,7 +40,7 @@ def test_the_setting_reads_off_on_or_a_token_bound(monkeypatch):
     monkeypatch.setenv("ROSE_PERSISTENT_DECODER", "48")
     assert routed_tokens(None) == 48  # a library caller's None: the variable
     monkeypatch.delenv("ROSE_PERSISTENT_DECODER")
-    assert routed_tokens(None) == 0
+    assert routed_tokens(None) == AUTO  # unset: the default, the measured shapes only
 
     assert routed_tokens("") == routed_tokens("off") == routed_tokens("0") == 0
     assert routed_tokens("on") == routed_tokens("1") == routed_tokens("TRUE") == ON  # the family's bound: attach
@@ -161,6 +161,9 @@ def test_tulip_and_the_rose_cli_pass_the_setting_to_the_engine(monkeypatch):
     assert seen["persistent_decoder"] == "32"
     cfg = config_from_args(rose_cli.EngineConfig, {}, "ROSE", environ={"ROSE_PERSISTENT_DECODER": "on"})
     assert cfg.persistent_decoder == "on"
+    # unset, each service's default is auto (the measured shapes only), as the library's
+    assert config_from_args(TulipConfig, {}, "TULIP", environ={}).persistent_decoder == "auto"
+    assert config_from_args(rose_cli.EngineConfig, {}, "ROSE", environ={}).persistent_decoder == "auto"
 
 
 def test_attach_refuses_what_it_cannot_serve(monkeypatch):
@@ -247,3 +250,50 @@ def test_bert_encoders_are_taken_and_their_tiles_fitted():
     assert (tiles.k, tiles.split_qkv, tiles.split_od) == (128, 3, 3)
     tiles.check(384, 1152, 384, 1536)
     fit_tiles(768, 2304, 768, 3072).check(768, 2304, 768, 3072)  # BERT-base, BGE-base, E5-base
+
+
+def test_the_engine_routes_to_the_kernel_only_once_its_warm_up_launched_it(tiny_models, caplog):
+    """The runner builds the decoder at start but routes to it only from the engine's warm-up on (after the kernels
+    compiled ahead, the kernel manifest recording its variants), before the warm-up's first step; a warm that fails
+    (a launch, a grid that stalls) leaves the layers serving, logged."""
+    from rose.engine import Engine
+    from rose.layers.persistent_decoder import enable
+
+    order = []
+
+    class Decoder:
+        backend, routed, programs = None, 128, 4
+
+        def __init__(self, fail=False):
+            self.fail = fail
+
+        def warm(self):
+            order.append("warm")
+            if self.fail:
+                raise RuntimeError("the grid barrier stalled at 16 tokens")
+            return 1
+
+        def fits(self, tokens):  # never routed here: the CPU's layers serve the probe
+            order.append("fits")
+            return False
+
+    model = types.SimpleNamespace(persistent=None)
+    with caplog.at_level("WARNING", logger="rose.persistent_decoder"):
+        assert enable(model, Decoder(fail=True)) is False and model.persistent is None
+    assert "persistent decoder off: the grid barrier stalled" in caplog.text
+    good = Decoder()
+    assert enable(model, good) is True and model.persistent is good
+
+    engine = Engine.from_pretrained(tiny_models["qwen3"].path, device="cpu", cuda_graphs=False)
+    try:
+        runner = engine.runner
+        assert runner._persistent is None and runner.model.persistent is None  # a CPU: nothing built
+        order.clear()
+        runner._persistent = pending = Decoder()  # as attach(warm=False) leaves it on a GPU
+        pending.backend = runner.backend  # the runner's forwards are routed to it, the express lane's never
+        assert runner.model.persistent is None  # built, not routed to
+        engine.warmup()
+        assert runner.model.persistent is pending and order[:2] == ["warm", "fits"]  # warmed before the probe
+        assert runner.warm_persistent() is False  # once
+    finally:
+        engine.close()
