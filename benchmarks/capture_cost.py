@@ -57,7 +57,8 @@ def prewarm(folder: Path, sets: str, mode: str) -> dict:
     from rose.graphs import probe_batch
     from rose.warmup import prewarm_and_verify, prewarm_shapes
 
-    engine = Engine.from_pretrained(folder, device="cuda", prewarm=(), graph_manifest=None)
+    engine = Engine.from_pretrained(folder, device="cuda", prewarm=(), graph_manifest=None,
+                                    persistent_decoder="off")  # the layers' graphs, as measured before its default
     runner, graphs = engine.runner, engine.runner.graphs
     if mode == "context-eager":
         graphs._capture = lambda layout, host, staged: context_capture(graphs, layout, host, staged)

@@ -4,7 +4,8 @@
 
 Phases: importing torch and ROSE, `Engine.from_pretrained` (weights to the device; the kernel manifest's Triton
 variants start compiling in worker processes meanwhile, rose.kernel_ahead), waiting for those workers, and
-`warmup()` (the probe batch, the kernels' precompile and the prewarm layouts' capture and verification); and the
+`warmup()` (the persistent decoder's compile and launch where it serves, the probe batch, the kernels' precompile
+and the prewarm layouts' capture and verification); and the
 Triton kernels compiled (cubins Triton added under TRITON_CACHE_DIR: by the workers, and by the warm-up itself). Over
 one empty cache directory: the first run is a fresh replica's start (and records the manifest), the next ones
 a fresh replica's with the manifest (the cache emptied again), or a restarted one's (the cache kept).

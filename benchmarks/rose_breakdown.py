@@ -31,6 +31,7 @@ from benchmarks.model_zoo import make_folder
 
 COPY_BANDWIDTH_B_PER_S = 4.2e12  # H200, measured (benchmarks/NOTES.md)
 CATEGORIES = (  # first match wins; kernel names of cuBLAS/cutlass/Triton/FlashInfer/torch
+    ("persistent", r"^decoder_kernel"),  # rose.layers.persistent_kernels: every layer of a small batch, one kernel
     # attention first: torch's flash kernels (pytorch_flash::flash_fwd_kernel<...cutlass::bfloat16_t...>),
     # FlashInfer's and FA4's (CuTe DSL: kernel_cutlass_kernel_flash_attn...) carry "cutlass" in their names
     ("attention", r"flash|fmha|attention|prefill|varlen|sdpa"),

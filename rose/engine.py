@@ -1,6 +1,7 @@
 """ROSE's public facade: load a model folder, step ragged batches, embed token-id lists.
 
     engine = Engine.from_pretrained("/models/all-MiniLM-L6-v2")      # device and dtype chosen for you
+    engine.warmup()                          # a server's start: prewarm graphs checked, the persistent decoder on
     ids = [e.ids for e in engine.tokenizer.encode_batch(["hello", "world"])]
     vectors = engine.embed(ids)                                       # float32 [2, 384], as sentence-transformers
     # a cross-encoder (reranker) folder: one relevance score per (query, document) pair, as CrossEncoder.predict
@@ -82,9 +83,9 @@ class Engine:
         Triton kernel variants the kernel manifest lists ("auto": rose_kernels.json beside the model; a path;
         None = off) compile in worker processes while the weights load, and this start's are recorded there
         (rose.kernel_ahead, rose.kernel_manifest). persistent_decoder: off, on (each family's measured bound: Qwen3
-        128 tokens, BERT-style encoders 16), auto (the layer shapes measured faster) or a token bound: small batches of a Qwen3 model or a BERT-style
-        encoder run every layer in one persistent kernel (rose.layers.persistent_decoder), from warmup() on; None
-        = the ROSE_PERSISTENT_DECODER variable, else auto (the layer shapes measured faster)."""
+        128 tokens, BERT-style encoders 16), auto (the layer shapes measured faster) or a token bound: small
+        batches of a Qwen3 model or a BERT-style encoder run every layer in one persistent kernel
+        (rose.layers.persistent_decoder), from warmup() on; None = the ROSE_PERSISTENT_DECODER variable, else auto."""
         use_kernel_cache()  # ROSE_KERNEL_CACHE_DIR: JIT caches (Triton's too) there, before anything compiles
         spec = load_spec(model_dir, model_id)
         dev = resolve_device(device)

@@ -26,7 +26,7 @@ def routed_tokens(raw: str | None) -> int:
     ROUTED_TOKENS, chosen by attach), auto (the default) -> AUTO (MEASURED's bound for the model's shape, else
     off), or a number of tokens from 2 to MAX_TOKENS."""
     if raw is None:
-        raw = os.environ.get("ROSE_PERSISTENT_DECODER", DEFAULT_ROUTING)
+        raw = os.environ.get("ROSE_PERSISTENT_DECODER") or DEFAULT_ROUTING  # empty: unset, as the configs read it
     raw = raw.strip().lower()
     if raw in ("", "0", "off", "false", "no"):
         return 0

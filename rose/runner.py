@@ -57,7 +57,8 @@ class ModelRunner:
                  pool: PinnedPool, graphs: dict | None = None, persistent_tokens: int = 0) -> None:
         """graphs: None = eager only; else CudaGraphs keyword arguments (token_buckets, seq_buckets).
         persistent_tokens: batches of up to this many tokens run every decoder layer in one persistent kernel
-        where the model supports it (rose.layers.persistent_decoder); 0 = off, ON / AUTO: rose.persistent_routing."""
+        where the model supports it (rose.layers.persistent_decoder), from warm_persistent() on (the engine's
+        warm-up); 0 = off, ON / AUTO: rose.persistent_routing."""
         self.spec, self.device, self.dtype, self.pool, self.attention = spec, device, dtype, pool, attention
         self.model = load_model(spec, device, dtype)
         self.backend = make_backend(attention, device, dtype, spec)
@@ -132,7 +133,10 @@ class ModelRunner:
         small batches to it; once (the engine's warm-up, before any graph is captured, so the graphs of its
         layouts hold it). False when there is none or it failed (the layers serve)."""
         decoder, self._persistent = self._persistent, None
-        return decoder is not None and enable_persistent(self.model, decoder)
+        if decoder is None:
+            return False
+        with self.device_scope():  # its launches on this runner's device (cuda:N)
+            return enable_persistent(self.model, decoder)
 
     def layer_chains(self):
         """The per-layer graph chains batches stepped layer by layer replay (rose.layer_graphs), built on first
@@ -258,6 +262,7 @@ class ModelRunner:
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
+        self._persistent = None  # a decoder never warmed holds the stacked weights the parameters view
         if self.on_cuda:
             torch.cuda.empty_cache()
 

@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if not inputs:
         raise SystemExit(f"{args.inputs} holds no concurrency inputs (run benchmarks.stack with --dump-inputs true)")
     engine = Engine.from_pretrained(args.model_dir, device=args.device)
+    engine.warmup()  # as Tulip starts it (the persistent decoder, where it serves, is on from here)
     stack = {}
     if args.stack is not None:
         stack = {int(r["param"]): r for r in json.loads(args.stack.read_text())["records"]

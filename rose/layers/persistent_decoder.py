@@ -47,7 +47,9 @@ between several never opens: it stalls) and the A/B of barriers against launches
 
 Measured on the H200 at 11c8496 (NOTES, "Heads a step of their own"): the 0.6B's replay 21 / 14 / 7 % under the
 layers at 16 / 64 / 128 tokens; through the engine, host to host, 9-15 % faster up to 128 tokens. all-MiniLM's:
-21 % faster at 16 tokens, slower from 64. Hence opt-in, each family up to where it won (rose.persistent_routing).
+21 % faster at 16 tokens, slower from 64. Hence each family up to where it won (`on`), and by default (`auto`) only
+the layer shapes measured faster (rose.persistent_routing); the engine's warm-up turns it on (attach warm=False, then
+enable), after the kernels compiled ahead, so the kernel manifest records its variants.
 """
 
 from __future__ import annotations

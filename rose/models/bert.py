@@ -110,7 +110,8 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg, cfg["hidden_size"])
         self.encoder = BertEncoder(cfg)
 
-    # rose.layers.persistent_decoder.PersistentDecoder when attached (ROSE_PERSISTENT_DECODER): every layer of a
+    # rose.layers.persistent_decoder.PersistentDecoder once the engine's warm-up enabled it (ROSE_PERSISTENT_DECODER,
+    # default auto): every layer of a
     # batch of up to its routed bound in one kernel, for forwards with its backend (the runner's)
     persistent = None
 

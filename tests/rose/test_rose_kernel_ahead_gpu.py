@@ -47,3 +47,19 @@ def test_variants_compiled_ahead_are_loaded_by_the_next_start(tiny_models, tmp_p
     second = _start(folder, manifest, tmp_path / "second")  # an empty cache again, the manifest there
     assert second["ahead"]["failed"] == 0 and second["ahead"]["compiled"] >= len(recorded)
     assert second["compiled_in_warmup"] == 0, "the warm-up compiled a variant the workers had compiled"
+
+
+def test_the_persistent_decoder_is_recorded_and_compiled_ahead(tiny_root, tmp_path):
+    """The persistent decoder (on by default for the 0.6B's layer shape) compiles in the engine's warm-up, after the
+    recorder is installed: the manifest lists its kernel, and the next start with an empty cache compiles it in the
+    workers, not in its warm-up."""
+    from rose_tiny_models import build_qwen3_06b_shape
+
+    folder, manifest = build_qwen3_06b_shape(tiny_root, bidirectional=True).path, tmp_path / "rose_kernels.json"
+    env = {"ROSE_PERSISTENT_DECODER": "auto"}
+    _start(folder, manifest, tmp_path / "first", ROSE_KERNEL_COMPILE_WORKERS="0", **env)
+    names = [e["name"] for e in json.loads(manifest.read_text())["kernels"]]
+    assert "decoder_kernel" in names, names
+    second = _start(folder, manifest, tmp_path / "second", **env)
+    assert second["ahead"]["failed"] == 0
+    assert second["compiled_in_warmup"] == 0, "the warm-up compiled a variant the workers had compiled"

@@ -41,6 +41,9 @@ def test_the_setting_reads_off_on_or_a_token_bound(monkeypatch):
     assert routed_tokens(None) == 48  # a library caller's None: the variable
     monkeypatch.delenv("ROSE_PERSISTENT_DECODER")
     assert routed_tokens(None) == AUTO  # unset: the default, the measured shapes only
+    monkeypatch.setenv("ROSE_PERSISTENT_DECODER", "")
+    assert routed_tokens(None) == AUTO  # set but empty reads as unset, as the configs read their variables
+    monkeypatch.delenv("ROSE_PERSISTENT_DECODER")
 
     assert routed_tokens("") == routed_tokens("off") == routed_tokens("0") == 0
     assert routed_tokens("on") == routed_tokens("1") == routed_tokens("TRUE") == ON  # the family's bound: attach
@@ -292,8 +295,11 @@ def test_the_engine_routes_to_the_kernel_only_once_its_warm_up_launched_it(tiny_
         runner._persistent = pending = Decoder()  # as attach(warm=False) leaves it on a GPU
         pending.backend = runner.backend  # the runner's forwards are routed to it, the express lane's never
         assert runner.model.persistent is None  # built, not routed to
+        # the workers compiling the manifest's variants ahead (a GPU's start): joined before the kernel compiles
+        engine.kernels_ahead = types.SimpleNamespace(wait=lambda: order.append("join") or {})
         engine.warmup()
-        assert runner.model.persistent is pending and order[:2] == ["warm", "fits"]  # warmed before the probe
+        assert runner.model.persistent is pending
+        assert order[:3] == ["join", "warm", "fits"]  # after the workers, before the probe batch
         assert runner.warm_persistent() is False  # once
     finally:
         engine.close()
