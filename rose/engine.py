@@ -311,6 +311,7 @@ class Engine:
                 "graphs_refused": graphs.graphs_refused if graphs else 0,
                 "graph_substitutions": sum(graphs.substituted.values()) if graphs else 0,
                 "runs": dict(r.runs), "step_seconds_last": r.step_seconds_last,
+                "persistent_decoder_tokens": getattr(getattr(r.model, "persistent", None), "routed", 0),
                 **(r.express.stats() if r.express is not None else {}),
                 **(r._layer_graphs.stats() if r._layer_graphs is not None else {})}
 

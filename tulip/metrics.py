@@ -252,6 +252,7 @@ _KNOWN = {
     "graphs_refused": "CUDA graphs refused: first replay disagreed with eager (their layouts run eagerly)",
     "step_seconds_last": "Duration of the engine's last step",
     "graph_substitutions": "Batches whose own layout had no graph yet, replayed at a larger captured one",
+    "persistent_decoder_tokens": "Largest batch (tokens) the persistent decoder runs; 0: every batch takes the layers",
 }
 
 

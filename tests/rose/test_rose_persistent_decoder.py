@@ -291,6 +291,7 @@ def test_the_engine_routes_to_the_kernel_only_once_its_warm_up_launched_it(tiny_
     try:
         runner = engine.runner
         assert runner._persistent is None and runner.model.persistent is None  # a CPU: nothing built
+        assert engine.stats()["persistent_decoder_tokens"] == 0  # rose_persistent_decoder_tokens: the layers serve
         order.clear()
         runner._persistent = pending = Decoder()  # as attach(warm=False) leaves it on a GPU
         pending.backend = runner.backend  # the runner's forwards are routed to it, the express lane's never
@@ -300,6 +301,7 @@ def test_the_engine_routes_to_the_kernel_only_once_its_warm_up_launched_it(tiny_
         engine.warmup()
         assert runner.model.persistent is pending
         assert order[:3] == ["join", "warm", "fits"]  # after the workers, before the probe batch
+        assert engine.stats()["persistent_decoder_tokens"] == 128
         assert runner.warm_persistent() is False  # once
     finally:
         engine.close()
