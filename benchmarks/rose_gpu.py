@@ -215,9 +215,8 @@ def bench_model(name: str, root: Path, quick: bool, records: list, saturation: l
             run(batches[0])  # first occurrence: eager at the padded shape (lazy capture's warm-up)
             cold_ms = (time.perf_counter() - tc) * 1e3
             times = time_serial(run, batches, iters, 3)
-            persistent = getattr(engine.runner.model, "persistent", None)  # the batches it takes, 0: the layers
             extra = {"cold_first_ms": round(cold_ms, 2), "attention": engine.info.attention_backend,
-                     "persistent_tokens": persistent.routed if persistent is not None else 0}
+                     "persistent_tokens": engine.stats()["persistent_decoder_tokens"]}  # 0: the layers served
             if name == "qwen3-0.6b":
                 extra["ready_s"] = round(ready_s, 2)
             record(suite, variant, times, sum(suites[suite]), **extra)

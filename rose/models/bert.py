@@ -111,8 +111,8 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(cfg)
 
     # rose.layers.persistent_decoder.PersistentDecoder once the engine's warm-up enabled it (ROSE_PERSISTENT_DECODER,
-    # default auto): every layer of a
-    # batch of up to its routed bound in one kernel, for forwards with its backend (the runner's)
+    # default auto): every layer of a batch of up to its routed bound in one kernel, for forwards with its backend
+    # (the runner's)
     persistent = None
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:

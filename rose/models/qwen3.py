@@ -148,9 +148,8 @@ class Qwen3Model(nn.Module):
         return precompile_qk_norm_rope(self.layers[0].self_attn)
 
     # rose.layers.persistent_decoder.PersistentDecoder once the engine's warm-up enabled it (ROSE_PERSISTENT_DECODER,
-    # default auto): every layer of a
-    # batch of up to its routed bound in one kernel, for forwards with its backend (the runner's, not the express
-    # lane's); forward_layers (bulk stepped by layers) never uses it
+    # default auto): every layer of a batch of up to its routed bound in one kernel, for forwards with its backend
+    # (the runner's, not the express lane's); forward_layers (bulk stepped by layers) never uses it
     persistent = None
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
