@@ -37,6 +37,7 @@ from rose.layers.persistent_decoder import (
     SPIN_LIMIT,
     PersistentDecoder,
 )
+from rose.layers.persistent_tiles import Tiles
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
@@ -47,7 +48,13 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (16, {"prefetch": True}), (64, {"prefetch": True}), (128, {"prefetch": True}),
     (16, {"heads": False, "keys": 32}), (64, {"heads": False, "keys": 32}), (128, {"heads": False, "keys": 32}),
     (128, {"heads": False, "keys": 64}), (128, {"head_rows": 32}),
-    (16, {"acquire": False}), (64, {"acquire": False}), (128, {"acquire": False})]
+    (16, {"acquire": False}), (64, {"acquire": False}), (128, {"acquire": False}),
+    # the GEMM phases (NOTES "What a step of the persistent kernel costs"): wider column tiles with more slices of K
+    # (fewer bytes an SM), and more bytes in flight an SM (a longer K step, deeper pipelines)
+    (16, {"o": 64, "down": 64, "split_od": 8}), (64, {"o": 64, "down": 64, "split_od": 8}),
+    (128, {"o": 64, "down": 64, "split_od": 8}), (16, {"qkv": 128, "split_qkv": 4}),
+    (64, {"qkv": 128, "split_qkv": 4}), (128, {"qkv": 128, "split_qkv": 4}),
+    (16, {"k": 256}), (64, {"k": 256}), (16, {"k": 256, "stages": 4}), (16, {"stages": 5}), (64, {"stages": 5})]
 
 
 try:
@@ -216,10 +223,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     parser.add_argument("--phases", action="store_true",
                         help="only the persistent kernel's own clock per phase, at each of --tokens")
+    parser.add_argument("--tiles", default="", help="changes to the fitted tiles for every run of this command, "
+                        "e.g. o=64,down=64,split_od=8 (the sweep then starts from them)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     model, backend, vocab = setup(args.model)
     decoder = PersistentDecoder(model)
+    decoder.tiles = dataclasses.replace(decoder.tiles, **tile_changes(args.tiles))
     if args.phases:
         print_phases({t: phase_us(model, decoder, int(t), vocab) for t in args.tokens.split(",")},
                      args.out / f"{stem(args.model)}_phases.json")
@@ -289,6 +299,19 @@ def main() -> None:
             continue
         err = f"{r['rel_err_vs_layers']:.2e}" if "rel_err_vs_layers" in r else ""
         print(f"{r['tokens']:>6} {r['variant']:<11} {r['p50_ms']:8.3f} {r['p90_ms']:8.3f} {err:>9}  {r['tiles']}")
+
+
+def tile_changes(text: str) -> dict:
+    """`field=value,...` as changes to Tiles (ints, or true/false for its flags); a field Tiles lacks is an error."""
+    fields = {f.name: f.type for f in dataclasses.fields(Tiles)}
+    changes = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in fields or not value:
+            raise SystemExit(f"--tiles: {item!r} is not field=value for one of {', '.join(fields)}")
+        flag = fields[name] in (bool, "bool")
+        changes[name] = value.lower() in ("1", "true", "on") if flag else int(value)
+    return changes
 
 
 def stem(model: str) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles (MODEL=minilm-l6 for all-MiniLM's encoder; NO_SWEEP=1 skips the sweep, SWEEP=prefetch,keys keeps only the rows changing those fields; MODELS_BENCH=qwen3-0.6b,minilm-l6 runs the benchmark and phases for each), then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's rows of MODELS (qwen3-0.6b,minilm-l6) at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark; PHASES=1 adds the kernel's own clock per phase.
+# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles (MODEL=minilm-l6 for all-MiniLM's encoder; NO_SWEEP=1 skips the sweep, SWEEP=prefetch,keys keeps only the rows changing those fields; MODELS_BENCH=qwen3-0.6b,minilm-l6 runs the benchmark and phases for each; TILES=o=64,split_od=8 changes the fitted tiles of both), then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's rows of MODELS (qwen3-0.6b,minilm-l6) at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark; PHASES=1 adds the kernel's own clock per phase.
 # Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root. Timeouts: smoke 90 s, benchmark
 # BENCH_TIMEOUT (360), phases 120, tests 480, engine 150 per flag; a call may run 600 s, so never TESTS=1 with
 # BENCH=1 or ENGINE=1 (Triton's cache under /root stays while the machine is warm: a later call compiles less):
@@ -37,12 +37,12 @@ for model in ${MODELS_BENCH//,/ }; do  # each model's log named by it; MODEL's (
 [ "$model" = "${MODEL:-qwen3-0.6b}" ] && log=persistent_decoder || log=persistent_decoder_$model
 if [ "${BENCH:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-360} python3 -m benchmarks.persistent_decoder --out $OUT ${TOKENS:+--tokens $TOKENS} --model $model \
-    ${NO_SWEEP:+--no-sweep} ${SWEEP:+--sweep $SWEEP} > $OUT/$log.log 2>&1
+    ${TILES:+--tiles $TILES} ${NO_SWEEP:+--no-sweep} ${SWEEP:+--sweep $SWEEP} > $OUT/$log.log 2>&1
   rc=$?; stamp "benchmark $model" $rc
 fi
 if [ "${PHASES:-0}" = 1 ]; then
   timeout 120 python3 -m benchmarks.persistent_decoder --phases --tokens ${TOKENS:-16,64,128} --out $OUT \
-    --model $model > $OUT/${log}_phases.log 2>&1
+    --model $model ${TILES:+--tiles $TILES} > $OUT/${log}_phases.log 2>&1
   stamp "phases $model" $?; tail -5 $OUT/${log}_phases.log
 fi
 done

@@ -167,3 +167,25 @@ def test_ivy_text_path_times_text_and_ids_through_the_app(capsys) -> None:
     assert ivy_text_path.main(["--rounds", "1", "--per-round", "10"]) == 0
     out = capsys.readouterr().out
     assert "text " in out and "ids " in out and "text - ids" in out
+
+
+def test_every_persistent_decoder_sweep_row_fits_the_0_6b_and_tiles_parse() -> None:
+    """A row whose tiles the 0.6B's shapes do not divide would only fail on the device, costing its call."""
+    pytest.importorskip("triton")
+    from benchmarks.model_zoo import QWEN3_CONFIGS
+    from benchmarks.persistent_decoder import SWEEP, tile_changes
+    from rose.layers.persistent_tiles import Tiles, fit_tiles
+
+    cfg = QWEN3_CONFIGS["qwen3-0.6b"]
+    d = cfg["head_dim"]
+    shape = (cfg["hidden_size"], (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * d,
+             cfg["num_attention_heads"] * d, cfg["intermediate_size"])
+    fitted = fit_tiles(*shape)
+    for tokens, changes in SWEEP:
+        assert tokens in (16, 32, 64, 128)
+        Tiles(**{**fitted.__dict__, **changes}).check(*shape)
+    assert tile_changes("o=64,down=64,split_od=8,prefetch=true,heads=0") == {
+        "o": 64, "down": 64, "split_od": 8, "prefetch": True, "heads": False}
+    for bad in ("width=64", "o", "o="):
+        with pytest.raises(SystemExit, match="--tiles"):
+            tile_changes(bad)
