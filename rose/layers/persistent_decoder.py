@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from rose.layers.persistent_models import is_encoder, shapes, stack, unsupported
-from rose.layers.persistent_tiles import Tiles, fit_tiles
+from rose.layers.persistent_tiles import BLOCK_CHANGES, Tiles, block_tiles, fit_tiles
 from rose.persistent_routing import AUTO, MAX_TOKENS, MEASURED, ON, ROUTED_TOKENS
 
 try:
@@ -99,7 +99,8 @@ class PersistentDecoder:
 
     def __init__(self, model, tiles: Tiles | None = None, programs: int | None = None, routed: int = MAX_TOKENS,
                  backend=None) -> None:
-        """tiles: None fits them to the model's shapes (fit_tiles); routed: the largest batch (tokens) `fits`
+        """tiles: None fits them to the model's shapes (fit_tiles), with the changes measured faster at a token
+        block for these shapes (BLOCK_CHANGES); given, they serve every block. routed: the largest batch (tokens) `fits`
         accepts; backend: the attention backend whose forwards the model's forward routes here (the runner's
         own: never the express lane's, whose second stream could run a second persistent kernel at once, each
         waiting for programs the other holds)."""
@@ -110,7 +111,10 @@ class PersistentDecoder:
         self.qkv_size = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.routed, self.backend = min(routed, MAX_TOKENS), backend
         # checked against the shapes (the setter) before the weights move
-        self.tiles = tiles or fit_tiles(self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)
+        shape = (self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)
+        self.tiles = tiles or fit_tiles(*shape)
+        if tiles is None:
+            self.change_blocks(BLOCK_CHANGES.get(shape, {}))
         self.w = stack(model)
         self.eps, self.scale, self.causal, self.layers = self.w.eps, self.w.scale, self.w.causal, self.w.layers
         device = self.w.wqkv.device
@@ -126,9 +130,21 @@ class PersistentDecoder:
 
     @tiles.setter
     def tiles(self, tiles: Tiles) -> None:
-        """Tiles for the next calls (a benchmark sweeps them), refused unless they divide every projection."""
+        """Tiles for the next calls at every token block (a benchmark sweeps them), refused unless they divide every
+        projection."""
         tiles.check(self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)
         self._tiles = tiles
+        self._blocks: dict[int, Tiles] = {}
+
+    def change_blocks(self, changes: dict[int, dict]) -> None:
+        """From the next call, the token blocks named run `tiles` with these changes ({block: {field: value}};
+        persistent_tiles.block_tiles checks them); the others run `tiles`."""
+        self._blocks = block_tiles(self._tiles, changes, self.hidden, self.qkv_size, self.heads * self.head_dim,
+                                   self.inner)
+
+    def tiles_at(self, tokens: int) -> Tiles:
+        """The tiles a batch of `tokens` runs with: its token block's own, else `tiles`."""
+        return self._blocks.get(max(self._tiles.rows, 1 << (tokens - 1).bit_length()), self._tiles)
 
     def fits(self, tokens: int) -> bool:
         return 0 < tokens <= self.routed
@@ -206,7 +222,7 @@ class PersistentDecoder:
         def new(*shape, dtype=residual.dtype):
             return torch.empty(*shape, dtype=dtype, device=residual.device)
 
-        tiles, d = self.tiles, self.head_dim
+        tiles, d = self.tiles_at(t), self.head_dim
         residual = residual.clone(memory_format=torch.contiguous_format) if clone else residual
         return Workspace(residual=residual, positions=positions, seq_ids=seq_ids,
                          h=residual if self.w.post else new(t, self.hidden),  # post-norm: the residual is h
@@ -221,7 +237,8 @@ class PersistentDecoder:
         """Steps [first, last) over `work` (step = layer * phases + phase; self.steps - 1 is the final norm): one
         launch with barriers (persistent), or one launch a step. A run from a later step reads what the steps
         before it left in `work` (the tests check phase by phase)."""
-        tiles, d, t = self.tiles, self.head_dim, work.residual.shape[0]
+        t, d = work.residual.shape[0], self.head_dim
+        tiles = self.tiles_at(t)
         block_m = max(tiles.rows, triton.next_power_of_2(t))
         w = self.w
         args = (work.residual, work.h, work.qkv, work.heads, work.attn, work.od, work.act, work.out, w.wqkv, w.wo,

@@ -1,9 +1,10 @@
 """The persistent decoder's tiles (rose.layers.persistent_decoder): how each phase cuts its work, checked against a
-model's shapes, and the defaults fitted to shapes they do not divide."""
+model's shapes, the defaults fitted to shapes they do not divide, and the changes measured faster at one token
+block of one model's shapes (the kernel compiles per token block, so each block may take its own)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,30 @@ def fit_tiles(hidden: int, qkv_size: int, q_size: int, inner: int) -> Tiles:
                     continue
                 return tiles
     raise ValueError(f"no tiles fit hidden {hidden}, qkv {qkv_size}, q {q_size}, inner {inner}")
+
+
+# Changes to the fitted tiles at one token block (BLOCK_M), by the model's shapes (hidden, qkv, q, inner), each
+# measured faster at that block on the device (benchmarks/NOTES.md, "One persistent kernel"). Never `heads` or
+# `rows`: a forward's steps and its least block are the decoder's, whatever the block.
+BLOCK_CHANGES: dict[tuple[int, int, int, int], dict[int, dict]] = {
+    (1024, 4096, 2048, 3072): {  # Qwen3-0.6B, 11c8496 on the H200: queries 16 at 128 tokens 1.109 ms a replay
+        128: {"queries": 16},    # against 1.128 (32), p90 1.111 against 1.132; at 64 tokens 16 lost (0.999/0.964)
+    },
+}
+FIXED_FIELDS = ("heads", "rows")
+
+
+def block_tiles(tiles: Tiles, changes: dict[int, dict], hidden: int, qkv_size: int, q_size: int,
+                inner: int) -> dict[int, Tiles]:
+    """`tiles` with `changes` at their token blocks (the blocks not named take `tiles`), each checked against the
+    shapes; a change of `heads` or `rows`, or a block that is not a power of two from 16, is refused."""
+    out = {}
+    for block, change in changes.items():
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"token block {block}: blocks are powers of two from 16")
+        fixed = sorted(set(change) & set(FIXED_FIELDS))
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} cannot change by token block (the forward's steps depend on it)")
+        out[block] = replace(tiles, **change)
+        out[block].check(hidden, qkv_size, q_size, inner)
+    return out

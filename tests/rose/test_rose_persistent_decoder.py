@@ -13,7 +13,7 @@ from tests.rose.interpreter import needs_triton, run_interpreted
 
 @needs_triton
 def test_kernel_matches_the_layer_by_layer_forward_under_the_interpreter():
-    run_interpreted("persistent_interpreted.py", cases=69)
+    run_interpreted("persistent_interpreted.py", cases=73)
 
 
 def test_unsupported_decoders_are_named():
@@ -305,3 +305,40 @@ def test_the_engine_routes_to_the_kernel_only_once_its_warm_up_launched_it(tiny_
         assert runner.warm_persistent() is False  # once
     finally:
         engine.close()
+
+
+def test_tiles_change_by_token_block():
+    """The changes measured faster at one token block apply there only; tiles given by a caller (a benchmark's
+    sweep) serve every block; a change of the forward's steps or its least block, or one that does not divide a
+    projection, is refused; every entry of the table fits its model's shapes."""
+    import torch
+
+    from rose.layers.persistent_decoder import PersistentDecoder
+    from rose.layers.persistent_tiles import BLOCK_CHANGES, Tiles, block_tiles, fit_tiles
+    from rose.models.qwen3 import Qwen3Model
+
+    for shape, changes in BLOCK_CHANGES.items():
+        blocks = block_tiles(fit_tiles(*shape), changes, *shape)
+        assert set(blocks) == set(changes) and all(blocks[b] != fit_tiles(*shape) for b in blocks)
+    assert block_tiles(Tiles(), BLOCK_CHANGES[(1024, 4096, 2048, 3072)], 1024, 4096, 2048, 3072)[128].queries == 16
+    for bad, match in (({128: {"heads": False}}, "heads cannot change"), ({64: {"rows": 32}}, "rows cannot"),
+                       ({24: {"queries": 16}}, "powers of two"), ({64: {"o": 48}}, "not whole tiles")):
+        with pytest.raises(ValueError, match=match):
+            block_tiles(Tiles(), bad, 1024, 4096, 2048, 3072)
+
+    cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+    tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, keys=16, queries=16)
+    decoder = PersistentDecoder(Qwen3Model(cfg, causal=True), tiles, programs=2)
+    assert [decoder.tiles_at(t) for t in (1, 16, 17, 64, 128)] == [tiles] * 5  # tiles given: every block
+    decoder.change_blocks({64: {"queries": 32, "split_od": 1}})
+    assert [decoder.tiles_at(t).split_od for t in (1, 16, 32, 33, 64, 65)] == [2, 2, 2, 1, 1, 2]
+    work = decoder.workspace(torch.zeros(40, 64), torch.arange(40), torch.zeros(40, dtype=torch.long))
+    assert work.od.shape == (1, 40, 64)  # the buffers of the block's own tiles
+    decoder.tiles = tiles  # a caller's tiles: every block again
+    assert decoder.tiles_at(64) == tiles
+    with torch.device("meta"):  # the 0.6B's shapes, fitted: its table's change at 128 tokens only
+        qwen3_06b = Qwen3Model({**cfg, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
+                                "num_key_value_heads": 8, "head_dim": 128}, causal=True)
+    fitted = PersistentDecoder(qwen3_06b, programs=2)
+    assert [fitted.tiles_at(t).queries for t in (16, 64, 65, 128)] == [32, 32, 16, 16]
