@@ -60,7 +60,7 @@ def test_breakdown_runs_end_to_end_on_cpu(tmp_path: Path, monkeypatch) -> None:
 
 
 def _bash(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", *args], capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(["bash", *args], check=False, capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_every_device_script_parses_and_is_named_by_what_it_measures() -> None:
@@ -149,7 +149,8 @@ def test_express_inprocess_runs_its_variants_on_cpu(tmp_path: Path, minilm_dir: 
 def test_step_host_times_every_phase_on_cpu(tmp_path: Path, minilm_dir: Path) -> None:
     """benchmarks.step_host walks ModelRunner.step()'s own phases (a renamed phase fails here, not on the
     device) and writes every phase for every shape."""
-    from benchmarks.step_host import PHASES, main as step_host
+    from benchmarks.step_host import PHASES
+    from benchmarks.step_host import main as step_host
 
     out = tmp_path / "step_host.json"
     assert step_host(["--model-dir", str(minilm_dir), "--iters", "3", "--json", str(out)]) == 0

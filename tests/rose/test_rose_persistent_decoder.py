@@ -189,9 +189,9 @@ def test_on_routes_each_family_up_to_where_it_was_measured_faster():
 
     from rose.layers import persistent_decoder
     from rose.layers.persistent_decoder import bound_for
-    from rose.persistent_routing import AUTO, ON
     from rose.models.bert import BertModel
     from rose.models.qwen3 import Qwen3Model
+    from rose.persistent_routing import AUTO, ON
 
     with torch.device("meta"):
         qwen3 = Qwen3Model({"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
@@ -314,7 +314,12 @@ def test_tiles_change_by_token_block():
     import torch
 
     from rose.layers.persistent_decoder import PersistentDecoder
-    from rose.layers.persistent_tiles import BLOCK_CHANGES, Tiles, block_tiles, fit_tiles
+    from rose.layers.persistent_tiles import (
+        BLOCK_CHANGES,
+        Tiles,
+        block_tiles,
+        fit_tiles,
+    )
     from rose.models.qwen3 import Qwen3Model
 
     for shape, changes in BLOCK_CHANGES.items():
