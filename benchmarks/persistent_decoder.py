@@ -55,7 +55,7 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (128, {"o": 64, "down": 64, "split_od": 8}), (16, {"qkv": 128, "split_qkv": 4}),
     (64, {"qkv": 128, "split_qkv": 4}), (128, {"qkv": 128, "split_qkv": 4}),
     (16, {"k": 256}), (64, {"k": 256}), (16, {"k": 256, "stages": 4}), (16, {"stages": 5}), (64, {"stages": 5}),
-    (128, {"queries": 32})]  # the fitted tiles at 128 tokens, which by default take BLOCK_CHANGES' queries 16 there
+    (128, {"queries": 32}), (16, {"stages": 3})]  # the fitted tiles at 128 tokens, which by default take BLOCK_CHANGES' queries 16 there
 
 
 try:
@@ -230,7 +230,8 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     model, backend, vocab = setup(args.model)
     decoder = PersistentDecoder(model)
-    decoder.tiles = dataclasses.replace(decoder.tiles, **tile_changes(args.tiles))
+    if args.tiles:  # (setting tiles sets them for every token block: none of BLOCK_CHANGES then)
+        decoder.tiles = dataclasses.replace(decoder.tiles, **tile_changes(args.tiles))
     if args.phases:
         print_phases({t: phase_us(model, decoder, int(t), vocab) for t in args.tokens.split(",")},
                      args.out / f"{stem(args.model)}_phases.json")

@@ -71,8 +71,9 @@ def fit_tiles(hidden: int, qkv_size: int, q_size: int, inner: int) -> Tiles:
 # measured faster at that block on the device (benchmarks/NOTES.md, "One persistent kernel"). Never `heads` or
 # `rows`: a forward's steps and its least block are the decoder's, whatever the block.
 BLOCK_CHANGES: dict[tuple[int, int, int, int], dict[int, dict]] = {
-    (1024, 4096, 2048, 3072): {  # Qwen3-0.6B, 11c8496 on the H200: queries 16 at 128 tokens 1.109 ms a replay
-        128: {"queries": 16},    # against 1.128 (32), p90 1.111 against 1.132; at 64 tokens 16 lost (0.999/0.964)
+    (1024, 4096, 2048, 3072): {  # Qwen3-0.6B (NOTES "Tiles by token block"): each change faster alone at its
+        16: {"stages": 4},  # block, on the H200 (11c8496: queries 16) and an H100 (aaa7fba: both); at 64 both lost
+        128: {"queries": 16, "stages": 4},
     },
 }
 FIXED_FIELDS = ("heads", "rows")

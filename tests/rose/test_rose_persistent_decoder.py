@@ -326,6 +326,7 @@ def test_tiles_change_by_token_block():
         blocks = block_tiles(fit_tiles(*shape), changes, *shape)
         assert set(blocks) == set(changes) and all(blocks[b] != fit_tiles(*shape) for b in blocks)
     assert block_tiles(Tiles(), BLOCK_CHANGES[(1024, 4096, 2048, 3072)], 1024, 4096, 2048, 3072)[128].queries == 16
+    assert 64 not in BLOCK_CHANGES[(1024, 4096, 2048, 3072)]  # where both changes measured slower
     for bad, match in (({128: {"heads": False}}, "heads cannot change"), ({64: {"rows": 32}}, "rows cannot"),
                        ({24: {"queries": 16}}, "powers of two"), ({64: {"o": 48}}, "not whole tiles")):
         with pytest.raises(ValueError, match=match):
@@ -346,4 +347,5 @@ def test_tiles_change_by_token_block():
         qwen3_06b = Qwen3Model({**cfg, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
                                 "num_key_value_heads": 8, "head_dim": 128}, causal=True)
     fitted = PersistentDecoder(qwen3_06b, programs=2)
-    assert [fitted.tiles_at(t).queries for t in (16, 64, 65, 128)] == [32, 32, 16, 16]
+    assert [(fitted.tiles_at(t).queries, fitted.tiles_at(t).stages) for t in (16, 17, 64, 65, 128)] == [
+        (32, 4), (32, 3), (32, 3), (16, 4), (16, 4)]
