@@ -55,7 +55,7 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (128, {"o": 64, "down": 64, "split_od": 8}), (16, {"qkv": 128, "split_qkv": 4}),
     (64, {"qkv": 128, "split_qkv": 4}), (128, {"qkv": 128, "split_qkv": 4}),
     (16, {"k": 256}), (64, {"k": 256}), (16, {"k": 256, "stages": 4}), (16, {"stages": 5}), (64, {"stages": 5}),
-    (128, {"queries": 32}), (16, {"stages": 3})]  # the fitted tiles at 128 tokens, which by default take BLOCK_CHANGES' queries 16 there
+    (128, {"queries": 32}), (16, {"stages": 3})]  # the fitted tiles where BLOCK_CHANGES changes them by default
 
 
 try:
@@ -303,16 +303,22 @@ def main() -> None:
         print(f"{r['tokens']:>6} {r['variant']:<11} {r['p50_ms']:8.3f} {r['p90_ms']:8.3f} {err:>9}  {r['tiles']}")
 
 
+FLAGS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+
+
 def tile_changes(text: str) -> dict:
-    """`field=value,...` as changes to Tiles (ints, or true/false for its flags); a field Tiles lacks is an error."""
+    """`field=value,...` as changes to Tiles (ints, or true/false, on/off, 1/0 for its flags); anything else, or a
+    field Tiles lacks, is refused naming the item."""
     fields = {f.name: f.type for f in dataclasses.fields(Tiles)}
     changes = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
-        if name not in fields or not value:
-            raise SystemExit(f"--tiles: {item!r} is not field=value for one of {', '.join(fields)}")
-        flag = fields[name] in (bool, "bool")
-        changes[name] = value.lower() in ("1", "true", "on") if flag else int(value)
+        flag = fields.get(name) in (bool, "bool")
+        ok = name in fields and (value.lower() in FLAGS if flag else value.isdigit())
+        if not ok:
+            raise SystemExit(f"--tiles: {item!r} is not field=value for one of {', '.join(fields)} "
+                             "(an int, or true/false for a flag)")
+        changes[name] = FLAGS[value.lower()] if flag else int(value)
     return changes
 
 

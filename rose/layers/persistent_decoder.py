@@ -111,10 +111,12 @@ class PersistentDecoder:
         self.qkv_size = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.routed, self.backend = min(routed, MAX_TOKENS), backend
         # checked against the shapes (the setter) before the weights move
-        shape = (self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)
-        self.tiles = tiles or fit_tiles(*shape)
+        self.shape = (self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)  # what tiles must divide
         if tiles is None:
-            self.change_blocks(BLOCK_CHANGES.get(shape, {}))
+            self.tiles = fit_tiles(*self.shape)
+            self.change_blocks(BLOCK_CHANGES.get(self.shape, {}))
+        else:
+            self.tiles = tiles
         self.w = stack(model)
         self.eps, self.scale, self.causal, self.layers = self.w.eps, self.w.scale, self.w.causal, self.w.layers
         device = self.w.wqkv.device
@@ -132,19 +134,22 @@ class PersistentDecoder:
     def tiles(self, tiles: Tiles) -> None:
         """Tiles for the next calls at every token block (a benchmark sweeps them), refused unless they divide every
         projection."""
-        tiles.check(self.hidden, self.qkv_size, self.heads * self.head_dim, self.inner)
+        tiles.check(*self.shape)
         self._tiles = tiles
         self._blocks: dict[int, Tiles] = {}
 
     def change_blocks(self, changes: dict[int, dict]) -> None:
         """From the next call, the token blocks named run `tiles` with these changes ({block: {field: value}};
         persistent_tiles.block_tiles checks them); the others run `tiles`."""
-        self._blocks = block_tiles(self._tiles, changes, self.hidden, self.qkv_size, self.heads * self.head_dim,
-                                   self.inner)
+        self._blocks = block_tiles(self._tiles, changes, *self.shape)
+
+    def block_m(self, tokens: int) -> int:
+        """The token block (the kernel's BLOCK_M) a batch of `tokens` runs in: a power of two, at least `rows`."""
+        return max(self._tiles.rows, 1 << (tokens - 1).bit_length())
 
     def tiles_at(self, tokens: int) -> Tiles:
         """The tiles a batch of `tokens` runs with: its token block's own, else `tiles`."""
-        return self._blocks.get(max(self._tiles.rows, 1 << (tokens - 1).bit_length()), self._tiles)
+        return self._blocks.get(self.block_m(tokens), self._tiles)
 
     def fits(self, tokens: int) -> bool:
         return 0 < tokens <= self.routed
@@ -159,7 +164,7 @@ class PersistentDecoder:
         device cannot hold fails here, not in serving: so does a grid that stalls). Returns how many blocks
         ran."""
         device = self.w.wqkv.device
-        blocks = [b for b in (16, 32, 64, 128) if b <= max(self.tiles.rows, triton.next_power_of_2(self.routed))]
+        blocks = [b for b in (16, 32, 64, 128) if b <= self.block_m(self.routed)]
         with torch.inference_mode():
             for block in blocks:
                 zeros = torch.zeros(block, dtype=torch.int64, device=device)
@@ -238,8 +243,7 @@ class PersistentDecoder:
         launch with barriers (persistent), or one launch a step. A run from a later step reads what the steps
         before it left in `work` (the tests check phase by phase)."""
         t, d = work.residual.shape[0], self.head_dim
-        tiles = self.tiles_at(t)
-        block_m = max(tiles.rows, triton.next_power_of_2(t))
+        tiles, block_m = self.tiles_at(t), self.block_m(t)
         w = self.w
         args = (work.residual, work.h, work.qkv, work.heads, work.attn, work.od, work.act, work.out, w.wqkv, w.wo,
                 w.wgu, w.wd, w.bqkv, w.bo, w.bgu, w.bd, w.ln1, w.ln1b, w.ln2, w.ln2b, w.final, w.final_b, w.qn, w.kn,

@@ -68,7 +68,7 @@ def fit_tiles(hidden: int, qkv_size: int, q_size: int, inner: int) -> Tiles:
 
 
 # Changes to the fitted tiles at one token block (BLOCK_M), by the model's shapes (hidden, qkv, q, inner), each
-# measured faster at that block on the device (benchmarks/NOTES.md, "One persistent kernel"). Never `heads` or
+# measured faster at that block on the device (benchmarks/NOTES.md, "Tiles by token block"). Never `heads` or
 # `rows`: a forward's steps and its least block are the decoder's, whatever the block.
 BLOCK_CHANGES: dict[tuple[int, int, int, int], dict[int, dict]] = {
     (1024, 4096, 2048, 3072): {  # Qwen3-0.6B (NOTES "Tiles by token block"): each change faster alone at its
@@ -82,11 +82,11 @@ FIXED_FIELDS = ("heads", "rows")
 def block_tiles(tiles: Tiles, changes: dict[int, dict], hidden: int, qkv_size: int, q_size: int,
                 inner: int) -> dict[int, Tiles]:
     """`tiles` with `changes` at their token blocks (the blocks not named take `tiles`), each checked against the
-    shapes; a change of `heads` or `rows`, or a block that is not a power of two from 16, is refused."""
+    shapes; a change of `heads` or `rows`, or a block that is not a power of two from `tiles.rows`, is refused."""
     out = {}
     for block, change in changes.items():
-        if block < 16 or block & (block - 1):
-            raise ValueError(f"token block {block}: blocks are powers of two from 16")
+        if block < tiles.rows or block & (block - 1):
+            raise ValueError(f"token block {block}: blocks are powers of two from {tiles.rows} (the least block)")
         fixed = sorted(set(change) & set(FIXED_FIELDS))
         if fixed:
             raise ValueError(f"{', '.join(fixed)} cannot change by token block (the forward's steps depend on it)")

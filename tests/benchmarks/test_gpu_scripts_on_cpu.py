@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -175,7 +176,7 @@ def test_every_persistent_decoder_sweep_row_fits_the_0_6b_and_tiles_parse() -> N
     pytest.importorskip("triton")
     from benchmarks.model_zoo import QWEN3_CONFIGS
     from benchmarks.persistent_decoder import SWEEP, tile_changes
-    from rose.layers.persistent_tiles import Tiles, fit_tiles
+    from rose.layers.persistent_tiles import fit_tiles
 
     cfg = QWEN3_CONFIGS["qwen3-0.6b"]
     d = cfg["head_dim"]
@@ -184,9 +185,9 @@ def test_every_persistent_decoder_sweep_row_fits_the_0_6b_and_tiles_parse() -> N
     fitted = fit_tiles(*shape)
     for tokens, changes in SWEEP:
         assert tokens in (16, 32, 64, 128)
-        Tiles(**{**fitted.__dict__, **changes}).check(*shape)
-    assert tile_changes("o=64,down=64,split_od=8,prefetch=true,heads=0") == {
-        "o": 64, "down": 64, "split_od": 8, "prefetch": True, "heads": False}
-    for bad in ("width=64", "o", "o="):
+        dataclasses.replace(fitted, **changes).check(*shape)
+    assert tile_changes("o=64,down=64,split_od=8,prefetch=true,heads=0,acquire=OFF") == {
+        "o": 64, "down": 64, "split_od": 8, "prefetch": True, "heads": False, "acquire": False}
+    for bad in ("width=64", "o", "o=", "o=6x", "heads=yes", "prefetch=ture"):
         with pytest.raises(SystemExit, match="--tiles"):
             tile_changes(bad)

@@ -307,12 +307,14 @@ def test_the_engine_routes_to_the_kernel_only_once_its_warm_up_launched_it(tiny_
         engine.close()
 
 
-def test_tiles_change_by_token_block():
-    """The changes measured faster at one token block apply there only; tiles given by a caller (a benchmark's
-    sweep) serve every block; a change of the forward's steps or its least block, or one that does not divide a
-    projection, is refused; every entry of the table fits its model's shapes."""
+def test_tiles_change_by_token_block(monkeypatch):
+    """The changes measured faster at one token block apply there only, to the buffers and to what the kernel is
+    launched with; tiles given by a caller (a benchmark's sweep) serve every block; a change of the forward's steps
+    or its least block, or one that does not divide a projection, is refused; the table's entries fit their shapes
+    and a fitted decoder of those shapes takes them."""
     import torch
 
+    from rose.layers import persistent_decoder
     from rose.layers.persistent_decoder import PersistentDecoder
     from rose.layers.persistent_tiles import (
         BLOCK_CHANGES,
@@ -322,30 +324,37 @@ def test_tiles_change_by_token_block():
     )
     from rose.models.qwen3 import Qwen3Model
 
-    for shape, changes in BLOCK_CHANGES.items():
-        blocks = block_tiles(fit_tiles(*shape), changes, *shape)
-        assert set(blocks) == set(changes) and all(blocks[b] != fit_tiles(*shape) for b in blocks)
-    assert block_tiles(Tiles(), BLOCK_CHANGES[(1024, 4096, 2048, 3072)], 1024, 4096, 2048, 3072)[128].queries == 16
-    assert 64 not in BLOCK_CHANGES[(1024, 4096, 2048, 3072)]  # where both changes measured slower
+    qwen3_06b = (1024, 4096, 2048, 3072)  # hidden, qkv, q, inner
     for bad, match in (({128: {"heads": False}}, "heads cannot change"), ({64: {"rows": 32}}, "rows cannot"),
-                       ({24: {"queries": 16}}, "powers of two"), ({64: {"o": 48}}, "not whole tiles")):
+                       ({24: {"queries": 16}}, "powers of two"), ({8: {"queries": 16}}, "from 16"),
+                       ({64: {"o": 48}}, "not whole tiles")):
         with pytest.raises(ValueError, match=match):
-            block_tiles(Tiles(), bad, 1024, 4096, 2048, 3072)
+            block_tiles(Tiles(), bad, *qwen3_06b)
 
     cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
     tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, keys=16, queries=16)
     decoder = PersistentDecoder(Qwen3Model(cfg, causal=True), tiles, programs=2)
     assert [decoder.tiles_at(t) for t in (1, 16, 17, 64, 128)] == [tiles] * 5  # tiles given: every block
-    decoder.change_blocks({64: {"queries": 32, "split_od": 1}})
+    decoder.change_blocks({64: {"queries": 32, "split_od": 1, "stages": 2}})
     assert [decoder.tiles_at(t).split_od for t in (1, 16, 32, 33, 64, 65)] == [2, 2, 2, 1, 1, 2]
-    work = decoder.workspace(torch.zeros(40, 64), torch.arange(40), torch.zeros(40, dtype=torch.long))
-    assert work.od.shape == (1, 40, 64)  # the buffers of the block's own tiles
+    launched = []
+    monkeypatch.setattr(persistent_decoder, "decoder_kernel", {(2,): lambda *a, **meta: launched.append(meta)})
+    for t in (20, 40):  # blocks 32 and 64
+        work = decoder.workspace(torch.zeros(t, 64), torch.arange(t), torch.zeros(t, dtype=torch.long))
+        assert work.od.shape[0] == (1 if t == 40 else 2)  # the buffers of the block's own tiles
+        decoder.run(work, 0, decoder.steps)
+    assert [(m["BLOCK_M"], m["S_OD"], m["BQ"], m["num_stages"]) for m in launched] == [(32, 2, 16, 3), (64, 1, 32, 2)]
     decoder.tiles = tiles  # a caller's tiles: every block again
     assert decoder.tiles_at(64) == tiles
-    with torch.device("meta"):  # the 0.6B's shapes, fitted: its table's change at 128 tokens only
-        qwen3_06b = Qwen3Model({**cfg, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
-                                "num_key_value_heads": 8, "head_dim": 128}, causal=True)
-    fitted = PersistentDecoder(qwen3_06b, programs=2)
-    assert [(fitted.tiles_at(t).queries, fitted.tiles_at(t).stages) for t in (16, 17, 64, 65, 128)] == [
-        (32, 4), (32, 3), (32, 3), (16, 4), (16, 4)]
+
+    for shape, changes in BLOCK_CHANGES.items():  # guards on the table: each entry fits, and changes something
+        blocks = block_tiles(fit_tiles(*shape), changes, *shape)
+        assert set(blocks) == set(changes) and all(blocks[b] != fit_tiles(*shape) for b in blocks)
+    with torch.device("meta"):  # a fitted decoder of the 0.6B's shapes takes its entry, block by block
+        model = Qwen3Model({**cfg, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
+                            "num_key_value_heads": 8, "head_dim": 128}, causal=True)
+    fitted = PersistentDecoder(model, programs=2)
+    expected = block_tiles(fit_tiles(*qwen3_06b), BLOCK_CHANGES[qwen3_06b], *qwen3_06b)
+    for t in (1, 16, 17, 32, 33, 64, 65, 128):
+        assert fitted.tiles_at(t) == expected.get(fitted.block_m(t), fit_tiles(*qwen3_06b)), t

@@ -71,9 +71,10 @@ def test_the_other_forms_match_too(batch):
         expected = model(meta, backend)
         embedded = model.embed_tokens(meta.input_ids)
         plain = decoder(embedded, meta.positions, meta.seq_ids).clone()
-        decoder.tiles = dataclasses.replace(decoder.tiles, acquire=False)
+        served = decoder.tiles_at(embedded.shape[0])  # this batch's block's tiles: only the form changes below
+        decoder.tiles = dataclasses.replace(served, acquire=False)
         fenced = decoder(embedded, meta.positions, meta.seq_ids).clone()
-        decoder.tiles = dataclasses.replace(decoder.tiles, acquire=True, heads=False, keys=32)
+        decoder.tiles = dataclasses.replace(served, heads=False, keys=32)
         own_heads = decoder(embedded, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
     assert torch.equal(fenced, plain)
@@ -83,14 +84,14 @@ def test_the_other_forms_match_too(batch):
 
 @pytest.mark.parametrize("tokens", [16, 128])
 def test_weights_prefetched_into_l2_change_no_bits(tokens):
-    from rose.layers.persistent_decoder import Tiles
+    import dataclasses
 
     model, _, meta = _setup(True, [tokens])
     decoder = PersistentDecoder(model)
     with torch.inference_mode():
         embedded = model.embed_tokens(meta.input_ids)
         plain = decoder(embedded, meta.positions, meta.seq_ids).clone()
-        decoder.tiles = Tiles(prefetch=True)
+        decoder.tiles = dataclasses.replace(decoder.tiles_at(tokens), prefetch=True)  # the block's tiles, prefetching
         prefetched = decoder(embedded, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
     assert torch.equal(prefetched, plain)
