@@ -71,10 +71,10 @@ def test_the_other_forms_match_too(batch):
         expected = model(meta, backend)
         embedded = model.embed_tokens(meta.input_ids)
         plain = decoder(embedded, meta.positions, meta.seq_ids).clone()
-        served = decoder.tiles_at(embedded.shape[0])  # this batch's block's tiles: only the form changes below
-        decoder.tiles = dataclasses.replace(served, acquire=False)
-        fenced = decoder(embedded, meta.positions, meta.seq_ids).clone()
-        decoder.tiles = dataclasses.replace(served, heads=False, keys=32)
+        fitted = decoder.tiles
+        decoder.tiles = dataclasses.replace(decoder.tiles_at(embedded.shape[0]), acquire=False)  # the block's own
+        fenced = decoder(embedded, meta.positions, meta.seq_ids).clone()  # tiles, only the barrier's form changed
+        decoder.tiles = dataclasses.replace(fitted, heads=False, keys=32)  # (the form measured: 3 stages)
         own_heads = decoder(embedded, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
     assert torch.equal(fenced, plain)
