@@ -38,8 +38,8 @@ from rose.batch import Batch
 from rose.express import ExpressLane
 from rose.graphs import CudaGraphs, layout_label
 from rose.layers import output_transform, segment_mean
-from rose.layers.persistent_decoder import attach as attach_persistent
-from rose.layers.persistent_decoder import enable as enable_persistent
+from rose.layers.persistent_attach import attach as attach_persistent
+from rose.layers.persistent_attach import enable as enable_persistent
 from rose.lazy import LazyTensor, PinnedBuffer, PinnedPool
 from rose.loader import load_model
 from rose.meta import ForwardMeta, HostMeta, MetaLayout, pack_batch

@@ -19,7 +19,8 @@ def test_kernel_matches_the_layer_by_layer_forward_under_the_interpreter():
 def test_unsupported_decoders_are_named():
     import torch
 
-    from rose.layers.persistent_decoder import attach, unsupported
+    from rose.layers.persistent_attach import attach
+    from rose.layers.persistent_decoder import unsupported
     from rose.models.qwen3 import DecoderOptions, Qwen3Model
 
     cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
@@ -172,13 +173,13 @@ def test_tulip_and_the_rose_cli_pass_the_setting_to_the_engine(monkeypatch):
 def test_attach_refuses_what_it_cannot_serve(monkeypatch):
     import torch
 
-    from rose.layers import persistent_decoder
+    from rose.layers import persistent_attach, persistent_decoder
     from rose.models.qwen3 import Qwen3Model
 
     cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
     model = Qwen3Model(cfg, causal=True)
-    assert persistent_decoder.attach(model, object(), 64) is None and model.persistent is None  # weights on a CPU
+    assert persistent_attach.attach(model, object(), 64) is None and model.persistent is None  # weights on a CPU
     with torch.device("meta"):
         wide = Qwen3Model({**cfg, "head_dim": 256}, causal=True)
     assert "head_dim 256" in persistent_decoder.unsupported(wide)
@@ -187,8 +188,8 @@ def test_attach_refuses_what_it_cannot_serve(monkeypatch):
 def test_on_routes_each_family_up_to_where_it_was_measured_faster():
     import torch
 
-    from rose.layers import persistent_decoder
-    from rose.layers.persistent_decoder import bound_for
+    from rose.layers import persistent_attach
+    from rose.layers.persistent_attach import bound_for
     from rose.models.bert import BertModel
     from rose.models.qwen3 import Qwen3Model
     from rose.persistent_routing import AUTO, ON
@@ -209,7 +210,7 @@ def test_on_routes_each_family_up_to_where_it_was_measured_faster():
                             "num_attention_heads": 12, "max_position_embeddings": 64})
     assert bound_for(qwen3_06b, AUTO) == 128 and bound_for(minilm, AUTO) == 16
     with pytest.raises(ValueError, match="-5 tokens"):
-        persistent_decoder.attach(qwen3, object(), -5)  # neither off, on nor a bound
+        persistent_attach.attach(qwen3, object(), -5)  # neither off, on nor a bound
 
 
 def test_tiles_that_do_not_divide_a_projection_are_refused():
@@ -260,7 +261,7 @@ def test_the_engine_routes_to_the_kernel_only_once_its_warm_up_launched_it(tiny_
     compiled ahead, the kernel manifest recording its variants), before the warm-up's first step; a warm that fails
     (a launch, a grid that stalls) leaves the layers serving, logged."""
     from rose.engine import Engine
-    from rose.layers.persistent_decoder import enable
+    from rose.layers.persistent_attach import enable
 
     order = []
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rose.layers import persistent_decoder
+from rose.layers import persistent_attach, persistent_decoder
 from rose.layers.persistent_decoder import PersistentDecoder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or persistent_decoder.triton is None,
@@ -127,7 +127,7 @@ def test_attached_it_takes_small_batches_only():
     _, _, large = _setup(True, [200])
     with torch.inference_mode():
         plain_small, plain_large = model(small, backend), model(large, backend)
-        assert persistent_decoder.attach(model, backend, 128) is model.persistent is not None
+        assert persistent_attach.attach(model, backend, 128) is model.persistent is not None
         routed_small, routed_large = model(small, backend), model(large, backend)
         direct = model.persistent(model.embed_tokens(small.input_ids), small.positions, small.seq_ids)
     assert torch.equal(routed_small, direct) and not torch.equal(routed_small, plain_small)
