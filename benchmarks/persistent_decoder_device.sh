@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles (MODEL=minilm-l6 for all-MiniLM's encoder; NO_SWEEP=1 skips the sweep, SWEEP=prefetch,keys keeps only the rows changing those fields; MODELS_BENCH=qwen3-0.6b,minilm-l6 runs the benchmark and phases for each; TILES=o=64,split_od=8 changes the fitted tiles of both), then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's rows of MODELS (qwen3-0.6b,minilm-l6) at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark; PHASES=1 adds the kernel's own clock per phase.
+# The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles (MODEL=minilm-l6 for all-MiniLM's encoder; NO_SWEEP=1 skips the sweep, SWEEP=prefetch,keys keeps only the rows changing those fields; MODELS_BENCH=qwen3-0.6b,minilm-l6 runs the benchmark and phases for each; TILES=o=64,split_od=8 changes the fitted tiles of both), then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's rows of MODELS (qwen3-0.6b,minilm-l6) at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark; PHASES=1 adds the kernel's own clock per phase, PROGRAMS=1 every program's clock (benchmarks.persistent_clock).
 # Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root. Timeouts: smoke 90 s, benchmark
 # BENCH_TIMEOUT (360), phases 120, tests 480, engine 150 per flag; a call may run 600 s, so never TESTS=1 with
 # BENCH=1 or ENGINE=1 (Triton's cache under /root stays while the machine is warm: a later call compiles less):
@@ -45,6 +45,11 @@ if [ "${PHASES:-0}" = 1 ]; then
     --model $model ${TILES:+--tiles $TILES} > $OUT/${log}_phases.log 2>&1
   stamp "phases $model" $?; tail -5 $OUT/${log}_phases.log
 fi
+if [ "${PROGRAMS:-0}" = 1 ]; then
+  timeout 120 python3 -m benchmarks.persistent_clock --tokens ${TOKENS:-16,64,128} --out $OUT \
+    --model $model ${TILES:+--tiles $TILES} > $OUT/${log}_clock.log 2>&1
+  stamp "every program's clock $model" $?; tail -14 $OUT/${log}_clock.log
+fi
 done
 if [ "${TESTS:-1}" = 1 ]; then
   timeout 480 python3 -m pytest -q -m gpu tests/rose/test_rose_persistent_decoder_gpu.py \
@@ -62,6 +67,6 @@ if [ "${ENGINE:-0}" = 1 ]; then
     stamp "rose_gpu ROSE_PERSISTENT_DECODER=$flag" $?; grep -E '^(qwen3|minilm)' $OUT/rose_gpu_persistent$flag.log | tail -6
   done
 fi
-[ "${BENCH:-1}" = 1 ] && for f in $OUT/persistent_decoder*.log; do case $f in *_phases.log|*_tests.log) ;; *)
+[ "${BENCH:-1}" = 1 ] && for f in $OUT/persistent_decoder*.log; do case $f in *_phases.log|*_clock.log|*_tests.log) ;; *)
   grep -A40 'weight-read floor' $f | tail -40 ;; esac; done
 exit $rc

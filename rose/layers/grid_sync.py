@@ -20,6 +20,13 @@ def globaltimer():
                                      pack=1)
 
 @triton.jit
+def sm_cycles():
+    """This SM's cycle counter (%clock64): finer than %globaltimer within one program, but not comparable
+    between SMs (the per-program clock pairs the two)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
 def _fence():
     """fence.acq_rel.gpu on every thread: what the other programs released before their arrival is visible to
     this program's later loads, L1 included."""

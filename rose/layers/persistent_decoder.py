@@ -175,10 +175,11 @@ class PersistentDecoder:
 
     def __call__(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
                  persistent: bool = True, clock: torch.Tensor | None = None) -> torch.Tensor:
-        """Every layer and the final norm over `residual` (the embeddings [T, hidden]). clock: int64
-        [steps + 1] on the device (persistent only, a GPU only): program 0 writes the GPU's clock (ns)
-        before the first step and after each step's barrier, so where the time goes per phase can be read
-        (benchmarks.persistent_decoder --phases)."""
+        """Every layer and the final norm over `residual` (the embeddings [T, hidden]). clock (persistent only, a
+        GPU only), int64 on the device: [steps + 1], program 0 writes the GPU's clock (ns) before the first step
+        and after each step's barrier (benchmarks.persistent_decoder --phases); or [steps, programs, 4], every
+        program writes its work's start and end in each step, in ns and in its SM's cycles
+        (benchmarks.persistent_clock: the programs' skew, work and the barrier's release apart)."""
         work = self.workspace(residual, positions, seq_ids)
         self.run(work, 0, self.steps, persistent, clock)
         return work.out
@@ -256,7 +257,8 @@ class PersistentDecoder:
                 "BKEY": min(block_m, tiles.keys if tiles.heads else min(tiles.keys, 64)),  # own heads: 128 spill
                 "CAUSAL": self.causal, "POST": w.post,
                 "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
-                "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": clock is not None,
+                "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": self._clock_kind(clock, persistent,
+                                                                                                 first, last),
                 "FENCE": (3 if tiles.acquire else 0) if INTERPRETED else 2 if tiles.acquire else 1,
                 "PHASES": self.phases, "SPINS": self.spins,
                 "HEADS": tiles.heads, "BR": tiles.head_rows,
@@ -264,8 +266,6 @@ class PersistentDecoder:
                 "EMBED": work.ids is not None, "TYPES": w.token_types, "num_warps": tiles.warps,
                 "num_stages": tiles.stages}
         grid = (self.programs,)
-        if clock is not None and (not persistent or first != 0 or clock.numel() < last + 1):
-            raise ValueError(f"a clock needs the persistent kernel from step 0 and {last + 1} slots")
         self.flags.zero_()
         if persistent:
             decoder_kernel[grid](*args, first, last, PERSISTENT=True, **meta)
@@ -273,6 +273,24 @@ class PersistentDecoder:
             for step in range(first, last):
                 decoder_kernel[grid](*args, step, step + 1, PERSISTENT=False, **meta)
 
+
+    def _clock_kind(self, clock: torch.Tensor | None, persistent: bool, first: int, last: int) -> int:
+        """The kernel's CLOCK for `clock` (__call__): 0 none, 1 program 0's [steps + 1], 2 every program's
+        [steps, programs, 4]; anything else is refused."""
+        if clock is None:
+            return 0
+        if INTERPRETED:
+            raise ValueError("a clock needs a GPU: Triton's interpreter has no %globaltimer")
+        if not persistent or first != 0:
+            raise ValueError("a clock needs the persistent kernel from step 0")
+        if clock.dtype != torch.int64 or not clock.is_contiguous():
+            raise ValueError(f"a clock is contiguous int64, not {clock.dtype}")
+        if clock.dim() == 1 and clock.numel() >= last + 1:
+            return 1
+        if clock.dim() == 3 and tuple(clock.shape) == (self.steps, self.programs, 4):
+            return 2
+        raise ValueError(f"a clock is [{last + 1}] (program 0's) or [{self.steps}, {self.programs}, 4] (every "
+                         f"program's), not {list(clock.shape)}")
 
     def _embed_args(self, work: Workspace) -> tuple:
         """The kernel's ids, token types and embedding tables (placeholders when step 0 does not embed)."""

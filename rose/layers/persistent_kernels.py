@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from rose.layers.grid_sync import globaltimer, grid_barrier
+from rose.layers.grid_sync import globaltimer, grid_barrier, sm_cycles
 from rose.layers.persistent_attention import _attention, _attention_ready, _heads, _rope_rows
 
 
@@ -148,8 +148,10 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
     the o and down projections), summed where they are read (with their biases, BIAS). The family: Qwen3 is
     pre-norm, RMSNorm, SiLU-gated (ACT 1), QK-norm + RoPE (ROPE); BERT is post-norm (POST: h_ptr is res_ptr,
     phase 0 of layer l > 0 is layer l - 1's output norm, ln1 holds those), LayerNorm, biases, GELU (ACT 2).
-    PERSISTENT: a grid barrier after each step but the last (and after the last too when CLOCK: program 0 then
-    reads the clock once every program is done). EMBED (post-norm only): step 0 computes BERT's embeddings from
+    PERSISTENT: a grid barrier after each step but the last (and after the last too when CLOCK). CLOCK 1: program 0
+    reads the clock before the first step and after each barrier (clock_ptr [steps + 1]); CLOCK 2: every program
+    writes [start ns, end ns, start cycle, end cycle] of its work in each step (clock_ptr [steps, programs, 4]; the
+    end read after a bar.sync, so once all its warps are done). EMBED (post-norm only): step 0 computes BERT's embeddings from
     the ids (and token types, TYPES) into the residual. PREFETCH: each GEMM phase's weights are asked into L2 a phase
     early, where no weights stream (the norms for the QKV and gate-up, attention for o) or after the gate-up's
     own work (for down)."""
@@ -158,9 +160,13 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
     D: tl.constexpr = 2 * HALF
     QKV_N: tl.constexpr = (NH + 2 * NKV) * D
     GU_N: tl.constexpr = 2 * INNER if ACT == 1 else INNER  # the gate-up weight's rows
-    if CLOCK and pid == 0:
+    if CLOCK == 1 and pid == 0:
         tl.store(clock_ptr + first, globaltimer())
     for step in range(first, last):
+        if CLOCK == 2:
+            slot = clock_ptr + (tl.cast(step, tl.int64) * nprog + pid) * 4
+            tl.store(slot, globaltimer())
+            tl.store(slot + 2, sm_cycles())
         layer = tl.cast(step // PHASES, tl.int64)
         phase = step % PHASES
         if HEADS and phase >= 2:  # the same kinds of work with and without the heads step: 7 is the heads step
@@ -217,7 +223,11 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
         else:
             _heads(qkv_ptr, bqkv_ptr + layer * QKV_N, heads_ptr, qn_ptr + layer * D, kn_ptr + layer * D, rope_ptr,
                    T, pid, nprog, eps, NH, NKV, HALF, BR, S_QKV, BIAS, ROPE)
+        if CLOCK == 2:
+            tl.debug_barrier()
+            tl.store(slot + 1, globaltimer())
+            tl.store(slot + 3, sm_cycles())
         if PERSISTENT and (CLOCK or (step < final and not (POST and step == 0 and not EMBED))):  # (no work)
             grid_barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2, FENCE, SPINS)
-        if CLOCK and pid == 0:
+        if CLOCK == 1 and pid == 0:
             tl.store(clock_ptr + step + 1, globaltimer())

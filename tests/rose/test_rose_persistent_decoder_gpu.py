@@ -149,6 +149,27 @@ def test_the_kernels_clock_marks_every_step_in_order():
         decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids, persistent=False, clock=clock)
 
 
+def test_every_programs_clock_shows_the_barrier_holding():
+    """Every program's clock changes no bits, and reads what the barrier promises: no program starts a step before
+    every program has ended the one before; each program's work ends after it starts, in ns and in cycles."""
+    from benchmarks.persistent_clock import split_steps
+
+    model, _, meta = _setup(True, [64])
+    decoder = PersistentDecoder(model)
+    clock = torch.zeros(decoder.steps, decoder.programs, 4, dtype=torch.int64, device="cuda")
+    with torch.inference_mode():
+        timed = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids, clock=clock)
+        plain = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
+    torch.cuda.synchronize()
+    c = clock.cpu()
+    assert torch.equal(timed, plain) and bool((c[..., 0] > 0).all())
+    assert bool((c[..., 1] >= c[..., 0]).all()) and bool((c[..., 3] > c[..., 2]).all())
+    assert bool((c[:-1, :, 1].max(-1).values <= c[1:, :, 0].min(-1).values).all())  # the barrier, step by step
+    steps = split_steps(c[None])
+    assert bool((steps["release"][:-1] >= 0).all()) and bool((steps["work max"] <= steps["span"] + 1e-3).all())
+    assert 0 < float(steps["step"].sum()) < 1e6  # µs
+
+
 @pytest.mark.parametrize("batch", ["one-128", "ragged", "one-1", "padded-64"])
 def test_bert_matches_its_layers(batch):
     from benchmarks.persistent_decoder import device_meta, random_bert

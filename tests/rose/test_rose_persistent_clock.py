@@ -1,0 +1,71 @@
+"""Every program's clock in the persistent decoder: the clocks the decoder takes (program 0's, or every
+program's) and refuses, and benchmarks.persistent_clock's split of a step into skew, work, span and the barrier's
+release, on clocks whose answers are known. (On the GPU: tests/rose/test_rose_persistent_decoder_gpu.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _clock(starts: list[list[int]], works: list[list[int]], scale: int = 1) -> torch.Tensor:
+    """[steps, programs, 4] from each step's starts and works in ns: each SM counts 2 cycles a ns from its own
+    origin (10 000 cycles apart), as SMs' counters do not agree."""
+    rows = []
+    for step_starts, step_works in zip(starts, works):
+        rows.append([[s * scale, (s + w) * scale, 10_000 * p + 2 * s * scale, 10_000 * p + 2 * (s + w) * scale]
+                     for p, (s, w) in enumerate(zip(step_starts, step_works))])
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def test_a_step_splits_into_skew_work_span_and_release():
+    from benchmarks.persistent_clock import per_kind, split_steps
+
+    starts, works = [[0, 100, 400], [2400, 2450, 2500]], [[1000, 2000, 500], [100, 200, 300]]
+    runs = torch.stack([_clock(starts, works), _clock(starts, works), _clock(starts, works, scale=3)])  # an outlier
+    steps = split_steps(runs)
+    expected = {"skew": [0.4, 0.1], "work p50": [1.0, 0.2], "work max": [2.0, 0.3], "work min": [0.5, 0.1],
+                "span": [2.1, 0.4], "release": [0.3, 0.0], "step": [2.4, 0.4]}  # µs; the last step: no release
+    for stat, values in expected.items():
+        assert steps[stat].tolist() == pytest.approx(values), stat
+
+    table = per_kind(steps, layers=1, names=["qkv"])
+    assert list(table) == ["qkv", "final norm", "total"]
+    assert table["qkv"]["release"] == pytest.approx(0.3) and table["final norm"]["span"] == pytest.approx(0.4)
+    assert table["total"]["step"] == pytest.approx(2.8)
+
+
+def test_the_decoder_takes_program_zeros_clock_or_every_programs(monkeypatch):
+    from rose.layers import persistent_decoder
+    from rose.layers.persistent_decoder import PersistentDecoder
+    from rose.layers.persistent_tiles import Tiles
+    from rose.models.qwen3 import Qwen3Model
+
+    cfg = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+    tiles = Tiles(qkv=32, o=32, gate_up=32, down=32, split_qkv=2, split_od=2, k=16, keys=16, queries=16)
+    decoder = PersistentDecoder(Qwen3Model(cfg, causal=True), tiles, programs=3)
+    launched = []
+    monkeypatch.setattr(persistent_decoder, "decoder_kernel", {(3,): lambda *a, **meta: launched.append(meta)})
+    monkeypatch.setattr(persistent_decoder, "INTERPRETED", False)
+    work = decoder.workspace(torch.zeros(8, 64), torch.arange(8), torch.zeros(8, dtype=torch.long))
+
+    def run(clock, **kwargs):
+        decoder.run(work, kwargs.pop("first", 0), decoder.steps, clock=clock, **kwargs)
+        return launched[-1]["CLOCK"]
+
+    assert run(None) == 0
+    assert run(torch.zeros(decoder.steps + 1, dtype=torch.int64)) == 1
+    assert run(torch.zeros(decoder.steps, 3, 4, dtype=torch.int64)) == 2
+    count = len(launched)
+    for clock, kwargs, match in ((torch.zeros(decoder.steps, 2, 4, dtype=torch.int64), {}, "every program"),
+                                 (torch.zeros(decoder.steps, dtype=torch.int64), {}, "program 0"),
+                                 (torch.zeros(decoder.steps + 1), {}, "int64"),
+                                 (torch.zeros(decoder.steps + 1, dtype=torch.int64), {"persistent": False}, "step 0"),
+                                 (torch.zeros(decoder.steps + 1, dtype=torch.int64), {"first": 1}, "step 0")):
+        with pytest.raises(ValueError, match=match):
+            run(clock, **kwargs)
+    monkeypatch.setattr(persistent_decoder, "INTERPRETED", True)
+    with pytest.raises(ValueError, match="interpreter"):
+        run(torch.zeros(decoder.steps + 1, dtype=torch.int64))
+    assert len(launched) == count  # nothing refused was launched
