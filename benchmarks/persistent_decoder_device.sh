@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The persistent decoder (issue 14): a smoke run, GPU time per graph replay beside the layer-by-layer kernels at 16-128 tokens and a sweep of its tiles (MODEL=minilm-l6 for all-MiniLM's encoder; NO_SWEEP=1 skips the sweep, SWEEP=prefetch,keys keeps only the rows changing those fields; MODELS_BENCH=qwen3-0.6b,minilm-l6 runs the benchmark and phases for each; TILES=o=64,split_od=8 changes the fitted tiles of both), then its GPU tests; ENGINE=1 adds benchmarks.rose_gpu's rows of MODELS (qwen3-0.6b,minilm-l6) at 16-128 tokens (SUITES) with ROSE_PERSISTENT_DECODER off and at 128; TESTS=0 skips the smoke run and the tests, BENCH=0 the benchmark; PHASES=1 adds the kernel's own clock per phase, PROGRAMS=1 every program's clock (benchmarks.persistent_clock).
 # Carry nothing (torch and Triton only; .whl when ENGINE=1). From the repository root. Timeouts: smoke 90 s, benchmark
-# BENCH_TIMEOUT (360), phases 120, tests 480, engine 150 per flag; a call may run 600 s, so never TESTS=1 with
+# BENCH_TIMEOUT (360), phases 120, every program's clock 180, tests 480, engine 150 per flag; a call may run 600 s, so never TESTS=1 with
 # BENCH=1 or ENGINE=1 (Triton's cache under /root stays while the machine is warm: a later call compiles less):
 #   GIT_COMMIT=$(git rev-parse --short HEAD) PHASES=1 TESTS=0 bash benchmarks/device.sh persistent-decoder
 #   GIT_COMMIT=... BENCH=0 TESTS=1 bash benchmarks/device.sh persistent-decoder
@@ -46,7 +46,7 @@ if [ "${PHASES:-0}" = 1 ]; then
   stamp "phases $model" $?; tail -5 $OUT/${log}_phases.log
 fi
 if [ "${PROGRAMS:-0}" = 1 ]; then
-  timeout 120 python3 -m benchmarks.persistent_clock --tokens ${TOKENS:-16,64,128} --out $OUT \
+  timeout 180 python3 -m benchmarks.persistent_clock --tokens ${TOKENS:-16,64,128} --out $OUT \
     --model $model ${TILES:+--tiles $TILES} > $OUT/${log}_clock.log 2>&1
   stamp "every program's clock $model" $?; tail -14 $OUT/${log}_clock.log
 fi
