@@ -242,6 +242,21 @@ class PersistentDecoder:
         """Steps [first, last) over `work` (step = layer * phases + phase; self.steps - 1 is the final norm): one
         launch with barriers (persistent), or one launch a step. A run from a later step reads what the steps
         before it left in `work` (the tests check phase by phase)."""
+        args, meta = self.kernel_args(work, persistent, first, last, clock)
+        grid = (self.programs,)
+        self.flags.zero_()
+        if persistent:
+            decoder_kernel[grid](*args, first, last, PERSISTENT=True, **meta)
+        else:
+            for step in range(first, last):
+                decoder_kernel[grid](*args, step, step + 1, PERSISTENT=False, **meta)
+
+    def kernel_args(self, work: Workspace, persistent: bool = True, first: int = 0, last: int | None = None,
+                    clock: torch.Tensor | None = None) -> tuple[tuple, dict]:
+        """decoder_kernel's arguments before `first, last` and its constexprs (with num_warps and num_stages) for
+        a run over `work`: what run() launches, and what benchmarks.persistent_sass compiles for sm_90 without a
+        GPU."""
+        last = self.steps if last is None else last
         t, d = work.residual.shape[0], self.head_dim
         tiles, block_m = self.tiles_at(t), self.block_m(t)
         w = self.w
@@ -265,14 +280,7 @@ class PersistentDecoder:
                 "PREFETCH": tiles.prefetch and not INTERPRETED and w.wqkv.element_size() == 2,  # 64 a line
                 "EMBED": work.ids is not None, "TYPES": w.token_types, "num_warps": tiles.warps,
                 "num_stages": tiles.stages}
-        grid = (self.programs,)
-        self.flags.zero_()
-        if persistent:
-            decoder_kernel[grid](*args, first, last, PERSISTENT=True, **meta)
-        else:
-            for step in range(first, last):
-                decoder_kernel[grid](*args, step, step + 1, PERSISTENT=False, **meta)
-
+        return args, meta
 
     def _clock_kind(self, clock: torch.Tensor | None, persistent: bool, first: int, last: int) -> int:
         """The kernel's CLOCK for `clock` (__call__): 0 none, 1 program 0's [steps + 1], 2 every program's
