@@ -11,7 +11,7 @@ program), so a step's time splits into
 
 per kind of phase (the mean over the layers of the median over runs), at each token count.
 
-    python -m benchmarks.persistent_clock [--model qwen3-0.6b|minilm-l6] [--tokens 16,64,128] [--runs 20]
+    python -m benchmarks.persistent_clock [--model qwen3-0.6b|minilm-l6] [--tokens 16,64,128] [--runs 21]
                                           [--tiles o=64,...] [--out DIR]
 
 Writes DIR/persistent_clock[_MODEL].json; prints a table last.
@@ -31,9 +31,10 @@ STATS = ("skew", "work p50", "work max", "work min", "span", "release", "step")
 
 def split_steps(clock: torch.Tensor) -> dict[str, torch.Tensor]:
     """clock: int64 [runs, steps, programs, 4] (start ns, end ns, start cycle, end cycle) -> each of STATS in µs
-    per step, the median over runs. Cycles are read as ns at each program's own rate over the whole forward (its
-    cycles over its ns from its first start to its last end). The last step has no next start: its release is 0
-    and its step is its span."""
+    per step, the median over runs (the lower of the two middle ones for an even count). Cycles are read as ns at
+    each program's own rate over the whole forward (its cycles over its ns from its first start to its last end).
+    Step 0's skew is the launch's (no barrier before it). The last step has no next start: its release is 0 and
+    its step is its span."""
     c = clock.double()
     start, end = c[..., 0], c[..., 1]
     cycles = c[..., 3] - c[..., 2]
@@ -52,7 +53,7 @@ def split_steps(clock: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def per_kind(steps: dict[str, torch.Tensor], layers: int, names: list[str]) -> dict[str, dict[str, float]]:
     """split_steps' per-step stats -> {phase name: {stat: mean over the layers}}; the final norm, then the
-    forward's total of each stat, last."""
+    forward's total of each stat (the sum of the steps' medians), last."""
     phases = len(names)
     table = {name: {} for name in [*names, "final norm", "total"]}
     for stat, values in steps.items():
@@ -87,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen3-0.6b", choices=["qwen3-0.6b", "minilm-l6"])
     parser.add_argument("--tokens", default="16,64,128")
-    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--tiles", default="", help="changes to the fitted tiles, as benchmarks.persistent_decoder")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     args = parser.parse_args()

@@ -48,7 +48,7 @@ fi
 if [ "${PROGRAMS:-0}" = 1 ]; then
   timeout 180 python3 -m benchmarks.persistent_clock --tokens ${TOKENS:-16,64,128} --out $OUT \
     --model $model ${TILES:+--tiles $TILES} > $OUT/${log}_clock.log 2>&1
-  stamp "every program's clock $model" $?; tail -14 $OUT/${log}_clock.log
+  stamp "every program's clock $model" $?; tail -40 $OUT/${log}_clock.log
 fi
 done
 if [ "${TESTS:-1}" = 1 ]; then

@@ -1,6 +1,6 @@
 """The persistent decoder compiled for sm_90 (the H100 and H200) on a machine without a GPU: per token block, the
-kernel's shared memory, registers and spill stack, and what its GEMM loops became (cp.async copies in flight,
-wgmma or mma.sync), from Triton's own compiler and the cuobjdump of its wheel. Tells before a device call whether
+kernel's shared memory, registers and spill stack, and what its GEMM loops became (its cp.async, wgmma and
+mma.sync instructions), from Triton's own compiler and the cuobjdump of its wheel. Tells before a device call whether
 a tile change fits an SM's 227 KB of shared memory and whether its K loops are software-pipelined (stages).
 
     python -m benchmarks.persistent_sass [--model qwen3-0.6b] [--tokens 16,32,64,128] [--tiles stages=4]
@@ -25,7 +25,6 @@ import torch
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's most shared memory
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
                  torch.int64: "*i64"}
-UNALIGNED = ("pos_ptr", "seq_ptr")  # decoder_kernel's do_not_specialize_on_alignment
 SASS_OPS = {"cp.async": "LDGSTS", "wgmma": "HGMMA", "mma.sync": "HMMA"}
 
 
@@ -53,12 +52,13 @@ def compile_block(decoder, tokens: int, clock: int = 0) -> dict:
     from rose.layers.persistent_kernels import decoder_kernel
 
     rows = torch.empty(tokens, decoder.hidden, dtype=decoder.w.wqkv.dtype, device="meta")
-    index = torch.empty(tokens, dtype=torch.int32, device="meta")
+    index = torch.empty(tokens, dtype=torch.int64, device="meta")  # positions and sequence ids, as rose.meta packs
     work = decoder.workspace(rows, index, index)
     clocks = {0: None, 1: torch.empty(decoder.steps + 1, dtype=torch.int64, device="meta"),
               2: torch.empty(decoder.steps, decoder.programs, 4, dtype=torch.int64, device="meta")}
     args, meta = decoder.kernel_args(work, clock=clocks[clock])
     names = decoder_kernel.arg_names
+    unaligned = {p.name for p in decoder_kernel.params if getattr(p, "do_not_specialize_on_alignment", False)}
     values = dict(zip(names, (*args, 0, decoder.steps)))  # first, last
     values.update(PERSISTENT=True, **meta)
     warps, stages = values.pop("num_warps"), values.pop("num_stages")
@@ -67,7 +67,7 @@ def compile_block(decoder, tokens: int, clock: int = 0) -> dict:
         value = values[name]
         if isinstance(value, torch.Tensor):
             signature[name] = POINTER_TYPES[value.dtype]
-            if name not in UNALIGNED:
+            if name not in unaligned:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in meta or name == "PERSISTENT":
             signature[name], constants[(i,)] = "constexpr", value
@@ -78,16 +78,21 @@ def compile_block(decoder, tokens: int, clock: int = 0) -> dict:
     kernel = triton.compile(triton.compiler.ASTSource(decoder_kernel, signature, constants, attrs), target=target,
                             options=options.__dict__)
     sass, resources = _disassembled(kernel.asm["cubin"])
-    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)", sass, re.MULTILINE)
+    ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)", sass, re.MULTILINE)
     return {"tokens": tokens, "block_m": meta["BLOCK_M"], "stages": stages, "warps": warps,
             "smem": kernel.metadata.shared, "fits": kernel.metadata.shared <= SMEM_LIMIT, **resources,
             **{name: ops.count(op) for name, op in SASS_OPS.items()}}
 
 
-def _disassembled(cubin: bytes) -> tuple[str, dict]:
+def cuobjdump() -> str:
+    """The cuobjdump in Triton's wheel (it may be absent: a wheel without the NVIDIA backend's tools)."""
     import triton
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def _disassembled(cubin: bytes) -> tuple[str, dict]:
+    tool = cuobjdump()
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()

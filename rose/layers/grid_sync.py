@@ -15,7 +15,8 @@ import triton.language as tl
 
 @triton.jit
 def globaltimer():
-    """The GPU's clock in ns (%globaltimer): what --phases reads after each barrier."""
+    """The GPU's clock in ns (%globaltimer), the same on every SM: the decoder's clocks (program 0's after each
+    barrier, or every program's around its work)."""
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
                                      pack=1)
 

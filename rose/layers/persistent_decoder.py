@@ -242,7 +242,7 @@ class PersistentDecoder:
         """Steps [first, last) over `work` (step = layer * phases + phase; self.steps - 1 is the final norm): one
         launch with barriers (persistent), or one launch a step. A run from a later step reads what the steps
         before it left in `work` (the tests check phase by phase)."""
-        args, meta = self.kernel_args(work, persistent, first, last, clock)
+        args, meta = self.kernel_args(work, first, last, persistent, clock)
         grid = (self.programs,)
         self.flags.zero_()
         if persistent:
@@ -251,7 +251,7 @@ class PersistentDecoder:
             for step in range(first, last):
                 decoder_kernel[grid](*args, step, step + 1, PERSISTENT=False, **meta)
 
-    def kernel_args(self, work: Workspace, persistent: bool = True, first: int = 0, last: int | None = None,
+    def kernel_args(self, work: Workspace, first: int = 0, last: int | None = None, persistent: bool = True,
                     clock: torch.Tensor | None = None) -> tuple[tuple, dict]:
         """decoder_kernel's arguments before `first, last` and its constexprs (with num_warps and num_stages) for
         a run over `work`: what run() launches, and what benchmarks.persistent_sass compiles for sm_90 without a
@@ -292,7 +292,8 @@ class PersistentDecoder:
         if not persistent or first != 0:
             raise ValueError("a clock needs the persistent kernel from step 0")
         if clock.dtype != torch.int64 or not clock.is_contiguous():
-            raise ValueError(f"a clock is contiguous int64, not {clock.dtype}")
+            raise ValueError(f"a clock is contiguous int64, not {'contiguous ' if clock.is_contiguous() else ''}"
+                             f"{clock.dtype}{'' if clock.is_contiguous() else ' with strides ' + str(clock.stride())}")
         if clock.dim() == 1 and clock.numel() >= last + 1:
             return 1
         if clock.dim() == 3 and tuple(clock.shape) == (self.steps, self.programs, 4):

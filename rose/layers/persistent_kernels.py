@@ -151,10 +151,10 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
     PERSISTENT: a grid barrier after each step but the last (and after the last too when CLOCK). CLOCK 1: program 0
     reads the clock before the first step and after each barrier (clock_ptr [steps + 1]); CLOCK 2: every program
     writes [start ns, end ns, start cycle, end cycle] of its work in each step (clock_ptr [steps, programs, 4]; the
-    end read after a bar.sync, so once all its warps are done). EMBED (post-norm only): step 0 computes BERT's embeddings from
-    the ids (and token types, TYPES) into the residual. PREFETCH: each GEMM phase's weights are asked into L2 a phase
-    early, where no weights stream (the norms for the QKV and gate-up, attention for o) or after the gate-up's
-    own work (for down)."""
+    end read after a bar.sync, so once all its warps are done). EMBED (post-norm only): step 0 computes BERT's
+    embeddings from the ids (and token types, TYPES) into the residual. PREFETCH: each GEMM phase's weights are asked
+    into L2 a phase early, where no weights stream (the norms for the QKV and gate-up, attention for o) or after the
+    gate-up's own work (for down)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     D: tl.constexpr = 2 * HALF

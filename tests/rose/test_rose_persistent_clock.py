@@ -9,13 +9,18 @@ import torch
 
 
 def _clock(starts: list[list[int]], works: list[list[int]], scale: int = 1) -> torch.Tensor:
-    """[steps, programs, 4] from each step's starts and works in ns: each SM counts 2 cycles a ns from its own
-    origin (10 000 cycles apart), as SMs' counters do not agree."""
+    """[steps, programs, 4] from each step's starts and works in ns. Program p's SM counts RATES[p] cycles a ns from
+    its own origin (SMs' counters neither agree nor run at one rate); step 0's end on program 1 reads 40 ns late in
+    ns (%globaltimer's coarse ticks), not in cycles."""
     rows = []
-    for step_starts, step_works in zip(starts, works):
-        rows.append([[s * scale, (s + w) * scale, 10_000 * p + 2 * s * scale, 10_000 * p + 2 * (s + w) * scale]
+    for i, (step_starts, step_works) in enumerate(zip(starts, works)):
+        rows.append([[s * scale, (s + w + (40 if (i, p) == (0, 1) else 0)) * scale,
+                      10_000 * p + int(RATES[p] * s * scale), 10_000 * p + int(RATES[p] * (s + w) * scale)]
                      for p, (s, w) in enumerate(zip(step_starts, step_works))])
     return torch.tensor(rows, dtype=torch.int64)
+
+
+RATES = (2.0, 1.5, 3.0)
 
 
 def test_a_step_splits_into_skew_work_span_and_release():
@@ -24,14 +29,17 @@ def test_a_step_splits_into_skew_work_span_and_release():
     starts, works = [[0, 100, 400], [2400, 2450, 2500]], [[1000, 2000, 500], [100, 200, 300]]
     runs = torch.stack([_clock(starts, works), _clock(starts, works), _clock(starts, works, scale=3)])  # an outlier
     steps = split_steps(runs)
+    # µs. Work from each SM's cycles at its own rate (not from the late ns); span and release from the ns, the
+    # late end included; the last step has no release. Program 1's rate over the forward reads 1.5 cycles a ns
+    # since its last end is exact.
     expected = {"skew": [0.4, 0.1], "work p50": [1.0, 0.2], "work max": [2.0, 0.3], "work min": [0.5, 0.1],
-                "span": [2.1, 0.4], "release": [0.3, 0.0], "step": [2.4, 0.4]}  # µs; the last step: no release
+                "span": [2.14, 0.4], "release": [0.26, 0.0], "step": [2.4, 0.4]}
     for stat, values in expected.items():
         assert steps[stat].tolist() == pytest.approx(values), stat
 
     table = per_kind(steps, layers=1, names=["qkv"])
     assert list(table) == ["qkv", "final norm", "total"]
-    assert table["qkv"]["release"] == pytest.approx(0.3) and table["final norm"]["span"] == pytest.approx(0.4)
+    assert table["qkv"]["release"] == pytest.approx(0.26) and table["final norm"]["span"] == pytest.approx(0.4)
     assert table["total"]["step"] == pytest.approx(2.8)
 
 
@@ -58,9 +66,11 @@ def test_the_decoder_takes_program_zeros_clock_or_every_programs(monkeypatch):
     assert run(torch.zeros(decoder.steps + 1, dtype=torch.int64)) == 1
     assert run(torch.zeros(decoder.steps, 3, 4, dtype=torch.int64)) == 2
     count = len(launched)
-    for clock, kwargs, match in ((torch.zeros(decoder.steps, 2, 4, dtype=torch.int64), {}, "every program"),
-                                 (torch.zeros(decoder.steps, dtype=torch.int64), {}, "program 0"),
+    shapes = rf"\[{decoder.steps + 1}\] \(program 0's\) or \[{decoder.steps}, 3, 4\] \(every program's\)"
+    for clock, kwargs, match in ((torch.zeros(decoder.steps, 2, 4, dtype=torch.int64), {}, shapes),
+                                 (torch.zeros(decoder.steps, dtype=torch.int64), {}, shapes),
                                  (torch.zeros(decoder.steps + 1), {}, "int64"),
+                                 (torch.zeros(2, decoder.steps + 1, dtype=torch.int64)[:, 0], {}, "strides"),
                                  (torch.zeros(decoder.steps + 1, dtype=torch.int64), {"persistent": False}, "step 0"),
                                  (torch.zeros(decoder.steps + 1, dtype=torch.int64), {"first": 1}, "step 0")):
         with pytest.raises(ValueError, match=match):
