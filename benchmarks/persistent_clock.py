@@ -82,7 +82,7 @@ def measure(model, decoder, tokens: int, vocab: int, runs: int) -> dict[str, dic
 
 
 def main() -> None:
-    from benchmarks.persistent_decoder import setup, stem, tile_changes
+    from benchmarks.persistent_decoder import change_tiles, setup, stem
     from rose.layers.persistent_decoder import PersistentDecoder
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,10 +95,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     model, _, vocab = setup(args.model)
     decoder = PersistentDecoder(model)
-    if args.tiles:
-        import dataclasses
-
-        decoder.tiles = dataclasses.replace(decoder.tiles, **tile_changes(args.tiles))
+    change_tiles(decoder, args.tiles)
     with torch.inference_mode():
         tables = {t: measure(model, decoder, int(t), vocab, args.runs) for t in args.tokens.split(",")}
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),

@@ -230,8 +230,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     model, backend, vocab = setup(args.model)
     decoder = PersistentDecoder(model)
-    if args.tiles:  # (setting tiles sets them for every token block: none of BLOCK_CHANGES then)
-        decoder.tiles = dataclasses.replace(decoder.tiles, **tile_changes(args.tiles))
+    change_tiles(decoder, args.tiles)
     if args.phases:
         print_phases({t: phase_us(model, decoder, int(t), vocab) for t in args.tokens.split(",")},
                      args.out / f"{stem(args.model)}_phases.json")
@@ -304,6 +303,13 @@ def main() -> None:
 
 
 FLAGS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+
+
+def change_tiles(decoder: PersistentDecoder, text: str) -> None:
+    """--tiles' changes (tile_changes) to the decoder's fitted tiles, at every token block (setting tiles sets them
+    for every block: none of BLOCK_CHANGES then); nothing when `text` is empty."""
+    if text:
+        decoder.tiles = dataclasses.replace(decoder.tiles, **tile_changes(text))
 
 
 def tile_changes(text: str) -> dict:

@@ -291,9 +291,10 @@ class PersistentDecoder:
             raise ValueError("a clock needs a GPU: Triton's interpreter has no %globaltimer")
         if not persistent or first != 0:
             raise ValueError("a clock needs the persistent kernel from step 0")
-        if clock.dtype != torch.int64 or not clock.is_contiguous():
-            raise ValueError(f"a clock is contiguous int64, not {'contiguous ' if clock.is_contiguous() else ''}"
-                             f"{clock.dtype}{'' if clock.is_contiguous() else ' with strides ' + str(clock.stride())}")
+        if clock.dtype != torch.int64:
+            raise ValueError(f"a clock is int64, not {clock.dtype}")
+        if not clock.is_contiguous():
+            raise ValueError(f"a clock is contiguous, not with strides {clock.stride()}")
         if clock.dim() == 1 and clock.numel() >= last + 1:
             return 1
         if clock.dim() == 3 and tuple(clock.shape) == (self.steps, self.programs, 4):
