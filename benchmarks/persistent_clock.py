@@ -38,7 +38,7 @@ def split_steps(clock: torch.Tensor) -> dict[str, torch.Tensor]:
     c = clock.double()
     start, end = c[..., 0], c[..., 1]
     cycles = c[..., 3] - c[..., 2]
-    rate = (c[:, -1, :, 3] - c[:, 0, :, 2]) / (c[:, -1, :, 1] - c[:, 0, :, 0])  # [runs, programs] cycles a ns
+    rate = (c[:, -1, :, 3] - c[:, 0, :, 2]) / (c[:, -1, :, 1] - c[:, 0, :, 0])  # [runs, programs] cycles a ns (sm_ghz)
     work = cycles / rate[:, None, :]
     first = start.min(-1).values
     last_end = end.max(-1).values
@@ -49,6 +49,13 @@ def split_steps(clock: torch.Tensor) -> dict[str, torch.Tensor]:
              "release": release}
     stats["step"] = stats["span"] + release
     return {name: value.median(0).values / 1e3 for name, value in stats.items()}
+
+
+def sm_ghz(clock: torch.Tensor) -> float:
+    """The SMs' clock over a forward: the median over runs and programs of each program's cycles a ns (split_steps'
+    rate), so that an A/B between processes can tell a slower kernel from a slower clock."""
+    c = clock.double()
+    return float(((c[:, -1, :, 3] - c[:, 0, :, 2]) / (c[:, -1, :, 1] - c[:, 0, :, 0])).median())
 
 
 def per_kind(steps: dict[str, torch.Tensor], layers: int, names: list[str]) -> dict[str, dict[str, float]]:
@@ -65,7 +72,8 @@ def per_kind(steps: dict[str, torch.Tensor], layers: int, names: list[str]) -> d
     return table
 
 
-def measure(model, decoder, tokens: int, vocab: int, runs: int) -> dict[str, dict[str, float]]:
+def measure(model, decoder, tokens: int, vocab: int, runs: int) -> tuple[dict[str, dict[str, float]], float]:
+    """{phase: {stat: µs}} at `tokens` (per_kind), and the SMs' GHz over those runs (sm_ghz)."""
     from benchmarks.persistent_decoder import device_meta, embed
     from rose.layers.persistent_decoder import PHASE_NAMES, POST_PHASE_NAMES
 
@@ -78,7 +86,8 @@ def measure(model, decoder, tokens: int, vocab: int, runs: int) -> dict[str, dic
         if i >= 3:  # warm-up first
             samples.append(clock.cpu())
     names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in decoder.kinds]
-    return per_kind(split_steps(torch.stack(samples)), decoder.layers, names)
+    clocks = torch.stack(samples)
+    return per_kind(split_steps(clocks), decoder.layers, names), sm_ghz(clocks)
 
 
 def main() -> None:
@@ -97,9 +106,11 @@ def main() -> None:
     decoder = PersistentDecoder(model)
     change_tiles(decoder, args.tiles)
     with torch.inference_mode():
-        tables = {t: measure(model, decoder, int(t), vocab, args.runs) for t in args.tokens.split(",")}
+        measured = {t: measure(model, decoder, int(t), vocab, args.runs) for t in args.tokens.split(",")}
+    tables = {t: table for t, (table, _) in measured.items()}
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),
-           "programs": decoder.programs, "runs": args.runs}
+           "programs": decoder.programs, "runs": args.runs, "tiles": args.tiles,
+           "sm_ghz": {t: ghz for t, (_, ghz) in measured.items()}}
     out = args.out / (stem(args.model).replace("persistent_decoder", "persistent_clock") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"env": env, "us": tables}, indent=1))
@@ -110,7 +121,8 @@ def print_tables(env: dict, tables: dict[str, dict[str, dict[str, float]]]) -> N
     print(f"\n{env['gpu']} · {env['commit']} · {env['programs']} programs · µs a step (mean over layers, median of "
           f"{env['runs']} runs), every program's clock")
     for tokens, table in tables.items():
-        print(f"\n{tokens} tokens  " + " ".join(f"{s:>9}" for s in STATS))
+        ghz = env.get("sm_ghz", {}).get(tokens)
+        print(f"\n{tokens} tokens  " + " ".join(f"{s:>9}" for s in STATS) + (f"   (SMs at {ghz:.3f} GHz)" if ghz else ""))
         for name, row in table.items():
             print(f"{name:>14} " + " ".join(f"{row[s]:9.2f}" for s in STATS))
 

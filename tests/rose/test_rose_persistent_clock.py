@@ -24,7 +24,7 @@ RATES = (2.0, 1.5, 3.0)
 
 
 def test_a_step_splits_into_skew_work_span_and_release():
-    from benchmarks.persistent_clock import per_kind, split_steps
+    from benchmarks.persistent_clock import per_kind, sm_ghz, split_steps
 
     starts, works = [[0, 100, 400], [2400, 2450, 2500]], [[1000, 2000, 500], [100, 200, 300]]
     runs = torch.stack([_clock(starts, works), _clock(starts, works), _clock(starts, works, scale=3)])  # an outlier
@@ -36,6 +36,8 @@ def test_a_step_splits_into_skew_work_span_and_release():
                 "span": [2.14, 0.4], "release": [0.26, 0.0], "step": [2.4, 0.4]}
     for stat, values in expected.items():
         assert steps[stat].tolist() == pytest.approx(values), stat
+
+    assert sm_ghz(runs) == pytest.approx(2.0)  # the median of the SMs' rates (1.5, 2.0, 3.0 in every run)
 
     table = per_kind(steps, layers=1, names=["qkv"])
     assert list(table) == ["qkv", "final norm", "total"]
