@@ -36,6 +36,7 @@ from rose.layers.persistent_decoder import (
     POST_PHASE_NAMES,
     SPIN_LIMIT,
     PersistentDecoder,
+    flags_words,
 )
 from rose.layers.persistent_tiles import Tiles
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
@@ -43,12 +44,14 @@ from rose.models.qwen3 import Qwen3Model
 
 SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attention item, slices of K, keys, prefetch,
     # attention computing its own heads (heads False: 32 and 64 keys a step), the heads step's rows, the barrier's form
+    # (the counter form with the blocks' own tiles, BLOCK_CHANGES, so that it reads against the default's row)
     (16, {"stages": 4}), (64, {"stages": 4}), (64, {"queries": 16}), (128, {"stages": 4}), (128, {"queries": 16}),
     (128, {"queries": 64}), (128, {"qkv": 32, "split_qkv": 1}), (128, {"keys": 64}), (128, {"keys": 32}),
     (16, {"prefetch": True}), (64, {"prefetch": True}), (128, {"prefetch": True}),
     (16, {"heads": False, "keys": 32}), (64, {"heads": False, "keys": 32}), (128, {"heads": False, "keys": 32}),
     (128, {"heads": False, "keys": 64}), (128, {"head_rows": 32}),
     (16, {"acquire": False}), (64, {"acquire": False}), (128, {"acquire": False}),
+    (16, {"counter": True, "stages": 4}), (64, {"counter": True}), (128, {"counter": True, "queries": 16, "stages": 4}),
     # the GEMM phases (NOTES "What a step of the persistent kernel costs"): wider column tiles with more slices of K
     # (fewer bytes an SM), and more bytes in flight an SM (a longer K step, deeper pipelines)
     (16, {"o": 64, "down": 64, "split_od": 8}), (64, {"o": 64, "down": 64, "split_od": 8}),
@@ -153,8 +156,8 @@ def capture(fn):
 
 def barrier_cost_us(programs: int, count: int = 1000, fence: int = 2) -> float:
     """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them (fence: 2
-    its acquire form, 1 its fence form; rose.layers.grid_sync)."""
-    flags = torch.zeros(programs + 1, dtype=torch.int32, device="cuda")  # the last: the stall word
+    its acquire form, 1 its fence form, 4 its counter form; rose.layers.grid_sync)."""
+    flags = torch.zeros(flags_words(programs), dtype=torch.int32, device="cuda")
     p2 = triton.next_power_of_2(programs + 1)  # the slots and the stall word
 
     def run(n):
@@ -241,8 +244,9 @@ def main() -> None:
     floor_ms = weight_bytes / bandwidth * 1e3  # read at the copy's rate of bytes moved
     barrier_us = barrier_cost_us(decoder.programs)  # before the sweep, which a timeout may cut short
     fence_us = barrier_cost_us(decoder.programs, fence=1)
-    print(json.dumps({"weight_read_floor_ms": floor_ms, "barrier_us": barrier_us, "barrier_fence_us": fence_us}),
-          flush=True)
+    counter_us = barrier_cost_us(decoder.programs, fence=4)
+    print(json.dumps({"weight_read_floor_ms": floor_ms, "barrier_us": barrier_us, "barrier_fence_us": fence_us,
+                      "barrier_counter_us": counter_us}), flush=True)
     records = []
     with torch.inference_mode():
         for tokens in [int(t) for t in args.tokens.split(",")]:
@@ -287,12 +291,12 @@ def main() -> None:
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),
            "model": args.model, "programs": decoder.programs, "weight_bytes": weight_bytes,
            "copy_bandwidth_gbs": bandwidth / 1e9, "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us,
-           "barrier_fence_us": fence_us}
+           "barrier_fence_us": fence_us, "barrier_counter_us": counter_us}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem(args.model)}.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
     print(f"\n{env['gpu']} · torch {env['torch']} · {env['commit']} · weight-read floor {floor_ms:.3f} ms "
           f"({bandwidth / 1e9:.0f} GB/s moved by a copy) · one grid barrier {barrier_us:.2f} µs "
-          f"(its fence form {fence_us:.2f})")
+          f"(its fence form {fence_us:.2f}, its counter form {counter_us:.2f})")
     print(f"{'tokens':>6} {'variant':<11} {'p50 ms':>8} {'p90 ms':>8} {'rel err':>9}  tiles")
     for r in records:
         if "error" in r:

@@ -6,7 +6,11 @@ see what the others wrote before their arrival: in the ACQUIRE form every read o
 the read that sees a program's count synchronizes with that program's release (PTX's acquire pattern, in the
 thread that read it) and the closing bar.sync carries it to the program's other threads; the FENCE form spins on
 volatile reads and then runs fence.acq_rel.gpu on every thread (each thread fences after its own reads: a fence
-in one thread would not make another thread's relaxed read an acquire). NOTES, "One persistent kernel", has
+in one thread would not make another thread's relaxed read an acquire). The COUNTER form (FENCE 4) is the one
+cooperative groups' grid sync takes: after a bar.sync, one thread a program adds its arrival to one word (an
+atom.add with release order) and polls that word alone with ld.acquire.gpu, then a bar.sync lets its program go;
+a poll is one load of one line, where the slot forms read every slot from every warp and reduce across the warps
+(shared memory and a bar.sync) each spin. NOTES, "One persistent kernel" and "The barrier's counter form", has
 what each costs."""
 
 import triton
@@ -42,6 +46,40 @@ def _acquired(ptrs):
 
 
 @triton.jit
+def _counter_wait(counter_ptr, stall_ptr, count, spins):
+    """The COUNTER form's arrival and wait, in thread 0 of the program alone (the others skip it and wait at the
+    bar.sync after): add 1 to the counter (release), then poll it with acquire loads until it reads `count`; the
+    stall word is read each spin, and a wait of `spins` polls sets it. Returns 1 where the wait ended stalled
+    (thread 0), else 0. Labels are local to the asm's braces, as CUTLASS's waits have them."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .pred p_skip, p_done;
+        .reg .b32 r_tid, r_seen, r_spins;
+        mov.u32 $0, 0;
+        mov.u32 r_tid, %tid.x;
+        setp.ne.u32 p_skip, r_tid, 0;
+        @p_skip bra END;
+        atom.add.release.gpu.global.u32 r_seen, [$1], 1;
+        mov.u32 r_spins, 0;
+        POLL:
+        ld.acquire.gpu.global.u32 r_seen, [$1];
+        setp.ge.u32 p_done, r_seen, $3;
+        @p_done bra END;
+        ld.volatile.global.u32 r_seen, [$2];
+        setp.ne.u32 p_done, r_seen, 0;
+        @p_done bra STALLED;
+        add.u32 r_spins, r_spins, 1;
+        setp.lt.u32 p_done, r_spins, $4;
+        @p_done bra POLL;
+        atom.relaxed.gpu.global.exch.b32 r_seen, [$2], 1;
+        STALLED:
+        mov.u32 $0, 1;
+        END:
+        }""",
+        "=r,l,l,r,r", [counter_ptr, stall_ptr, count, spins], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr, SPINS: tl.constexpr):
     """Wait until every program's slot reads at least `target` (module docstring), or the stall word (the slot
     after the programs', read in the same load: NPROG_P2 covers nprog + 1) is set: a program that has waited
@@ -51,8 +89,20 @@ def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: t
     early would pair the program's bar.syncs wrongly). FENCE: 2 the acquire form (one reduction a spin: the
     count of slots behind and the stall word in one sum), 1 the fence form (two), 0 the fence form and 3 the
     acquire form with volatile reads and no fence: only under Triton's interpreter, which has no inline assembly
-    and runs programs one at a time (so the acquire form's reduction and stall word are tested there)."""
+    and runs programs one at a time (so the acquire form's reduction and stall word are tested there); 4 the
+    counter form (the word after NPROG_P2's slots counts every program's arrivals: `target` barriers in, it reads
+    target x nprog). `target`: the barriers passed since the flags were zeroed, this one included."""
     tl.debug_barrier()  # this program's stores before its arrival
+    if FENCE == 4:
+        _counter_wait(flags_ptr + NPROG_P2, flags_ptr + nprog, target * nprog, SPINS)
+    else:
+        _slots_wait(flags_ptr, pid, nprog, target, NPROG_P2, FENCE, SPINS)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _slots_wait(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr, SPINS: tl.constexpr):
+    """The slot forms' arrival and wait (grid_barrier), in every thread."""
     tl.atomic_xchg(flags_ptr + pid, target, sem="release", scope="gpu")
     offs = tl.arange(0, NPROG_P2)
     is_slot = offs < nprog
@@ -81,4 +131,3 @@ def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: t
         stalled = stalled | late.to(tl.int32)
     if FENCE == 1:
         _fence()
-    tl.debug_barrier()

@@ -122,7 +122,8 @@ class PersistentDecoder:
         if programs is None:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.programs = programs
-        self.flags = torch.zeros(programs + 1, dtype=torch.int32, device=device)  # the last: the stall word
+        # a slot a program, the stall word, and from the next power of two (a line of its own) the counter form's word
+        self.flags = torch.zeros(flags_words(programs), dtype=torch.int32, device=device)
         self.spins = SPIN_LIMIT
 
     @property
@@ -156,7 +157,7 @@ class PersistentDecoder:
     def stalled(self) -> bool:
         """Whether the last launch's grid barrier gave up waiting (its rows are NaN): the programs were not all
         resident at once (an MPS or green-context share of the SMs, say). Synchronizes with the device."""
-        return bool(self.flags[-1].item())
+        return bool(self.flags[self.programs].item())
 
     def warm(self) -> int:
         """Compile and launch the kernel for every token block up to the routed bound now (a launch that the
@@ -274,7 +275,7 @@ class PersistentDecoder:
                 "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
                 "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": self._clock_kind(clock, persistent,
                                                                                                  first, last),
-                "FENCE": (3 if tiles.acquire else 0) if INTERPRETED else 2 if tiles.acquire else 1,
+                "FENCE": barrier_form(tiles),
                 "PHASES": self.phases, "SPINS": self.spins,
                 "HEADS": tiles.heads, "BR": tiles.head_rows,
                 "PREFETCH": tiles.prefetch and not INTERPRETED and w.wqkv.element_size() == 2,  # 64 a line
@@ -308,6 +309,20 @@ class PersistentDecoder:
         if work.ids is None:
             return (self.flags, self.flags, w.wemb, w.temb, w.pemb, w.eln, w.elnb)
         return (work.ids, work.types, w.wemb, w.temb, w.pemb, w.eln, w.elnb)
+
+
+def flags_words(programs: int) -> int:
+    """The grid barrier's int32 words for `programs`: their slots, the stall word, and the counter form's word at
+    the power of two that covers the slots and the stall word (NPROG_P2; rose.layers.grid_sync)."""
+    return (1 << programs.bit_length()) + 1  # 1 << (n - 1).bit_length() is n's next power of two, n = programs + 1
+
+
+def barrier_form(tiles: Tiles) -> int:
+    """grid_barrier's FENCE for `tiles`: 4 the counter form (Tiles.counter), 2 the acquire form, 1 the fence form;
+    under Triton's interpreter, which has no inline assembly, 3 (acquire, volatile reads) or 0 (fence)."""
+    if INTERPRETED:
+        return 3 if tiles.acquire or tiles.counter else 0
+    return 4 if tiles.counter else 2 if tiles.acquire else 1
 
 
 @dataclass

@@ -228,6 +228,6 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
             tl.store(slot + 1, globaltimer())
             tl.store(slot + 3, sm_cycles())
         if PERSISTENT and (CLOCK or (step < final and not (POST and step == 0 and not EMBED))):  # (no work)
-            grid_barrier(flags_ptr, pid, nprog, step + 1, NPROG_P2, FENCE, SPINS)
+            grid_barrier(flags_ptr, pid, nprog, step + 1 - first, NPROG_P2, FENCE, SPINS)  # barriers passed
         if CLOCK == 1 and pid == 0:
             tl.store(clock_ptr + step + 1, globaltimer())

@@ -30,6 +30,7 @@ class Tiles:
     heads: bool = True  # a step of its own that norms and rotates every head once, before attention
     head_rows: int = 16  # rows per item of the heads step
     acquire: bool = True  # the grid barrier's acquire form; False: its fence form (rose.layers.grid_sync)
+    counter: bool = False  # the grid barrier's counter form: one word counts arrivals, one thread a program polls it
 
     def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
         """Raise unless every projection's N is whole column tiles and its K whole slices of whole K steps

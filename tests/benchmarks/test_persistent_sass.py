@@ -27,3 +27,27 @@ def test_the_blocks_own_tiles_fit_and_their_stages_reach_the_kernel():
     three = compile_block(meta_decoder("qwen3-0.6b", {"stages": 3}), 16)
     assert three["stages"] == 3 and three["smem"] < fitted[16]["smem"]
     assert three["cp.async"] < fitted[16]["cp.async"]
+
+
+def test_the_barriers_counter_form_compiles_to_one_arrival_and_a_poll_of_one_word():
+    """Tiles.counter: the inline PTX assembles for sm_90 (its labels local to its braces), and thread 0's arrival is
+    one atomic add after a release fence, its poll an acquire load of the counter (rose.layers.grid_sync)."""
+    import benchmarks.persistent_sass as sass_tool
+
+    seen = {}
+    disassembled = sass_tool._disassembled
+
+    def keep(cubin):
+        seen["sass"], resources = disassembled(cubin)
+        return seen["sass"], resources
+
+    sass_tool._disassembled = keep
+    try:
+        row = sass_tool.compile_block(sass_tool.meta_decoder("qwen3-0.6b", {"counter": True}), 16)
+    finally:
+        sass_tool._disassembled = disassembled
+    lines = seen["sass"].splitlines()
+    adds = [i for i, line in enumerate(lines) if "G.E.ADD.STRONG.GPU" in line]  # REDG or ATOMG
+    assert row["fits"] and len(adds) == 1, adds
+    after = "\n".join(lines[adds[0]:adds[0] + 40])
+    assert "MEMBAR" in "\n".join(lines[adds[0] - 12:adds[0]]) and "LDG.E.STRONG.GPU" in after and "CCTL.IVALL" in after

@@ -2,8 +2,8 @@
 layers, random bf16): as close to the layer-by-layer kernels as bf16 allows on single, ragged and padded
 batches (one packed at a graph's padded layout), causal and not; the barriers' kernel the same bits as the
 phases launched one by one and on every call; the same under CUDA-graph capture and replay; attach's
-routing through Qwen3Model.forward; the kernel's own clock; weights prefetched into L2 and the barrier's fence form
-changing no bits; attention computing its own heads (no heads step) as close to the layers. BERT-style
+routing through Qwen3Model.forward; the kernel's own clock; weights prefetched into L2 and the barrier's fence and
+counter forms changing no bits; a grid that cannot all be resident ending stalled in NaN rows with each barrier form; attention computing its own heads (no heads step) as close to the layers. BERT-style
 encoders at all-MiniLM's shape against their layers, and through the engine against transformers."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_matches_the_layer_by_layer_kernels(causal, batch):
 @pytest.mark.parametrize("batch", ["one-1", "ragged"])
 def test_the_other_forms_match_too(batch):
     """Attention computing its own heads (no heads step) matches the layers as the default does; the barrier's
-    fence form changes no bits against its acquire form."""
+    fence and counter forms change no bits against its acquire form."""
     import dataclasses
 
     model, backend, meta = _setup(True, BATCHES[batch])
@@ -74,12 +74,31 @@ def test_the_other_forms_match_too(batch):
         fitted = decoder.tiles
         decoder.tiles = dataclasses.replace(decoder.tiles_at(embedded.shape[0]), acquire=False)  # the block's own
         fenced = decoder(embedded, meta.positions, meta.seq_ids).clone()  # tiles, only the barrier's form changed
+        decoder.tiles = dataclasses.replace(decoder.tiles_at(embedded.shape[0]), acquire=True, counter=True)
+        counted = decoder(embedded, meta.positions, meta.seq_ids).clone()
         decoder.tiles = dataclasses.replace(fitted, heads=False, keys=32)  # (the form measured: 3 stages)
         own_heads = decoder(embedded, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
-    assert torch.equal(fenced, plain)
+    assert torch.equal(fenced, plain) and torch.equal(counted, plain)
     err = ((own_heads.float() - expected.float()).norm() / expected.float().norm()).item()
     assert err < 2e-2 and _cosines(own_heads, expected).min().item() > 0.999, err
+
+
+@pytest.mark.parametrize("form", ["acquire", "fence", "counter"])
+def test_a_grid_that_cannot_all_be_resident_ends_stalled_in_nan_rows(form):
+    """Four programs an SM (one fits by registers): the resident ones wait out their bounded spins at the first
+    barrier, set the stall word, and every later wait ends at once, so the launch finishes with NaN rows and
+    stalled() says so, in each of the barrier's forms (rose.layers.grid_sync)."""
+    import dataclasses
+
+    model, _, meta = _setup(True, [16])
+    decoder = PersistentDecoder(model, programs=4 * torch.cuda.get_device_properties(0).multi_processor_count)
+    decoder.tiles = dataclasses.replace(decoder.tiles_at(16), acquire=form != "fence", counter=form == "counter")
+    decoder.spins = 1 << 14
+    with torch.inference_mode():
+        out = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
+    torch.cuda.synchronize()
+    assert decoder.stalled() and out.isnan().all()
 
 
 @pytest.mark.parametrize("tokens", [16, 128])
