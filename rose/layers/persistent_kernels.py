@@ -162,6 +162,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
     GU_N: tl.constexpr = 2 * INNER if ACT == 1 else INNER  # the gate-up weight's rows
     if CLOCK == 1 and pid == 0:
         tl.store(clock_ptr + first, globaltimer())
+    passed = 0  # barriers passed in this launch (BERT's step 0 without the embeddings has none)
     for step in range(first, last):
         if CLOCK == 2:
             slot = clock_ptr + (tl.cast(step, tl.int64) * nprog + pid) * 4
@@ -228,6 +229,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
             tl.store(slot + 1, globaltimer())
             tl.store(slot + 3, sm_cycles())
         if PERSISTENT and (CLOCK or (step < final and not (POST and step == 0 and not EMBED))):  # (no work)
-            grid_barrier(flags_ptr, pid, nprog, step + 1 - first, NPROG_P2, FENCE, SPINS)  # barriers passed
+            passed += 1
+            grid_barrier(flags_ptr, pid, nprog, passed, NPROG_P2, FENCE, SPINS)
         if CLOCK == 1 and pid == 0:
             tl.store(clock_ptr + step + 1, globaltimer())

@@ -194,6 +194,8 @@ def test_every_programs_clock_shows_the_barrier_holding():
 
 @pytest.mark.parametrize("batch", ["one-128", "ragged", "one-1", "padded-64"])
 def test_bert_matches_its_layers(batch):
+    import dataclasses
+
     from benchmarks.persistent_decoder import device_meta, random_bert
     from rose.attention import make_backend
     from rose.attention.shape import AttentionShape
@@ -212,7 +214,11 @@ def test_bert_matches_its_layers(batch):
         got = decoder(embedded, meta.positions, meta.seq_ids)
         launched = decoder(embedded, meta.positions, meta.seq_ids, persistent=False)
         from_ids = decoder.from_ids(meta.input_ids, meta.positions, meta.seq_ids)
+        decoder.tiles = dataclasses.replace(decoder.tiles, counter=True)  # the barrier's counter form: step 0 from
+        counted = decoder(embedded, meta.positions, meta.seq_ids)  # embeddings has no barrier, from ids one
+        counted_ids = decoder.from_ids(meta.input_ids, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
+    assert torch.equal(counted, got) and torch.equal(counted_ids, from_ids)
     for name, out in (("from embeddings", got), ("from ids", from_ids)):
         err = ((out.float() - expected.float()).norm() / expected.float().norm()).item()
         assert err < 2e-2, (name, err)
