@@ -50,8 +50,9 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (16, {"prefetch": True}), (64, {"prefetch": True}), (128, {"prefetch": True}),
     (16, {"heads": False, "keys": 32}), (64, {"heads": False, "keys": 32}), (128, {"heads": False, "keys": 32}),
     (128, {"heads": False, "keys": 64}), (128, {"head_rows": 32}),
-    (16, {"acquire": False}), (64, {"acquire": False}), (128, {"acquire": False}),
-    (16, {"counter": True, "stages": 4}), (64, {"counter": True}), (128, {"counter": True, "queries": 16, "stages": 4}),
+    (16, {"barrier": "fence"}), (64, {"barrier": "fence"}), (128, {"barrier": "fence"}),
+    (16, {"barrier": "counter", "stages": 4}), (64, {"barrier": "counter"}),
+    (128, {"barrier": "counter", "queries": 16, "stages": 4}),
     # the GEMM phases (NOTES "What a step of the persistent kernel costs"): wider column tiles with more slices of K
     # (fewer bytes an SM), and more bytes in flight an SM (a longer K step, deeper pipelines)
     (16, {"o": 64, "down": 64, "split_od": 8}), (64, {"o": 64, "down": 64, "split_od": 8}),
@@ -317,18 +318,18 @@ def change_tiles(decoder: PersistentDecoder, text: str) -> None:
 
 
 def tile_changes(text: str) -> dict:
-    """`field=value,...` as changes to Tiles (ints, or true/false, on/off, 1/0 for its flags); anything else, or a
-    field Tiles lacks, is refused naming the item."""
+    """`field=value,...` as changes to Tiles (ints, true/false, on/off, 1/0 for its flags, a word for its words: the
+    barrier's form); anything else, or a field Tiles lacks, is refused naming the item."""
     fields = {f.name: f.type for f in dataclasses.fields(Tiles)}
     changes = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
-        flag = fields.get(name) in (bool, "bool")
-        ok = name in fields and (value.lower() in FLAGS if flag else value.isdigit())
+        flag, word = fields.get(name) in (bool, "bool"), fields.get(name) in (str, "str")
+        ok = name in fields and (value.lower() in FLAGS if flag else value.isalpha() if word else value.isdigit())
         if not ok:
             raise SystemExit(f"--tiles: {item!r} is not field=value for one of {', '.join(fields)} "
-                             "(an int, or true/false for a flag)")
-        changes[name] = FLAGS[value.lower()] if flag else int(value)
+                             "(an int, true/false for a flag, a word for the barrier's form)")
+        changes[name] = FLAGS[value.lower()] if flag else value.lower() if word else int(value)
     return changes
 
 

@@ -31,7 +31,7 @@ inside.
 
 The grid barrier (rose.layers.grid_sync.grid_barrier): each program writes how many phases it finished
 into its own slot (an exchange, so the same whichever threads execute it) with release order and spins on
-acquire reads of every slot until all reach the count (Tiles.acquire; its older form: volatile reads, then
+acquire reads of every slot until all reach the count (Tiles.barrier; its older form: volatile reads, then
 fence.acq_rel.gpu on every thread), so that its later loads see what the others wrote; those loads also go past
 L1 (`.cg`). The slots are zeroed before each launch (a memset node in a graph); one barrier cost 1.72 µs on the
 H200 in the fence form. Every program must be
@@ -318,11 +318,11 @@ def flags_words(programs: int) -> int:
 
 
 def barrier_form(tiles: Tiles) -> int:
-    """grid_barrier's FENCE for `tiles`: 4 the counter form (Tiles.counter), 2 the acquire form, 1 the fence form;
-    under Triton's interpreter, which has no inline assembly, 3 (acquire, volatile reads) or 0 (fence)."""
+    """grid_barrier's FENCE for Tiles.barrier: the acquire form 2, the fence form 1, the counter form 4; under
+    Triton's interpreter, which has no inline assembly, 0 for the fence form and 3 (acquire, volatile reads) else."""
     if INTERPRETED:
-        return 3 if tiles.acquire or tiles.counter else 0
-    return 4 if tiles.counter else 2 if tiles.acquire else 1
+        return 0 if tiles.barrier == "fence" else 3
+    return {"acquire": 2, "fence": 1, "counter": 4}[tiles.barrier]
 
 
 @dataclass

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+BARRIERS = ("acquire", "fence", "counter")  # the grid barrier's forms (rose.layers.grid_sync)
+
 
 @dataclass(frozen=True)
 class Tiles:
@@ -29,8 +31,7 @@ class Tiles:
     prefetch: bool = False  # each GEMM phase's weights asked into L2 a phase early (off under the interpreter)
     heads: bool = True  # a step of its own that norms and rotates every head once, before attention
     head_rows: int = 16  # rows per item of the heads step
-    acquire: bool = True  # the grid barrier's acquire form; False: its fence form (rose.layers.grid_sync)
-    counter: bool = False  # the grid barrier's counter form: one word counts arrivals, one thread a program polls it
+    barrier: str = "acquire"  # the grid barrier's form (rose.layers.grid_sync): acquire, fence or counter
 
     def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
         """Raise unless every projection's N is whole column tiles and its K whole slices of whole K steps
@@ -41,6 +42,8 @@ class Tiles:
             n = getattr(self, name)
             if n < 16 or n & (n - 1):
                 raise ValueError(f"{name} must be a power of two from 16: {n}")
+        if self.barrier not in BARRIERS:
+            raise ValueError(f"barrier {self.barrier!r}: one of {', '.join(BARRIERS)}")
         if self.prefetch and self.k % 64:
             raise ValueError(f"prefetch asks whole 128-byte lines: a K step of {self.k} is not whole lines")
         projections = {"qkv": (qkv_size, hidden, self.qkv, self.split_qkv),  # name: (N, K, tile, slices)

@@ -30,8 +30,9 @@ def test_the_blocks_own_tiles_fit_and_their_stages_reach_the_kernel():
 
 
 def test_the_barriers_counter_form_compiles_to_one_arrival_and_a_poll_of_one_word():
-    """Tiles.counter: the inline PTX assembles for sm_90 (its labels local to its braces), and thread 0's arrival is
-    one atomic add after a release fence, its poll an acquire load of the counter (rose.layers.grid_sync)."""
+    """The barrier's counter form (Tiles.barrier): the inline PTX assembles for sm_90 (its labels local to its
+    braces), and thread 0's arrival is one atomic add after a release fence, its poll an acquire load of the counter
+    (rose.layers.grid_sync)."""
     import benchmarks.persistent_sass as sass_tool
 
     seen = {}
@@ -43,7 +44,7 @@ def test_the_barriers_counter_form_compiles_to_one_arrival_and_a_poll_of_one_wor
 
     sass_tool._disassembled = keep
     try:
-        row = sass_tool.compile_block(sass_tool.meta_decoder("qwen3-0.6b", {"counter": True}), 16)
+        row = sass_tool.compile_block(sass_tool.meta_decoder("qwen3-0.6b", {"barrier": "counter"}), 16)
     finally:
         sass_tool._disassembled = disassembled
     lines = seen["sass"].splitlines()

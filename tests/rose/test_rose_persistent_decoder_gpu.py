@@ -72,9 +72,10 @@ def test_the_other_forms_match_too(batch):
         embedded = model.embed_tokens(meta.input_ids)
         plain = decoder(embedded, meta.positions, meta.seq_ids).clone()
         fitted = decoder.tiles
-        decoder.tiles = dataclasses.replace(decoder.tiles_at(embedded.shape[0]), acquire=False)  # the block's own
-        fenced = decoder(embedded, meta.positions, meta.seq_ids).clone()  # tiles, only the barrier's form changed
-        decoder.tiles = dataclasses.replace(decoder.tiles_at(embedded.shape[0]), acquire=True, counter=True)
+        own = decoder.tiles_at(embedded.shape[0])  # the block's own tiles, only the barrier's form changed
+        decoder.tiles = dataclasses.replace(own, barrier="fence" if own.barrier != "fence" else "acquire")
+        fenced = decoder(embedded, meta.positions, meta.seq_ids).clone()
+        decoder.tiles = dataclasses.replace(own, barrier="counter" if own.barrier != "counter" else "acquire")
         counted = decoder(embedded, meta.positions, meta.seq_ids).clone()
         decoder.tiles = dataclasses.replace(fitted, heads=False, keys=32)  # (the form measured: 3 stages)
         own_heads = decoder(embedded, meta.positions, meta.seq_ids)
@@ -93,7 +94,7 @@ def test_a_grid_that_cannot_all_be_resident_ends_stalled_in_nan_rows(form):
 
     model, _, meta = _setup(True, [16])
     decoder = PersistentDecoder(model, programs=4 * torch.cuda.get_device_properties(0).multi_processor_count)
-    decoder.tiles = dataclasses.replace(decoder.tiles_at(16), acquire=form != "fence", counter=form == "counter")
+    decoder.tiles = dataclasses.replace(decoder.tiles_at(16), barrier=form)
     decoder.spins = 1 << 14
     with torch.inference_mode():
         out = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
@@ -214,8 +215,9 @@ def test_bert_matches_its_layers(batch):
         got = decoder(embedded, meta.positions, meta.seq_ids)
         launched = decoder(embedded, meta.positions, meta.seq_ids, persistent=False)
         from_ids = decoder.from_ids(meta.input_ids, meta.positions, meta.seq_ids)
-        decoder.tiles = dataclasses.replace(decoder.tiles, counter=True)  # the barrier's counter form: step 0 from
-        counted = decoder(embedded, meta.positions, meta.seq_ids)  # embeddings has no barrier, from ids one
+        other = "counter" if decoder.tiles.barrier != "counter" else "acquire"  # the counter form against the other:
+        decoder.tiles = dataclasses.replace(decoder.tiles, barrier=other)  # step 0 from embeddings has no barrier
+        counted = decoder(embedded, meta.positions, meta.seq_ids)
         counted_ids = decoder.from_ids(meta.input_ids, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
     assert torch.equal(counted, got) and torch.equal(counted_ids, from_ids)
