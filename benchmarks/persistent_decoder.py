@@ -38,7 +38,7 @@ from rose.layers.persistent_decoder import (
     PersistentDecoder,
     flags_words,
 )
-from rose.layers.persistent_tiles import Tiles
+from rose.layers.persistent_tiles import WORDS, Tiles
 from rose.meta import ForwardMeta, MetaLayout, pack_batch
 from rose.models.qwen3 import Qwen3Model
 
@@ -47,7 +47,8 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     # (the counter form with the blocks' own tiles, BLOCK_CHANGES, so that it reads against the default's row)
     (16, {"stages": 4}), (64, {"stages": 4}), (64, {"queries": 16}), (128, {"stages": 4}), (128, {"queries": 16}),
     (128, {"queries": 64}), (128, {"qkv": 32, "split_qkv": 1}), (128, {"keys": 64}), (128, {"keys": 32}),
-    (16, {"prefetch": True}), (64, {"prefetch": True}), (128, {"prefetch": True}),
+    (16, {"prefetch": "own"}), (64, {"prefetch": "own"}), (128, {"prefetch": "own"}),
+    (16, {"prefetch": "idle", "stages": 4}), (64, {"prefetch": "idle"}),  # (the blocks' own tiles, as counter's)
     (16, {"heads": False, "keys": 32}), (64, {"heads": False, "keys": 32}), (128, {"heads": False, "keys": 32}),
     (128, {"heads": False, "keys": 64}), (128, {"head_rows": 32}),
     (16, {"barrier": "fence"}), (64, {"barrier": "fence"}), (128, {"barrier": "fence"}),
@@ -324,12 +325,12 @@ def tile_changes(text: str) -> dict:
     changes = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
-        flag, word = fields.get(name) in (bool, "bool"), fields.get(name) in (str, "str")
-        ok = name in fields and (value.lower() in FLAGS if flag else value.isalpha() if word else value.isdigit())
+        flag, words = fields.get(name) in (bool, "bool"), WORDS.get(name)
+        ok = name in fields and (value.lower() in FLAGS if flag else value.lower() in words if words else value.isdigit())
         if not ok:
             raise SystemExit(f"--tiles: {item!r} is not field=value for one of {', '.join(fields)} "
-                             "(an int, true/false for a flag, a word for the barrier's form)")
-        changes[name] = FLAGS[value.lower()] if flag else value.lower() if word else int(value)
+                             f"(an int, true/false for a flag, one of its words: {WORDS})")
+        changes[name] = FLAGS[value.lower()] if flag else value.lower() if words else int(value)
     return changes
 
 

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from rose.layers.persistent_models import shapes, stack, unsupported
-from rose.layers.persistent_tiles import BLOCK_CHANGES, Tiles, block_tiles, fit_tiles
+from rose.layers.persistent_tiles import BLOCK_CHANGES, PREFETCHES, Tiles, block_tiles, fit_tiles
 from rose.persistent_routing import MAX_TOKENS
 
 try:
@@ -278,7 +278,7 @@ class PersistentDecoder:
                 "FENCE": barrier_form(tiles),
                 "PHASES": self.phases, "SPINS": self.spins,
                 "HEADS": tiles.heads, "BR": tiles.head_rows,
-                "PREFETCH": tiles.prefetch and not INTERPRETED and w.wqkv.element_size() == 2,  # 64 a line
+                "PREFETCH": 0 if INTERPRETED or w.wqkv.element_size() != 2 else PREFETCHES.index(tiles.prefetch),
                 "EMBED": work.ids is not None, "TYPES": w.token_types, "num_warps": tiles.warps,
                 "num_stages": tiles.stages}
         return args, meta

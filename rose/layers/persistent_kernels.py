@@ -27,6 +27,28 @@ def _prefetch(w_ptr, pid, nprog, N: tl.constexpr, K: tl.constexpr, BN: tl.conste
                 tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at + N * K],
                                           dtype=tl.int32, is_pure=False, pack=1)
 
+IDLE_LINES = tl.constexpr(4096)  # the most 128-byte lines an idle program asks into L2 for a phase (512 KB: 16 a thread)
+
+
+@triton.jit
+def _prefetch_idle(w_ptr, busy, pid, nprog, NUMEL: tl.constexpr):
+    """Tiles.prefetch "idle": the programs past the first `busy` (those with no work in this phase) ask the whole
+    weight of NUMEL bf16 or fp16 elements into L2, a contiguous run of 128-byte lines each, with
+    prefetch.global.L2 (nothing held or waited for), and only where they cover all of it within IDLE_LINES each:
+    a GEMM phase lasts as long as its slowest program, so a weight half in L2 would buy nothing. Here, unlike
+    "own", no program with work in the phase spends an instruction on it."""
+    LINES: tl.constexpr = NUMEL // 64
+    idle = nprog - busy
+    if (pid >= busy) & (idle * IDLE_LINES >= LINES):
+        per = tl.cdiv(LINES, idle)
+        first = (pid - busy) * per
+        end = tl.minimum(first + per, LINES)
+        for start in range(first, end, 256):
+            at = w_ptr + tl.cast(tl.minimum(start + tl.arange(0, 256), end - 1), tl.int64) * 64
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+
+
 @triton.jit
 def _norm_rows(res_ptr, add_ptr, add_b_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog, eps, add, poison,
                H: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, LAYER_NORM: tl.constexpr,
@@ -152,9 +174,10 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
     reads the clock before the first step and after each barrier (clock_ptr [steps + 1]); CLOCK 2: every program
     writes [start ns, end ns, start cycle, end cycle] of its work in each step (clock_ptr [steps, programs, 4]; the
     end read after a bar.sync, so once all its warps are done). EMBED (post-norm only): step 0 computes BERT's
-    embeddings from the ids (and token types, TYPES) into the residual. PREFETCH: each GEMM phase's weights are asked
-    into L2 a phase early, where no weights stream (the norms for the QKV and gate-up, attention for o) or after the
-    gate-up's own work (for down)."""
+    embeddings from the ids (and token types, TYPES) into the residual. PREFETCH 1 (Tiles.prefetch "own"): each GEMM
+    phase's weights are asked into L2 a phase early, where no weights stream (the norms for the QKV and gate-up,
+    attention for o) or after the gate-up's own work (for down); 2 ("idle"): the same phases but down's, by the
+    programs with no work in them (_prefetch_idle)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     D: tl.constexpr = 2 * HALF
@@ -178,8 +201,10 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
                 _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, fin_ptr, finb_ptr, out_ptr, T, pid, nprog,
                            eps, True, stalled, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
             else:
-                if PREFETCH:
+                if PREFETCH == 1:
                     _prefetch(wqkv_ptr + layer * (QKV_N * H), pid, nprog, QKV_N, H, BN_QKV, S_QKV, False)
+                elif PREFETCH == 2:  # the rows' programs busy
+                    _prefetch_idle(wqkv_ptr + layer * (QKV_N * H), tl.minimum(T, nprog), pid, nprog, QKV_N * H)
                 if POST:  # layer l - 1's output norm; at layer 0 the embeddings (EMBED), else they come normed
                     if layer > 0:
                         _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + (layer - 1) * H,
@@ -197,8 +222,11 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
             _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), bqkv_ptr, qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M,
                   BN_QKV, BK, S_QKV, 0)
         elif phase == 2:
-            if PREFETCH:
+            if PREFETCH == 1:
                 _prefetch(wo_ptr + layer * (H * NH * D), pid, nprog, H, NH * D, BN_O, S_OD, False)
+            elif PREFETCH == 2:  # attention's items busy (a q head and a block of queries each)
+                _prefetch_idle(wo_ptr + layer * (H * NH * D), tl.minimum(NH * tl.cdiv(T, BQ), nprog), pid, nprog,
+                               H * NH * D)
             if HEADS:
                 _attention_ready(heads_ptr, attn_ptr, seq_ptr, T, pid, nprog, scale, NH, NKV, D, BQ, BKEY, CAUSAL)
             else:
@@ -209,14 +237,16 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
             _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), bo_ptr, od_ptr, T, pid, nprog, H, NH * D, BLOCK_M,
                   BN_O, BK, S_OD, 0)
         elif phase == 4:
-            if PREFETCH:
+            if PREFETCH == 1:
                 _prefetch(wgu_ptr + layer * (GU_N * H), pid, nprog, INNER, H, BN_GU, 1, ACT == 1)
+            elif PREFETCH == 2:
+                _prefetch_idle(wgu_ptr + layer * (GU_N * H), tl.minimum(T, nprog), pid, nprog, GU_N * H)
             _norm_rows(res_ptr, od_ptr, bo_ptr + layer * H, ln2_ptr + layer * H, ln2b_ptr + layer * H, h_ptr, T,
                        pid, nprog, eps, True, False, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
         elif phase == 5:
             _gemm(h_ptr, wgu_ptr + layer * (GU_N * H), bgu_ptr + layer * INNER, act_ptr, T, pid, nprog, INNER, H,
                   BLOCK_M, BN_GU, BK, 1, ACT)
-            if PREFETCH:
+            if PREFETCH == 1:
                 _prefetch(wd_ptr + layer * (H * INNER), pid, nprog, H, INNER, BN_D, S_OD, False)
         elif phase == 6:
             _gemm(act_ptr, wd_ptr + layer * (H * INNER), bd_ptr, od_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D,

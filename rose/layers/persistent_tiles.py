@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 BARRIERS = ("acquire", "fence", "counter")  # the grid barrier's forms (rose.layers.grid_sync)
+PREFETCHES = ("off", "own", "idle")  # who asks a GEMM phase's weights into L2 a phase early (Tiles.prefetch)
+WORDS = {"barrier": BARRIERS, "prefetch": PREFETCHES}  # the fields that take a word, and their words
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,10 @@ class Tiles:
     rows: int = 16  # the least token block (BLOCK_M): batches of fewer tokens are padded to it
     queries: int = 32  # queries per attention item (a q head's block of them)
     keys: int = 128  # keys per step of an attention item's online softmax (at most the token block)
-    prefetch: bool = False  # each GEMM phase's weights asked into L2 a phase early (off under the interpreter)
+    # the next GEMM phase's weights asked into L2 during the phase before it (off under the interpreter): "own", each
+    # program the lines its own items will read; "idle", the programs with no work in that phase (a norm's rows,
+    # attention's items) all of the weight between them, when they are enough to cover it (persistent_kernels)
+    prefetch: str = "off"
     heads: bool = True  # a step of its own that norms and rotates every head once, before attention
     head_rows: int = 16  # rows per item of the heads step
     barrier: str = "counter"  # the grid barrier's form (rose.layers.grid_sync): counter (measured fastest), acquire, fence
@@ -42,9 +47,10 @@ class Tiles:
             n = getattr(self, name)
             if n < 16 or n & (n - 1):
                 raise ValueError(f"{name} must be a power of two from 16: {n}")
-        if self.barrier not in BARRIERS:
-            raise ValueError(f"barrier {self.barrier!r}: one of {', '.join(BARRIERS)}")
-        if self.prefetch and self.k % 64:
+        for name, words in WORDS.items():
+            if getattr(self, name) not in words:
+                raise ValueError(f"{name} {getattr(self, name)!r}: one of {', '.join(words)}")
+        if self.prefetch == "own" and self.k % 64:
             raise ValueError(f"prefetch asks whole 128-byte lines: a K step of {self.k} is not whole lines")
         projections = {"qkv": (qkv_size, hidden, self.qkv, self.split_qkv),  # name: (N, K, tile, slices)
                        "o": (hidden, q_size, self.o, self.split_od), "gate-up": (inner, hidden, self.gate_up, 1),

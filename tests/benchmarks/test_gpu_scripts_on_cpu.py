@@ -186,8 +186,8 @@ def test_every_persistent_decoder_sweep_row_fits_the_0_6b_and_tiles_parse() -> N
     for tokens, changes in SWEEP:
         assert tokens in (16, 32, 64, 128)
         dataclasses.replace(fitted, **changes).check(*shape)
-    assert tile_changes("o=64,down=64,split_od=8,prefetch=true,heads=0,barrier=Counter") == {
-        "o": 64, "down": 64, "split_od": 8, "prefetch": True, "heads": False, "barrier": "counter"}
-    for bad in ("width=64", "o", "o=", "o=6x", "heads=yes", "prefetch=ture"):
+    assert tile_changes("o=64,down=64,split_od=8,prefetch=Idle,heads=0,barrier=counter") == {
+        "o": 64, "down": 64, "split_od": 8, "prefetch": "idle", "heads": False, "barrier": "counter"}
+    for bad in ("width=64", "o", "o=", "o=6x", "heads=yes", "prefetch=true", "barrier=spin"):
         with pytest.raises(SystemExit, match="--tiles"):
             tile_changes(bad)

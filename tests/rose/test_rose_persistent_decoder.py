@@ -224,9 +224,13 @@ def test_tiles_that_do_not_divide_a_projection_are_refused():
         Tiles(split_od=8, k=512).check(1024, 4096, 2048, 3072)
     with pytest.raises(ValueError, match="under 32 wide"):
         Tiles(o=16).check(1024, 4096, 2048, 3072)
-    Tiles(prefetch=True).check(1024, 4096, 2048, 3072)
+    Tiles(prefetch="own").check(1024, 4096, 2048, 3072)
+    Tiles(prefetch="idle", k=32).check(1024, 4096, 2048, 3072)  # the idle programs' lines: whole weights, any K step
     with pytest.raises(ValueError, match="whole 128-byte lines"):
-        Tiles(prefetch=True, k=32).check(1024, 4096, 2048, 3072)
+        Tiles(prefetch="own", k=32).check(1024, 4096, 2048, 3072)
+    for field, word in (("prefetch", "on"), ("barrier", "spin")):
+        with pytest.raises(ValueError, match=f"{field} '{word}': one of"):
+            Tiles(**{field: word}).check(1024, 4096, 2048, 3072)
     for bad in ({"keys": 24}, {"queries": 48}, {"rows": 8}):
         with pytest.raises(ValueError, match="must be a power of two from 16"):
             Tiles(**bad).check(1024, 4096, 2048, 3072)

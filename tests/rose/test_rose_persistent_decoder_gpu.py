@@ -102,8 +102,9 @@ def test_a_grid_that_cannot_all_be_resident_ends_stalled_in_nan_rows(form):
     assert decoder.stalled() and out.isnan().all()
 
 
+@pytest.mark.parametrize("who", ["own", "idle"])
 @pytest.mark.parametrize("tokens", [16, 128])
-def test_weights_prefetched_into_l2_change_no_bits(tokens):
+def test_weights_prefetched_into_l2_change_no_bits(tokens, who):
     import dataclasses
 
     model, _, meta = _setup(True, [tokens])
@@ -111,7 +112,7 @@ def test_weights_prefetched_into_l2_change_no_bits(tokens):
     with torch.inference_mode():
         embedded = model.embed_tokens(meta.input_ids)
         plain = decoder(embedded, meta.positions, meta.seq_ids).clone()
-        decoder.tiles = dataclasses.replace(decoder.tiles_at(tokens), prefetch=True)  # the block's tiles, prefetching
+        decoder.tiles = dataclasses.replace(decoder.tiles_at(tokens), prefetch=who)  # the block's tiles, prefetching
         prefetched = decoder(embedded, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
     assert torch.equal(prefetched, plain)
