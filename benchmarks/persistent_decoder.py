@@ -49,6 +49,8 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (128, {"queries": 64}), (128, {"qkv": 32, "split_qkv": 1}), (128, {"keys": 64}), (128, {"keys": 32}),
     (16, {"prefetch": "own"}), (64, {"prefetch": "own"}), (128, {"prefetch": "own"}),
     (16, {"prefetch": "idle", "stages": 4}), (64, {"prefetch": "idle"}),  # (the blocks' own tiles, as counter's)
+    (16, {"prefetch": "first", "stages": 4}), (64, {"prefetch": "first"}),
+    (128, {"prefetch": "first", "queries": 16, "stages": 4}),
     (16, {"heads": False, "keys": 32}), (64, {"heads": False, "keys": 32}), (128, {"heads": False, "keys": 32}),
     (128, {"heads": False, "keys": 64}), (128, {"head_rows": 32}),
     (16, {"barrier": "fence"}), (64, {"barrier": "fence"}), (128, {"barrier": "fence"}),

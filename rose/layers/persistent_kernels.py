@@ -50,6 +50,29 @@ def _prefetch_idle(w_ptr, busy, pid, nprog, NUMEL: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_first(w_ptr, busy, pid, nprog, ROWS: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
+                    BK: tl.constexpr):
+    """Tiles.prefetch "first": as _prefetch_idle, but only the first K step of every item of the next GEMM phase
+    (each of the weight's ROWS rows, in each of its SPLIT slices of K: BK / 64 lines), the bytes an item waits for
+    before its pipeline streams; a quarter of the QKV's or o's weight at a K step of 128, so less in the L2's queues
+    while the busy programs' rows wait on them."""
+    LPR: tl.constexpr = BK // 64
+    LINES: tl.constexpr = ROWS * SPLIT * LPR
+    KS: tl.constexpr = K // SPLIT
+    idle = nprog - busy
+    if (pid >= busy) & (idle * IDLE_LINES >= LINES):
+        per = tl.cdiv(LINES, idle)
+        first = (pid - busy) * per
+        end = tl.minimum(first + per, LINES)
+        for start in range(first, end, 256):
+            j = tl.minimum(start + tl.arange(0, 256), end - 1)
+            row, rest = j // (SPLIT * LPR), j % (SPLIT * LPR)
+            at = w_ptr + tl.cast(row, tl.int64) * K + (rest // LPR) * KS + (rest % LPR) * 64
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+
+
+@triton.jit
 def _norm_rows(res_ptr, add_ptr, add_b_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog, eps, add, poison,
                H: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, LAYER_NORM: tl.constexpr,
                POST: tl.constexpr, BIAS: tl.constexpr):
@@ -177,7 +200,8 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
     embeddings from the ids (and token types, TYPES) into the residual. PREFETCH 1 (Tiles.prefetch "own"): each GEMM
     phase's weights are asked into L2 a phase early, where no weights stream (the norms for the QKV and gate-up,
     attention for o) or after the gate-up's own work (for down); 2 ("idle"): the same phases but down's, by the
-    programs with no work in them (_prefetch_idle)."""
+    programs with no work in them (_prefetch_idle); 3 ("first"): only each item's first K step, down's too, by the
+    programs with no item in the gate-up (_prefetch_first)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     D: tl.constexpr = 2 * HALF
@@ -205,6 +229,9 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
                     _prefetch(wqkv_ptr + layer * (QKV_N * H), pid, nprog, QKV_N, H, BN_QKV, S_QKV, False)
                 elif PREFETCH == 2:  # the rows' programs busy
                     _prefetch_idle(wqkv_ptr + layer * (QKV_N * H), tl.minimum(T, nprog), pid, nprog, QKV_N * H)
+                elif PREFETCH == 3:
+                    _prefetch_first(wqkv_ptr + layer * (QKV_N * H), tl.minimum(T, nprog), pid, nprog, QKV_N, H,
+                                    S_QKV, BK)
                 if POST:  # layer l - 1's output norm; at layer 0 the embeddings (EMBED), else they come normed
                     if layer > 0:
                         _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + (layer - 1) * H,
@@ -227,6 +254,9 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
             elif PREFETCH == 2:  # attention's items busy (a q head and a block of queries each)
                 _prefetch_idle(wo_ptr + layer * (H * NH * D), tl.minimum(NH * tl.cdiv(T, BQ), nprog), pid, nprog,
                                H * NH * D)
+            elif PREFETCH == 3:
+                _prefetch_first(wo_ptr + layer * (H * NH * D), tl.minimum(NH * tl.cdiv(T, BQ), nprog), pid, nprog, H,
+                                NH * D, S_OD, BK)
             if HEADS:
                 _attention_ready(heads_ptr, attn_ptr, seq_ptr, T, pid, nprog, scale, NH, NKV, D, BQ, BKEY, CAUSAL)
             else:
@@ -241,9 +271,14 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
                 _prefetch(wgu_ptr + layer * (GU_N * H), pid, nprog, INNER, H, BN_GU, 1, ACT == 1)
             elif PREFETCH == 2:
                 _prefetch_idle(wgu_ptr + layer * (GU_N * H), tl.minimum(T, nprog), pid, nprog, GU_N * H)
+            elif PREFETCH == 3:
+                _prefetch_first(wgu_ptr + layer * (GU_N * H), tl.minimum(T, nprog), pid, nprog, GU_N, H, 1, BK)
             _norm_rows(res_ptr, od_ptr, bo_ptr + layer * H, ln2_ptr + layer * H, ln2b_ptr + layer * H, h_ptr, T,
                        pid, nprog, eps, True, False, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
         elif phase == 5:
+            if PREFETCH == 3:  # the gate-up's items busy (one a program): the rest ask for down's first K steps
+                _prefetch_first(wd_ptr + layer * (H * INNER), tl.minimum(INNER // BN_GU, nprog), pid, nprog, H, INNER,
+                                S_OD, BK)
             _gemm(h_ptr, wgu_ptr + layer * (GU_N * H), bgu_ptr + layer * INNER, act_ptr, T, pid, nprog, INNER, H,
                   BLOCK_M, BN_GU, BK, 1, ACT)
             if PREFETCH == 1:

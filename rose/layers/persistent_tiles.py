@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 BARRIERS = ("acquire", "fence", "counter")  # the grid barrier's forms (rose.layers.grid_sync)
-PREFETCHES = ("off", "own", "idle")  # who asks a GEMM phase's weights into L2 a phase early (Tiles.prefetch)
+PREFETCHES = ("off", "own", "idle", "first")  # who asks a GEMM phase's weights into L2 a phase early (Tiles.prefetch)
 WORDS = {"barrier": BARRIERS, "prefetch": PREFETCHES}  # the fields that take a word, and their words
 
 
@@ -32,7 +32,8 @@ class Tiles:
     keys: int = 128  # keys per step of an attention item's online softmax (at most the token block)
     # the next GEMM phase's weights asked into L2 during the phase before it (off under the interpreter): "own", each
     # program the lines its own items will read; "idle", the programs with no work in that phase (a norm's rows,
-    # attention's items) all of the weight between them, when they are enough to cover it (persistent_kernels)
+    # attention's items) all of the weight between them, when they are enough to cover it; "first", the same
+    # programs only each item's first K step (down's too, by the programs with no gate-up item) (persistent_kernels)
     prefetch: str = "off"
     heads: bool = True  # a step of its own that norms and rotates every head once, before attention
     head_rows: int = 16  # rows per item of the heads step
@@ -50,7 +51,7 @@ class Tiles:
         for name, words in WORDS.items():
             if getattr(self, name) not in words:
                 raise ValueError(f"{name} {getattr(self, name)!r}: one of {', '.join(words)}")
-        if self.prefetch == "own" and self.k % 64:
+        if self.prefetch in ("own", "first") and self.k % 64:
             raise ValueError(f"prefetch asks whole 128-byte lines: a K step of {self.k} is not whole lines")
         projections = {"qkv": (qkv_size, hidden, self.qkv, self.split_qkv),  # name: (N, K, tile, slices)
                        "o": (hidden, q_size, self.o, self.split_od), "gate-up": (inner, hidden, self.gate_up, 1),

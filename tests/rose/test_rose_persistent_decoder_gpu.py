@@ -102,7 +102,7 @@ def test_a_grid_that_cannot_all_be_resident_ends_stalled_in_nan_rows(form):
     assert decoder.stalled() and out.isnan().all()
 
 
-@pytest.mark.parametrize("who", ["own", "idle"])
+@pytest.mark.parametrize("who", ["own", "idle", "first"])
 @pytest.mark.parametrize("tokens", [16, 128])
 def test_weights_prefetched_into_l2_change_no_bits(tokens, who):
     import dataclasses
