@@ -226,7 +226,8 @@ def main() -> None:
     parser.add_argument("--model", default="qwen3-0.6b", choices=["qwen3-0.6b", "minilm-l6"])
     parser.add_argument("--no-sweep", action="store_true", help="skip the sweep of the tiles")
     parser.add_argument("--sweep", default="", help="only the sweep's rows that change one of these tile fields "
-                        "(comma-separated, e.g. prefetch,keys); all rows when omitted")
+                        "(comma-separated, e.g. prefetch,keys), or that set one to a value (prefetch=first); all "
+                        "rows when omitted")
     parser.add_argument("--replays", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     parser.add_argument("--phases", action="store_true",
@@ -271,8 +272,7 @@ def main() -> None:
                 print(json.dumps(records[-1]), flush=True)
         layers_out = {}
         fitted = decoder.tiles
-        chosen = set(filter(None, args.sweep.split(",")))
-        sweep = [(t, c) for t, c in SWEEP if not chosen or chosen & set(c)]
+        sweep = sweep_rows(args.sweep)
         for tokens, changes in [] if args.no_sweep else sweep:
             tiles = dataclasses.replace(fitted, **changes)
             meta = device_meta([tokens], vocab, seed=tokens)
@@ -308,6 +308,21 @@ def main() -> None:
             continue
         err = f"{r['rel_err_vs_layers']:.2e}" if "rel_err_vs_layers" in r else ""
         print(f"{r['tokens']:>6} {r['variant']:<11} {r['p50_ms']:8.3f} {r['p90_ms']:8.3f} {err:>9}  {r['tiles']}")
+
+
+def sweep_rows(text: str) -> list[tuple[int, dict]]:
+    """--sweep's rows of SWEEP: those that change one of the named fields, or set a `field=value` one to that value
+    (the value as --tiles writes it); every row when `text` is empty."""
+    chosen = list(filter(None, text.split(",")))
+
+    def hit(changes: dict) -> bool:
+        for item in chosen:
+            name, eq, value = item.partition("=")
+            if name in changes and (not eq or str(changes[name]).lower() == value.lower()):
+                return True
+        return False
+
+    return [(t, c) for t, c in SWEEP if not chosen or hit(c)]
 
 
 FLAGS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}

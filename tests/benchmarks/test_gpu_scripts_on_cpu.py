@@ -175,7 +175,7 @@ def test_every_persistent_decoder_sweep_row_fits_the_0_6b_and_tiles_parse() -> N
     """A row whose tiles the 0.6B's shapes do not divide would only fail on the device, costing its call."""
     pytest.importorskip("triton")
     from benchmarks.model_zoo import QWEN3_CONFIGS
-    from benchmarks.persistent_decoder import SWEEP, tile_changes
+    from benchmarks.persistent_decoder import SWEEP, sweep_rows, tile_changes
     from rose.layers.persistent_tiles import fit_tiles
 
     cfg = QWEN3_CONFIGS["qwen3-0.6b"]
@@ -191,3 +191,10 @@ def test_every_persistent_decoder_sweep_row_fits_the_0_6b_and_tiles_parse() -> N
     for bad in ("width=64", "o", "o=", "o=6x", "heads=yes", "prefetch=true", "barrier=spin"):
         with pytest.raises(SystemExit, match="--tiles"):
             tile_changes(bad)
+    # --sweep: rows by field, or by a field's value
+    assert sweep_rows("") == SWEEP
+    assert {t for t, c in sweep_rows("prefetch=first")} == {16, 64, 128}
+    assert all(c["prefetch"] == "first" for _, c in sweep_rows("prefetch=first"))
+    assert len(sweep_rows("prefetch")) > len(sweep_rows("prefetch=first")) > 0
+    assert sweep_rows("stages=5,barrier=counter") == [r for r in SWEEP if r[1].get("stages") == 5
+                                                        or r[1].get("barrier") == "counter"]
