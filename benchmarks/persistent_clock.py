@@ -38,8 +38,7 @@ def split_steps(clock: torch.Tensor) -> dict[str, torch.Tensor]:
     c = clock.double()
     start, end = c[..., 0], c[..., 1]
     cycles = c[..., 3] - c[..., 2]
-    rate = (c[:, -1, :, 3] - c[:, 0, :, 2]) / (c[:, -1, :, 1] - c[:, 0, :, 0])  # [runs, programs] cycles a ns (sm_ghz)
-    work = cycles / rate[:, None, :]
+    work = cycles / _rates(c)[:, None, :]
     first = start.min(-1).values
     last_end = end.max(-1).values
     release = torch.zeros_like(first)
@@ -54,8 +53,12 @@ def split_steps(clock: torch.Tensor) -> dict[str, torch.Tensor]:
 def sm_ghz(clock: torch.Tensor) -> float:
     """The SMs' clock over a forward: the median over runs and programs of each program's cycles a ns (split_steps'
     rate), so that an A/B between processes can tell a slower kernel from a slower clock."""
-    c = clock.double()
-    return float(((c[:, -1, :, 3] - c[:, 0, :, 2]) / (c[:, -1, :, 1] - c[:, 0, :, 0])).median())
+    return float(_rates(clock.double()).median())
+
+
+def _rates(c: torch.Tensor) -> torch.Tensor:
+    """[runs, programs] cycles a ns: each program's cycles over its ns from its first start to its last end."""
+    return (c[:, -1, :, 3] - c[:, 0, :, 2]) / (c[:, -1, :, 1] - c[:, 0, :, 0])
 
 
 def per_kind(steps: dict[str, torch.Tensor], layers: int, names: list[str]) -> dict[str, dict[str, float]]:

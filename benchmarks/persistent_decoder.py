@@ -299,8 +299,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem(args.model)}.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
     print(f"\n{env['gpu']} · torch {env['torch']} · {env['commit']} · weight-read floor {floor_ms:.3f} ms "
-          f"({bandwidth / 1e9:.0f} GB/s moved by a copy) · one grid barrier {barrier_us:.2f} µs "
-          f"(its fence form {fence_us:.2f}, its counter form {counter_us:.2f})")
+          f"({bandwidth / 1e9:.0f} GB/s moved by a copy) · one grid barrier: its acquire form {barrier_us:.2f} µs, "
+          f"its fence form {fence_us:.2f}, its counter form {counter_us:.2f}")
     print(f"{'tokens':>6} {'variant':<11} {'p50 ms':>8} {'p90 ms':>8} {'rel err':>9}  tiles")
     for r in records:
         if "error" in r:
@@ -336,8 +336,9 @@ def change_tiles(decoder: PersistentDecoder, text: str) -> None:
 
 
 def tile_changes(text: str) -> dict:
-    """`field=value,...` as changes to Tiles (ints, true/false, on/off, 1/0 for its flags, a word for its words: the
-    barrier's form); anything else, or a field Tiles lacks, is refused naming the item."""
+    """`field=value,...` as changes to Tiles (ints, true/false, on/off, 1/0 for its flags, one of its words for the
+    barrier's form and the prefetch: persistent_tiles.WORDS); anything else, or a field Tiles lacks, is refused
+    naming the item."""
     fields = {f.name: f.type for f in dataclasses.fields(Tiles)}
     changes = {}
     for item in filter(None, text.split(",")):

@@ -1,7 +1,7 @@
 """A grid-wide barrier for persistent Triton kernels (rose.layers.persistent_decoder: one program per SM, every
 program resident at once), bounded so that a grid that cannot all be resident ends instead of hanging, and the
-GPU clock read between its phases. Each program writes how many steps it finished into its own slot (an
-exchange, with release order) and spins on reads of every slot until all reach the count. Its later loads must
+GPU clock read between its phases. In the slot forms each program writes how many barriers it passed into its
+own slot (an exchange, with release order) and spins on reads of every slot until all reach the count. Its later loads must
 see what the others wrote before their arrival: in the ACQUIRE form every read of a slot is ld.acquire.gpu, so
 the read that sees a program's count synchronizes with that program's release (PTX's acquire pattern, in the
 thread that read it) and the closing bar.sync carries it to the program's other threads; the FENCE form spins on
@@ -84,9 +84,10 @@ def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: t
     """Wait until every program's slot reads at least `target` (module docstring), or the stall word (the slot
     after the programs', read in the same load: NPROG_P2 covers nprog + 1) is set: a program that has waited
     SPINS reads sets it, and every later wait of every program ends at once, so a grid that is not all resident
-    ends in poisoned rows instead of a hang. Whether to wait on is decided from reductions over the load, the same
-    in every thread (a value each thread read for itself could differ between warps, and a warp leaving the loop
-    early would pair the program's bar.syncs wrongly). FENCE: 2 the acquire form (one reduction a spin: the
+    ends in poisoned rows instead of a hang. In the slot forms, whether to wait on is decided from reductions over
+    the load, the same in every thread (a value each thread read for itself could differ between warps, and a warp
+    leaving the loop early would pair the program's bar.syncs wrongly); in the counter form thread 0 alone waits
+    and decides, and the others wait for it at the bar.sync. FENCE: 2 the acquire form (one reduction a spin: the
     count of slots behind and the stall word in one sum), 1 the fence form (two), 0 the fence form and 3 the
     acquire form with volatile reads and no fence: only under Triton's interpreter, which has no inline assembly
     and runs programs one at a time (so the acquire form's reduction and stall word are tested there); 4 the

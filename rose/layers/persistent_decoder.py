@@ -29,12 +29,13 @@ causally where the model is causal): any ragged batch of up to 128 tokens. Round
 kernels (rose.layers.fused): bf16 residual sums, norm output and RoPE's cos/sin rounded, float32
 inside.
 
-The grid barrier (rose.layers.grid_sync.grid_barrier): each program writes how many phases it finished
-into its own slot (an exchange, so the same whichever threads execute it) with release order and spins on
-acquire reads of every slot until all reach the count (Tiles.barrier; its older form: volatile reads, then
-fence.acq_rel.gpu on every thread), so that its later loads see what the others wrote; those loads also go past
-L1 (`.cg`). The slots are zeroed before each launch (a memset node in a graph); one barrier cost 1.72 µs on the
-H200 in the fence form. Every program must be
+The grid barrier (rose.layers.grid_sync.grid_barrier, its form Tiles.barrier): by default the counter form,
+where after a bar.sync thread 0 of each program adds its arrival to one word with release order and polls that
+word with acquire loads, then a bar.sync lets the program go (1.03 µs a barrier on an H100, against 1.28 for the
+acquire form, where each program writes the barriers it passed into its own slot and spins on acquire reads of
+every slot, and 1.71 for the fence form: NOTES, "The barrier's counter form"); so that its later loads see what
+the others wrote, those loads also go past L1 (`.cg`). The words are zeroed before each launch (a memset node
+in a graph). Every program must be
 resident at once: the grid is at most the SM count, and only the runner's own forwards are routed here
 (Qwen3Model.forward checks the backend), never the express lane's, whose second stream could run a second
 persistent kernel at once, each waiting for programs the other holds. A wait is bounded (SPIN_LIMIT reads): a
@@ -122,7 +123,7 @@ class PersistentDecoder:
         if programs is None:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.programs = programs
-        # a slot a program, the stall word, and from the next power of two (a line of its own) the counter form's word
+        # a slot a program, the stall word, and at the next power of two the counter form's word
         self.flags = torch.zeros(flags_words(programs), dtype=torch.int32, device=device)
         self.spins = SPIN_LIMIT
 
@@ -273,7 +274,7 @@ class PersistentDecoder:
                 "BKEY": min(block_m, tiles.keys if tiles.heads else min(tiles.keys, 64)),  # own heads: 128 spill
                 "CAUSAL": self.causal, "POST": w.post,
                 "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
-                "NPROG_P2": triton.next_power_of_2(self.programs + 1), "CLOCK": self._clock_kind(clock, persistent,
+                "NPROG_P2": flags_words(self.programs) - 1, "CLOCK": self._clock_kind(clock, persistent,
                                                                                                  first, last),
                 "FENCE": barrier_form(tiles),
                 "PHASES": self.phases, "SPINS": self.spins,
@@ -313,7 +314,8 @@ class PersistentDecoder:
 
 def flags_words(programs: int) -> int:
     """The grid barrier's int32 words for `programs`: their slots, the stall word, and the counter form's word at
-    the power of two that covers the slots and the stall word (NPROG_P2; rose.layers.grid_sync)."""
+    the power of two that covers the slots and the stall word (the kernel's NPROG_P2, this less one; a 128-byte
+    line of its own from 31 programs; rose.layers.grid_sync)."""
     return (1 << programs.bit_length()) + 1  # 1 << (n - 1).bit_length() is n's next power of two, n = programs + 1
 
 

@@ -31,32 +31,15 @@ IDLE_LINES = tl.constexpr(4096)  # the most 128-byte lines an idle program asks 
 
 
 @triton.jit
-def _prefetch_idle(w_ptr, busy, pid, nprog, NUMEL: tl.constexpr):
-    """Tiles.prefetch "idle": the programs past the first `busy` (those with no work in this phase) ask the whole
-    weight of NUMEL bf16 or fp16 elements into L2, a contiguous run of 128-byte lines each, with
-    prefetch.global.L2 (nothing held or waited for), and only where they cover all of it within IDLE_LINES each:
-    a GEMM phase lasts as long as its slowest program, so a weight half in L2 would buy nothing. Here, unlike
-    "own", no program with work in the phase spends an instruction on it."""
-    LINES: tl.constexpr = NUMEL // 64
-    idle = nprog - busy
-    if (pid >= busy) & (idle * IDLE_LINES >= LINES):
-        per = tl.cdiv(LINES, idle)
-        first = (pid - busy) * per
-        end = tl.minimum(first + per, LINES)
-        for start in range(first, end, 256):
-            at = w_ptr + tl.cast(tl.minimum(start + tl.arange(0, 256), end - 1), tl.int64) * 64
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_first(w_ptr, busy, pid, nprog, ROWS: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
-                    BK: tl.constexpr):
-    """Tiles.prefetch "first": as _prefetch_idle, but only the first K step of every item of the next GEMM phase
-    (each of the weight's ROWS rows, in each of its SPLIT slices of K: BK / 64 lines), the bytes an item waits for
-    before its pipeline streams; a quarter of the QKV's or o's weight at a K step of 128, so less in the L2's queues
-    while the busy programs' rows wait on them."""
-    LPR: tl.constexpr = BK // 64
+def _prefetch_lines(w_ptr, busy, pid, nprog, ROWS: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
+                    STEP: tl.constexpr):
+    """Tiles.prefetch "idle" and "first": the programs past the first `busy` (those with no work in this phase) ask
+    into L2, with prefetch.global.L2 (nothing held or waited for), the first STEP columns of each of the weight's
+    ROWS rows in each of its SPLIT slices of K, a contiguous run of 128-byte lines each: "idle" the whole weight
+    (SPLIT 1, STEP K), "first" each item's first K step (the bytes an item waits for before its pipeline streams).
+    Only where they cover all of them within IDLE_LINES each: a GEMM phase lasts as long as its slowest program,
+    so a weight half in L2 would buy nothing. No program with work in the phase spends an instruction on it."""
+    LPR: tl.constexpr = STEP // 64  # lines a row a slice (bf16 or fp16)
     LINES: tl.constexpr = ROWS * SPLIT * LPR
     KS: tl.constexpr = K // SPLIT
     idle = nprog - busy
@@ -200,8 +183,8 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
     embeddings from the ids (and token types, TYPES) into the residual. PREFETCH 1 (Tiles.prefetch "own"): each GEMM
     phase's weights are asked into L2 a phase early, where no weights stream (the norms for the QKV and gate-up,
     attention for o) or after the gate-up's own work (for down); 2 ("idle"): the same phases but down's, by the
-    programs with no work in them (_prefetch_idle); 3 ("first"): only each item's first K step, down's too, by the
-    programs with no item in the gate-up (_prefetch_first)."""
+    programs with no work in them (_prefetch_lines); 3 ("first"): only each item's first K step, down's too, by
+    the programs with no item in the gate-up."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     D: tl.constexpr = 2 * HALF
@@ -227,11 +210,9 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
             else:
                 if PREFETCH == 1:
                     _prefetch(wqkv_ptr + layer * (QKV_N * H), pid, nprog, QKV_N, H, BN_QKV, S_QKV, False)
-                elif PREFETCH == 2:  # the rows' programs busy
-                    _prefetch_idle(wqkv_ptr + layer * (QKV_N * H), tl.minimum(T, nprog), pid, nprog, QKV_N * H)
-                elif PREFETCH == 3:
-                    _prefetch_first(wqkv_ptr + layer * (QKV_N * H), tl.minimum(T, nprog), pid, nprog, QKV_N, H,
-                                    S_QKV, BK)
+                elif PREFETCH >= 2:  # the rows' programs busy; 2 the whole weight, 3 each item's first K step
+                    _prefetch_lines(wqkv_ptr + layer * (QKV_N * H), tl.minimum(T, nprog), pid, nprog, QKV_N, H,
+                                    1 if PREFETCH == 2 else S_QKV, H if PREFETCH == 2 else BK)
                 if POST:  # layer l - 1's output norm; at layer 0 the embeddings (EMBED), else they come normed
                     if layer > 0:
                         _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + (layer - 1) * H,
@@ -251,12 +232,9 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
         elif phase == 2:
             if PREFETCH == 1:
                 _prefetch(wo_ptr + layer * (H * NH * D), pid, nprog, H, NH * D, BN_O, S_OD, False)
-            elif PREFETCH == 2:  # attention's items busy (a q head and a block of queries each)
-                _prefetch_idle(wo_ptr + layer * (H * NH * D), tl.minimum(NH * tl.cdiv(T, BQ), nprog), pid, nprog,
-                               H * NH * D)
-            elif PREFETCH == 3:
-                _prefetch_first(wo_ptr + layer * (H * NH * D), tl.minimum(NH * tl.cdiv(T, BQ), nprog), pid, nprog, H,
-                                NH * D, S_OD, BK)
+            elif PREFETCH >= 2:  # attention's items busy (a q head and a block of queries each)
+                _prefetch_lines(wo_ptr + layer * (H * NH * D), tl.minimum(NH * tl.cdiv(T, BQ), nprog), pid, nprog, H,
+                                NH * D, 1 if PREFETCH == 2 else S_OD, NH * D if PREFETCH == 2 else BK)
             if HEADS:
                 _attention_ready(heads_ptr, attn_ptr, seq_ptr, T, pid, nprog, scale, NH, NKV, D, BQ, BKEY, CAUSAL)
             else:
@@ -269,15 +247,14 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
         elif phase == 4:
             if PREFETCH == 1:
                 _prefetch(wgu_ptr + layer * (GU_N * H), pid, nprog, INNER, H, BN_GU, 1, ACT == 1)
-            elif PREFETCH == 2:
-                _prefetch_idle(wgu_ptr + layer * (GU_N * H), tl.minimum(T, nprog), pid, nprog, GU_N * H)
-            elif PREFETCH == 3:
-                _prefetch_first(wgu_ptr + layer * (GU_N * H), tl.minimum(T, nprog), pid, nprog, GU_N, H, 1, BK)
+            elif PREFETCH >= 2:
+                _prefetch_lines(wgu_ptr + layer * (GU_N * H), tl.minimum(T, nprog), pid, nprog, GU_N, H, 1,
+                                H if PREFETCH == 2 else BK)
             _norm_rows(res_ptr, od_ptr, bo_ptr + layer * H, ln2_ptr + layer * H, ln2b_ptr + layer * H, h_ptr, T,
                        pid, nprog, eps, True, False, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
         elif phase == 5:
             if PREFETCH == 3:  # the gate-up's items busy (one a program): the rest ask for down's first K steps
-                _prefetch_first(wd_ptr + layer * (H * INNER), tl.minimum(INNER // BN_GU, nprog), pid, nprog, H, INNER,
+                _prefetch_lines(wd_ptr + layer * (H * INNER), tl.minimum(INNER // BN_GU, nprog), pid, nprog, H, INNER,
                                 S_OD, BK)
             _gemm(h_ptr, wgu_ptr + layer * (GU_N * H), bgu_ptr + layer * INNER, act_ptr, T, pid, nprog, INNER, H,
                   BLOCK_M, BN_GU, BK, 1, ACT)

@@ -62,7 +62,7 @@ def test_matches_the_layer_by_layer_kernels(causal, batch):
 @pytest.mark.parametrize("batch", ["one-1", "ragged"])
 def test_the_other_forms_match_too(batch):
     """Attention computing its own heads (no heads step) matches the layers as the default does; the barrier's
-    fence and counter forms change no bits against its acquire form."""
+    forms change no bits against each other (the default, counter, against fence and acquire)."""
     import dataclasses
 
     model, backend, meta = _setup(True, BATCHES[batch])
@@ -76,11 +76,11 @@ def test_the_other_forms_match_too(batch):
         decoder.tiles = dataclasses.replace(own, barrier="fence" if own.barrier != "fence" else "acquire")
         fenced = decoder(embedded, meta.positions, meta.seq_ids).clone()
         decoder.tiles = dataclasses.replace(own, barrier="counter" if own.barrier != "counter" else "acquire")
-        counted = decoder(embedded, meta.positions, meta.seq_ids).clone()
+        other_form = decoder(embedded, meta.positions, meta.seq_ids).clone()  # counter against acquire
         decoder.tiles = dataclasses.replace(fitted, heads=False, keys=32)  # (the form measured: 3 stages)
         own_heads = decoder(embedded, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
-    assert torch.equal(fenced, plain) and torch.equal(counted, plain)
+    assert torch.equal(fenced, plain) and torch.equal(other_form, plain)
     err = ((own_heads.float() - expected.float()).norm() / expected.float().norm()).item()
     assert err < 2e-2 and _cosines(own_heads, expected).min().item() > 0.999, err
 
@@ -218,10 +218,10 @@ def test_bert_matches_its_layers(batch):
         from_ids = decoder.from_ids(meta.input_ids, meta.positions, meta.seq_ids)
         other = "counter" if decoder.tiles.barrier != "counter" else "acquire"  # the counter form against the other:
         decoder.tiles = dataclasses.replace(decoder.tiles, barrier=other)  # step 0 from embeddings has no barrier
-        counted = decoder(embedded, meta.positions, meta.seq_ids)
-        counted_ids = decoder.from_ids(meta.input_ids, meta.positions, meta.seq_ids)
+        other_form = decoder(embedded, meta.positions, meta.seq_ids)
+        other_form_ids = decoder.from_ids(meta.input_ids, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
-    assert torch.equal(counted, got) and torch.equal(counted_ids, from_ids)
+    assert torch.equal(other_form, got) and torch.equal(other_form_ids, from_ids)
     for name, out in (("from embeddings", got), ("from ids", from_ids)):
         err = ((out.float() - expected.float()).norm() / expected.float().norm()).item()
         assert err < 2e-2, (name, err)
