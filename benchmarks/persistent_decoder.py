@@ -56,6 +56,8 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (16, {"barrier": "fence"}), (64, {"barrier": "fence"}), (128, {"barrier": "fence"}),
     (16, {"barrier": "counter", "stages": 4}), (64, {"barrier": "counter"}),
     (128, {"barrier": "counter", "queries": 16, "stages": 4}),
+    (16, {"stall_every": 64, "stages": 4}), (64, {"stall_every": 64}),
+    (128, {"stall_every": 64, "queries": 16, "stages": 4}),
     # the GEMM phases (NOTES "What a step of the persistent kernel costs"): wider column tiles with more slices of K
     # (fewer bytes an SM), and more bytes in flight an SM (a longer K step, deeper pipelines)
     (16, {"o": 64, "down": 64, "split_od": 8}), (64, {"o": 64, "down": 64, "split_od": 8}),
@@ -72,9 +74,10 @@ try:
     from rose.layers.grid_sync import grid_barrier
 
     @triton.jit
-    def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr, SPINS: tl.constexpr, FENCE: tl.constexpr):
+    def _barriers_kernel(flags_ptr, n, NPROG_P2: tl.constexpr, SPINS: tl.constexpr, FENCE: tl.constexpr,
+                         STALL_EVERY: tl.constexpr):
         for i in range(n):
-            grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, FENCE, SPINS)
+            grid_barrier(flags_ptr, tl.program_id(0), tl.num_programs(0), i + 1, NPROG_P2, FENCE, SPINS, STALL_EVERY)
 except ImportError:  # pragma: no cover - a CPU build of torch without Triton
     triton = None
 
@@ -158,15 +161,17 @@ def capture(fn):
     return graph, out
 
 
-def barrier_cost_us(programs: int, count: int = 1000, fence: int = 2) -> float:
+def barrier_cost_us(programs: int, count: int = 1000, fence: int = 2, stall_every: int = 1) -> float:
     """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them (fence: 2
-    its acquire form, 1 its fence form, 4 its counter form; rose.layers.grid_sync)."""
+    its acquire form, 1 its fence form, 4 its counter form, reading the stall word every `stall_every`-th poll;
+    rose.layers.grid_sync)."""
     flags = torch.zeros(flags_words(programs), dtype=torch.int32, device="cuda")
-    p2 = triton.next_power_of_2(programs + 1)  # the slots and the stall word
+    p2 = flags_words(programs) - 1  # the slots and the stall word (the counter's word after them)
 
     def run(n):
         flags.zero_()
-        _barriers_kernel[(programs,)](flags, n, NPROG_P2=p2, SPINS=SPIN_LIMIT, FENCE=fence, num_warps=8)
+        _barriers_kernel[(programs,)](flags, n, NPROG_P2=p2, SPINS=SPIN_LIMIT, FENCE=fence, STALL_EVERY=stall_every,
+                                      num_warps=8)
 
     run(10)
     graph, _ = capture(lambda: run(count))
@@ -250,8 +255,9 @@ def main() -> None:
     barrier_us = barrier_cost_us(decoder.programs)  # before the sweep, which a timeout may cut short
     fence_us = barrier_cost_us(decoder.programs, fence=1)
     counter_us = barrier_cost_us(decoder.programs, fence=4)
+    lean_us = barrier_cost_us(decoder.programs, fence=4, stall_every=64)
     print(json.dumps({"weight_read_floor_ms": floor_ms, "barrier_us": barrier_us, "barrier_fence_us": fence_us,
-                      "barrier_counter_us": counter_us}), flush=True)
+                      "barrier_counter_us": counter_us, "barrier_counter_stall64_us": lean_us}), flush=True)
     records = []
     with torch.inference_mode():
         for tokens in [int(t) for t in args.tokens.split(",")]:
@@ -295,12 +301,13 @@ def main() -> None:
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("GIT_COMMIT", "?"),
            "model": args.model, "programs": decoder.programs, "weight_bytes": weight_bytes,
            "copy_bandwidth_gbs": bandwidth / 1e9, "weight_read_floor_ms": floor_ms, "barrier_us": barrier_us,
-           "barrier_fence_us": fence_us, "barrier_counter_us": counter_us}
+           "barrier_fence_us": fence_us, "barrier_counter_us": counter_us, "barrier_counter_stall64_us": lean_us}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem(args.model)}.json").write_text(json.dumps({"env": env, "records": records}, indent=1))
     print(f"\n{env['gpu']} · torch {env['torch']} · {env['commit']} · weight-read floor {floor_ms:.3f} ms "
           f"({bandwidth / 1e9:.0f} GB/s moved by a copy) · one grid barrier: its acquire form {barrier_us:.2f} µs, "
-          f"its fence form {fence_us:.2f}, its counter form {counter_us:.2f}")
+          f"its fence form {fence_us:.2f}, its counter form {counter_us:.2f} ({lean_us:.2f} reading the stall word "
+          f"every 64th poll)")
     print(f"{'tokens':>6} {'variant':<11} {'p50 ms':>8} {'p90 ms':>8} {'rel err':>9}  tiles")
     for r in records:
         if "error" in r:

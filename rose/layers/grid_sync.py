@@ -46,41 +46,75 @@ def _acquired(ptrs):
 
 
 @triton.jit
-def _counter_wait(counter_ptr, stall_ptr, count, spins):
+def _counter_wait(counter_ptr, stall_ptr, count, spins, STALL_EVERY: tl.constexpr):
     """The COUNTER form's arrival and wait, in thread 0 of the program alone (the others skip it and wait at the
     bar.sync after): add 1 to the counter (release), then poll it with acquire loads until it reads `count`; the
-    stall word is read each spin, and a wait of `spins` polls sets it. Returns 1 where the wait ended stalled
-    (thread 0), else 0. Labels are local to the asm's braces, as CUTLASS's waits have them."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .pred p_skip, p_done;
-        .reg .b32 r_tid, r_seen, r_spins;
-        mov.u32 $0, 0;
-        mov.u32 r_tid, %tid.x;
-        setp.ne.u32 p_skip, r_tid, 0;
-        @p_skip bra END;
-        atom.add.release.gpu.global.u32 r_seen, [$1], 1;
-        mov.u32 r_spins, 0;
-        POLL:
-        ld.acquire.gpu.global.u32 r_seen, [$1];
-        setp.ge.u32 p_done, r_seen, $3;
-        @p_done bra END;
-        ld.volatile.global.u32 r_seen, [$2];
-        setp.ne.u32 p_done, r_seen, 0;
-        @p_done bra STALLED;
-        add.u32 r_spins, r_spins, 1;
-        setp.lt.u32 p_done, r_spins, $4;
-        @p_done bra POLL;
-        atom.relaxed.gpu.global.exch.b32 r_seen, [$2], 1;
-        STALLED:
-        mov.u32 $0, 1;
-        END:
-        }""",
-        "=r,l,l,r,r", [counter_ptr, stall_ptr, count, spins], dtype=tl.int32, is_pure=False, pack=1)
+    stall word is read every STALL_EVERY-th poll (a power of two; 1: each poll, a second L2 round trip a spin),
+    and a wait of `spins` polls sets it. Returns 1 where the wait ended stalled (thread 0), else 0. Labels are
+    local to the asm's braces, as CUTLASS's waits have them."""
+    if STALL_EVERY == 1:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .pred p_skip, p_done;
+            .reg .b32 r_tid, r_seen, r_spins;
+            mov.u32 $0, 0;
+            mov.u32 r_tid, %tid.x;
+            setp.ne.u32 p_skip, r_tid, 0;
+            @p_skip bra END;
+            atom.add.release.gpu.global.u32 r_seen, [$1], 1;
+            mov.u32 r_spins, 0;
+            POLL:
+            ld.acquire.gpu.global.u32 r_seen, [$1];
+            setp.ge.u32 p_done, r_seen, $3;
+            @p_done bra END;
+            ld.volatile.global.u32 r_seen, [$2];
+            setp.ne.u32 p_done, r_seen, 0;
+            @p_done bra STALLED;
+            add.u32 r_spins, r_spins, 1;
+            setp.lt.u32 p_done, r_spins, $4;
+            @p_done bra POLL;
+            atom.relaxed.gpu.global.exch.b32 r_seen, [$2], 1;
+            STALLED:
+            mov.u32 $0, 1;
+            END:
+            }""",
+            "=r,l,l,r,r", [counter_ptr, stall_ptr, count, spins], dtype=tl.int32, is_pure=False, pack=1)
+    else:  # the stall word and the bound only where spins % STALL_EVERY == 0 ($5 = STALL_EVERY - 1)
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .pred p_skip, p_done;
+            .reg .b32 r_tid, r_seen, r_spins;
+            mov.u32 $0, 0;
+            mov.u32 r_tid, %tid.x;
+            setp.ne.u32 p_skip, r_tid, 0;
+            @p_skip bra END;
+            atom.add.release.gpu.global.u32 r_seen, [$1], 1;
+            mov.u32 r_spins, 0;
+            POLL:
+            ld.acquire.gpu.global.u32 r_seen, [$1];
+            setp.ge.u32 p_done, r_seen, $3;
+            @p_done bra END;
+            add.u32 r_spins, r_spins, 1;
+            and.b32 r_seen, r_spins, $5;
+            setp.ne.u32 p_skip, r_seen, 0;
+            @p_skip bra POLL;
+            ld.volatile.global.u32 r_seen, [$2];
+            setp.ne.u32 p_done, r_seen, 0;
+            @p_done bra STALLED;
+            setp.lt.u32 p_done, r_spins, $4;
+            @p_done bra POLL;
+            atom.relaxed.gpu.global.exch.b32 r_seen, [$2], 1;
+            STALLED:
+            mov.u32 $0, 1;
+            END:
+            }""",
+            "=r,l,l,r,r,r", [counter_ptr, stall_ptr, count, spins, STALL_EVERY - 1], dtype=tl.int32, is_pure=False,
+            pack=1)
 
 
 @triton.jit
-def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr, SPINS: tl.constexpr):
+def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: tl.constexpr, SPINS: tl.constexpr,
+                 STALL_EVERY: tl.constexpr = 1):
     """Wait until every program's slot reads at least `target` (module docstring), or the stall word (the slot
     after the programs', read in the same load: NPROG_P2 covers nprog + 1) is set: a program that has waited
     SPINS reads sets it, and every later wait of every program ends at once, so a grid that is not all resident
@@ -92,10 +126,11 @@ def grid_barrier(flags_ptr, pid, nprog, target, NPROG_P2: tl.constexpr, FENCE: t
     acquire form with volatile reads and no fence: only under Triton's interpreter, which has no inline assembly
     and runs programs one at a time (so the acquire form's reduction and stall word are tested there); 4 the
     counter form (the word after NPROG_P2's slots counts every program's arrivals: `target` barriers in, it reads
-    target x nprog). `target`: the barriers passed since the flags were zeroed, this one included."""
+    target x nprog; STALL_EVERY: its polls that also read the stall word, one in so many). `target`: the barriers
+    passed since the flags were zeroed, this one included."""
     tl.debug_barrier()  # this program's stores before its arrival
     if FENCE == 4:
-        _counter_wait(flags_ptr + NPROG_P2, flags_ptr + nprog, target * nprog, SPINS)
+        _counter_wait(flags_ptr + NPROG_P2, flags_ptr + nprog, target * nprog, SPINS, STALL_EVERY)
     else:
         _slots_wait(flags_ptr, pid, nprog, target, NPROG_P2, FENCE, SPINS)
     tl.debug_barrier()

@@ -277,7 +277,7 @@ class PersistentDecoder:
                 "NPROG_P2": flags_words(self.programs) - 1, "CLOCK": self._clock_kind(clock, persistent,
                                                                                                  first, last),
                 "FENCE": barrier_form(tiles),
-                "PHASES": self.phases, "SPINS": self.spins,
+                "PHASES": self.phases, "SPINS": self.spins, "STALL_EVERY": tiles.stall_every,
                 "HEADS": tiles.heads, "BR": tiles.head_rows,
                 "PREFETCH": 0 if INTERPRETED or w.wqkv.element_size() != 2 else PREFETCHES.index(tiles.prefetch),
                 "EMBED": work.ids is not None, "TYPES": w.token_types, "num_warps": tiles.warps,

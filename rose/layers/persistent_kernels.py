@@ -167,7 +167,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
                    ACT: tl.constexpr, ROPE: tl.constexpr, NPROG_P2: tl.constexpr, CLOCK: tl.constexpr,
                    PERSISTENT: tl.constexpr, FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr,
                    PREFETCH: tl.constexpr, EMBED: tl.constexpr, TYPES: tl.constexpr, HEADS: tl.constexpr,
-                   BR: tl.constexpr):
+                   BR: tl.constexpr, STALL_EVERY: tl.constexpr):
     """Steps [first, last) of the decoder: step = layer * PHASES + phase (module docstring); the step after the
     last layer's is the final norm. HEADS (PHASES 8): the heads step (_heads) is the third step of a layer and
     attention over its ready heads the fourth, the later ones a step on; `phase` below holds the step's kind
@@ -272,6 +272,6 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
             tl.store(slot + 3, sm_cycles())
         if PERSISTENT and (CLOCK or (step < final and not (POST and step == 0 and not EMBED))):  # (no work)
             passed += 1
-            grid_barrier(flags_ptr, pid, nprog, passed, NPROG_P2, FENCE, SPINS)
+            grid_barrier(flags_ptr, pid, nprog, passed, NPROG_P2, FENCE, SPINS, STALL_EVERY)
         if CLOCK == 1 and pid == 0:
             tl.store(clock_ptr + step + 1, globaltimer())

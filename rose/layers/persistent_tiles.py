@@ -38,12 +38,15 @@ class Tiles:
     heads: bool = True  # a step of its own that norms and rotates every head once, before attention
     head_rows: int = 16  # rows per item of the heads step
     barrier: str = "counter"  # the grid barrier's form (rose.layers.grid_sync): counter (measured fastest), acquire, fence
+    stall_every: int = 1  # the counter form's polls that also read the stall word: one in so many (a power of two)
 
     def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
         """Raise unless every projection's N is whole column tiles and its K whole slices of whole K steps
         (the kernel does not mask a partial tile)."""
         if min(self.qkv, self.o, self.gate_up, self.down) < 32:
             raise ValueError(f"column tiles under 32 wide: {self}")
+        if self.stall_every < 1 or self.stall_every & (self.stall_every - 1):
+            raise ValueError(f"stall_every must be a power of two: {self.stall_every}")
         for name in ("keys", "queries", "rows", "head_rows"):  # tl.arange and tl.dot sizes
             n = getattr(self, name)
             if n < 16 or n & (n - 1):

@@ -228,6 +228,8 @@ def test_tiles_that_do_not_divide_a_projection_are_refused():
     Tiles(prefetch="idle", k=32).check(1024, 4096, 2048, 3072)  # the idle programs' lines: whole weights, any K step
     with pytest.raises(ValueError, match="whole 128-byte lines"):
         Tiles(prefetch="own", k=32).check(1024, 4096, 2048, 3072)
+    with pytest.raises(ValueError, match="stall_every must be a power of two"):
+        Tiles(stall_every=48).check(1024, 4096, 2048, 3072)
     for field, word in (("prefetch", "on"), ("barrier", "spin")):
         with pytest.raises(ValueError, match=f"{field} '{word}': one of"):
             Tiles(**{field: word}).check(1024, 4096, 2048, 3072)

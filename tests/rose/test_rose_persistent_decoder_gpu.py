@@ -62,7 +62,8 @@ def test_matches_the_layer_by_layer_kernels(causal, batch):
 @pytest.mark.parametrize("batch", ["one-1", "ragged"])
 def test_the_other_forms_match_too(batch):
     """Attention computing its own heads (no heads step) matches the layers as the default does; the barrier's
-    forms change no bits against each other (the default, counter, against fence and acquire)."""
+    forms change no bits against each other (the default, counter, against fence, acquire, and the counter form
+    reading the stall word every 64th poll)."""
     import dataclasses
 
     model, backend, meta = _setup(True, BATCHES[batch])
@@ -77,24 +78,27 @@ def test_the_other_forms_match_too(batch):
         fenced = decoder(embedded, meta.positions, meta.seq_ids).clone()
         decoder.tiles = dataclasses.replace(own, barrier="counter" if own.barrier != "counter" else "acquire")
         other_form = decoder(embedded, meta.positions, meta.seq_ids).clone()  # counter against acquire
+        decoder.tiles = dataclasses.replace(own, barrier="counter", stall_every=64)
+        lean = decoder(embedded, meta.positions, meta.seq_ids).clone()
         decoder.tiles = dataclasses.replace(fitted, heads=False, keys=32)  # (the form measured: 3 stages)
         own_heads = decoder(embedded, meta.positions, meta.seq_ids)
     torch.cuda.synchronize()
-    assert torch.equal(fenced, plain) and torch.equal(other_form, plain)
+    assert torch.equal(fenced, plain) and torch.equal(other_form, plain) and torch.equal(lean, plain)
     err = ((own_heads.float() - expected.float()).norm() / expected.float().norm()).item()
     assert err < 2e-2 and _cosines(own_heads, expected).min().item() > 0.999, err
 
 
-@pytest.mark.parametrize("form", ["acquire", "fence", "counter"])
-def test_a_grid_that_cannot_all_be_resident_ends_stalled_in_nan_rows(form):
+@pytest.mark.parametrize("form, stall_every", [("acquire", 1), ("fence", 1), ("counter", 1), ("counter", 64)])
+def test_a_grid_that_cannot_all_be_resident_ends_stalled_in_nan_rows(form, stall_every):
     """Four programs an SM (one fits by registers): the resident ones wait out their bounded spins at the first
     barrier, set the stall word, and every later wait ends at once, so the launch finishes with NaN rows and
-    stalled() says so, in each of the barrier's forms (rose.layers.grid_sync)."""
+    stalled() says so, in each of the barrier's forms (rose.layers.grid_sync), the counter form's also when it reads
+    the stall word only every 64th poll."""
     import dataclasses
 
     model, _, meta = _setup(True, [16])
     decoder = PersistentDecoder(model, programs=4 * torch.cuda.get_device_properties(0).multi_processor_count)
-    decoder.tiles = dataclasses.replace(decoder.tiles_at(16), barrier=form)
+    decoder.tiles = dataclasses.replace(decoder.tiles_at(16), barrier=form, stall_every=stall_every)
     decoder.spins = 1 << 14
     with torch.inference_mode():
         out = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
