@@ -45,6 +45,43 @@ def _acquired(ptrs):
                                      is_pure=False, pack=1)
 
 
+def _counter_asm(stall_every: int) -> str:
+    """_counter_wait's PTX: thread 0 arrives and polls; every stall_every-th poll (1: each) also reads the stall
+    word and the bound ($5 = stall_every - 1 masks the polls' count when above 1)."""
+    skip = "" if stall_every == 1 else """
+        and.b32 r_seen, r_spins, $5;
+        setp.ne.u32 p_skip, r_seen, 0;
+        @p_skip bra POLL;"""
+    return """{
+        .reg .pred p_skip, p_done;
+        .reg .b32 r_tid, r_seen, r_spins;
+        mov.u32 $0, 0;
+        mov.u32 r_tid, %tid.x;
+        setp.ne.u32 p_skip, r_tid, 0;
+        @p_skip bra END;
+        atom.add.release.gpu.global.u32 r_seen, [$1], 1;
+        mov.u32 r_spins, 0;
+        POLL:
+        ld.acquire.gpu.global.u32 r_seen, [$1];
+        setp.ge.u32 p_done, r_seen, $3;
+        @p_done bra END;
+        add.u32 r_spins, r_spins, 1;""" + skip + """
+        ld.volatile.global.u32 r_seen, [$2];
+        setp.ne.u32 p_done, r_seen, 0;
+        @p_done bra STALLED;
+        setp.lt.u32 p_done, r_spins, $4;
+        @p_done bra POLL;
+        atom.relaxed.gpu.global.exch.b32 r_seen, [$2], 1;
+        STALLED:
+        mov.u32 $0, 1;
+        END:
+        }"""
+
+
+_COUNTER_EACH_POLL = tl.constexpr(_counter_asm(1))
+_COUNTER_SOME_POLLS = tl.constexpr(_counter_asm(2))  # the mask is an operand: one text for every stall_every > 1
+
+
 @triton.jit
 def _counter_wait(counter_ptr, stall_ptr, count, spins, STALL_EVERY: tl.constexpr):
     """The COUNTER form's arrival and wait, in thread 0 of the program alone (the others skip it and wait at the
@@ -53,63 +90,12 @@ def _counter_wait(counter_ptr, stall_ptr, count, spins, STALL_EVERY: tl.constexp
     and a wait of `spins` polls sets it. Returns 1 where the wait ended stalled (thread 0), else 0. Labels are
     local to the asm's braces, as CUTLASS's waits have them."""
     if STALL_EVERY == 1:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .pred p_skip, p_done;
-            .reg .b32 r_tid, r_seen, r_spins;
-            mov.u32 $0, 0;
-            mov.u32 r_tid, %tid.x;
-            setp.ne.u32 p_skip, r_tid, 0;
-            @p_skip bra END;
-            atom.add.release.gpu.global.u32 r_seen, [$1], 1;
-            mov.u32 r_spins, 0;
-            POLL:
-            ld.acquire.gpu.global.u32 r_seen, [$1];
-            setp.ge.u32 p_done, r_seen, $3;
-            @p_done bra END;
-            ld.volatile.global.u32 r_seen, [$2];
-            setp.ne.u32 p_done, r_seen, 0;
-            @p_done bra STALLED;
-            add.u32 r_spins, r_spins, 1;
-            setp.lt.u32 p_done, r_spins, $4;
-            @p_done bra POLL;
-            atom.relaxed.gpu.global.exch.b32 r_seen, [$2], 1;
-            STALLED:
-            mov.u32 $0, 1;
-            END:
-            }""",
-            "=r,l,l,r,r", [counter_ptr, stall_ptr, count, spins], dtype=tl.int32, is_pure=False, pack=1)
-    else:  # the stall word and the bound only where spins % STALL_EVERY == 0 ($5 = STALL_EVERY - 1)
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .pred p_skip, p_done;
-            .reg .b32 r_tid, r_seen, r_spins;
-            mov.u32 $0, 0;
-            mov.u32 r_tid, %tid.x;
-            setp.ne.u32 p_skip, r_tid, 0;
-            @p_skip bra END;
-            atom.add.release.gpu.global.u32 r_seen, [$1], 1;
-            mov.u32 r_spins, 0;
-            POLL:
-            ld.acquire.gpu.global.u32 r_seen, [$1];
-            setp.ge.u32 p_done, r_seen, $3;
-            @p_done bra END;
-            add.u32 r_spins, r_spins, 1;
-            and.b32 r_seen, r_spins, $5;
-            setp.ne.u32 p_skip, r_seen, 0;
-            @p_skip bra POLL;
-            ld.volatile.global.u32 r_seen, [$2];
-            setp.ne.u32 p_done, r_seen, 0;
-            @p_done bra STALLED;
-            setp.lt.u32 p_done, r_spins, $4;
-            @p_done bra POLL;
-            atom.relaxed.gpu.global.exch.b32 r_seen, [$2], 1;
-            STALLED:
-            mov.u32 $0, 1;
-            END:
-            }""",
-            "=r,l,l,r,r,r", [counter_ptr, stall_ptr, count, spins, STALL_EVERY - 1], dtype=tl.int32, is_pure=False,
-            pack=1)
+        return tl.inline_asm_elementwise(_COUNTER_EACH_POLL, "=r,l,l,r,r", [counter_ptr, stall_ptr, count, spins],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        return tl.inline_asm_elementwise(_COUNTER_SOME_POLLS, "=r,l,l,r,r,r",
+                                         [counter_ptr, stall_ptr, count, spins, STALL_EVERY - 1], dtype=tl.int32,
+                                         is_pure=False, pack=1)
 
 
 @triton.jit
