@@ -37,7 +37,7 @@ class Tiles:
     prefetch: str = "off"
     heads: bool = True  # a step of its own that norms and rotates every head once, before attention
     head_rows: int = 16  # rows per item of the heads step
-    barrier: str = "counter"  # the grid barrier's form (rose.layers.grid_sync): counter (measured fastest), acquire, fence
+    barrier: str = "counter"  # the grid barrier's form (rose.layers.grid_sync): counter (the fastest), acquire, fence
     stall_every: int = 1  # the counter form's polls that also read the stall word: one in so many (a power of two)
 
     def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
