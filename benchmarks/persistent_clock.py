@@ -125,7 +125,8 @@ def print_tables(env: dict, tables: dict[str, dict[str, dict[str, float]]]) -> N
           f"{env['runs']} runs), every program's clock")
     for tokens, table in tables.items():
         ghz = env.get("sm_ghz", {}).get(tokens)
-        print(f"\n{tokens} tokens  " + " ".join(f"{s:>9}" for s in STATS) + (f"   (SMs at {ghz:.3f} GHz)" if ghz else ""))
+        sms = f"   (SMs at {ghz:.3f} GHz)" if ghz else ""
+        print(f"\n{tokens} tokens  " + " ".join(f"{s:>9}" for s in STATS) + sms)
         for name, row in table.items():
             print(f"{name:>14} " + " ".join(f"{row[s]:9.2f}" for s in STATS))
 

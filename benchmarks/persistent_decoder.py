@@ -352,11 +352,12 @@ def tile_changes(text: str) -> dict:
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
         flag, words = fields.get(name) in (bool, "bool"), WORDS.get(name)
-        ok = name in fields and (value.lower() in FLAGS if flag else value.lower() in words if words else value.isdigit())
+        word = value.lower()
+        ok = name in fields and (word in FLAGS if flag else word in words if words else value.isdigit())
         if not ok:
             raise SystemExit(f"--tiles: {item!r} is not field=value for one of {', '.join(fields)} "
                              f"(an int, true/false for a flag, one of its words: {WORDS})")
-        changes[name] = FLAGS[value.lower()] if flag else value.lower() if words else int(value)
+        changes[name] = FLAGS[word] if flag else word if words else int(value)
     return changes
 
 

@@ -27,7 +27,7 @@ def _prefetch(w_ptr, pid, nprog, N: tl.constexpr, K: tl.constexpr, BN: tl.conste
                 tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at + N * K],
                                           dtype=tl.int32, is_pure=False, pack=1)
 
-IDLE_LINES = tl.constexpr(4096)  # the most 128-byte lines an idle program asks into L2 for a phase (512 KB: 16 a thread)
+IDLE_LINES = tl.constexpr(4096)  # the most 128-byte lines an idle program asks into L2 a phase (512 KB, 16 a thread)
 
 
 @triton.jit

@@ -3,7 +3,8 @@ layers, random bf16): as close to the layer-by-layer kernels as bf16 allows on s
 batches (one packed at a graph's padded layout), causal and not; the barriers' kernel the same bits as the
 phases launched one by one and on every call; the same under CUDA-graph capture and replay; attach's
 routing through Qwen3Model.forward; the kernel's own clock; weights prefetched into L2 and the barrier's fence and
-counter forms changing no bits; a grid that cannot all be resident ending stalled in NaN rows with each barrier form; attention computing its own heads (no heads step) as close to the layers. BERT-style
+counter forms changing no bits; a grid that cannot all be resident ending stalled in NaN rows with each barrier
+form; attention computing its own heads (no heads step) as close to the layers. BERT-style
 encoders at all-MiniLM's shape against their layers, and through the engine against transformers."""
 
 from __future__ import annotations
