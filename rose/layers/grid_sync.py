@@ -1,17 +1,16 @@
-"""A grid-wide barrier for persistent Triton kernels (rose.layers.persistent_decoder: one program per SM, every
-program resident at once), bounded so that a grid that cannot all be resident ends instead of hanging, and the
-GPU clock read between its phases. In the slot forms each program writes how many barriers it passed into its
-own slot (an exchange, with release order) and spins on reads of every slot until all reach the count. Its later
-loads must see what the others wrote before their arrival: in the ACQUIRE form every read of a slot is
-ld.acquire.gpu, so the read that sees a program's count synchronizes with that program's release (PTX's acquire
-pattern, in the thread that read it) and the closing bar.sync carries it to the program's other threads; the
-FENCE form spins on volatile reads and then runs fence.acq_rel.gpu on every thread (each thread fences after its
-own reads: a fence in one thread would not make another thread's relaxed read an acquire). The COUNTER form (FENCE 4) is the one
-cooperative groups' grid sync takes: after a bar.sync, one thread a program adds its arrival to one word (an
-atom.add with release order) and polls that word alone with ld.acquire.gpu, then a bar.sync lets its program go;
-a poll is one load of one line, where the slot forms read every slot from every warp and reduce across the warps
-(shared memory and a bar.sync) each spin. NOTES, "One persistent kernel" and "The barrier's counter form", has
-what each costs."""
+"""A grid-wide barrier for persistent Triton kernels (rose.layers.persistent_decoder: one program per SM, every program
+resident at once), bounded so that a grid that cannot all be resident ends instead of hanging, and the GPU clock
+read between its phases. In the slot forms each program writes how many barriers it passed into its own slot (an
+exchange, with release order) and spins on reads of every slot until all reach the count. Its later loads must see
+what the others wrote before their arrival: in the ACQUIRE form every read of a slot is ld.acquire.gpu, so the read
+that sees a program's count synchronizes with that program's release (PTX's acquire pattern, in the thread that read
+it) and the closing bar.sync carries it to the program's other threads; the FENCE form spins on volatile reads and
+then runs fence.acq_rel.gpu on every thread (each thread fences after its own reads: a fence in one thread would not
+make another thread's relaxed read an acquire). The COUNTER form (FENCE 4) is the one cooperative groups' grid sync
+takes: after a bar.sync, one thread a program adds its arrival to one word (an atom.add with release order) and
+polls that word alone with ld.acquire.gpu, then a bar.sync lets its program go; a poll is one load of one line,
+where the slot forms read every slot from every warp and reduce across the warps (shared memory and a bar.sync) each
+spin. NOTES, "One persistent kernel" and "The barrier's counter form", has what each costs."""
 
 import triton
 import triton.language as tl
