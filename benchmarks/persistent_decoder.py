@@ -166,8 +166,9 @@ def barrier_cost_us(programs: int, count: int = 1000, fence: int = 2, stall_ever
     """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them (fence: 2
     its acquire form, 1 its fence form, 4 its counter form, reading the stall word every `stall_every`-th poll;
     rose.layers.grid_sync)."""
-    flags = torch.zeros(flags_words(programs), dtype=torch.int32, device="cuda")
-    p2 = flags_words(programs) - 1  # the slots and the stall word (the counter's word after them)
+    words = flags_words(programs)
+    flags = torch.zeros(words, dtype=torch.int32, device="cuda")
+    p2 = words - 1  # the slots and the stall word (the counter's word after them)
 
     def run(n):
         flags.zero_()

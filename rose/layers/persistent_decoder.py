@@ -274,9 +274,8 @@ class PersistentDecoder:
                 "BKEY": min(block_m, tiles.keys if tiles.heads else min(tiles.keys, 64)),  # own heads: 128 spill
                 "CAUSAL": self.causal, "POST": w.post,
                 "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
-                "NPROG_P2": flags_words(self.programs) - 1, "CLOCK": self._clock_kind(clock, persistent,
-                                                                                                 first, last),
-                "FENCE": barrier_form(tiles),
+                "NPROG_P2": flags_words(self.programs) - 1,
+                "CLOCK": self._clock_kind(clock, persistent, first, last), "FENCE": barrier_form(tiles),
                 "PHASES": self.phases, "SPINS": self.spins, "STALL_EVERY": tiles.stall_every,
                 "HEADS": tiles.heads, "BR": tiles.head_rows,
                 "PREFETCH": 0 if INTERPRETED or w.wqkv.element_size() != 2 else PREFETCHES.index(tiles.prefetch),
@@ -319,12 +318,15 @@ def flags_words(programs: int) -> int:
     return (1 << programs.bit_length()) + 1  # 1 << (n - 1).bit_length() is n's next power of two, n = programs + 1
 
 
+FENCES = {"acquire": 2, "fence": 1, "counter": 4}  # Tiles.barrier -> grid_barrier's FENCE (compiled)
+
+
 def barrier_form(tiles: Tiles) -> int:
-    """grid_barrier's FENCE for Tiles.barrier: the acquire form 2, the fence form 1, the counter form 4; under
-    Triton's interpreter, which has no inline assembly, 0 for the fence form and 3 (acquire, volatile reads) else."""
+    """grid_barrier's FENCE for Tiles.barrier (FENCES); under Triton's interpreter, which has no inline assembly, 0
+    for the fence form and 3 (acquire, volatile reads) else."""
     if INTERPRETED:
         return 0 if tiles.barrier == "fence" else 3
-    return {"acquire": 2, "fence": 1, "counter": 4}[tiles.barrier]
+    return FENCES[tiles.barrier]
 
 
 @dataclass
