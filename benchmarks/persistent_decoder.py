@@ -44,21 +44,18 @@ from rose.models.qwen3 import Qwen3Model
 
 SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attention item, slices of K, keys, prefetch,
     # attention computing its own heads (heads False: 32 and 64 keys a step), the heads step's rows, the barrier's form
-    # (the counter form with the blocks' own tiles, BLOCK_CHANGES, so that it reads against the default's row)
     (16, {"stages": 4}), (64, {"stages": 4}), (64, {"queries": 16}), (128, {"stages": 4}), (128, {"queries": 16}),
     (128, {"queries": 64}), (128, {"qkv": 32, "split_qkv": 1}), (128, {"keys": 64}), (128, {"keys": 32}),
     (16, {"prefetch": "own"}), (64, {"prefetch": "own"}), (128, {"prefetch": "own"}),
     (16, {"prefetch": "idle", "stages": 4}), (64, {"prefetch": "idle"}),  # (the blocks' own tiles, as counter's)
-    (16, {"prefetch": "first", "stages": 4}), (64, {"prefetch": "first"}),
+    (16, {"prefetch": "off", "stages": 4}), (64, {"prefetch": "off"}),  # (16 and 64 ask "first" by default)
     (128, {"prefetch": "first", "queries": 16, "stages": 4}),
     (16, {"heads": False, "keys": 32}), (64, {"heads": False, "keys": 32}), (128, {"heads": False, "keys": 32}),
-    (16, {"heads": False, "keys": 32, "stages": 4}),  # (16 tokens' own tiles: without the heads step at 11c8496 -3 %)
+    (16, {"heads": False, "keys": 32, "stages": 4, "prefetch": "first"}),  # (16 tokens' own tiles: at 2cf0444 -2 %)
     (128, {"heads": False, "keys": 64}), (128, {"head_rows": 32}),
     (16, {"barrier": "fence"}), (64, {"barrier": "fence"}), (128, {"barrier": "fence"}),
-    (16, {"barrier": "counter", "stages": 4}), (64, {"barrier": "counter"}),
-    (128, {"barrier": "counter", "queries": 16, "stages": 4}),
-    (16, {"stall_every": 64, "stages": 4}), (64, {"stall_every": 64}),
-    (128, {"stall_every": 64, "queries": 16, "stages": 4}),
+    (16, {"stall_every": 1, "prefetch": "first", "stages": 4}), (64, {"stall_every": 1, "prefetch": "first"}),
+    (128, {"stall_every": 1, "queries": 16, "stages": 4}),  # (the stall word read each poll: 64th by default)
     # the GEMM phases (NOTES "What a step of the persistent kernel costs"): wider column tiles with more slices of K
     # (fewer bytes an SM), and more bytes in flight an SM (a longer K step, deeper pipelines)
     (16, {"o": 64, "down": 64, "split_od": 8}), (64, {"o": 64, "down": 64, "split_od": 8}),

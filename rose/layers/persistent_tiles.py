@@ -38,7 +38,9 @@ class Tiles:
     heads: bool = True  # a step of its own that norms and rotates every head once, before attention
     head_rows: int = 16  # rows per item of the heads step
     barrier: str = "counter"  # the grid barrier's form (rose.layers.grid_sync): counter (the fastest), acquire, fence
-    stall_every: int = 1  # the counter form's polls that also read the stall word: one in so many (a power of two)
+    # the counter form's polls that also read the stall word: one in so many (a power of two; 64: a barrier 1.12 ->
+    # 1.03 µs, a replay -0.007 to -0.014 ms at 16-128 tokens on an H100, NOTES "The barrier's counter form")
+    stall_every: int = 64
 
     def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
         """Raise unless every projection's N is whole column tiles and its K whole slices of whole K steps
@@ -86,7 +88,11 @@ def fit_tiles(hidden: int, qkv_size: int, q_size: int, inner: int) -> Tiles:
 # `rows`: a forward's steps and its least block are the decoder's, whatever the block.
 BLOCK_CHANGES: dict[tuple[int, int, int, int], dict[int, dict]] = {
     (1024, 4096, 2048, 3072): {  # Qwen3-0.6B (NOTES "Tiles by token block"): each change faster alone at its
-        16: {"stages": 4},  # block, on the H200 (11c8496: queries 16) and an H100 (aaa7fba: both); at 64 both lost
+        # block, on the H200 (11c8496: queries 16) and an H100 (aaa7fba: both); at 64 both lost. Each item's first K
+        # step asked into L2 by the idle programs (prefetch "first", 2cf0444 on an H100: 16 tokens 0.845 -> 0.804 ms
+        # a replay, 64 tokens 1.005 -> 0.987, 128 level: NOTES "The next phase's weights asked into L2")
+        16: {"stages": 4, "prefetch": "first"},
+        64: {"prefetch": "first"},
         128: {"queries": 16, "stages": 4},
     },
 }
