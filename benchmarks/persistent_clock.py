@@ -81,14 +81,14 @@ def measure(model, decoder, tokens: int, vocab: int, runs: int) -> tuple[dict[st
     from rose.layers.persistent_decoder import PHASE_NAMES, POST_PHASE_NAMES
 
     meta = device_meta([tokens], vocab, seed=tokens)
-    clock = torch.zeros(decoder.steps, decoder.programs, 4, dtype=torch.int64, device="cuda")
+    clock = torch.zeros(decoder.steps(tokens), decoder.programs, 4, dtype=torch.int64, device="cuda")
     samples = []
     for i in range(runs + 3):
         decoder(embed(model, meta), meta.positions, meta.seq_ids, clock=clock)
         torch.cuda.synchronize()
         if i >= 3:  # warm-up first
             samples.append(clock.cpu())
-    names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in decoder.kinds]
+    names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in decoder.kinds(tokens)]
     clocks = torch.stack(samples)
     return per_kind(split_steps(clocks), decoder.layers, names), sm_ghz(clocks)
 

@@ -51,10 +51,11 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (16, {"prefetch": "off", "stages": 4}), (64, {"prefetch": "off"}),  # (16 and 64 ask "first" by default)
     (128, {"prefetch": "first", "queries": 16, "stages": 4}),
     (16, {"heads": False, "keys": 32}), (64, {"heads": False, "keys": 32}), (128, {"heads": False, "keys": 32}),
-    (16, {"heads": False, "keys": 32, "stages": 4, "prefetch": "first"}),  # (16 tokens' own tiles: at 2cf0444 -2 %)
+    (16, {"heads": True, "stages": 4, "prefetch": "first"}),  # (16 tokens' own tiles but the heads step: 2cf0444's)
     (128, {"heads": False, "keys": 64}), (128, {"head_rows": 32}),
     (16, {"barrier": "fence"}), (64, {"barrier": "fence"}), (128, {"barrier": "fence"}),
-    (16, {"stall_every": 1, "prefetch": "first", "stages": 4}), (64, {"stall_every": 1, "prefetch": "first"}),
+    (16, {"stall_every": 1, "prefetch": "first", "stages": 4, "heads": False}),
+    (64, {"stall_every": 1, "prefetch": "first"}),
     (128, {"stall_every": 1, "queries": 16, "stages": 4}),  # (the stall word read each poll: 64th by default)
     # the GEMM phases (NOTES "What a step of the persistent kernel costs"): wider column tiles with more slices of K
     # (fewer bytes an SM), and more bytes in flight an SM (a longer K step, deeper pipelines)
@@ -62,6 +63,8 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (128, {"o": 64, "down": 64, "split_od": 8}), (16, {"qkv": 128, "split_qkv": 4}),
     (64, {"qkv": 128, "split_qkv": 4}), (128, {"qkv": 128, "split_qkv": 4}),
     (16, {"k": 256}), (64, {"k": 256}), (16, {"k": 256, "stages": 4}), (16, {"stages": 5}), (64, {"stages": 5}),
+    (32, {"prefetch": "first"}), (32, {"stages": 4}), (32, {"prefetch": "first", "stages": 4}),  # 32 tokens: the
+    (32, {"heads": False}), (32, {"prefetch": "first", "heads": False}),  # fitted tiles now, 16's and 64's changes?
     (128, {"queries": 32}), (16, {"stages": 3})]  # the fitted tiles where BLOCK_CHANGES changes them by default
 
 
@@ -197,15 +200,15 @@ def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[st
     """µs per phase, the mean over the layers of the median over `runs`, from the kernel's own clock (program 0
     reads %globaltimer after each barrier)."""
     meta = device_meta([tokens], vocab, seed=tokens)
-    clock = torch.zeros(decoder.steps + 1, dtype=torch.int64, device="cuda")
+    clock = torch.zeros(decoder.steps(tokens) + 1, dtype=torch.int64, device="cuda")
     samples = []
     for _ in range(runs + 3):
         decoder(embed(model, meta), meta.positions, meta.seq_ids, clock=clock)
         torch.cuda.synchronize()
         samples.append(clock.diff().cpu())
     steps = torch.stack(samples[3:]).median(0).values.double() / 1e3
-    per_phase = steps[:-1].view(decoder.layers, decoder.phases).mean(0).tolist()
-    names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in decoder.kinds]
+    per_phase = steps[:-1].view(decoder.layers, len(decoder.kinds(tokens))).mean(0).tolist()
+    names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in decoder.kinds(tokens)]
     return {**dict(zip(names, per_phase)), "final norm": float(steps[-1]), "total": float(steps.sum())}
 
 

@@ -54,12 +54,12 @@ def compile_block(decoder, tokens: int, clock: int = 0) -> dict:
     rows = torch.empty(tokens, decoder.hidden, dtype=decoder.w.wqkv.dtype, device="meta")
     index = torch.empty(tokens, dtype=torch.int64, device="meta")  # positions and sequence ids, as rose.meta packs
     work = decoder.workspace(rows, index, index)
-    clocks = {0: None, 1: torch.empty(decoder.steps + 1, dtype=torch.int64, device="meta"),
-              2: torch.empty(decoder.steps, decoder.programs, 4, dtype=torch.int64, device="meta")}
+    clocks = {0: None, 1: torch.empty(decoder.steps(tokens) + 1, dtype=torch.int64, device="meta"),
+              2: torch.empty(decoder.steps(tokens), decoder.programs, 4, dtype=torch.int64, device="meta")}
     args, meta = decoder.kernel_args(work, clock=clocks[clock])
     names = decoder_kernel.arg_names
     unaligned = {p.name for p in decoder_kernel.params if getattr(p, "do_not_specialize_on_alignment", False)}
-    values = dict(zip(names, (*args, 0, decoder.steps)))  # first, last
+    values = dict(zip(names, (*args, 0, decoder.steps(tokens))))  # first, last
     values.update(PERSISTENT=True, **meta)
     warps, stages = values.pop("num_warps"), values.pop("num_stages")
     signature, constants, attrs = {}, {}, {}

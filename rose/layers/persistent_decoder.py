@@ -14,7 +14,8 @@ with a grid barrier between phases in place of a kernel boundary:
     3 o projection                     tiles x slices
 
 (by kind, in the kernel's order: the heads step, kind 7, runs after the QKV; without it, Tiles.heads off, attention
-norms and rotates its heads itself, per q head and query block, and a layer is 7 steps: layer_kinds).
+norms and rotates its heads itself, per q head and query block, and a layer is 7 steps: layer_kinds. A token
+block's own tiles may drop it, so a forward's steps are its block's: kinds(tokens), steps(tokens)).
 
 A BERT-style encoder takes the same steps in its own form: post-norm (phase 0 of layer l > 0 is layer l - 1's
 add + output LayerNorm, the final step the last layer's; phase 4 its attention's), LayerNorm, the projections'
@@ -183,27 +184,22 @@ class PersistentDecoder:
         program writes its work's start and end in each step, in ns and in its SM's cycles
         (benchmarks.persistent_clock: the programs' skew, work and the barrier's release apart)."""
         work = self.workspace(residual, positions, seq_ids)
-        self.run(work, 0, self.steps, persistent, clock)
+        self.run(work, 0, self.steps(residual.shape[0]), persistent, clock)
         return work.out
 
-    @property
-    def kinds(self) -> tuple[int, ...]:
-        """A layer's phases in order, by kind (layer_kinds)."""
-        return layer_kinds(self.tiles.heads)
+    def kinds(self, tokens: int) -> tuple[int, ...]:
+        """A layer's phases in order for a batch of `tokens`, by kind (layer_kinds: its token block's Tiles.heads)."""
+        return layer_kinds(self.tiles_at(tokens).heads)
 
-    @property
-    def phases(self) -> int:
-        return len(self.kinds)
+    def steps(self, tokens: int) -> int:
+        """Steps of a forward over `tokens`: a layer's phases (kinds) per layer, then the final norm."""
+        return self.layers * len(self.kinds(tokens)) + 1
 
-    @property
-    def steps(self) -> int:
-        """Steps of a forward: `phases` per layer, then the final norm."""
-        return self.layers * self.phases + 1
-
-    def step_kind(self, step: int) -> tuple[int, int]:
-        """(layer, kind) of a step; the final norm is (layers, 0)."""
-        layer, phase = divmod(step, self.phases)
-        return layer, self.kinds[phase]
+    def step_kind(self, step: int, tokens: int) -> tuple[int, int]:
+        """(layer, kind) of a step of a forward over `tokens`; the final norm is (layers, 0)."""
+        kinds = self.kinds(tokens)
+        layer, phase = divmod(step, len(kinds))
+        return layer, kinds[phase]
 
     def from_ids(self, ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
                  token_types: torch.Tensor | None = None, persistent: bool = True) -> torch.Tensor:
@@ -215,7 +211,7 @@ class PersistentDecoder:
         residual = torch.empty(ids.shape[0], self.hidden, dtype=self.w.wqkv.dtype, device=ids.device)
         work = self.workspace(residual, positions, seq_ids, clone=False)
         work.ids, work.types = ids, token_types if token_types is not None else ids
-        self.run(work, 0, self.steps, persistent)
+        self.run(work, 0, self.steps(ids.shape[0]), persistent)
         return work.out
 
     def workspace(self, residual: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
@@ -241,7 +237,7 @@ class PersistentDecoder:
 
     def run(self, work: Workspace, first: int, last: int, persistent: bool = True,
             clock: torch.Tensor | None = None) -> None:
-        """Steps [first, last) over `work` (step = layer * phases + phase; self.steps - 1 is the final norm): one
+        """Steps [first, last) over `work` (step = layer * phases + phase; steps(T) - 1 is the final norm): one
         launch with barriers (persistent), or one launch a step. A run from a later step reads what the steps
         before it left in `work` (the tests check phase by phase)."""
         args, meta = self.kernel_args(work, first, last, persistent, clock)
@@ -258,15 +254,15 @@ class PersistentDecoder:
         """decoder_kernel's arguments before `first, last` and its constexprs (with num_warps and num_stages) for
         a run over `work`: what run() launches, and what benchmarks.persistent_sass compiles for sm_90 without a
         GPU."""
-        last = self.steps if last is None else last
         t, d = work.residual.shape[0], self.head_dim
+        steps = self.steps(t)
+        last = steps if last is None else last
         tiles, block_m = self.tiles_at(t), self.block_m(t)
         w = self.w
         args = (work.residual, work.h, work.qkv, work.heads, work.attn, work.od, work.act, work.out, w.wqkv, w.wo,
                 w.wgu, w.wd, w.bqkv, w.bo, w.bgu, w.bd, w.ln1, w.ln1b, w.ln2, w.ln2b, w.final, w.final_b, w.qn, w.kn,
                 work.positions, work.seq_ids, w.inv_freq, work.rope, self.flags,
-                self.flags if clock is None else clock, *self._embed_args(work), t, self.eps, self.scale,
-                self.steps - 1)
+                self.flags if clock is None else clock, *self._embed_args(work), t, self.eps, self.scale, steps - 1)
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
                 "NKV": self.kv_heads, "HALF": d // 2, "INNER": self.inner, "BLOCK_M": block_m, "BN_QKV": tiles.qkv,
                 "BN_O": tiles.o, "BN_GU": tiles.gate_up, "BN_D": tiles.down, "S_QKV": tiles.split_qkv,
@@ -275,17 +271,17 @@ class PersistentDecoder:
                 "CAUSAL": self.causal, "POST": w.post,
                 "LAYER_NORM": w.layer_norm, "BIAS": w.bias, "ACT": w.act, "ROPE": w.rope,
                 "NPROG_P2": flags_words(self.programs) - 1,
-                "CLOCK": self._clock_kind(clock, persistent, first, last), "FENCE": barrier_form(tiles),
-                "PHASES": self.phases, "SPINS": self.spins, "STALL_EVERY": tiles.stall_every,
+                "CLOCK": self._clock_kind(clock, persistent, first, last, steps), "FENCE": barrier_form(tiles),
+                "PHASES": len(self.kinds(t)), "SPINS": self.spins, "STALL_EVERY": tiles.stall_every,
                 "HEADS": tiles.heads, "BR": tiles.head_rows,
                 "PREFETCH": 0 if INTERPRETED or w.wqkv.element_size() != 2 else PREFETCHES.index(tiles.prefetch),
                 "EMBED": work.ids is not None, "TYPES": w.token_types, "num_warps": tiles.warps,
                 "num_stages": tiles.stages}
         return args, meta
 
-    def _clock_kind(self, clock: torch.Tensor | None, persistent: bool, first: int, last: int) -> int:
-        """The kernel's CLOCK for `clock` (__call__): 0 none, 1 program 0's [steps + 1], 2 every program's
-        [steps, programs, 4]; anything else is refused."""
+    def _clock_kind(self, clock: torch.Tensor | None, persistent: bool, first: int, last: int, steps: int) -> int:
+        """The kernel's CLOCK for `clock` (__call__) in a forward of `steps`: 0 none, 1 program 0's [steps + 1], 2
+        every program's [steps, programs, 4]; anything else is refused."""
         if clock is None:
             return 0
         if INTERPRETED:
@@ -298,9 +294,9 @@ class PersistentDecoder:
             raise ValueError(f"a clock is contiguous, not with strides {clock.stride()}")
         if clock.dim() == 1 and clock.numel() >= last + 1:
             return 1
-        if clock.dim() == 3 and tuple(clock.shape) == (self.steps, self.programs, 4):
+        if clock.dim() == 3 and tuple(clock.shape) == (steps, self.programs, 4):
             return 2
-        raise ValueError(f"a clock is [{last + 1}] (program 0's) or [{self.steps}, {self.programs}, 4] (every "
+        raise ValueError(f"a clock is [{last + 1}] (program 0's) or [{steps}, {self.programs}, 4] (every "
                          f"program's), not {list(clock.shape)}")
 
     def _embed_args(self, work: Workspace) -> tuple:

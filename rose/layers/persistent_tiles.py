@@ -84,32 +84,33 @@ def fit_tiles(hidden: int, qkv_size: int, q_size: int, inner: int) -> Tiles:
 
 
 # Changes to the fitted tiles at one token block (BLOCK_M), by the model's shapes (hidden, qkv, q, inner), each
-# measured faster at that block on the device (benchmarks/NOTES.md, "Tiles by token block"). Never `heads` or
-# `rows`: a forward's steps and its least block are the decoder's, whatever the block.
+# measured faster at that block on the device (benchmarks/NOTES.md, "Tiles by token block"). Never `rows`: the least
+# block is the decoder's, whatever the block (`heads` may change: a forward's steps follow its block's tiles).
 BLOCK_CHANGES: dict[tuple[int, int, int, int], dict[int, dict]] = {
     (1024, 4096, 2048, 3072): {  # Qwen3-0.6B (NOTES "Tiles by token block"): each change faster alone at its
         # block, on the H200 (11c8496: queries 16) and an H100 (aaa7fba: both); at 64 both lost. Each item's first K
         # step asked into L2 by the idle programs (prefetch "first", 2cf0444 on an H100: 16 tokens 0.845 -> 0.804 ms
         # a replay, 64 tokens 1.005 -> 0.987, 128 level: NOTES "The next phase's weights asked into L2")
-        16: {"stages": 4, "prefetch": "first"},
+        16: {"stages": 4, "prefetch": "first", "heads": False},  # (attention norms and rotates its own heads: -0.014
+        # ms on top at 2cf0444, -3 % alone at 11c8496)
         64: {"prefetch": "first"},
         128: {"queries": 16, "stages": 4},
     },
 }
-FIXED_FIELDS = ("heads", "rows")
+FIXED_FIELDS = ("rows",)
 
 
 def block_tiles(tiles: Tiles, changes: dict[int, dict], hidden: int, qkv_size: int, q_size: int,
                 inner: int) -> dict[int, Tiles]:
     """`tiles` with `changes` at their token blocks (the blocks not named take `tiles`), each checked against the
-    shapes; a change of `heads` or `rows`, or a block that is not a power of two from `tiles.rows`, is refused."""
+    shapes; a change of `rows`, or a block that is not a power of two from `tiles.rows`, is refused."""
     out = {}
     for block, change in changes.items():
         if block < tiles.rows or block & (block - 1):
             raise ValueError(f"token block {block}: blocks are powers of two from {tiles.rows} (the least block)")
         fixed = sorted(set(change) & set(FIXED_FIELDS))
         if fixed:
-            raise ValueError(f"{', '.join(fixed)} cannot change by token block (the forward's steps depend on it)")
+            raise ValueError(f"{', '.join(fixed)} cannot change by token block (the least block is the decoder's)")
         out[block] = replace(tiles, **change)
         out[block].check(hidden, qkv_size, q_size, inner)
     return out

@@ -193,7 +193,7 @@ def test_every_persistent_decoder_sweep_row_fits_the_0_6b_and_tiles_parse() -> N
             tile_changes(bad)
     # --sweep: rows by field, or by a field's value
     assert sweep_rows("") == SWEEP
-    assert {t for t, c in sweep_rows("prefetch=first")} == {16, 64, 128}
+    assert {t for t, c in sweep_rows("prefetch=first")} == {16, 32, 64, 128}
     assert all(c["prefetch"] == "first" for _, c in sweep_rows("prefetch=first"))
     assert len(sweep_rows("prefetch")) > len(sweep_rows("prefetch=first")) > 0
     assert sweep_rows("stages=5,barrier=counter") == [r for r in SWEEP if r[1].get("stages") == 5

@@ -211,7 +211,7 @@ def phases(tiles) -> int:
             with torch.no_grad():
                 embedded = model.embed_tokens(ids) if family == "qwen3" else model.embeddings(ids, positions)
                 steps = check_phases(decoder, embedded, positions, seq_ids, causal)
-            verdict = "ok" if steps == 2 * decoder.phases + 1 else f"MISMATCH: {steps} steps"
+            verdict = "ok" if steps == decoder.steps(len(ids)) == 2 * (8 if heads else 7) + 1 else f"MISMATCH: {steps} steps"
         except AssertionError as exc:
             verdict = f"MISMATCH: {exc}"
         failed += verdict != "ok"

@@ -113,20 +113,22 @@ def check_phases(dec, embedded: torch.Tensor, positions: torch.Tensor, seq_ids: 
     check = _check_bert_step if dec.w.post else _check_qwen3_step
     with torch.inference_mode():
         work = dec.workspace(embedded, positions, seq_ids)
-        for step in range(dec.steps):
+        steps = dec.steps(embedded.shape[0])
+        for step in range(steps):
             before = {"residual": work.residual.clone(), "od": work.od.clone()}
             dec.run(work, step, step + 1, persistent=False)
             check(dec, work, before, step, positions, seq_ids, causal)
-    return dec.steps
+    return steps
 
 
 def _check_qwen3_step(dec, work, before, step: int, positions, seq_ids, causal: bool) -> None:
     d, q_size, kv_size = dec.head_dim, dec.heads * dec.head_dim, dec.kv_heads * dec.head_dim
     residual, od = before["residual"], before["od"]
-    layer, phase = dec.step_kind(step)
+    tokens = work.residual.shape[0]
+    layer, phase = dec.step_kind(step, tokens)
     what = f"layer {layer} phase {phase}"
     if phase == 0:
-        weight = dec.w.final if step == dec.steps - 1 else dec.w.ln1[layer]
+        weight = dec.w.final if step == dec.steps(tokens) - 1 else dec.w.ln1[layer]
         if step == 0:  # the embeddings, no add; and the RoPE table
             assert torch.equal(work.residual, residual)
             want = fused.rms_norm(residual, weight, dec.eps)
@@ -137,7 +139,7 @@ def _check_qwen3_step(dec, work, before, step: int, positions, seq_ids, causal: 
             summed = _summed(od).to(residual.dtype)
             want, want_residual = fused.add_rms_norm(summed, residual, weight, dec.eps)
             assert torch.equal(work.residual, want_residual), f"{what}: the residual add"
-        got = work.out if step == dec.steps - 1 else work.h
+        got = work.out if step == dec.steps(tokens) - 1 else work.h
         assert_within_a_step(got, want, what, steps=2)
     elif phase == 1:
         assert_product(work.qkv, work.h, dec.w.wqkv[layer], what)
@@ -182,11 +184,12 @@ def _check_bert_step(dec, work, before, step: int, positions, seq_ids, causal: b
     d, hidden = dec.head_dim, dec.hidden
     residual, od = before["residual"], before["od"]
     dt = residual.dtype
-    layer, phase = dec.step_kind(step)
+    tokens = work.residual.shape[0]
+    layer, phase = dec.step_kind(step, tokens)
     what = f"layer {layer} phase {phase}"
     w = dec.w
     if phase in (0, 4):
-        final = step == dec.steps - 1
+        final = step == dec.steps(tokens) - 1
         if step == 0:  # the embeddings come normed: nothing to do
             assert torch.equal(work.residual, residual), f"{what}: the embeddings changed"
             return

@@ -59,25 +59,26 @@ def test_the_decoder_takes_program_zeros_clock_or_every_programs(monkeypatch):
     monkeypatch.setattr(persistent_decoder, "decoder_kernel", {(3,): lambda *a, **meta: launched.append(meta)})
     monkeypatch.setattr(persistent_decoder, "INTERPRETED", False)
     work = decoder.workspace(torch.zeros(8, 64), torch.arange(8), torch.zeros(8, dtype=torch.long))
+    steps = decoder.steps(8)
 
     def run(clock, **kwargs):
-        decoder.run(work, kwargs.pop("first", 0), decoder.steps, clock=clock, **kwargs)
+        decoder.run(work, kwargs.pop("first", 0), steps, clock=clock, **kwargs)
         return launched[-1]["CLOCK"]
 
     assert run(None) == 0
-    assert run(torch.zeros(decoder.steps + 1, dtype=torch.int64)) == 1
-    assert run(torch.zeros(decoder.steps, 3, 4, dtype=torch.int64)) == 2
+    assert run(torch.zeros(steps + 1, dtype=torch.int64)) == 1
+    assert run(torch.zeros(steps, 3, 4, dtype=torch.int64)) == 2
     count = len(launched)
-    shapes = rf"\[{decoder.steps + 1}\] \(program 0's\) or \[{decoder.steps}, 3, 4\] \(every program's\)"
-    for clock, kwargs, match in ((torch.zeros(decoder.steps, 2, 4, dtype=torch.int64), {}, shapes),
-                                 (torch.zeros(decoder.steps, dtype=torch.int64), {}, shapes),
-                                 (torch.zeros(decoder.steps + 1), {}, "int64"),
-                                 (torch.zeros(2, decoder.steps + 1, dtype=torch.int64)[:, 0], {}, "strides"),
-                                 (torch.zeros(decoder.steps + 1, dtype=torch.int64), {"persistent": False}, "step 0"),
-                                 (torch.zeros(decoder.steps + 1, dtype=torch.int64), {"first": 1}, "step 0")):
+    shapes = rf"\[{steps + 1}\] \(program 0's\) or \[{steps}, 3, 4\] \(every program's\)"
+    for clock, kwargs, match in ((torch.zeros(steps, 2, 4, dtype=torch.int64), {}, shapes),
+                                 (torch.zeros(steps, dtype=torch.int64), {}, shapes),
+                                 (torch.zeros(steps + 1), {}, "int64"),
+                                 (torch.zeros(2, steps + 1, dtype=torch.int64)[:, 0], {}, "strides"),
+                                 (torch.zeros(steps + 1, dtype=torch.int64), {"persistent": False}, "step 0"),
+                                 (torch.zeros(steps + 1, dtype=torch.int64), {"first": 1}, "step 0")):
         with pytest.raises(ValueError, match=match):
             run(clock, **kwargs)
     monkeypatch.setattr(persistent_decoder, "INTERPRETED", True)
     with pytest.raises(ValueError, match="interpreter"):
-        run(torch.zeros(decoder.steps + 1, dtype=torch.int64))
+        run(torch.zeros(steps + 1, dtype=torch.int64))
     assert len(launched) == count  # nothing refused was launched

@@ -316,9 +316,9 @@ def test_the_engine_routes_to_the_kernel_only_once_its_warm_up_launched_it(tiny_
 
 def test_tiles_change_by_token_block(monkeypatch):
     """The changes measured faster at one token block apply there only, to the buffers and to what the kernel is
-    launched with; tiles given by a caller (a benchmark's sweep) serve every block; a change of the forward's steps
-    or its least block, or one that does not divide a projection, is refused; the table's entries fit their shapes
-    and a fitted decoder of those shapes takes them."""
+    launched with; tiles given by a caller (a benchmark's sweep) serve every block; a block without the heads step
+    takes a layer in 7 steps where the others take 8; a change of the least block, or one that does not divide a
+    projection, is refused; the table's entries fit their shapes and a fitted decoder of those shapes takes them."""
     import torch
 
     from rose.layers import persistent_decoder
@@ -332,7 +332,7 @@ def test_tiles_change_by_token_block(monkeypatch):
     from rose.models.qwen3 import Qwen3Model
 
     qwen3_06b = (1024, 4096, 2048, 3072)  # hidden, qkv, q, inner
-    for bad, match in (({128: {"heads": False}}, "heads cannot change"), ({64: {"rows": 32}}, "rows cannot"),
+    for bad, match in (({64: {"rows": 32}}, "rows cannot"),
                        ({24: {"queries": 16}}, "powers of two"), ({8: {"queries": 16}}, "from 16"),
                        ({64: {"o": 48}}, "not whole tiles")):
         with pytest.raises(ValueError, match=match):
@@ -350,8 +350,19 @@ def test_tiles_change_by_token_block(monkeypatch):
     for t in (20, 40):  # blocks 32 and 64
         work = decoder.workspace(torch.zeros(t, 64), torch.arange(t), torch.zeros(t, dtype=torch.long))
         assert work.od.shape[0] == (1 if t == 40 else 2)  # the buffers of the block's own tiles
-        decoder.run(work, 0, decoder.steps)
+        decoder.run(work, 0, decoder.steps(t))
     assert [(m["BLOCK_M"], m["S_OD"], m["BQ"], m["num_stages"]) for m in launched] == [(32, 2, 16, 3), (64, 1, 32, 2)]
+    decoder.change_blocks({32: {"heads": False}})  # attention computing its own heads at 32 tokens only
+    assert [(decoder.kinds(t), decoder.steps(t)) for t in (20, 40)] == [((0, 1, 2, 3, 4, 5, 6), 8),
+                                                                         ((0, 1, 7, 2, 3, 4, 5, 6), 9)]
+    assert [decoder.step_kind(s, 20) for s in (2, 7)] == [(0, 2), (1, 0)]  # attention third; the final norm
+    assert [decoder.step_kind(s, 40) for s in (2, 8)] == [(0, 7), (1, 0)]  # the heads step third
+    launched.clear()
+    for t in (20, 40):
+        work = decoder.workspace(torch.zeros(t, 64), torch.arange(t), torch.zeros(t, dtype=torch.long))
+        assert work.heads.shape[0] == (1 if t == 20 else t)  # the heads step's buffer only where it runs
+        decoder(torch.zeros(t, 64), torch.arange(t), torch.zeros(t, dtype=torch.long), persistent=True)
+    assert [(m["PHASES"], m["HEADS"]) for m in launched] == [(7, False), (8, True)]
     decoder.tiles = tiles  # a caller's tiles: every block again
     assert decoder.tiles_at(64) == tiles
 

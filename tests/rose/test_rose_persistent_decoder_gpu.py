@@ -163,7 +163,7 @@ def test_attached_it_takes_small_batches_only():
 def test_the_kernels_clock_marks_every_step_in_order():
     model, _, meta = _setup(True, [64])
     decoder = PersistentDecoder(model)
-    clock = torch.zeros(decoder.steps + 1, dtype=torch.int64, device="cuda")
+    clock = torch.zeros(decoder.steps(64) + 1, dtype=torch.int64, device="cuda")
     with torch.inference_mode():
         timed = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids, clock=clock)
         plain = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
@@ -182,7 +182,7 @@ def test_every_programs_clock_shows_the_barrier_holding():
 
     model, _, meta = _setup(True, [64])
     decoder = PersistentDecoder(model)
-    clock = torch.zeros(decoder.steps, decoder.programs, 4, dtype=torch.int64, device="cuda")
+    clock = torch.zeros(decoder.steps(64), decoder.programs, 4, dtype=torch.int64, device="cuda")
     with torch.inference_mode():
         timed = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids, clock=clock)
         plain = decoder(model.embed_tokens(meta.input_ids), meta.positions, meta.seq_ids)
@@ -194,7 +194,7 @@ def test_every_programs_clock_shows_the_barrier_holding():
     rate = (c[-1, :, 3] - c[0, :, 2]).double() / (c[-1, :, 1] - c[0, :, 0]).double()  # cycles a ns, each SM
     assert bool(((rate > 0.5) & (rate < 3.0)).all()), rate  # an SM's clock, 0.5-3 GHz: the cycles are its own
     steps = split_steps(c[None])
-    gemms = [s for s in range(decoder.steps - 1) if decoder.step_kind(s)[1] in (1, 3, 5, 6)]
+    gemms = [s for s in range(decoder.steps(64) - 1) if decoder.step_kind(s, 64)[1] in (1, 3, 5, 6)]
     assert bool((steps["work p50"][gemms] > 0.1).all())  # µs: the GEMM phases' work lies between the reads
     assert bool((steps["release"][:-1] >= 0).all()) and 0 < float(steps["step"].sum()) < 1e6  # µs
 
