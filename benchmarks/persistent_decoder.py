@@ -63,8 +63,8 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (128, {"o": 64, "down": 64, "split_od": 8}), (16, {"qkv": 128, "split_qkv": 4}),
     (64, {"qkv": 128, "split_qkv": 4}), (128, {"qkv": 128, "split_qkv": 4}),
     (16, {"k": 256}), (64, {"k": 256}), (16, {"k": 256, "stages": 4}), (16, {"stages": 5}), (64, {"stages": 5}),
-    (32, {"prefetch": "first"}), (32, {"stages": 4}), (32, {"prefetch": "first", "stages": 4}),  # 32 tokens: the
-    (32, {"heads": False}), (32, {"prefetch": "first", "heads": False}),  # fitted tiles now, 16's and 64's changes?
+    (32, {"prefetch": "off"}), (32, {"prefetch": "first", "stages": 4}),  # 32 tokens: "first" by default (e30f6f9)
+    (32, {"heads": False}), (32, {"prefetch": "first", "heads": False}),
     (128, {"queries": 32}), (16, {"stages": 3})]  # the fitted tiles where BLOCK_CHANGES changes them by default
 
 

@@ -93,6 +93,7 @@ BLOCK_CHANGES: dict[tuple[int, int, int, int], dict[int, dict]] = {
         # a replay, 64 tokens 1.005 -> 0.987, 128 level: NOTES "The next phase's weights asked into L2")
         16: {"stages": 4, "prefetch": "first", "heads": False},  # (attention norms and rotates its own heads: -0.014
         # ms on top at 2cf0444, -3 % alone at 11c8496)
+        32: {"prefetch": "first"},  # (e30f6f9, an H100: 0.972 -> 0.948 ms a replay)
         64: {"prefetch": "first"},
         128: {"queries": 16, "stages": 4},
     },
