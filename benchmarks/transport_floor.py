@@ -7,7 +7,8 @@ framed stream) and over a unix socket (the framed stream of a Tulip on the same 
 
 Two processes: a server that answers each StreamRequest with a StreamResponse carrying `--reply-bytes` of
 embedding (no work, no threads of its own), and this client, which keeps K requests in flight on one
-connection. Both sides use uvloop when installed, as Ivy and Tulip do. Prints p50 / p99 per round trip,
+connection. Both sides use uvloop when installed, as Ivy and Tulip do (grpc-sync: the server is grpcio's threaded
+one, the client the same grpc.aio stream). Prints p50 / p99 per round trip,
 round trips per second and CPU milliseconds per round trip of each process: what any per-request work in
 Tulip and Ivy comes on top of.
 """
@@ -22,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -47,6 +49,17 @@ class _Echo(embed_pb2_grpc.EmbedderServicer):
             await context.write(_answer(message, self.reply))
 
 
+class _SyncEcho(embed_pb2_grpc.EmbedderServicer):
+    """The same stream served by grpcio's synchronous server (a thread pool), for the grpc-sync transport."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+
+    def EmbedStream(self, request_iterator, context):
+        for message in request_iterator:
+            yield _answer(message, self.reply)
+
+
 class _FramedEcho(asyncio.Protocol):
     def __init__(self, reply: bytes) -> None:
         self.reply, self.frames, self.transport = reply, FrameBuffer(1 << 30), None
@@ -61,6 +74,13 @@ class _FramedEcho(asyncio.Protocol):
 
 def serve(kind: str, port: int | str, reply_bytes: int) -> None:
     reply = bytes(reply_bytes)
+    if kind == "grpc-sync":
+        server = grpc.server(ThreadPoolExecutor(max_workers=4))
+        embed_pb2_grpc.add_EmbedderServicer_to_server(_SyncEcho(reply), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        server.wait_for_termination()
+        return
 
     async def main() -> None:
         if kind == "grpc":
@@ -84,7 +104,7 @@ def measure(kind: str, args, inflight: int) -> dict:
     server = multiprocessing.get_context("spawn").Process(target=serve, args=(kind, port, args.reply_bytes), daemon=True)
     server.start()
     request = grpc_request(list(range(101, 101 + args.tokens)))
-    client = drive if kind == "grpc" else drive_framed
+    client = drive if kind.startswith("grpc") else drive_framed
     pids = {"server": [server.pid], "client": [os.getpid()]}
 
     async def session():
@@ -123,7 +143,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=128, help="token ids in each request")
     parser.add_argument("--reply-bytes", type=int, default=4096, help="embedding bytes in each answer (1024 floats)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--transports", default="grpc,framed,unix", help="grpc, framed (TCP) and unix, in order")
+    parser.add_argument("--transports", default="grpc,framed,unix",
+                        help="grpc, grpc-sync (the same stream on grpcio's threaded server), framed (TCP) and unix")
     args = parser.parse_args(argv)
     rows = []
     for k in (int(x) for x in args.inflight.split(",")):
