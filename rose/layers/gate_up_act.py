@@ -1,0 +1,99 @@
+"""The gate-up projection with SiLU(gate) * up in its epilogue, for many tokens (Qwen3's MLP at M in the thousands).
+
+Why (issue 14, benchmarks/NOTES.md "SiLU·mul in the gate-up GEMM's epilogue"): at large M the layers' gate-up GEMM
+writes [M, 2I] in bf16 and the SiLU·mul kernel reads it back and writes [M, I]: at 4096 tokens of the 0.6B that
+pass is 18.6 µs a layer at the copy bandwidth (28 a forward), beside a 72 µs GEMM. Computing both products of a
+column block in one program and applying the activation to the accumulators writes only [M, I].
+
+Rounding follows the unfused path: gate and up rounded to the activations' dtype as the GEMM's output would be,
+SiLU in float32 rounded once, times up, rounded (rose.layers.fused._act_mul_kernel). The accumulation order is
+Triton's, not cuBLAS's, so a product may differ from F.linear's by a rounding step; the tests bound that.
+
+Status: an experiment, not wired into the layers: `benchmarks.gate_up_silu_ab` times it beside F.linear +
+silu_mul per shape and tile configuration on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU builds of torch ship without Triton
+    triton = None
+
+
+@dataclass(frozen=True)
+class GateUpConfig:
+    """Rows and columns (of each of gate and up) a program computes, the K step, warps, pipeline stages, and the
+    row blocks taken together (GROUP_M) so that neighbouring programs share weight tiles in L2."""
+
+    block_m: int = 128
+    block_n: int = 64
+    block_k: int = 64
+    warps: int = 4
+    stages: int = 4
+    group_m: int = 8
+
+    def label(self) -> str:
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.warps}p{self.stages}g{self.group_m}"
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = GateUpConfig(),
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """SiLU(x @ gateᵀ) * (x @ upᵀ) -> [M, I] in x's dtype, weight [2I, K] (gate rows, then up rows: MergedLinear's
+    layout). I must be whole column blocks and K whole K steps."""
+    m, k = x.shape
+    inner = weight.shape[0] // 2
+    if weight.shape != (2 * inner, k):
+        raise ValueError(f"weight {tuple(weight.shape)} is not [2I, K] for x {tuple(x.shape)}")
+    if inner % config.block_n or k % config.block_k:
+        raise ValueError(f"I = {inner} and K = {k} must be whole blocks of {config.block_n} and {config.block_k}")
+    if not (x.is_contiguous() and weight.is_contiguous()):
+        raise ValueError("x and weight must be contiguous")
+    if out is None:
+        out = torch.empty(m, inner, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, config.block_m) * (inner // config.block_n),)
+    _gate_up_silu_kernel[grid](x, weight, out, m, INNER=inner, K=k, BM=config.block_m, BN=config.block_n,
+                               BK=config.block_k, GROUP_M=config.group_m, num_warps=config.warps,
+                               num_stages=config.stages)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["M"])
+    def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
+                             BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+        pid = tl.program_id(0)
+        blocks_m = tl.cdiv(M, BM)
+        blocks_n: tl.constexpr = INNER // BN
+        in_group = GROUP_M * blocks_n  # programs of GROUP_M row blocks, column block by column block
+        first_m = (pid // in_group) * GROUP_M
+        rows_here = tl.minimum(blocks_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % in_group) % rows_here
+        pid_n = (pid % in_group) // rows_here
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        row_ok = rm < M
+        a_ptrs = x_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]
+        g_ptrs = w_ptr + rn[None, :] * K + rk[:, None]  # [BK, BN]: gate rows read as Wᵀ
+        u_ptrs = g_ptrs + INNER * K
+        acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+        for _ in range(0, K, BK):
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            acc_g = tl.dot(a, tl.load(g_ptrs), acc_g)
+            acc_u = tl.dot(a, tl.load(u_ptrs), acc_u)
+            a_ptrs += BK
+            g_ptrs += BK
+            u_ptrs += BK
+        dt = out_ptr.dtype.element_ty
+        gate = acc_g.to(dt).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+        y = act * acc_u.to(dt).to(tl.float32)
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * INNER + rn[None, :], y.to(dt), mask=row_ok[:, None])
