@@ -9,12 +9,15 @@ Rounding follows the unfused path: gate and up rounded to the activations' dtype
 SiLU in float32 rounded once, times up, rounded (rose.layers.fused._act_mul_kernel). The accumulation order is
 Triton's, not cuBLAS's, so a product may differ from F.linear's by a rounding step; the tests bound that.
 
-Status: an experiment, not wired into the layers: `benchmarks.gate_up_silu_ab` times it beside F.linear +
-silu_mul per shape and tile configuration on the device.
+Status: an experiment, off by default: `benchmarks.gate_up_silu_ab` times it beside F.linear + silu_mul per shape
+and tile configuration on the device, and ROSE_GATE_UP_SILU (a configuration's label, e.g. m128n64k64w4p4g8) routes
+Qwen3's MLP through it from ROSE_GATE_UP_SILU_MIN tokens (4096 by default) for the engine's A/B.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +43,40 @@ class GateUpConfig:
 
     def label(self) -> str:
         return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.warps}p{self.stages}g{self.group_m}"
+
+    @classmethod
+    def parse(cls, label: str) -> GateUpConfig:
+        """label()'s inverse: m128n64k64w4p4g8 -> GateUpConfig(128, 64, 64, 4, 4, 8); ValueError otherwise."""
+        found = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)p(\d+)g(\d+)", label.strip())
+        if not found:
+            raise ValueError(f"not a gate-up configuration: {label!r} (e.g. {cls().label()})")
+        return cls(*(int(v) for v in found.groups()))
+
+
+def engine_route(env: dict[str, str] | None = None) -> tuple[GateUpConfig | None, int]:
+    """The layers' use of the fused kernel: (configuration, least tokens) from ROSE_GATE_UP_SILU (off, the default,
+    or a configuration's label) and ROSE_GATE_UP_SILU_MIN; (None, ...) when off."""
+    env = os.environ if env is None else env
+    value = env.get("ROSE_GATE_UP_SILU", "off").strip()
+    least = int(env.get("ROSE_GATE_UP_SILU_MIN", "4096"))
+    return (None if value.lower() in ("", "0", "off", "false") else GateUpConfig.parse(value)), least
+
+
+ROUTE = engine_route()  # read once, at import (as rose.layers.fused.ENABLED)
+
+
+def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
+    """The configuration to run x through the fused kernel with (ROUTE), or None for the unfused pair: a CUDA batch
+    of at least the least tokens, in bf16 or fp16, whose shapes the configuration tiles."""
+    config, least = ROUTE
+    if config is None or triton is None or not x.is_cuda or x.shape[0] < least:
+        return None
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+        return None
+    inner, k = weight.shape[0] // 2, weight.shape[1]
+    if inner % config.block_n or k % config.block_k or not (x.is_contiguous() and weight.is_contiguous()):
+        return None
+    return config
 
 
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = GateUpConfig(),

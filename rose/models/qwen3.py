@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
-from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding, gate_up_act
 from rose.layers.fused import (
     add_rms_norm,
     precompile_qk_norm_rope,
@@ -96,6 +96,9 @@ class Qwen3MLP(nn.Module):
             raise ValueError(f"hidden_act {cfg.get('hidden_act')!r} is not supported here (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        config = gate_up_act.routed(x, self.gate_up_proj.weight)  # off unless ROSE_GATE_UP_SILU names a config
+        if config is not None:
+            return self.down_proj(gate_up_act.gate_up_silu(x, self.gate_up_proj.weight, config))
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 

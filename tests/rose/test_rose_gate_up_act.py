@@ -26,3 +26,20 @@ def test_shapes_it_cannot_tile_are_refused():
                           (torch.zeros(128, 64).t().contiguous().t(), "contiguous")):
         with pytest.raises(ValueError, match=match):
             gate_up_silu(x, weight, GateUpConfig(block_n=64, block_k=32))
+
+
+def test_the_layers_route_only_when_a_configuration_is_named():
+    """ROSE_GATE_UP_SILU names a configuration by its label (off by default) and ROSE_GATE_UP_SILU_MIN the least
+    tokens; a CPU batch never routes."""
+    import torch
+
+    from rose.layers.gate_up_act import GateUpConfig, engine_route, routed
+
+    config = GateUpConfig(block_m=64, block_n=128, block_k=64, warps=8, stages=3, group_m=4)
+    assert GateUpConfig.parse(config.label()) == config and config.label() == "m64n128k64w8p3g4"
+    assert engine_route({}) == (None, 4096) and engine_route({"ROSE_GATE_UP_SILU": "off"})[0] is None
+    assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4", "ROSE_GATE_UP_SILU_MIN": "512"}) == (config, 512)
+    for bad in ("on", "m64n128", "m64n128k64w8p3g4x"):
+        with pytest.raises(ValueError, match="not a gate-up configuration"):
+            engine_route({"ROSE_GATE_UP_SILU": bad})
+    assert routed(torch.zeros(8192, 64, dtype=torch.bfloat16), torch.zeros(256, 64, dtype=torch.bfloat16)) is None
