@@ -2,7 +2,8 @@
 # Qwen3's gate-up projection with SiLU·mul in its epilogue (rose.layers.gate_up_act) against F.linear + silu_mul at
 # 512-25 600 tokens (its GPU test first). Carry nothing (torch and Triton only); ~2-3 min: ~14 compiles for the test,
 # ~14 for the sweep. Writes $OUT/gate_up_act_tests.log, $OUT/gate_up_silu.json and .log; the table last. TOKENS and
-# MODELS pass through (512,4096,17920,25600 and qwen3-0.6b,qwen3-4b).
+# MODELS pass through (512,4096,17920,25600 and qwen3-0.6b,qwen3-4b). ENGINE=1 adds the engine's A/B (below; carry
+# .whl then, ~4 min more).
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh gate-up-silu
 set -u
 source "$(dirname "$0")/device_env.sh" || exit 1
@@ -15,4 +16,19 @@ timeout $(( ${BUDGET:-570} - $(date +%s) + t0 - 20 )) python3 -m benchmarks.gate
 rc=$?
 echo "gate_up_silu_ab rc=$rc in $(( $(date +%s) - t0 )) s"
 tail -10 $OUT/gate_up_silu.log
+# ENGINE=1: the 0.6B's large suites in-process with the layers' MLP unfused and routed through the best configuration
+# at 17 920 tokens (ROSE_GATE_UP_SILU), alternating ROUNDS times (2; each run a process of its own, ~50 s)
+if [ "${ENGINE:-0}" = 1 ] && [ $rc -eq 0 ]; then
+  best=$(python3 -c "import json; r=[r for r in json.load(open('$OUT/gate_up_silu.json'))['records'] if r['model'] == 'qwen3-0.6b' and r['tokens'] == 17920]; print(r[0]['fused_config'] or 'off')")
+  echo "engine A/B: ROSE_GATE_UP_SILU=$best against off"
+  for round in $(seq ${ROUNDS:-2}); do
+    for route in off $best; do
+      ROSE_GATE_UP_SILU=$route timeout 120 python3 -m benchmarks.rose_gpu --models qwen3-0.6b --variants rose-graphs \
+        --suites bs1-4096,score-50x512,docs-100 --quick --tag _gate_up_${route}_$round --out $OUT \
+        > $OUT/rose_gpu_gate_up_${route}_$round.log 2>&1
+      echo "round $round ROSE_GATE_UP_SILU=$route rc=$? ($(( $(date +%s) - t0 )) s)"
+      grep -E '^ *qwen3-0.6b +(bs1-4096|score|docs)' $OUT/rose_gpu_gate_up_${route}_$round.log | tail -3
+    done
+  done
+fi
 exit $rc
