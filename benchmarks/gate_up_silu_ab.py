@@ -26,9 +26,11 @@ from rose.layers.gate_up_act import GateUpConfig, gate_up_silu
 
 SHAPES = {"qwen3-0.6b": (1024, 3072), "qwen3-4b": (2560, 9728)}  # hidden (K), intermediate (I)
 LAYERS = 4
-CONFIGS = [GateUpConfig(), GateUpConfig(warps=8), GateUpConfig(block_n=128, warps=8, stages=3),
-           GateUpConfig(block_n=128, warps=8, stages=4), GateUpConfig(block_k=128, warps=8, stages=3),
-           GateUpConfig(block_m=64, block_n=128, warps=4), GateUpConfig(block_m=256, warps=8, stages=3)]
+# the three fastest pointer-load configurations at e508b0d (of seven), and the tensor-descriptor (TMA) forms
+CONFIGS = [GateUpConfig(block_n=128, warps=8, stages=3), GateUpConfig(block_n=128, warps=8, stages=4),
+           GateUpConfig(block_m=256, warps=8, stages=3), GateUpConfig(block_n=128, warps=8, stages=3, load="tma"),
+           GateUpConfig(block_n=128, warps=8, stages=3, load="tma-sms"), GateUpConfig(load="tma"),
+           GateUpConfig(warps=8, load="tma-sms")]
 
 
 def _us(fn) -> float:
@@ -63,7 +65,7 @@ def measure(model: str, m: int) -> dict:
         try:
             off, worst = _steps_apart(gate_up_silu(x, weights[0], config), want)
             entry.update(off_share=off, worst_steps=worst,
-                         us=_us(lambda: [gate_up_silu(x, w, config, out=out) for w in weights]))
+                         us=_us(lambda c=config: [gate_up_silu(x, w, c, out=out) for w in weights]))
             entry["tflops"] = flop / entry["us"] / 1e6
         except Exception as exc:  # noqa: BLE001 - a configuration that does not compile or fit is reported
             entry["error"] = repr(exc)[:200]

@@ -34,7 +34,9 @@ except ImportError:  # pragma: no cover - CPU builds of torch ship without Trito
 @dataclass(frozen=True)
 class GateUpConfig:
     """Rows and columns (of each of gate and up) a program computes, the K step, warps, pipeline stages, and the
-    row blocks taken together (GROUP_M) so that neighbouring programs share weight tiles in L2."""
+    row blocks taken together (GROUP_M) so that neighbouring programs share weight tiles in L2. load: "ptr" (loads
+    Triton pipelines with cp.async), "tma" (tensor descriptors: the copy engine loads the tiles and stores the
+    result), "tma-sms" (the same, one program an SM walking the tiles: a persistent grid)."""
 
     block_m: int = 128
     block_n: int = 64
@@ -42,17 +44,20 @@ class GateUpConfig:
     warps: int = 4
     stages: int = 4
     group_m: int = 8
+    load: str = "ptr"
 
     def label(self) -> str:
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.warps}p{self.stages}g{self.group_m}"
+        tail = "" if self.load == "ptr" else f"-{self.load}"
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.warps}p{self.stages}g{self.group_m}{tail}"
 
     @classmethod
     def parse(cls, label: str) -> GateUpConfig:
         """label()'s inverse: m128n64k64w4p4g8 -> GateUpConfig(128, 64, 64, 4, 4, 8); ValueError otherwise."""
-        found = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)p(\d+)g(\d+)", label.strip())
+        found = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)p(\d+)g(\d+)(?:-(tma|tma-sms))?", label.strip())
         if not found:
             raise ValueError(f"not a gate-up configuration: {label!r} (e.g. {cls().label()})")
-        return cls(*(int(v) for v in found.groups()))
+        *numbers, load = found.groups()
+        return cls(*(int(v) for v in numbers), load=load or "ptr")
 
 
 def engine_route(env: dict[str, str] | None = None) -> tuple[GateUpConfig | None, int]:
@@ -95,26 +100,66 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = G
         raise ValueError("x and weight must be contiguous")
     if out is None:
         out = torch.empty(m, inner, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, config.block_m) * (inner // config.block_n),)
-    _gate_up_silu_kernel[grid](x, weight, out, m, INNER=inner, K=k, BM=config.block_m, BN=config.block_n,
-                               BK=config.block_k, GROUP_M=config.group_m, num_warps=config.warps,
-                               num_stages=config.stages)
+    tiles = triton.cdiv(m, config.block_m) * (inner // config.block_n)
+    meta = {"INNER": inner, "K": k, "BM": config.block_m, "BN": config.block_n, "BK": config.block_k,
+            "GROUP_M": config.group_m, "num_warps": config.warps, "num_stages": config.stages}
+    if config.load == "ptr":
+        _gate_up_silu_kernel[(tiles,)](x, weight, out, m, **meta)
+        return out
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    programs = tiles
+    if config.load == "tma-sms":  # (3 under Triton's interpreter, so that a program walks several tiles)
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 3
+        programs = min(tiles, sms)
+    _gate_up_silu_tma_kernel[(programs,)](
+        TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
+        TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
+        TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]), m, programs, DT=_DTYPES[x.dtype], **meta)
     return out
 
 
 if triton is not None:
+    _DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+    @triton.jit
+    def _tile(tile, M, INNER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+        """(row block, column block) of a tile: GROUP_M row blocks together, column block by column block."""
+        blocks_m = tl.cdiv(M, BM)
+        in_group = GROUP_M * (INNER // BN)
+        first_m = (tile // in_group) * GROUP_M
+        rows_here = tl.minimum(blocks_m - first_m, GROUP_M)
+        return first_m + (tile % in_group) % rows_here, (tile % in_group) // rows_here
+
+    @triton.jit
+    def _silu_times(acc_g, acc_u, dt: tl.constexpr):
+        """SiLU(gate) * up as the unfused path rounds it: each product rounded to dt, SiLU rounded, the product."""
+        gate = acc_g.to(dt).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+        return (act * acc_u.to(dt).to(tl.float32)).to(dt)
+
+    @triton.jit(do_not_specialize=["M", "programs"])
+    def _gate_up_silu_tma_kernel(x_desc, w_desc, o_desc, M, programs, INNER: tl.constexpr, K: tl.constexpr,
+                                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                                 DT: tl.constexpr):
+        """The same tiles through tensor descriptors (rows past M read as zeros and are not stored); each of
+        `programs` programs walks the tiles a grid's width apart (one each when there are as many as tiles)."""
+        tiles = tl.cdiv(M, BM) * (INNER // BN)
+        for tile in range(tl.program_id(0), tiles, programs):
+            pid_m, pid_n = _tile(tile, M, INNER, BM, BN, GROUP_M)
+            off_m, off_n = pid_m * BM, pid_n * BN
+            acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+            acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+            for k in range(0, K, BK):
+                a = x_desc.load([off_m, k])
+                acc_g = tl.dot(a, w_desc.load([off_n, k]).T, acc_g)
+                acc_u = tl.dot(a, w_desc.load([INNER + off_n, k]).T, acc_u)
+            o_desc.store([off_m, off_n], _silu_times(acc_g, acc_u, DT))
 
     @triton.jit(do_not_specialize=["M"])
     def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
                              BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-        pid = tl.program_id(0)
-        blocks_m = tl.cdiv(M, BM)
-        blocks_n: tl.constexpr = INNER // BN
-        in_group = GROUP_M * blocks_n  # programs of GROUP_M row blocks, column block by column block
-        first_m = (pid // in_group) * GROUP_M
-        rows_here = tl.minimum(blocks_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % in_group) % rows_here
-        pid_n = (pid % in_group) // rows_here
+        pid_m, pid_n = _tile(tl.program_id(0), M, INNER, BM, BN, GROUP_M)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
@@ -131,8 +176,5 @@ if triton is not None:
             a_ptrs += BK
             g_ptrs += BK
             u_ptrs += BK
-        dt = out_ptr.dtype.element_ty
-        gate = acc_g.to(dt).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-        y = act * acc_u.to(dt).to(tl.float32)
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * INNER + rn[None, :], y.to(dt), mask=row_ok[:, None])
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * INNER + rn[None, :],
+                 _silu_times(acc_g, acc_u, out_ptr.dtype.element_ty), mask=row_ok[:, None])

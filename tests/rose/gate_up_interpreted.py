@@ -4,6 +4,7 @@ interpreter is chosen when the kernel module is imported). Prints one line per c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -46,11 +47,12 @@ def main() -> int:
 
     small = GateUpConfig(block_m=16, block_n=16, block_k=16, warps=1, stages=1, group_m=2)
     wide = GateUpConfig(block_m=32, block_n=32, block_k=32, warps=1, stages=1, group_m=1)
+    configs = [small, wide, dataclasses.replace(small, load="tma"), dataclasses.replace(small, load="tma-sms")]
     failed = 0
     for dtype in (torch.float32, torch.float16):
         for m in (1, 37, 70):  # one row, rows past a block, several row groups (group_m 2: a partial last group)
-            for config, label in ((small, "16x16x16"), (wide, "32x32x32")):
-                failed += not check(m, 64, 64, dtype, config, label)
+            for config in configs:
+                failed += not check(m, 64, 64, dtype, config, config.label())
     return 1 if failed else 0
 
 

@@ -12,7 +12,7 @@ from tests.rose.interpreter import needs_triton, run_interpreted
 
 @needs_triton
 def test_kernel_matches_the_unfused_rounding_under_the_interpreter():
-    run_interpreted("gate_up_interpreted.py", cases=12)
+    run_interpreted("gate_up_interpreted.py", cases=24)
 
 
 @needs_triton
@@ -37,9 +37,11 @@ def test_the_layers_route_only_when_a_configuration_is_named():
 
     config = GateUpConfig(block_m=64, block_n=128, block_k=64, warps=8, stages=3, group_m=4)
     assert GateUpConfig.parse(config.label()) == config and config.label() == "m64n128k64w8p3g4"
+    tma = GateUpConfig(load="tma-sms")
+    assert tma.label() == "m128n64k64w4p4g8-tma-sms" and GateUpConfig.parse(tma.label()) == tma
     assert engine_route({}) == (None, 4096) and engine_route({"ROSE_GATE_UP_SILU": "off"})[0] is None
     assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4", "ROSE_GATE_UP_SILU_MIN": "512"}) == (config, 512)
-    for bad in ("on", "m64n128", "m64n128k64w8p3g4x"):
+    for bad in ("on", "m64n128", "m64n128k64w8p3g4x", "m64n128k64w8p3g4-sms"):
         with pytest.raises(ValueError, match="not a gate-up configuration"):
             engine_route({"ROSE_GATE_UP_SILU": bad})
     assert routed(torch.zeros(8192, 64, dtype=torch.bfloat16), torch.zeros(256, 64, dtype=torch.bfloat16)) is None

@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
                                                   reason="needs CUDA and Triton")]
 
 SHAPES = {"qwen3-0.6b": (1024, 3072), "qwen3-4b": (2560, 9728)}  # hidden (K), intermediate (I)
-CONFIGS = [GateUpConfig(), GateUpConfig(block_n=128, warps=8, stages=3)]
+CONFIGS = [GateUpConfig(), GateUpConfig(block_n=128, warps=8, stages=3),
+           GateUpConfig(block_n=128, warps=8, stages=3, load="tma"), GateUpConfig(warps=8, load="tma-sms")]
 
 
 def _operands(m: int, k: int, inner: int):
@@ -47,18 +48,19 @@ def test_as_accurate_as_the_unfused_path_and_within_its_rounding(model, m, confi
     assert_within_a_step(got, unfused, f"{model} m={m}", share=1e-3, steps=4)
 
 
-def test_a_graph_replay_gives_the_eager_bits():
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[2]], ids=GateUpConfig.label)
+def test_a_graph_replay_gives_the_eager_bits(config):
     k, inner = SHAPES["qwen3-0.6b"]
     x, w = _operands(512, k, inner)
     out = torch.empty(512, inner, dtype=torch.bfloat16, device="cuda")
-    eager = gate_up_silu(x, w).clone()
+    eager = gate_up_silu(x, w, config).clone()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        gate_up_silu(x, w, out=out)  # compiled before capture
+        gate_up_silu(x, w, config, out=out)  # compiled before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        gate_up_silu(x, w, out=out)
+        gate_up_silu(x, w, config, out=out)  # (a tensor descriptor is a launch argument: out's and x's addresses)
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()
