@@ -9,15 +9,18 @@ Rounding follows the unfused path: gate and up rounded to the activations' dtype
 SiLU in float32 rounded once, times up, rounded (rose.layers.fused._act_mul_kernel). The accumulation order is
 Triton's, not cuBLAS's, so a product may differ from F.linear's by a rounding step; the tests bound that.
 
-Status: an experiment, off by default: `benchmarks.gate_up_silu_ab` times it beside F.linear + silu_mul per shape
-and tile configuration on the device, and ROSE_GATE_UP_SILU (a configuration's label, e.g. m128n128k64w8p3g8)
-routes Qwen3's MLP through it from ROSE_GATE_UP_SILU_MIN tokens (4096 by default) for the engine's A/B. Measured on
-an H100 at e508b0d: the same bits as the pair, a wash for the 0.6B (−1.7 % to +1.9 %), 7-8 % slower for the 4B: its
-GEMM runs at ~80 % of cuBLAS's rate (NOTES "SiLU·mul in the gate-up GEMM's epilogue").
+Qwen3's MLP runs through it from ROSE_GATE_UP_SILU_MIN tokens (4096) on Hopper and later (its tensor descriptors
+need TMA), with the configuration ROSE_GATE_UP_SILU names (DEFAULT_ROUTE's by default; `off` for the unfused pair).
+Measured on an H100 (NOTES "SiLU·mul in the gate-up GEMM's epilogue"; `benchmarks.gate_up_silu_ab`): with plain
+pointer loads its GEMM ran at ~80 % of cuBLAS's rate, a wash for the 0.6B and 7-8 % slower for the 4B (e508b0d);
+through tensor descriptors, one program an SM, 0.84-0.88 × the pair for the 0.6B and 0.93-0.96 × for the 4B, the
+same bits, and the 0.6B's bs1-4096 −2 to −5 %, score-50x512 −4.5 to −5 %, docs-100 +3.4 to +4.4 % in the engine
+(0cda4a8).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -60,11 +63,15 @@ class GateUpConfig:
         return cls(*(int(v) for v in numbers), load=load or "ptr")
 
 
+# The fastest configuration measured on an H100 at 0cda4a8, at 4 096 and 17 920 tokens of both Qwen3 shapes
+DEFAULT_ROUTE = GateUpConfig(block_n=128, warps=8, stages=3, load="tma-sms")
+
+
 def engine_route(env: dict[str, str] | None = None) -> tuple[GateUpConfig | None, int]:
-    """The layers' use of the fused kernel: (configuration, least tokens) from ROSE_GATE_UP_SILU (off, the default,
-    or a configuration's label) and ROSE_GATE_UP_SILU_MIN; (None, ...) when off."""
+    """The layers' use of the fused kernel: (configuration, least tokens) from ROSE_GATE_UP_SILU (a configuration's
+    label, DEFAULT_ROUTE's by default, or off) and ROSE_GATE_UP_SILU_MIN; (None, ...) when off."""
     env = os.environ if env is None else env
-    value = env.get("ROSE_GATE_UP_SILU", "off").strip()
+    value = env.get("ROSE_GATE_UP_SILU", DEFAULT_ROUTE.label()).strip()
     least = int(env.get("ROSE_GATE_UP_SILU_MIN", "4096"))
     return (None if value.lower() in ("", "0", "off", "false") else GateUpConfig.parse(value)), least
 
@@ -72,11 +79,19 @@ def engine_route(env: dict[str, str] | None = None) -> tuple[GateUpConfig | None
 ROUTE = engine_route()  # read once, at import (as rose.layers.fused.ENABLED)
 
 
+@functools.cache
+def _has_tma(device: int) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
     """The configuration to run x through the fused kernel with (ROUTE), or None for the unfused pair: a CUDA batch
-    of at least the least tokens, in bf16 or fp16, whose shapes the configuration tiles."""
+    of at least the least tokens, in bf16 or fp16, whose shapes the configuration tiles (and on a GPU with TMA when
+    it loads through tensor descriptors)."""
     config, least = ROUTE
     if config is None or triton is None or not x.is_cuda or x.shape[0] < least:
+        return None
+    if config.load != "ptr" and not _has_tma(x.device.index if x.device.index is not None else 0):
         return None
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
         return None

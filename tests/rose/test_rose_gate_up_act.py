@@ -29,8 +29,8 @@ def test_shapes_it_cannot_tile_are_refused():
 
 
 def test_the_layers_route_only_when_a_configuration_is_named():
-    """ROSE_GATE_UP_SILU names a configuration by its label (off by default) and ROSE_GATE_UP_SILU_MIN the least
-    tokens; a CPU batch never routes."""
+    """ROSE_GATE_UP_SILU names a configuration by its label (the measured fastest by default, or off) and
+    ROSE_GATE_UP_SILU_MIN the least tokens; a CPU batch never routes."""
     import torch
 
     from rose.layers.gate_up_act import GateUpConfig, engine_route, routed
@@ -39,7 +39,8 @@ def test_the_layers_route_only_when_a_configuration_is_named():
     assert GateUpConfig.parse(config.label()) == config and config.label() == "m64n128k64w8p3g4"
     tma = GateUpConfig(load="tma-sms")
     assert tma.label() == "m128n64k64w4p4g8-tma-sms" and GateUpConfig.parse(tma.label()) == tma
-    assert engine_route({}) == (None, 4096) and engine_route({"ROSE_GATE_UP_SILU": "off"})[0] is None
+    assert engine_route({}) == (GateUpConfig(block_n=128, warps=8, stages=3, load="tma-sms"), 4096)  # on by default
+    assert engine_route({"ROSE_GATE_UP_SILU": "off"})[0] is None
     assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4", "ROSE_GATE_UP_SILU_MIN": "512"}) == (config, 512)
     for bad in ("on", "m64n128", "m64n128k64w8p3g4x", "m64n128k64w8p3g4-sms"):
         with pytest.raises(ValueError, match="not a gate-up configuration"):
