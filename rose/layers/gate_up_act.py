@@ -84,6 +84,15 @@ def _has_tma(device: int) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+@functools.cache
+def _sms(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
     """The configuration to run x through the fused kernel with (ROUTE), or None for the unfused pair: a CUDA batch
     of at least the least tokens, in bf16 or fp16, whose shapes the configuration tiles (and on a GPU with TMA when
@@ -91,12 +100,14 @@ def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
     config, least = ROUTE
     if config is None or triton is None or not x.is_cuda or x.shape[0] < least:
         return None
-    if config.load != "ptr" and not _has_tma(x.device.index if x.device.index is not None else 0):
+    if config.load != "ptr" and not _has_tma(_index(x.device)):
         return None
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
         return None
     inner, k = weight.shape[0] // 2, weight.shape[1]
     if inner % config.block_n or k % config.block_k or not (x.is_contiguous() and weight.is_contiguous()):
+        return None
+    if config.load != "ptr" and (x.data_ptr() % 16 or weight.data_ptr() % 16):  # a descriptor's base: 16-byte
         return None
     return config
 
@@ -125,8 +136,7 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = G
 
     programs = tiles
     if config.load == "tma-sms":  # (3 under Triton's interpreter, so that a program walks several tiles)
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 3
-        programs = min(tiles, sms)
+        programs = min(tiles, _sms(_index(x.device)) if x.is_cuda else 3)
     _gate_up_silu_tma_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
         TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
