@@ -88,7 +88,7 @@ def main(argv=None) -> int:
            "commit": os.environ.get("GIT_COMMIT", "?"), "layers": LAYERS}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gate_up_silu.json").write_text(json.dumps({"env": env, "records": rows}, indent=1))
-    print(f"\n{env['gpu']} · torch {env['torch']} · triton {env['triton']} · {env['commit']} · µs a layer (median)")
+    print(f"\n{env['gpu']} · torch {env['torch']} · triton {env['triton']} · {env['commit']} · µs a layer, median")
     print(f"{'model':11s} {'tokens':>6s} {'linear':>8s} {'silu':>7s} {'unfused':>8s} {'fused':>8s} {'ratio':>6s} "
           f"{'linear TF/s':>11s}  best config")
     for r in rows:

@@ -9,7 +9,8 @@ set -u
 source "$(dirname "$0")/device_env.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$(date +%s)
-timeout 180 python3 -m pytest -q -m gpu tests/rose/test_rose_gate_up_act_gpu.py -p no:cacheprovider > $OUT/gate_up_act_tests.log 2>&1
+timeout 180 python3 -m pytest -q -m gpu tests/rose/test_rose_gate_up_act_gpu.py -p no:cacheprovider \
+  > $OUT/gate_up_act_tests.log 2>&1
 echo "gate-up GPU tests rc=$? in $(( $(date +%s) - t0 )) s"; tail -3 $OUT/gate_up_act_tests.log
 timeout $(( ${BUDGET:-570} - $(date +%s) + t0 - 20 )) python3 -m benchmarks.gate_up_silu_ab --out $OUT \
   ${TOKENS:+--tokens $TOKENS} ${MODELS:+--models $MODELS} > $OUT/gate_up_silu.log 2>&1
@@ -19,7 +20,9 @@ tail -10 $OUT/gate_up_silu.log
 # ENGINE=1: the 0.6B's large suites in-process with the layers' MLP unfused and routed through the best configuration
 # at 17 920 tokens (ROSE_GATE_UP_SILU), alternating ROUNDS times (2; each run a process of its own, ~50 s)
 if [ "${ENGINE:-0}" = 1 ] && [ $rc -eq 0 ]; then
-  best=$(python3 -c "import json; r=[r for r in json.load(open('$OUT/gate_up_silu.json'))['records'] if r['model'] == 'qwen3-0.6b' and r['tokens'] == 17920]; print(r[0]['fused_config'] or 'off')")
+  best=$(python3 -c "import json
+rows = json.load(open('$OUT/gate_up_silu.json'))['records']
+print([r for r in rows if r['model'] == 'qwen3-0.6b' and r['tokens'] == 17920][0]['fused_config'] or 'off')")
   echo "engine A/B: ROSE_GATE_UP_SILU=$best against off"
   for round in $(seq ${ROUNDS:-2}); do
     for route in off $best; do

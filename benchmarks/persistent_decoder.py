@@ -48,7 +48,7 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (128, {"queries": 64}), (128, {"qkv": 32, "split_qkv": 1}), (128, {"keys": 64}), (128, {"keys": 32}),
     (16, {"prefetch": "own"}), (64, {"prefetch": "own"}), (128, {"prefetch": "own"}),
     (16, {"prefetch": "idle", "stages": 4}), (64, {"prefetch": "idle"}),  # (the blocks' own tiles, as counter's)
-    (16, {"prefetch": "off", "stages": 4}), (64, {"prefetch": "off"}),  # (16 and 64 ask "first" by default)
+    (16, {"prefetch": "off", "stages": 4}), (64, {"prefetch": "off"}),  # (16-64 tokens ask "first" by default)
     (128, {"prefetch": "first", "queries": 16, "stages": 4}),
     (16, {"heads": False, "keys": 32}), (64, {"heads": False, "keys": 32}), (128, {"heads": False, "keys": 32}),
     (16, {"heads": True, "stages": 4, "prefetch": "first"}),  # (16 tokens' own tiles but the heads step: 2cf0444's)

@@ -9,18 +9,21 @@ Rounding follows the unfused path: gate and up rounded to the activations' dtype
 SiLU in float32 rounded once, times up, rounded (rose.layers.fused._act_mul_kernel). The accumulation order is
 Triton's, not cuBLAS's, so a product may differ from F.linear's by a rounding step; the tests bound that.
 
-Qwen3's MLP runs through it from ROSE_GATE_UP_SILU_MIN tokens (4096) on Hopper and later (its tensor descriptors
-need TMA), with the configuration ROSE_GATE_UP_SILU names (DEFAULT_ROUTE's by default; `off` for the unfused pair).
+Qwen3's MLP runs through it from ROSE_GATE_UP_SILU_MIN tokens (4096) on Hopper and datacenter Blackwell (its tensor
+descriptors need TMA, its tiles ~180 KB of shared memory), with the configuration ROSE_GATE_UP_SILU names
+(DEFAULT_ROUTE's by default; `off` for the unfused pair); a launch that fails turns the route off for the process.
 Measured on an H100 (NOTES "SiLU·mul in the gate-up GEMM's epilogue"; `benchmarks.gate_up_silu_ab`): with plain
 pointer loads its GEMM ran at ~80 % of cuBLAS's rate, a wash for the 0.6B and 7-8 % slower for the 4B (e508b0d);
-through tensor descriptors, one program an SM, 0.84-0.88 × the pair for the 0.6B and 0.93-0.96 × for the 4B, the
-same bits, and the 0.6B's bs1-4096 −2 to −5 %, score-50x512 −4.5 to −5 %, docs-100 +3.4 to +4.4 % in the engine
-(0cda4a8).
+through tensor descriptors 0.84-0.89 × the pair for the 0.6B and 0.93-0.98 × for the 4B, the same bits, and the
+0.6B's bs1-4096 −2 to −5 %, score-50x512 −4.5 to −5 %, docs-100 +3.4 to +4.4 % in the engine (0cda4a8, one
+program an SM; the default is a program a tile, 2 % slower in the kernel table, so that the express lane's kernels
+still find SMs between its tiles).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -32,6 +35,12 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU builds of torch ship without Triton
     triton = None
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - a Triton before host-side tensor descriptors: the pointer form only
+    TensorDescriptor = None
+
+log = logging.getLogger("rose.gate_up_act")
 
 
 @dataclass(frozen=True)
@@ -63,25 +72,44 @@ class GateUpConfig:
         return cls(*(int(v) for v in numbers), load=load or "ptr")
 
 
-# The fastest configuration measured on an H100 at 0cda4a8, at 4 096 and 17 920 tokens of both Qwen3 shapes
-DEFAULT_ROUTE = GateUpConfig(block_n=128, warps=8, stages=3, load="tma-sms")
+# The fastest tiles measured on an H100 at 0cda4a8 (at 4 096 and 17 920 tokens of both Qwen3 shapes), a program a
+# tile: 0.865-0.98 x the unfused pair there, within 2.5 % of one program an SM ("tma-sms"), which holds every SM for
+# the whole GEMM (a query's kernels beside a bulk batch would wait for it)
+DEFAULT_ROUTE = GateUpConfig(block_n=128, warps=8, stages=3, load="tma")
 
 
 def engine_route(env: dict[str, str] | None = None) -> tuple[GateUpConfig | None, int]:
     """The layers' use of the fused kernel: (configuration, least tokens) from ROSE_GATE_UP_SILU (a configuration's
-    label, DEFAULT_ROUTE's by default, or off) and ROSE_GATE_UP_SILU_MIN; (None, ...) when off."""
+    label, DEFAULT_ROUTE's by default, or off) and ROSE_GATE_UP_SILU_MIN (4096); a value it cannot read is a warning
+    and the route off."""
     env = os.environ if env is None else env
     value = env.get("ROSE_GATE_UP_SILU", DEFAULT_ROUTE.label()).strip()
-    least = int(env.get("ROSE_GATE_UP_SILU_MIN", "4096"))
-    return (None if value.lower() in ("", "0", "off", "false") else GateUpConfig.parse(value)), least
+    try:
+        least = int(env.get("ROSE_GATE_UP_SILU_MIN", "4096"))
+        return (None if value.lower() in ("", "0", "off", "false") else GateUpConfig.parse(value)), least
+    except ValueError as exc:
+        log.warning("ROSE_GATE_UP_SILU / ROSE_GATE_UP_SILU_MIN: %s; the unfused gate-up and SiLU·mul serve", exc)
+        return None, 4096
 
 
-ROUTE = engine_route()  # read once, at import (as rose.layers.fused.ENABLED)
+ROUTE = engine_route()  # read once, at import (as rose.layers.fused.ENABLED); give_up() turns it off
+
+
+def give_up(exc: BaseException) -> None:
+    """Turn the route off for this process after a launch failed (a GPU whose shared memory the tiles do not fit,
+    say): logged once; the unfused pair serves from here on."""
+    global ROUTE
+    if ROUTE[0] is not None:
+        log.warning("the fused gate-up kernel failed (%s: %s); the unfused gate-up and SiLU·mul serve from here on",
+                    type(exc).__name__, exc)
+    ROUTE = (None, ROUTE[1])
 
 
 @functools.cache
-def _has_tma(device: int) -> bool:
-    return torch.cuda.get_device_capability(device)[0] >= 9
+def _tma_fits(device: int) -> bool:
+    """CUDA (not ROCm) Hopper or datacenter Blackwell: TMA, and ~227 KB of shared memory a block (consumer Blackwell,
+    sm_120, has ~99 KB)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
 @functools.cache
@@ -93,26 +121,63 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
+def routed(x: torch.Tensor, weight: torch.Tensor, least: int | None = None) -> GateUpConfig | None:
     """The configuration to run x through the fused kernel with (ROUTE), or None for the unfused pair: a CUDA batch
-    of at least the least tokens, in bf16 or fp16, whose shapes the configuration tiles (and on a GPU with TMA when
-    it loads through tensor descriptors)."""
-    config, least = ROUTE
+    of at least `least` tokens (ROUTE's), on a GPU the tensor-descriptor forms fit (_tma_fits), that `fits`."""
+    config, route_least = ROUTE
+    least = route_least if least is None else least
     if config is None or triton is None or not x.is_cuda or x.shape[0] < least:
         return None
-    if config.load != "ptr" and not _has_tma(_index(x.device)):
+    if config.load != "ptr" and (TensorDescriptor is None or not _tma_fits(_index(x.device))):
         return None
+    return config if fits(x, weight, config) else None
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:
+    """Whether `config` tiles x [M, K] @ weight [2I, K]ᵀ: bf16 or fp16 alike, both contiguous, I whole column blocks
+    and K whole K steps, and (the tensor-descriptor forms) both 16-byte aligned."""
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.shape[0] % 2:
+        return False
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
-        return None
+        return False
     inner, k = weight.shape[0] // 2, weight.shape[1]
     if inner % config.block_n or k % config.block_k or not (x.is_contiguous() and weight.is_contiguous()):
-        return None
-    if config.load != "ptr" and (x.data_ptr() % 16 or weight.data_ptr() % 16):  # a descriptor's base: 16-byte
-        return None
-    return config
+        return False
+    return config.load == "ptr" or not (x.data_ptr() % 16 or weight.data_ptr() % 16)  # a descriptor's base
 
 
-def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = GateUpConfig(),
+def precompile(weight: torch.Tensor) -> int:
+    """Compile the routed variant for this gate-up weight now (M is not specialized: one launch of 8 rows compiles
+    what every batch runs), so that the first long batch in serving does not pay Triton's compile; a failure turns
+    the route off (give_up). Returns the launches that ran (0 when nothing would route)."""
+    x = torch.zeros(8, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    config = routed(x, weight, least=0)
+    if config is None:
+        return 0
+    try:
+        gate_up_silu(x, weight, config)
+    except Exception as exc:  # noqa: BLE001 - any failure means the unfused pair serves
+        give_up(exc)
+        return 0
+    return 1
+
+
+_WEIGHT_DESCRIPTORS: dict[tuple, object] = {}  # a weight's descriptor by (address, shape, dtype, block)
+
+
+def _weight_descriptor(weight: torch.Tensor, block: list[int]):
+    """The weight's tensor descriptor, made once per address, shape and block (a descriptor holds only those: one
+    cached for a freed tensor is right for the next tensor of that shape at that address)."""
+    key = (weight.data_ptr(), tuple(weight.shape), weight.dtype, *block)
+    desc = _WEIGHT_DESCRIPTORS.get(key)
+    if desc is None:
+        if len(_WEIGHT_DESCRIPTORS) >= 1024:
+            _WEIGHT_DESCRIPTORS.clear()
+        desc = _WEIGHT_DESCRIPTORS[key] = TensorDescriptor.from_tensor(weight, block)
+    return desc
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = DEFAULT_ROUTE,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """SiLU(x @ gateᵀ) * (x @ upᵀ) -> [M, I] in x's dtype, weight [2I, K] (gate rows, then up rows: MergedLinear's
     layout). I must be whole column blocks and K whole K steps."""
@@ -132,14 +197,12 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = G
     if config.load == "ptr":
         _gate_up_silu_kernel[(tiles,)](x, weight, out, m, **meta)
         return out
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     programs = tiles
     if config.load == "tma-sms":  # (3 under Triton's interpreter, so that a program walks several tiles)
         programs = min(tiles, _sms(_index(x.device)) if x.is_cuda else 3)
     _gate_up_silu_tma_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
-        TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
+        _weight_descriptor(weight, [config.block_n, config.block_k]),
         TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]), m, programs, DT=_DTYPES[x.dtype], **meta)
     return out
 

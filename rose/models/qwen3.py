@@ -96,9 +96,13 @@ class Qwen3MLP(nn.Module):
             raise ValueError(f"hidden_act {cfg.get('hidden_act')!r} is not supported here (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        config = gate_up_act.routed(x, self.gate_up_proj.weight)  # off unless ROSE_GATE_UP_SILU names a config
+        # from 4096 tokens on Hopper: SiLU·mul in gate-up's epilogue (rose.layers.gate_up_act, ROSE_GATE_UP_SILU)
+        config = gate_up_act.routed(x, self.gate_up_proj.weight)
         if config is not None:
-            return self.down_proj(gate_up_act.gate_up_silu(x, self.gate_up_proj.weight, config))
+            try:
+                return self.down_proj(gate_up_act.gate_up_silu(x, self.gate_up_proj.weight, config))
+            except Exception as exc:  # noqa: BLE001 - a GPU the kernel cannot launch on: the unfused pair from here
+                gate_up_act.give_up(exc)
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
@@ -147,8 +151,10 @@ class Qwen3Model(nn.Module):
         self.rotary = RotaryEmbedding(head_dim, rope_theta(cfg))
 
     def precompile_kernels(self) -> int:
-        """Every tokens-per-program variant of the QK-norm+RoPE kernel, compiled before serving."""
-        return precompile_qk_norm_rope(self.layers[0].self_attn)
+        """Every tokens-per-program variant of the QK-norm+RoPE kernel and the fused gate-up's routed variant,
+        compiled before serving."""
+        return precompile_qk_norm_rope(self.layers[0].self_attn) + gate_up_act.precompile(
+            self.layers[0].mlp.gate_up_proj.weight)
 
     # rose.layers.persistent_decoder.PersistentDecoder once the engine's warm-up enabled it (ROSE_PERSISTENT_DECODER,
     # default auto): every layer of a batch of up to its routed bound in one kernel, for forwards with its backend

@@ -35,7 +35,8 @@ def check(m: int, inner: int, k: int, dtype, config, label: str) -> bool:
     # a rounding step of each value, about (float32: tl.dot's default TF32 inputs, 10 bits of mantissa)
     eps = torch.finfo(dtype).eps if dtype != torch.float32 else 2.0 ** -10
     off = (got.float() - want.float()).abs() / (eps * want.float().abs().clamp_min(1e-3))
-    ok = got.shape == (m, inner) and got.dtype == dtype and float(off.max()) <= 4 and float((off > 1).float().mean()) <= 0.01
+    ok = (got.shape == (m, inner) and got.dtype == dtype and float(off.max()) <= 4
+          and float((off > 1).float().mean()) <= 0.01)
     print(f"gate_up_silu {label} m={m} {dtype}: max {float(off.max()):.2f} steps {'ok' if ok else 'MISMATCH'}")
     return ok
 

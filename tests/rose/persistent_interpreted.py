@@ -211,7 +211,8 @@ def phases(tiles) -> int:
             with torch.no_grad():
                 embedded = model.embed_tokens(ids) if family == "qwen3" else model.embeddings(ids, positions)
                 steps = check_phases(decoder, embedded, positions, seq_ids, causal)
-            verdict = "ok" if steps == decoder.steps(len(ids)) == 2 * (8 if heads else 7) + 1 else f"MISMATCH: {steps} steps"
+            expected = 2 * (8 if heads else 7) + 1  # 2 layers of 8 or 7 steps, then the final norm
+            verdict = "ok" if steps == decoder.steps(len(ids)) == expected else f"MISMATCH: {steps} steps"
         except AssertionError as exc:
             verdict = f"MISMATCH: {exc}"
         failed += verdict != "ok"

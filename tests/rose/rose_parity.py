@@ -93,8 +93,8 @@ def persistent_engine_parity(tiny: TinyModel, seqs: Sequence[Sequence[int]], ref
                              routed: str = "on") -> dict:
     """A GPU engine with ROSE_PERSISTENT_DECODER=`routed` embeds `seqs` three times (the layout's eager warm-up, its
     checked capture, a replay) and once eagerly at its exact size. Returns the worst divergence from `ref` per
-    way, how many forwards the persistent kernel had run after each of the three, each forward's steps, its step
-    count and the engine's stats; AssertionError when the kernel did not attach."""
+    way, how many forwards the persistent kernel had run after each of the three, each run's first and last step
+    with its forward's step count, and the engine's stats; AssertionError when the kernel did not attach."""
     from rose import Batch
     from rose.engine import Engine
 
@@ -105,15 +105,16 @@ def persistent_engine_parity(tiny: TinyModel, seqs: Sequence[Sequence[int]], ref
         decoder = engine.runner.model.persistent
         assert decoder is not None, "the persistent decoder did not attach (its log line says why)"
         runs, run = [], decoder.run
-        decoder.run = lambda *args, **kwargs: (runs.append(args[1:3]), run(*args, **kwargs))[1]
+        # each run's (first, last) step and its forward's step count (its token block's: steps(T))
+        decoder.run = lambda *args, **kwargs: (runs.append((*args[1:3], decoder.steps(args[0].residual.shape[0]))),
+                                               run(*args, **kwargs))[1]
         worst, seen = {}, []
         for way in ("eager", "capture", "replay"):
             worst[way] = float(1.0 - cosine(engine.embed(seqs), ref).min())
             seen.append(len(runs))
         batch = Batch.from_sequences(seqs, engine.spec.pooling)
         worst["exact-size eager"] = float(1.0 - cosine(engine.runner.step(batch, use_graphs=False).result(), ref).min())
-        steps = decoder.steps(sum(map(len, seqs)))  # one forward of every sequence, as engine.embed batches them
-        return {"worst": worst, "seen": seen, "runs": runs, "steps": steps, "stats": engine.stats()}
+        return {"worst": worst, "seen": seen, "runs": runs, "stats": engine.stats()}
     finally:
         engine.close()
 

@@ -1,7 +1,7 @@
-"""The gate-up projection with SiLU·mul in its epilogue (rose.layers.gate_up_act, an issue-14 experiment) on a CPU:
-under Triton's interpreter against the unfused path's rounding steps (float32 and float16; one row, rows past a
-block, partial row groups), and the shapes it refuses before launching. On the GPU, bf16 against F.linear +
-silu_mul: test_rose_gate_up_act_gpu.py."""
+"""The gate-up projection with SiLU·mul in its epilogue (rose.layers.gate_up_act; Qwen3's MLP from 4096 tokens) on a
+CPU: under Triton's interpreter against the unfused path's rounding steps (float32 and float16; one row, rows past a
+block, partial row groups; pointer loads and tensor descriptors), the shapes it refuses before launching, and what
+routes the layers to it. On the GPU, bf16 against F.linear + silu_mul: test_rose_gate_up_act_gpu.py."""
 
 from __future__ import annotations
 
@@ -28,21 +28,39 @@ def test_shapes_it_cannot_tile_are_refused():
             gate_up_silu(x, weight, GateUpConfig(block_n=64, block_k=32))
 
 
-def test_the_layers_route_only_when_a_configuration_is_named():
-    """ROSE_GATE_UP_SILU names a configuration by its label (the measured fastest by default, or off) and
-    ROSE_GATE_UP_SILU_MIN the least tokens; a CPU batch never routes."""
+def test_what_routes_the_layers_to_it(monkeypatch):
+    """ROSE_GATE_UP_SILU names a configuration by its label (the measured fastest by default, or off; a value it
+    cannot read turns it off) and ROSE_GATE_UP_SILU_MIN the least tokens; a CPU batch never routes; `fits` refuses
+    shapes, dtypes and layouts the configuration cannot tile; a failed launch turns the route off."""
     import torch
 
-    from rose.layers.gate_up_act import GateUpConfig, engine_route, routed
+    from rose.layers import gate_up_act
+    from rose.layers.gate_up_act import DEFAULT_ROUTE, GateUpConfig, engine_route, fits, routed
 
     config = GateUpConfig(block_m=64, block_n=128, block_k=64, warps=8, stages=3, group_m=4)
     assert GateUpConfig.parse(config.label()) == config and config.label() == "m64n128k64w8p3g4"
     tma = GateUpConfig(load="tma-sms")
     assert tma.label() == "m128n64k64w4p4g8-tma-sms" and GateUpConfig.parse(tma.label()) == tma
-    assert engine_route({}) == (GateUpConfig(block_n=128, warps=8, stages=3, load="tma-sms"), 4096)  # on by default
+    assert engine_route({}) == (DEFAULT_ROUTE, 4096) and DEFAULT_ROUTE.label() == "m128n128k64w8p3g8-tma"  # on
     assert engine_route({"ROSE_GATE_UP_SILU": "off"})[0] is None
     assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4", "ROSE_GATE_UP_SILU_MIN": "512"}) == (config, 512)
     for bad in ("on", "m64n128", "m64n128k64w8p3g4x", "m64n128k64w8p3g4-sms"):
         with pytest.raises(ValueError, match="not a gate-up configuration"):
-            engine_route({"ROSE_GATE_UP_SILU": bad})
-    assert routed(torch.zeros(8192, 64, dtype=torch.bfloat16), torch.zeros(256, 64, dtype=torch.bfloat16)) is None
+            GateUpConfig.parse(bad)
+        assert engine_route({"ROSE_GATE_UP_SILU": bad}) == (None, 4096)  # a warning, the unfused pair
+    assert engine_route({"ROSE_GATE_UP_SILU_MIN": "many"}) == (None, 4096)
+
+    def t(rows, cols, dtype=torch.bfloat16):
+        return torch.zeros(rows, cols, dtype=dtype)
+
+    x, w = t(8192, 1024), t(6144, 1024)
+    assert fits(x, w, DEFAULT_ROUTE) and routed(x, w) is None  # tiled, but a CPU batch
+    assert not fits(x.float(), w.float(), DEFAULT_ROUTE) and not fits(x, w.half(), DEFAULT_ROUTE)  # bf16 / fp16 alike
+    assert not fits(x, t(6144 - 128, 1024), DEFAULT_ROUTE)  # I = 3008: not whole 128-wide blocks
+    assert not fits(x, t(6144, 512), DEFAULT_ROUTE) and not fits(x[None], w, DEFAULT_ROUTE)  # K apart; not 2-D
+    assert not fits(t(8192, 2048)[:, ::2], w, DEFAULT_ROUTE)  # not contiguous
+    assert not fits(t(8192 * 1024 + 1, 1).view(-1)[1:].view(8192, 1024), w, DEFAULT_ROUTE)  # 2 bytes off 16
+    assert fits(t(8192 * 1024 + 1, 1).view(-1)[1:].view(8192, 1024), w, GateUpConfig(block_n=128))  # pointers: any
+    monkeypatch.setattr(gate_up_act, "ROUTE", (DEFAULT_ROUTE, 4096))
+    gate_up_act.give_up(RuntimeError("out of resources"))
+    assert gate_up_act.ROUTE == (None, 4096)

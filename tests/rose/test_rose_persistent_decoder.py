@@ -346,7 +346,8 @@ def test_tiles_change_by_token_block(monkeypatch):
     decoder.change_blocks({64: {"queries": 32, "split_od": 1, "stages": 2}})
     assert [decoder.tiles_at(t).split_od for t in (1, 16, 32, 33, 64, 65)] == [2, 2, 2, 1, 1, 2]
     launched = []
-    monkeypatch.setattr(persistent_decoder, "decoder_kernel", {(2,): lambda *a, **meta: launched.append(meta)})
+    monkeypatch.setattr(persistent_decoder, "decoder_kernel", {(2,): lambda *a, **meta: launched.append(
+        {**meta, "final": a[-3], "last": a[-1]})})
     for t in (20, 40):  # blocks 32 and 64
         work = decoder.workspace(torch.zeros(t, 64), torch.arange(t), torch.zeros(t, dtype=torch.long))
         assert work.od.shape[0] == (1 if t == 40 else 2)  # the buffers of the block's own tiles
@@ -362,7 +363,7 @@ def test_tiles_change_by_token_block(monkeypatch):
         work = decoder.workspace(torch.zeros(t, 64), torch.arange(t), torch.zeros(t, dtype=torch.long))
         assert work.heads.shape[0] == (1 if t == 20 else t)  # the heads step's buffer only where it runs
         decoder(torch.zeros(t, 64), torch.arange(t), torch.zeros(t, dtype=torch.long), persistent=True)
-    assert [(m["PHASES"], m["HEADS"]) for m in launched] == [(7, False), (8, True)]
+    assert [(m["PHASES"], m["HEADS"], m["final"], m["last"]) for m in launched] == [(7, False, 7, 8), (8, True, 8, 9)]
     decoder.tiles = tiles  # a caller's tiles: every block again
     assert decoder.tiles_at(64) == tiles
 
