@@ -64,3 +64,40 @@ def test_what_routes_the_layers_to_it(monkeypatch):
     monkeypatch.setattr(gate_up_act, "ROUTE", (DEFAULT_ROUTE, 4096))
     gate_up_act.give_up(RuntimeError("out of resources"))
     assert gate_up_act.ROUTE == (None, 4096)
+
+
+def _ptxas() -> bool:
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("triton")
+    return spec is not None and os.path.exists(os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin",
+                                                            "ptxas"))
+
+
+@pytest.mark.skipif(not _ptxas(), reason="needs Triton's NVIDIA tools (ptxas) to compile for sm_90")
+def test_a_manifest_entry_of_the_descriptor_kernel_compiles_ahead():
+    """The kernel manifest records each variant's specialization, tensor-descriptor arguments included, and a start
+    compiles it ahead from that record (rose.kernel_ahead): here for sm_90, on a machine without a GPU."""
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import serialize_specialization_data
+
+    from rose import kernel_ahead
+    from rose.kernel_manifest import cuda_target
+    from rose.layers import gate_up_act
+
+    fn = gate_up_act._gate_up_silu_tma_kernel
+    signature = {"x_desc": "tensordesc<bf16[128, 64]>", "w_desc": "tensordesc<bf16[128, 64]>",
+                 "o_desc": "tensordesc<bf16[128, 128]>", "M": "i32", "programs": "i32", "INNER": "constexpr",
+                 "K": "constexpr", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "GROUP_M": "constexpr",
+                 "DT": "constexpr"}
+    constants = {(5,): 3072, (6,): 1024, (7,): 128, (8,): 128, (9,): 64, (10,): 8, (11,): tl.bfloat16}
+    target = GPUTarget("cuda", 90, 32)
+    options = make_backend(target).parse_options({"num_warps": 8, "num_stages": 3})
+    entry = {"module": "rose.layers.gate_up_act", "name": "_gate_up_silu_tma_kernel", "source_key": fn.cache_key,
+             "target": cuda_target(9, 0), "spec": serialize_specialization_data(
+                 fn.__name__, signature, constants, {}, options, "key", target)}
+    counts = kernel_ahead.compile_entries(entry["target"], [entry])
+    assert counts["compiled"] == 1 and counts["failed"] == 0, counts
