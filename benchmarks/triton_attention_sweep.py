@@ -2,6 +2,7 @@
 
     python -m benchmarks.triton_attention_sweep [--out benchmarks/results/triton_attention_sweep.json]
     python -m benchmarks.triton_attention_sweep --split --out benchmarks/results/triton_attention_split.json
+    python -m benchmarks.triton_attention_sweep --tma --out OUT/triton_attention_tma.json
 
 For the Qwen3-0.6B attention shape, causal and bidirectional, at 1x128, 1x512, 1x4096 and the 100 mixed
 documents: every configuration of the grid below timed by attention_ab's time_in_graph (8 or 2 calls captured
@@ -9,7 +10,9 @@ in one CUDA graph, median replay / calls), its error against the float32 referen
 `block_config`'s own choice and torch's varlen. A configuration that does not compile (shared memory) or
 errs above attention_ab's ERR_TOL is recorded with its status. Prints, last, the best configuration per shape.
 --split: a few configurations each with the kernel's split into unmasked and masked key blocks (the default) and
-with every block masked, side by side.
+with every block masked, side by side. --tma: a few configurations each with K and V loaded by pointers (the
+default) and through tensor descriptors (varlen_attention's `tma`), side by side; the table's third column is then
+block_config's choice through descriptors.
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ from rose.attention import AttentionBackend, AttentionShape, make_backend
 from rose.attention.triton_varlen import block_config, varlen_attention
 from rose.windows import FULL
 
-GRID = [(config, None) for config in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))]  # block_config's split
-SPLIT_GRID = [(config, split) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3))
+# (config, split, tma): None for block_config's split
+GRID = [(config, None, False) for config in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))]
+SPLIT_GRID = [(config, split, False) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3))
               for split in (True, False)]
+TMA_GRID = [(config, None, tma) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (128, 128, 8, 3), (128, 128, 8, 2),
+                                               (128, 64, 8, 3)) for tma in (False, True)]
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}
 SPLIT_SHAPES = {"1x128": [128], "1x512": [512], "1x1024": [1024], "1x2048": [2048], "1x4096": [4096],
                 "50x512": [512] * 50, "100-docs": None}
@@ -38,20 +44,21 @@ class Configured(AttentionBackend):
     """The Triton attention at one (BLOCK_M, BLOCK_N, warps, stages), or block_config's when None, timed as
     attention_ab times any backend."""
 
-    def __init__(self, config: tuple[int, int, int, int] | None, split: bool | None = None) -> None:
-        self.config, self.split = config, split
+    def __init__(self, config: tuple[int, int, int, int] | None, split: bool | None = None, tma: bool = False) -> None:
+        self.config, self.split, self.tma = config, split, tma
 
     def forward(self, q, k, v, meta, causal, scale, state=None, window=FULL):
         return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale, self.config,
-                                split=self.split)
+                                split=self.split, tma=self.tma)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/triton_attention_sweep.json"))
     parser.add_argument("--split", action="store_true", help="masked vs unmasked key blocks, a few configurations")
+    parser.add_argument("--tma", action="store_true", help="pointer loads vs tensor descriptors, a few configurations")
     args = parser.parse_args(argv)
-    grid, shapes = (SPLIT_GRID, SPLIT_SHAPES) if args.split else (GRID, SHAPES)
+    grid, shapes = (TMA_GRID, SPLIT_SHAPES) if args.tma else (SPLIT_GRID, SPLIT_SHAPES) if args.split else (GRID, SHAPES)
     device = torch.device("cuda")
     records, best = [], []
     for causal in (True, False):
@@ -62,11 +69,11 @@ def main(argv=None) -> int:
             case = Case(lengths, shape, device)
             chosen = block_config(128, max(lengths), len(lengths), torch.cuda.get_device_capability(device))
             rows = []
-            for config, split in [(None, None), *grid]:
+            for config, split, tma in [(None, None, False), *grid]:
                 rec = {"causal": causal, "shape": label, "config": list(config or chosen[:4]),
-                       "split": chosen[4] if split is None else split, "default": config is None}
+                       "split": chosen[4] if split is None else split, "tma": tma, "default": config is None}
                 try:
-                    timed = time_in_graph(Configured(config, split), case, shape)
+                    timed = time_in_graph(Configured(config, split, tma), case, shape)
                     rec.update(us=timed["us"], err=timed["max_abs_err"],
                                status="ok" if timed["max_abs_err"] <= ERR_TOL else "wrong")
                 except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is recorded
@@ -78,9 +85,13 @@ def main(argv=None) -> int:
             ok = [r for r in rows if r["status"] == "ok"]
             top = min(ok, key=lambda r: r["us"]) if ok else None
             default = rows[0]
-            masked = next((r["us"] for r in rows[1:] if r["config"] == default["config"] and not r["split"]), None)
-            best.append((causal, label, f"{default['config']}{'' if default['split'] else ' masked'}", default["us"], masked,
-                         top and f"{top['config']}{'' if top['split'] else ' masked'}", top and top["us"],
+            other = next((r["us"] for r in rows[1:] if r["config"] == default["config"] and (
+                r["tma"] if args.tma else not r["split"])), None)  # the default's blocks: through descriptors, masked
+
+            def name(r):
+                return f"{r['config']}{'' if r['split'] else ' masked'}{' tma' if r['tma'] else ''}"
+
+            best.append((causal, label, name(default), default["us"], other, top and name(top), top and top["us"],
                          round(us_varlen, 2)))
             records.append({"causal": causal, "shape": label, "backend": "varlen", "us": round(us_varlen, 2)})
             print(f"  causal={causal} {label}: block_config {default['config']} {default['us']} us, best "
@@ -88,10 +99,10 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "records": records}, indent=1))
-    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {'all masked':>10s} {'best':>23s} {'us':>8s} "
-          f"{'varlen us':>9s}")
+    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {'tma' if args.tma else 'all masked':>10s} "
+          f"{'best':>27s} {'us':>8s} {'varlen us':>9s}")
     for causal, label, dcfg, dus, mus, bcfg, bus, vus in best:
-        print(f"{causal!s:6s} {label:9s} {dcfg!s:>23s} {dus!s:>8s} {mus!s:>10s} {bcfg!s:>23s} {bus!s:>8s} {vus:9.2f}")
+        print(f"{causal!s:6s} {label:9s} {dcfg!s:>23s} {dus!s:>8s} {mus!s:>10s} {bcfg!s:>27s} {bus!s:>8s} {vus:9.2f}")
     return 0
 
 

@@ -4,8 +4,10 @@ The same kernel runs compiled on the GPU in test_rose_attention_backends.py (rag
 of new batches) and test_rose_backend_parity_gpu.py (the whole model against transformers). Here: the
 interpreter (numpy) in a process of its own, float32 and float16, causal and not, GQA, strided K/V views,
 max-seqlen bounds above the longest sequence, sliding windows (narrower and wider than a key block, zero,
-wider than every sequence) both ways, MPNet's position bias (reach under and over a sequence's length). Skipped where Triton is not installed (CPU builds of torch ship
-without it; `pip install triton` to run it).
+wider than every sequence) both ways, MPNet's position bias (reach under and over a sequence's length), and K and V
+loaded through tensor descriptors (with rows of NaN past the last sequence, which a descriptor's block reads and the
+kernel must not use). Skipped where Triton is not installed (CPU builds of torch ship without it; `pip install
+triton` to run it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from tests.rose.interpreter import needs_triton, run_interpreted
 
 @needs_triton
 def test_kernel_matches_float32_reference_under_the_interpreter():
-    run_interpreted("triton_interpreted.py", cases=60)
+    run_interpreted("triton_interpreted.py", cases=82)
 
 
 def test_block_config_follows_the_layout():

@@ -51,21 +51,23 @@ def reference(q, k, v, lengths, causal, scale, window=-1, bias=None):
 
 
 def check(varlen_attention, dtype, bar: float, causal: bool, lengths: list[int], bound: int, label: str,
-          config=None, window: int = -1, reach: int = 0, split: bool = True) -> bool:
+          config=None, window: int = -1, reach: int = 0, split: bool = True, tma: bool = False,
+          poison: int = 0) -> bool:
     """One case: random q and strided k/v views (as the fused QKV projection's) of 4 query / 2 KV heads of 32, a
     random float32 bias table [4, 2 * reach + 1] when reach; split=False masks every key block (the kernel's
     split into unmasked and masked blocks off); prints a line and says whether it passed."""
     import torch
 
     tokens, hq, hk, d = sum(lengths), 4, 2, 32
-    q = torch.randn(tokens, hq, d, dtype=dtype)
-    kv = torch.randn(tokens, 2 * hk, d, dtype=dtype)
+    q = torch.randn(tokens + poison, hq, d, dtype=dtype)
+    kv = torch.randn(tokens + poison, 2 * hk, d, dtype=dtype)
+    kv[tokens:] = float("nan")  # rows in no sequence that nobody wrote (a layout's padding): never to be read
     k, v = kv[:, :hk], kv[:, hk:]
     bias = torch.randn(hq, 2 * reach + 1) * 2 if reach else None  # float32, as the kernel takes it
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, config, window=window, position_bias=bias,
-                           split=split)
-    err = float((out.float() - reference(q, k, v, lengths, causal, d ** -0.5, window, bias)).abs().max())
+                           split=split, tma=tma)[:tokens]
+    err = float((out.float() - reference(q, k, v, lengths, causal, d ** -0.5, window, bias)[:tokens]).abs().max())
     ok = err <= bar  # a NaN or inf anywhere fails this too
     print(f"{dtype!s:14s} {label} {lengths} bound {bound}: max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
     return ok
@@ -101,6 +103,15 @@ def main() -> int:
                         for lengths, bound, reach in (biased if not causal else ())]
             results += [run(lengths, bound, f"causal={causal!s:5s} {config or 'default'} every block masked",
                             config, split=False) for lengths, bound, config in cases[:1] + cases[-2:]]
+            # K and V through tensor descriptors: ragged, 128 x 128 and 32-key blocks, a window, a bias, and rows
+            # past the last sequence full of NaN (a descriptor's block reads them; the kernel must not use them)
+            results += [run(lengths, bound, f"causal={causal!s:5s} {config or 'default'} tma", config, tma=True)
+                        for lengths, bound, config in (cases[0], cases[4], cases[5])]
+            results.append(run([37, 1, 200, 70], 256, f"causal={causal!s:5s} tma, NaN rows after", tma=True,
+                               poison=40))
+            results.append(run([37, 1, 200, 64], 256, f"causal={causal!s:5s} window 5 tma", window=5, tma=True))
+            if not causal:
+                results.append(run([37, 1, 200, 64], 256, "biased reach 16 tma", reach=16, tma=True))
     return 0 if all(results) else 1
 
 
