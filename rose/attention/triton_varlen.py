@@ -186,7 +186,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     position d, clamped to [-D, D] (MPNet's relative position buckets are constant past D = 128).
     split: key blocks every row sees run without masks, the rest (the diagonal, the sequence's tail) with them;
     False masks every block; None: block_config's choice (benchmarks.triton_attention_sweep --split measures
-    the two). tma: K and V through tensor descriptors where they allow it (_descriptors); None: TMA's setting."""
+    the two). tma: K and V through tensor descriptors where they allow it (_descriptors) and no bias is given;
+    None: TMA's setting."""
     tokens, heads, head_dim = q.shape
     if window < FULL or window >= 1 << 30:
         raise ValueError(f"window must be FULL ({FULL}) or 0 .. 2**30 - 1, not {window}")
@@ -206,7 +207,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                              f"{position_bias.dtype}")
         position_bias = position_bias.contiguous()
         max_distance = position_bias.shape[1] // 2
-    kv = _descriptors(k, v, block_n) if (TMA if tma is None else tma) else None
+    # (not with a bias: 128 x 128 blocks with one need 353 KB of shared memory through descriptors, over Hopper's 227)
+    kv = _descriptors(k, v, block_n) if (TMA if tma is None else tma) and position_bias is None else None
     _attention_kernel[grid](q, *(kv or (k, v)), out, cu_seqlens,
                             position_bias if position_bias is not None else cu_seqlens,
                             scale * LOG2E,
