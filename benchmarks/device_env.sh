@@ -2,7 +2,7 @@
 # (so each script also runs alone): the repository root as the working directory, unbuffered Python, $OUT
 # (the folder whose files come back), GIT_COMMIT, the carried wheels of .whl installed into /tmp/site when
 # .whl is there, and PYTHONPATH=/tmp/site:$PWD. The install runs once per call (DEVICE_ENV_READY).
-# Helpers for the scripts: require_carried DIR, install_flashinfer, use_flashinfer.
+# Helpers for the scripts: zoo_folder, require_carried DIR, install_flashinfer, use_flashinfer, engine_ab.
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || return 1
 export PYTHONUNBUFFERED=1
@@ -47,4 +47,20 @@ use_flashinfer() {
     case ":${PYTHONPATH:-}:" in *:/root/fi:*) ;; *) export PYTHONPATH=/root/fi${PYTHONPATH:+:$PYTHONPATH} ;; esac
   fi
   export ROSE_KERNEL_CACHE_DIR=${ROSE_KERNEL_CACHE_DIR:-/root/rose-kernels}
+}
+
+# engine_ab TAG VAR "VALUE ..." SUITES: benchmarks.rose_gpu's rose-graphs rows of Qwen3-0.6B at SUITES once per VALUE
+# of the environment variable VAR (each run a process of its own, AB_TIMEOUT s at most: 120), alternating ROUNDS
+# times (2); each run's $OUT/rose_gpu_TAG_VALUE_ROUND.json and .log, its rows printed.
+engine_ab() {
+  local tag=$1 var=$2 values=$3 suites=$4 round value name
+  for round in $(seq "${ROUNDS:-2}"); do
+    for value in $values; do
+      name=_${tag}_${value}_$round
+      env "$var=$value" timeout "${AB_TIMEOUT:-120}" python3 -m benchmarks.rose_gpu --models qwen3-0.6b \
+        --variants rose-graphs --suites "$suites" --quick --tag "$name" --out "$OUT" > "$OUT/rose_gpu$name.log" 2>&1
+      echo "round $round $var=$value rc=$? (${SECONDS} s into the script)"
+      grep -E '^ *qwen3-0.6b +(bs1|score|docs)' "$OUT/rose_gpu$name.log" | tail -4
+    done
+  done
 }

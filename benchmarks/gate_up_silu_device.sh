@@ -24,14 +24,6 @@ if [ "${ENGINE:-0}" = 1 ] && [ $rc -eq 0 ]; then
 rows = json.load(open('$OUT/gate_up_silu.json'))['records']
 print([r for r in rows if r['model'] == 'qwen3-0.6b' and r['tokens'] == 17920][0]['fused_config'] or 'off')")
   echo "engine A/B: ROSE_GATE_UP_SILU=$best against off"
-  for round in $(seq ${ROUNDS:-2}); do
-    for route in off $best; do
-      ROSE_GATE_UP_SILU=$route timeout 120 python3 -m benchmarks.rose_gpu --models qwen3-0.6b --variants rose-graphs \
-        --suites bs1-4096,score-50x512,docs-100 --quick --tag _gate_up_${route}_$round --out $OUT \
-        > $OUT/rose_gpu_gate_up_${route}_$round.log 2>&1
-      echo "round $round ROSE_GATE_UP_SILU=$route rc=$? ($(( $(date +%s) - t0 )) s)"
-      grep -E '^ *qwen3-0.6b +(bs1-4096|score|docs)' $OUT/rose_gpu_gate_up_${route}_$round.log | tail -3
-    done
-  done
+  engine_ab gate_up ROSE_GATE_UP_SILU "off $best" bs1-4096,score-50x512,docs-100
 fi
 exit $rc

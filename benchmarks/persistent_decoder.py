@@ -32,6 +32,7 @@ from rose import Batch
 from rose.attention import make_backend
 from rose.attention.shape import AttentionShape
 from rose.layers.persistent_decoder import (
+    FENCES,
     PHASE_NAMES,
     POST_PHASE_NAMES,
     SPIN_LIMIT,
@@ -162,10 +163,10 @@ def capture(fn):
     return graph, out
 
 
-def barrier_cost_us(programs: int, count: int = 1000, fence: int = 2, stall_every: int = 1) -> float:
-    """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them (fence: 2
-    its acquire form, 1 its fence form, 4 its counter form, reading the stall word every `stall_every`-th poll;
-    rose.layers.grid_sync)."""
+def barrier_cost_us(programs: int, count: int = 1000, fence: int = FENCES["acquire"], stall_every: int = 1) -> float:
+    """GPU time of one grid barrier of the persistent decoder's, alone: a kernel of `count` of them (fence: its
+    form's FENCE, rose.layers.persistent_decoder.FENCES; the counter form reading the stall word every
+    `stall_every`-th poll; rose.layers.grid_sync)."""
     words = flags_words(programs)
     flags = torch.zeros(words, dtype=torch.int32, device="cuda")
     p2 = words - 1  # the slots and the stall word (the counter's word after them)
@@ -207,8 +208,9 @@ def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[st
         torch.cuda.synchronize()
         samples.append(clock.diff().cpu())
     steps = torch.stack(samples[3:]).median(0).values.double() / 1e3
-    per_phase = steps[:-1].view(decoder.layers, len(decoder.kinds(tokens))).mean(0).tolist()
-    names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in decoder.kinds(tokens)]
+    kinds = decoder.kinds(tokens)
+    per_phase = steps[:-1].view(decoder.layers, len(kinds)).mean(0).tolist()
+    names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in kinds]
     return {**dict(zip(names, per_phase)), "final norm": float(steps[-1]), "total": float(steps.sum())}
 
 
@@ -255,9 +257,9 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3  # read at the copy's rate of bytes moved
     barrier_us = barrier_cost_us(decoder.programs)  # before the sweep, which a timeout may cut short
-    fence_us = barrier_cost_us(decoder.programs, fence=1)
-    counter_us = barrier_cost_us(decoder.programs, fence=4)
-    lean_us = barrier_cost_us(decoder.programs, fence=4, stall_every=64)
+    fence_us = barrier_cost_us(decoder.programs, fence=FENCES["fence"])
+    counter_us = barrier_cost_us(decoder.programs, fence=FENCES["counter"])
+    lean_us = barrier_cost_us(decoder.programs, fence=FENCES["counter"], stall_every=64)
     print(json.dumps({"weight_read_floor_ms": floor_ms, "barrier_us": barrier_us, "barrier_fence_us": fence_us,
                       "barrier_counter_us": counter_us, "barrier_counter_stall64_us": lean_us}), flush=True)
     records = []

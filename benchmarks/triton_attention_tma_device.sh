@@ -2,7 +2,7 @@
 # ROSE's Triton attention with K and V through tensor descriptors (ROSE_TRITON_ATTENTION_TMA=1) beside its pointer
 # loads: the attention GPU tests with it on, the kernel A/B (`triton_attention_sweep --tma`), then the 0.6B's long
 # suites in-process off / on, alternating ROUNDS times (2). Carry .whl; ~5-6 min. Writes $OUT/gpu_tests_tma.log,
-# triton_attention_tma.json and .log, rose_gpu_tma{0,1}_{round}.json and .log; the tables last.
+# triton_attention_tma.json and .log, rose_gpu_tma_{0,1}_{round}.json and .log; the tables last.
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention-tma
 set -u
 source "$(dirname "$0")/device_env.sh" || exit 1
@@ -16,13 +16,4 @@ echo "GPU tests with TMA rc=$? ($(( $(date +%s) - t0 )) s)"; tail -3 $OUT/gpu_te
 timeout 200 python3 -m benchmarks.triton_attention_sweep --tma --out $OUT/triton_attention_tma.json \
   > $OUT/triton_attention_tma.log 2>&1
 echo "sweep rc=$? ($(( $(date +%s) - t0 )) s)"; tail -16 $OUT/triton_attention_tma.log
-for round in $(seq ${ROUNDS:-2}); do
-  for tma in 0 1; do
-    ROSE_TRITON_ATTENTION_TMA=$tma timeout 100 python3 -m benchmarks.rose_gpu --models qwen3-0.6b \
-      --variants rose-graphs --suites bs1-512,bs1-4096,score-50x512,docs-100 --quick --tag _tma${tma}_$round \
-      --out $OUT \
-      > $OUT/rose_gpu_tma${tma}_$round.log 2>&1
-    echo "round $round ROSE_TRITON_ATTENTION_TMA=$tma rc=$? ($(( $(date +%s) - t0 )) s)"
-    grep -E '^ *qwen3-0.6b +(bs1|score|docs)' $OUT/rose_gpu_tma${tma}_$round.log | tail -4
-  done
-done
+AB_TIMEOUT=100 engine_ab tma ROSE_TRITON_ATTENTION_TMA "0 1" bs1-512,bs1-4096,score-50x512,docs-100

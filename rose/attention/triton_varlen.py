@@ -37,10 +37,7 @@ try:  # Triton ships with CUDA builds of torch; CPU builds do without it
     import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - a Triton before host-side tensor descriptors: pointer loads only
-    TensorDescriptor = None
+from rose.layers.tma import TensorDescriptor, describable
 
 TMA = os.environ.get("ROSE_TRITON_ATTENTION_TMA", "0").strip().lower() in ("1", "true", "on")  # read at import
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -224,16 +221,17 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 def _descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int) -> tuple | None:
     """Tensor descriptors of k and v as [T, Hkv * D] with [block_n, D] blocks, or None where they cannot be: no
     host-side descriptors in this Triton, a GPU before Hopper, heads not contiguous within a row, or a base or row
-    stride not 16-byte aligned (TMA's rules)."""
-    if TensorDescriptor is None or (k.is_cuda and _capability(k.device)[0] < 9):
+    stride not 16-byte aligned (rose.layers.tma.describable)."""
+    if k.is_cuda and _capability(k.device)[0] < 9:
         return None
     out = []
     for x in (k, v):
-        d = x.shape[-1]
-        if x.stride(1) != d or x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16:
+        if x.stride(1) != x.shape[-1]:  # heads not contiguous within a token's row: no [T, Hkv * D] view
             return None
-        rows = x.flatten(1)  # a view: heads contiguous within a token's row
-        out.append(TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [block_n, d]))
+        rows = x.flatten(1)
+        if not describable(rows):
+            return None
+        out.append(TensorDescriptor.from_tensor(rows, [block_n, x.shape[-1]]))
     return tuple(out)
 
 

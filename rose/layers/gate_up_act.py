@@ -35,10 +35,7 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU builds of torch ship without Triton
     triton = None
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - a Triton before host-side tensor descriptors: the pointer form only
-    TensorDescriptor = None
+from rose.layers.tma import TensorDescriptor, describable
 
 log = logging.getLogger("rose.gate_up_act")
 
@@ -128,14 +125,14 @@ def routed(x: torch.Tensor, weight: torch.Tensor, least: int | None = None) -> G
     least = route_least if least is None else least
     if config is None or triton is None or not x.is_cuda or x.shape[0] < least:
         return None
-    if config.load != "ptr" and (TensorDescriptor is None or not _tma_fits(_index(x.device))):
+    if config.load != "ptr" and not _tma_fits(_index(x.device)):
         return None
     return config if fits(x, weight, config) else None
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:
     """Whether `config` tiles x [M, K] @ weight [2I, K]ᵀ: bf16 or fp16 alike, both contiguous, I whole column blocks
-    and K whole K steps, and (the tensor-descriptor forms) both 16-byte aligned."""
+    and K whole K steps, and (the tensor-descriptor forms) both `describable`."""
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.shape[0] % 2:
         return False
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
@@ -143,7 +140,20 @@ def fits(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:
     inner, k = weight.shape[0] // 2, weight.shape[1]
     if inner % config.block_n or k % config.block_k or not (x.is_contiguous() and weight.is_contiguous()):
         return False
-    return config.load == "ptr" or not (x.data_ptr() % 16 or weight.data_ptr() % 16)  # a descriptor's base
+    return config.load == "ptr" or (describable(x) and describable(weight))
+
+
+def fused_or_none(x: torch.Tensor, weight: torch.Tensor, least: int | None = None) -> torch.Tensor | None:
+    """SiLU(gate) * up through the fused kernel where it is routed (`routed`), else None (the caller runs the unfused
+    pair); a launch that fails turns the route off (give_up) and returns None."""
+    config = routed(x, weight, least)
+    if config is None:
+        return None
+    try:
+        return gate_up_silu(x, weight, config)
+    except Exception as exc:  # noqa: BLE001 - a GPU the kernel cannot launch on: the unfused pair from here on
+        give_up(exc)
+        return None
 
 
 def precompile(weight: torch.Tensor) -> int:
@@ -151,15 +161,7 @@ def precompile(weight: torch.Tensor) -> int:
     what every batch runs), so that the first long batch in serving does not pay Triton's compile; a failure turns
     the route off (give_up). Returns the launches that ran (0 when nothing would route)."""
     x = torch.zeros(8, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    config = routed(x, weight, least=0)
-    if config is None:
-        return 0
-    try:
-        gate_up_silu(x, weight, config)
-    except Exception as exc:  # noqa: BLE001 - any failure means the unfused pair serves
-        give_up(exc)
-        return 0
-    return 1
+    return int(fused_or_none(x, weight, least=0) is not None)
 
 
 _WEIGHT_DESCRIPTORS: dict[tuple, object] = {}  # a weight's descriptor by (address, shape, dtype, block)

@@ -8,6 +8,13 @@ from rose.layers.persistent_attention import _attention, _attention_ready, _head
 
 
 @triton.jit
+def _ask_l2(at):
+    """prefetch.global.L2 of the 128-byte lines at `at` (nothing held or waited for)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
 def _prefetch(w_ptr, pid, nprog, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
               GATED: tl.constexpr):
     """Pull into L2 the weight tiles this program's items of a later GEMM phase (_gemm's items, the same
@@ -21,11 +28,9 @@ def _prefetch(w_ptr, pid, nprog, N: tl.constexpr, K: tl.constexpr, BN: tl.conste
         row = w_ptr + ((item // SPLIT) * BN + rows) * K + (item % SPLIT) * KS
         for first in tl.static_range(0, LINES, 4):  # 4 lines of each row at a time (the last line again past the end)
             at = row[:, None] + tl.minimum(first + tl.arange(0, 4), LINES - 1)[None, :] * 64
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+            _ask_l2(at)
             if GATED:
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at + N * K],
-                                          dtype=tl.int32, is_pure=False, pack=1)
+                _ask_l2(at + N * K)
 
 IDLE_LINES = tl.constexpr(4096)  # the most 128-byte lines an idle program asks into L2 a phase (512 KB, 16 a thread)
 
@@ -50,9 +55,7 @@ def _prefetch_lines(w_ptr, busy, pid, nprog, ROWS: tl.constexpr, K: tl.constexpr
         for start in range(first, end, 256):
             j = tl.minimum(start + tl.arange(0, 256), end - 1)
             row, rest = j // (SPLIT * LPR), j % (SPLIT * LPR)
-            at = w_ptr + tl.cast(row, tl.int64) * K + (rest // LPR) * KS + (rest % LPR) * 64
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+            _ask_l2(w_ptr + tl.cast(row, tl.int64) * K + (rest // LPR) * KS + (rest % LPR) * 64)
 
 
 @triton.jit

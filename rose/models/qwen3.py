@@ -97,13 +97,8 @@ class Qwen3MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # from 4096 tokens on Hopper: SiLU·mul in gate-up's epilogue (rose.layers.gate_up_act, ROSE_GATE_UP_SILU)
-        config = gate_up_act.routed(x, self.gate_up_proj.weight)
-        if config is not None:
-            try:
-                return self.down_proj(gate_up_act.gate_up_silu(x, self.gate_up_proj.weight, config))
-            except Exception as exc:  # noqa: BLE001 - a GPU the kernel cannot launch on: the unfused pair from here
-                gate_up_act.give_up(exc)
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        h = gate_up_act.fused_or_none(x, self.gate_up_proj.weight)
+        return self.down_proj(h if h is not None else silu_mul(self.gate_up_proj(x)))
 
 
 class Qwen3DecoderLayer(nn.Module):

@@ -1,0 +1,19 @@
+"""Tensor descriptors (Hopper's TMA, the copy engine) for ROSE's Triton kernels (rose.layers.gate_up_act,
+rose.attention.triton_varlen): the host-side class where this Triton has it, and TMA's rules for a tensor one
+descriptor may cover."""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - no Triton, or one before host-side tensor descriptors: pointer loads only
+    TensorDescriptor = None
+
+
+def describable(t: torch.Tensor) -> bool:
+    """Whether a descriptor can cover the 2-D tensor `t`: this Triton has them, its last dimension is contiguous,
+    and its base and row stride are whole 16 bytes."""
+    return (TensorDescriptor is not None and t.dim() == 2 and t.stride(-1) == 1 and not t.data_ptr() % 16
+            and not (t.stride(0) * t.element_size()) % 16)
