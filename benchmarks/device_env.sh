@@ -51,7 +51,8 @@ use_flashinfer() {
 
 # engine_ab TAG VAR "VALUE ..." SUITES: benchmarks.rose_gpu's rose-graphs rows of Qwen3-0.6B at SUITES once per VALUE
 # of the environment variable VAR (each run a process of its own, AB_TIMEOUT s at most: 120), alternating ROUNDS
-# times (2); each run's $OUT/rose_gpu_TAG_VALUE_ROUND.json and .log, its rows printed.
+# times (2); each run's rose_gpu_TAG_VALUE_ROUND.json and .log appended to $OUT/rose_gpu_TAG.tar as it ends (a
+# call returns 8 files of $OUT at most; a killed call keeps the runs before), its rows printed.
 engine_ab() {
   local tag=$1 var=$2 values=$3 suites=$4 round value name
   for round in $(seq "${ROUNDS:-2}"); do
@@ -61,6 +62,7 @@ engine_ab() {
         --variants rose-graphs --suites "$suites" --quick --tag "$name" --out "$OUT" > "$OUT/rose_gpu$name.log" 2>&1
       echo "round $round $var=$value rc=$? (${SECONDS} s into the script)"
       grep -E '^ *qwen3-0.6b +(bs1|score|docs)' "$OUT/rose_gpu$name.log" | tail -4
+      tar rf "$OUT/rose_gpu_$tag.tar" -C "$OUT" --remove-files "rose_gpu$name.log" $(cd "$OUT" && ls "rose_gpu$name.json" 2>/dev/null)
     done
   done
 }

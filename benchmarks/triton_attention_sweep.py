@@ -12,7 +12,10 @@ errs above attention_ab's ERR_TOL is recorded with its status. Prints, last, the
 --split: a few configurations each with the kernel's split into unmasked and masked key blocks (the default) and
 with every block masked, side by side. --tma: a few configurations each with K and V loaded by pointers (the
 default) and through tensor descriptors (varlen_attention's `tma`), side by side; the table's third column is then
-block_config's choice through descriptors.
+block_config's blocks in the other form (by pointers where it chose descriptors, and the reverse). --heads Q,KV,D:
+another attention shape (BGE-base's 12,12,64) instead of the 0.6B's 16,8,128; --causal yes / no: one side only;
+--tma --wide: thirteen more block shapes through descriptors, five of them with both query heads of a KV group in
+one program (pack 2).
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ SPLIT_GRID = [(config, split, False) for config in ((64, 64, 4, 3), (64, 32, 4, 
               for split in (True, False)]
 TMA_GRID = [(config, None, tma) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (128, 128, 8, 3), (128, 128, 8, 2),
                                                (128, 64, 8, 3)) for tma in (False, True)]
+# --tma --wide: more shapes of block through descriptors only (stages, warps, 128-key and 128-query blocks)
+# and both query heads of a KV group in one program (a 5th element, pack 2: 2 x BLOCK_M rows share each K/V block)
+WIDE_TMA_GRID = [(config, None, True) for config in ((64, 64, 4, 2), (64, 64, 4, 4), (64, 64, 8, 3), (64, 128, 4, 2),
+                                                     (64, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 2), (128, 32, 8, 3),
+                                                     (64, 64, 8, 3, 2), (64, 64, 8, 2, 2), (64, 128, 8, 2, 2),
+                                                     (32, 64, 4, 3, 2), (64, 32, 8, 3, 2))]
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}
 SPLIT_SHAPES = {"1x128": [128], "1x512": [512], "1x1024": [1024], "1x2048": [2048], "1x4096": [4096],
                 "50x512": [512] * 50, "100-docs": None}
@@ -44,7 +53,8 @@ class Configured(AttentionBackend):
     """The Triton attention at one (BLOCK_M, BLOCK_N, warps, stages), or block_config's when None, timed as
     attention_ab times any backend."""
 
-    def __init__(self, config: tuple[int, int, int, int] | None, split: bool | None = None, tma: bool = False) -> None:
+    def __init__(self, config: tuple[int, ...] | None, split: bool | None = None,
+                 tma: bool | None = None) -> None:
         self.config, self.split, self.tma = config, split, tma
 
     def forward(self, q, k, v, meta, causal, scale, state=None, window=FULL):
@@ -57,21 +67,28 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/triton_attention_sweep.json"))
     parser.add_argument("--split", action="store_true", help="masked vs unmasked key blocks, a few configurations")
     parser.add_argument("--tma", action="store_true", help="pointer loads vs tensor descriptors, a few configurations")
+    parser.add_argument("--heads", default="16,8,128", help="query heads, KV heads, head dim")
+    parser.add_argument("--wide", action="store_true", help="with --tma: more block shapes through descriptors")
+    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     args = parser.parse_args(argv)
     grid, shapes = (TMA_GRID, SPLIT_SHAPES) if args.tma else (SPLIT_GRID, SPLIT_SHAPES) if args.split else (GRID, SHAPES)
+    grid = grid + WIDE_TMA_GRID if args.tma and args.wide else grid
     device = torch.device("cuda")
     records, best = [], []
-    for causal in (True, False):
-        shape = AttentionShape(16, 8, 128, causal)
+    for causal in {"both": (True, False), "yes": (True,), "no": (False,)}[args.causal]:
+        qo_heads, kv_heads, head_dim = (int(x) for x in args.heads.split(","))
+        shape = AttentionShape(qo_heads, kv_heads, head_dim, causal)
         varlen = make_backend("varlen", device, torch.bfloat16, shape=shape)
         for label, lengths in shapes.items():
             lengths = lengths or docs_100()
             case = Case(lengths, shape, device)
-            chosen = block_config(128, max(lengths), len(lengths), torch.cuda.get_device_capability(device))
+            chosen = block_config(head_dim, max(lengths), len(lengths), torch.cuda.get_device_capability(device),
+                                  causal)
             rows = []
-            for config, split, tma in [(None, None, False), *grid]:
+            for config, split, tma in [(None, None, None), *grid]:
                 rec = {"causal": causal, "shape": label, "config": list(config or chosen[:4]),
-                       "split": chosen[4] if split is None else split, "tma": tma, "default": config is None}
+                       "split": chosen.split if split is None else split, "tma": chosen.tma if tma is None else tma,
+                       "default": config is None}
                 try:
                     timed = time_in_graph(Configured(config, split, tma), case, shape)
                     rec.update(us=timed["us"], err=timed["max_abs_err"],
@@ -86,7 +103,7 @@ def main(argv=None) -> int:
             top = min(ok, key=lambda r: r["us"]) if ok else None
             default = rows[0]
             other = next((r["us"] for r in rows[1:] if r["config"] == default["config"] and (
-                r["tma"] if args.tma else not r["split"])), None)  # the default's blocks: through descriptors, masked
+                r["tma"] != default["tma"] if args.tma else not r["split"])), None)  # its blocks: other form, masked
 
             def name(r):
                 return f"{r['config']}{'' if r['split'] else ' masked'}{' tma' if r['tma'] else ''}"
@@ -98,8 +115,8 @@ def main(argv=None) -> int:
                   f"{top and top['config']} {top and top['us']} us, varlen {us_varlen:.2f} us", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "records": records}, indent=1))
-    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {'tma' if args.tma else 'all masked':>10s} "
+                                    "heads": args.heads, "wide": args.wide, "records": records}, indent=1))
+    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {'other form' if args.tma else 'all masked':>10s} "
           f"{'best':>27s} {'us':>8s} {'varlen us':>9s}")
     for causal, label, dcfg, dus, mus, bcfg, bus, vus in best:
         print(f"{causal!s:6s} {label:9s} {dcfg!s:>23s} {dus!s:>8s} {mus!s:>10s} {bcfg!s:>27s} {bus!s:>8s} {vus:9.2f}")

@@ -15,16 +15,18 @@ contiguous. Head dims that are powers of two from 16 to 256. A sliding window (a
 `window` positions away, on both sides unless causal) bounds each program's key loop to the blocks its rows
 can see; MPNet's relative position bias is added to each score. Key blocks that every row of a query block
 sees run without masks; the diagonal's and the sequence's last block with them. Block sizes follow the layout
-(block_config). With `tma` (ROSE_TRITON_ATTENTION_TMA, off by default: not yet measured) the key and value blocks
-are loaded through tensor descriptors (Hopper's copy engine) instead of per-thread pointer loads, as the fused
-gate-up GEMM's were (rose.layers.gate_up_act, 11.6 % faster than its pointer form on an H100).
+(block_config), and so does `tma`: K and V loaded through tensor descriptors (Hopper's copy engine) instead of
+per-thread pointer loads, where block_config's sweep found it faster (head dim 128 on Hopper past a bound of 128;
+ROSE_TRITON_ATTENTION_TMA: auto, the default, or 0 / 1 to force it). A configuration may pack the query heads of
+one KV group into a program (`pack`: its rows share each K and V block; measured by the sweep, not chosen yet).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any
+import warnings
+from typing import Any, NamedTuple
 
 import torch
 
@@ -39,39 +41,78 @@ except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
 from rose.layers.tma import TensorDescriptor, describable
 
-TMA = os.environ.get("ROSE_TRITON_ATTENTION_TMA", "0").strip().lower() in ("1", "true", "on")  # read at import
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LOG2E = 1.4426950408889634
 
 
-def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1,
-                 capability: tuple[int, int] = (9, 0)) -> tuple[int, int, int, int, bool]:
-    """(BLOCK_M, BLOCK_N, warps, stages, split) for a layout: its head dim, max-seqlen bound and sequence count
-    (both fixed per graph layout) on a GPU of this capability. Swept on the H200 at head dim 128
-    (`benchmarks.triton_attention_sweep --split`, `results/triton_attention/triton_attention_split.json`, µs a
-    call in a graph, causal):
-    - long sequences (a bound of 2048 or more) on Hopper: 128 x 128 blocks, 8 warps, 3 stages, the unmasked key
-      blocks split from the masked ones (1 x 4096: 195 us; 64 x 64 split 213, masked 259);
-    - many sequences (more than 4): 64 x 32 (100 mixed documents: 140 us split, 143 masked; 64 x 64 159 masked);
-    - else 64 x 64, 4 warps, 3 stages, split above a bound of 128 (1 x 512: 11.3 us, masked 12.3; at 1 x 128
-      the split's second loop costs more than its masks save: 6.6 vs 5.4 us).
-    Head dims above 128 keep 64 x 64 and 2 stages for shared memory. GPUs other than Hopper keep 64 x 64 for
-    long sequences too (unmeasured there). Smaller head dims keep 64 x 64: MiniLM's (32) 100 documents ran
-    10 % slower on 64 x 32 blocks end to end, one A/B."""
+def _tma_setting(value: str) -> bool | None:
+    """ROSE_TRITON_ATTENTION_TMA: None for "auto" (block_config's choice), else forced on or off; an unreadable
+    value is auto, with a warning (a replica starts)."""
+    value = value.strip().lower()
+    if value in ("1", "true", "on"):
+        return True
+    if value in ("0", "false", "off"):
+        return False
+    if value not in ("", "auto"):
+        warnings.warn(f"ROSE_TRITON_ATTENTION_TMA={value!r} is not auto, 1 or 0: auto", stacklevel=2)
+    return None
+
+
+TMA = _tma_setting(os.environ.get("ROSE_TRITON_ATTENTION_TMA", "auto"))  # read at import
+
+
+class Blocks(NamedTuple):
+    """A layout's kernel configuration (block_config)."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+    split: bool  # the key blocks every row sees run without masks
+    tma: bool  # K and V through tensor descriptors
+
+
+def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability: tuple[int, int] = (9, 0),
+                 causal: bool = True, tma: bool | None = None) -> Blocks:
+    """The kernel's configuration for a layout: its head dim, max-seqlen bound and sequence count (both fixed per
+    graph layout), causal or not, on a GPU of this capability; tma False: the best with pointer loads (no
+    descriptors here), True: through descriptors (forced: tests, sweeps), None: the measured choice (TMA's setting).
+    The unmasked key blocks split from the masked ones above a bound of 128 (at 1 x 128 the split's second loop
+    costs more than its masks save: 6.6 vs 5.4 us). Swept at head dim 128, µs a call in a graph:
+    - pointer loads (the H200, `benchmarks.triton_attention_sweep --split`, `results/triton_attention/`): long
+      sequences (a bound of 2048 or more) on Hopper 128 x 128, 8 warps, 3 stages (1 x 4096 causal 195 us; 64 x 64
+      213); many sequences (more than 4) 64 x 32 (100 mixed documents 140 us; 64 x 64 159); else 64 x 64;
+    - through descriptors (an H100, `--tma`, `results/triton_attention_tma_bc9b4c9/`): 64 x 64 from a bound of
+      512 to 4096 causal, 2048 bidirectional (1 x 4096 causal 172.9 us against 190.4 for 128 x 128 by pointers
+      and 204.1 for 128 x 128 by descriptors; 1 x 512 10.2 against 11.3), 64 x 32 for many sequences (100
+      documents 137.4 against 144.1 causal, 166.8 against 194.7 bidirectional); not at 1 x 128 (5.64 against
+      5.36) nor bidirectional at 4096 (128 x 128 by pointers 285.0 stays the best); many sequences with a bound
+      of 2048 or more unmeasured (pointers).
+    Head dims above 128 keep 64 x 64 and 2 stages for shared memory; smaller ones keep 64 x 64 by pointers (MiniLM's
+    32: its 100 documents ran 10 % slower on 64 x 32 blocks end to end, one A/B); GPUs other than Hopper keep
+    64 x 64 by pointers (unmeasured there)."""
     split = max_seqlen > 128
     if head_dim > 128:
-        return 64, 64, 4, 2, split
-    if head_dim == 128 and max_seqlen >= 2048 and capability[0] == 9:
-        return 128, 128, 8, 3, True
-    if head_dim == 128 and seqs > 4:
-        return 64, 32, 4, 3, split
-    return 64, 64, 4, 3, split
+        pointers = Blocks(64, 64, 4, 2, split, False)
+    elif head_dim == 128 and max_seqlen >= 2048 and capability[0] == 9:
+        pointers = Blocks(128, 128, 8, 3, True, False)
+    else:
+        pointers = Blocks(64, 32 if head_dim == 128 and seqs > 4 else 64, 4, 3, split, False)
+    tma = TMA if tma is None else tma
+    if tma is False:
+        return pointers
+    if head_dim == 128 and capability[0] == 9 and split:  # the shapes measured through descriptors
+        if seqs <= 4 and (causal or max_seqlen < 4096):
+            return Blocks(64, 64, 4, 3, True, True)
+        if seqs > 4 and max_seqlen < 2048:
+            return Blocks(64, 32, 4, 3, True, True)
+    return pointers._replace(tma=True) if tma else pointers  # forced on: the pointer form's blocks
 
 
 if triton is not None:
     @triton.jit
-    def _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head, head, scale_log2,
+    def _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head, heads, scale_log2,
                    stride_kt, stride_kh, stride_vt, stride_vh, window, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                    WINDOWED: tl.constexpr, BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
                    TMA: tl.constexpr, HEAD_DIM: tl.constexpr):
@@ -91,9 +132,9 @@ if triton is not None:
         else:
             k = tl.load(K + token * stride_kt + kv_head * stride_kh + offs_d[None, :])
         s = tl.dot(q, tl.trans(k)) * scale_log2
-        if BIASED:  # BIAS[head, d + MAX_DISTANCE]: the head's bias for key - query = d, clamped (float32)
+        if BIASED:  # BIAS[head, d + MAX_DISTANCE]: each row's head's bias for key - query = d, clamped (float32)
             d = tl.minimum(tl.maximum(offs_n[None, :] - offs_m[:, None], -MAX_DISTANCE), MAX_DISTANCE)
-            s += tl.load(BIAS + head * (2 * MAX_DISTANCE + 1) + d + MAX_DISTANCE) * 1.4426950408889634
+            s += tl.load(BIAS + heads[:, None] * (2 * MAX_DISTANCE + 1) + d + MAX_DISTANCE) * 1.4426950408889634
         if MASKED:
             valid = offs_n[None, :] < n
             if CAUSAL:
@@ -128,23 +169,28 @@ if triton is not None:
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                           M_BLOCKS, window, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
-                          BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr):
+                          BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr,
+                          PACK: tl.constexpr = 1):
+        # PACK query heads of one KV group in a program: its PACK * BLOCK_M rows are each head's BLOCK_M positions
+        # [m0, m0 + BLOCK_M), one after the other, sharing every K and V block (and the causal diagonal)
         mb = M_BLOCKS - 1 - tl.program_id(0)  # the longest (causal: most work) query blocks first
         seq = tl.program_id(1)
-        head = tl.program_id(2)
+        head = tl.program_id(2) * PACK  # the program's first query head
         start = tl.load(CU + seq)
         n = tl.load(CU + seq + 1) - start
         m0 = mb * BLOCK_M
         if m0 < n:
             kv_head = head // GROUP
-            offs_m = m0 + tl.arange(0, BLOCK_M)
+            offs_r = tl.arange(0, PACK * BLOCK_M)
+            offs_m = m0 + offs_r % BLOCK_M  # each row's position in its sequence
+            heads = head + offs_r // BLOCK_M  # each row's query head
             offs_d = tl.arange(0, HEAD_DIM)
             rows = offs_m[:, None] < n
-            q = tl.load(Q + (start + offs_m)[:, None].to(tl.int64) * stride_qt + head * stride_qh + offs_d[None, :],
-                        mask=rows, other=0.0)
-            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+            q = tl.load(Q + (start + offs_m)[:, None].to(tl.int64) * stride_qt + heads[:, None] * stride_qh
+                        + offs_d[None, :], mask=rows, other=0.0)
+            m_i = tl.full([PACK * BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([PACK * BLOCK_M], tl.float32)
+            acc = tl.zeros([PACK * BLOCK_M, HEAD_DIM], tl.float32)
             lo = 0
             hi = n
             if CAUSAL:
@@ -158,45 +204,56 @@ if triton is not None:
                 if CAUSAL:
                     full = tl.minimum(n, m0 + 1) // BLOCK_N * BLOCK_N
             for n0 in range(lo, full, BLOCK_N):
-                acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head, head,
-                                           scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window, BLOCK_N,
-                                           CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, False, TMA, HEAD_DIM)
+                acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head,
+                                           heads, scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window,
+                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, False, TMA, HEAD_DIM)
             for n0 in range(full, hi, BLOCK_N):
-                acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head, head,
-                                           scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window, BLOCK_N,
-                                           CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, True, TMA, HEAD_DIM)
+                acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head,
+                                           heads, scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window,
+                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, True, TMA, HEAD_DIM)
             out = acc / l_i[:, None]
-            tl.store(O + (start + offs_m)[:, None].to(tl.int64) * stride_ot + head * stride_oh + offs_d[None, :],
-                     out.to(O.dtype.element_ty), mask=rows)
+            tl.store(O + (start + offs_m)[:, None].to(tl.int64) * stride_ot + heads[:, None] * stride_oh
+                     + offs_d[None, :], out.to(O.dtype.element_ty), mask=rows)
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                     causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
+                     causal: bool, scale: float, config: tuple[int, ...] | None = None,
                      window: int = FULL, position_bias: torch.Tensor | None = None,
                      split: bool | None = None, tma: bool | None = None) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
     an upper bound on every sequence (rows past it are left unset: the caller's bound must hold, as rose.buckets'
     layouts do, padding included) -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
-    config: (BLOCK_M, BLOCK_N, warps, stages) instead of block_config's (benchmarks.triton_attention_sweep).
-    window: a query attends keys at most `window` positions away on either side (causal still hides later ones);
+    config: (BLOCK_M, BLOCK_N, warps, stages[, pack]) instead of block_config's (benchmarks.triton_attention_sweep);
+    pack: that many query heads of one KV group in a program (a divisor of the group), PACK * BLOCK_M rows sharing
+    each K and V block. window: a query attends keys at most `window` positions away on either side (causal still hides later ones);
     FULL: all. position_bias: float32 [Hq, 2 * D + 1], added to each score (after the scale) by key - query
     position d, clamped to [-D, D] (MPNet's relative position buckets are constant past D = 128).
     split: key blocks every row sees run without masks, the rest (the diagonal, the sequence's tail) with them;
     False masks every block; None: block_config's choice (benchmarks.triton_attention_sweep --split measures
-    the two). tma: K and V through tensor descriptors where they allow it (_descriptors) and no bias is given;
-    None: TMA's setting."""
+    the two). tma: K and V through tensor descriptors where they allow it (_descriptors) and no bias is given,
+    with block_config's blocks for that form; None: block_config's choice (TMA's setting)."""
     tokens, heads, head_dim = q.shape
     if window < FULL or window >= 1 << 30:
         raise ValueError(f"window must be FULL ({FULL}) or 0 .. 2**30 - 1, not {window}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
     seqs = cu_seqlens.shape[0] - 1
-    block_m, block_n, warps, stages, default_split = block_config(head_dim, max_seqlen, seqs, _capability(q.device))
+    capability = _capability(q.device)
+    blocks = block_config(head_dim, max_seqlen, seqs, capability, causal, tma)
     if config is not None:
-        block_m, block_n, warps, stages = config
-    split = default_split if split is None else split
+        blocks = blocks._replace(block_m=config[0], block_n=config[1], warps=config[2], stages=config[3])
+    # (not with a bias: 128 x 128 blocks with one need 353 KB of shared memory through descriptors, over Hopper's 227)
+    kv = _descriptors(k, v, blocks.block_n) if blocks.tma and position_bias is None else None
+    if blocks.tma and kv is None and config is None:  # no descriptors for these tensors: the pointer form's blocks
+        blocks = block_config(head_dim, max_seqlen, seqs, capability, causal, tma=False)
+    block_m, block_n, warps, stages = blocks[:4]
+    pack = config[4] if config is not None and len(config) > 4 else 1
+    group = heads // k.shape[1]
+    if group % pack:
+        raise ValueError(f"pack {pack} must divide the {group} query heads of a KV head")
+    split = blocks.split if split is None else split
     m_blocks = max(1, math.ceil(max_seqlen / block_m))
-    grid = (m_blocks, seqs, heads)
+    grid = (m_blocks, seqs, heads // pack)
     max_distance = 0
     if position_bias is not None:
         if position_bias.dtype != torch.float32 or position_bias.shape[0] != heads or position_bias.shape[1] % 2 == 0:
@@ -204,17 +261,15 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                              f"{position_bias.dtype}")
         position_bias = position_bias.contiguous()
         max_distance = position_bias.shape[1] // 2
-    # (not with a bias: 128 x 128 blocks with one need 353 KB of shared memory through descriptors, over Hopper's 227)
-    kv = _descriptors(k, v, block_n) if (TMA if tma is None else tma) and position_bias is None else None
     _attention_kernel[grid](q, *(kv or (k, v)), out, cu_seqlens,
                             position_bias if position_bias is not None else cu_seqlens,
                             scale * LOG2E,
                             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                             out.stride(0), out.stride(1), m_blocks, max(window, 0),
-                            GROUP=heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+                            GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                             CAUSAL=causal, WINDOWED=window != FULL, BIASED=position_bias is not None,
                             MAX_DISTANCE=max_distance, SPLIT=split and window == FULL,  # windows stay masked
-                            TMA=kv is not None, num_warps=warps, num_stages=stages)
+                            TMA=kv is not None, PACK=pack, num_warps=warps, num_stages=stages)
     return out
 
 

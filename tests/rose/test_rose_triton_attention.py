@@ -6,32 +6,58 @@ interpreter (numpy) in a process of its own, float32 and float16, causal and not
 max-seqlen bounds above the longest sequence, sliding windows (narrower and wider than a key block, zero,
 wider than every sequence) both ways, MPNet's position bias (reach under and over a sequence's length), and K and V
 loaded through tensor descriptors (with rows of NaN past the last sequence, which a descriptor's block reads and the
-kernel must not use). Skipped where Triton is not installed (CPU builds of torch ship without it; `pip install
+kernel must not use), and both query heads of a KV group in one program (pack 2). Skipped where Triton is not installed (CPU builds of torch ship without it; `pip install
 triton` to run it).
 """
 
 from __future__ import annotations
+
+import pytest
 
 from tests.rose.interpreter import needs_triton, run_interpreted
 
 
 @needs_triton
 def test_kernel_matches_float32_reference_under_the_interpreter():
-    run_interpreted("triton_interpreted.py", cases=82)
+    run_interpreted("triton_interpreted.py", cases=100)
 
 
 def test_block_config_follows_the_layout():
-    """Blocks per layout (max-seqlen bound, sequence count, GPU), as swept on the H200 at head dim 128: 128 x 128
-    for long sequences on Hopper only, 64 x 32 for many short ones, 64 x 64 else and at other head dims; the unmasked key blocks split off above
+    """Blocks per layout (max-seqlen bound, sequence count, causal, GPU), as swept at head dim 128: by pointers
+    (the H200) 128 x 128 for long sequences on Hopper only, 64 x 32 for many short ones, 64 x 64 else and at
+    other head dims; through descriptors (an H100) 64 x 64 and 64 x 32 on Hopper at head dim 128 past a bound of
+    128, except bidirectional at 4096 and many sequences at 2048 or more; the unmasked key blocks split off above
     a bound of 128; head dims above 128 stay at 64 x 64 with 2 stages."""
     from rose.attention.triton_varlen import block_config
 
     hopper, ampere = (9, 0), (8, 6)
-    assert block_config(128, 128, 1, hopper) == (64, 64, 4, 3, False)
-    assert block_config(128, 512, 1, hopper) == (64, 64, 4, 3, True)
-    assert block_config(128, 512, 100, hopper) == (64, 32, 4, 3, True)
-    assert block_config(128, 4096, 1, hopper) == (128, 128, 8, 3, True)
-    assert block_config(128, 4096, 1, ampere) == (64, 64, 4, 3, True)
-    assert block_config(256, 4096, 1, hopper) == (64, 64, 4, 2, True)
-    assert block_config(32, 512, 100, hopper) == (64, 64, 4, 3, True)  # MiniLM: as swept at head dim 128 only
-    assert block_config(64, 4096, 1, hopper) == (64, 64, 4, 3, True)
+    assert block_config(128, 128, 1, hopper) == (64, 64, 4, 3, False, False)
+    assert block_config(128, 512, 1, hopper) == (64, 64, 4, 3, True, True)
+    assert block_config(128, 512, 100, hopper) == (64, 32, 4, 3, True, True)
+    assert block_config(128, 512, 100, hopper, causal=False) == (64, 32, 4, 3, True, True)
+    assert block_config(128, 4096, 1, hopper) == (64, 64, 4, 3, True, True)
+    assert block_config(128, 2048, 1, hopper, causal=False) == (64, 64, 4, 3, True, True)
+    assert block_config(128, 4096, 1, hopper, causal=False) == (128, 128, 8, 3, True, False)
+    assert block_config(128, 4096, 8, hopper) == (128, 128, 8, 3, True, False)  # unmeasured through descriptors
+    assert block_config(128, 4096, 1, ampere) == (64, 64, 4, 3, True, False)
+    assert block_config(256, 4096, 1, hopper) == (64, 64, 4, 2, True, False)
+    assert block_config(32, 512, 100, hopper) == (64, 64, 4, 3, True, False)  # MiniLM: as swept at head dim 128 only
+    assert block_config(64, 4096, 1, hopper) == (64, 64, 4, 3, True, False)
+    # the pointer form's blocks where descriptors cannot serve (ROSE_TRITON_ATTENTION_TMA=0, or none for the tensors)
+    assert block_config(128, 512, 1, hopper, tma=False) == (64, 64, 4, 3, True, False)
+    assert block_config(128, 512, 100, hopper, tma=False) == (64, 32, 4, 3, True, False)
+    assert block_config(128, 4096, 1, hopper, tma=False) == (128, 128, 8, 3, True, False)
+    # forced through descriptors: the measured blocks where there are some, else the pointer form's
+    assert block_config(128, 128, 1, hopper, tma=True) == (64, 64, 4, 3, False, True)
+    assert block_config(32, 512, 100, hopper, tma=True) == (64, 64, 4, 3, True, True)
+
+
+def test_tma_setting_reads_auto_on_off():
+    """ROSE_TRITON_ATTENTION_TMA: auto (None) by default and for anything unreadable (with a warning); 1 / 0."""
+    from rose.attention.triton_varlen import _tma_setting
+
+    assert _tma_setting("auto") is None and _tma_setting("") is None
+    assert _tma_setting("1") is True and _tma_setting(" On ") is True
+    assert _tma_setting("0") is False and _tma_setting("off") is False
+    with pytest.warns(UserWarning, match="ROSE_TRITON_ATTENTION_TMA"):
+        assert _tma_setting("maybe") is None

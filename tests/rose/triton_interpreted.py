@@ -112,6 +112,16 @@ def main() -> int:
             results.append(run([37, 1, 200, 64], 256, f"causal={causal!s:5s} window 5 tma", window=5, tma=True))
             if not causal:  # (a bias turns the descriptors off: pointers, the same result)
                 results.append(run([37, 1, 200, 64], 256, "biased reach 16 tma", reach=16, tma=True))
+            # both query heads of a KV group in one program (pack 2): ragged, 32-row blocks over a long sequence,
+            # through descriptors with NaN rows after, a window, a bias (each row its own head's table)
+            pack, pack32 = (64, 64, 4, 3, 2), (32, 64, 4, 3, 2)
+            results += [run([37, 1, 200, 64], 256, f"causal={causal!s:5s} {pack}", pack),
+                        run([300, 7], 300, f"causal={causal!s:5s} {pack32}", pack32),
+                        run([37, 1, 200, 70], 256, f"causal={causal!s:5s} {pack} tma, NaN rows after", pack,
+                            tma=True, poison=40),
+                        run([37, 1, 200, 64], 256, f"causal={causal!s:5s} {pack} window 5", pack, window=5)]
+            if not causal:
+                results.append(run([37, 1, 200, 64], 256, f"biased reach 16 {pack}", pack, reach=16))
     return 0 if all(results) else 1
 
 
