@@ -83,10 +83,11 @@ def main(argv=None) -> int:
             lengths = lengths or docs_100()
             case = Case(lengths, shape, device)
             chosen = block_config(head_dim, max(lengths), len(lengths), torch.cuda.get_device_capability(device),
-                                  causal)
+                                  causal, group=qo_heads // kv_heads)
+            named = [*chosen[:4], chosen.pack] if chosen.pack > 1 else list(chosen[:4])  # as the grid names them
             rows = []
             for config, split, tma in [(None, None, None), *grid]:
-                rec = {"causal": causal, "shape": label, "config": list(config or chosen[:4]),
+                rec = {"causal": causal, "shape": label, "config": list(config or named),
                        "split": chosen.split if split is None else split, "tma": chosen.tma if tma is None else tma,
                        "default": config is None}
                 try:

@@ -18,7 +18,8 @@ sees run without masks; the diagonal's and the sequence's last block with them. 
 (block_config), and so does `tma`: K and V loaded through tensor descriptors (Hopper's copy engine) instead of
 per-thread pointer loads, where block_config's sweep found it faster (head dim 128 on Hopper past a bound of 128;
 ROSE_TRITON_ATTENTION_TMA: auto, the default, or 0 / 1 to force it). A configuration may pack the query heads of
-one KV group into a program (`pack`: its rows share each K and V block; measured by the sweep, not chosen yet).
+one KV group into a program (`pack`: its rows share each K and V block), as block_config chooses for causal GQA
+models on Hopper (ROSE_TRITON_ATTENTION_PACK: auto, or 0 for one query head a program).
 """
 
 from __future__ import annotations
@@ -46,20 +47,22 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 LOG2E = 1.4426950408889634
 
 
-def _tma_setting(value: str) -> bool | None:
-    """ROSE_TRITON_ATTENTION_TMA: None for "auto" (block_config's choice), else forced on or off; an unreadable
-    value is auto, with a warning (a replica starts)."""
+def _setting(name: str, value: str) -> bool | None:
+    """An auto / on / off environment setting: None for "auto" (block_config's choice), else forced on or off; an
+    unreadable value is auto, with a warning (a replica starts)."""
     value = value.strip().lower()
     if value in ("1", "true", "on"):
         return True
     if value in ("0", "false", "off"):
         return False
     if value not in ("", "auto"):
-        warnings.warn(f"ROSE_TRITON_ATTENTION_TMA={value!r} is not auto, 1 or 0: auto", stacklevel=2)
+        warnings.warn(f"{name}={value!r} is not auto, 1 or 0: auto", stacklevel=2)
     return None
 
 
-TMA = _tma_setting(os.environ.get("ROSE_TRITON_ATTENTION_TMA", "auto"))  # read at import
+# read at import: K and V through tensor descriptors; two query heads of a KV group a program (0: one a program)
+TMA = _setting("ROSE_TRITON_ATTENTION_TMA", os.environ.get("ROSE_TRITON_ATTENTION_TMA", "auto"))
+PACK = _setting("ROSE_TRITON_ATTENTION_PACK", os.environ.get("ROSE_TRITON_ATTENTION_PACK", "auto"))
 
 
 class Blocks(NamedTuple):
@@ -71,13 +74,15 @@ class Blocks(NamedTuple):
     stages: int
     split: bool  # the key blocks every row sees run without masks
     tma: bool  # K and V through tensor descriptors
+    pack: int = 1  # query heads of one KV group a program (block_m rows each)
 
 
 def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability: tuple[int, int] = (9, 0),
-                 causal: bool = True, tma: bool | None = None) -> Blocks:
+                 causal: bool = True, tma: bool | None = None, group: int = 1) -> Blocks:
     """The kernel's configuration for a layout: its head dim, max-seqlen bound and sequence count (both fixed per
-    graph layout), causal or not, on a GPU of this capability; tma False: the best with pointer loads (no
-    descriptors here), True: through descriptors (forced: tests, sweeps), None: the measured choice (TMA's setting).
+    graph layout), causal or not, query heads per KV head (group), on a GPU of this capability; tma False: the best
+    with pointer loads (no descriptors here), True: through descriptors (forced: tests, sweeps), None: the measured
+    choice (TMA's setting).
     The unmasked key blocks split from the masked ones above a bound of 128 (at 1 x 128 the split's second loop
     costs more than its masks save: 6.6 vs 5.4 us). Swept at head dim 128, µs a call in a graph:
     - pointer loads (the H200, `benchmarks.triton_attention_sweep --split`, `results/triton_attention/`): long
@@ -88,7 +93,12 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
       and 204.1 for 128 x 128 by descriptors; 1 x 512 10.2 against 11.3), 64 x 32 for many sequences (100
       documents 137.4 against 144.1 causal, 166.8 against 194.7 bidirectional); not at 1 x 128 (5.64 against
       5.36) nor bidirectional at 4096 (128 x 128 by pointers 285.0 stays the best); many sequences with a bound
-      of 2048 or more unmeasured (pointers).
+      of 2048 or more unmeasured (pointers);
+    - two query heads of a KV group a program, 32 x 64 blocks each (an H100, `--tma --wide`,
+      `results/triton_attention_tma_f05a4ea/`), the best causal shape through descriptors at every bound from 512
+      (1 x 4096 172.6 us against 178.2 for 64 x 64; 50 x 512 204.6 against 214.1; 100 documents 136.5 against
+      138.4; 1 x 512 9.92 against 10.19); bidirectional it was not (100 documents 172.3 against 64 x 32's 169.6,
+      1 x 4096 275.6 against 64 x 64's 263.9), so there one head a program stays (PACK's setting 0: always).
     Head dims above 128 keep 64 x 64 and 2 stages for shared memory; smaller ones keep 64 x 64 by pointers (MiniLM's
     32: its 100 documents ran 10 % slower on 64 x 32 blocks end to end, one A/B); GPUs other than Hopper keep
     64 x 64 by pointers (unmeasured there)."""
@@ -103,6 +113,8 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
     if tma is False:
         return pointers
     if head_dim == 128 and capability[0] == 9 and split:  # the shapes measured through descriptors
+        if causal and group % 2 == 0 and PACK is not False and (seqs <= 4 or max_seqlen < 2048):
+            return Blocks(32, 64, 4, 3, True, True, 2)
         if seqs <= 4 and (causal or max_seqlen < 4096):
             return Blocks(64, 64, 4, 3, True, True)
         if seqs > 4 and max_seqlen < 2048:
@@ -239,16 +251,17 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
     seqs = cu_seqlens.shape[0] - 1
     capability = _capability(q.device)
-    blocks = block_config(head_dim, max_seqlen, seqs, capability, causal, tma)
+    group = heads // k.shape[1]
+    blocks = block_config(head_dim, max_seqlen, seqs, capability, causal, tma, group)
     if config is not None:
-        blocks = blocks._replace(block_m=config[0], block_n=config[1], warps=config[2], stages=config[3])
+        blocks = blocks._replace(block_m=config[0], block_n=config[1], warps=config[2], stages=config[3],
+                                 pack=config[4] if len(config) > 4 else 1)
     # (not with a bias: 128 x 128 blocks with one need 353 KB of shared memory through descriptors, over Hopper's 227)
     kv = _descriptors(k, v, blocks.block_n) if blocks.tma and position_bias is None else None
     if blocks.tma and kv is None and config is None:  # no descriptors for these tensors: the pointer form's blocks
         blocks = block_config(head_dim, max_seqlen, seqs, capability, causal, tma=False)
     block_m, block_n, warps, stages = blocks[:4]
-    pack = config[4] if config is not None and len(config) > 4 else 1
-    group = heads // k.shape[1]
+    pack = blocks.pack
     if group % pack:
         raise ValueError(f"pack {pack} must divide the {group} query heads of a KV head")
     split = blocks.split if split is None else split

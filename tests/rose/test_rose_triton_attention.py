@@ -23,41 +23,52 @@ def test_kernel_matches_float32_reference_under_the_interpreter():
 
 
 def test_block_config_follows_the_layout():
-    """Blocks per layout (max-seqlen bound, sequence count, causal, GPU), as swept at head dim 128: by pointers
-    (the H200) 128 x 128 for long sequences on Hopper only, 64 x 32 for many short ones, 64 x 64 else and at
-    other head dims; through descriptors (an H100) 64 x 64 and 64 x 32 on Hopper at head dim 128 past a bound of
-    128, except bidirectional at 4096 and many sequences at 2048 or more; the unmasked key blocks split off above
-    a bound of 128; head dims above 128 stay at 64 x 64 with 2 stages."""
+    """Blocks per layout (max-seqlen bound, sequence count, causal, query heads per KV head, GPU), as swept at
+    head dim 128: by pointers (the H200) 128 x 128 for long sequences on Hopper only, 64 x 32 for many short ones,
+    64 x 64 else and at other head dims; through descriptors (an H100) 64 x 64 and 64 x 32 on Hopper at head dim
+    128 past a bound of 128, except bidirectional at 4096 and many sequences at 2048 or more, and causal with an
+    even group two query heads a program of 32 x 64 blocks each; the unmasked key blocks split off above a bound
+    of 128; head dims above 128 stay at 64 x 64 with 2 stages."""
     from rose.attention.triton_varlen import block_config
 
     hopper, ampere = (9, 0), (8, 6)
-    assert block_config(128, 128, 1, hopper) == (64, 64, 4, 3, False, False)
-    assert block_config(128, 512, 1, hopper) == (64, 64, 4, 3, True, True)
-    assert block_config(128, 512, 100, hopper) == (64, 32, 4, 3, True, True)
-    assert block_config(128, 512, 100, hopper, causal=False) == (64, 32, 4, 3, True, True)
-    assert block_config(128, 4096, 1, hopper) == (64, 64, 4, 3, True, True)
-    assert block_config(128, 2048, 1, hopper, causal=False) == (64, 64, 4, 3, True, True)
-    assert block_config(128, 4096, 1, hopper, causal=False) == (128, 128, 8, 3, True, False)
-    assert block_config(128, 4096, 8, hopper) == (128, 128, 8, 3, True, False)  # unmeasured through descriptors
-    assert block_config(128, 4096, 1, ampere) == (64, 64, 4, 3, True, False)
-    assert block_config(256, 4096, 1, hopper) == (64, 64, 4, 2, True, False)
-    assert block_config(32, 512, 100, hopper) == (64, 64, 4, 3, True, False)  # MiniLM: as swept at head dim 128 only
-    assert block_config(64, 4096, 1, hopper) == (64, 64, 4, 3, True, False)
+    assert block_config(128, 128, 1, hopper) == (64, 64, 4, 3, False, False, 1)
+    assert block_config(128, 512, 1, hopper) == (64, 64, 4, 3, True, True, 1)
+    assert block_config(128, 512, 100, hopper) == (64, 32, 4, 3, True, True, 1)
+    assert block_config(128, 512, 100, hopper, causal=False) == (64, 32, 4, 3, True, True, 1)
+    assert block_config(128, 4096, 1, hopper) == (64, 64, 4, 3, True, True, 1)
+    assert block_config(128, 2048, 1, hopper, causal=False) == (64, 64, 4, 3, True, True, 1)
+    assert block_config(128, 4096, 1, hopper, causal=False) == (128, 128, 8, 3, True, False, 1)
+    assert block_config(128, 4096, 8, hopper) == (128, 128, 8, 3, True, False, 1)  # unmeasured through descriptors
+    assert block_config(128, 4096, 1, ampere) == (64, 64, 4, 3, True, False, 1)
+    assert block_config(256, 4096, 1, hopper) == (64, 64, 4, 2, True, False, 1)
+    assert block_config(32, 512, 100, hopper) == (64, 64, 4, 3, True, False, 1)  # MiniLM: as swept at head dim 128 only
+    assert block_config(64, 4096, 1, hopper) == (64, 64, 4, 3, True, False, 1)
     # the pointer form's blocks where descriptors cannot serve (ROSE_TRITON_ATTENTION_TMA=0, or none for the tensors)
-    assert block_config(128, 512, 1, hopper, tma=False) == (64, 64, 4, 3, True, False)
-    assert block_config(128, 512, 100, hopper, tma=False) == (64, 32, 4, 3, True, False)
-    assert block_config(128, 4096, 1, hopper, tma=False) == (128, 128, 8, 3, True, False)
+    assert block_config(128, 512, 1, hopper, tma=False) == (64, 64, 4, 3, True, False, 1)
+    assert block_config(128, 512, 100, hopper, tma=False) == (64, 32, 4, 3, True, False, 1)
+    assert block_config(128, 4096, 1, hopper, tma=False) == (128, 128, 8, 3, True, False, 1)
+    # causal GQA through descriptors: two query heads of a KV group a program, 32 x 64 blocks each
+    assert block_config(128, 4096, 1, hopper, group=2) == (32, 64, 4, 3, True, True, 2)
+    assert block_config(128, 512, 100, hopper, group=4) == (32, 64, 4, 3, True, True, 2)
+    assert block_config(128, 512, 1, hopper, group=3) == (64, 64, 4, 3, True, True, 1)  # 2 does not divide 3
+    assert block_config(128, 512, 1, hopper, causal=False, group=2) == (64, 64, 4, 3, True, True, 1)
+    assert block_config(128, 128, 1, hopper, group=2) == (64, 64, 4, 3, False, False, 1)
+    assert block_config(128, 4096, 8, hopper, group=2) == (128, 128, 8, 3, True, False, 1)
+    assert block_config(128, 4096, 1, hopper, tma=False, group=2) == (128, 128, 8, 3, True, False, 1)
     # forced through descriptors: the measured blocks where there are some, else the pointer form's
-    assert block_config(128, 128, 1, hopper, tma=True) == (64, 64, 4, 3, False, True)
-    assert block_config(32, 512, 100, hopper, tma=True) == (64, 64, 4, 3, True, True)
+    assert block_config(128, 128, 1, hopper, tma=True) == (64, 64, 4, 3, False, True, 1)
+    assert block_config(32, 512, 100, hopper, tma=True) == (64, 64, 4, 3, True, True, 1)
 
 
-def test_tma_setting_reads_auto_on_off():
-    """ROSE_TRITON_ATTENTION_TMA: auto (None) by default and for anything unreadable (with a warning); 1 / 0."""
-    from rose.attention.triton_varlen import _tma_setting
+def test_settings_read_auto_on_off():
+    """ROSE_TRITON_ATTENTION_TMA and _PACK: auto (None) by default and for anything unreadable (with a warning
+    naming the variable); 1 / 0."""
+    from rose.attention.triton_varlen import _setting
 
-    assert _tma_setting("auto") is None and _tma_setting("") is None
-    assert _tma_setting("1") is True and _tma_setting(" On ") is True
-    assert _tma_setting("0") is False and _tma_setting("off") is False
-    with pytest.warns(UserWarning, match="ROSE_TRITON_ATTENTION_TMA"):
-        assert _tma_setting("maybe") is None
+    name = "ROSE_TRITON_ATTENTION_TMA"
+    assert _setting(name, "auto") is None and _setting(name, "") is None
+    assert _setting(name, "1") is True and _setting(name, " On ") is True
+    assert _setting(name, "0") is False and _setting(name, "off") is False
+    with pytest.warns(UserWarning, match="ROSE_TRITON_ATTENTION_PACK='maybe'"):
+        assert _setting("ROSE_TRITON_ATTENTION_PACK", "maybe") is None

@@ -2,7 +2,8 @@
 
 `triton.compile` for a target (Triton's own ptxas): Ampere (sm80), the 100 KB-per-block parts (sm86, whose
 limit and blocks sm89's L4 and RTX 40xx share) and Hopper (sm90), at head dims 128 and 256: every block size
-`block_config` picks for that target (short, long and many sequences, causal or not, by pointers or descriptors), the one with the most shared memory in
+`block_config` picks for that target (short, long and many sequences, causal or not, by pointers or descriptors,
+two query heads of a KV group a program), the one with the most shared memory in
 the kernel's plain, windowed and biased modes, and on Hopper the plain and windowed ones with K and V through
 tensor descriptors too (varlen_attention's `tma`, which a bias turns off). A block size or mode that outgrows a part's shared memory fails here rather than at a
 replica's first batch there. Skipped without Triton.
@@ -31,20 +32,22 @@ def test_kernel_fits_shared_memory(capability, head_dim):
 
     from rose.attention import triton_varlen
 
-    configs = sorted({triton_varlen.block_config(head_dim, bound, seqs, (capability // 10, capability % 10), causal,
-                                                 tma)[:4]
+    configs = sorted({(*blocks[:4], blocks.pack)
                       for bound, seqs in ((128, 1), (512, 1), (512, 100), (8192, 1), (8192, 8))
-                      for causal, tma in itertools.product((True, False), (False, None))},
-                     key=lambda c: c[0] * c[1] * c[3], reverse=True)  # the most shared memory first
+                      for causal, tma in itertools.product((True, False), (False, None))
+                      if (blocks := triton_varlen.block_config(head_dim, bound, seqs, (capability // 10,
+                                                                                       capability % 10),
+                                                               causal, tma, group=2))},
+                     key=lambda c: c[0] * c[4] * c[1] * c[3], reverse=True)  # the most shared memory first
     modes = [(False, False, True), (True, False, False), (False, True, True)]  # plain (split), windowed, biased
-    for i, (block_m, block_n, warps, stages) in enumerate(configs):
+    for i, (block_m, block_n, warps, stages, pack) in enumerate(configs):
         for (windowed, biased, split), tma in itertools.product(modes if i == 0 else modes[:1],  # every mode at
                                                                 (False, True) if capability == 90 else (False,)):
             if tma and biased:  # varlen_attention loads pointers where a bias is given
                 continue
             constexprs = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n,  # the largest
                           "CAUSAL": not biased, "WINDOWED": windowed, "BIASED": biased,
-                          "MAX_DISTANCE": 128 if biased else 0, "SPLIT": split, "TMA": tma, "PACK": 1}
+                          "MAX_DISTANCE": 128 if biased else 0, "SPLIT": split, "TMA": tma, "PACK": pack}
             kv = dict.fromkeys(("K", "V"), f"tensordesc<bf16[{block_n}, {head_dim}]>") if tma else {}
             source = triton.compiler.ASTSource(fn=triton_varlen._attention_kernel, constexprs=constexprs,
                                                signature={**SIGNATURE, **kv, **dict.fromkeys(constexprs, "constexpr")})
@@ -52,4 +55,5 @@ def test_kernel_fits_shared_memory(capability, head_dim):
                                     options={"num_warps": warps, "num_stages": stages})
             assert kernel.metadata.shared <= SHARED_PER_BLOCK[capability], (block_m, block_n, windowed, biased,
                                                                             split, tma, kernel.metadata.shared)
-    assert (128, 128, 8, 3) in configs if capability == 90 and head_dim <= 128 else len(configs) <= 2
+    assert (128, 128, 8, 3, 1) in configs if capability == 90 and head_dim <= 128 else len(configs) <= 2
+    assert ((32, 64, 4, 3, 2) in configs) == (capability == 90 and head_dim == 128)  # two query heads a program
