@@ -4,7 +4,7 @@
 # forms beside a few others, thirteen more shapes through descriptors, five of them two query heads a program), the
 # encoders' shapes bidirectional (ENCODER_HEADS, "12,12,64 12,12,32"), then the 0.6B's long suites in-process with
 # the pointer form's blocks (0) and block_config's measured choice (auto, the default), alternating ROUNDS times
-# (2); PACK_AB=1: two query heads a program (auto) against one (ROSE_TRITON_ATTENTION_PACK=0) instead; SWEEP=0: no
+# (2); PACK_AB=1: two query heads a program (ROSE_TRITON_ATTENTION_PACK=1) against one (0) instead; SWEEP=0: no
 # sweeps. Carry .whl; ~5-6 min. Writes $OUT/gpu_tests_tma.log, triton_attention_tma{,_d64,_d32}.json and .log,
 # rose_gpu_tma.tar (each round's JSON and log): 8 files; the tables last.
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention-tma
@@ -28,8 +28,8 @@ if [ "${SWEEP:-1}" = 1 ]; then  # SWEEP=0: the tests and the engine A/B alone
     echo "sweep $heads rc=$? ($(( $(date +%s) - t0 )) s)"; tail -8 $OUT/$name.log
   done
 fi
-if [ "${PACK_AB:-0}" = 1 ]; then  # two query heads a program (auto) against one (0), both through descriptors
-  AB_TIMEOUT=100 engine_ab pack ROSE_TRITON_ATTENTION_PACK "0 auto" bs1-512,bs1-4096,score-50x512,docs-100
+if [ "${PACK_AB:-0}" = 1 ]; then  # two query heads a program (1) against one (0, the default), through descriptors
+  AB_TIMEOUT=100 engine_ab pack ROSE_TRITON_ATTENTION_PACK "0 1" bs1-512,bs1-4096,score-50x512,docs-100
 else
   AB_TIMEOUT=100 engine_ab tma ROSE_TRITON_ATTENTION_TMA "0 auto" bs1-512,bs1-4096,score-50x512,docs-100
 fi

@@ -19,7 +19,7 @@ sees run without masks; the diagonal's and the sequence's last block with them. 
 per-thread pointer loads, where block_config's sweep found it faster (head dim 128 on Hopper past a bound of 128;
 ROSE_TRITON_ATTENTION_TMA: auto, the default, or 0 / 1 to force it). A configuration may pack the query heads of
 one KV group into a program (`pack`: its rows share each K and V block), as block_config chooses for causal GQA
-models on Hopper (ROSE_TRITON_ATTENTION_PACK: auto, or 0 for one query head a program).
+models on Hopper with ROSE_TRITON_ATTENTION_PACK=1 (off by default: 1.5-4 % faster a call, level end to end).
 """
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ def _setting(name: str, value: str) -> bool | None:
     return None
 
 
-# read at import: K and V through tensor descriptors; two query heads of a KV group a program (0: one a program)
+# read at import: K and V through tensor descriptors (auto); two query heads of a KV group a program where
+# block_config's measured shapes allow (1; 0, the default: one query head a program)
 TMA = _setting("ROSE_TRITON_ATTENTION_TMA", os.environ.get("ROSE_TRITON_ATTENTION_TMA", "auto"))
-PACK = _setting("ROSE_TRITON_ATTENTION_PACK", os.environ.get("ROSE_TRITON_ATTENTION_PACK", "auto"))
+PACK = _setting("ROSE_TRITON_ATTENTION_PACK", os.environ.get("ROSE_TRITON_ATTENTION_PACK", "0")) is True
 
 
 class Blocks(NamedTuple):
@@ -78,11 +79,11 @@ class Blocks(NamedTuple):
 
 
 def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability: tuple[int, int] = (9, 0),
-                 causal: bool = True, tma: bool | None = None, group: int = 1) -> Blocks:
+                 causal: bool = True, tma: bool | None = None, group: int = 1, pack: bool | None = None) -> Blocks:
     """The kernel's configuration for a layout: its head dim, max-seqlen bound and sequence count (both fixed per
     graph layout), causal or not, query heads per KV head (group), on a GPU of this capability; tma False: the best
     with pointer loads (no descriptors here), True: through descriptors (forced: tests, sweeps), None: the measured
-    choice (TMA's setting).
+    choice (TMA's setting); pack: two query heads of a KV group a program where measured (None: PACK's setting).
     The unmasked key blocks split from the masked ones above a bound of 128 (at 1 x 128 the split's second loop
     costs more than its masks save: 6.6 vs 5.4 us). Swept at head dim 128, µs a call in a graph:
     - pointer loads (the H200, `benchmarks.triton_attention_sweep --split`, `results/triton_attention/`): long
@@ -98,7 +99,9 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
       `results/triton_attention_tma_f05a4ea/`), the best causal shape through descriptors at every bound from 512
       (1 x 4096 172.6 us against 178.2 for 64 x 64; 50 x 512 204.6 against 214.1; 100 documents 136.5 against
       138.4; 1 x 512 9.92 against 10.19); bidirectional it was not (100 documents 172.3 against 64 x 32's 169.6,
-      1 x 4096 275.6 against 64 x 64's 263.9), so there one head a program stays (PACK's setting 0: always).
+      1 x 4096 275.6 against 64 x 64's 263.9). End to end it was level (the 0.6B's long suites, two rounds,
+      `results/triton_attention_pack_cdea3ae/`), so it is chosen only with `pack` True (PACK's setting, off by
+      default).
     Head dims above 128 keep 64 x 64 and 2 stages for shared memory; smaller ones keep 64 x 64 by pointers (MiniLM's
     32: its 100 documents ran 10 % slower on 64 x 32 blocks end to end, one A/B); GPUs other than Hopper keep
     64 x 64 by pointers (unmeasured there)."""
@@ -113,7 +116,7 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
     if tma is False:
         return pointers
     if head_dim == 128 and capability[0] == 9 and split:  # the shapes measured through descriptors
-        if causal and group % 2 == 0 and PACK is not False and (seqs <= 4 or max_seqlen < 2048):
+        if (PACK if pack is None else pack) and causal and group % 2 == 0 and (seqs <= 4 or max_seqlen < 2048):
             return Blocks(32, 64, 4, 3, True, True, 2)
         if seqs <= 4 and (causal or max_seqlen < 4096):
             return Blocks(64, 64, 4, 3, True, True)

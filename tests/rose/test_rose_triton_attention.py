@@ -26,8 +26,8 @@ def test_block_config_follows_the_layout():
     """Blocks per layout (max-seqlen bound, sequence count, causal, query heads per KV head, GPU), as swept at
     head dim 128: by pointers (the H200) 128 x 128 for long sequences on Hopper only, 64 x 32 for many short ones,
     64 x 64 else and at other head dims; through descriptors (an H100) 64 x 64 and 64 x 32 on Hopper at head dim
-    128 past a bound of 128, except bidirectional at 4096 and many sequences at 2048 or more, and causal with an
-    even group two query heads a program of 32 x 64 blocks each; the unmasked key blocks split off above a bound
+    128 past a bound of 128, except bidirectional at 4096 and many sequences at 2048 or more, and with pack causal
+    with an even group two query heads a program of 32 x 64 blocks each; the unmasked key blocks split off above a bound
     of 128; head dims above 128 stay at 64 x 64 with 2 stages."""
     from rose.attention.triton_varlen import block_config
 
@@ -48,14 +48,16 @@ def test_block_config_follows_the_layout():
     assert block_config(128, 512, 1, hopper, tma=False) == (64, 64, 4, 3, True, False, 1)
     assert block_config(128, 512, 100, hopper, tma=False) == (64, 32, 4, 3, True, False, 1)
     assert block_config(128, 4096, 1, hopper, tma=False) == (128, 128, 8, 3, True, False, 1)
-    # causal GQA through descriptors: two query heads of a KV group a program, 32 x 64 blocks each
-    assert block_config(128, 4096, 1, hopper, group=2) == (32, 64, 4, 3, True, True, 2)
-    assert block_config(128, 512, 100, hopper, group=4) == (32, 64, 4, 3, True, True, 2)
-    assert block_config(128, 512, 1, hopper, group=3) == (64, 64, 4, 3, True, True, 1)  # 2 does not divide 3
-    assert block_config(128, 512, 1, hopper, causal=False, group=2) == (64, 64, 4, 3, True, True, 1)
-    assert block_config(128, 128, 1, hopper, group=2) == (64, 64, 4, 3, False, False, 1)
-    assert block_config(128, 4096, 8, hopper, group=2) == (128, 128, 8, 3, True, False, 1)
-    assert block_config(128, 4096, 1, hopper, tma=False, group=2) == (128, 128, 8, 3, True, False, 1)
+    # causal GQA through descriptors with pack (ROSE_TRITON_ATTENTION_PACK=1): two query heads of a KV group a
+    # program, 32 x 64 blocks each; off by default
+    assert block_config(128, 4096, 1, hopper, group=2) == (64, 64, 4, 3, True, True, 1)
+    assert block_config(128, 4096, 1, hopper, group=2, pack=True) == (32, 64, 4, 3, True, True, 2)
+    assert block_config(128, 512, 100, hopper, group=4, pack=True) == (32, 64, 4, 3, True, True, 2)
+    assert block_config(128, 512, 1, hopper, group=3, pack=True) == (64, 64, 4, 3, True, True, 1)  # 2 does not divide 3
+    assert block_config(128, 512, 1, hopper, causal=False, group=2, pack=True) == (64, 64, 4, 3, True, True, 1)
+    assert block_config(128, 128, 1, hopper, group=2, pack=True) == (64, 64, 4, 3, False, False, 1)
+    assert block_config(128, 4096, 8, hopper, group=2, pack=True) == (128, 128, 8, 3, True, False, 1)
+    assert block_config(128, 4096, 1, hopper, tma=False, group=2, pack=True) == (128, 128, 8, 3, True, False, 1)
     # forced through descriptors: the measured blocks where there are some, else the pointer form's
     assert block_config(128, 128, 1, hopper, tma=True) == (64, 64, 4, 3, False, True, 1)
     assert block_config(32, 512, 100, hopper, tma=True) == (64, 64, 4, 3, True, True, 1)

@@ -37,7 +37,7 @@ def test_kernel_fits_shared_memory(capability, head_dim):
                       for causal, tma in itertools.product((True, False), (False, None))
                       if (blocks := triton_varlen.block_config(head_dim, bound, seqs, (capability // 10,
                                                                                        capability % 10),
-                                                               causal, tma, group=2))},
+                                                               causal, tma, group=2, pack=True))},
                      key=lambda c: c[0] * c[4] * c[1] * c[3], reverse=True)  # the most shared memory first
     modes = [(False, False, True), (True, False, False), (False, True, True)]  # plain (split), windowed, biased
     for i, (block_m, block_n, warps, stages, pack) in enumerate(configs):
