@@ -21,7 +21,11 @@ from benchmarks.rose_breakdown import category
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel"
      "__5x_cublas", "gemm"),
     ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>(Params)", "gemm"),
+    ("_gate_up_silu_tma_kernel", "gemm"),  # ROSE's fused gate-up: SiLU·mul rides in its epilogue
+    ("_act_mul_kernel", "activation"),  # SiLU·mul apart (below 4096 tokens)
+    ("_attention_kernel", "attention"),  # ROSE's Triton ragged attention
     ("_add_rms_norm_kernel", "norm"),
+
     ("Memcpy HtoD (Pinned -> Device)", "copy"),
 ])
 def test_kernel_categories(name, want):
