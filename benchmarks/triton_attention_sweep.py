@@ -12,7 +12,8 @@ errs above attention_ab's ERR_TOL is recorded with its status. Prints, last, the
 --split: a few configurations each with the kernel's split into unmasked and masked key blocks (the default) and
 with every block masked, side by side. --tma: a few configurations each with K and V loaded by pointers (the
 default) and through tensor descriptors (varlen_attention's `tma`), side by side; the table's third column is then
-block_config's blocks in the other form (by pointers where it chose descriptors, and the reverse). --heads Q,KV,D:
+block_config's blocks in the other form (by pointers where it chose descriptors, and the reverse); without --tma the
+default row loads by pointers, as the grid's rows do. --heads Q,KV,D:
 another attention shape (BGE-base's 12,12,64) instead of the 0.6B's 16,8,128; --causal yes / no: one side only;
 --tma --wide: thirteen more block shapes through descriptors, five of them with both query heads of a KV group in
 one program (pack 2).
@@ -50,8 +51,8 @@ SPLIT_SHAPES = {"1x128": [128], "1x512": [512], "1x1024": [1024], "1x2048": [204
 
 
 class Configured(AttentionBackend):
-    """The Triton attention at one (BLOCK_M, BLOCK_N, warps, stages), or block_config's when None, timed as
-    attention_ab times any backend."""
+    """The Triton attention at one (BLOCK_M, BLOCK_N, warps, stages[, pack]), or block_config's when None, timed
+    as attention_ab times any backend."""
 
     def __init__(self, config: tuple[int, ...] | None, split: bool | None = None,
                  tma: bool | None = None) -> None:
@@ -82,11 +83,12 @@ def main(argv=None) -> int:
         for label, lengths in shapes.items():
             lengths = lengths or docs_100()
             case = Case(lengths, shape, device)
+            default_tma = None if args.tma else False  # the other modes' grids load by pointers: so does the default
             chosen = block_config(head_dim, max(lengths), len(lengths), torch.cuda.get_device_capability(device),
-                                  causal, group=qo_heads // kv_heads)
+                                  causal, default_tma, group=qo_heads // kv_heads)
             named = [*chosen[:4], chosen.pack] if chosen.pack > 1 else list(chosen[:4])  # as the grid names them
             rows = []
-            for config, split, tma in [(None, None, None), *grid]:
+            for config, split, tma in [(None, None, default_tma), *grid]:
                 rec = {"causal": causal, "shape": label, "config": list(config or named),
                        "split": chosen.split if split is None else split, "tma": chosen.tma if tma is None else tma,
                        "default": config is None}

@@ -6,7 +6,7 @@
 # the pointer form's blocks (0) and block_config's measured choice (auto, the default), alternating ROUNDS times
 # (2); PACK_AB=1: two query heads a program (ROSE_TRITON_ATTENTION_PACK=1) against one (0) instead; SWEEP=0: no
 # sweeps. Carry .whl; ~5-6 min. Writes $OUT/gpu_tests_tma.log, triton_attention_tma{,_d64,_d32}.json and .log,
-# rose_gpu_tma.tar (each round's JSON and log): 8 files; the tables last.
+# rose_gpu_tma.tar (rose_gpu_pack.tar with PACK_AB=1: each round's JSON and log): 8 files; the tables last.
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention-tma
 set -u
 source "$(dirname "$0")/device_env.sh" || exit 1

@@ -5,9 +5,9 @@ Why: torch's varlen runs FlashAttention-2, which on Hopper reaches about half of
 FA4 are extras with JIT builds of 5-85 s. Triton ships with torch's CUDA builds and lowers `tl.dot` to Hopper's
 warpgroup MMAs, so this kernel comes with the default install.
 
-One program per (query block, sequence, query head): it reads its sequence's bounds from cu_seqlens on the
-device, so a CUDA graph captured at a layout's shapes (grid = blocks of the layout's max-seqlen bound × Sb ×
-heads) serves every later batch of that layout; programs past their sequence's end return at once. Keys are
+One program per (query block, sequence, query head, or `pack` query heads of one KV head): it reads its
+sequence's bounds from cu_seqlens on the device, so a CUDA graph captured at a layout's shapes (grid = blocks of
+the layout's max-seqlen bound × Sb × heads / pack) serves every later batch of that layout; programs past their sequence's end return at once. Keys are
 streamed in blocks with the running max and sum in float32 (exp2, the scale folded into log2 units); causal
 programs stop at the diagonal and later query blocks start first. GQA reads each K/V head for its group of
 query heads; q, k and v may be strided views (the fused QKV projection's V) as long as the head dim is
@@ -89,12 +89,12 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
     - pointer loads (the H200, `benchmarks.triton_attention_sweep --split`, `results/triton_attention/`): long
       sequences (a bound of 2048 or more) on Hopper 128 x 128, 8 warps, 3 stages (1 x 4096 causal 195 us; 64 x 64
       213); many sequences (more than 4) 64 x 32 (100 mixed documents 140 us; 64 x 64 159); else 64 x 64;
-    - through descriptors (an H100, `--tma`, `results/triton_attention_tma_bc9b4c9/`): 64 x 64 from a bound of
-      512 to 4096 causal, 2048 bidirectional (1 x 4096 causal 172.9 us against 190.4 for 128 x 128 by pointers
+    - through descriptors (an H100, `--tma`, `results/triton_attention_tma_bc9b4c9/`): 64 x 64 above a bound of
+      128 up to 4096 causal, below 4096 bidirectional (measured at 512, 1024, 2048 and 4096; 1 x 4096 causal 172.9 us against 190.4 for 128 x 128 by pointers
       and 204.1 for 128 x 128 by descriptors; 1 x 512 10.2 against 11.3), 64 x 32 for many sequences (100
       documents 137.4 against 144.1 causal, 166.8 against 194.7 bidirectional); not at 1 x 128 (5.64 against
       5.36) nor bidirectional at 4096 (128 x 128 by pointers 285.0 stays the best); many sequences with a bound
-      of 2048 or more unmeasured (pointers);
+      of 2048 or more and bounds over 4096 unmeasured (pointers);
     - two query heads of a KV group a program, 32 x 64 blocks each (an H100, `--tma --wide`,
       `results/triton_attention_tma_f05a4ea/`), the best causal shape through descriptors at every bound from 512
       (1 x 4096 172.6 us against 178.2 for 64 x 64; 50 x 512 204.6 against 214.1; 100 documents 136.5 against
@@ -116,9 +116,10 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
     if tma is False:
         return pointers
     if head_dim == 128 and capability[0] == 9 and split:  # the shapes measured through descriptors
-        if (PACK if pack is None else pack) and causal and group % 2 == 0 and (seqs <= 4 or max_seqlen < 2048):
+        if ((PACK if pack is None else pack) and causal and group % 2 == 0
+                and (max_seqlen <= 4096 if seqs <= 4 else max_seqlen < 2048)):
             return Blocks(32, 64, 4, 3, True, True, 2)
-        if seqs <= 4 and (causal or max_seqlen < 4096):
+        if seqs <= 4 and max_seqlen < (4097 if causal else 4096):  # (longer: unmeasured, pointers)
             return Blocks(64, 64, 4, 3, True, True)
         if seqs > 4 and max_seqlen < 2048:
             return Blocks(64, 32, 4, 3, True, True)

@@ -6,7 +6,8 @@ interpreter (numpy) in a process of its own, float32 and float16, causal and not
 max-seqlen bounds above the longest sequence, sliding windows (narrower and wider than a key block, zero,
 wider than every sequence) both ways, MPNet's position bias (reach under and over a sequence's length), and K and V
 loaded through tensor descriptors (with rows of NaN past the last sequence, which a descriptor's block reads and the
-kernel must not use), and both query heads of a KV group in one program (pack 2). Skipped where Triton is not installed (CPU builds of torch ship without it; `pip install
+kernel must not use), and both query heads of a KV group in one program (pack 2); at head dim 128, block_config's own choice
+(descriptors, two query heads a program at groups of 2 and 4, pointers where no descriptor can cover K and V). Skipped where Triton is not installed (CPU builds of torch ship without it; `pip install
 triton` to run it).
 """
 
@@ -19,24 +20,28 @@ from tests.rose.interpreter import needs_triton, run_interpreted
 
 @needs_triton
 def test_kernel_matches_float32_reference_under_the_interpreter():
-    run_interpreted("triton_interpreted.py", cases=100)
+    run_interpreted("triton_interpreted.py", cases=108)
 
 
-def test_block_config_follows_the_layout():
+def test_block_config_follows_the_layout(monkeypatch):
     """Blocks per layout (max-seqlen bound, sequence count, causal, query heads per KV head, GPU), as swept at
     head dim 128: by pointers (the H200) 128 x 128 for long sequences on Hopper only, 64 x 32 for many short ones,
     64 x 64 else and at other head dims; through descriptors (an H100) 64 x 64 and 64 x 32 on Hopper at head dim
     128 past a bound of 128, except bidirectional at 4096 and many sequences at 2048 or more, and with pack causal
     with an even group two query heads a program of 32 x 64 blocks each; the unmasked key blocks split off above a bound
     of 128; head dims above 128 stay at 64 x 64 with 2 stages."""
+    from rose.attention import triton_varlen
     from rose.attention.triton_varlen import block_config
 
+    monkeypatch.setattr(triton_varlen, "TMA", None)  # the defaults, whatever this process's environment says
+    monkeypatch.setattr(triton_varlen, "PACK", False)
     hopper, ampere = (9, 0), (8, 6)
     assert block_config(128, 128, 1, hopper) == (64, 64, 4, 3, False, False, 1)
     assert block_config(128, 512, 1, hopper) == (64, 64, 4, 3, True, True, 1)
     assert block_config(128, 512, 100, hopper) == (64, 32, 4, 3, True, True, 1)
     assert block_config(128, 512, 100, hopper, causal=False) == (64, 32, 4, 3, True, True, 1)
     assert block_config(128, 4096, 1, hopper) == (64, 64, 4, 3, True, True, 1)
+    assert block_config(128, 8192, 1, hopper) == (128, 128, 8, 3, True, False, 1)  # over 4096: unmeasured, pointers
     assert block_config(128, 2048, 1, hopper, causal=False) == (64, 64, 4, 3, True, True, 1)
     assert block_config(128, 4096, 1, hopper, causal=False) == (128, 128, 8, 3, True, False, 1)
     assert block_config(128, 4096, 8, hopper) == (128, 128, 8, 3, True, False, 1)  # unmeasured through descriptors
@@ -64,8 +69,8 @@ def test_block_config_follows_the_layout():
 
 
 def test_settings_read_auto_on_off():
-    """ROSE_TRITON_ATTENTION_TMA and _PACK: auto (None) by default and for anything unreadable (with a warning
-    naming the variable); 1 / 0."""
+    """The auto / on / off reader of ROSE_TRITON_ATTENTION_TMA (auto by default) and _PACK (0 by default; auto is
+    off there): None for auto and for anything unreadable (with a warning naming the variable); 1 / 0."""
     from rose.attention.triton_varlen import _setting
 
     name = "ROSE_TRITON_ATTENTION_TMA"

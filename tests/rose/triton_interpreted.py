@@ -73,6 +73,28 @@ def check(varlen_attention, dtype, bar: float, causal: bool, lengths: list[int],
     return ok
 
 
+def check_blocks(varlen_attention, causal: bool, heads: tuple[int, int, int], lengths: list[int], bound: int,
+                 label: str, rows_apart: bool = False) -> bool:
+    """One float32 case with block_config's own choice (no config, tma None) at heads (Hq, Hkv, D); rows_apart:
+    K and V with their heads not contiguous in a row (no descriptors can cover them: the pointer form's blocks)."""
+    import torch
+
+    tokens, (hq, hk, d) = sum(lengths), heads
+    q = torch.randn(tokens, hq, d)
+    kv = torch.randn(tokens, d, 2 * hk).transpose(1, 2) if rows_apart else torch.randn(tokens, 2 * hk, d)
+    k, v = kv[:, :hk], kv[:, hk:]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    from rose.attention.triton_varlen import block_config
+
+    blocks = tuple(block_config(d, bound, len(lengths), (9, 0), causal, group=hq // hk))  # what runs (descriptors
+    out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5)  # permitting)
+    err = float((out - reference(q, k, v, lengths, causal, d ** -0.5)).abs().max())
+    ok = err <= 1e-5
+    print(f"float32 causal={causal!s:5s} {label} {blocks} {lengths} bound {bound}: max abs err {err:.2e} "
+          f"{'ok' if ok else 'FAILED'}")
+    return ok
+
+
 def main() -> int:
     patch_interpreter()
     import torch
@@ -122,6 +144,19 @@ def main() -> int:
                         run([37, 1, 200, 64], 256, f"causal={causal!s:5s} {pack} window 5", pack, window=5)]
             if not causal:
                 results.append(run([37, 1, 200, 64], 256, f"biased reach 16 {pack}", pack, reach=16))
+    # head dim 128, as the Qwen3 models have it: block_config's own choice through descriptors on Hopper (the
+    # interpreter's capability), with two query heads a program (pack on) at groups of 2 and 4, and K/V rows that
+    # no descriptor can cover
+    from rose.attention import triton_varlen
+
+    for causal in (True, False):
+        triton_varlen.PACK = True
+        results += [check_blocks(varlen_attention, causal, (4, 2, 128), [150, 37], 200, "128 pack, group 2"),
+                    check_blocks(varlen_attention, causal, (8, 2, 128), [150, 37], 200, "128 pack, group 4")]
+        triton_varlen.PACK = False
+        results += [check_blocks(varlen_attention, causal, (4, 2, 128), [150, 37], 200, "128 descriptors"),
+                    check_blocks(varlen_attention, causal, (4, 2, 128), [150, 37], 200, "128 rows apart",
+                                 rows_apart=True)]
     return 0 if all(results) else 1
 
 
