@@ -15,8 +15,8 @@ default) and through tensor descriptors (varlen_attention's `tma`), side by side
 block_config's blocks in the other form (by pointers where it chose descriptors, and the reverse); without --tma the
 default row loads by pointers, as the grid's rows do. --heads Q,KV,D:
 another attention shape (BGE-base's 12,12,64) instead of the 0.6B's 16,8,128; --causal yes / no: one side only;
---tma --wide: thirteen more block shapes through descriptors, five of them with both query heads of a KV group in
-one program (pack 2).
+--tma --wide: fifteen more block shapes through descriptors, five of them with two query heads of a KV group in
+one program (pack 2), two with four (pack 4: the 4B's `--heads 32,8,128`; a group of 2 records them as errors).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ TMA_GRID = [(config, None, tma) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (
 WIDE_TMA_GRID = [(config, None, True) for config in ((64, 64, 4, 2), (64, 64, 4, 4), (64, 64, 8, 3), (64, 128, 4, 2),
                                                      (64, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 2), (128, 32, 8, 3),
                                                      (64, 64, 8, 3, 2), (64, 64, 8, 2, 2), (64, 128, 8, 2, 2),
-                                                     (32, 64, 4, 3, 2), (64, 32, 8, 3, 2))]
+                                                     (32, 64, 4, 3, 2), (64, 32, 8, 3, 2),
+                                                     (16, 64, 4, 3, 4), (32, 64, 8, 3, 4))]  # pack 4: groups of 4+
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}
 SPLIT_SHAPES = {"1x128": [128], "1x512": [512], "1x1024": [1024], "1x2048": [2048], "1x4096": [4096],
                 "50x512": [512] * 50, "100-docs": None}
@@ -119,7 +120,8 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "heads": args.heads, "wide": args.wide, "records": records}, indent=1))
-    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {'other form' if args.tma else 'all masked':>10s} "
+    other = "other form" if args.tma else "all masked"
+    print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {other:>10s} "
           f"{'best':>27s} {'us':>8s} {'varlen us':>9s}")
     for causal, label, dcfg, dus, mus, bcfg, bus, vus in best:
         print(f"{causal!s:6s} {label:9s} {dcfg!s:>23s} {dus!s:>8s} {mus!s:>10s} {bcfg!s:>27s} {bus!s:>8s} {vus:9.2f}")

@@ -1,13 +1,14 @@
 """ROSE's Triton ragged attention (rose.attention.triton_varlen) on a CPU, under Triton's interpreter.
 
-The same kernel runs compiled on the GPU in test_rose_attention_backends.py (ragged padded batches, graph replays
-of new batches) and test_rose_backend_parity_gpu.py (the whole model against transformers). Here: the
-interpreter (numpy) in a process of its own, float32 and float16, causal and not, GQA, strided K/V views,
-max-seqlen bounds above the longest sequence, sliding windows (narrower and wider than a key block, zero,
-wider than every sequence) both ways, MPNet's position bias (reach under and over a sequence's length), and K and V
-loaded through tensor descriptors (with rows of NaN past the last sequence, which a descriptor's block reads and the
-kernel must not use), and both query heads of a KV group in one program (pack 2); at head dim 128, block_config's own choice
-(descriptors, two query heads a program at groups of 2 and 4, pointers where no descriptor can cover K and V). Skipped where Triton is not installed (CPU builds of torch ship without it; `pip install
+The same kernel runs compiled on the GPU in test_rose_attention_backends.py (ragged padded batches, graph replays of
+new batches) and test_rose_backend_parity_gpu.py (the whole model against transformers). Here: the interpreter
+(numpy) in a process of its own, float32 and float16, causal and not, GQA, strided K/V views, max-seqlen bounds
+above the longest sequence, sliding windows (narrower and wider than a key block, zero, wider than every sequence)
+both ways, MPNet's position bias (reach under and over a sequence's length), and K and V loaded through tensor
+descriptors (with rows of NaN past the last sequence, which a descriptor's block reads and the kernel must not use),
+and both query heads of a KV group in one program (pack 2); at head dim 128, block_config's own choice (descriptors,
+two query heads a program at groups of 2 and 4, pointers where no descriptor can cover K and V), and four query
+heads a program (pack 4). Skipped where Triton is not installed (CPU builds of torch ship without it; `pip install
 triton` to run it).
 """
 
@@ -20,7 +21,7 @@ from tests.rose.interpreter import needs_triton, run_interpreted
 
 @needs_triton
 def test_kernel_matches_float32_reference_under_the_interpreter():
-    run_interpreted("triton_interpreted.py", cases=108)
+    run_interpreted("triton_interpreted.py", cases=110)
 
 
 def test_block_config_follows_the_layout(monkeypatch):

@@ -74,8 +74,8 @@ def check(varlen_attention, dtype, bar: float, causal: bool, lengths: list[int],
 
 
 def check_blocks(varlen_attention, causal: bool, heads: tuple[int, int, int], lengths: list[int], bound: int,
-                 label: str, rows_apart: bool = False) -> bool:
-    """One float32 case with block_config's own choice (no config, tma None) at heads (Hq, Hkv, D); rows_apart:
+                 label: str, rows_apart: bool = False, config: tuple[int, ...] | None = None) -> bool:
+    """One float32 case with block_config's own choice (or `config`; tma None) at heads (Hq, Hkv, D); rows_apart:
     K and V with their heads not contiguous in a row (no descriptors can cover them: the pointer form's blocks)."""
     import torch
 
@@ -86,8 +86,9 @@ def check_blocks(varlen_attention, causal: bool, heads: tuple[int, int, int], le
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     from rose.attention.triton_varlen import block_config
 
-    blocks = tuple(block_config(d, bound, len(lengths), (9, 0), causal, group=hq // hk))  # what runs (descriptors
-    out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5)  # permitting)
+    # what runs (descriptors permitting)
+    blocks = config or tuple(block_config(d, bound, len(lengths), (9, 0), causal, group=hq // hk))
+    out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, config)
     err = float((out - reference(q, k, v, lengths, causal, d ** -0.5)).abs().max())
     ok = err <= 1e-5
     print(f"float32 causal={causal!s:5s} {label} {blocks} {lengths} bound {bound}: max abs err {err:.2e} "
@@ -154,7 +155,9 @@ def main() -> int:
         results += [check_blocks(varlen_attention, causal, (4, 2, 128), [150, 37], 200, "128 pack, group 2"),
                     check_blocks(varlen_attention, causal, (8, 2, 128), [150, 37], 200, "128 pack, group 4")]
         triton_varlen.PACK = False
-        results += [check_blocks(varlen_attention, causal, (4, 2, 128), [150, 37], 200, "128 descriptors"),
+        results += [check_blocks(varlen_attention, causal, (8, 2, 32), [150, 37], 200, "pack 4, group 4",
+                                 config=(16, 64, 4, 3, 4)),
+                    check_blocks(varlen_attention, causal, (4, 2, 128), [150, 37], 200, "128 descriptors"),
                     check_blocks(varlen_attention, causal, (4, 2, 128), [150, 37], 200, "128 rows apart",
                                  rows_apart=True)]
     return 0 if all(results) else 1
