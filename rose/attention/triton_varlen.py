@@ -5,22 +5,21 @@ Why: torch's varlen runs FlashAttention-2, which on Hopper reaches about half of
 FA4 are extras with JIT builds of 5-85 s. Triton ships with torch's CUDA builds and lowers `tl.dot` to Hopper's
 warpgroup MMAs, so this kernel comes with the default install.
 
-One program per (query block, sequence, query head, or `pack` query heads of one KV head): it reads its
-sequence's bounds from cu_seqlens on the device, so a CUDA graph captured at a layout's shapes (grid = blocks of
-the layout's max-seqlen bound × Sb × heads / pack) serves every later batch of that layout; programs past their sequence's end return at once. Keys are
-streamed in blocks with the running max and sum in float32 (exp2, the scale folded into log2 units); causal
-programs stop at the diagonal and later query blocks start first. GQA reads each K/V head for its group of
-query heads; q, k and v may be strided views (the fused QKV projection's V) as long as the head dim is
-contiguous. Head dims that are powers of two from 16 to 256. A sliding window (a query sees keys at most
-`window` positions away, on both sides unless causal) bounds each program's key loop to the blocks its rows
-can see; MPNet's relative position bias is added to each score. Key blocks that every row of a query block
-sees run without masks; the diagonal's and the sequence's last block with them. Block sizes follow the layout
-(block_config), and so does `tma`: K and V loaded through tensor descriptors (Hopper's copy engine) instead of
-per-thread pointer loads, where block_config's sweep found it faster (head dim 128 on Hopper past a bound of 128;
-ROSE_TRITON_ATTENTION_TMA: auto, the default, or 0 / 1 to force it). A configuration may pack the query heads of
-one KV group into a program (`pack`: its rows share each K and V block), as block_config chooses for causal GQA
-models on Hopper with ROSE_TRITON_ATTENTION_PACK=1 (off by default: 1.5-4 % faster a call, level end to end).
-"""
+One program per (query block, sequence, query head, or `pack` query heads of one KV head): it reads its sequence's
+bounds from cu_seqlens on the device, so a CUDA graph captured at a layout's shapes (grid = blocks of the layout's
+max-seqlen bound × Sb × heads / pack) serves every later batch of that layout; programs past their sequence's end
+return at once. Keys are streamed in blocks with the running max and sum in float32 (exp2, the scale folded into
+log2 units); causal programs stop at the diagonal and later query blocks start first. GQA reads each K/V head for
+its group of query heads; q, k and v may be strided views (the fused QKV projection's V) as long as the head dim is
+contiguous. Head dims that are powers of two from 16 to 256. A sliding window (a query sees keys at most `window`
+positions away, on both sides unless causal) bounds each program's key loop to the blocks its rows can see; MPNet's
+relative position bias is added to each score. Key blocks that every row of a query block sees run without masks;
+the diagonal's and the sequence's last block with them. Block sizes follow the layout (block_config), and so does
+`tma`: K and V loaded through tensor descriptors (Hopper's copy engine) instead of per-thread pointer loads, where
+block_config's sweep found it faster (head dim 128 on Hopper past a bound of 128; ROSE_TRITON_ATTENTION_TMA: auto,
+the default, or 0 / 1 to force it). A configuration may pack the query heads of one KV group into a program (`pack`:
+its rows share each K and V block), as block_config chooses for causal GQA models on Hopper with
+ROSE_TRITON_ATTENTION_PACK=1 (off by default: 1.5-4 % faster a call, level end to end). """
 
 from __future__ import annotations
 
@@ -64,6 +63,8 @@ def _setting(name: str, value: str) -> bool | None:
 # block_config's measured shapes allow (1; 0, the default: one query head a program)
 TMA = _setting("ROSE_TRITON_ATTENTION_TMA", os.environ.get("ROSE_TRITON_ATTENTION_TMA", "auto"))
 PACK = _setting("ROSE_TRITON_ATTENTION_PACK", os.environ.get("ROSE_TRITON_ATTENTION_PACK", "0")) is True
+# the running max moved only past 2**8 of growth (1; 0, the default, every key block)
+LAZY = _setting("ROSE_TRITON_ATTENTION_LAZY", os.environ.get("ROSE_TRITON_ATTENTION_LAZY", "0")) is True
 
 
 class Blocks(NamedTuple):
@@ -89,12 +90,12 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
     - pointer loads (the H200, `benchmarks.triton_attention_sweep --split`, `results/triton_attention/`): long
       sequences (a bound of 2048 or more) on Hopper 128 x 128, 8 warps, 3 stages (1 x 4096 causal 195 us; 64 x 64
       213); many sequences (more than 4) 64 x 32 (100 mixed documents 140 us; 64 x 64 159); else 64 x 64;
-    - through descriptors (an H100, `--tma`, `results/triton_attention_tma_bc9b4c9/`): 64 x 64 above a bound of
-      128 up to 4096 causal, below 4096 bidirectional (measured at 512, 1024, 2048 and 4096; 1 x 4096 causal 172.9 us against 190.4 for 128 x 128 by pointers
-      and 204.1 for 128 x 128 by descriptors; 1 x 512 10.2 against 11.3), 64 x 32 for many sequences (100
-      documents 137.4 against 144.1 causal, 166.8 against 194.7 bidirectional); not at 1 x 128 (5.64 against
-      5.36) nor bidirectional at 4096 (128 x 128 by pointers 285.0 stays the best); many sequences with a bound
-      of 2048 or more and bounds over 4096 unmeasured (pointers);
+    - through descriptors (an H100, `--tma`, `results/triton_attention_tma_bc9b4c9/`): 64 x 64 above a bound of 128
+      up to 4096 causal, below 4096 bidirectional (measured at 512, 1024, 2048 and 4096; 1 x 4096 causal 172.9 us
+      against 190.4 for 128 x 128 by pointers and 204.1 for 128 x 128 by descriptors; 1 x 512 10.2 against 11.3), 64
+      x 32 for many sequences (100 documents 137.4 against 144.1 causal, 166.8 against 194.7 bidirectional); not at
+      1 x 128 (5.64 against 5.36) nor bidirectional at 4096 (128 x 128 by pointers 285.0 stays the best); many
+      sequences with a bound of 2048 or more and bounds over 4096 unmeasured (pointers);
     - two query heads of a KV group a program, 32 x 64 blocks each (an H100, `--tma --wide`,
       `results/triton_attention_tma_f05a4ea/`), the best causal shape through descriptors at every bound from 512
       (1 x 4096 172.6 us against 178.2 for 64 x 64; 50 x 512 204.6 against 214.1; 100 documents 136.5 against
@@ -131,7 +132,7 @@ if triton is not None:
     def _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head, heads, scale_log2,
                    stride_kt, stride_kh, stride_vt, stride_vh, window, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                    WINDOWED: tl.constexpr, BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
-                   TMA: tl.constexpr, HEAD_DIM: tl.constexpr):
+                   TMA: tl.constexpr, HEAD_DIM: tl.constexpr, LAZY: tl.constexpr):
         """One block of keys [n0, n0 + BLOCK_N) into the running (acc, l_i, m_i). MASKED: the block may hold keys
         past the sequence, past the diagonal or outside the window; unmasked blocks hold only keys every row of
         the query block sees (no compare, no select, no load mask). TMA: K and V are tensor descriptors over
@@ -147,10 +148,13 @@ if triton is not None:
             k = tl.load(K + token * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=cols, other=0.0)
         else:
             k = tl.load(K + token * stride_kt + kv_head * stride_kh + offs_d[None, :])
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        # the raw scores; the scale (log2 units) joins them in the exponent's one FMA (s * scale - max), and
+        # the row max is taken before it (scale > 0): a multiply a score less. With a bias, scaled first.
+        s = tl.dot(q, tl.trans(k))
         if BIASED:  # BIAS[head, d + MAX_DISTANCE]: each row's head's bias for key - query = d, clamped (float32)
             d = tl.minimum(tl.maximum(offs_n[None, :] - offs_m[:, None], -MAX_DISTANCE), MAX_DISTANCE)
-            s += tl.load(BIAS + heads[:, None] * (2 * MAX_DISTANCE + 1) + d + MAX_DISTANCE) * 1.4426950408889634
+            s = s * scale_log2 + tl.load(BIAS + heads[:, None] * (2 * MAX_DISTANCE + 1) + d + MAX_DISTANCE) \
+                * 1.4426950408889634
         if MASKED:
             valid = offs_n[None, :] < n
             if CAUSAL:
@@ -159,14 +163,31 @@ if triton is not None:
                 gap = offs_m[:, None] - offs_n[None, :]
                 valid = valid & (gap <= window) & (gap >= -window)
             s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if BIASED:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
         m_use = m_new
         if WINDOWED:  # a block may hold no key of a row's window yet: its sums stay 0, its max -inf
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         # without a window key 0 is in the first block and valid for every row (n > m0 >= 0): no row
         # stays at -inf; with one, every real row meets its own key within [lo, hi)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
+        if LAZY:  # the running max moves (and acc, l_i are rescaled) only when some row's grew past 2**8: else
+            # each row keeps its older max and p stays <= 2**8 (exact: the final acc / l_i cancels the max out)
+            grow = tl.max(tl.where(m_use > m_i, m_use - m_i, 0.0), 0)
+            if grow > 8.0:
+                alpha = tl.exp2(m_i - m_use)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_use
+            m_use = m_i
+            m_new = m_i
+        else:
+            alpha = tl.exp2(m_i - m_use)
+        if BIASED:
+            p = tl.exp2(s - m_use[:, None])
+        else:
+            p = tl.exp2(s * scale_log2 - m_use[:, None])
         if TMA:
             v = V.load([start + n0, kv_head * HEAD_DIM])
             if MASKED:
@@ -175,9 +196,13 @@ if triton is not None:
             v = tl.load(V + token * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=cols, other=0.0)
         else:
             v = tl.load(V + token * stride_vt + kv_head * stride_vh + offs_d[None, :])
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if LAZY:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+            l_i = l_i + tl.sum(p, 1)
+        else:
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc)
+            l_i = l_i * alpha + tl.sum(p, 1)
         return acc, l_i, m_new
 
     @triton.jit
@@ -186,7 +211,7 @@ if triton is not None:
                           M_BLOCKS, window, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
                           BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr,
-                          PACK: tl.constexpr = 1):
+                          PACK: tl.constexpr = 1, LAZY: tl.constexpr = False):
         # PACK query heads of one KV group in a program: its PACK * BLOCK_M rows are each head's BLOCK_M positions
         # [m0, m0 + BLOCK_M), one after the other, sharing every K and V block (and the causal diagonal)
         mb = M_BLOCKS - 1 - tl.program_id(0)  # the longest (causal: most work) query blocks first
@@ -222,11 +247,13 @@ if triton is not None:
             for n0 in range(lo, full, BLOCK_N):
                 acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head,
                                            heads, scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window,
-                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, False, TMA, HEAD_DIM)
+                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, False, TMA, HEAD_DIM,
+                                           LAZY)
             for n0 in range(full, hi, BLOCK_N):
                 acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head,
                                            heads, scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window,
-                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, True, TMA, HEAD_DIM)
+                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, True, TMA, HEAD_DIM,
+                                           LAZY)
             out = acc / l_i[:, None]
             tl.store(O + (start + offs_m)[:, None].to(tl.int64) * stride_ot + heads[:, None] * stride_oh
                      + offs_d[None, :], out.to(O.dtype.element_ty), mask=rows)
@@ -235,19 +262,22 @@ if triton is not None:
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                      causal: bool, scale: float, config: tuple[int, ...] | None = None,
                      window: int = FULL, position_bias: torch.Tensor | None = None,
-                     split: bool | None = None, tma: bool | None = None) -> torch.Tensor:
+                     split: bool | None = None, tma: bool | None = None, lazy: bool | None = None) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
     an upper bound on every sequence (rows past it are left unset: the caller's bound must hold, as rose.buckets'
     layouts do, padding included) -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
     config: (BLOCK_M, BLOCK_N, warps, stages[, pack]) instead of block_config's (benchmarks.triton_attention_sweep);
     pack: that many query heads of one KV group in a program (a divisor of the group), PACK * BLOCK_M rows sharing
-    each K and V block. window: a query attends keys at most `window` positions away on either side (causal still hides later ones);
+    each K and V block. window: a query attends keys at most `window` positions away on either side (causal still
+    hides later ones);
     FULL: all. position_bias: float32 [Hq, 2 * D + 1], added to each score (after the scale) by key - query
     position d, clamped to [-D, D] (MPNet's relative position buckets are constant past D = 128).
     split: key blocks every row sees run without masks, the rest (the diagonal, the sequence's tail) with them;
     False masks every block; None: block_config's choice (benchmarks.triton_attention_sweep --split measures
     the two). tma: K and V through tensor descriptors where they allow it (_descriptors) and no bias is given,
-    with block_config's blocks for that form; None: block_config's choice (TMA's setting)."""
+    with block_config's blocks for that form; None: block_config's choice (TMA's setting). lazy: the running max
+    (and the rescale of the sums) moves only when a row's grows past 2**8, as FlashAttention 4 does; not with a
+    window; None: LAZY's setting (ROSE_TRITON_ATTENTION_LAZY, off by default: not yet measured)."""
     tokens, heads, head_dim = q.shape
     if window < FULL or window >= 1 << 30:
         raise ValueError(f"window must be FULL ({FULL}) or 0 .. 2**30 - 1, not {window}")
@@ -286,7 +316,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                             CAUSAL=causal, WINDOWED=window != FULL, BIASED=position_bias is not None,
                             MAX_DISTANCE=max_distance, SPLIT=split and window == FULL,  # windows stay masked
-                            TMA=kv is not None, PACK=pack, num_warps=warps, num_stages=stages)
+                            TMA=kv is not None, PACK=pack, LAZY=(LAZY if lazy is None else lazy) and window == FULL,
+                            num_warps=warps, num_stages=stages)
     return out
 
 
