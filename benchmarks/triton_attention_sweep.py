@@ -115,7 +115,8 @@ def main(argv=None) -> int:
             top = min(ok, key=lambda r: r["us"]) if ok else None
             default = rows[0]
             other = next((r["us"] for r in rows[1:] if r["config"] == default["config"] and (
-                r["lazy"] if args.lazy else r["tma"] != default["tma"] if args.tma else not r["split"])), None)
+                r["lazy"] if args.tma and args.lazy else r["tma"] != default["tma"] if args.tma else not r["split"])),
+                None)
 
             def name(r):
                 return (f"{r['config']}{'' if r['split'] else ' masked'}{' tma' if r['tma'] else ''}"
@@ -128,9 +129,9 @@ def main(argv=None) -> int:
                   f"{top and top['config']} {top and top['us']} us, varlen {us_varlen:.2f} us", flush=True)
             args.out.parent.mkdir(parents=True, exist_ok=True)  # after every shape: a call cut short keeps them
             args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                            "heads": args.heads, "wide": args.wide, "lazy": args.lazy,
+                                            "heads": args.heads, "wide": args.wide, "lazy": args.tma and args.lazy,
                                             "records": records}, indent=1))
-    other = "lazy" if args.lazy else "other form" if args.tma else "all masked"
+    other = "lazy" if args.tma and args.lazy else "other form" if args.tma else "all masked"
     print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {other:>10s} "
           f"{'best':>27s} {'us':>8s} {'varlen us':>9s}")
     for causal, label, dcfg, dus, mus, bcfg, bus, vus in best:

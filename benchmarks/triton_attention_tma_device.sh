@@ -10,14 +10,15 @@
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention-tma
 set -u
 source "$(dirname "$0")/device_env.sh" || exit 1
+case "${AB:-tma}" in tma|pack|lazy|none) ;; *) echo "AB must be tma, pack, lazy or none, not ${AB}" >&2; exit 2 ;; esac
 require_carried .whl
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$(date +%s)
 on=(); [ "${AB:-tma}" = pack ] && on=(ROSE_TRITON_ATTENTION_PACK=1); [ "${AB:-tma}" = lazy ] && on=(ROSE_TRITON_ATTENTION_LAZY=1)
-env ROSE_TRITON_ATTENTION_TMA=1 "${on[@]}" timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+env ROSE_TRITON_ATTENTION_TMA=1 ${on[@]+"${on[@]}"} timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
   tests/rose/test_rose_attention_backends.py tests/rose/test_rose_backend_parity_gpu.py \
   -k "triton or auto or cuda_graph_replay" > $OUT/gpu_tests_tma.log 2>&1
-echo "GPU tests with TMA ${on[*]} rc=$? ($(( $(date +%s) - t0 )) s)"; tail -3 $OUT/gpu_tests_tma.log
+echo "GPU tests with TMA ${on[*]+${on[*]}} rc=$? ($(( $(date +%s) - t0 )) s)"; tail -3 $OUT/gpu_tests_tma.log
 if [ "${SWEEP:-1}" = 1 ]; then  # SWEEP=0: the tests and the engine A/B alone
   timeout 260 python3 -m benchmarks.triton_attention_sweep --tma --wide --lazy --out $OUT/triton_attention_tma.json \
     > $OUT/triton_attention_tma.log 2>&1
@@ -37,5 +38,4 @@ case "${AB:-tma}" in  # the 0.6B's long suites: the variable's default (0) again
   pack) AB_TIMEOUT=100 engine_ab pack ROSE_TRITON_ATTENTION_PACK "0 1" bs1-512,bs1-4096,score-50x512,docs-100 ;;
   lazy) AB_TIMEOUT=100 engine_ab lazy ROSE_TRITON_ATTENTION_LAZY "0 1" bs1-512,bs1-4096,score-50x512,docs-100 ;;
   none) ;;
-  *) echo "AB must be tma, pack, lazy or none, not ${AB}" >&2; exit 2 ;;
 esac

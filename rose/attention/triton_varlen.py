@@ -149,7 +149,8 @@ if triton is not None:
         else:
             k = tl.load(K + token * stride_kt + kv_head * stride_kh + offs_d[None, :])
         # the raw scores; the scale (log2 units) joins them in the exponent's one FMA (s * scale - max), and
-        # the row max is taken before it (scale > 0): a multiply a score less. With a bias, scaled first.
+        # the row max is taken before it (scale > 0, varlen_attention checks): a multiply a score less. With a
+        # bias, scaled first.
         s = tl.dot(q, tl.trans(k))
         if BIASED:  # BIAS[head, d + MAX_DISTANCE]: each row's head's bias for key - query = d, clamped (float32)
             d = tl.minimum(tl.maximum(offs_n[None, :] - offs_m[:, None], -MAX_DISTANCE), MAX_DISTANCE)
@@ -187,7 +188,7 @@ if triton is not None:
         if BIASED:
             p = tl.exp2(s - m_use[:, None])
         else:
-            p = tl.exp2(s * scale_log2 - m_use[:, None])
+            p = tl.exp2(tl.fma(s, scale_log2, -m_use[:, None]))  # one FFMA whatever Triton's default FP fusion
         if TMA:
             v = V.load([start + n0, kv_head * HEAD_DIM])
             if MASKED:
@@ -279,6 +280,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     (and the rescale of the sums) moves only when a row's grows past 2**8, as FlashAttention 4 does; not with a
     window; None: LAZY's setting (ROSE_TRITON_ATTENTION_LAZY, off by default: not yet measured)."""
     tokens, heads, head_dim = q.shape
+    if not scale > 0:  # the kernel takes each row's max of the raw scores, then scales it: a positive scale only
+        raise ValueError(f"scale must be positive, not {scale}")
     if window < FULL or window >= 1 << 30:
         raise ValueError(f"window must be FULL ({FULL}) or 0 .. 2**30 - 1, not {window}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))

@@ -81,3 +81,17 @@ def test_settings_read_auto_on_off():
     assert _setting(name, "0") is False and _setting(name, "off") is False
     with pytest.warns(UserWarning, match="ROSE_TRITON_ATTENTION_PACK='maybe'"):
         assert _setting("ROSE_TRITON_ATTENTION_PACK", "maybe") is None
+
+
+def test_a_scale_that_is_not_positive_is_refused():
+    """The kernel scales each row's max of the raw scores (one FMA in the exponent), which holds for a positive
+    scale only: anything else is refused before a launch."""
+    import torch
+
+    from rose.attention.triton_varlen import varlen_attention
+
+    q = k = v = torch.zeros(4, 2, 32)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    for scale in (0.0, -0.17, float("nan")):
+        with pytest.raises(ValueError, match="scale must be positive"):
+            varlen_attention(q, k, v, cu, 4, True, scale)
