@@ -49,7 +49,8 @@ use_flashinfer() {
   export ROSE_KERNEL_CACHE_DIR=${ROSE_KERNEL_CACHE_DIR:-/root/rose-kernels}
 }
 
-# engine_ab TAG VAR "VALUE ..." SUITES: benchmarks.rose_gpu's rose-graphs rows of Qwen3-0.6B at SUITES once per VALUE
+# engine_ab TAG VAR "VALUE ..." SUITES: benchmarks.rose_gpu's rose-graphs rows of AB_MODELS (qwen3-0.6b; a comma
+# list: qwen3-0.6b,qwen3-4b) at SUITES once per VALUE
 # of the environment variable VAR (each run a process of its own, AB_TIMEOUT s at most: 120), alternating ROUNDS
 # times (2); each run's rose_gpu_TAG_VALUE_ROUND.json and .log appended to $OUT/rose_gpu_TAG.tar as it ends (a
 # call returns 8 files of $OUT at most; a killed call keeps the runs before), its rows printed.
@@ -58,10 +59,10 @@ engine_ab() {
   for round in $(seq "${ROUNDS:-2}"); do
     for value in $values; do
       name=_${tag}_${value}_$round
-      env "$var=$value" timeout "${AB_TIMEOUT:-120}" python3 -m benchmarks.rose_gpu --models qwen3-0.6b \
+      env "$var=$value" timeout "${AB_TIMEOUT:-120}" python3 -m benchmarks.rose_gpu --models "${AB_MODELS:-qwen3-0.6b}" \
         --variants rose-graphs --suites "$suites" --quick --tag "$name" --out "$OUT" > "$OUT/rose_gpu$name.log" 2>&1
       echo "round $round $var=$value rc=$? (${SECONDS} s into the script)"
-      grep -E '^ *qwen3-0.6b +(bs1|score|docs)' "$OUT/rose_gpu$name.log" | tail -4
+      grep -E '^ *[a-z0-9.-]+ +(bs1|score|docs)[^ ]* +rose-graphs +[0-9]' "$OUT/rose_gpu$name.log" | tail -8
       tar rf "$OUT/rose_gpu_$tag.tar" -C "$OUT" --remove-files "rose_gpu$name.log" $(cd "$OUT" && ls "rose_gpu$name.json" 2>/dev/null)
     done
   done
