@@ -100,9 +100,11 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
       `results/triton_attention_tma_f05a4ea/`), the best causal shape through descriptors at every bound from 512
       (1 x 4096 172.6 us against 178.2 for 64 x 64; 50 x 512 204.6 against 214.1; 100 documents 136.5 against
       138.4; 1 x 512 9.92 against 10.19); bidirectional it was not (100 documents 172.3 against 64 x 32's 169.6,
-      1 x 4096 275.6 against 64 x 64's 263.9). End to end it was level (the 0.6B's long suites, two rounds,
-      `results/triton_attention_pack_cdea3ae/`), so it is chosen only with `pack` True (PACK's setting, off by
-      default).
+      1 x 4096 275.6 against 64 x 64's 263.9); for the 4B's shape (four query heads a KV head,
+      `results/triton_attention_tma_4b_5874c0c/`) four heads a program of 16 x 64 blocks at 1 x 2048 and 1 x 4096
+      (284.1 us against 316.7 for 64 x 64), two elsewhere. End to end it was level (the 0.6B's long suites, two
+      rounds, `results/triton_attention_pack_cdea3ae/`; the 4B's not run), so it is chosen only with `pack` True
+      (PACK's setting, off by default).
     Head dims above 128 keep 64 x 64 and 2 stages for shared memory; smaller ones keep 64 x 64 by pointers (MiniLM's
     32: its 100 documents ran 10 % slower on 64 x 32 blocks end to end, one A/B); GPUs other than Hopper keep
     64 x 64 by pointers (unmeasured there)."""
@@ -119,6 +121,8 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
     if head_dim == 128 and capability[0] == 9 and split:  # the shapes measured through descriptors
         if ((PACK if pack is None else pack) and causal and group % 2 == 0
                 and (max_seqlen <= 4096 if seqs <= 4 else max_seqlen < 2048)):
+            if group % 4 == 0 and seqs <= 4 and max_seqlen >= 2048:  # the 4B's long sequences: four heads
+                return Blocks(16, 64, 4, 3, True, True, 4)
             return Blocks(32, 64, 4, 3, True, True, 2)
         if seqs <= 4 and max_seqlen < (4097 if causal else 4096):  # (longer: unmeasured, pointers)
             return Blocks(64, 64, 4, 3, True, True)

@@ -60,6 +60,8 @@ def test_block_config_follows_the_layout(monkeypatch):
     assert block_config(128, 4096, 1, hopper, group=2) == (64, 64, 4, 3, True, True, 1)
     assert block_config(128, 4096, 1, hopper, group=2, pack=True) == (32, 64, 4, 3, True, True, 2)
     assert block_config(128, 512, 100, hopper, group=4, pack=True) == (32, 64, 4, 3, True, True, 2)
+    assert block_config(128, 4096, 1, hopper, group=4, pack=True) == (16, 64, 4, 3, True, True, 4)  # the 4B's
+    assert block_config(128, 1024, 1, hopper, group=4, pack=True) == (32, 64, 4, 3, True, True, 2)
     assert block_config(128, 512, 1, hopper, group=3, pack=True) == (64, 64, 4, 3, True, True, 1)  # 2 does not divide 3
     assert block_config(128, 512, 1, hopper, causal=False, group=2, pack=True) == (64, 64, 4, 3, True, True, 1)
     assert block_config(128, 128, 1, hopper, group=2, pack=True) == (64, 64, 4, 3, False, False, 1)

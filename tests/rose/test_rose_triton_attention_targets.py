@@ -33,11 +33,11 @@ def test_kernel_fits_shared_memory(capability, head_dim):
     from rose.attention import triton_varlen
 
     configs = sorted({(*blocks[:4], blocks.pack)
-                      for bound, seqs in ((128, 1), (512, 1), (512, 100), (8192, 1), (8192, 8))
-                      for causal, tma in itertools.product((True, False), (False, True))  # whatever the env says
+                      for bound, seqs in ((128, 1), (512, 1), (512, 100), (4096, 1), (8192, 1), (8192, 8))
+                      for causal, tma, group in itertools.product((True, False), (False, True), (2, 4))  # any env
                       if (blocks := triton_varlen.block_config(head_dim, bound, seqs, (capability // 10,
                                                                                        capability % 10),
-                                                               causal, tma, group=2, pack=True))},
+                                                               causal, tma, group=group, pack=True))},
                      key=lambda c: c[0] * c[4] * c[1] * c[3], reverse=True)  # the most shared memory first
     modes = [(False, False, True), (True, False, False), (False, True, True)]  # plain (split), windowed, biased
     for i, (block_m, block_n, warps, stages, pack) in enumerate(configs):
@@ -45,7 +45,8 @@ def test_kernel_fits_shared_memory(capability, head_dim):
                                                                 (False, True) if capability == 90 else (False,)):
             if tma and biased:  # varlen_attention loads pointers where a bias is given
                 continue
-            constexprs = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n,  # the largest
+            constexprs = {"GROUP": max(2, pack), "HEAD_DIM": head_dim, "BLOCK_M": block_m,  # the largest
+                          "BLOCK_N": block_n,
                           "CAUSAL": not biased, "WINDOWED": windowed, "BIASED": biased,
                           "MAX_DISTANCE": 128 if biased else 0, "SPLIT": split, "TMA": tma, "PACK": pack, "LAZY": False}
             kv = dict.fromkeys(("K", "V"), f"tensordesc<bf16[{block_n}, {head_dim}]>") if tma else {}
@@ -57,6 +58,7 @@ def test_kernel_fits_shared_memory(capability, head_dim):
                                                                             split, tma, kernel.metadata.shared)
     assert (128, 128, 8, 3, 1) in configs if capability == 90 and head_dim <= 128 else len(configs) <= 2
     assert ((32, 64, 4, 3, 2) in configs) == (capability == 90 and head_dim == 128)  # two query heads a program
+    assert ((16, 64, 4, 3, 4) in configs) == (capability == 90 and head_dim == 128)  # four (groups of 4)
 
 
 def test_lazy_rescale_compiles_for_hopper():
