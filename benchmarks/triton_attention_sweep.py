@@ -33,7 +33,8 @@ import torch
 
 from benchmarks.attention_ab import ERR_TOL, Case, docs_100, time_in_graph
 from rose.attention import AttentionBackend, AttentionShape, make_backend
-from rose.attention.triton_varlen import block_config, varlen_attention
+from rose.attention.triton_blocks import block_config
+from rose.attention.triton_varlen import varlen_attention
 from rose.windows import FULL
 
 # (config, split, tma): None for block_config's split

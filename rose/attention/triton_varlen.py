@@ -14,19 +14,18 @@ its group of query heads; q, k and v may be strided views (the fused QKV project
 contiguous. Head dims that are powers of two from 16 to 256. A sliding window (a query sees keys at most `window`
 positions away, on both sides unless causal) bounds each program's key loop to the blocks its rows can see; MPNet's
 relative position bias is added to each score. Key blocks that every row of a query block sees run without masks;
-the diagonal's and the sequence's last block with them. Block sizes follow the layout (block_config), and so does
-`tma`: K and V loaded through tensor descriptors (Hopper's copy engine) instead of per-thread pointer loads, where
-block_config's sweep found it faster (head dim 128 on Hopper past a bound of 128; ROSE_TRITON_ATTENTION_TMA: auto,
-the default, or 0 / 1 to force it). A configuration may pack the query heads of one KV group into a program (`pack`:
-its rows share each K and V block), as block_config chooses for causal GQA models on Hopper with
-ROSE_TRITON_ATTENTION_PACK=1 (off by default: 1.5-4 % faster a call, level end to end). """
+the diagonal's and the sequence's last block with them. Block sizes follow the layout (rose.attention.triton_blocks'
+block_config), and so does `tma`: K and V loaded through tensor descriptors (Hopper's copy engine) instead of
+per-thread pointer loads, where block_config's sweep found it faster (head dim 128 on Hopper past a bound of 128;
+ROSE_TRITON_ATTENTION_TMA: auto, the default, or 0 / 1 to force it). A configuration may pack the query heads of one
+KV group into a program (`pack`: its rows share each K and V block), as block_config chooses for causal GQA models
+on Hopper with ROSE_TRITON_ATTENTION_PACK=1 (off by default: 1.5-4 % faster a call, level end to end).
+"""
 
 from __future__ import annotations
 
 import math
-import os
-import warnings
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -39,96 +38,13 @@ try:  # Triton ships with CUDA builds of torch; CPU builds do without it
     import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
-from rose.layers.tma import TensorDescriptor, describable
+from rose.attention import triton_blocks
+from rose.attention.triton_blocks import block_config
+from rose.layers.tma import TensorDescriptor, describable, has_tma
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LOG2E = 1.4426950408889634
-
-
-def _setting(name: str, value: str) -> bool | None:
-    """An auto / on / off environment setting: None for "auto" (block_config's choice), else forced on or off; an
-    unreadable value is auto, with a warning (a replica starts)."""
-    value = value.strip().lower()
-    if value in ("1", "true", "on"):
-        return True
-    if value in ("0", "false", "off"):
-        return False
-    if value not in ("", "auto"):
-        warnings.warn(f"{name}={value!r} is not auto, 1 or 0: auto", stacklevel=2)
-    return None
-
-
-# read at import: K and V through tensor descriptors (auto); two query heads of a KV group a program where
-# block_config's measured shapes allow (1; 0, the default: one query head a program)
-TMA = _setting("ROSE_TRITON_ATTENTION_TMA", os.environ.get("ROSE_TRITON_ATTENTION_TMA", "auto"))
-PACK = _setting("ROSE_TRITON_ATTENTION_PACK", os.environ.get("ROSE_TRITON_ATTENTION_PACK", "0")) is True
-# the running max moved only past 2**8 of growth (1; 0, the default, every key block)
-LAZY = _setting("ROSE_TRITON_ATTENTION_LAZY", os.environ.get("ROSE_TRITON_ATTENTION_LAZY", "0")) is True
-
-
-class Blocks(NamedTuple):
-    """A layout's kernel configuration (block_config)."""
-
-    block_m: int
-    block_n: int
-    warps: int
-    stages: int
-    split: bool  # the key blocks every row sees run without masks
-    tma: bool  # K and V through tensor descriptors
-    pack: int = 1  # query heads of one KV group a program (block_m rows each)
-
-
-def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability: tuple[int, int] = (9, 0),
-                 causal: bool = True, tma: bool | None = None, group: int = 1, pack: bool | None = None) -> Blocks:
-    """The kernel's configuration for a layout: its head dim, max-seqlen bound and sequence count (both fixed per
-    graph layout), causal or not, query heads per KV head (group), on a GPU of this capability; tma False: the best
-    with pointer loads (no descriptors here), True: through descriptors (forced: tests, sweeps), None: the measured
-    choice (TMA's setting); pack: two query heads of a KV group a program where measured (None: PACK's setting).
-    The unmasked key blocks split from the masked ones above a bound of 128 (at 1 x 128 the split's second loop
-    costs more than its masks save: 6.6 vs 5.4 us). Swept at head dim 128, µs a call in a graph:
-    - pointer loads (the H200, `benchmarks.triton_attention_sweep --split`, `results/triton_attention/`): long
-      sequences (a bound of 2048 or more) on Hopper 128 x 128, 8 warps, 3 stages (1 x 4096 causal 195 us; 64 x 64
-      213); many sequences (more than 4) 64 x 32 (100 mixed documents 140 us; 64 x 64 159); else 64 x 64;
-    - through descriptors (an H100, `--tma`, `results/triton_attention_tma_bc9b4c9/`): 64 x 64 above a bound of 128
-      up to 4096 causal, below 4096 bidirectional (measured at 512, 1024, 2048 and 4096; 1 x 4096 causal 172.9 us
-      against 190.4 for 128 x 128 by pointers and 204.1 for 128 x 128 by descriptors; 1 x 512 10.2 against 11.3), 64
-      x 32 for many sequences (100 documents 137.4 against 144.1 causal, 166.8 against 194.7 bidirectional); not at
-      1 x 128 (5.64 against 5.36) nor bidirectional at 4096 (128 x 128 by pointers 285.0 stays the best); many
-      sequences with a bound of 2048 or more and bounds over 4096 unmeasured (pointers);
-    - two query heads of a KV group a program, 32 x 64 blocks each (an H100, `--tma --wide`,
-      `results/triton_attention_tma_f05a4ea/`), the best causal shape through descriptors at every bound from 512
-      (1 x 4096 172.6 us against 178.2 for 64 x 64; 50 x 512 204.6 against 214.1; 100 documents 136.5 against
-      138.4; 1 x 512 9.92 against 10.19); bidirectional it was not (100 documents 172.3 against 64 x 32's 169.6,
-      1 x 4096 275.6 against 64 x 64's 263.9); for the 4B's shape (four query heads a KV head,
-      `results/triton_attention_tma_4b_5874c0c/`) four heads a program of 16 x 64 blocks at 1 x 2048 and 1 x 4096
-      (284.1 us against 316.7 for 64 x 64), two elsewhere. End to end it was level (the 0.6B's long suites, two
-      rounds, `results/triton_attention_pack_cdea3ae/`; the 4B's not run), so it is chosen only with `pack` True
-      (PACK's setting, off by default).
-    Head dims above 128 keep 64 x 64 and 2 stages for shared memory; smaller ones keep 64 x 64 by pointers (MiniLM's
-    32: its 100 documents ran 10 % slower on 64 x 32 blocks end to end, one A/B); GPUs other than Hopper keep
-    64 x 64 by pointers (unmeasured there)."""
-    split = max_seqlen > 128
-    if head_dim > 128:
-        pointers = Blocks(64, 64, 4, 2, split, False)
-    elif head_dim == 128 and max_seqlen >= 2048 and capability[0] == 9:
-        pointers = Blocks(128, 128, 8, 3, True, False)
-    else:
-        pointers = Blocks(64, 32 if head_dim == 128 and seqs > 4 else 64, 4, 3, split, False)
-    tma = TMA if tma is None else tma
-    if tma is False:
-        return pointers
-    if head_dim == 128 and capability[0] == 9 and split:  # the shapes measured through descriptors
-        if ((PACK if pack is None else pack) and causal and group % 2 == 0
-                and (max_seqlen <= 4096 if seqs <= 4 else max_seqlen < 2048)):
-            if group % 4 == 0 and seqs <= 4 and max_seqlen >= 2048:  # the 4B's long sequences: four heads
-                return Blocks(16, 64, 4, 3, True, True, 4)
-            return Blocks(32, 64, 4, 3, True, True, 2)
-        if seqs <= 4 and max_seqlen < (4097 if causal else 4096):  # (longer: unmeasured, pointers)
-            return Blocks(64, 64, 4, 3, True, True)
-        if seqs > 4 and max_seqlen < 2048:
-            return Blocks(64, 32, 4, 3, True, True)
-    return pointers._replace(tma=True) if tma else pointers  # forced on: the pointer form's blocks
 
 
 if triton is not None:
@@ -323,16 +239,17 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                             CAUSAL=causal, WINDOWED=window != FULL, BIASED=position_bias is not None,
                             MAX_DISTANCE=max_distance, SPLIT=split and window == FULL,  # windows stay masked
-                            TMA=kv is not None, PACK=pack, LAZY=(LAZY if lazy is None else lazy) and window == FULL,
+                            TMA=kv is not None, PACK=pack,
+                            LAZY=(triton_blocks.LAZY if lazy is None else lazy) and window == FULL,
                             num_warps=warps, num_stages=stages)
     return out
 
 
 def _descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int) -> tuple | None:
     """Tensor descriptors of k and v as [T, Hkv * D] with [block_n, D] blocks, or None where they cannot be: no
-    host-side descriptors in this Triton, a GPU before Hopper, heads not contiguous within a row, or a base or row
-    stride not 16-byte aligned (rose.layers.tma.describable)."""
-    if k.is_cuda and _capability(k.device)[0] < 9:
+    host-side descriptors in this Triton, a GPU without TMA (rose.layers.tma.has_tma), heads not contiguous within a
+    row, or a base or row stride not 16-byte aligned (rose.layers.tma.describable)."""
+    if k.is_cuda and not has_tma(k.device):
         return None
     out = []
     for x in (k, v):

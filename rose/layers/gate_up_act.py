@@ -35,7 +35,7 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU builds of torch ship without Triton
     triton = None
-from rose.layers.tma import TensorDescriptor, describable
+from rose.layers.tma import TensorDescriptor, describable, has_tma
 
 log = logging.getLogger("rose.gate_up_act")
 
@@ -104,9 +104,9 @@ def give_up(exc: BaseException) -> None:
 
 @functools.cache
 def _tma_fits(device: int) -> bool:
-    """CUDA (not ROCm) Hopper or datacenter Blackwell: TMA, and ~227 KB of shared memory a block (consumer Blackwell,
+    """Hopper or datacenter Blackwell: TMA (has_tma), and ~227 KB of shared memory a block (consumer Blackwell,
     sm_120, has ~99 KB)."""
-    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] in (9, 10)
+    return has_tma(device) and torch.cuda.get_device_capability(device)[0] <= 10
 
 
 @functools.cache

@@ -32,11 +32,11 @@ def test_block_config_follows_the_layout(monkeypatch):
     128 past a bound of 128, except bidirectional at 4096 and many sequences at 2048 or more, and with pack causal
     with an even group two query heads a program of 32 x 64 blocks each; the unmasked key blocks split off above a bound
     of 128; head dims above 128 stay at 64 x 64 with 2 stages."""
-    from rose.attention import triton_varlen
-    from rose.attention.triton_varlen import block_config
+    from rose.attention import triton_blocks
+    from rose.attention.triton_blocks import block_config
 
-    monkeypatch.setattr(triton_varlen, "TMA", None)  # the defaults, whatever this process's environment says
-    monkeypatch.setattr(triton_varlen, "PACK", False)
+    monkeypatch.setattr(triton_blocks, "TMA", None)  # the defaults, whatever this process's environment says
+    monkeypatch.setattr(triton_blocks, "PACK", False)
     hopper, ampere = (9, 0), (8, 6)
     assert block_config(128, 128, 1, hopper) == (64, 64, 4, 3, False, False, 1)
     assert block_config(128, 512, 1, hopper) == (64, 64, 4, 3, True, True, 1)
@@ -75,7 +75,7 @@ def test_block_config_follows_the_layout(monkeypatch):
 def test_settings_read_auto_on_off():
     """The auto / on / off reader of ROSE_TRITON_ATTENTION_TMA (auto by default) and _PACK (0 by default; auto is
     off there): None for auto and for anything unreadable (with a warning naming the variable); 1 / 0."""
-    from rose.attention.triton_varlen import _setting
+    from rose.attention.triton_blocks import _setting
 
     name = "ROSE_TRITON_ATTENTION_TMA"
     assert _setting(name, "auto") is None and _setting(name, "") is None

@@ -30,12 +30,12 @@ def test_kernel_fits_shared_memory(capability, head_dim):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from rose.attention import triton_varlen
+    from rose.attention import triton_blocks, triton_varlen
 
     configs = sorted({(*blocks[:4], blocks.pack)
                       for bound, seqs in ((128, 1), (512, 1), (512, 100), (4096, 1), (8192, 1), (8192, 8))
                       for causal, tma, group in itertools.product((True, False), (False, True), (2, 4))  # any env
-                      if (blocks := triton_varlen.block_config(head_dim, bound, seqs, (capability // 10,
+                      if (blocks := triton_blocks.block_config(head_dim, bound, seqs, (capability // 10,
                                                                                        capability % 10),
                                                                causal, tma, group=group, pack=True))},
                      key=lambda c: c[0] * c[4] * c[1] * c[3], reverse=True)  # the most shared memory first

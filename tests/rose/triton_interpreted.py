@@ -87,7 +87,7 @@ def check_blocks(varlen_attention, causal: bool, heads: tuple[int, int, int], le
     kv = torch.randn(tokens, d, 2 * hk).transpose(1, 2) if rows_apart else torch.randn(tokens, 2 * hk, d)
     k, v = kv[:, :hk], kv[:, hk:]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    from rose.attention.triton_varlen import block_config
+    from rose.attention.triton_blocks import block_config
 
     # what runs (descriptors permitting)
     blocks = config or tuple(block_config(d, bound, len(lengths), (9, 0), causal, group=hq // hk))
@@ -159,13 +159,13 @@ def main() -> int:
     # head dim 128, as the Qwen3 models have it: block_config's own choice through descriptors on Hopper (the
     # interpreter's capability), with two query heads a program (pack on) at groups of 2 and 4, and K/V rows that
     # no descriptor can cover
-    from rose.attention import triton_varlen
+    from rose.attention import triton_blocks
 
     for causal in (True, False):
-        triton_varlen.PACK = True
+        triton_blocks.PACK = True
         results += [check_blocks(varlen_attention, causal, (4, 2, 128), [150, 37], 200, "128 pack, group 2"),
                     check_blocks(varlen_attention, causal, (8, 2, 128), [150, 37], 200, "128 pack, group 4")]
-        triton_varlen.PACK = False
+        triton_blocks.PACK = False
         results += [check_blocks(varlen_attention, causal, (8, 2, 32), [150, 37], 200, "pack 4, group 4",
                                  config=(16, 64, 4, 3, 4)),
                     check_blocks(varlen_attention, causal, (4, 2, 128), [150, 37], 200, "128 descriptors"),
