@@ -2,7 +2,7 @@
 
     python -m benchmarks.triton_attention_sweep [--out benchmarks/results/triton_attention_sweep.json]
     python -m benchmarks.triton_attention_sweep --split --out benchmarks/results/triton_attention_split.json
-    python -m benchmarks.triton_attention_sweep --tma [--wide] [--lazy] [--heads 32,8,128] [--causal yes]
+    python -m benchmarks.triton_attention_sweep --tma [--wide] [--order] [--heads 32,8,128] [--causal yes]
         --out OUT/triton_attention_tma.json
 
 For the Qwen3-0.6B attention shape, causal and bidirectional, at 1x128, 1x512, 1x4096 and the 100 mixed
@@ -14,9 +14,9 @@ errs above attention_ab's ERR_TOL is recorded with its status. Prints, last, the
 with every block masked, side by side. --tma: a few configurations each with K and V loaded by pointers (the
 default) and through tensor descriptors (varlen_attention's `tma`), side by side; the table's third column is then
 block_config's blocks in the other form (by pointers where it chose descriptors, and the reverse); without --tma the
-default row loads by pointers, as the grid's rows do. --tma --lazy: block_config's blocks and four others with the
-running max moved only past 2**8 of growth (varlen_attention's `lazy`); the third column is then the default's
-blocks lazily. --heads Q,KV,D:
+default row loads by pointers, as the grid's rows do. --tma --order: block_config's blocks and four others with the
+programs launched heads fastest and query blocks slowest (varlen_attention's `longest_first`); the third column is
+then the default's blocks in that order. --heads Q,KV,D:
 another attention shape (BGE-base's 12,12,64) instead of the 0.6B's 16,8,128; --causal yes / no: one side only;
 --tma --wide: fifteen more block shapes through descriptors, five of them with two query heads of a KV group in
 one program (pack 2), two with four (pack 4: the 4B's `--heads 32,8,128`; a group of 2 records them as errors).
@@ -50,8 +50,8 @@ WIDE_TMA_GRID = [(config, None, True) for config in ((64, 64, 4, 2), (64, 64, 4,
                                                      (64, 64, 8, 3, 2), (64, 64, 8, 2, 2), (64, 128, 8, 2, 2),
                                                      (32, 64, 4, 3, 2), (64, 32, 8, 3, 2),
                                                      (16, 64, 4, 3, 4), (32, 64, 8, 3, 4))]  # pack 4: groups of 4+
-# --lazy: block_config's blocks and the best-measured shapes with the running max moved only past 2**8 of growth
-LAZY_GRID = [(config, None, True) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3, 2), (16, 64, 4, 3, 4))]
+# --order: block_config's blocks and the best-measured shapes with every head's longest query blocks first
+ORDER_GRID = [(config, None, True) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3, 2), (16, 64, 4, 3, 4))]
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}
 SPLIT_SHAPES = {"1x128": [128], "1x512": [512], "1x1024": [1024], "1x2048": [2048], "1x4096": [4096],
                 "50x512": [512] * 50, "100-docs": None}
@@ -62,12 +62,13 @@ class Configured(AttentionBackend):
     as attention_ab times any backend."""
 
     def __init__(self, config: tuple[int, ...] | None, split: bool | None = None,
-                 tma: bool | None = None, lazy: bool = False) -> None:
-        self.config, self.split, self.tma, self.lazy = config, split, tma, lazy
+                 tma: bool | None = None, longest_first: bool = False) -> None:
+        self.config, self.split, self.tma, self.longest_first = config, split, tma, longest_first
 
     def forward(self, q, k, v, meta, causal, scale, state=None, window=FULL):
         return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, causal, scale, self.config,
-                                split=self.split, tma=self.tma, lazy=self.lazy)
+                                split=self.split, tma=self.tma,
+                                longest_first=self.longest_first)
 
 
 def main(argv=None) -> int:
@@ -78,12 +79,12 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", default="16,8,128", help="query heads, KV heads, head dim")
     parser.add_argument("--wide", action="store_true", help="with --tma: more block shapes through descriptors")
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
-    parser.add_argument("--lazy", action="store_true", help="with --tma: the lazy rescale beside, a few shapes")
+    parser.add_argument("--order", action="store_true", help="with --tma: longest blocks first beside, a few shapes")
     args = parser.parse_args(argv)
     grid, shapes = ((TMA_GRID, SPLIT_SHAPES) if args.tma else (SPLIT_GRID, SPLIT_SHAPES) if args.split
                     else (GRID, SHAPES))
     grid = [(*row, False) for row in (grid + WIDE_TMA_GRID if args.tma and args.wide else grid)]
-    grid += [(None, None, None, True), *((*row, True) for row in LAZY_GRID)] if args.tma and args.lazy else []
+    grid += [(None, None, None, True), *((*row, True) for row in ORDER_GRID)] if args.tma and args.order else []
     device = torch.device("cuda")
     records, best = [], []
     for causal in {"both": (True, False), "yes": (True,), "no": (False,)}[args.causal]:
@@ -98,12 +99,12 @@ def main(argv=None) -> int:
                                   causal, default_tma, group=qo_heads // kv_heads)
             named = [*chosen[:4], chosen.pack] if chosen.pack > 1 else list(chosen[:4])  # as the grid names them
             rows = []
-            for config, split, tma, lazy in [(None, None, default_tma, False), *grid]:
+            for config, split, tma, first in [(None, None, default_tma, False), *grid]:
                 rec = {"causal": causal, "shape": label, "config": list(config or named),
                        "split": chosen.split if split is None else split, "tma": chosen.tma if tma is None else tma,
-                       "lazy": lazy, "default": config is None and not lazy}
+                       "longest_first": first, "default": config is None and not first}
                 try:
-                    timed = time_in_graph(Configured(config, split, tma, lazy), case, shape)
+                    timed = time_in_graph(Configured(config, split, tma, first), case, shape)
                     rec.update(us=timed["us"], err=timed["max_abs_err"],
                                status="ok" if timed["max_abs_err"] <= ERR_TOL else "wrong")
                 except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is recorded
@@ -116,12 +117,12 @@ def main(argv=None) -> int:
             top = min(ok, key=lambda r: r["us"]) if ok else None
             default = rows[0]
             other = next((r["us"] for r in rows[1:] if r["config"] == default["config"] and (
-                r["lazy"] if args.tma and args.lazy else r["tma"] != default["tma"] if args.tma else not r["split"])),
-                None)
+                r["longest_first"] if args.tma and args.order else r["tma"] != default["tma"] if args.tma
+                else not r["split"])), None)
 
             def name(r):
                 return (f"{r['config']}{'' if r['split'] else ' masked'}{' tma' if r['tma'] else ''}"
-                        f"{' lazy' if r['lazy'] else ''}")
+                        f"{' first' if r['longest_first'] else ''}")
 
             best.append((causal, label, name(default), default["us"], other, top and name(top), top and top["us"],
                          round(us_varlen, 2)))
@@ -130,9 +131,9 @@ def main(argv=None) -> int:
                   f"{top and top['config']} {top and top['us']} us, varlen {us_varlen:.2f} us", flush=True)
             args.out.parent.mkdir(parents=True, exist_ok=True)  # after every shape: a call cut short keeps them
             args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                            "heads": args.heads, "wide": args.wide, "lazy": args.tma and args.lazy,
+                                            "heads": args.heads, "wide": args.wide, "order": args.tma and args.order,
                                             "records": records}, indent=1))
-    other = "lazy" if args.tma and args.lazy else "other form" if args.tma else "all masked"
+    other = "first" if args.tma and args.order else "other form" if args.tma else "all masked"
     print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {other:>10s} "
           f"{'best':>27s} {'us':>8s} {'varlen us':>9s}")
     for causal, label, dcfg, dus, mus, bcfg, bus, vus in best:

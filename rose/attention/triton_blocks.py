@@ -1,6 +1,7 @@
 """The Triton ragged attention's configuration per graph layout (rose.attention.triton_varlen): block sizes, warps
 and stages, the unmasked key blocks split off, K and V through tensor descriptors, and query heads packed a program,
-as measured per shape, with the environment's settings that force them (ROSE_TRITON_ATTENTION_TMA, _PACK, _LAZY)."""
+as measured per shape, with the environment's settings that force them (ROSE_TRITON_ATTENTION_TMA, _PACK,
+_LONGEST_FIRST)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ def _setting(name: str, value: str) -> bool | None:
 # block_config's measured shapes allow (1; 0, the default: one query head a program)
 TMA = _setting("ROSE_TRITON_ATTENTION_TMA", os.environ.get("ROSE_TRITON_ATTENTION_TMA", "auto"))
 PACK = _setting("ROSE_TRITON_ATTENTION_PACK", os.environ.get("ROSE_TRITON_ATTENTION_PACK", "0")) is True
-# the running max moved only past 2**8 of growth (1; 0, the default, every key block)
-LAZY = _setting("ROSE_TRITON_ATTENTION_LAZY", os.environ.get("ROSE_TRITON_ATTENTION_LAZY", "0")) is True
+# programs launched heads fastest, query blocks slowest: every head's longest causal blocks first (1; 0, the
+# default: one head's blocks after another's)
+LONGEST_FIRST = _setting("ROSE_TRITON_ATTENTION_LONGEST_FIRST",
+                         os.environ.get("ROSE_TRITON_ATTENTION_LONGEST_FIRST", "0")) is True
 
 
 class Blocks(NamedTuple):

@@ -52,7 +52,7 @@ if triton is not None:
     def _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head, heads, scale_log2,
                    stride_kt, stride_kh, stride_vt, stride_vh, window, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                    WINDOWED: tl.constexpr, BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, MASKED: tl.constexpr,
-                   TMA: tl.constexpr, HEAD_DIM: tl.constexpr, LAZY: tl.constexpr):
+                   TMA: tl.constexpr, HEAD_DIM: tl.constexpr):
         """One block of keys [n0, n0 + BLOCK_N) into the running (acc, l_i, m_i). MASKED: the block may hold keys
         past the sequence, past the diagonal or outside the window; unmasked blocks hold only keys every row of
         the query block sees (no compare, no select, no load mask). TMA: K and V are tensor descriptors over
@@ -93,18 +93,7 @@ if triton is not None:
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         # without a window key 0 is in the first block and valid for every row (n > m0 >= 0): no row
         # stays at -inf; with one, every real row meets its own key within [lo, hi)
-        if LAZY:  # the running max moves (and acc, l_i are rescaled) only when some row's grew past 2**8: else
-            # each row keeps its older max and p stays <= 2**8 (exact: the final acc / l_i cancels the max out)
-            grow = tl.max(tl.where(m_use > m_i, m_use - m_i, 0.0), 0)
-            if grow > 8.0:
-                alpha = tl.exp2(m_i - m_use)
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_use
-            m_use = m_i
-            m_new = m_i
-        else:
-            alpha = tl.exp2(m_i - m_use)
+        alpha = tl.exp2(m_i - m_use)
         if BIASED:
             p = tl.exp2(s - m_use[:, None])
         else:
@@ -117,13 +106,9 @@ if triton is not None:
             v = tl.load(V + token * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=cols, other=0.0)
         else:
             v = tl.load(V + token * stride_vt + kv_head * stride_vh + offs_d[None, :])
-        if LAZY:
-            acc = tl.dot(p.to(v.dtype), v, acc)
-            l_i = l_i + tl.sum(p, 1)
-        else:
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc)
-            l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        l_i = l_i * alpha + tl.sum(p, 1)
         return acc, l_i, m_new
 
     @triton.jit
@@ -132,12 +117,19 @@ if triton is not None:
                           M_BLOCKS, window, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
                           BIASED: tl.constexpr, MAX_DISTANCE: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr,
-                          PACK: tl.constexpr = 1, LAZY: tl.constexpr = False):
+                          PACK: tl.constexpr = 1, LONGEST_FIRST: tl.constexpr = False):
         # PACK query heads of one KV group in a program: its PACK * BLOCK_M rows are each head's BLOCK_M positions
         # [m0, m0 + BLOCK_M), one after the other, sharing every K and V block (and the causal diagonal)
-        mb = M_BLOCKS - 1 - tl.program_id(0)  # the longest (causal: most work) query blocks first
+        # the longest (causal: most work) query blocks first: LONGEST_FIRST, the grid (heads, sequences, query
+        # blocks), every head's and sequence's last block before any head's next-to-last; else (query blocks,
+        # sequences, heads), one head's blocks longest first, then the next head's
+        if LONGEST_FIRST:
+            mb = M_BLOCKS - 1 - tl.program_id(2)
+            head = tl.program_id(0) * PACK  # the program's first query head
+        else:
+            mb = M_BLOCKS - 1 - tl.program_id(0)
+            head = tl.program_id(2) * PACK
         seq = tl.program_id(1)
-        head = tl.program_id(2) * PACK  # the program's first query head
         start = tl.load(CU + seq)
         n = tl.load(CU + seq + 1) - start
         m0 = mb * BLOCK_M
@@ -168,13 +160,11 @@ if triton is not None:
             for n0 in range(lo, full, BLOCK_N):
                 acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head,
                                            heads, scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window,
-                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, False, TMA, HEAD_DIM,
-                                           LAZY)
+                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, False, TMA, HEAD_DIM)
             for n0 in range(full, hi, BLOCK_N):
                 acc, l_i, m_i = _key_block(acc, l_i, m_i, q, K, V, BIAS, start, n, n0, offs_m, offs_d, kv_head,
                                            heads, scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, window,
-                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, True, TMA, HEAD_DIM,
-                                           LAZY)
+                                           BLOCK_N, CAUSAL, WINDOWED, BIASED, MAX_DISTANCE, True, TMA, HEAD_DIM)
             out = acc / l_i[:, None]
             tl.store(O + (start + offs_m)[:, None].to(tl.int64) * stride_ot + heads[:, None] * stride_oh
                      + offs_d[None, :], out.to(O.dtype.element_ty), mask=rows)
@@ -183,7 +173,8 @@ if triton is not None:
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                      causal: bool, scale: float, config: tuple[int, ...] | None = None,
                      window: int = FULL, position_bias: torch.Tensor | None = None,
-                     split: bool | None = None, tma: bool | None = None, lazy: bool | None = None) -> torch.Tensor:
+                     split: bool | None = None, tma: bool | None = None,
+                     longest_first: bool | None = None) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] (head dim contiguous), cu_seqlens int32 [S + 1] on the device, max_seqlen
     an upper bound on every sequence (rows past it are left unset: the caller's bound must hold, as rose.buckets'
     layouts do, padding included) -> [T, Hq, D]. Rows in no sequence (past cu_seqlens[-1]) are left unset.
@@ -196,9 +187,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     split: key blocks every row sees run without masks, the rest (the diagonal, the sequence's tail) with them;
     False masks every block; None: block_config's choice (benchmarks.triton_attention_sweep --split measures
     the two). tma: K and V through tensor descriptors where they allow it (_descriptors) and no bias is given,
-    with block_config's blocks for that form; None: block_config's choice (TMA's setting). lazy: the running max
-    (and the rescale of the sums) moves only when a row's grows past 2**8, as FlashAttention 4 does; not with a
-    window; None: LAZY's setting (ROSE_TRITON_ATTENTION_LAZY, off by default: not yet measured)."""
+    with block_config's blocks for that form; None: block_config's choice (TMA's setting). longest_first: programs
+    launched heads fastest and query blocks slowest, so that every head's longest causal blocks start before any
+    shorter one (a greedy schedule's tail: the last wave's imbalance); None: LONGEST_FIRST's setting
+    (ROSE_TRITON_ATTENTION_LONGEST_FIRST, off by default: not yet measured)."""
     tokens, heads, head_dim = q.shape
     if not scale > 0:  # the kernel takes each row's max of the raw scores, then scales it: a positive scale only
         raise ValueError(f"scale must be positive, not {scale}")
@@ -223,7 +215,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"pack {pack} must divide the {group} query heads of a KV head")
     split = blocks.split if split is None else split
     m_blocks = max(1, math.ceil(max_seqlen / block_m))
-    grid = (m_blocks, seqs, heads // pack)
+    longest_first = (triton_blocks.LONGEST_FIRST if longest_first is None else longest_first) \
+        and m_blocks < 1 << 16  # (the grid's third dimension holds 65535)
+    grid = (heads // pack, seqs, m_blocks) if longest_first else (m_blocks, seqs, heads // pack)
     max_distance = 0
     if position_bias is not None:
         if position_bias.dtype != torch.float32 or position_bias.shape[0] != heads or position_bias.shape[1] % 2 == 0:
@@ -239,8 +233,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                             CAUSAL=causal, WINDOWED=window != FULL, BIASED=position_bias is not None,
                             MAX_DISTANCE=max_distance, SPLIT=split and window == FULL,  # windows stay masked
-                            TMA=kv is not None, PACK=pack,
-                            LAZY=(triton_blocks.LAZY if lazy is None else lazy) and window == FULL,
+                            TMA=kv is not None, PACK=pack, LONGEST_FIRST=longest_first,
                             num_warps=warps, num_stages=stages)
     return out
 

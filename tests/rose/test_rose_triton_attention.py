@@ -8,9 +8,9 @@ both ways, MPNet's position bias (reach under and over a sequence's length), and
 descriptors (with rows of NaN past the last sequence, which a descriptor's block reads and the kernel must not use),
 and both query heads of a KV group in one program (pack 2); at head dim 128, block_config's own choice (descriptors,
 two query heads a program at groups of 2 and 4, pointers where no descriptor can cover K and V), and four query
-heads a program (pack 4); the running max moved only past 2**8 of growth (lazy: ragged, keys that grow past it
-mid-loop, packed, biased). Skipped where Triton is not installed (CPU builds of torch ship without it; `pip install
-triton` to run it).
+heads a program (pack 4); programs launched heads fastest and query blocks slowest (longest_first: ragged, packed
+through descriptors, windowed, biased). Skipped where Triton is not installed (CPU builds of torch ship without it;
+`pip install triton` to run it).
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ def test_kernel_fits_shared_memory(capability, head_dim):
             constexprs = {"GROUP": max(2, pack), "HEAD_DIM": head_dim, "BLOCK_M": block_m,  # the largest
                           "BLOCK_N": block_n,
                           "CAUSAL": not biased, "WINDOWED": windowed, "BIASED": biased,
-                          "MAX_DISTANCE": 128 if biased else 0, "SPLIT": split, "TMA": tma, "PACK": pack, "LAZY": False}
+                          "MAX_DISTANCE": 128 if biased else 0, "SPLIT": split, "TMA": tma, "PACK": pack,
+                          "LONGEST_FIRST": i % 2 == 1}  # (the programs' order: both compile)
             kv = dict.fromkeys(("K", "V"), f"tensordesc<bf16[{block_n}, {head_dim}]>") if tma else {}
             source = triton.compiler.ASTSource(fn=triton_varlen._attention_kernel, constexprs=constexprs,
                                                signature={**SIGNATURE, **kv, **dict.fromkeys(constexprs, "constexpr")})
@@ -59,23 +60,3 @@ def test_kernel_fits_shared_memory(capability, head_dim):
     assert (128, 128, 8, 3, 1) in configs if capability == 90 and head_dim <= 128 else len(configs) <= 2
     assert ((32, 64, 4, 3, 2) in configs) == (capability == 90 and head_dim == 128)  # two query heads a program
     assert ((16, 64, 4, 3, 4) in configs) == (capability == 90 and head_dim == 128)  # four (groups of 4)
-
-
-def test_lazy_rescale_compiles_for_hopper():
-    """The lazy rescale's branch inside the key loop (LAZY) compiles for sm90 through descriptors, packed and not,
-    within its shared memory."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    from rose.attention import triton_varlen
-
-    for block_m, block_n, warps, stages, pack in ((64, 64, 4, 3, 1), (32, 64, 4, 3, 2)):
-        constexprs = {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": True,
-                      "WINDOWED": False, "BIASED": False, "MAX_DISTANCE": 0, "SPLIT": True, "TMA": True,
-                      "PACK": pack, "LAZY": True}
-        kv = dict.fromkeys(("K", "V"), f"tensordesc<bf16[{block_n}, 128]>")
-        source = triton.compiler.ASTSource(fn=triton_varlen._attention_kernel, constexprs=constexprs,
-                                           signature={**SIGNATURE, **kv, **dict.fromkeys(constexprs, "constexpr")})
-        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": warps, "num_stages": stages})
-        assert kernel.metadata.shared <= SHARED_PER_BLOCK[90], (block_m, pack, kernel.metadata.shared)

@@ -51,9 +51,8 @@ def reference(q, k, v, lengths, causal, scale, window=-1, bias=None):
 
 
 def check(varlen_attention, dtype, bar: float, causal: bool, lengths: list[int], bound: int, label: str,
-          config=None, window: int = -1, reach: int = 0, split: bool = True, tma: bool = False, lazy: bool = False,
-          jump: bool = False,
-          poison: int = 0) -> bool:
+          config=None, window: int = -1, reach: int = 0, split: bool = True, tma: bool = False,
+          longest_first: bool = False, poison: int = 0) -> bool:
     """One case: random q and strided k/v views (as the fused QKV projection's) of 4 query / 2 KV heads of 32, a
     random float32 bias table [4, 2 * reach + 1] when reach; split=False masks every key block (the kernel's
     split into unmasked and masked blocks off); prints a line and says whether it passed."""
@@ -63,13 +62,11 @@ def check(varlen_attention, dtype, bar: float, causal: bool, lengths: list[int],
     q = torch.randn(tokens + poison, hq, d, dtype=dtype)
     kv = torch.randn(tokens + poison, 2 * hk, d, dtype=dtype)
     kv[tokens:] = float("nan")  # rows in no sequence that nobody wrote (a layout's padding): never to be read
-    if jump:  # keys from the 40th on 8 times longer: a row's max grows past 2**8 after its first key blocks
-        kv[40:tokens, :hk] *= 8
     k, v = kv[:, :hk], kv[:, hk:]
     bias = torch.randn(hq, 2 * reach + 1) * 2 if reach else None  # float32, as the kernel takes it
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     out = varlen_attention(q, k, v, cu, bound, causal, d ** -0.5, config, window=window, position_bias=bias,
-                           split=split, tma=tma, lazy=lazy)[:tokens]
+                           split=split, tma=tma, longest_first=longest_first)[:tokens]
     err = float((out.float() - reference(q, k, v, lengths, causal, d ** -0.5, window, bias)[:tokens]).abs().max())
     ok = err <= bar  # a NaN or inf anywhere fails this too
     print(f"{dtype!s:14s} {label} {lengths} bound {bound}: max abs err {err:.2e} {'ok' if ok else 'FAILED'}")
@@ -148,14 +145,16 @@ def main() -> int:
                         run([37, 1, 200, 64], 256, f"causal={causal!s:5s} {pack} window 5", pack, window=5)]
             if not causal:
                 results.append(run([37, 1, 200, 64], 256, f"biased reach 16 {pack}", pack, reach=16))
-            # the running max moved only past 2**8 of growth (lazy): ragged, a long sequence whose keys grow past
-            # it after the first blocks (the rescale taken mid-loop), two heads a program, a bias
-            results += [run([37, 1, 200, 64], 256, f"causal={causal!s:5s} lazy", lazy=True),
-                        run([300], 300, f"causal={causal!s:5s} lazy, keys growing", lazy=True, jump=True),
-                        run([37, 1, 200, 64], 256, f"causal={causal!s:5s} {pack} lazy tma", pack, tma=True,
-                            lazy=True)]
+            # programs launched heads fastest, query blocks slowest (longest_first): ragged, two heads a program
+            # through descriptors with NaN rows after, a window, a bias
+            results += [run([37, 1, 200, 64], 256, f"causal={causal!s:5s} longest first", longest_first=True),
+                        run([37, 1, 200, 70], 256, f"causal={causal!s:5s} {pack} tma longest first", pack,
+                            tma=True, poison=40, longest_first=True),
+                        run([300], 300, f"causal={causal!s:5s} window 70 longest first", window=70,
+                            longest_first=True)]
             if not causal:
-                results.append(run([37, 1, 200, 64], 256, "biased reach 16 lazy", reach=16, lazy=True))
+                results.append(run([37, 1, 200, 64], 256, "biased reach 16 longest first", reach=16,
+                                   longest_first=True))
     # head dim 128, as the Qwen3 models have it: block_config's own choice through descriptors on Hopper (the
     # interpreter's capability), with two query heads a program (pack on) at groups of 2 and 4, and K/V rows that
     # no descriptor can cover
