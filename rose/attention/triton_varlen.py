@@ -189,8 +189,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     the two). tma: K and V through tensor descriptors where they allow it (_descriptors) and no bias is given,
     with block_config's blocks for that form; None: block_config's choice (TMA's setting). longest_first: programs
     launched heads fastest and query blocks slowest, so that every head's longest causal blocks start before any
-    shorter one (a greedy schedule's tail: the last wave's imbalance); None: LONGEST_FIRST's setting
-    (ROSE_TRITON_ATTENTION_LONGEST_FIRST, off by default: not yet measured)."""
+    shorter one (a greedy schedule's tail: the last wave's imbalance); None: triton_blocks.longest_first's choice
+    (one causal sequence above a bound of 512; ROSE_TRITON_ATTENTION_LONGEST_FIRST forces it)."""
     tokens, heads, head_dim = q.shape
     if not scale > 0:  # the kernel takes each row's max of the raw scores, then scales it: a positive scale only
         raise ValueError(f"scale must be positive, not {scale}")
@@ -215,8 +215,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"pack {pack} must divide the {group} query heads of a KV head")
     split = blocks.split if split is None else split
     m_blocks = max(1, math.ceil(max_seqlen / block_m))
-    longest_first = (triton_blocks.LONGEST_FIRST if longest_first is None else longest_first) \
-        and m_blocks < 1 << 16  # (the grid's third dimension holds 65535)
+    if longest_first is None:
+        longest_first = triton_blocks.longest_first(max_seqlen, seqs, causal)
+    longest_first = longest_first and m_blocks < 1 << 16  # (the grid's third dimension holds 65535)
     grid = (heads // pack, seqs, m_blocks) if longest_first else (m_blocks, seqs, heads // pack)
     max_distance = 0
     if position_bias is not None:

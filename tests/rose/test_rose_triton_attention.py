@@ -72,6 +72,24 @@ def test_block_config_follows_the_layout(monkeypatch):
     assert block_config(32, 512, 100, hopper, tma=True) == (64, 64, 4, 3, True, True, 1)
 
 
+def test_longest_first_for_one_long_causal_sequence(monkeypatch):
+    """Heads fastest, query blocks slowest for one causal sequence above a bound of 512 (where the H100 sweep found
+    it faster); many sequences, bidirectional layouts and short bounds keep each head's blocks together; the
+    setting forces either."""
+    from rose.attention import triton_blocks
+    from rose.attention.triton_blocks import longest_first
+
+    monkeypatch.setattr(triton_blocks, "LONGEST_FIRST", None)  # auto, whatever this process's environment says
+    assert longest_first(4096, 1, True) and longest_first(1024, 1, True) and longest_first(513, 1, True)
+    assert not longest_first(512, 1, True) and not longest_first(128, 1, True)
+    assert not longest_first(4096, 2, True) and not longest_first(512, 51, True)
+    assert not longest_first(4096, 1, False)
+    monkeypatch.setattr(triton_blocks, "LONGEST_FIRST", True)
+    assert longest_first(512, 51, False)
+    monkeypatch.setattr(triton_blocks, "LONGEST_FIRST", False)
+    assert not longest_first(4096, 1, True)
+
+
 def test_settings_read_auto_on_off():
     """The auto / on / off reader of ROSE_TRITON_ATTENTION_TMA (auto by default) and _PACK (0 by default; auto is
     off there): None for auto and for anything unreadable (with a warning naming the variable); 1 / 0."""
