@@ -1,0 +1,190 @@
+"""The QKV projection with the per-head QK norm and RoPE in its epilogue, for many tokens (Qwen3's attention input at
+M in the thousands).
+
+Why (issue 14, benchmarks/NOTES.md "QK-norm and RoPE in the QKV GEMM's epilogue"): at 4096 tokens of the 0.6B the
+layers' QKV GEMM writes [M, (Hq + 2 Hkv) D] in bf16 and the QK-norm+RoPE kernel reads q and k back and writes them
+again: 0.6 ms of a 4096-token forward (28 calls), 5 % of it. A program here computes one head's D columns of a row
+block as two halves (the RoPE pairs d and d + D/2 sit in the same row of the two accumulators), normalizes each row
+over the head, rotates it, and writes q, k and v as the attention takes them, each contiguous.
+
+Rounding follows the unfused path (rose.layers.fused._norm_rope_heads): each product rounded to the activations'
+dtype as the GEMM's output would be, rstd in float32 over the rounded values, the normed value rounded, times the
+weight, rounded (Qwen3's RMSNorm), cos and sin rounded, the rotation rounded. The accumulation order is Triton's, not
+cuBLAS's, so a product may differ from F.linear's by a rounding step; the tests bound that.
+
+Qwen3's attention runs through it from ROSE_QKV_NORM_ROPE_MIN tokens (4096) on GPUs with TMA that fit its tiles
+(rose.layers.gate_up_act's rule) when ROSE_QKV_NORM_ROPE is on, without a QKV bias; a launch that fails turns the
+route off for the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU builds of torch ship without Triton
+    triton = None
+from rose.layers.gate_up_act import _index, _tma_fits, _weight_descriptor
+from rose.layers.tma import TensorDescriptor, describable
+
+log = logging.getLogger("rose.qkv_norm_rope")
+
+BLOCK_M, BLOCK_K, WARPS, STAGES, GROUP_M = 128, 64, 8, 3, 8  # the tile: rows, K step, warps, stages, rows grouped
+NORMS = {None: 0, "rms": 1}  # the QK step's norm -> the kernel's NORM mode (Gemma's (1 + w) form is not routed)
+
+
+def engine_route(env: dict[str, str] | None = None) -> int | None:
+    """The least tokens the layers route through the kernel (ROSE_QKV_NORM_ROPE_MIN, 4096), or None with
+    ROSE_QKV_NORM_ROPE off (0 / off / false); a value it cannot read is a warning and the route off."""
+    env = os.environ if env is None else env
+    if env.get("ROSE_QKV_NORM_ROPE", "0").strip().lower() in ("", "0", "off", "false"):
+        return None
+    try:
+        return int(env.get("ROSE_QKV_NORM_ROPE_MIN", "4096"))
+    except ValueError as exc:
+        log.warning("ROSE_QKV_NORM_ROPE_MIN: %s; the QKV GEMM and the QK-norm+RoPE kernel serve", exc)
+        return None
+
+
+LEAST = engine_route()  # read once, at import; give_up() turns it off
+
+
+def give_up(exc: BaseException) -> None:
+    """Turn the route off for this process after a launch failed: logged once; the unfused pair serves on."""
+    global LEAST
+    if LEAST is not None:
+        log.warning("the fused QKV kernel failed (%s: %s); the QKV GEMM and QK-norm+RoPE serve from here on",
+                    type(exc).__name__, exc)
+    LEAST = None
+
+
+def tiles(x: torch.Tensor, weight: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernel tiles x [M, K] @ weight [(Hq + 2 Hkv) D, K]ᵀ: one dtype, contiguous and describable, K
+    whole steps, a power-of-two head dim of 32 or more (its halves are the tiles' columns)."""
+    if x.dim() != 2 or weight.shape != ((heads + 2 * kv_heads) * head_dim, x.shape[1]) or weight.dtype != x.dtype:
+        return False
+    if head_dim < 32 or head_dim & (head_dim - 1) or x.shape[1] % BLOCK_K:
+        return False
+    return x.is_contiguous() and weight.is_contiguous() and describable(x) and describable(weight)
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """What the layers route: bf16 or fp16 activations the kernel `tiles`."""
+    return x.dtype in (torch.bfloat16, torch.float16) and tiles(x, weight, heads, kv_heads, head_dim)
+
+
+def fused_or_none(x: torch.Tensor, proj, q_weight, k_weight, positions: torch.Tensor, inv_freq: torch.Tensor,
+                  heads: int, kv_heads: int, head_dim: int, eps: float, norm: str | None,
+                  least: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(q, k, v) through the fused kernel where it is routed (a CUDA batch of at least `least` tokens, LEAST's by
+    default, on a GPU with TMA, no bias on the projection `proj`, a norm it has), else None (the caller runs the
+    unfused pair); a launch that fails turns the route off (give_up) and returns None."""
+    least = LEAST if least is None else least
+    if least is None or triton is None or not x.is_cuda or x.shape[0] < least or proj.bias is not None:
+        return None
+    if norm not in NORMS or not _tma_fits(_index(x.device)) or not fits(x, proj.weight, heads, kv_heads, head_dim):
+        return None
+    try:
+        return qkv_norm_rope(x, proj.weight, q_weight, k_weight, positions, inv_freq, heads, kv_heads, eps, norm)
+    except Exception as exc:  # noqa: BLE001 - a GPU the kernel cannot launch on: the unfused pair from here on
+        give_up(exc)
+        return None
+
+
+def precompile(attn) -> int:
+    """Compile the routed variant for this attention module's shapes now (M is not specialized: one launch of 8 rows
+    compiles what every batch runs). Returns the launches that ran (0 when nothing would route)."""
+    weight = attn.qkv_proj.weight
+    x = torch.zeros(8, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    weights = (None, None) if attn.qk_norm is None else (attn.q_norm.weight, attn.k_norm.weight)
+    positions = torch.arange(8, device=weight.device)
+    inv_freq = torch.ones(attn.head_dim // 2, dtype=torch.float32, device=weight.device)
+    return int(fused_or_none(x, attn.qkv_proj, *weights, positions, inv_freq, attn.num_heads, attn.num_kv_heads,
+                             attn.head_dim, 1e-6, attn.qk_norm, least=0) is not None)
+
+
+def qkv_norm_rope(x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                  positions: torch.Tensor, inv_freq: torch.Tensor, heads: int, kv_heads: int, eps: float,
+                  norm: str | None = "rms") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] @ weight [(Hq + 2 Hkv) D, K]ᵀ -> q [M, Hq, D], k [M, Hkv, D] (each head normed by `norm`, then
+    rotated at its token's position), v [M, Hkv, D], each contiguous in x's dtype; inv_freq float32 [D / 2]."""
+    m, k = x.shape
+    head_dim = weight.shape[0] // (heads + 2 * kv_heads)
+    if not tiles(x, weight, heads, kv_heads, head_dim):
+        raise ValueError(f"x {tuple(x.shape)} {x.dtype} and weight {tuple(weight.shape)} {weight.dtype} are not "
+                         f"{heads} + 2 x {kv_heads} heads the kernel tiles (contiguous, K a multiple of {BLOCK_K})")
+    if norm is None:  # the weight pointers are never read: any tensor will do
+        q_weight = k_weight = inv_freq
+    half = head_dim // 2
+    q = torch.empty(m, heads, head_dim, dtype=x.dtype, device=x.device)
+    kk, v = (torch.empty(m, kv_heads, head_dim, dtype=x.dtype, device=x.device) for _ in range(2))
+    programs = triton.cdiv(m, BLOCK_M) * (heads + 2 * kv_heads)
+    _qkv_norm_rope_kernel[(programs,)](
+        TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]), _weight_descriptor(weight, [half, BLOCK_K]),
+        q, kk, v, q_weight, k_weight, positions, inv_freq, m, eps, HQ=heads, HKV=kv_heads, HALF=half, K=k,
+        BM=BLOCK_M, BK=BLOCK_K, GROUP_M=GROUP_M, NORM=NORMS[norm], DT=_DTYPES[x.dtype],
+        num_warps=WARPS, num_stages=STAGES)
+    return q, kk, v
+
+
+if triton is not None:
+    from rose.layers.gate_up_act import _DTYPES, _tile
+
+    @triton.jit
+    def _norm_rope(n1, n2, w_ptr, pos, inv_freq_ptr, eps, HALF: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
+        """A head's two halves [BM, HALF] (float32 of the rounded products): normed per row (NORM 1: w * round(x)),
+        then rotated by each row's position; returned rounded to DT."""
+        j = tl.arange(0, HALF)
+        if NORM != 0:
+            rstd = tl.rsqrt((tl.sum(n1 * n1, axis=1) + tl.sum(n2 * n2, axis=1)) / (2 * HALF) + eps)[:, None]
+            w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
+            w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
+            n1 = ((n1 * rstd).to(DT).to(tl.float32) * w1).to(DT).to(tl.float32)
+            n2 = ((n2 * rstd).to(DT).to(tl.float32) * w2).to(DT).to(tl.float32)
+        freq = pos[:, None] * tl.load(inv_freq_ptr + j)[None, :]
+        c = tl.cos(freq).to(DT).to(tl.float32)
+        s = tl.sin(freq).to(DT).to(tl.float32)
+        return (n1 * c - n2 * s).to(DT), (n2 * c + n1 * s).to(DT)
+
+    @triton.jit
+    def _store_head(dst_ptr, rows, row_ok, head, heads, o1, o2, HALF: tl.constexpr):
+        """A head's two halves into dst [M, heads, 2 HALF] at rows."""
+        j = tl.arange(0, HALF)
+        at = dst_ptr + (rows.to(tl.int64)[:, None] * heads + head) * (2 * HALF) + j[None, :]
+        tl.store(at, o1, mask=row_ok[:, None])
+        tl.store(at + HALF, o2, mask=row_ok[:, None])
+
+    @triton.jit(do_not_specialize=["M"])
+    def _qkv_norm_rope_kernel(x_desc, w_desc, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, inv_freq_ptr, M, eps,
+                              HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, K: tl.constexpr,
+                              BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NORM: tl.constexpr,
+                              DT: tl.constexpr):
+        """One (row block, head) tile: the head's columns [head D, head D + D) as two accumulators of HALF columns
+        (rows past M read as zeros and are not stored); q heads first, then k's, then v's, as the weight's rows."""
+        pid_m, head = _tile(tl.program_id(0), M, HQ + 2 * HKV, BM, 1, GROUP_M)
+        off_m, col = pid_m * BM, head * 2 * HALF
+        acc1 = tl.zeros([BM, HALF], dtype=tl.float32)
+        acc2 = tl.zeros([BM, HALF], dtype=tl.float32)
+        for k in range(0, K, BK):
+            a = x_desc.load([off_m, k])
+            acc1 = tl.dot(a, w_desc.load([col, k]).T, acc1)
+            acc2 = tl.dot(a, w_desc.load([col + HALF, k]).T, acc2)
+        n1 = acc1.to(DT).to(tl.float32)  # rounded as the GEMM's output would be
+        n2 = acc2.to(DT).to(tl.float32)
+        rows = off_m + tl.arange(0, BM)
+        row_ok = rows < M
+        if head < HQ + HKV:
+            pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.float32)
+            if head < HQ:
+                o1, o2 = _norm_rope(n1, n2, qw_ptr, pos, inv_freq_ptr, eps, HALF, NORM, DT)
+                _store_head(q_ptr, rows, row_ok, head, HQ, o1, o2, HALF)
+            else:
+                o1, o2 = _norm_rope(n1, n2, kw_ptr, pos, inv_freq_ptr, eps, HALF, NORM, DT)
+                _store_head(k_ptr, rows, row_ok, head - HQ, HKV, o1, o2, HALF)
+        else:
+            _store_head(v_ptr, rows, row_ok, head - HQ - HKV, HKV, n1.to(DT), n2.to(DT), HALF)
