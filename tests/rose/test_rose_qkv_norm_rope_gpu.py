@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from rose.layers import fused, qkv_norm_rope
 from rose.layers.qkv_norm_rope import qkv_norm_rope as fused_qkv
-from tests.rose.persistent_phases import assert_within_a_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or qkv_norm_rope.triton is None,
                                                   reason="needs CUDA and Triton")]
@@ -68,8 +67,12 @@ def test_as_accurate_as_the_unfused_path_and_within_its_rounding(model, m):
     for name, a, b, e in zip("qkv", got, unfused, exact, strict=True):
         assert a.shape == b.shape and a.is_contiguous(), (name, a.shape, b.shape)
         assert _error(a, e) <= 1.5 * _error(b, e) + 1e-6, (name, _error(a, e), _error(b, e))
-        # a product a step apart (another summation order) moves its row's rstd and rotation by a step or two
-        assert_within_a_step(a, b, f"{model} m={m} {name}", share=2e-2, steps=4)
+        # a product a step apart (another summation order) moves its row's rstd and rotation by a step or two of
+        # the head's scale (a rotation that cancels leaves a small value with its operands' rounding)
+        scale = torch.maximum(b.float().abs(), b.float().pow(2).mean(-1, keepdim=True).sqrt())
+        steps = (a.float() - b.float()).abs() / (torch.finfo(torch.bfloat16).eps * scale.clamp_min(1e-6))
+        assert float(steps.max()) <= 4 and float((steps > 1).float().mean()) <= 1e-2, (
+            name, float(steps.max()), float((steps > 1).float().mean()))
 
 
 def test_a_graph_replay_gives_the_eager_bits():
@@ -126,4 +129,6 @@ def test_qwen3s_attention_routed_through_it_matches_the_unfused_attention(monkey
     assert outputs[1024][2] == 1 and outputs[999][2] == 1  # 1024 tokens routed, 999 not
     assert torch.equal(outputs[999][0], outputs[999][1])
     plain, routed, _ = outputs[1024]
-    assert_within_a_step(routed, plain, "attention routed", share=5e-2, steps=8)
+    # q and k a rounding step apart in a few elements move the softmax's weights, not the output's scale
+    apart = ((routed.float() - plain.float()).norm() / plain.float().norm()).item()
+    assert apart <= 5e-3, apart
