@@ -4,8 +4,12 @@ M in the thousands).
 Why (issue 14, benchmarks/NOTES.md "QK-norm and RoPE in the QKV GEMM's epilogue"): at 4096 tokens of the 0.6B the
 layers' QKV GEMM writes [M, (Hq + 2 Hkv) D] in bf16 and the QK-norm+RoPE kernel reads q and k back and writes them
 again: 0.6 ms of a 4096-token forward (28 calls), 5 % of it. A program here computes one head's D columns of a row
-block as two halves (the RoPE pairs d and d + D/2 sit in the same row of the two accumulators), normalizes each row
-over the head, rotates it, and writes q, k and v as the attention takes them, each contiguous.
+block in one accumulator, splits it into its halves (the RoPE pairs d and d + D/2), normalizes each row over the
+head, rotates it, and writes q, k and v as the attention takes them, each contiguous.
+
+Measured on the H200 (0fdb159, NOTES): the first form, two accumulators of D/2 columns (Hopper's 64 x 64 MMAs), ran
+154 µs a call against cuBLAS's 54 plus the QK-norm+RoPE kernel's 19, and the 0.6B's bs1-4096 +15 %: off by default.
+This form (one accumulator, 64 x 128 MMAs, as the fused gate-up's) has not run on a GPU.
 
 Rounding follows the unfused path (rose.layers.fused._norm_rope_heads): each product rounded to the activations'
 dtype as the GEMM's output would be, rstd in float32 over the rounded values, the normed value rounded, times the
@@ -13,8 +17,8 @@ weight, rounded (Qwen3's RMSNorm), cos and sin rounded, the rotation rounded. Th
 cuBLAS's, so a product may differ from F.linear's by a rounding step; the tests bound that.
 
 Qwen3's attention runs through it from ROSE_QKV_NORM_ROPE_MIN tokens (4096) on GPUs with TMA that fit its tiles
-(rose.layers.gate_up_act's rule) when ROSE_QKV_NORM_ROPE is on, without a QKV bias; a launch that fails turns the
-route off for the process.
+(rose.layers.gate_up_act's rule) when ROSE_QKV_NORM_ROPE is on (off by default), without a QKV bias; a launch that
+fails turns the route off for the process.
 """
 
 from __future__ import annotations
@@ -125,7 +129,7 @@ def qkv_norm_rope(x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor 
     kk, v = (torch.empty(m, kv_heads, head_dim, dtype=x.dtype, device=x.device) for _ in range(2))
     programs = triton.cdiv(m, BLOCK_M) * (heads + 2 * kv_heads)
     _qkv_norm_rope_kernel[(programs,)](
-        TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]), _weight_descriptor(weight, [half, BLOCK_K]),
+        TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]), _weight_descriptor(weight, [head_dim, BLOCK_K]),
         q, kk, v, q_weight, k_weight, positions, inv_freq, m, eps, HQ=heads, HKV=kv_heads, HALF=half, K=k,
         BM=BLOCK_M, BK=BLOCK_K, GROUP_M=GROUP_M, NORM=NORMS[norm], DT=_DTYPES[x.dtype],
         num_warps=WARPS, num_stages=STAGES)
@@ -164,18 +168,16 @@ if triton is not None:
                               HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, K: tl.constexpr,
                               BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NORM: tl.constexpr,
                               DT: tl.constexpr):
-        """One (row block, head) tile: the head's columns [head D, head D + D) as two accumulators of HALF columns
-        (rows past M read as zeros and are not stored); q heads first, then k's, then v's, as the weight's rows."""
+        """One (row block, head) tile: the head's columns [head D, head D + D) in one accumulator, split into its
+        two halves in the epilogue (rows past M read as zeros and are not stored); q heads first, then k's, then
+        v's, as the weight's rows."""
         pid_m, head = _tile(tl.program_id(0), M, HQ + 2 * HKV, BM, 1, GROUP_M)
         off_m, col = pid_m * BM, head * 2 * HALF
-        acc1 = tl.zeros([BM, HALF], dtype=tl.float32)
-        acc2 = tl.zeros([BM, HALF], dtype=tl.float32)
+        acc = tl.zeros([BM, 2 * HALF], dtype=tl.float32)
         for k in range(0, K, BK):
-            a = x_desc.load([off_m, k])
-            acc1 = tl.dot(a, w_desc.load([col, k]).T, acc1)
-            acc2 = tl.dot(a, w_desc.load([col + HALF, k]).T, acc2)
-        n1 = acc1.to(DT).to(tl.float32)  # rounded as the GEMM's output would be
-        n2 = acc2.to(DT).to(tl.float32)
+            acc = tl.dot(x_desc.load([off_m, k]), w_desc.load([col, k]).T, acc)
+        # rounded as the GEMM's output would be; [BM, D] -> [BM, HALF, 2] -> the halves d < HALF and d >= HALF
+        n1, n2 = tl.split(tl.permute(tl.reshape(acc.to(DT).to(tl.float32), [BM, 2, HALF]), (0, 2, 1)))
         rows = off_m + tl.arange(0, BM)
         row_ok = rows < M
         if head < HQ + HKV:
