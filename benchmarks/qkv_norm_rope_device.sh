@@ -17,7 +17,8 @@ echo "qkv GPU tests rc=$rc ($(( $(date +%s) - t0 )) s)"; tail -3 $OUT/qkv_tests.
 if [ "${PARITY:-1}" = 1 ]; then  # PARITY=0: not the parity (a rerun whose kernel is unchanged)
   ROSE_QKV_NORM_ROPE=1 ROSE_QKV_NORM_ROPE_MIN=1 timeout 80 python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/rose/test_rose_backend_parity_gpu.py -k triton > $OUT/qkv_parity.log 2>&1
-  echo "parity with the kernel from one token rc=$? ($(( $(date +%s) - t0 )) s)"; tail -3 $OUT/qkv_parity.log
+  parity_rc=$?; [ $rc -eq 0 ] && rc=$parity_rc
+  echo "parity with the kernel from one token rc=$parity_rc ($(( $(date +%s) - t0 )) s)"; tail -3 $OUT/qkv_parity.log
 fi
 AB_TIMEOUT=100 engine_ab qkv ROSE_QKV_NORM_ROPE "0 1" bs1-4096,score-50x512,docs-100
 echo "engine A/B done ($(( $(date +%s) - t0 )) s)"
@@ -25,4 +26,4 @@ VAR=ROSE_QKV_NORM_ROPE VALUES="0 1" ROUNDS=1 DEVICE_ENV_READY=1 bash benchmarks/
   | grep -E "^round|^model|^qwen3"
 mv $OUT/breakdown_ab.tar $OUT/breakdown_qkv.tar 2>/dev/null
 echo "breakdown done ($(( $(date +%s) - t0 )) s)"
-exit $rc  # the kernel's GPU tests' status (the A/B runs either way: a test's bound is not the timing)
+exit $rc  # the kernel's GPU tests' and the parity's status (the A/B runs either way)

@@ -15,8 +15,9 @@ with every block masked, side by side. --tma: a few configurations each with K a
 default) and through tensor descriptors (varlen_attention's `tma`), side by side; the table's third column is then
 block_config's blocks in the other form (by pointers where it chose descriptors, and the reverse); without --tma the
 default row loads by pointers, as the grid's rows do. --tma --order: block_config's blocks and four others with the
-programs launched heads fastest and query blocks slowest (varlen_attention's `longest_first`); the third column is
-then the default's blocks in that order. --heads Q,KV,D:
+programs launched heads fastest and query blocks slowest (varlen_attention's `longest_first`), and the default's blocks
+in each order; the third column is then the default's blocks in the order its layout does not choose (the default
+row runs the order `triton_blocks.longest_first` chooses, as the engine does). --heads Q,KV,D:
 another attention shape (BGE-base's 12,12,64) instead of the 0.6B's 16,8,128; --causal yes / no: one side only;
 --tma --wide: fifteen more block shapes through descriptors, five of them with two query heads of a KV group in
 one program (pack 2), two with four (pack 4: the 4B's `--heads 32,8,128`; a group of 2 records them as errors).
@@ -33,7 +34,7 @@ import torch
 
 from benchmarks.attention_ab import ERR_TOL, Case, docs_100, time_in_graph
 from rose.attention import AttentionBackend, AttentionShape, make_backend
-from rose.attention.triton_blocks import block_config
+from rose.attention.triton_blocks import block_config, longest_first
 from rose.attention.triton_varlen import varlen_attention
 from rose.windows import FULL
 
@@ -62,7 +63,7 @@ class Configured(AttentionBackend):
     as attention_ab times any backend."""
 
     def __init__(self, config: tuple[int, ...] | None, split: bool | None = None,
-                 tma: bool | None = None, longest_first: bool = False) -> None:
+                 tma: bool | None = None, longest_first: bool | None = None) -> None:
         self.config, self.split, self.tma, self.longest_first = config, split, tma, longest_first
 
     def forward(self, q, k, v, meta, causal, scale, state=None, window=FULL):
@@ -83,8 +84,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     grid, shapes = ((TMA_GRID, SPLIT_SHAPES) if args.tma else (SPLIT_GRID, SPLIT_SHAPES) if args.split
                     else (GRID, SHAPES))
-    grid = [(*row, False) for row in (grid + WIDE_TMA_GRID if args.tma and args.wide else grid)]
-    grid += [(None, None, None, True), *((*row, True) for row in ORDER_GRID)] if args.tma and args.order else []
+    # (config, split, tma, longest_first): None runs the order the layout chooses (triton_blocks.longest_first)
+    grid = [(*row, None) for row in (grid + WIDE_TMA_GRID if args.tma and args.wide else grid)]
+    grid += [(None, None, None, True), (None, None, None, False), *((*row, True) for row in ORDER_GRID)] \
+        if args.tma and args.order else []
     device = torch.device("cuda")
     records, best = [], []
     for causal in {"both": (True, False), "yes": (True,), "no": (False,)}[args.causal]:
@@ -99,10 +102,12 @@ def main(argv=None) -> int:
                                   causal, default_tma, group=qo_heads // kv_heads)
             named = [*chosen[:4], chosen.pack] if chosen.pack > 1 else list(chosen[:4])  # as the grid names them
             rows = []
-            for config, split, tma, first in [(None, None, default_tma, False), *grid]:
+            auto_first = longest_first(max(lengths), len(lengths), causal)  # the order the default row runs
+            for config, split, tma, first in [(None, None, default_tma, None), *grid]:
                 rec = {"causal": causal, "shape": label, "config": list(config or named),
                        "split": chosen.split if split is None else split, "tma": chosen.tma if tma is None else tma,
-                       "longest_first": first, "default": config is None and not first}
+                       "longest_first": auto_first if first is None else first,
+                       "default": config is None and first is None}
                 try:
                     timed = time_in_graph(Configured(config, split, tma, first), case, shape)
                     rec.update(us=timed["us"], err=timed["max_abs_err"],
@@ -117,8 +122,8 @@ def main(argv=None) -> int:
             top = min(ok, key=lambda r: r["us"]) if ok else None
             default = rows[0]
             other = next((r["us"] for r in rows[1:] if r["config"] == default["config"] and (
-                r["longest_first"] if args.tma and args.order else r["tma"] != default["tma"] if args.tma
-                else not r["split"])), None)
+                r["longest_first"] != default["longest_first"] if args.tma and args.order
+                else r["tma"] != default["tma"] if args.tma else not r["split"])), None)
 
             def name(r):
                 return (f"{r['config']}{'' if r['split'] else ' masked'}{' tma' if r['tma'] else ''}"
@@ -133,7 +138,7 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                             "heads": args.heads, "wide": args.wide, "order": args.tma and args.order,
                                             "records": records}, indent=1))
-    other = "first" if args.tma and args.order else "other form" if args.tma else "all masked"
+    other = "other order" if args.tma and args.order else "other form" if args.tma else "all masked"
     print(f"\n{'causal':6s} {'shape':9s} {'block_config':>23s} {'us':>8s} {other:>10s} "
           f"{'best':>27s} {'us':>8s} {'varlen us':>9s}")
     for causal, label, dcfg, dus, mus, bcfg, bus, vus in best:

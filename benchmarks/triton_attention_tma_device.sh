@@ -5,7 +5,7 @@
 # the 0.6B's shape and the 4B's (causal), the encoders' shapes if ENCODER_HEADS names them, then the 0.6B's long suites
 # in-process with AB's variable at its default against the change, alternating ROUNDS times (2): AB=tma (pointers
 # against block_config's choice), pack (ROSE_TRITON_ATTENTION_PACK 0 / 1), order (ROSE_TRITON_ATTENTION_LONGEST_FIRST
-# 0 / 1) or none. SWEEP=0: no sweeps; WIDE=0: the sweeps without --wide (half the time). Carry .whl; ~5-6 min.
+# 0 / auto) or none. SWEEP=0: no sweeps; WIDE=0: the sweeps without --wide (half the time). Carry .whl; ~5-6 min.
 # Writes $OUT/gpu_tests_tma.log, triton_attention_tma{,_4b}.json and .log, rose_gpu_<AB>.tar (each round's JSON
 # and log); the tables last.
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh triton-attention-tma
@@ -36,10 +36,10 @@ if [ "${SWEEP:-1}" = 1 ]; then  # SWEEP=0: the tests and the engine A/B alone
     echo "sweep $heads rc=$? ($(( $(date +%s) - t0 )) s)"; tail -8 $OUT/$name.log
   done
 fi
-case "${AB:-tma}" in  # the 0.6B's long suites: the variable's default (0) against the change
+case "${AB:-tma}" in  # the 0.6B's long suites: the older form (0) against the change
   tma) AB_TIMEOUT=100 engine_ab tma ROSE_TRITON_ATTENTION_TMA "0 auto" bs1-512,bs1-4096,score-50x512,docs-100 ;;
   pack) AB_TIMEOUT=100 engine_ab pack ROSE_TRITON_ATTENTION_PACK "0 1" bs1-512,bs1-4096,score-50x512,docs-100 ;;
-  order) AB_TIMEOUT=100 engine_ab order ROSE_TRITON_ATTENTION_LONGEST_FIRST "0 1" \
+  order) AB_TIMEOUT=100 engine_ab order ROSE_TRITON_ATTENTION_LONGEST_FIRST "0 auto" \
     bs1-512,bs1-4096,score-50x512,docs-100 ;;
   none) ;;
 esac

@@ -69,10 +69,10 @@ def give_up(exc: BaseException) -> None:
 
 def tiles(x: torch.Tensor, weight: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> bool:
     """Whether the kernel tiles x [M, K] @ weight [(Hq + 2 Hkv) D, K]ᵀ: one dtype, contiguous and describable, K
-    whole steps, a power-of-two head dim of 32 or more (its halves are the tiles' columns)."""
+    whole steps, a power-of-two head dim of 32 to 256 (the head is a tile's columns)."""
     if x.dim() != 2 or weight.shape != ((heads + 2 * kv_heads) * head_dim, x.shape[1]) or weight.dtype != x.dtype:
         return False
-    if head_dim < 32 or head_dim & (head_dim - 1) or x.shape[1] % BLOCK_K:
+    if not 32 <= head_dim <= 256 or head_dim & (head_dim - 1) or x.shape[1] % BLOCK_K:  # (a TMA box: <= 256)
         return False
     return x.is_contiguous() and weight.is_contiguous() and describable(x) and describable(weight)
 
@@ -85,11 +85,13 @@ def fits(x: torch.Tensor, weight: torch.Tensor, heads: int, kv_heads: int, head_
 def fused_or_none(x: torch.Tensor, proj, q_weight, k_weight, positions: torch.Tensor, inv_freq: torch.Tensor,
                   heads: int, kv_heads: int, head_dim: int, eps: float, norm: str | None,
                   least: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(q, k, v) through the fused kernel where it is routed (a CUDA batch of at least `least` tokens, LEAST's by
-    default, on a GPU with TMA, no bias on the projection `proj`, a norm it has), else None (the caller runs the
-    unfused pair); a launch that fails turns the route off (give_up) and returns None."""
+    """(q, k, v) through the fused kernel where it is routed (the route on, a CUDA batch of at least `least` tokens,
+    LEAST's by default, on a GPU with TMA, no bias on the projection `proj`, a norm it has, shapes it `fits`), else
+    None (the caller runs the unfused pair); a launch that fails turns the route off (give_up) and returns None."""
+    if LEAST is None:  # the route off (ROSE_QKV_NORM_ROPE), whatever `least` says
+        return None
     least = LEAST if least is None else least
-    if least is None or triton is None or not x.is_cuda or x.shape[0] < least or proj.bias is not None:
+    if triton is None or not x.is_cuda or x.shape[0] < least or proj.bias is not None:
         return None
     if norm not in NORMS or not _tma_fits(_index(x.device)) or not fits(x, proj.weight, heads, kv_heads, head_dim):
         return None
@@ -102,7 +104,8 @@ def fused_or_none(x: torch.Tensor, proj, q_weight, k_weight, positions: torch.Te
 
 def precompile(attn) -> int:
     """Compile the routed variant for this attention module's shapes now (M is not specialized: one launch of 8 rows
-    compiles what every batch runs). Returns the launches that ran (0 when nothing would route)."""
+    compiles what every batch runs). Returns the launches that ran (0 when nothing would route, the route off
+    included)."""
     weight = attn.qkv_proj.weight
     x = torch.zeros(8, weight.shape[1], dtype=weight.dtype, device=weight.device)
     weights = (None, None) if attn.qk_norm is None else (attn.q_norm.weight, attn.k_norm.weight)

@@ -16,13 +16,21 @@ from tests.rose.interpreter import needs_triton, run_interpreted
 
 @needs_triton
 def test_kernel_matches_the_unfused_path_under_the_interpreter():
-    run_interpreted("qkv_interpreted.py", cases=13)
+    run_interpreted("qkv_interpreted.py", cases=15)
+
+
+class _OnGPU:
+    """What fused_or_none reads of a batch, as a CUDA tensor would answer."""
+
+    def __init__(self, tokens: int, dtype=torch.bfloat16) -> None:
+        self.is_cuda, self.shape, self.dtype, self.device = True, (tokens, 128), dtype, torch.device("cuda", 0)
 
 
 def test_what_routes_the_layers_to_it(monkeypatch):
     """ROSE_QKV_NORM_ROPE on (off by default) with its least tokens (4096, or ROSE_QKV_NORM_ROPE_MIN; unreadable:
-    off); never a CPU batch, one under the least tokens, a projection with a bias, a norm it lacks (Gemma's), a
-    float32 batch, or a head dim whose halves are not whole columns; give_up turns the route off."""
+    off); with the route off nothing runs, the warm-up's launch (least=0) included; never a CPU batch, one under the
+    least tokens, a projection with a bias, a norm it lacks (Gemma's), a GPU without TMA, or shapes it does not
+    fit (float32, other heads, K not whole steps, halves not whole columns); give_up turns the route off."""
     from torch import nn
 
     from rose.layers import qkv_norm_rope
@@ -37,17 +45,37 @@ def test_what_routes_the_layers_to_it(monkeypatch):
     w = torch.zeros(8 * 32, 128, dtype=torch.bfloat16)  # 4 + 2 x 2 heads of 32
     assert fits(x, w, 4, 2, 32)
     assert not fits(x.float(), w.float(), 4, 2, 32) and not fits(x, w, 4, 1, 32)  # float32; not these heads
-    assert not fits(x[:, :96], w[:, :96], 4, 2, 32)  # K not whole steps of 64
-    assert not fits(torch.zeros(8, 128, dtype=torch.bfloat16), torch.zeros(8 * 24, 128, dtype=torch.bfloat16),
-                    4, 2, 24)  # halves of 12 columns
-    proj = MergedLinear(128, (128, 64, 64), bias=False).bfloat16()
-    args = (None, None, torch.arange(8), torch.ones(16), 4, 2, 32, 1e-6, "rms")
-    monkeypatch.setattr(qkv_norm_rope, "LEAST", 1)
-    assert qkv_norm_rope.fused_or_none(x, proj, *args) is None  # a CPU batch
+    assert not fits(x[:, :96].contiguous(), w[:, :96].contiguous(), 4, 2, 32)  # K not whole steps of 64
+    assert not fits(x, torch.zeros(8 * 24, 128, dtype=torch.bfloat16), 4, 2, 24)  # halves of 12 columns
+    assert not fits(torch.zeros(8, 512, dtype=torch.bfloat16), torch.zeros(4 * 512, 512, dtype=torch.bfloat16),
+                    2, 1, 512)  # a head wider than a TMA box
+
+    # on a "GPU": the kernel and the GPU's checks stubbed, the rules of fused_or_none itself exercised
+    ran = []
+    monkeypatch.setattr(qkv_norm_rope, "qkv_norm_rope", lambda *a: ran.append(a[0].shape[0]) or ("q", "k", "v"))
+    monkeypatch.setattr(qkv_norm_rope, "_index", lambda device: 0)
+    monkeypatch.setattr(qkv_norm_rope, "fits", lambda x, *a: x.dtype == torch.bfloat16)
+    tma = {"ok": True}
+    monkeypatch.setattr(qkv_norm_rope, "_tma_fits", lambda index: tma["ok"])
+    proj = MergedLinear(128, (128, 64, 64), bias=False)
+    args = (None, None, None, None, 4, 2, 32, 1e-6)
+
+    def route(batch, norm="rms", projection=proj, least=None):
+        return qkv_norm_rope.fused_or_none(batch, projection, *args, norm, least=least)
+
     monkeypatch.setattr(qkv_norm_rope, "LEAST", None)
-    assert qkv_norm_rope.fused_or_none(x, proj, *args, least=0) is None  # off
-    assert qkv_norm_rope.fused_or_none(x, nn.Linear(128, 256).bfloat16(), *args, least=0) is None  # a bias
+    assert route(_OnGPU(8192)) is None and route(_OnGPU(8192), least=0) is None  # off: even the warm-up's least=0
     monkeypatch.setattr(qkv_norm_rope, "LEAST", 4096)
+    assert route(_OnGPU(8), least=0) == ("q", "k", "v")  # on: the warm-up's launch of 8 rows
+    assert route(_OnGPU(4096)) == ("q", "k", "v") and ran[-1] == 4096
+    assert route(_OnGPU(4095)) is None  # under the least tokens
+    assert route(x) is None  # a CPU batch
+    assert route(_OnGPU(4096), norm="gemma") is None  # a norm the kernel lacks
+    assert route(_OnGPU(4096), projection=nn.Linear(128, 256)) is None  # a bias
+    assert route(_OnGPU(4096, torch.float32)) is None  # shapes it does not fit
+    tma["ok"] = False
+    assert route(_OnGPU(4096)) is None  # no TMA
+    assert ran == [8, 4096]
     qkv_norm_rope.give_up(RuntimeError("out of resources"))
     assert qkv_norm_rope.LEAST is None
 
