@@ -33,8 +33,15 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU builds of torch ship without Triton
     triton = None
-from rose.layers.gate_up_act import _index, _tma_fits, _weight_descriptor
-from rose.layers.tma import TensorDescriptor, describable
+from rose.layers.tma import (
+    DTYPES,
+    TensorDescriptor,
+    describable,
+    device_index,
+    gemm_tiles_fit,
+    grouped_tile,
+    weight_descriptor,
+)
 
 log = logging.getLogger("rose.qkv_norm_rope")
 
@@ -93,7 +100,9 @@ def fused_or_none(x: torch.Tensor, proj, q_weight, k_weight, positions: torch.Te
     least = LEAST if least is None else least
     if triton is None or not x.is_cuda or x.shape[0] < least or proj.bias is not None:
         return None
-    if norm not in NORMS or not _tma_fits(_index(x.device)) or not fits(x, proj.weight, heads, kv_heads, head_dim):
+    if norm not in NORMS or not gemm_tiles_fit(device_index(x.device)):
+        return None
+    if not fits(x, proj.weight, heads, kv_heads, head_dim):
         return None
     try:
         return qkv_norm_rope(x, proj.weight, q_weight, k_weight, positions, inv_freq, heads, kv_heads, eps, norm)
@@ -132,16 +141,14 @@ def qkv_norm_rope(x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor 
     kk, v = (torch.empty(m, kv_heads, head_dim, dtype=x.dtype, device=x.device) for _ in range(2))
     programs = triton.cdiv(m, BLOCK_M) * (heads + 2 * kv_heads)
     _qkv_norm_rope_kernel[(programs,)](
-        TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]), _weight_descriptor(weight, [head_dim, BLOCK_K]),
+        TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]), weight_descriptor(weight, [head_dim, BLOCK_K]),
         q, kk, v, q_weight, k_weight, positions, inv_freq, m, eps, HQ=heads, HKV=kv_heads, HALF=half, K=k,
-        BM=BLOCK_M, BK=BLOCK_K, GROUP_M=GROUP_M, NORM=NORMS[norm], DT=_DTYPES[x.dtype],
+        BM=BLOCK_M, BK=BLOCK_K, GROUP_M=GROUP_M, NORM=NORMS[norm], DT=DTYPES[x.dtype],
         num_warps=WARPS, num_stages=STAGES)
     return q, kk, v
 
 
 if triton is not None:
-    from rose.layers.gate_up_act import _DTYPES, _tile
-
     @triton.jit
     def _norm_rope(n1, n2, w_ptr, pos, inv_freq_ptr, eps, HALF: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
         """A head's two halves [BM, HALF] (float32 of the rounded products): normed per row (NORM 1: w * round(x)),
@@ -174,7 +181,7 @@ if triton is not None:
         """One (row block, head) tile: the head's columns [head D, head D + D) in one accumulator, split into its
         two halves in the epilogue (rows past M read as zeros and are not stored); q heads first, then k's, then
         v's, as the weight's rows."""
-        pid_m, head = _tile(tl.program_id(0), M, HQ + 2 * HKV, BM, 1, GROUP_M)
+        pid_m, head = grouped_tile(tl.program_id(0), M, HQ + 2 * HKV, BM, 1, GROUP_M)
         off_m, col = pid_m * BM, head * 2 * HALF
         acc = tl.zeros([BM, 2 * HALF], dtype=tl.float32)
         for k in range(0, K, BK):

@@ -53,10 +53,10 @@ def test_what_routes_the_layers_to_it(monkeypatch):
     # on a "GPU": the kernel and the GPU's checks stubbed, the rules of fused_or_none itself exercised
     ran = []
     monkeypatch.setattr(qkv_norm_rope, "qkv_norm_rope", lambda *a: ran.append(a[0].shape[0]) or ("q", "k", "v"))
-    monkeypatch.setattr(qkv_norm_rope, "_index", lambda device: 0)
+    monkeypatch.setattr(qkv_norm_rope, "device_index", lambda device: 0)
     monkeypatch.setattr(qkv_norm_rope, "fits", lambda x, *a: x.dtype == torch.bfloat16)
     tma = {"ok": True}
-    monkeypatch.setattr(qkv_norm_rope, "_tma_fits", lambda index: tma["ok"])
+    monkeypatch.setattr(qkv_norm_rope, "gemm_tiles_fit", lambda index: tma["ok"])
     proj = MergedLinear(128, (128, 64, 64), bias=False)
     args = (None, None, None, None, 4, 2, 32, 1e-6)
 

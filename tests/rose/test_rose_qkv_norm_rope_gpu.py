@@ -13,7 +13,7 @@ from rose.layers import fused, qkv_norm_rope
 from rose.layers.qkv_norm_rope import qkv_norm_rope as fused_qkv
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available() or qkv_norm_rope.triton is None or not qkv_norm_rope._tma_fits(0),
+    not torch.cuda.is_available() or qkv_norm_rope.triton is None or not qkv_norm_rope.gemm_tiles_fit(0),
     reason="needs CUDA, Triton and a GPU with TMA that fits its tiles (Hopper, datacenter Blackwell)")]
 
 SHAPES = {"qwen3-0.6b": (1024, 16, 8), "qwen3-4b": (2560, 32, 8)}  # hidden (K), query heads, KV heads; D 128
