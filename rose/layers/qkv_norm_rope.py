@@ -17,7 +17,7 @@ weight, rounded (Qwen3's RMSNorm), cos and sin rounded, the rotation rounded. Th
 cuBLAS's, so a product may differ from F.linear's by a rounding step; the tests bound that.
 
 Qwen3's attention runs through it from ROSE_QKV_NORM_ROPE_MIN tokens (4096) on GPUs with TMA that fit its tiles
-(rose.layers.gate_up_act's rule) when ROSE_QKV_NORM_ROPE is on (off by default), without a QKV bias; a launch that
+(rose.layers.tma.gemm_tiles_fit) when ROSE_QKV_NORM_ROPE is on (off by default), without a QKV bias; a launch that
 fails turns the route off for the process.
 """
 
