@@ -9,7 +9,9 @@ head, rotates it, and writes q, k and v as the attention takes them, each contig
 
 Measured on the H200 (0fdb159, NOTES): the first form, two accumulators of D/2 columns (Hopper's 64 x 64 MMAs), ran
 154 µs a call against cuBLAS's 54 plus the QK-norm+RoPE kernel's 19, and the 0.6B's bs1-4096 +15 %: off by default.
-This form (one accumulator, 64 x 128 MMAs, as the fused gate-up's) has not run on a GPU.
+This form (one accumulator, 64 x 128 MMAs, as the fused gate-up's) has not run on a GPU; its epilogue still computes
+sin and cos for every head (247 registers and 32 bytes of stack in the sm_90 SASS), which NOTES expects to keep it
+slower than the pair.
 
 Rounding follows the unfused path (rose.layers.fused._norm_rope_heads): each product rounded to the activations'
 dtype as the GEMM's output would be, rstd in float32 over the rounded values, the normed value rounded, times the
