@@ -9,9 +9,9 @@ head, rotates it, and writes q, k and v as the attention takes them, each contig
 
 Measured on the H200 (0fdb159, NOTES): the first form, two accumulators of D/2 columns (Hopper's 64 x 64 MMAs), ran
 154 µs a call against cuBLAS's 54 plus the QK-norm+RoPE kernel's 19, and the 0.6B's bs1-4096 +15 %: off by default.
-This form (one accumulator, 64 x 128 MMAs, as the fused gate-up's) has not run on a GPU; its epilogue still computes
-sin and cos for every head (247 registers and 32 bytes of stack in the sm_90 SASS), which NOTES expects to keep it
-slower than the pair.
+This form has not run on a GPU: one accumulator of the head (64 x 128 MMAs, as the fused gate-up's), cos and sin
+from a table made once a call (rope_table) instead of for every head in the epilogue (13.6 k → 3.4 k instructions and
+no stack in the sm_90 SASS), and tiles of 64 rows on 4 warps so that two CTAs share an SM (BLOCK_M's comment).
 
 Rounding follows the unfused path (rose.layers.fused._norm_rope_heads): each product rounded to the activations'
 dtype as the GEMM's output would be, rstd in float32 over the rounded values, the normed value rounded, times the
@@ -47,7 +47,11 @@ from rose.layers.tma import (
 
 log = logging.getLogger("rose.qkv_norm_rope")
 
-BLOCK_M, BLOCK_K, WARPS, STAGES, GROUP_M = 128, 64, 8, 3, 8  # the tile: rows, K step, warps, stages, rows grouped
+# the tile: rows, K step, warps, stages, row blocks grouped. 64 rows on one warpgroup: ptxas gives a thread 254
+# registers whatever the tile (the [rows, D] float32 accumulator and the epilogue's halves), so two CTAs an SM need
+# 128 threads (2 x 32.5 k of the 64 k registers; 74 KB of shared memory each), and then one CTA's epilogue overlaps
+# the other's MMAs; at 128 rows on 8 warps one CTA fills the register file (sm_90 SASS on a CPU; not yet timed)
+BLOCK_M, BLOCK_K, WARPS, STAGES, GROUP_M = 64, 64, 4, 3, 8
 NORMS = {None: 0, "rms": 1}  # the QK step's norm -> the kernel's NORM mode (Gemma's (1 + w) form is not routed)
 
 
@@ -139,22 +143,44 @@ def qkv_norm_rope(x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor 
     if norm is None:  # the weight pointers are never read: any tensor will do
         q_weight = k_weight = inv_freq
     half = head_dim // 2
+    cos, sin = rope_table(positions, inv_freq, x.dtype)  # once a call, not once a head in the epilogue
     q = torch.empty(m, heads, head_dim, dtype=x.dtype, device=x.device)
     kk, v = (torch.empty(m, kv_heads, head_dim, dtype=x.dtype, device=x.device) for _ in range(2))
     programs = triton.cdiv(m, BLOCK_M) * (heads + 2 * kv_heads)
     _qkv_norm_rope_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]), weight_descriptor(weight, [head_dim, BLOCK_K]),
-        q, kk, v, q_weight, k_weight, positions, inv_freq, m, eps, HQ=heads, HKV=kv_heads, HALF=half, K=k,
+        q, kk, v, q_weight, k_weight, cos, sin, m, eps, HQ=heads, HKV=kv_heads, HALF=half, K=k,
         BM=BLOCK_M, BK=BLOCK_K, GROUP_M=GROUP_M, NORM=NORMS[norm], DT=DTYPES[x.dtype],
         num_warps=WARPS, num_stages=STAGES)
     return q, kk, v
 
 
+def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
+    """cos and sin [M, D / 2] in `dtype` of each token's position times inv_freq (float32 [D / 2]), rounded as the
+    unfused QK-norm+RoPE kernel rounds them (its arithmetic: the position in float32, Triton's cos and sin)."""
+    m, half = positions.shape[0], inv_freq.shape[0]
+    cos, sin = (torch.empty(m, half, dtype=dtype, device=positions.device) for _ in range(2))
+    _rope_table_kernel[(triton.cdiv(m, 32),)](positions, inv_freq, cos, sin, m, HALF=half, BLOCK=32)
+    return cos, sin
+
+
 if triton is not None:
     @triton.jit
-    def _norm_rope(n1, n2, w_ptr, pos, inv_freq_ptr, eps, HALF: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
+    def _rope_table_kernel(pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, M, HALF: tl.constexpr, BLOCK: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        row_ok = rows < M
+        j = tl.arange(0, HALF)
+        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.float32)
+        freq = pos[:, None] * tl.load(inv_freq_ptr + j)[None, :]
+        at = rows.to(tl.int64)[:, None] * HALF + j[None, :]
+        tl.store(cos_ptr + at, tl.cos(freq).to(cos_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(sin_ptr + at, tl.sin(freq).to(sin_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+    @triton.jit
+    def _norm_rope(n1, n2, w_ptr, c, s, eps, HALF: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
         """A head's two halves [BM, HALF] (float32 of the rounded products): normed per row (NORM 1: w * round(x)),
-        then rotated by each row's position; returned rounded to DT."""
+        then rotated by its rows' cos and sin (float32 of the table's rounded values); returned rounded to DT."""
         j = tl.arange(0, HALF)
         if NORM != 0:
             rstd = tl.rsqrt((tl.sum(n1 * n1, axis=1) + tl.sum(n2 * n2, axis=1)) / (2 * HALF) + eps)[:, None]
@@ -162,9 +188,6 @@ if triton is not None:
             w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
             n1 = ((n1 * rstd).to(DT).to(tl.float32) * w1).to(DT).to(tl.float32)
             n2 = ((n2 * rstd).to(DT).to(tl.float32) * w2).to(DT).to(tl.float32)
-        freq = pos[:, None] * tl.load(inv_freq_ptr + j)[None, :]
-        c = tl.cos(freq).to(DT).to(tl.float32)
-        s = tl.sin(freq).to(DT).to(tl.float32)
         return (n1 * c - n2 * s).to(DT), (n2 * c + n1 * s).to(DT)
 
     @triton.jit
@@ -176,7 +199,7 @@ if triton is not None:
         tl.store(at + HALF, o2, mask=row_ok[:, None])
 
     @triton.jit(do_not_specialize=["M"])
-    def _qkv_norm_rope_kernel(x_desc, w_desc, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, inv_freq_ptr, M, eps,
+    def _qkv_norm_rope_kernel(x_desc, w_desc, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, M, eps,
                               HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, K: tl.constexpr,
                               BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NORM: tl.constexpr,
                               DT: tl.constexpr):
@@ -193,12 +216,14 @@ if triton is not None:
         rows = off_m + tl.arange(0, BM)
         row_ok = rows < M
         if head < HQ + HKV:
-            pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.float32)
+            at = rows.to(tl.int64)[:, None] * HALF + tl.arange(0, HALF)[None, :]
+            c = tl.load(cos_ptr + at, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + at, mask=row_ok[:, None], other=0.0).to(tl.float32)
             if head < HQ:
-                o1, o2 = _norm_rope(n1, n2, qw_ptr, pos, inv_freq_ptr, eps, HALF, NORM, DT)
+                o1, o2 = _norm_rope(n1, n2, qw_ptr, c, s, eps, HALF, NORM, DT)
                 _store_head(q_ptr, rows, row_ok, head, HQ, o1, o2, HALF)
             else:
-                o1, o2 = _norm_rope(n1, n2, kw_ptr, pos, inv_freq_ptr, eps, HALF, NORM, DT)
+                o1, o2 = _norm_rope(n1, n2, kw_ptr, c, s, eps, HALF, NORM, DT)
                 _store_head(k_ptr, rows, row_ok, head - HQ, HKV, o1, o2, HALF)
         else:
             _store_head(v_ptr, rows, row_ok, head - HQ - HKV, HKV, n1.to(DT), n2.to(DT), HALF)
