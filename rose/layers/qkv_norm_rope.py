@@ -52,6 +52,7 @@ log = logging.getLogger("rose.qkv_norm_rope")
 # 128 threads (2 x 32.5 k of the 64 k registers; 74 KB of shared memory each), and then one CTA's epilogue overlaps
 # the other's MMAs; at 128 rows on 8 warps one CTA fills the register file (sm_90 SASS on a CPU; not yet timed)
 BLOCK_M, BLOCK_K, WARPS, STAGES, GROUP_M = 64, 64, 4, 3, 8
+ROPE_ROWS = 32  # rows of the cos / sin table a program (64 frequencies: 2 x 2 K elements, a few registers each)
 NORMS = {None: 0, "rms": 1}  # the QK step's norm -> the kernel's NORM mode (Gemma's (1 + w) form is not routed)
 
 
@@ -143,7 +144,7 @@ def qkv_norm_rope(x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor 
     if norm is None:  # the weight pointers are never read: any tensor will do
         q_weight = k_weight = inv_freq
     half = head_dim // 2
-    cos, sin = rope_table(positions, inv_freq, x.dtype)  # once a call, not once a head in the epilogue
+    cos, sin = rope_table(positions, inv_freq, half, x.dtype)  # once a call, not once a head in the epilogue
     q = torch.empty(m, heads, head_dim, dtype=x.dtype, device=x.device)
     kk, v = (torch.empty(m, kv_heads, head_dim, dtype=x.dtype, device=x.device) for _ in range(2))
     programs = triton.cdiv(m, BLOCK_M) * (heads + 2 * kv_heads)
@@ -155,19 +156,22 @@ def qkv_norm_rope(x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor 
     return q, kk, v
 
 
-def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor,
-                                                                                              torch.Tensor]:
-    """cos and sin [M, D / 2] in `dtype` of each token's position times inv_freq (float32 [D / 2]), rounded as the
-    unfused QK-norm+RoPE kernel rounds them (its arithmetic: the position in float32, Triton's cos and sin)."""
-    m, half = positions.shape[0], inv_freq.shape[0]
+def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, half: int, dtype: torch.dtype) -> tuple[torch.Tensor,
+                                                                                                          torch.Tensor]:
+    """cos and sin [M, half] in `dtype` of each token's position times inv_freq's first `half` (float32), rounded as
+    the unfused QK-norm+RoPE kernel rounds them (its arithmetic: the position in float32, Triton's cos and sin)."""
+    if inv_freq.shape[0] < half:
+        raise ValueError(f"inv_freq has {inv_freq.shape[0]} frequencies; the heads' halves need {half}")
+    m = positions.shape[0]
     cos, sin = (torch.empty(m, half, dtype=dtype, device=positions.device) for _ in range(2))
-    _rope_table_kernel[(triton.cdiv(m, 32),)](positions, inv_freq, cos, sin, m, HALF=half, BLOCK=32)
+    _rope_table_kernel[(triton.cdiv(m, ROPE_ROWS),)](positions, inv_freq, cos, sin, m, HALF=half, BLOCK=ROPE_ROWS)
     return cos, sin
 
 
 if triton is not None:
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])  # (one variant whatever the batch: the warm-up's 8 rows compile it)
     def _rope_table_kernel(pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, M, HALF: tl.constexpr, BLOCK: tl.constexpr):
+        """BLOCK rows of the cos and sin tables, [BLOCK, HALF] each."""
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         row_ok = rows < M
         j = tl.arange(0, HALF)
