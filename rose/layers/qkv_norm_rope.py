@@ -10,8 +10,9 @@ head, rotates it, and writes q, k and v as the attention takes them, each contig
 Measured on the H200 (0fdb159, NOTES): the first form, two accumulators of D/2 columns (Hopper's 64 x 64 MMAs), ran
 154 µs a call against cuBLAS's 54 plus the QK-norm+RoPE kernel's 19, and the 0.6B's bs1-4096 +15 %: off by default.
 This form has not run on a GPU: one accumulator of the head (64 x 128 MMAs, as the fused gate-up's), cos and sin
-from a table made once a call (rope_table) instead of for every head in the epilogue (13.6 k → 3.4 k instructions and
-no stack in the sm_90 SASS), and tiles of 64 rows on 4 warps so that two CTAs share an SM (BLOCK_M's comment).
+from the persistent decoder's RoPE table made once a call (rope_table; rose.layers.rope_tiles) instead of for every
+head in the epilogue (13.6 k → 3.2 k instructions and no stack in the sm_90 SASS), and tiles of 64 rows on 4 warps so
+that two CTAs share an SM (BLOCK_M's comment).
 
 Rounding follows the unfused path (rose.layers.fused._norm_rope_heads): each product rounded to the activations'
 dtype as the GEMM's output would be, rstd in float32 over the rounded values, the normed value rounded, times the
@@ -47,12 +48,12 @@ from rose.layers.tma import (
 
 log = logging.getLogger("rose.qkv_norm_rope")
 
-# the tile: rows, K step, warps, stages, row blocks grouped. 64 rows on one warpgroup: ptxas gives a thread 254
-# registers whatever the tile (the [rows, D] float32 accumulator and the epilogue's halves), so two CTAs an SM need
-# 128 threads (2 x 32.5 k of the 64 k registers; 74 KB of shared memory each), and then one CTA's epilogue overlaps
-# the other's MMAs; at 128 rows on 8 warps one CTA fills the register file (sm_90 SASS on a CPU; not yet timed)
+# the tile: rows, K step, warps, stages, row blocks grouped. 64 rows on one warpgroup: 199 registers a thread
+# (the [rows, D] float32 accumulator and the epilogue's halves), so two CTAs share an SM (2 x 25.5 k of the 64 k
+# registers; 74 KB of shared memory each) and one CTA's epilogue overlaps the other's MMAs; 128 rows on 8 warps take
+# 255 registers, one CTA filling the register file (sm_90 SASS on a CPU; not yet timed)
 BLOCK_M, BLOCK_K, WARPS, STAGES, GROUP_M = 64, 64, 4, 3, 8
-ROPE_ROWS = 32  # rows of the cos / sin table a program (64 frequencies: 2 x 2 K elements, a few registers each)
+ROPE_PROGRAMS = 1024  # programs making the RoPE table, a row at a time each (rope_rows)
 NORMS = {None: 0, "rms": 1}  # the QK step's norm -> the kernel's NORM mode (Gemma's (1 + w) form is not routed)
 
 
@@ -144,55 +145,35 @@ def qkv_norm_rope(x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor 
     if norm is None:  # the weight pointers are never read: any tensor will do
         q_weight = k_weight = inv_freq
     half = head_dim // 2
-    cos, sin = rope_table(positions, inv_freq, half, x.dtype)  # once a call, not once a head in the epilogue
+    rope = rope_table(positions, inv_freq, half, x.dtype)  # once a call, not once a head in the epilogue
     q = torch.empty(m, heads, head_dim, dtype=x.dtype, device=x.device)
     kk, v = (torch.empty(m, kv_heads, head_dim, dtype=x.dtype, device=x.device) for _ in range(2))
     programs = triton.cdiv(m, BLOCK_M) * (heads + 2 * kv_heads)
     _qkv_norm_rope_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]), weight_descriptor(weight, [head_dim, BLOCK_K]),
-        q, kk, v, q_weight, k_weight, cos, sin, m, eps, HQ=heads, HKV=kv_heads, HALF=half, K=k,
+        q, kk, v, q_weight, k_weight, rope, m, eps, HQ=heads, HKV=kv_heads, HALF=half, K=k,
         BM=BLOCK_M, BK=BLOCK_K, GROUP_M=GROUP_M, NORM=NORMS[norm], DT=DTYPES[x.dtype],
         num_warps=WARPS, num_stages=STAGES)
     return q, kk, v
 
 
-def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, half: int, dtype: torch.dtype) -> tuple[torch.Tensor,
-                                                                                                          torch.Tensor]:
-    """cos and sin [M, half] in `dtype` of each token's position times inv_freq's first `half` (float32), rounded as
-    the unfused QK-norm+RoPE kernel rounds them (its arithmetic: the position in float32, Triton's cos and sin)."""
+def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, half: int, dtype: torch.dtype) -> torch.Tensor:
+    """The RoPE table float32 [2, M, half] (rose.layers.rope_tiles.rope_rows: cos, then sin, of each token's position
+    times inv_freq's first `half`, rounded to `dtype` as the unfused QK-norm+RoPE kernel rounds them)."""
     if inv_freq.shape[0] < half:
         raise ValueError(f"inv_freq has {inv_freq.shape[0]} frequencies; the heads' halves need {half}")
     m = positions.shape[0]
-    cos, sin = (torch.empty(m, half, dtype=dtype, device=positions.device) for _ in range(2))
-    _rope_table_kernel[(triton.cdiv(m, ROPE_ROWS),)](positions, inv_freq, cos, sin, m, HALF=half, BLOCK=ROPE_ROWS)
-    return cos, sin
+    rope = torch.empty(2, m, half, dtype=torch.float32, device=positions.device)
+    _rope_table_kernel[(max(1, min(m, ROPE_PROGRAMS)),)](positions, inv_freq, rope, m, DT=DTYPES[dtype], HALF=half)
+    return rope
 
 
 if triton is not None:
-    @triton.jit(do_not_specialize=["M"])  # (one variant whatever the batch: the warm-up's 8 rows compile it)
-    def _rope_table_kernel(pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, M, HALF: tl.constexpr, BLOCK: tl.constexpr):
-        """BLOCK rows of the cos and sin tables, [BLOCK, HALF] each."""
-        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        row_ok = rows < M
-        j = tl.arange(0, HALF)
-        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.float32)
-        freq = pos[:, None] * tl.load(inv_freq_ptr + j)[None, :]
-        at = rows.to(tl.int64)[:, None] * HALF + j[None, :]
-        tl.store(cos_ptr + at, tl.cos(freq).to(cos_ptr.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(sin_ptr + at, tl.sin(freq).to(sin_ptr.dtype.element_ty), mask=row_ok[:, None])
+    from rose.layers.rope_tiles import norm_rotate, rope_rows, rope_tile
 
-    @triton.jit
-    def _norm_rope(n1, n2, w_ptr, c, s, eps, HALF: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
-        """A head's two halves [BM, HALF] (float32 of the rounded products): normed per row (NORM 1: w * round(x)),
-        then rotated by its rows' cos and sin (float32 of the table's rounded values); returned rounded to DT."""
-        j = tl.arange(0, HALF)
-        if NORM != 0:
-            rstd = tl.rsqrt((tl.sum(n1 * n1, axis=1) + tl.sum(n2 * n2, axis=1)) / (2 * HALF) + eps)[:, None]
-            w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
-            w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
-            n1 = ((n1 * rstd).to(DT).to(tl.float32) * w1).to(DT).to(tl.float32)
-            n2 = ((n2 * rstd).to(DT).to(tl.float32) * w2).to(DT).to(tl.float32)
-        return (n1 * c - n2 * s).to(DT), (n2 * c + n1 * s).to(DT)
+    @triton.jit(do_not_specialize=["M"])  # (one variant whatever the batch: the warm-up's 8 rows compile it)
+    def _rope_table_kernel(pos_ptr, inv_freq_ptr, rope_ptr, M, DT: tl.constexpr, HALF: tl.constexpr):
+        rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, M, tl.program_id(0), tl.num_programs(0), DT, HALF)
 
     @triton.jit
     def _store_head(dst_ptr, rows, row_ok, head, heads, o1, o2, HALF: tl.constexpr):
@@ -203,7 +184,7 @@ if triton is not None:
         tl.store(at + HALF, o2, mask=row_ok[:, None])
 
     @triton.jit(do_not_specialize=["M"])
-    def _qkv_norm_rope_kernel(x_desc, w_desc, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, M, eps,
+    def _qkv_norm_rope_kernel(x_desc, w_desc, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, rope_ptr, M, eps,
                               HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, K: tl.constexpr,
                               BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NORM: tl.constexpr,
                               DT: tl.constexpr):
@@ -220,14 +201,12 @@ if triton is not None:
         rows = off_m + tl.arange(0, BM)
         row_ok = rows < M
         if head < HQ + HKV:
-            at = rows.to(tl.int64)[:, None] * HALF + tl.arange(0, HALF)[None, :]
-            c = tl.load(cos_ptr + at, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + at, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            c, s = rope_tile(rope_ptr, rows, row_ok, M, HALF)
             if head < HQ:
-                o1, o2 = _norm_rope(n1, n2, qw_ptr, c, s, eps, HALF, NORM, DT)
+                o1, o2 = norm_rotate(n1, n2, qw_ptr, c, s, eps, DT, HALF, NORM)
                 _store_head(q_ptr, rows, row_ok, head, HQ, o1, o2, HALF)
             else:
-                o1, o2 = _norm_rope(n1, n2, kw_ptr, c, s, eps, HALF, NORM, DT)
+                o1, o2 = norm_rotate(n1, n2, kw_ptr, c, s, eps, DT, HALF, NORM)
                 _store_head(k_ptr, rows, row_ok, head - HQ, HKV, o1, o2, HALF)
         else:
             _store_head(v_ptr, rows, row_ok, head - HQ - HKV, HKV, n1.to(DT), n2.to(DT), HALF)

@@ -106,7 +106,7 @@ def test_compiles_for_hopper_within_shared_memory_on_whole_head_mmas(heads, kv_h
                   "GROUP_M": mod.GROUP_M, "NORM": 1, "DT": tl.bfloat16}
     signature = {"x_desc": f"tensordesc<bf16[{mod.BLOCK_M}, {mod.BLOCK_K}]>",
                  "w_desc": f"tensordesc<bf16[128, {mod.BLOCK_K}]>", "q_ptr": "*bf16", "k_ptr": "*bf16",
-                 "v_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+                 "v_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "rope_ptr": "*fp32",
                  "M": "i32", "eps": "fp32", **dict.fromkeys(constexprs, "constexpr")}
     source = triton.compiler.ASTSource(fn=mod._qkv_norm_rope_kernel, constexprs=constexprs, signature=signature)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
