@@ -72,6 +72,16 @@ class Configured(AttentionBackend):
                                 longest_first=self.longest_first)
 
 
+def parse_shape(label: str) -> list[int] | None:
+    """"2x4096" -> [4096, 4096]; "100-docs" -> None (docs_100's lengths)."""
+    if label == "100-docs":
+        return None
+    seqs, _, length = label.partition("x")
+    if not (seqs.isdigit() and length.isdigit()):
+        raise SystemExit(f"--shapes: {label!r} is not SEQSxLEN or 100-docs")
+    return [int(length)] * int(seqs)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/triton_attention_sweep.json"))
@@ -81,9 +91,13 @@ def main(argv=None) -> int:
     parser.add_argument("--wide", action="store_true", help="with --tma: more block shapes through descriptors")
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--order", action="store_true", help="with --tma: longest blocks first beside, a few shapes")
+    parser.add_argument("--shapes", default="", help="comma-separated SEQSxLEN (2x4096) or 100-docs instead of the "
+                                                     "mode's shapes")
     args = parser.parse_args(argv)
     grid, shapes = ((TMA_GRID, SPLIT_SHAPES) if args.tma else (SPLIT_GRID, SPLIT_SHAPES) if args.split
                     else (GRID, SHAPES))
+    if args.shapes:
+        shapes = {label: parse_shape(label) for label in args.shapes.split(",")}
     # (config, split, tma, longest_first): None runs the order the layout chooses (triton_blocks.longest_first)
     grid = [(*row, None) for row in (grid + WIDE_TMA_GRID if args.tma and args.wide else grid)]
     grid += [(None, None, None, True), (None, None, None, False), *((*row, True) for row in ORDER_GRID)] \

@@ -199,3 +199,13 @@ def test_every_persistent_decoder_sweep_row_fits_the_0_6b_and_tiles_parse() -> N
     assert len(sweep_rows("prefetch")) > len(sweep_rows("prefetch=first")) > 0
     assert sweep_rows("stages=5,barrier=counter") == [r for r in SWEEP if r[1].get("stages") == 5
                                                         or r[1].get("barrier") == "counter"]
+
+
+def test_the_attention_sweep_reads_its_shapes_as_sequences_by_length() -> None:
+    from benchmarks.triton_attention_sweep import parse_shape
+
+    assert parse_shape("2x4096") == [4096, 4096]
+    assert parse_shape("1x128") == [128]
+    assert parse_shape("100-docs") is None
+    with pytest.raises(SystemExit, match="SEQSxLEN"):
+        parse_shape("4096")
