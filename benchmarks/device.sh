@@ -15,7 +15,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 RUNS=(
   "gpu-tests|gpu_tests_device.sh||.whl .whl_fi|ROSE's GPU tests and the parity report against transformers (FlashInfer's backends too)"
   "engine|engine_device.sh||.whl|GPU tests (fused kernels first), then benchmarks.rose_gpu: ROSE vs HF eager/compile, lever by lever, saturation"
-  "qkv-norm-rope|qkv_norm_rope_device.sh||.whl|the QKV GEMM with the QK norm and RoPE in its epilogue: its GPU tests, the parity with it on, the engine A/B and the 4096-token breakdown both ways (~4 min)"
   "qk-rope|qk_rope_device.sh||.whl .whl_fi|the QK-norm+RoPE kernel alone per block size, GPU tests, the 0.6B's breakdown, rose-graphs vs rose-best"
   "attention|attention_device.sh||.whl_fi|attention backends per token bucket, bidirectional with the JIT build timed, their GPU tests, then causal"
   "profile|best_device.sh|STEP=profile|.whl_fi|causal attention A/B of the Qwen3 shapes -> profiles, then GPU time per kernel class (rose_breakdown)"

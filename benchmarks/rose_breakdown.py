@@ -35,9 +35,8 @@ CATEGORIES = (  # first match wins; kernel names of cuBLAS/cutlass/Triton/FlashI
     # attention first: torch's flash kernels (pytorch_flash::flash_fwd_kernel<...cutlass::bfloat16_t...>),
     # FlashInfer's and FA4's (CuTe DSL: kernel_cutlass_kernel_flash_attn...) carry "cutlass" in their names
     ("attention", r"flash|fmha|attention|prefill|varlen|sdpa"),
-    # ROSE's gate-up GEMM with SiLU·mul in its epilogue (rose.layers.gate_up_act) is a GEMM, not an activation, and
-    # its QKV GEMM with the QK norm and RoPE in its epilogue (rose.layers.qkv_norm_rope) one, not a norm
-    ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|splitk|matmul|gate_up|qkv_norm_rope"),
+    # ROSE's gate-up GEMM with SiLU·mul in its epilogue (rose.layers.gate_up_act) is a GEMM, not an activation
+    ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|splitk|matmul|gate_up"),
     ("norm", r"rms|norm"),
     ("rope", r"rope|rotary|qk_"),
     ("activation", r"silu|gelu|act_|swiglu"),

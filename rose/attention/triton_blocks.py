@@ -99,14 +99,16 @@ def block_config(head_dim: int, max_seqlen: int = 512, seqs: int = 1, capability
 
 def longest_first(max_seqlen: int, seqs: int, causal: bool) -> bool:
     """Whether a layout's programs launch heads fastest and query blocks slowest (every head's longest causal blocks
-    before any head's shorter ones) rather than one head's blocks after another's: for one causal sequence above a
-    bound of 512, unless LONGEST_FIRST's setting forces it. Measured at head dim 128 on an H100 (`triton_attention_sweep
-    --tma --order`, `results/triton_attention_order_2219eb5/`), µs a call, block_config's blocks: the 0.6B's shape at
-    1 x 4096 causal 149.2 against 180.0, 1 x 2048 42.8 against 59.2, 1 x 1024 19.3 against 21.1, 1 x 512 level (10.35
-    against 10.25); the 4B's 292.4 against 319.1 at 4096. Many sequences keep a head's blocks together: 50 x 512
-    causal 251.9 against 215.0 (each sequence's K and V read again from memory for every query block, where one
-    head's blocks in a row find them in L2), the 100 documents 146.5 against 139.3; bidirectional blocks carry equal
-    work (1 x 1024-2048 level)."""
+    before any head's shorter ones) rather than one head's blocks after another's: for one to four causal sequences
+    above a bound of 512, unless LONGEST_FIRST's setting forces it. Measured at head dim 128 on H100s
+    (`triton_attention_sweep --tma --order`; `results/triton_attention_order_2219eb5/`, `…_few_edd631a/`),
+    µs a call, block_config's blocks: the 0.6B's shape at 1 x 4096 causal 149.2 against 180.0, 1 x 2048 42.8 against
+    59.2, 1 x 1024 19.3 against 21.1, 1 x 512 level (10.35 against 10.25); 2 x 4096 295-308 against 317-331, 4 x 2048
+    172-176 against 179-185, 2 x 2048 86.7-86.9 against 100.9-101.5, 4 x 1024 55.3 against 60.9-61.7; the 4B's
+    292.4 against 319.1 at 1 x 4096. Many sequences keep a head's blocks together: 50 x 512 causal 251.9 against
+    215.0 (each sequence's K and V read again from memory for every query block, where one head's blocks in a row
+    find them in L2), the 100 documents 146.5 against 139.3; bidirectional blocks carry equal work (1 x 1024-2048
+    level)."""
     if LONGEST_FIRST is not None:
         return LONGEST_FIRST
-    return causal and seqs == 1 and max_seqlen > 512
+    return causal and seqs <= 4 and max_seqlen > 512

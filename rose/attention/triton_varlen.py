@@ -190,7 +190,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     with block_config's blocks for that form; None: block_config's choice (TMA's setting). longest_first: programs
     launched heads fastest and query blocks slowest, so that every head's longest causal blocks start before any
     shorter one (a greedy schedule's tail: the last wave's imbalance); None: triton_blocks.longest_first's choice
-    (one causal sequence above a bound of 512; ROSE_TRITON_ATTENTION_LONGEST_FIRST forces it)."""
+    (one to four causal sequences above a bound of 512; ROSE_TRITON_ATTENTION_LONGEST_FIRST forces it)."""
     tokens, heads, head_dim = q.shape
     if not scale > 0:  # the kernel takes each row's max of the raw scores, then scales it: a positive scale only
         raise ValueError(f"scale must be positive, not {scale}")

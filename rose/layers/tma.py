@@ -1,5 +1,5 @@
 """Tensor descriptors (Hopper's TMA, the copy engine) for ROSE's Triton kernels (rose.layers.gate_up_act,
-rose.layers.qkv_norm_rope, rose.attention.triton_varlen): the host-side class where this Triton has it, the GPUs that
+rose.attention.triton_varlen): the host-side class where this Triton has it, the GPUs that
 have TMA (and those whose shared memory holds the GEMMs' tiles), TMA's rules for a tensor one descriptor may cover,
 weights' descriptors made once, and the GEMMs' grouped tile order."""
 

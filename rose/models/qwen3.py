@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
-from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding, gate_up_act, qkv_norm_rope
+from rose.layers import MergedLinear, RMSNorm, RotaryEmbedding, gate_up_act
 from rose.layers.fused import (
     add_rms_norm,
     precompile_qk_norm_rope,
@@ -78,17 +78,10 @@ class Qwen3Attention(nn.Module):
                 attn: AttentionContext) -> torch.Tensor:
         t = x.shape[0]
         weights = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
-        # with ROSE_QKV_NORM_ROPE on, from 4096 tokens on Hopper: the QK norm and RoPE in the QKV GEMM's epilogue
-        fused = qkv_norm_rope.fused_or_none(x, self.qkv_proj, *weights, positions, inv_freq, self.num_heads,
-                                            self.num_kv_heads, self.head_dim, self.eps, self.qk_norm)
-        if fused is not None:
-            q, k, v = fused
-        else:
-            qkv = self.qkv_proj(x)
-            q, k = qk_norm_rope(qkv, *weights, positions, inv_freq, self.num_heads, self.num_kv_heads, self.head_dim,
-                                self.eps, norm=self.qk_norm)
-            v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim:].view(t, self.num_kv_heads,
-                                                                                    self.head_dim)
+        qkv = self.qkv_proj(x)
+        q, k = qk_norm_rope(qkv, *weights, positions, inv_freq, self.num_heads, self.num_kv_heads, self.head_dim,
+                            self.eps, norm=self.qk_norm)
+        v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim:].view(t, self.num_kv_heads, self.head_dim)
         out = attn(q, k, v)
         return self.o_proj(out.reshape(t, -1))
 
@@ -153,11 +146,10 @@ class Qwen3Model(nn.Module):
         self.rotary = RotaryEmbedding(head_dim, rope_theta(cfg))
 
     def precompile_kernels(self) -> int:
-        """Every tokens-per-program variant of the QK-norm+RoPE kernel and the fused gate-up's and QKV's routed
-        variants, compiled before serving."""
+        """Every tokens-per-program variant of the QK-norm+RoPE kernel and the fused gate-up's routed variants,
+        compiled before serving."""
         attn = self.layers[0].self_attn
-        return (precompile_qk_norm_rope(attn) + gate_up_act.precompile(self.layers[0].mlp.gate_up_proj.weight)
-                + qkv_norm_rope.precompile(attn))
+        return precompile_qk_norm_rope(attn) + gate_up_act.precompile(self.layers[0].mlp.gate_up_proj.weight)
 
     # rose.layers.persistent_decoder.PersistentDecoder once the engine's warm-up enabled it (ROSE_PERSISTENT_DECODER,
     # default auto): every layer of a batch of up to its routed bound in one kernel, for forwards with its backend

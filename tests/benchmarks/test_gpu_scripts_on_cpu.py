@@ -27,7 +27,6 @@ def test_kernel_names_fall_into_their_classes() -> None:
         "BatchPrefillWithRaggedKVCacheKernel": "attention",
         "_add_rms_kernel": "norm",  # rose/layers/fused.py's names
         "_qk_norm_rope_kernel": "norm",  # the fused QK-norm + rotary counts as a norm
-        "_qkv_norm_rope_kernel": "gemm",  # the QKV GEMM with them in its epilogue (rose.layers.qkv_norm_rope)
         "_silu_mul_kernel": "activation",
         "_act_mul_kernel": "activation",  # SiLU or GELU-tanh times up
         "Memcpy HtoD (Pinned -> Device)": "copy",

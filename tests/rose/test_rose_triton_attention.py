@@ -72,17 +72,18 @@ def test_block_config_follows_the_layout(monkeypatch):
     assert block_config(32, 512, 100, hopper, tma=True) == (64, 64, 4, 3, True, True, 1)
 
 
-def test_longest_first_for_one_long_causal_sequence(monkeypatch):
-    """Heads fastest, query blocks slowest for one causal sequence above a bound of 512 (where the H100 sweep found
-    it faster); many sequences, bidirectional layouts and short bounds keep each head's blocks together; the
-    setting forces either."""
+def test_longest_first_for_up_to_four_long_causal_sequences(monkeypatch):
+    """Heads fastest, query blocks slowest for one to four causal sequences above a bound of 512 (where the H100
+    sweeps found it faster); more sequences, bidirectional layouts and short bounds keep each head's blocks together;
+    the setting forces either."""
     from rose.attention import triton_blocks
     from rose.attention.triton_blocks import longest_first
 
     monkeypatch.setattr(triton_blocks, "LONGEST_FIRST", None)  # auto, whatever this process's environment says
     assert longest_first(4096, 1, True) and longest_first(1024, 1, True) and longest_first(513, 1, True)
     assert not longest_first(512, 1, True) and not longest_first(128, 1, True)
-    assert not longest_first(4096, 2, True) and not longest_first(512, 51, True)
+    assert longest_first(4096, 2, True) and longest_first(2048, 4, True) and longest_first(1024, 4, True)
+    assert not longest_first(4096, 5, True) and not longest_first(512, 4, True) and not longest_first(512, 51, True)
     assert not longest_first(4096, 1, False)
     monkeypatch.setattr(triton_blocks, "LONGEST_FIRST", True)
     assert longest_first(512, 51, False)
