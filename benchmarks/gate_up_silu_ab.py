@@ -27,11 +27,15 @@ from rose.layers.gate_up_act import GateUpConfig, gate_up_silu
 
 SHAPES = {"qwen3-0.6b": (1024, 3072), "qwen3-4b": (2560, 9728)}  # hidden (K), intermediate (I)
 LAYERS = 4
-# the three fastest pointer-load configurations at e508b0d (of seven), and the tensor-descriptor (TMA) forms
+# the three fastest pointer-load configurations at e508b0d (of seven), the tensor-descriptor (TMA) forms, and
+# 64-row TMA tiles for 512-2048 tokens (more tiles than SMs where 128-row ones leave SMs idle: 96 tiles at 512)
 CONFIGS = [GateUpConfig(block_n=128, warps=8, stages=3), GateUpConfig(block_n=128, warps=8, stages=4),
            GateUpConfig(block_m=256, warps=8, stages=3), GateUpConfig(block_n=128, warps=8, stages=3, load="tma"),
            GateUpConfig(block_n=128, warps=8, stages=3, load="tma-sms"), GateUpConfig(load="tma"),
-           GateUpConfig(warps=8, load="tma-sms")]
+           GateUpConfig(warps=8, load="tma-sms"), GateUpConfig(block_m=64, block_n=128, warps=4, stages=3, load="tma"),
+           GateUpConfig(block_m=64, block_n=128, warps=4, stages=4, load="tma"),
+           GateUpConfig(block_m=64, block_n=64, warps=4, stages=4, load="tma"),
+           GateUpConfig(block_m=64, block_n=128, warps=8, stages=3, load="tma")]
 
 
 def _us(fn) -> float:

@@ -11,7 +11,9 @@ Triton's, not cuBLAS's, so a product may differ from F.linear's by a rounding st
 
 Qwen3's MLP runs through it from ROSE_GATE_UP_SILU_MIN tokens (4096) on Hopper and datacenter Blackwell (its tensor
 descriptors need TMA, its tiles ~180 KB of shared memory), with the configuration ROSE_GATE_UP_SILU names
-(DEFAULT_ROUTE's by default; `off` for the unfused pair); a launch that fails turns the route off for the process.
+(DEFAULT_ROUTE's by default; `off` for the unfused pair; `label@tokens,label@tokens` gives each band of batch sizes
+its own tiles, a batch taking the band with the largest floor it reaches); a launch that fails turns the route off
+for the process.
 Measured on an H100 (NOTES "SiLU·mul in the gate-up GEMM's epilogue"; `benchmarks.gate_up_silu_ab`): with plain
 pointer loads its GEMM ran at ~80 % of cuBLAS's rate, a wash for the 0.6B and 7-8 % slower for the 4B (e508b0d);
 through tensor descriptors 0.84-0.89 × the pair for the 0.6B and 0.93-0.98 × for the 4B, the same bits, and the
@@ -83,18 +85,30 @@ class GateUpConfig:
 DEFAULT_ROUTE = GateUpConfig(block_n=128, warps=8, stages=3, load="tma")
 
 
-def engine_route(env: dict[str, str] | None = None) -> tuple[GateUpConfig | None, int]:
-    """The layers' use of the fused kernel: (configuration, least tokens) from ROSE_GATE_UP_SILU (a configuration's
-    label, DEFAULT_ROUTE's by default, or off) and ROSE_GATE_UP_SILU_MIN (4096); a value it cannot read is a warning
-    and the route off."""
+Route = tuple[tuple[int, GateUpConfig], ...]  # (least tokens, configuration) bands, the largest floor first
+
+
+def engine_route(env: dict[str, str] | None = None) -> Route:
+    """The layers' use of the fused kernel: its bands of batch sizes, each (least tokens, configuration), from
+    ROSE_GATE_UP_SILU (a configuration's label, DEFAULT_ROUTE's by default, from ROSE_GATE_UP_SILU_MIN tokens, 4096;
+    or labels with their own floors, `m128n128k64w8p3g8-tma@4096,m64n128k64w4p3g8-tma@512`; or off: no band); a
+    value it cannot read is a warning and the route off."""
     env = os.environ if env is None else env
     value = env.get("ROSE_GATE_UP_SILU", DEFAULT_ROUTE.label()).strip()
     try:
         least = int(env.get("ROSE_GATE_UP_SILU_MIN", "4096"))
-        return (None if value.lower() in ("", "0", "off", "false") else GateUpConfig.parse(value)), least
+        if value.lower() in ("", "0", "off", "false"):
+            return ()
+        bands = []
+        for part in value.split(","):
+            label, at, floor = part.partition("@")
+            bands.append((int(floor) if at else least, GateUpConfig.parse(label)))
+        if len({floor for floor, _ in bands}) < len(bands):
+            raise ValueError(f"two bands share a floor in {value!r}")
+        return tuple(sorted(bands, key=lambda band: -band[0]))
     except ValueError as exc:
         log.warning("ROSE_GATE_UP_SILU / ROSE_GATE_UP_SILU_MIN: %s; the unfused gate-up and SiLU·mul serve", exc)
-        return None, 4096
+        return ()
 
 
 ROUTE = engine_route()  # read once, at import (as rose.layers.fused.ENABLED); give_up() turns it off
@@ -104,10 +118,10 @@ def give_up(exc: BaseException) -> None:
     """Turn the route off for this process after a launch failed (a GPU whose shared memory the tiles do not fit,
     say): logged once; the unfused pair serves from here on."""
     global ROUTE
-    if ROUTE[0] is not None:
+    if ROUTE:
         log.warning("the fused gate-up kernel failed (%s: %s); the unfused gate-up and SiLU·mul serve from here on",
                     type(exc).__name__, exc)
-    ROUTE = (None, ROUTE[1])
+    ROUTE = ()
 
 
 @functools.cache
@@ -115,12 +129,12 @@ def _sms(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def routed(x: torch.Tensor, weight: torch.Tensor, least: int | None = None) -> GateUpConfig | None:
-    """The configuration to run x through the fused kernel with (ROUTE), or None for the unfused pair: a CUDA batch
-    of at least `least` tokens (ROUTE's), on a GPU the tensor-descriptor forms fit (gemm_tiles_fit), that `fits`."""
-    config, route_least = ROUTE
-    least = route_least if least is None else least
-    if config is None or triton is None or not x.is_cuda or x.shape[0] < least:
+def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
+    """The configuration to run x through the fused kernel with, or None for the unfused pair: a CUDA batch, in one
+    of ROUTE's bands (the one with the largest floor its tokens reach), on a GPU the tensor-descriptor forms fit
+    (gemm_tiles_fit), that `fits`."""
+    config = next((band for floor, band in ROUTE if x.shape[0] >= floor), None)
+    if config is None or triton is None or not x.is_cuda:
         return None
     if config.load != "ptr" and not gemm_tiles_fit(device_index(x.device)):
         return None
@@ -140,10 +154,10 @@ def fits(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:
     return config.load == "ptr" or (describable(x) and describable(weight))
 
 
-def fused_or_none(x: torch.Tensor, weight: torch.Tensor, least: int | None = None) -> torch.Tensor | None:
+def fused_or_none(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """SiLU(gate) * up through the fused kernel where it is routed (`routed`), else None (the caller runs the unfused
     pair); a launch that fails turns the route off (give_up) and returns None."""
-    config = routed(x, weight, least)
+    config = routed(x, weight)
     if config is None:
         return None
     try:
@@ -154,11 +168,14 @@ def fused_or_none(x: torch.Tensor, weight: torch.Tensor, least: int | None = Non
 
 
 def precompile(weight: torch.Tensor) -> int:
-    """Compile the routed variant for this gate-up weight now (M is not specialized: one launch of 8 rows compiles
-    what every batch runs), so that the first long batch in serving does not pay Triton's compile; a failure turns
-    the route off (give_up). Returns the launches that ran (0 when nothing would route)."""
-    x = torch.zeros(8, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    return int(fused_or_none(x, weight, least=0) is not None)
+    """Compile every band's variant for this gate-up weight now (M is not specialized: one launch of a band's floor
+    in rows compiles what its batches run), so that the first long batch in serving does not pay Triton's compile;
+    a failure turns the route off (give_up). Returns the launches that ran (0 when nothing would route)."""
+    launched = 0
+    for floor, _ in ROUTE:
+        x = torch.zeros(max(floor, 8), weight.shape[1], dtype=weight.dtype, device=weight.device)
+        launched += fused_or_none(x, weight) is not None
+    return launched
 
 
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = DEFAULT_ROUTE,

@@ -30,7 +30,8 @@ def test_shapes_it_cannot_tile_are_refused():
 
 def test_what_routes_the_layers_to_it(monkeypatch):
     """ROSE_GATE_UP_SILU names a configuration by its label (the measured fastest by default, or off; a value it
-    cannot read turns it off) and ROSE_GATE_UP_SILU_MIN the least tokens; a CPU batch never routes; `fits` refuses
+    cannot read turns it off) and ROSE_GATE_UP_SILU_MIN the least tokens, or bands of batch sizes each with its own
+    floor and label; a CPU batch never routes; `fits` refuses
     shapes, dtypes and layouts the configuration cannot tile; a failed launch turns the route off."""
     import torch
 
@@ -41,14 +42,18 @@ def test_what_routes_the_layers_to_it(monkeypatch):
     assert GateUpConfig.parse(config.label()) == config and config.label() == "m64n128k64w8p3g4"
     tma = GateUpConfig(load="tma-sms")
     assert tma.label() == "m128n64k64w4p4g8-tma-sms" and GateUpConfig.parse(tma.label()) == tma
-    assert engine_route({}) == (DEFAULT_ROUTE, 4096) and DEFAULT_ROUTE.label() == "m128n128k64w8p3g8-tma"  # on
-    assert engine_route({"ROSE_GATE_UP_SILU": "off"})[0] is None
-    assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4", "ROSE_GATE_UP_SILU_MIN": "512"}) == (config, 512)
-    for bad in ("on", "m64n128", "m64n128k64w8p3g4x", "m64n128k64w8p3g4-sms"):
-        with pytest.raises(ValueError, match="not a gate-up configuration"):
-            GateUpConfig.parse(bad)
-        assert engine_route({"ROSE_GATE_UP_SILU": bad}) == (None, 4096)  # a warning, the unfused pair
-    assert engine_route({"ROSE_GATE_UP_SILU_MIN": "many"}) == (None, 4096)
+    assert engine_route({}) == ((4096, DEFAULT_ROUTE),) and DEFAULT_ROUTE.label() == "m128n128k64w8p3g8-tma"  # on
+    assert engine_route({"ROSE_GATE_UP_SILU": "off"}) == ()
+    assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4", "ROSE_GATE_UP_SILU_MIN": "512"}) == ((512, config),)
+    banded = "m64n128k64w8p3g4@512, m128n128k64w8p3g8-tma@4096"  # the largest floor first, whatever the order given
+    assert engine_route({"ROSE_GATE_UP_SILU": banded}) == ((4096, DEFAULT_ROUTE), (512, config))
+    for bad in ("on", "m64n128", "m64n128k64w8p3g4x", "m64n128k64w8p3g4-sms", "m64n128k64w8p3g4@many"):
+        if "@" not in bad:
+            with pytest.raises(ValueError, match="not a gate-up configuration"):
+                GateUpConfig.parse(bad)
+        assert engine_route({"ROSE_GATE_UP_SILU": bad}) == ()  # a warning, the unfused pair
+    assert engine_route({"ROSE_GATE_UP_SILU_MIN": "many"}) == ()
+    assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4@512,m128n128k64w8p3g8-tma@512"}) == ()  # one floor
 
     def t(rows, cols, dtype=torch.bfloat16):
         return torch.zeros(rows, cols, dtype=dtype)
@@ -61,9 +66,9 @@ def test_what_routes_the_layers_to_it(monkeypatch):
     assert not fits(t(8192, 2048)[:, ::2], w, DEFAULT_ROUTE)  # not contiguous
     assert not fits(t(8192 * 1024 + 1, 1).view(-1)[1:].view(8192, 1024), w, DEFAULT_ROUTE)  # 2 bytes off 16
     assert fits(t(8192 * 1024 + 1, 1).view(-1)[1:].view(8192, 1024), w, GateUpConfig(block_n=128))  # pointers: any
-    monkeypatch.setattr(gate_up_act, "ROUTE", (DEFAULT_ROUTE, 4096))
+    monkeypatch.setattr(gate_up_act, "ROUTE", ((4096, DEFAULT_ROUTE),))
     gate_up_act.give_up(RuntimeError("out of resources"))
-    assert gate_up_act.ROUTE == (None, 4096)
+    assert gate_up_act.ROUTE == ()
 
 
 def _ptxas() -> bool:

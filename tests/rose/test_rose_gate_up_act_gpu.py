@@ -16,9 +16,11 @@ from tests.rose.persistent_phases import assert_within_a_step
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or gate_up_act.triton is None,
                                                   reason="needs CUDA and Triton")]
 
+SMALL_M = GateUpConfig(block_m=64, block_n=128, warps=4, stages=3, load="tma")  # 64-row tiles for 512-2048 tokens
 SHAPES = {"qwen3-0.6b": (1024, 3072), "qwen3-4b": (2560, 9728)}  # hidden (K), intermediate (I), as the benchmark's
 CONFIGS = [GateUpConfig(), GateUpConfig(block_n=128, warps=8, stages=3), DEFAULT_ROUTE,
-           GateUpConfig(block_n=128, warps=8, stages=3, load="tma-sms"), GateUpConfig(warps=8, load="tma-sms")]
+           GateUpConfig(block_n=128, warps=8, stages=3, load="tma-sms"), GateUpConfig(warps=8, load="tma-sms"),
+           SMALL_M]
 
 
 def _operands(m: int, k: int, inner: int):
@@ -68,8 +70,9 @@ def test_a_graph_replay_gives_the_eager_bits(config):
 
 
 def test_qwen3s_mlp_routed_through_it_matches_the_unfused_mlp(monkeypatch):
-    """With a configuration named (ROSE_GATE_UP_SILU), Qwen3's MLP runs the fused kernel from the least tokens on and
-    the unfused pair below them; the routed MLP is as accurate against a float64 MLP as the unfused one."""
+    """With configurations named (ROSE_GATE_UP_SILU), Qwen3's MLP runs the fused kernel from each band's least tokens on
+    with that band's tiles and the unfused pair below them all; the routed MLP is as accurate against a float64 MLP
+    as the unfused one."""
     from rose.models.qwen3 import Qwen3MLP
 
     k, inner = SHAPES["qwen3-0.6b"]
@@ -79,12 +82,13 @@ def test_qwen3s_mlp_routed_through_it_matches_the_unfused_mlp(monkeypatch):
         mlp.down_proj.weight.normal_(0, 0.02)
     x = _operands(1024, k, inner)[0]
     with torch.inference_mode():
-        plain, plain_short = mlp(x), mlp(x[:999])
-        monkeypatch.setattr(gate_up_act, "ROUTE", (DEFAULT_ROUTE, 1000))
+        plain, plain_short = mlp(x), mlp(x[:499])
+        monkeypatch.setattr(gate_up_act, "ROUTE", ((1000, DEFAULT_ROUTE), (500, SMALL_M)))
         calls = []
-        monkeypatch.setattr(gate_up_act, "gate_up_silu", lambda *a, **kw: calls.append(1) or gate_up_silu(*a, **kw))
-        routed, short = mlp(x), mlp(x[:999])
-    assert calls == [1] and torch.equal(short, plain_short)  # 1024 tokens routed, 999 not
+        monkeypatch.setattr(gate_up_act, "gate_up_silu",
+                            lambda x, w, c: calls.append((len(x), c)) or gate_up_silu(x, w, c))
+        routed, middle, short = mlp(x), mlp(x[:999]), mlp(x[:499])
+    assert calls == [(1024, DEFAULT_ROUTE), (999, SMALL_M)] and torch.equal(short, plain_short)  # 499 not routed
     w_gu, w_d = mlp.gate_up_proj.weight.double(), mlp.down_proj.weight.double()
     gu = x.double() @ w_gu.t()
     exact = (F.silu(gu[:, :inner]) * gu[:, inner:]) @ w_d.t()
@@ -93,3 +97,4 @@ def test_qwen3s_mlp_routed_through_it_matches_the_unfused_mlp(monkeypatch):
         return ((y.double() - exact).norm() / exact.norm()).item()
 
     assert error(routed) <= 1.5 * error(plain) + 1e-6, (error(routed), error(plain))
+    assert ((middle.double() - exact[:999]).norm() / exact[:999].norm()).item() <= 1.5 * error(plain) + 1e-6
