@@ -9,7 +9,7 @@ Rounding follows the unfused path: gate and up rounded to the activations' dtype
 SiLU in float32 rounded once, times up, rounded (rose.layers.fused._act_mul_kernel). The accumulation order is
 Triton's, not cuBLAS's, so a product may differ from F.linear's by a rounding step; the tests bound that.
 
-Qwen3's MLP runs through it from ROSE_GATE_UP_SILU_MIN tokens (4096) on Hopper and datacenter Blackwell (its tensor
+Qwen3's MLP runs through it from ROSE_GATE_UP_SILU_MIN tokens (2048) on Hopper and datacenter Blackwell (its tensor
 descriptors need TMA, its tiles ~180 KB of shared memory), with the configuration ROSE_GATE_UP_SILU names
 (DEFAULT_ROUTE's by default; `off` for the unfused pair; `label@tokens,label@tokens` gives each band of batch sizes
 its own tiles, a batch taking the band with the largest floor it reaches); a launch that fails turns the route off
@@ -19,7 +19,8 @@ pointer loads its GEMM ran at ~80 % of cuBLAS's rate, a wash for the 0.6B and 7-
 through tensor descriptors 0.84-0.89 × the pair for the 0.6B and 0.93-0.98 × for the 4B, the same bits, and the
 0.6B's bs1-4096 −2 to −5 %, score-50x512 −4.5 to −5 %, docs-100 +3.4 to +4.4 % in the engine (0cda4a8, one
 program an SM; the default is a program a tile, 2 % slower in the kernel table, so that the express lane's kernels
-still find SMs between its tiles).
+still find SMs between its tiles). From 2048 tokens since 960c350: 45.8 against the pair's 52.7 µs a layer at 2048
+tokens, bs1-2048 −3 %; at 512-1024 tokens level or slower with every tile measured (cuBLAS's small-M GEMMs are fast).
 """
 
 from __future__ import annotations
@@ -90,13 +91,13 @@ Route = tuple[tuple[int, GateUpConfig], ...]  # (least tokens, configuration) ba
 
 def engine_route(env: dict[str, str] | None = None) -> Route:
     """The layers' use of the fused kernel: its bands of batch sizes, each (least tokens, configuration), from
-    ROSE_GATE_UP_SILU (a configuration's label, DEFAULT_ROUTE's by default, from ROSE_GATE_UP_SILU_MIN tokens, 4096;
-    or labels with their own floors, `m128n128k64w8p3g8-tma@4096,m64n128k64w4p3g8-tma@512`; or off: no band); a
+    ROSE_GATE_UP_SILU (a configuration's label, DEFAULT_ROUTE's by default, from ROSE_GATE_UP_SILU_MIN tokens, 2048;
+    or labels with their own floors, `m128n128k64w8p3g8-tma@4096,m128n64k64w4p4g8-tma@1024`; or off: no band); a
     value it cannot read is a warning and the route off."""
     env = os.environ if env is None else env
     value = env.get("ROSE_GATE_UP_SILU", DEFAULT_ROUTE.label()).strip()
     try:
-        least = int(env.get("ROSE_GATE_UP_SILU_MIN", "4096"))
+        least = int(env.get("ROSE_GATE_UP_SILU_MIN", "2048"))
         if value.lower() in ("", "0", "off", "false"):
             return ()
         bands = []

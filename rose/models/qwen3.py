@@ -96,7 +96,7 @@ class Qwen3MLP(nn.Module):
             raise ValueError(f"hidden_act {cfg.get('hidden_act')!r} is not supported here (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # from 4096 tokens on Hopper: SiLU·mul in gate-up's epilogue (rose.layers.gate_up_act, ROSE_GATE_UP_SILU)
+        # from 2048 tokens on Hopper: SiLU·mul in gate-up's epilogue (rose.layers.gate_up_act, ROSE_GATE_UP_SILU)
         h = gate_up_act.fused_or_none(x, self.gate_up_proj.weight)
         return self.down_proj(h if h is not None else silu_mul(self.gate_up_proj(x)))
 

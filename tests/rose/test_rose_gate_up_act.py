@@ -42,7 +42,7 @@ def test_what_routes_the_layers_to_it(monkeypatch):
     assert GateUpConfig.parse(config.label()) == config and config.label() == "m64n128k64w8p3g4"
     tma = GateUpConfig(load="tma-sms")
     assert tma.label() == "m128n64k64w4p4g8-tma-sms" and GateUpConfig.parse(tma.label()) == tma
-    assert engine_route({}) == ((4096, DEFAULT_ROUTE),) and DEFAULT_ROUTE.label() == "m128n128k64w8p3g8-tma"  # on
+    assert engine_route({}) == ((2048, DEFAULT_ROUTE),) and DEFAULT_ROUTE.label() == "m128n128k64w8p3g8-tma"  # on
     assert engine_route({"ROSE_GATE_UP_SILU": "off"}) == ()
     assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4", "ROSE_GATE_UP_SILU_MIN": "512"}) == ((512, config),)
     banded = "m64n128k64w8p3g4@512, m128n128k64w8p3g8-tma@4096"  # the largest floor first, whatever the order given
