@@ -51,8 +51,11 @@ WIDE_TMA_GRID = [(config, None, True) for config in ((64, 64, 4, 2), (64, 64, 4,
                                                      (64, 64, 8, 3, 2), (64, 64, 8, 2, 2), (64, 128, 8, 2, 2),
                                                      (32, 64, 4, 3, 2), (64, 32, 8, 3, 2),
                                                      (16, 64, 4, 3, 4), (32, 64, 8, 3, 4))]  # pack 4: groups of 4+
-# --order: block_config's blocks and the best-measured shapes with every head's longest query blocks first
-ORDER_GRID = [(config, None, True) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3, 2), (16, 64, 4, 3, 4))]
+# --order: block_config's blocks and the best-measured shapes with every head's longest query blocks first, and
+# larger blocks (two warpgroups of 64 query rows, 128-key blocks), which the older order measured slower at 1 x 4096
+ORDER_GRID = [(config, None, True) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3, 2), (16, 64, 4, 3, 4),
+                                                  (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2),
+                                                  (64, 64, 4, 4), (64, 64, 8, 3))]
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}
 SPLIT_SHAPES = {"1x128": [128], "1x512": [512], "1x1024": [1024], "1x2048": [2048], "1x4096": [4096],
                 "50x512": [512] * 50, "100-docs": None}
