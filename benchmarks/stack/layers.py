@@ -3,12 +3,13 @@
     python -m benchmarks.stack.layers --url http://IVY --tulip HOST:PORT --model-dir DIR --model NAME \
         --suite all --out DIR [--inprocess true] [--server-metrics URL] [--client-cpus 12-15]
 
-Layers, in this order (`--layers` picks some): `ivy-text` (the gateway with texts), `ivy-ids` (the
-gateway with the client's own token ids), `tulip-grpc` (one Tulip over gRPC with ids, `--tulip-call
-stream|unary`; needs `--tulip`), `tulip-framed` (the same Tulip over its framed EmbedStream, the transport Ivy
-uses: the port its Info names) and, with `--inprocess true`, `inprocess` (rose.Engine in this process,
-after the servers' layers; the server may stay up) and `inprocess-closed` (the same engine as L closed-loop
-clients with a harness that costs nothing, the concurrency suite only: inprocess_closed.py says why).
+Layers, by default in this order (`--layers` picks some, the servers' in the order it names them): `ivy-text`
+(the gateway with texts), `ivy-ids` (the gateway with the client's own token ids), `tulip-grpc` (one Tulip over
+gRPC with ids, `--tulip-call stream|unary`; needs `--tulip`), `tulip-framed` (the same Tulip over its framed
+EmbedStream, the transport Ivy uses: the port its Info names) and, with `--inprocess true`, `inprocess`
+(rose.Engine in this process, after the servers' layers; the server may stay up) and `inprocess-closed` (the same
+engine as L closed-loop clients with a harness that costs nothing, the concurrency suite only: inprocess_closed.py
+says why).
 Every layer runs the same suites on the same seeded requests (context.py). Each layer is verified against `--reference` when given, on what it is
 measured with. A step that fails is a record with its `error`; a layer that cannot start (unreachable,
 verification failed, no torch) has one such record per suite; the run goes on. OUT/stack_layers_<model>.json
@@ -44,7 +45,8 @@ from rose.flags import add_config_arguments, config_from_args
 class LayersConfig(BenchConfig):
     model_dir: str | None = _f(None, "the served model folder: the token ids' tokenizer (--tokenizer's default) "
                                      "and the in-process engine")
-    layers: str = _f(",".join(LAYERS), "the layers to run, some of " + ", ".join(LAYERS) + " (run in that order)")
+    layers: str = _f(",".join(LAYERS), "the layers to run, some of " + ", ".join(LAYERS)
+                     + " (the servers' in the order given, in-process last)")
     inprocess: bool = _f(False, "run the in-process layer (rose.Engine here: needs torch; the GPU or the CPU)")
     device: str | None = _f(None, "the in-process engine's device, cuda or cpu (default: cuda when available)")
 
@@ -70,8 +72,9 @@ def check(config: LayersConfig) -> tuple[tuple[str, ...], list[str]]:
     wanted = [s.strip() for s in config.layers.split(",") if s.strip()]
     if unknown := [s for s in wanted if s not in LAYERS]:
         raise ValueError(f"unknown layer(s) {', '.join(unknown)}; choose from {', '.join(LAYERS)}")
-    layers = [name for name in LAYERS if name in wanted and (name not in TULIP or config.tulip)
-              and (name not in INPROCESS or config.inprocess)]
+    # the servers' layers in the order given (which runs first on a fresh stack is a choice), in-process last
+    servers = [name for name in dict.fromkeys(wanted) if name not in INPROCESS and (name not in TULIP or config.tulip)]
+    layers = servers + [name for name in INPROCESS if name in wanted and config.inprocess]
     if set(INPROCESS) & set(layers) and not config.model_dir:
         raise ValueError("--inprocess true needs --model-dir (the engine loads it)")
     if not layers:

@@ -85,11 +85,11 @@ def test_a_layer_that_cannot_start_is_recorded_and_the_run_goes_on(
                  "--timeout-s", "2", "--layers", "tulip-grpc,ivy-ids")
     assert layers.main(argv) == EXIT_SERVER
     records = json.loads((tmp_path / f"stack_layers_{MODEL}.json").read_text())["records"]
-    assert [(r["layer"], r["suite"]) for r in records] == [
-        ("ivy-ids", "embed-latency"), ("ivy-ids", "score-latency"),
-        ("tulip-grpc", "embed-latency"), ("tulip-grpc", "score-latency")]
-    assert all(r["p50_ms"] > 0 for r in records[:2])
-    assert all("could not start" in r["error"] and r["p50_ms"] is None for r in records[2:])
+    assert [(r["layer"], r["suite"]) for r in records] == [  # in the order named: the failing layer first
+        ("tulip-grpc", "embed-latency"), ("tulip-grpc", "score-latency"),
+        ("ivy-ids", "embed-latency"), ("ivy-ids", "score-latency")]
+    assert all("could not start" in r["error"] and r["p50_ms"] is None for r in records[:2])
+    assert all(r["p50_ms"] > 0 for r in records[2:])
 
 
 def test_a_killed_run_keeps_the_layers_that_finished(fake_stack: FakeStack, minilm_dir: Path, tmp_path: Path,
@@ -112,3 +112,18 @@ def test_server_counters_go_with_each_record(fake_stack: FakeStack, minilm_dir: 
     assert layers.main(argv) == 0
     (record,) = json.loads((tmp_path / f"stack_layers_{MODEL}.json").read_text())["records"]
     assert record["server"]["runs_replay"] == 2  # the measured requests only, not the warm-up
+
+
+def test_the_servers_layers_run_in_the_order_named_and_in_process_last() -> None:
+    """Which layer meets a fresh stack first is the caller's choice (`--layers ivy-ids,ivy-text`); the in-process
+    layers always follow the servers' (they load the engine into this process)."""
+    from benchmarks.stack.layers import LayersConfig, check
+
+    def order(layers: str, **kw) -> list[str]:
+        config = LayersConfig(model="m", tokenizer="t", model_dir="d", layers=layers, **kw)
+        return check(config)[1]
+
+    assert order("ivy-ids,ivy-text") == ["ivy-ids", "ivy-text"]
+    assert order("inprocess,ivy-text,tulip-framed,ivy-text", tulip="h:1", inprocess=True) == [
+        "ivy-text", "tulip-framed", "inprocess"]
+    assert order("tulip-grpc,ivy-ids") == ["ivy-ids"]  # no --tulip: Tulip's layers are left out
