@@ -14,13 +14,14 @@ errs above attention_ab's ERR_TOL is recorded with its status. Prints, last, the
 with every block masked, side by side. --tma: a few configurations each with K and V loaded by pointers (the
 default) and through tensor descriptors (varlen_attention's `tma`), side by side; the table's third column is then
 block_config's blocks in the other form (by pointers where it chose descriptors, and the reverse); without --tma the
-default row loads by pointers, as the grid's rows do. --tma --order: block_config's blocks and four others with the
+default row loads by pointers, as the grid's rows do. --tma --order: block_config's blocks and nine others with the
 programs launched heads fastest and query blocks slowest (varlen_attention's `longest_first`), and the default's blocks
 in each order; the third column is then the default's blocks in the order its layout does not choose (the default
 row runs the order `triton_blocks.longest_first` chooses, as the engine does). --heads Q,KV,D:
 another attention shape (BGE-base's 12,12,64) instead of the 0.6B's 16,8,128; --causal yes / no: one side only;
 --tma --wide: fifteen more block shapes through descriptors, five of them with two query heads of a KV group in
 one program (pack 2), two with four (pack 4: the 4B's `--heads 32,8,128`; a group of 2 records them as errors).
+--shapes 2x4096,4x1024,100-docs: these shapes (sequences x length) instead of the mode's.
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ class Configured(AttentionBackend):
 
 def parse_shape(label: str) -> list[int] | None:
     """"2x4096" -> [4096, 4096]; "100-docs" -> None (docs_100's lengths)."""
+    label = label.strip()
     if label == "100-docs":
         return None
     seqs, _, length = label.partition("x")
-    if not (seqs.isdigit() and length.isdigit()):
-        raise SystemExit(f"--shapes: {label!r} is not SEQSxLEN or 100-docs")
+    if not (seqs.isdigit() and length.isdigit() and int(seqs) > 0 and int(length) > 0):
+        raise SystemExit(f"--shapes: {label!r} is not SEQSxLEN (both at least 1) or 100-docs")
     return [int(length)] * int(seqs)
 
 
@@ -100,7 +102,7 @@ def main(argv=None) -> int:
     grid, shapes = ((TMA_GRID, SPLIT_SHAPES) if args.tma else (SPLIT_GRID, SPLIT_SHAPES) if args.split
                     else (GRID, SHAPES))
     if args.shapes:
-        shapes = {label: parse_shape(label) for label in args.shapes.split(",")}
+        shapes = {label.strip(): parse_shape(label) for label in args.shapes.split(",")}
     # (config, split, tma, longest_first): None runs the order the layout chooses (triton_blocks.longest_first)
     grid = [(*row, None) for row in (grid + WIDE_TMA_GRID if args.tma and args.wide else grid)]
     grid += [(None, None, None, True), (None, None, None, False), *((*row, True) for row in ORDER_GRID)] \

@@ -226,7 +226,8 @@ def _gpu(target: dict):
 
 def compile_entries(target: dict, entries: list[dict]) -> dict:
     """Compile each entry for `target` into Triton's cache (one already there is only loaded). Returns counts:
-    compiled, stale (the kernel's source changed since it was recorded), failed; and the failures' errors."""
+    compiled, stale (the kernel's source changed since it was recorded, or its module is gone), failed; and the
+    failures' errors."""
     import importlib
 
     import triton
@@ -234,7 +235,14 @@ def compile_entries(target: dict, entries: list[dict]) -> dict:
     counts: dict = {"compiled": 0, "stale": 0, "failed": 0, "errors": []}
     for entry in entries:
         try:
-            fn = getattr(importlib.import_module(entry["module"]), entry["name"])
+            try:
+                fn = getattr(importlib.import_module(entry["module"]), entry["name"])
+            except ModuleNotFoundError as exc:
+                gone = exc.name and (entry["module"] + ".").startswith(exc.name + ".")  # it or its package
+                if not gone:  # the module is there, something it imports is not
+                    raise
+                counts["stale"] += 1
+                continue
             if fn.cache_key != entry["source_key"]:
                 counts["stale"] += 1
                 continue

@@ -12,6 +12,7 @@ upgrade), the next start that compiles it replaces its old entries with what it 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -156,11 +157,20 @@ class Recorder:
 
 def _current_source(entry: dict, sources: dict[tuple[str, str], str]) -> str | None:
     """The kernel's source hash now: as this process compiled it, else from its module if imported (an entry of
-    a kernel renamed or removed since: None, so it is dropped), else as recorded (unknown here: kept)."""
+    a kernel renamed or removed since: None, so it is dropped), else as recorded if its module still exists
+    (unknown here: kept; a module removed since: None, dropped)."""
     key = (entry["module"], entry["name"])
     if key in sources:
         return sources[key]
     module = sys.modules.get(entry["module"])
     if module is None:
-        return entry["source_key"]
+        return entry["source_key"] if _module_exists(entry["module"]) else None
     return getattr(getattr(module, entry["name"], None), "cache_key", None)
+
+
+def _module_exists(name: str) -> bool:
+    """Whether `name` is a module this install has (found without importing it; a package is imported to look)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False

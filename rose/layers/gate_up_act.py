@@ -92,18 +92,20 @@ Route = tuple[tuple[int, GateUpConfig], ...]  # (least tokens, configuration) ba
 def engine_route(env: dict[str, str] | None = None) -> Route:
     """The layers' use of the fused kernel: its bands of batch sizes, each (least tokens, configuration), from
     ROSE_GATE_UP_SILU (a configuration's label, DEFAULT_ROUTE's by default, from ROSE_GATE_UP_SILU_MIN tokens, 2048;
-    or labels with their own floors, `m128n128k64w8p3g8-tma@4096,m128n64k64w4p4g8-tma@1024`; or off: no band); a
-    value it cannot read is a warning and the route off."""
+    or labels with their own floors of at least one token, `m128n128k64w8p3g8-tma@4096,m128n64k64w4p4g8-tma@2048`;
+    or off: no band); a value it cannot read is a warning and the route off."""
     env = os.environ if env is None else env
     value = env.get("ROSE_GATE_UP_SILU", DEFAULT_ROUTE.label()).strip()
     try:
-        least = int(env.get("ROSE_GATE_UP_SILU_MIN", "2048"))
         if value.lower() in ("", "0", "off", "false"):
             return ()
         bands = []
-        for part in value.split(","):
+        for part in filter(None, (p.strip() for p in value.split(","))):
             label, at, floor = part.partition("@")
-            bands.append((int(floor) if at else least, GateUpConfig.parse(label)))
+            least = int(floor if at else env.get("ROSE_GATE_UP_SILU_MIN", "2048"))
+            if least < 1:
+                raise ValueError(f"a band's floor must be at least one token, not {least}")
+            bands.append((least, GateUpConfig.parse(label)))
         if len({floor for floor, _ in bands}) < len(bands):
             raise ValueError(f"two bands share a floor in {value!r}")
         return tuple(sorted(bands, key=lambda band: -band[0]))
@@ -134,12 +136,19 @@ def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
     """The configuration to run x through the fused kernel with, or None for the unfused pair: a CUDA batch, in one
     of ROUTE's bands (the one with the largest floor its tokens reach), on a GPU the tensor-descriptor forms fit
     (gemm_tiles_fit), that `fits`."""
-    config = next((band for floor, band in ROUTE if x.shape[0] >= floor), None)
-    if config is None or triton is None or not x.is_cuda:
-        return None
+    reached = [(floor, config) for floor, config in ROUTE if x.shape[0] >= floor]
+    config = max(reached, key=lambda band: band[0])[1] if reached else None
+    return config if config is not None and launchable(x, weight, config) else None
+
+
+def launchable(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:
+    """Whether `config` can run x through the kernel here: Triton present, a CUDA batch, a GPU the
+    tensor-descriptor forms fit (gemm_tiles_fit), shapes it `fits`."""
+    if triton is None or not x.is_cuda:
+        return False
     if config.load != "ptr" and not gemm_tiles_fit(device_index(x.device)):
-        return None
-    return config if fits(x, weight, config) else None
+        return False
+    return fits(x, weight, config)
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:
@@ -169,13 +178,20 @@ def fused_or_none(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def precompile(weight: torch.Tensor) -> int:
-    """Compile every band's variant for this gate-up weight now (M is not specialized: one launch of a band's floor
-    in rows compiles what its batches run), so that the first long batch in serving does not pay Triton's compile;
-    a failure turns the route off (give_up). Returns the launches that ran (0 when nothing would route)."""
+    """Compile every band's variant for this gate-up weight now (M is not specialized: one launch of 8 rows compiles
+    what every batch of that band runs), so that the first long batch in serving does not pay Triton's compile; a
+    failure turns the route off (give_up). Returns the launches that ran (0 when nothing would route)."""
+    x = torch.zeros(8, weight.shape[1], dtype=weight.dtype, device=weight.device)
     launched = 0
-    for floor, _ in ROUTE:
-        x = torch.zeros(max(floor, 8), weight.shape[1], dtype=weight.dtype, device=weight.device)
-        launched += fused_or_none(x, weight) is not None
+    for config in dict.fromkeys(config for _, config in ROUTE):  # each configuration once
+        if not launchable(x, weight, config):
+            continue
+        try:
+            gate_up_silu(x, weight, config)
+        except Exception as exc:  # noqa: BLE001 - a GPU the kernel cannot launch on: the unfused pair from here on
+            give_up(exc)
+            return launched
+        launched += 1
     return launched
 
 

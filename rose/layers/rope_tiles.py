@@ -1,6 +1,6 @@
-"""Triton device functions of the persistent decoder's attention step (rose.layers.persistent_attention): the RoPE
-table made once (rope_rows), its tiles read back (rope_tile), and a head's two halves RMS-normed and rotated with
-them (norm_rotate), each rounding as the layers' unfused
+"""Triton device functions of the persistent decoder (rose.layers.persistent_kernels makes the RoPE table once,
+rope_rows; its attention step, rose.layers.persistent_attention, reads its tiles back, rope_tile, and RMS-norms and
+rotates a head's two halves with them, norm_rotate), each rounding as the layers' unfused
 QK-norm+RoPE kernel does (rose.layers.fused._norm_rope_heads)."""
 
 import triton

@@ -205,6 +205,7 @@ def test_the_attention_sweep_reads_its_shapes_as_sequences_by_length() -> None:
 
     assert parse_shape("2x4096") == [4096, 4096]
     assert parse_shape("1x128") == [128]
-    assert parse_shape("100-docs") is None
-    with pytest.raises(SystemExit, match="SEQSxLEN"):
-        parse_shape("4096")
+    assert parse_shape("100-docs") is None and parse_shape(" 4x1024") == [1024] * 4
+    for bad in ("4096", "0x512", "2x0", "2x"):
+        with pytest.raises(SystemExit, match="SEQSxLEN"):
+            parse_shape(bad)

@@ -22,7 +22,7 @@ from benchmarks.rose_breakdown import category
      "__5x_cublas", "gemm"),
     ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>(Params)", "gemm"),
     ("_gate_up_silu_tma_kernel", "gemm"),  # ROSE's fused gate-up: SiLU·mul rides in its epilogue
-    ("_act_mul_kernel", "activation"),  # SiLU·mul apart (below 4096 tokens)
+    ("_act_mul_kernel", "activation"),  # SiLU·mul apart (below 2048 tokens)
     ("_attention_kernel", "attention"),  # ROSE's Triton ragged attention
     ("_add_rms_norm_kernel", "norm"),
 

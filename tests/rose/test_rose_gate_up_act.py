@@ -1,4 +1,4 @@
-"""The gate-up projection with SiLU·mul in its epilogue (rose.layers.gate_up_act; Qwen3's MLP from 4096 tokens) on a
+"""The gate-up projection with SiLU·mul in its epilogue (rose.layers.gate_up_act; Qwen3's MLP from 2048 tokens) on a
 CPU: under Triton's interpreter against the unfused path's rounding steps (float32 and float16; one row, rows past a
 block, partial row groups; pointer loads and tensor descriptors), the shapes it refuses before launching, and what
 routes the layers to it. On the GPU, bf16 against F.linear + silu_mul: test_rose_gate_up_act_gpu.py."""
@@ -54,6 +54,11 @@ def test_what_routes_the_layers_to_it(monkeypatch):
         assert engine_route({"ROSE_GATE_UP_SILU": bad}) == ()  # a warning, the unfused pair
     assert engine_route({"ROSE_GATE_UP_SILU_MIN": "many"}) == ()
     assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4@512,m128n128k64w8p3g8-tma@512"}) == ()  # one floor
+    assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4@0"}) == ()  # a floor under one token
+    assert engine_route({"ROSE_GATE_UP_SILU": "m64n128k64w8p3g4@-5"}) == ()
+    # every band with its own floor: ROSE_GATE_UP_SILU_MIN is not read; a trailing comma is no band
+    assert engine_route({"ROSE_GATE_UP_SILU": banded + ",", "ROSE_GATE_UP_SILU_MIN": "many"}) == (
+        (4096, DEFAULT_ROUTE), (512, config))
 
     def t(rows, cols, dtype=torch.bfloat16):
         return torch.zeros(rows, cols, dtype=dtype)
@@ -69,6 +74,38 @@ def test_what_routes_the_layers_to_it(monkeypatch):
     monkeypatch.setattr(gate_up_act, "ROUTE", ((4096, DEFAULT_ROUTE),))
     gate_up_act.give_up(RuntimeError("out of resources"))
     assert gate_up_act.ROUTE == ()
+
+
+def test_a_batch_takes_the_band_of_the_largest_floor_it_reaches_and_precompile_compiles_each_once(monkeypatch):
+    """Band selection whatever ROUTE's order; precompile launches 8 rows of each distinct configuration once (M is
+    not specialized), skips one that cannot launch, and a failed launch turns the route off."""
+    import torch
+
+    from rose.layers import gate_up_act
+    from rose.layers.gate_up_act import DEFAULT_ROUTE, GateUpConfig, precompile, routed
+
+    small = GateUpConfig(block_n=128, warps=4, load="tma")
+    monkeypatch.setattr(gate_up_act, "launchable", lambda x, w, c: True)  # as on a GPU the tiles fit
+    monkeypatch.setattr(gate_up_act, "ROUTE", ((512, small), (4096, DEFAULT_ROUTE), (100, small)))  # unsorted
+    w = torch.zeros(6144, 1024, dtype=torch.bfloat16)
+
+    def rows(n):
+        return torch.zeros(n, 1024, dtype=torch.bfloat16)
+
+    assert routed(rows(4096), w) == DEFAULT_ROUTE and routed(rows(9000), w) == DEFAULT_ROUTE
+    assert routed(rows(4095), w) == small and routed(rows(100), w) == small and routed(rows(99), w) is None
+    launches = []
+    monkeypatch.setattr(gate_up_act, "gate_up_silu", lambda x, w, c: launches.append((x.shape[0], c)))
+    assert precompile(w) == 2 and sorted(launches, key=str) == sorted([(8, small), (8, DEFAULT_ROUTE)], key=str)
+    monkeypatch.setattr(gate_up_act, "launchable", lambda x, w, c: c == small)  # the other cannot launch here
+    launches.clear()
+    assert precompile(w) == 1 and launches == [(8, small)]
+
+    def fail(x, w, c):
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(gate_up_act, "gate_up_silu", fail)
+    assert precompile(w) == 0 and gate_up_act.ROUTE == ()  # given up: the unfused pair serves
 
 
 def _ptxas() -> bool:

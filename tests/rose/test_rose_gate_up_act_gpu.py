@@ -1,4 +1,4 @@
-"""The gate-up projection with SiLU·mul in its epilogue (rose.layers.gate_up_act; Qwen3's MLP from 4096 tokens)
+"""The gate-up projection with SiLU·mul in its epilogue (rose.layers.gate_up_act; Qwen3's MLP from 2048 tokens)
 against the layers' unfused path (F.linear, then rose.layers.fused.silu_mul) in bf16 on Qwen3-0.6B's and -4B's MLP
 shapes: as accurate against a float64 reference, within the rounding steps a different summation order allows, the
 same bits in a CUDA-graph replay as called eagerly, and the routed MLP as accurate as the unfused one."""
@@ -16,7 +16,7 @@ from tests.rose.persistent_phases import assert_within_a_step
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or gate_up_act.triton is None,
                                                   reason="needs CUDA and Triton")]
 
-SMALL_M = GateUpConfig(block_m=64, block_n=128, warps=4, stages=3, load="tma")  # 64-row tiles for 512-2048 tokens
+SMALL_M = GateUpConfig(block_m=64, block_n=128, warps=4, stages=3, load="tma")  # 64-row tiles (swept, not routed)
 SHAPES = {"qwen3-0.6b": (1024, 3072), "qwen3-4b": (2560, 9728)}  # hidden (K), intermediate (I), as the benchmark's
 CONFIGS = [GateUpConfig(), GateUpConfig(block_n=128, warps=8, stages=3), DEFAULT_ROUTE,
            GateUpConfig(block_n=128, warps=8, stages=3, load="tma-sms"), GateUpConfig(warps=8, load="tma-sms"),
@@ -89,6 +89,7 @@ def test_qwen3s_mlp_routed_through_it_matches_the_unfused_mlp(monkeypatch):
                             lambda x, w, c: calls.append((len(x), c)) or gate_up_silu(x, w, c))
         routed, middle, short = mlp(x), mlp(x[:999]), mlp(x[:499])
     assert calls == [(1024, DEFAULT_ROUTE), (999, SMALL_M)] and torch.equal(short, plain_short)  # 499 not routed
+    assert gate_up_act.ROUTE == ((1000, DEFAULT_ROUTE), (500, SMALL_M))  # both launched: none gave the route up
     w_gu, w_d = mlp.gate_up_proj.weight.double(), mlp.down_proj.weight.double()
     gu = x.double() @ w_gu.t()
     exact = (F.silu(gu[:, :inner]) * gu[:, inner:]) @ w_d.t()

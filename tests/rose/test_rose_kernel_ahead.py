@@ -23,6 +23,15 @@ from rose.kernel_manifest import MANIFEST_NAME, Recorder, read_entries
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 TARGET = {"backend": "cuda", "arch": 90, "warp_size": 32}
+_MODULE_EXISTS = kernel_manifest._module_exists
+
+
+@pytest.fixture(autouse=True)
+def _fake_kernel_modules_exist(monkeypatch):
+    """The recorder's tests name kernels of modules that are not files (rose.fake_kernels_*): as if they were, so
+    that only a test about removed modules meets the real check."""
+    monkeypatch.setattr(kernel_manifest, "_module_exists",
+                        lambda name: name.startswith("rose.fake_kernels") or _MODULE_EXISTS(name))
 CUDA = SimpleNamespace(type="cuda")
 
 
@@ -82,10 +91,10 @@ def test_stale_broken_and_foreign_entries_never_raise(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     _, _, entry = _act_mul_variant()
     stale = {**entry, "source_key": "the kernel's source before an edit"}
-    missing_module = {**entry, "module": "rose.no_such_module"}
+    removed_module = {**entry, "module": "rose.no_such_module"}  # a kernel's module removed since: stale
     broken = {**entry, "spec": "{not json"}
-    counts = kernel_ahead.compile_entries(TARGET, [stale, missing_module, broken])
-    assert (counts["compiled"], counts["stale"], counts["failed"]) == (0, 1, 2) and len(counts["errors"]) == 2
+    counts = kernel_ahead.compile_entries(TARGET, [stale, removed_module, broken])
+    assert (counts["compiled"], counts["stale"], counts["failed"]) == (0, 2, 1) and len(counts["errors"]) == 1
     assert not _cache_files(tmp_path) - {str(p) for p in tmp_path.glob("*")}
 
 
@@ -199,7 +208,7 @@ def test_early_workers_are_adopted_once(tmp_path, monkeypatch):
     again, _ = kernel_ahead.engine_start(tmp_path, CUDA)
     assert again is not None and again is not early, "adopted once: a later start begins its own"
     for workers in (early, again):
-        assert workers.wait(timeout=120)["failed"] == 1  # a module that is not there: reported, never raised
+        assert workers.wait(timeout=120)["stale"] == 1  # a module that is not there: counted, never raised
 
 
 def test_workers_setting(monkeypatch):
@@ -284,12 +293,15 @@ def test_entries_of_kernels_changed_or_gone_are_dropped(tmp_path, monkeypatch):
     base = {"target": TARGET, "spec": "{}"}
     changed = {"module": "rose.layers.fused", "name": "_act_mul_kernel", "source_key": "before an edit", **base}
     gone = {"module": "rose.layers.fused", "name": "_a_kernel_renamed_since", "source_key": "s", **base}
-    unknown = {"module": "rose.never_imported_here", "name": "_k", "source_key": "s", **base}
-    path = _write(tmp_path / MANIFEST_NAME, [changed, gone, unknown])
+    (tmp_path / "kernels_never_imported_here.py").write_text("")  # a module that exists, not imported: kept
+    monkeypatch.syspath_prepend(str(tmp_path))
+    unknown = {"module": "kernels_never_imported_here", "name": "_k", "source_key": "s", **base}
+    removed = {"module": "rose.a_module_removed_since", "name": "_k", "source_key": "s", **base}  # dropped
+    path = _write(tmp_path / MANIFEST_NAME, [changed, gone, unknown, removed])
     recorder = Recorder()
     _hook_call(recorder, "rose.fake_kernels_b", "b")
     assert recorder.save(path) == 2
-    assert {e["module"] for e in read_entries([path])} == {"rose.never_imported_here", "rose.fake_kernels_b"}
+    assert {e["module"] for e in read_entries([path])} == {"kernels_never_imported_here", "rose.fake_kernels_b"}
 
 
 def test_compile_workers_follow_the_usable_cpus_not_the_hosts(monkeypatch) -> None:
