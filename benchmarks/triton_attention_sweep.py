@@ -14,10 +14,11 @@ errs above attention_ab's ERR_TOL is recorded with its status. Prints, last, the
 with every block masked, side by side. --tma: a few configurations each with K and V loaded by pointers (the
 default) and through tensor descriptors (varlen_attention's `tma`), side by side; the table's third column is then
 block_config's blocks in the other form (by pointers where it chose descriptors, and the reverse); without --tma the
-default row loads by pointers, as the grid's rows do. --tma --order: block_config's blocks and nine others with the
-programs launched heads fastest and query blocks slowest (varlen_attention's `longest_first`), and the default's blocks
-in each order; the third column is then the default's blocks in the order its layout does not choose (the default
-row runs the order `triton_blocks.longest_first` chooses, as the engine does). --heads Q,KV,D:
+default row loads by pointers, as the grid's rows do. --tma --order: block_config's blocks and nine others in the order
+the layout does not choose (programs launched heads fastest and query blocks slowest, varlen_attention's
+`longest_first`, or the older order), and the default's blocks in each order; the third column is then the
+default's blocks in the order its layout does not choose (the default row runs the order
+`triton_blocks.longest_first` chooses, as the engine does). --heads Q,KV,D:
 another attention shape (BGE-base's 12,12,64) instead of the 0.6B's 16,8,128; --causal yes / no: one side only;
 --tma --wide: fifteen more block shapes through descriptors, five of them with two query heads of a KV group in
 one program (pack 2), two with four (pack 4: the 4B's `--heads 32,8,128`; a group of 2 records them as errors).
@@ -52,11 +53,13 @@ WIDE_TMA_GRID = [(config, None, True) for config in ((64, 64, 4, 2), (64, 64, 4,
                                                      (64, 64, 8, 3, 2), (64, 64, 8, 2, 2), (64, 128, 8, 2, 2),
                                                      (32, 64, 4, 3, 2), (64, 32, 8, 3, 2),
                                                      (16, 64, 4, 3, 4), (32, 64, 8, 3, 4))]  # pack 4: groups of 4+
-# --order: block_config's blocks and the best-measured shapes with every head's longest query blocks first, and
-# larger blocks (two warpgroups of 64 query rows, 128-key blocks), which the older order measured slower at 1 x 4096
+# --order: block_config's blocks and the best-measured shapes in the order the layout does not choose (the grid's rows
+# run the one it does), so each is measured both ways, and larger blocks (two warpgroups of 64 query rows, 128-key
+# blocks), which both orders measured slower at 1 x 4096 (results/triton_attention_order_blocks_164990c/)
 ORDER_GRID = [(config, None, True) for config in ((64, 64, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3, 2), (16, 64, 4, 3, 4),
                                                   (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2),
                                                   (64, 64, 4, 4), (64, 64, 8, 3))]
+OTHER = object()  # an order grid row's order: the one the layout does not choose
 SHAPES = {"1x128": [128], "1x512": [512], "1x4096": [4096], "100-docs": None}
 SPLIT_SHAPES = {"1x128": [128], "1x512": [512], "1x1024": [1024], "1x2048": [2048], "1x4096": [4096],
                 "50x512": [512] * 50, "100-docs": None}
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
         shapes = {label.strip(): parse_shape(label) for label in args.shapes.split(",")}
     # (config, split, tma, longest_first): None runs the order the layout chooses (triton_blocks.longest_first)
     grid = [(*row, None) for row in (grid + WIDE_TMA_GRID if args.tma and args.wide else grid)]
-    grid += [(None, None, None, True), (None, None, None, False), *((*row, True) for row in ORDER_GRID)] \
+    grid += [(None, None, None, True), (None, None, None, False), *((*row, OTHER) for row in ORDER_GRID)] \
         if args.tma and args.order else []
     device = torch.device("cuda")
     records, best = [], []
@@ -123,6 +126,7 @@ def main(argv=None) -> int:
             rows = []
             auto_first = longest_first(max(lengths), len(lengths), causal)  # the order the default row runs
             for config, split, tma, first in [(None, None, default_tma, None), *grid]:
+                first = (not auto_first) if first is OTHER else first
                 rec = {"causal": causal, "shape": label, "config": list(config or named),
                        "split": chosen.split if split is None else split, "tma": chosen.tma if tma is None else tma,
                        "longest_first": auto_first if first is None else first,
