@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from rose.host_cpus import usable_cpus
-from rose.kernel_manifest import cuda_target, is_off, manifest_paths, read_entries
+from rose.kernel_manifest import cuda_target, is_off, manifest_paths, module_exists, read_entries
 
 log = logging.getLogger("rose.kernel_ahead")
 WORKERS_ENV = "ROSE_KERNEL_COMPILE_WORKERS"
@@ -234,15 +234,11 @@ def compile_entries(target: dict, entries: list[dict]) -> dict:
 
     counts: dict = {"compiled": 0, "stale": 0, "failed": 0, "errors": []}
     for entry in entries:
+        if not module_exists(entry["module"]):  # removed since it was recorded
+            counts["stale"] += 1
+            continue
         try:
-            try:
-                fn = getattr(importlib.import_module(entry["module"]), entry["name"])
-            except ModuleNotFoundError as exc:
-                gone = exc.name and (entry["module"] + ".").startswith(exc.name + ".")  # it or its package
-                if not gone:  # the module is there, something it imports is not
-                    raise
-                counts["stale"] += 1
-                continue
+            fn = getattr(importlib.import_module(entry["module"]), entry["name"])
             if fn.cache_key != entry["source_key"]:
                 counts["stale"] += 1
                 continue

@@ -164,11 +164,11 @@ def _current_source(entry: dict, sources: dict[tuple[str, str], str]) -> str | N
         return sources[key]
     module = sys.modules.get(entry["module"])
     if module is None:
-        return entry["source_key"] if _module_exists(entry["module"]) else None
+        return entry["source_key"] if module_exists(entry["module"]) else None
     return getattr(getattr(module, entry["name"], None), "cache_key", None)
 
 
-def _module_exists(name: str) -> bool:
+def module_exists(name: str) -> bool:
     """Whether `name` is a module this install has (found without importing it; a package is imported to look)."""
     try:
         return importlib.util.find_spec(name) is not None

@@ -38,15 +38,7 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU builds of torch ship without Triton
     triton = None
-from rose.layers.tma import (
-    DTYPES,
-    TensorDescriptor,
-    describable,
-    device_index,
-    gemm_tiles_fit,
-    grouped_tile,
-    weight_descriptor,
-)
+from rose.layers.tma import TensorDescriptor, describable, has_tma
 
 log = logging.getLogger("rose.gate_up_act")
 
@@ -128,25 +120,37 @@ def give_up(exc: BaseException) -> None:
 
 
 @functools.cache
+def _tma_fits(device: int) -> bool:
+    """Hopper or datacenter Blackwell: TMA (has_tma), and ~227 KB of shared memory a block (consumer Blackwell,
+    sm_120, has ~99 KB)."""
+    return has_tma(device) and torch.cuda.get_device_capability(device)[0] <= 10
+
+
+@functools.cache
 def _sms(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
     """The configuration to run x through the fused kernel with, or None for the unfused pair: a CUDA batch, in one
-    of ROUTE's bands (the one with the largest floor its tokens reach), on a GPU the tensor-descriptor forms fit
-    (gemm_tiles_fit), that `fits`."""
+    of ROUTE's bands (the one with the largest floor its tokens reach), that it is `launchable` on."""
     reached = [(floor, config) for floor, config in ROUTE if x.shape[0] >= floor]
-    config = max(reached, key=lambda band: band[0])[1] if reached else None
-    return config if config is not None and launchable(x, weight, config) else None
+    if not reached:
+        return None
+    config = max(reached, key=lambda band: band[0])[1]
+    return config if launchable(x, weight, config) else None
 
 
 def launchable(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:
     """Whether `config` can run x through the kernel here: Triton present, a CUDA batch, a GPU the
-    tensor-descriptor forms fit (gemm_tiles_fit), shapes it `fits`."""
+    tensor-descriptor forms fit (_tma_fits), shapes it `fits`."""
     if triton is None or not x.is_cuda:
         return False
-    if config.load != "ptr" and not gemm_tiles_fit(device_index(x.device)):
+    if config.load != "ptr" and not _tma_fits(_index(x.device)):
         return False
     return fits(x, weight, config)
 
@@ -195,6 +199,21 @@ def precompile(weight: torch.Tensor) -> int:
     return launched
 
 
+_WEIGHT_DESCRIPTORS: dict[tuple, object] = {}  # a weight's descriptor by (address, shape, dtype, block)
+
+
+def _weight_descriptor(weight: torch.Tensor, block: list[int]):
+    """The weight's tensor descriptor, made once per address, shape and block (a descriptor holds only those: one
+    cached for a freed tensor is right for the next tensor of that shape at that address)."""
+    key = (weight.data_ptr(), tuple(weight.shape), weight.dtype, *block)
+    desc = _WEIGHT_DESCRIPTORS.get(key)
+    if desc is None:
+        if len(_WEIGHT_DESCRIPTORS) >= 1024:
+            _WEIGHT_DESCRIPTORS.clear()
+        desc = _WEIGHT_DESCRIPTORS[key] = TensorDescriptor.from_tensor(weight, block)
+    return desc
+
+
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = DEFAULT_ROUTE,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """SiLU(x @ gateᵀ) * (x @ upᵀ) -> [M, I] in x's dtype, weight [2I, K] (gate rows, then up rows: MergedLinear's
@@ -217,15 +236,26 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig = D
         return out
     programs = tiles
     if config.load == "tma-sms":  # (3 under Triton's interpreter, so that a program walks several tiles)
-        programs = min(tiles, _sms(device_index(x.device)) if x.is_cuda else 3)
+        programs = min(tiles, _sms(_index(x.device)) if x.is_cuda else 3)
     _gate_up_silu_tma_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
-        weight_descriptor(weight, [config.block_n, config.block_k]),
-        TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]), m, programs, DT=DTYPES[x.dtype], **meta)
+        _weight_descriptor(weight, [config.block_n, config.block_k]),
+        TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]), m, programs, DT=_DTYPES[x.dtype], **meta)
     return out
 
 
 if triton is not None:
+    _DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+    @triton.jit
+    def _tile(tile, M, INNER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+        """(row block, column block) of a tile: GROUP_M row blocks together, column block by column block."""
+        blocks_m = tl.cdiv(M, BM)
+        in_group = GROUP_M * (INNER // BN)
+        first_m = (tile // in_group) * GROUP_M
+        rows_here = tl.minimum(blocks_m - first_m, GROUP_M)
+        return first_m + (tile % in_group) % rows_here, (tile % in_group) // rows_here
+
     @triton.jit
     def _silu_times(acc_g, acc_u, dt: tl.constexpr):
         """SiLU(gate) * up as the unfused path rounds it: each product rounded to dt, SiLU rounded, the product."""
@@ -241,7 +271,7 @@ if triton is not None:
         `programs` programs walks the tiles a grid's width apart (one each when there are as many as tiles)."""
         tiles = tl.cdiv(M, BM) * (INNER // BN)
         for tile in range(tl.program_id(0), tiles, programs):
-            pid_m, pid_n = grouped_tile(tile, M, INNER, BM, BN, GROUP_M)
+            pid_m, pid_n = _tile(tile, M, INNER, BM, BN, GROUP_M)
             off_m, off_n = pid_m * BM, pid_n * BN
             acc_g = tl.zeros([BM, BN], dtype=tl.float32)
             acc_u = tl.zeros([BM, BN], dtype=tl.float32)
@@ -254,7 +284,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M"])
     def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
                              BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-        pid_m, pid_n = grouped_tile(tl.program_id(0), M, INNER, BM, BN, GROUP_M)
+        pid_m, pid_n = _tile(tl.program_id(0), M, INNER, BM, BN, GROUP_M)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)

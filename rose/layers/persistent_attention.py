@@ -5,8 +5,6 @@ heads step's ready heads or computing its heads itself."""
 import triton
 import triton.language as tl
 
-from rose.layers.rope_tiles import norm_rotate, rope_tile
-
 
 @triton.jit
 def _softmax_step(logits, v, best, total, acc, seq_ptr, q_seq, rq, keys, key_ok, CAUSAL: tl.constexpr):
@@ -42,7 +40,34 @@ def _norm_rope(qkv_ptr, like_ptr, col0, w_ptr, rm, ok, c, s, eps, T, QKV_N: tl.c
     j = tl.arange(0, HALF)
     n1 = _summed(qkv_ptr, qkv_ptr, like_ptr, col0 + j, rm, ok, T, QKV_N, SPLIT, False)
     n2 = _summed(qkv_ptr, qkv_ptr, like_ptr, col0 + HALF + j, rm, ok, T, QKV_N, SPLIT, False)
-    return norm_rotate(n1, n2, w_ptr, c, s, eps, like_ptr.dtype.element_ty, HALF, 1)
+    dt = like_ptr.dtype.element_ty
+    rstd = tl.rsqrt((tl.sum(n1 * n1, axis=1) + tl.sum(n2 * n2, axis=1)) / (2 * HALF) + eps)[:, None]
+    w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
+    n1 = ((n1 * rstd).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+    n2 = ((n2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    return (n1 * c - n2 * s).to(dt), (n2 * c + n1 * s).to(dt)
+
+@triton.jit
+def _rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, dt, HALF: tl.constexpr):
+    """The RoPE table, once per forward: rope[0, t] = cos and rope[1, t] = sin of token t's position times the
+    frequencies, rounded to dt as HF's are (float32 [2, T, HALF]). A row at a time: cos and sin of a whole
+    [tokens x HALF] tile inside the attention phase unrolled ~15 000 instructions of libdevice code per item,
+    spilling, and cost 128 tokens ~38 µs a layer (NOTES)."""
+    j = tl.arange(0, HALF)
+    inv_freq = tl.load(inv_freq_ptr + j)
+    for r in range(pid, T, nprog):
+        freq = tl.load(pos_ptr + r).to(tl.float32) * inv_freq
+        tl.store(rope_ptr + r * HALF + j, tl.cos(freq).to(dt).to(tl.float32))
+        tl.store(rope_ptr + (T + r) * HALF + j, tl.sin(freq).to(dt).to(tl.float32))
+
+
+@triton.jit
+def _rope_table(rope_ptr, rows, ok, T, HALF: tl.constexpr):
+    """cos and sin [rows, HALF] from the RoPE table (_rope_rows)."""
+    at = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    c = tl.load(rope_ptr + at, mask=ok[:, None], other=0.0, cache_modifier=".cg")
+    return c, tl.load(rope_ptr + T * HALF + at, mask=ok[:, None], other=0.0, cache_modifier=".cg")
 
 
 @triton.jit
@@ -51,7 +76,7 @@ def _head(qkv_ptr, b_ptr, like_ptr, col0, w_ptr, rope_ptr, rows, ok, eps, T, QKV
     """One head's [rows, D] slice of the QKV output as its two halves: QK-normed and rotated (ROPE, Qwen3), or as
     the projection gives it with its bias (BERT)."""
     if ROPE:
-        c, s = rope_tile(rope_ptr, rows, ok, T, HALF)
+        c, s = _rope_table(rope_ptr, rows, ok, T, HALF)
         return _norm_rope(qkv_ptr, like_ptr, col0, w_ptr, rows, ok, c, s, eps, T, QKV_N, HALF, SPLIT)
     j = tl.arange(0, HALF)
     dt = like_ptr.dtype.element_ty

@@ -4,8 +4,7 @@ import triton
 import triton.language as tl
 
 from rose.layers.grid_sync import globaltimer, grid_barrier, sm_cycles
-from rose.layers.persistent_attention import _attention, _attention_ready, _heads
-from rose.layers.rope_tiles import rope_rows
+from rose.layers.persistent_attention import _attention, _attention_ready, _heads, _rope_rows
 
 
 @triton.jit
@@ -229,7 +228,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
                     _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + layer * H, ln1b_ptr + layer * H,
                                h_ptr, T, pid, nprog, eps, step > 0, False, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
                 if ROPE and step == 0:
-                    rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, attn_ptr.dtype.element_ty, HALF)
+                    _rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, attn_ptr.dtype.element_ty, HALF)
         elif phase == 1:
             _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), bqkv_ptr, qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M,
                   BN_QKV, BK, S_QKV, 0)

@@ -23,14 +23,14 @@ from rose.kernel_manifest import MANIFEST_NAME, Recorder, read_entries
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 TARGET = {"backend": "cuda", "arch": 90, "warp_size": 32}
-_MODULE_EXISTS = kernel_manifest._module_exists
+_MODULE_EXISTS = kernel_manifest.module_exists
 
 
 @pytest.fixture(autouse=True)
 def _fake_kernel_modules_exist(monkeypatch):
     """The recorder's tests name kernels of modules that are not files (rose.fake_kernels_*): as if they were, so
     that only a test about removed modules meets the real check."""
-    monkeypatch.setattr(kernel_manifest, "_module_exists",
+    monkeypatch.setattr(kernel_manifest, "module_exists",
                         lambda name: name.startswith("rose.fake_kernels") or _MODULE_EXISTS(name))
 CUDA = SimpleNamespace(type="cuda")
 
