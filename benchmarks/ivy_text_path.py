@@ -80,8 +80,9 @@ def build_app(model: str = ""):
     return app, gateway
 
 
-def variants(gateway: Gateway, count: int = 32, tokens: int = 128) -> dict[str, Variant]:
-    maker = DocumentMaker(Corpus.load(), TokenCounter(bundled_model_dir()))
+def variants(gateway: Gateway, count: int = 32, tokens: int = 128, model: str = "") -> dict[str, Variant]:
+    """`count` documents of `tokens` tokens by the served tokenizer (`model`'s folder; MiniLM's when empty)."""
+    maker = DocumentMaker(Corpus.load(), TokenCounter(model or bundled_model_dir()))
     docs = maker.documents(random.Random(f"ivy-text-path:{tokens}"), [tokens] * count)
     ids = [gateway.tokenizer.encode(d).ids for d in docs]
     assert all(len(s) == tokens for s in ids)
@@ -164,7 +165,7 @@ async def profile(app, gateway: Gateway, v: Variant, n: int, top: int) -> str:
 
 async def main_async(args) -> None:
     app, gateway = build_app(args.model)
-    chosen = variants(gateway, tokens=args.tokens)
+    chosen = variants(gateway, tokens=args.tokens, model=args.model)
     gc.collect()
     gc.freeze()  # as a served worker's start-up heap (IVY_GC_FREEZE)
     evict = np.zeros(args.evict_kb * 1024 // 8) if args.evict_kb else None

@@ -82,3 +82,16 @@ def test_two_builds_are_the_same_bytes(tmp_path) -> None:
 def test_only_qwen3_and_decoder_folders_take_the_bpe(tmp_path) -> None:
     with pytest.raises(ValueError, match="only for"):
         model_zoo.make_folder("minilm-l6", tmp_path / "m", "float32", tokenizer="qwen-bpe")
+
+
+def test_ivy_text_path_makes_its_documents_with_the_served_tokenizer(bpe_folder, capsys) -> None:
+    """benchmarks.ivy_text_path --model a BPE folder: documents of exactly --tokens by that folder's tokenizer
+    (they were cut by MiniLM's, and its own length check failed), both variants answered."""
+    from benchmarks import ivy_text_path
+
+    _, gateway = ivy_text_path.build_app(str(bpe_folder))
+    chosen = ivy_text_path.variants(gateway, count=3, tokens=96, model=str(bpe_folder))
+    assert set(chosen) == {"text", "ids"} and all(len(v.requests) == 3 for v in chosen.values())
+    assert ivy_text_path.main(["--model", str(bpe_folder), "--tokens", "96", "--rounds", "1",
+                               "--per-round", "6"]) == 0
+    assert "text - ids" in capsys.readouterr().out
