@@ -5,11 +5,14 @@
 Texts (from benchmarks/corpus): one of exactly 4096 tokens with the model's specials, and one of 16 000
 characters. For each, the median (and p10/p90) over `--runs` of:
   offsets        tokenizers' encode() with offsets and specials (what a naive gateway calls)
-  plain          rose Tokenizer.encode_batch: the fast path without offsets, one thread (Ivy today)
+  plain          rose Tokenizer.encode_batch: the fast path without offsets, one thread (Ivy today); for a
+                 tokenizer with a word cache (BERT's, a Qwen3-style BPE) its warm lookups
+  no cache       the same with the word cache off: tokenizers' own encode, one thread
   serial xP      the split path's pieces (P = max threads) encoded one after another on one thread:
                  what splitting itself costs
-  pool T         SplitEncoder with T threads: T pieces spread over a T-thread pool (what Ivy does)
-  rust T         the T pieces in one encode_batch call (parallel inside tokenizers, over rayon's pool of
+  pool T         SplitEncoder with T threads: T pieces spread over a T-thread pool (what Ivy does; a text the
+                 word cache takes is not cut, as in Ivy)
+  rust T         the T pieces (cut even where the word cache would take the text whole) in one encode_batch call (parallel inside tokenizers, over rayon's pool of
                  RAYON_NUM_THREADS or all cores, unless TOKENIZERS_PARALLELISM=false)
 Every variant's ids are checked equal to `plain` first. No truncation (max_length 2^30): all tokens count.
 Variants are interleaved, in a shuffled order each round. Ivy's default is rust while TOKENIZERS_PARALLELISM
@@ -74,6 +77,7 @@ def _time(variants: dict, runs: int) -> dict[str, dict[str, float]]:
 
 def run(model_dir: Path, threads: list[int], runs: int) -> dict:
     tok = Tokenizer(load_spec(model_dir))
+    uncached = Tokenizer(load_spec(model_dir), cache_words=0) if tok.word_cache is not None else None
     rule = split_rule(tok)
     pools = {t: ThreadPoolExecutor(t) for t in threads if t > 1}
     out: dict = {"env": {"model_dir": str(model_dir), "rule": rule, "cpu_count": os.cpu_count(),
@@ -86,6 +90,8 @@ def run(model_dir: Path, threads: list[int], runs: int) -> dict:
         plain_ids = tok.encode_batch([text], HUGE)[0].ids
         variants = {"offsets": lambda: tok.hf.encode(text).ids,
                     "plain": lambda: tok.encode_batch([text], HUGE)[0].ids}
+        if uncached is not None:  # plain is the word cache's path (warm after the first run): tokenizers' beside it
+            variants["no cache"] = lambda t=text: uncached.encode_batch([t], HUGE)[0].ids
         if rule is not None:
             serial = cut(text, rule, max(threads))
 
@@ -97,7 +103,7 @@ def run(model_dir: Path, threads: list[int], runs: int) -> dict:
                 if t == 1:
                     continue
                 splitter = SplitEncoder(tok, pools[t], t, split_chars=1, piece_chars=1)
-                pieces = splitter.pieces(text)
+                pieces = splitter.pieces(text, whole_ok=False)  # cut even where the word cache takes it whole
                 variants[f"pool {t}"] = lambda s=splitter: s.encode_batch([text], HUGE)[0].ids
                 variants[f"rust {t}"] = lambda p=pieces: tok.finish(tok.merge(tok.content_encodings(p)), HUGE).ids
         for label, fn in variants.items():

@@ -95,3 +95,15 @@ def test_ivy_text_path_makes_its_documents_with_the_served_tokenizer(bpe_folder,
     assert ivy_text_path.main(["--model", str(bpe_folder), "--tokens", "96", "--rounds", "1",
                                "--per-round", "6"]) == 0
     assert "text - ids" in capsys.readouterr().out
+
+
+def test_tokenize_parallel_cuts_a_text_the_word_cache_takes_whole(bpe_folder) -> None:
+    """benchmarks.tokenize_parallel on a BPE folder: the pieces' variants exist though the word cache would take the
+    text whole (they were None, and the run failed), every variant's ids equal the plain path's (checked inside),
+    and tokenizers' own encode is timed beside the cache's."""
+    from benchmarks import tokenize_parallel
+
+    result = tokenize_parallel.run(bpe_folder, [1, 2], runs=1)
+    rows = result["texts"]["4096 tokens"]["results"]
+    assert {"plain", "no cache", "serial x2", "pool 2", "rust 2"} <= set(rows)
+    assert result["texts"]["4096 tokens"]["tokens"] == 4096
