@@ -6,7 +6,7 @@
 #   BASE=48731df; rm -rf .base && mkdir .base && git archive $BASE ivy tulip rose protos | tar -x -C .base
 #   (STEP=commits took ~8 min on an H100 host with every layer and level: LAYERS, EMBED and LEVELS narrow it)
 #   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh stack-commits
-# Prints one table last. Results: $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
+# Prints one table last. Results: $OUT/host_probe.txt (Ivy's app alone on this host, every step), $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
 # $OUT/stack_ab_qwen3-0.6b.tgz (STEP=ab: each variant's stack_layers_qwen3-0.6b_<variant>.json; their PNGs are dropped), $OUT/stack_layers_qwen3-0.6b_{base,head}{1,2}.json
 # (STEP=commits: the same client, this tree's, against `ivy up` from .base and from this tree, alternating
 # twice; ivy-text, ivy-ids and tulip-grpc at 1 x 128, 1 x 4096 and 1-16 clients),
@@ -29,6 +29,10 @@ fi
 [ -f /tmp/ref_$name.json ] || python3 -m benchmarks.stack.reference --model-dir $dir --out /tmp/ref_$name.json \
   --device cuda --dtype float32 2>&1 | tail -1
 echo "model and reference ready ($(el) s)"
+# The host's own CPU speed for the harness, before any stack runs: Ivy's app alone on a 128-token request (no sockets,
+# a pool that costs nothing; ~285-310 µs a request on the project's CPU VM). H100 starts have differed ~2 x here.
+timeout 90 python3 -m benchmarks.ivy_text_path --model $dir --rounds 2 --per-round 500 > $OUT/host_probe.txt 2>&1
+echo "host probe (Ivy's app alone, µs a request): $(grep -E '^(text|ids) +median' $OUT/host_probe.txt | awk '{print $1, $3}' | xargs)"
 
 # start_stack LABEL [VAR=value ...] [ivy up flags ...]: `ivy up` in the background, until /ready.
 start_stack() {
