@@ -6,7 +6,8 @@
 #   BASE=48731df; rm -rf .base && mkdir .base && git archive $BASE ivy tulip rose protos | tar -x -C .base
 #   (STEP=commits took ~8 min on an H100 host with every layer and level: LAYERS, EMBED and LEVELS narrow it)
 #   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh stack-commits
-# Prints one table last. Results: $OUT/host_probe.txt (Ivy's app alone on this host, every step), $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
+# Prints one table last. Results: $OUT/host_probe.txt (Ivy's app alone on this host, every step),
+# $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
 # $OUT/stack_ab_qwen3-0.6b.tgz (STEP=ab: each variant's stack_layers_qwen3-0.6b_<variant>.json; their PNGs are dropped), $OUT/stack_layers_qwen3-0.6b_{base,head}{1,2}.json
 # (STEP=commits: the same client, this tree's, against `ivy up` from .base and from this tree, alternating
 # twice; ivy-text, ivy-ids and tulip-grpc at 1 x 128, 1 x 4096 and 1-16 clients),

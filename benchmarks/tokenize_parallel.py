@@ -12,8 +12,9 @@ characters. For each, the median (and p10/p90) over `--runs` of:
                  what splitting itself costs
   pool T         SplitEncoder with T threads: T pieces spread over a T-thread pool (what Ivy does; a text the
                  word cache takes is not cut, as in Ivy)
-  rust T         the T pieces (cut even where the word cache would take the text whole) in one encode_batch call (parallel inside tokenizers, over rayon's pool of
-                 RAYON_NUM_THREADS or all cores, unless TOKENIZERS_PARALLELISM=false)
+  rust T         the T pieces (cut even where the word cache would take the text whole) in one encode_batch
+                 call (parallel inside tokenizers, over rayon's pool of RAYON_NUM_THREADS or all cores, unless
+                 TOKENIZERS_PARALLELISM=false)
 Every variant's ids are checked equal to `plain` first. No truncation (max_length 2^30): all tokens count.
 Variants are interleaved, in a shuffled order each round. Ivy's default is rust while TOKENIZERS_PARALLELISM
 allows it, else pool, both with T = --tokenizer-threads (default min(8, CPUs)).
@@ -76,8 +77,9 @@ def _time(variants: dict, runs: int) -> dict[str, dict[str, float]]:
 
 
 def run(model_dir: Path, threads: list[int], runs: int) -> dict:
-    tok = Tokenizer(load_spec(model_dir))
-    uncached = Tokenizer(load_spec(model_dir), cache_words=0) if tok.word_cache is not None else None
+    spec = load_spec(model_dir)
+    tok = Tokenizer(spec)
+    uncached = Tokenizer(spec, cache_words=0) if tok.word_cache is not None else None
     rule = split_rule(tok)
     pools = {t: ThreadPoolExecutor(t) for t in threads if t > 1}
     out: dict = {"env": {"model_dir": str(model_dir), "rule": rule, "cpu_count": os.cpu_count(),

@@ -138,11 +138,8 @@ def _index(device: torch.device) -> int:
 def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
     """The configuration to run x through the fused kernel with, or None for the unfused pair: a CUDA batch, in one
     of ROUTE's bands (the one with the largest floor its tokens reach), that it is `launchable` on."""
-    reached = [(floor, config) for floor, config in ROUTE if x.shape[0] >= floor]
-    if not reached:
-        return None
-    config = max(reached, key=lambda band: band[0])[1]
-    return config if launchable(x, weight, config) else None
+    band = max(((floor, config) for floor, config in ROUTE if x.shape[0] >= floor), key=lambda b: b[0], default=None)
+    return band[1] if band is not None and launchable(x, weight, band[1]) else None
 
 
 def launchable(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:

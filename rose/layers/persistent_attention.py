@@ -48,6 +48,7 @@ def _norm_rope(qkv_ptr, like_ptr, col0, w_ptr, rm, ok, c, s, eps, T, QKV_N: tl.c
     n2 = ((n2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
     return (n1 * c - n2 * s).to(dt), (n2 * c + n1 * s).to(dt)
 
+
 @triton.jit
 def _rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, dt, HALF: tl.constexpr):
     """The RoPE table, once per forward: rope[0, t] = cos and rope[1, t] = sin of token t's position times the
