@@ -8,6 +8,8 @@ of one id list, base64 rows); the tokenizer's word cache is warm after the warm-
 request by request, so a drift of the machine's speed falls on all of them alike:
 
     text           a text
+    text-pool      the same text tokenized on the worker's tokenizer threads even where the word cache knows it
+                   (IVY_TOKENIZE_WARM_INLINE=false; the same as `text` up to --tokenize-inline-chars)
     ids            the same document's token ids
 
     python -m benchmarks.ivy_text_path                   # median µs a request of each variant
@@ -91,10 +93,16 @@ def variants(gateway: Gateway, count: int = 32, tokens: int = 128, model: str = 
     def body(value) -> bytes:
         return orjson.dumps({"model": model, "input": [value], "encoding_format": "base64"})
 
-    def served(gw: Gateway) -> None:
-        pass
+    warm_inline = gateway.encoder.warm_inline
 
-    return {"text": Variant([body(d) for d in docs], served), "ids": Variant([body(s) for s in ids], served)}
+    def served(gw: Gateway) -> None:
+        gw.encoder.warm_inline = warm_inline
+
+    def pooled(gw: Gateway) -> None:
+        gw.encoder.warm_inline = False
+
+    texts = [body(d) for d in docs]
+    return {"text": Variant(texts, served), "text-pool": Variant(texts, pooled), "ids": Variant([body(s) for s in ids], served)}
 
 
 async def post(app, body: bytes) -> None:

@@ -129,6 +129,10 @@ class IvyConfig:
     tokenize_inline_chars: int = field(default=2048, metadata=_help(
         "Requests of at most this many characters (or token ids) are tokenized on the event loop, skipping "
         "the hop to the tokenizer threads (~0.1 ms saved); larger ones go to the threads. 0 = always threads."))
+    tokenize_warm_inline: bool = field(default=True, metadata=_help(
+        "Requests over --tokenize-inline-chars whose texts the word cache takes whole (ASCII, --tokenizer-cache-call-"
+        "chars) and knows all but a few words of (at most 32 new) are tokenized on the event loop too: those lookups "
+        "hold the GIL in a thread just as long, so the hop would only add its ~0.3 ms (4096 tokens). Off = threads."))
     tokenize_split_chars: int = field(default=1000, metadata=_help(
         "A text longer than this many characters is cut at boundaries its tokenizer splits at anyway and the "
         "pieces are encoded on several tokenizer threads (same ids as one encode); 0 = never split."))

@@ -56,7 +56,8 @@ class Gateway:
             self.spec, self.tokenizer, threads=threads,
             char_cap=config.char_cap(self.spec.max_length), query_prefix=config.query_prefix,
             document_prefix=config.document_prefix, observe=metrics.observe_tokenize,
-            inline_chars=config.tokenize_inline_chars, split_chars=config.tokenize_split_chars,
+            inline_chars=config.tokenize_inline_chars, warm_inline=config.tokenize_warm_inline,
+            split_chars=config.tokenize_split_chars,
             piece_chars=config.tokenize_piece_chars)
         expected = Expected(model_ids=frozenset(self.model_names), fingerprint=self.tokenizer.fingerprint,
                             dimensions=self.spec.dimensions, max_length=self.spec.max_length, tasks=self.spec.tasks)

@@ -5,7 +5,9 @@ One `InputEncoder` per worker owns a small thread pool; each request's whole bat
 Small texts (at most `inline_chars` characters in the whole request) are encoded on the loop instead, and
 token ids are always checked there (the check holds the GIL: a thread would not free the loop): the hop to the pool and back (two thread wake-ups, a self-pipe write) cost more than
 tokenizing a short query (~0.1 ms on this project's CPU; far more on a host where syscalls are slow),
-and the loop is held for at most that long. See benchmarks/OVERHEAD_NOTES.md.
+and the loop is held for at most that long. See benchmarks/OVERHEAD_NOTES.md. Larger texts that the tokenizer's
+word cache takes whole and knows nearly every word of are encoded on the loop too (`warm_inline`): that work holds
+the GIL in a thread just as long, so the pool would only add its hand-offs (benchmarks/NOTES.md, "Tokenization").
 A text over `split_chars` characters is cut at boundaries the tokenizer splits at anyway and its pieces
 encoded on several of the pool's threads (ivy.split_encode), with the plain encode's ids.
 Token counts returned here are the ones sent to Tulip, so `usage` is exact. Errors name the input index
@@ -16,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -62,6 +65,11 @@ def _check_vocab(seq: Sequence[int], where: str, vocab: int) -> np.ndarray:
     return arr.astype(np.int32)  # every id is in 0..vocab - 1, so it fits
 
 
+def _where(param: str, one: bool, i: int) -> str:
+    """How an error names the request's i-th text (`one`: the field is a single text, not a list)."""
+    return param if one else f"{param}[{i}]"
+
+
 def _size(items, limit: int, extra: int = 0) -> int:
     """Total length of `items` (each plus `extra`), counting only until it passes `limit`."""
     total = 0
@@ -76,7 +84,7 @@ class InputEncoder:
     def __init__(self, spec: ModelSpec, tokenizer: Tokenizer, *, threads: int, char_cap: int,
                  query_prefix: str = "", document_prefix: str = "",
                  observe: Callable[[float], None] | None = None, inline_chars: int = 0,
-                 split_chars: int = 1000, piece_chars: int = 500) -> None:
+                 split_chars: int = 1000, piece_chars: int = 500, warm_inline: bool = True) -> None:
         self.spec = spec
         self.tokenizer = tokenizer
         self.max_length = spec.max_length
@@ -85,6 +93,7 @@ class InputEncoder:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ivy-tokenize")
         self._observe = observe
         self.inline_chars = inline_chars
+        self.warm_inline = warm_inline  # larger texts the word cache knows: tokenized on the loop (_encode_warm)
         self.splitter = SplitEncoder(tokenizer, self._pool, threads, split_chars=split_chars,
                                      piece_chars=piece_chars)
         self._prefix_ids, self._suffix_ids = self._special_layout()
@@ -100,12 +109,16 @@ class InputEncoder:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _run(self, fn: Callable[..., T], *args, size: int | None = None) -> T:
-        """fn(*args) in the pool, or on the loop when `size` (characters or ids) is at most inline_chars."""
+    async def _run(self, fn: Callable[..., T], *args, size: int | None = None,
+                   first: Callable[..., T | None] | None = None) -> T:
+        """fn(*args) in the pool, or on the loop when `size` (characters or ids) is at most inline_chars; `first`,
+        tried on the loop before the pool, answers instead when it returns anything but None."""
         start = time.perf_counter()
         try:
             if size is not None and size <= self.inline_chars:
                 return fn(*args)
+            if first is not None and (done := first(*args)) is not None:
+                return done
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         finally:
             if self._observe is not None:
@@ -144,25 +157,45 @@ class InputEncoder:
         max_tokens: cut to this many tokens, the special tokens included (vLLM's truncate_prompt_tokens), not the
         model's max_length; only with truncate."""
         size = _size(texts, self.inline_chars, extra=len(prompt))
-        return await self._run(self._encode_texts, texts, truncate, side, prompt, param, one, max_tokens, size=size)
+        return await self._run(self._encode_texts, texts, truncate, side, prompt, param, one, max_tokens, size=size,
+                               first=self._encode_warm if self.warm_inline else None)
 
     def _encode_texts(self, texts: Sequence[str], truncate: bool, side: str, prompt: str,
                       param: str, one: bool = False, max_tokens: int | None = None) -> list[np.ndarray]:
+        capped = self._capped(texts, truncate, side, prompt, param, one)
+        encoded = self.splitter.encode_batch(capped, max_tokens or self.max_length, side, arrays=True)
+        return self._checked(encoded, truncate, param, one)
+
+    def _encode_warm(self, texts: Sequence[str], truncate: bool, side: str, prompt: str,
+                     param: str, one: bool = False, max_tokens: int | None = None) -> list[np.ndarray] | None:
+        """_encode_texts where the word cache takes the texts whole and knows nearly all their words
+        (rose.tokenizer's encode_warm), else None. That work holds the GIL, so on the loop it costs what it would
+        in a thread, less the two hand-offs (~0.3 ms for 4096 tokens on this project's CPU)."""
+        capped = self._capped(texts, truncate, side, prompt, param, one)
+        encoded = self.tokenizer.encode_warm(capped, max_tokens or self.max_length, side)
+        return None if encoded is None else self._checked(encoded, truncate, param, one)
+
+    def _capped(self, texts: Sequence[str], truncate: bool, side: str, prompt: str, param: str,
+                one: bool) -> list[str]:
+        """The texts cut to the character cap (or a 422 naming the first over it), the prompt before each."""
         cap = self.char_cap
         capped = []
-        at = (lambda i: param) if one else (lambda i: f"{param}[{i}]")
         for i, text in enumerate(texts):
             if len(text) > cap:
                 if not truncate:
-                    raise IvyError(Problem.INPUT_TOO_LONG, f"{at(i)} has {len(text)} characters; the limit "
-                                   f"is {cap} (send truncate=true to cut it)", param=at(i), limit=cap)
+                    where = _where(param, one, i)
+                    raise IvyError(Problem.INPUT_TOO_LONG, f"{where} has {len(text)} characters; the limit "
+                                   f"is {cap} (send truncate=true to cut it)", param=where, limit=cap)
                 text = text[:cap] if side == "right" else text[-cap:]
             capped.append(prompt + text if prompt else text)
-        encoded = self.splitter.encode_batch(capped, max_tokens or self.max_length, side, arrays=True)
+        return capped
+
+    def _checked(self, encoded: list, truncate: bool, param: str, one: bool) -> list[np.ndarray]:
+        """Each encoding's ids, or a 422 naming the first one cut when the request did not allow cutting."""
         if not truncate:
             for i, enc in enumerate(encoded):
                 if enc.truncated:
-                    raise too_long(at(i), enc.original_length, self.max_length)
+                    raise too_long(_where(param, one, i), enc.original_length, self.max_length)
         return [enc.ids for enc in encoded]
 
     # ---- (query, document) pairs of a cross-encoder ----

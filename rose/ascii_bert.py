@@ -61,6 +61,34 @@ def words_by_offsets(encode: Callable) -> Callable[[list[str]], list[tuple[int, 
     return encode_words
 
 
+class AddedTexts:
+    """Whether a text holds an added token's text, case-insensitively, searched only where its first character
+    is in the text: one C search of the text for each distinct first character (~0.2 µs over 20 000 characters on
+    this project's CPU) instead of a search of the lowercased text for every token (~6 µs each; Qwen3's folders
+    add 26, all starting with "<", BERT's five start with "[")."""
+
+    def __init__(self, added: Sequence[str]) -> None:
+        self.lowered = tuple(dict.fromkeys(a.lower() for a in added if a))
+        groups: dict[str, list[str]] = {}
+        for a in self.lowered:
+            groups.setdefault(a[0], []).append(a)
+        # a letter's group is searched for under both cases (the token matches case-insensitively)
+        self._groups = tuple((tuple({c, c.upper()}), tuple(tokens)) for c, tokens in groups.items())
+
+    def __bool__(self) -> bool:
+        return bool(self.lowered)
+
+    def found(self, text: str, low: str | None = None) -> bool:
+        """An added token's text is in `text` (`low`: text.lower(), if the caller has it)."""
+        for firsts, tokens in self._groups:
+            if any(c in text for c in firsts):
+                if low is None:
+                    low = text.lower()
+                if any(a in low for a in tokens):
+                    return True
+        return False
+
+
 def _plain_token(content: str) -> bool:
     """An added token this path can rule out by a search of the normalized, lowercased text: printable ASCII
     without whitespace, which cleaning never changes and which `tokenizers` matches, before or after normalizing,
@@ -75,7 +103,7 @@ class AsciiBert:
         self._encode_bare = getattr(bare, "encode_batch_fast", bare.encode_batch)  # no offsets, as rose.tokenizer
         self.clean = clean
         self.lowercase = lowercase
-        self.added = tuple(a.lower() for a in added if a)
+        self.added = AddedTexts(added)
         self.words: WordCache | None = None  # words' ids remembered (rose.word_cache), where exact
 
     @classmethod
@@ -114,7 +142,7 @@ class AsciiBert:
         if self.clean:
             text = text.translate(_CLEAN)
         low = text.lower()
-        if any(a in low for a in self.added):
+        if self.added.found(text, low):
             return None
         return low if self.lowercase else text
 

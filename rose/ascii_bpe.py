@@ -31,15 +31,22 @@ import json
 import re
 from collections.abc import Sequence
 
-from rose.ascii_bert import MAX_ADDED, _plain_token
+from rose.ascii_bert import MAX_ADDED, AddedTexts, _plain_token
 from rose.word_cache import DEFAULT_CAPACITY, WordCache
 
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
           r"\s*[\r\n]+|\s+(?!\S)|\s+")
 _LLAMA3 = _QWEN2.replace(r"|\p{N}|", r"|\p{N}{1,3}|")
 _UNICODE_NORMS = {"NFC", "NFD", "NFKC", "NFKD"}
-_ODD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # control characters other than tab, newline, carriage return
-_KEEP = "\x00"  # stands for a space that is not a cut in `chunks` (no text this path takes holds it: _ODD)
+# What this path takes: printable ASCII, tab, newline, carriage return. A text's bytes with these deleted are empty
+# (one C pass, ~8 µs over 20 000 characters on this project's CPU, where a regex search for the rest took ~110).
+_TAKEN = bytes(range(32, 127)) + b"\t\n\r"
+
+
+def taken(text: str) -> bool:
+    """Whether `text` is made only of the characters this path takes (printable ASCII, tab, newline, CR)."""
+    return text.isascii() and not text.encode("ascii").translate(None, _TAKEN)
+_KEEP = "\x00"  # stands for a space that is not a cut in `chunks` (no text this path takes holds it: _TAKEN)
 _FIRST = "\x01"  # marks a text's first chunk, the one without a space before it (likewise never in a text)
 
 
@@ -94,7 +101,7 @@ class AsciiByteLevel:
         self._model = model  # the tokenizer's BPE model
         self._pattern = pattern
         self._chars = str.maketrans({chr(b): c for b, c in _bytes_to_unicode().items() if b < 128})
-        self.added = tuple(a.lower() for a in added if a)
+        self.added = AddedTexts(added)
         self.words = WordCache(self._encode_chunks, cache_words, split=chunks)
 
     @classmethod
@@ -128,12 +135,10 @@ class AsciiByteLevel:
 
     def normalized(self, text: str) -> str | None:
         """`text` itself when this path may take it (ASCII, no odd control character, no added token's text)."""
-        if not text.isascii() or _ODD.search(text):
+        if not taken(text):
             return None
-        if self.added:
-            low = text.lower()
-            if any(a in low for a in self.added):
-                return None
+        if self.added.found(text):
+            return None
         return text
 
     def _encode_chunks(self, new: list[str]) -> list[tuple[int, ...]]:

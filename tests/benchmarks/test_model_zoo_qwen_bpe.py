@@ -91,7 +91,7 @@ def test_ivy_text_path_makes_its_documents_with_the_served_tokenizer(bpe_folder,
 
     _, gateway = ivy_text_path.build_app(str(bpe_folder))
     chosen = ivy_text_path.variants(gateway, count=3, tokens=96, model=str(bpe_folder))
-    assert set(chosen) == {"text", "ids"} and all(len(v.requests) == 3 for v in chosen.values())
+    assert set(chosen) == {"text", "text-pool", "ids"} and all(len(v.requests) == 3 for v in chosen.values())
     assert ivy_text_path.main(["--model", str(bpe_folder), "--tokens", "96", "--rounds", "1",
                                "--per-round", "6"]) == 0
     assert "text - ids" in capsys.readouterr().out

@@ -1,18 +1,23 @@
-"""Small requests are tokenized on the event loop (no thread hop); large ones in the tokenizer pool."""
+"""Small requests are tokenized on the event loop (no thread hop); large ones in the tokenizer pool, unless the word
+cache takes them whole and knows nearly all their words (then on the loop too: that work holds the GIL anyway)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
+import pytest
+
+from ivy.errors import IvyError
 from ivy.tokenization import InputEncoder
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
 
 
-def _encoder(inline_chars: int) -> InputEncoder:
-    spec = load_spec(bundled_model_dir())
-    return InputEncoder(spec, Tokenizer(spec), threads=1, char_cap=100_000, inline_chars=inline_chars)
+def _encoder(inline_chars: int, warm_inline: bool = False, model_dir=None, **kwargs) -> InputEncoder:
+    spec = load_spec(model_dir or bundled_model_dir())
+    return InputEncoder(spec, Tokenizer(spec, **kwargs), threads=1, char_cap=100_000, inline_chars=inline_chars,
+                        warm_inline=warm_inline)
 
 
 def _spy(encoder: InputEncoder, method: str) -> set[str]:
@@ -28,7 +33,7 @@ def _spy(encoder: InputEncoder, method: str) -> set[str]:
     return seen
 
 
-def _threads_used(encoder: InputEncoder, texts: list[str]) -> tuple[set[str], list[list[int]]]:
+def _threads_used(encoder: InputEncoder, texts: list[str], close: bool = True) -> tuple[set[str], list[list[int]]]:
     seen = _spy(encoder, "_encode_texts")
 
     async def run():
@@ -37,7 +42,8 @@ def _threads_used(encoder: InputEncoder, texts: list[str]) -> tuple[set[str], li
     try:
         return seen, [ids.tolist() for ids in asyncio.run(run())]
     finally:
-        encoder.close()
+        if close:
+            encoder.close()
 
 
 def test_small_request_runs_on_the_loop_and_large_in_the_pool() -> None:
@@ -67,3 +73,47 @@ def test_token_ids_are_checked_on_the_loop_whatever_their_size() -> None:
     finally:
         encoder.close()
     assert seen == {threading.current_thread().name}
+
+
+WARM = "the server embeds the query and the documents it was sent, then answers with their vectors. " * 40
+
+
+def test_a_large_text_the_word_cache_knows_is_encoded_on_the_loop_with_the_pools_ids() -> None:
+    loop_thread = threading.current_thread().name
+    pooled = _threads_used(_encoder(inline_chars=100), [WARM, WARM[:999]])[1]
+    encoder = _encoder(inline_chars=100, warm_inline=True)
+    warm_seen = _spy(encoder, "_encode_warm")
+    used, ids = _threads_used(encoder, [WARM, WARM[:999]])
+    assert warm_seen == {loop_thread} and not used  # the pool's job never ran
+    assert ids == pooled
+
+
+def test_a_large_text_of_many_new_words_still_goes_to_the_pool_and_learns_there() -> None:
+    loop_thread = threading.current_thread().name
+    fresh = " ".join(f"w{i:04x}q" for i in range(300))  # 300 words the cache has never seen
+    encoder = _encoder(inline_chars=100, warm_inline=True)
+    words = encoder.tokenizer.word_cache
+    before = len(words)
+    used, ids = _threads_used(encoder, [fresh])
+    assert used and loop_thread not in used
+    assert ids == _threads_used(_encoder(inline_chars=0), [fresh])[1]
+    assert len(words) > before  # learned in the pool, not on the loop
+
+
+def test_non_ascii_and_over_the_cache_call_bound_go_to_the_pool() -> None:
+    loop_thread = threading.current_thread().name
+    for texts, kwargs in (([WARM + " café"], {}), ([WARM], {"cache_call_chars": 1000})):
+        encoder = _encoder(inline_chars=100, warm_inline=True, **kwargs)
+        _threads_used(encoder, [WARM[:500]], close=False)  # every word learned
+        used, _ = _threads_used(encoder, texts)
+        assert used and loop_thread not in used, kwargs
+
+
+def test_the_warm_path_refuses_an_over_long_text_as_the_pool_does() -> None:
+    long_warm = WARM * 3  # over the bundled model's 256 (or 512) tokens
+    for warm in (False, True):
+        encoder = _encoder(inline_chars=100, warm_inline=warm)
+        with pytest.raises(IvyError) as err:
+            asyncio.run(encoder.encode_texts(["hi", long_warm], truncate=False, side="right"))
+        encoder.close()
+        assert err.value.param == "input[1]" and "tokens" in str(err.value)

@@ -11,7 +11,7 @@ import shutil
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from rose.ascii_bert import AsciiBert
+from rose.ascii_bert import AddedTexts, AsciiBert
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
 
@@ -74,3 +74,19 @@ def test_only_a_bert_normalizer_qualifies(tmp_path) -> None:
     data = json.loads(raw.to_str())
     data["normalizer"] = {"type": "Lowercase"}
     assert AsciiBert.of(HFTokenizer.from_str(json.dumps(data))) is None
+
+
+def test_added_texts_finds_what_a_search_of_the_lowercased_text_finds() -> None:
+    """The search gated by first characters answers as a search for every token in the lowercased text: tokens that
+    start with a letter (either case in the text), with punctuation, sharing a first character, or repeated."""
+    added = ["[SEP]", "[mask]", "<|im_start|>", "<think>", "Foo", "bar", "BAR", "x", ""]
+    finder = AddedTexts(added)
+    lowered = [a.lower() for a in added if a]
+    rng = random.Random(3)
+    pool = ["[sep]", "[SeP]", "<|IM_START|>", "<think", "think>", "fOO", "Ba", "r", "X", "<", "[", " ", "b", "ar"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randrange(0, 6)))
+        want = any(a in text.lower() for a in lowered)
+        assert finder.found(text) == want, text
+        assert finder.found(text, text.lower()) == want, text
+    assert not AddedTexts([]) and not AddedTexts([]).found("[SEP] <think>")

@@ -115,15 +115,15 @@ def test_pythons_regex_cuts_the_pieces_tokenizers_cuts(regex) -> None:
 
     from tokenizers import pre_tokenizers
 
-    from rose.ascii_bpe import _ASCII, _ODD
+    from rose.ascii_bpe import _ASCII, taken
 
     theirs = pre_tokenizers.Split(Regex(regex), behavior="isolated")
     ours = re.compile(_ASCII[regex])
     rng = random.Random(6)
     texts = [random_ascii(rng) for _ in range(8000)] + ["\rhello", "a\r\rb", " \r\nx", "!\r\r\n", "x \r", "1234567 89", "a'S b'll C'VE", " \n\n  x", "x  \n", "\t\t"]
-    taken = [t for t in texts if t.isascii() and not _ODD.search(t)]  # the texts rose.ascii_bpe takes
-    assert len(taken) > 500
-    for text in taken:
+    kept = [t for t in texts if taken(t)]  # the texts rose.ascii_bpe takes
+    assert len(kept) > 500
+    for text in kept:
         assert ours.findall(text) == [p for p, _ in theirs.pre_tokenize_str(text)], repr(text)
 
 
@@ -139,19 +139,55 @@ def test_a_text_the_cache_takes_is_encoded_whole_through_it_up_to_the_bound(qwen
     assert not never.takes_whole("plain ascii " * 300)
 
 
+def test_encode_warm_gives_encode_batchs_ids_or_nothing_and_learns_only_a_few_new_pieces(qwen_json, tmp_path) -> None:
+    tok = _tokenizer(qwen_json, tmp_path / "warm", bpe_whole_chars=20_000)
+    ref = _reference(tok)
+    rng = random.Random(9)
+    texts = [random_ascii(rng) for _ in range(300)]
+    answered = 0
+    for text in texts:  # one at a time: each learns its few new pieces, or is refused and learns nothing
+        held = len(tok.word_cache)
+        warm = tok.encode_warm([text], max_new=8)
+        if warm is None:
+            assert len(tok.word_cache) == held
+            tok.encode_batch([text])  # as the pool would, learning them
+            continue
+        answered += 1
+        assert len(tok.word_cache) <= held + 8
+        assert warm[0].ids.tolist() == ref.encode(text).ids
+    assert answered > 10
+    from rose.ascii_bpe import taken
+
+    for text in texts:  # every piece known now: each text the path takes is answered, with the same ids
+        warm = tok.encode_warm([text], max_new=0)
+        assert (warm is not None) == (taken(text) and "<|" not in text), repr(text)
+        assert warm is None or warm[0].ids.tolist() == ref.encode(text).ids
+    prose = "".join(c for c in CORPUS[:16_000] if taken(c))[:15_000]
+    assert tok.encode_warm([prose], max_new=8) is None  # too many new pieces
+    for _ in range(50):  # encode_batch learns them (a bounded share a call while most are new)
+        tok.encode_batch([prose])
+        if tok.encode_warm([prose], max_new=0) is not None:
+            break
+    warm = tok.encode_warm([prose, prose[:99]], max_length=50, side="left")
+    assert [e.ids.tolist() for e in warm] == [e.ids for e in tok.encode_batch([prose, prose[:99]], 50, "left")]
+    assert warm[0].truncated and warm[0].original_length == len(ref.encode(prose).ids)
+    assert tok.encode_warm([CORPUS[:25_000]]) is None, "over bpe_whole_chars: cut in pieces instead"
+    assert tok.encode_warm([prose + "é"]) is None
+
+
 def test_chunks_cut_before_every_space_followed_by_a_visible_character_and_nowhere_else() -> None:
     """rose.ascii_bpe.chunks: the chunks' texts joined give the text back, and the cuts are exactly before the
     spaces followed by a visible character, however the spaces, tabs, newlines and carriage returns run (that the
     ids are the same is test_ids_equal_the_tokenizers_own's, on the same kind of texts)."""
-    from rose.ascii_bpe import _ODD, chunk_text, chunks
+    from rose.ascii_bpe import chunk_text, chunks, taken
 
     rng = random.Random(7)
     texts = [random_ascii(rng) for _ in range(4000)] + [CORPUS[i:i + 900] for i in range(0, 90_000, 3000)]
     texts += ["", " ", "  ", "x", " x", "x ", " x ", "a  b", "a   b", "a \n b", "\n  x", "x  \n", "a\t b", "a \tb",
               "a \r\n b", "a b  c   d    e", "   ", " \n ", "a\n \nb", "    def f():\n        return 1\n"]
-    taken = [t for t in texts if t.isascii() and not _ODD.search(t)]
-    assert len(taken) > 600
-    for text in taken:
+    kept = [t for t in texts if taken(t)]
+    assert len(kept) > 600
+    for text in kept:
         parts = [chunk_text(c) for c in chunks(text)]
         assert "".join(parts) == text, repr(text)
         cuts, at = set(), 0
