@@ -102,7 +102,8 @@ def variants(gateway: Gateway, count: int = 32, tokens: int = 128, model: str = 
         gw.encoder.warm_inline = False
 
     texts = [body(d) for d in docs]
-    return {"text": Variant(texts, served), "text-pool": Variant(texts, pooled), "ids": Variant([body(s) for s in ids], served)}
+    return {"text": Variant(texts, served), "text-pool": Variant(texts, pooled),
+            "ids": Variant([body(s) for s in ids], served)}
 
 
 async def post(app, body: bytes) -> None:

@@ -33,11 +33,16 @@ echo "model and reference ready ($(el) s)"
 # The host's own CPU speed for the harness, before any stack runs: Ivy's app alone on a 128-token request (no sockets,
 # a pool that costs nothing; ~285-310 µs a request on the project's CPU VM). H100 starts have differed ~2 x here.
 # Then 4096 tokens (text-pool: IVY_TOKENIZE_WARM_INLINE=false; 636 / 879 / 1297 µs ids / text / text-pool on the VM).
-probe() { grep -E '^(text|text-pool|ids) +median' $OUT/host_probe.txt | tail -3 | awk '{print $1, $3}' | xargs; }
-timeout 90 python3 -m benchmarks.ivy_text_path --model $dir --rounds 2 --per-round 500 > $OUT/host_probe.txt 2>&1
-echo "host probe (Ivy's app alone, µs a request), 128 tokens: $(probe)"
-timeout 90 python3 -m benchmarks.ivy_text_path --model $dir --tokens 4096 --rounds 2 --per-round 200 >> $OUT/host_probe.txt 2>&1
-echo "host probe, 4096 tokens: $(probe)"
+probe() {  # probe TOKENS PER_ROUND: one line of medians, appended with its output to host_probe.txt
+  local log=/tmp/host_probe_$1.txt
+  timeout 90 python3 -m benchmarks.ivy_text_path --model $dir --tokens $1 --rounds 2 --per-round $2 > $log 2>&1
+  local rc=$?
+  echo "host probe (Ivy's app alone, µs a request), $1 tokens: $(grep -E '^(text|text-pool|ids) +median' $log \
+    | awk '{print $1, $3}' | xargs) (rc=$rc)"
+  { echo "== $1 tokens"; cat $log; } >> $OUT/host_probe.txt
+}
+probe 128 500
+probe 4096 200
 
 # start_stack LABEL [VAR=value ...] [ivy up flags ...]: `ivy up` in the background, until /ready.
 start_stack() {

@@ -46,6 +46,8 @@ _TAKEN = bytes(range(32, 127)) + b"\t\n\r"
 def taken(text: str) -> bool:
     """Whether `text` is made only of the characters this path takes (printable ASCII, tab, newline, CR)."""
     return text.isascii() and not text.encode("ascii").translate(None, _TAKEN)
+
+
 _KEEP = "\x00"  # stands for a space that is not a cut in `chunks` (no text this path takes holds it: _TAKEN)
 _FIRST = "\x01"  # marks a text's first chunk, the one without a space before it (likewise never in a text)
 

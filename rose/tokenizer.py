@@ -22,7 +22,7 @@ from rose.ascii_bpe import AsciiByteLevel
 from rose.encoded import Encoded, EncodedPair, longest_first
 from rose.spec import ModelFolderError, ModelSpec, load_spec
 from rose.spm_tokenizer import SentencePieceTokenizer
-from rose.word_cache import DEFAULT_CAPACITY, WARM_NEW_WORDS
+from rose.word_cache import DEFAULT_CAPACITY, WARM_NEW_CHARS, WARM_NEW_WORDS
 
 __all__ = ["Encoded", "EncodedPair", "Tokenizer", "longest_first"]
 
@@ -113,20 +113,24 @@ class Tokenizer:
         return [as_arrays(e) for e in out] if arrays else out
 
     def encode_warm(self, texts: Sequence[str], max_length: int | None = None, side: str = "right", *,
-                    max_new: int = WARM_NEW_WORDS) -> list[Encoded] | None:
+                    max_new: int = WARM_NEW_WORDS, max_new_chars: int = WARM_NEW_CHARS) -> list[Encoded] | None:
         """encode_batch(texts, max_length, side, arrays=True) where the word cache takes every text whole and at
-        most `max_new` of the call's words are new (learned here), else None, having learned nothing (encode_batch
-        then does it all). Warm, all of this holds the GIL (~0.1 µs a character in C string passes and dict
-        lookups), so a thread would free no one and its two hand-offs would only add to it: a caller on an event
-        loop does it there (ivy.tokenization). The characters are bounded by cache_call_chars (and a BPE text's by
-        bpe_whole_chars), the new words by `max_new`, each a short call of `tokenizers`."""
+        most `max_new` of the call's words are new, with `max_new_chars` characters in all (learned here), else
+        None, having learned nothing (encode_batch then does it all). Warm, all of this holds the GIL (~0.1 µs a
+        character in C string passes and dict lookups), so a thread would free no one and its two hand-offs would
+        only add to it: a caller on an event loop does it there (ivy.tokenization). Bounded: the call's characters
+        by cache_call_chars (its default when that is 0, "any call"), a BPE text's by bpe_whole_chars, and the
+        new words' by those two caps (one `tokenizers` call on at most `max_new_chars` characters)."""
         cached = self._cached
-        if cached is None or self._wrap is None or not self._cache_takes(sum(map(len, texts))):
+        if cached is None or self._wrap is None or sum(map(len, texts)) > (self.cache_call_chars or CACHE_CALL_CHARS):
             return None
         if cached is not self._ascii and any(len(t) > self.bpe_whole_chars for t in texts):
             return None  # cut in pieces instead (takes_whole)
-        ids = cached.words.ids_of(texts, cached.normalized, max_new)
-        if any(x is None for x in ids):
+        normal = [cached.normalized(t) for t in texts]
+        if any(n is None for n in normal):
+            return None  # one text for the plain path: the whole call goes with it, nothing looked up
+        ids = cached.words.content_ids(normal, max_new, max_new_chars)
+        if ids is None:
             return None
         return [self._finish_ids(x, max_length, side) for x in ids]
 

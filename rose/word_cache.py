@@ -44,7 +44,8 @@ MAX_WORD_CHARS = 100  # longer words are encoded every time, not remembered (Wor
 IDS_PER_WORD = 8  # the ids held in all: at most capacity × this (ordinary words have 1-3)
 DEFAULT_CAPACITY = 1 << 16
 LEARN_PER_CALL = 64  # a call with more new words than this, and more than half of its words, takes the plain path
-WARM_NEW_WORDS = 32  # rose.tokenizer's encode_warm learns at most this many new words (on the caller's thread)
+WARM_NEW_WORDS = 32  # rose.tokenizer's encode_warm learns at most this many new words (on the caller's thread),
+WARM_NEW_CHARS = 1024  # of at most this many characters in all
 _INT32 = "i"  # array's C int: 4 bytes wherever numpy and torch are built
 assert array(_INT32).itemsize == 4
 
@@ -78,23 +79,24 @@ class WordCache:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def ids_of(self, texts: Sequence[str], normalize: Callable[[str], str | None],
-               max_new: int | None = None) -> list[np.ndarray | None]:
+    def ids_of(self, texts: Sequence[str], normalize: Callable[[str], str | None]) -> list[np.ndarray | None]:
         """Each text's content ids, None for a text `normalize` refuses or for all of them when the call is mostly
-        new words, or has more than `max_new` (content_ids): the caller encodes those by its plain path."""
+        new words (content_ids): the caller encodes those by its plain path."""
         normal = [normalize(t) for t in texts]
         mine = [n for n in normal if n is not None]
-        found = self.content_ids(mine, max_new) if mine else []
+        found = self.content_ids(mine) if mine else []
         if found is None:
             return [None] * len(normal)
         ids = iter(found)
         return [None if n is None else next(ids) for n in normal]
 
-    def content_ids(self, normalized: Sequence[str], max_new: int | None = None) -> list[np.ndarray] | None:
+    def content_ids(self, normalized: Sequence[str], max_new: int | None = None,
+                    max_new_chars: int | None = None) -> list[np.ndarray] | None:
         """The content ids (no special tokens; int32 arrays) of texts already normalized (rose.ascii_bert,
         rose.ascii_bpe); None when more than LEARN_PER_CALL of the call's words, and more than half, are new (the
         caller encodes it by the plain path: cheaper than learning them all), or when more than `max_new` are new
-        (then none is learned: a caller that may not wait for many, an event loop, hands the call on)."""
+        or they have more than `max_new_chars` characters in all (then none is learned or counted: a caller that
+        may not wait long, an event loop, hands the call on)."""
         words = [self._split(t) for t in normalized]
         try:
             ids = self._lookup(words)
@@ -106,7 +108,8 @@ class WordCache:
         distinct = dict.fromkeys(chain.from_iterable(words))  # in order of first appearance
         cache = self._ids
         new = [w for w in distinct if w not in cache]
-        if max_new is not None and len(new) > max_new:
+        if (max_new is not None and len(new) > max_new) or (
+                max_new_chars is not None and sum(map(len, new)) > max_new_chars):
             return None
         if len(new) > LEARN_PER_CALL and 2 * len(new) > len(distinct):
             learn = new[:LEARN_PER_CALL]  # the first to appear: a text's common words come early

@@ -20,14 +20,17 @@ def _encoder(inline_chars: int, warm_inline: bool = False, model_dir=None, **kwa
                         warm_inline=warm_inline)
 
 
-def _spy(encoder: InputEncoder, method: str) -> set[str]:
-    """The names of the threads that will run encoder.<method> (filled as it runs)."""
+def _spy(encoder: InputEncoder, method: str, answers: list | None = None) -> set[str]:
+    """The names of the threads that will run encoder.<method> (filled as it runs); `answers`: what it returned."""
     seen: set[str] = set()
     real = getattr(encoder, method)
 
     def spy(*args):
         seen.add(threading.current_thread().name)
-        return real(*args)
+        out = real(*args)
+        if answers is not None:
+            answers.append(out)
+        return out
 
     setattr(encoder, method, spy)
     return seen
@@ -94,10 +97,16 @@ def test_a_large_text_of_many_new_words_still_goes_to_the_pool_and_learns_there(
     encoder = _encoder(inline_chars=100, warm_inline=True)
     words = encoder.tokenizer.word_cache
     before = len(words)
+    answers: list = []
+    warm_seen = _spy(encoder, "_encode_warm", answers)
+    learned_on_loop = []
+    words.observe = lambda n, new: learned_on_loop.append(new) if threading.current_thread().name == loop_thread \
+        else None
     used, ids = _threads_used(encoder, [fresh])
+    assert warm_seen == {loop_thread} and answers == [None], "tried on the loop, declined"
     assert used and loop_thread not in used
     assert ids == _threads_used(_encoder(inline_chars=0), [fresh])[1]
-    assert len(words) > before  # learned in the pool, not on the loop
+    assert len(words) > before and not learned_on_loop  # learned in the pool, not on the loop
 
 
 def test_non_ascii_and_over_the_cache_call_bound_go_to_the_pool() -> None:
@@ -111,9 +120,30 @@ def test_non_ascii_and_over_the_cache_call_bound_go_to_the_pool() -> None:
 
 def test_the_warm_path_refuses_an_over_long_text_as_the_pool_does() -> None:
     long_warm = WARM * 3  # over the bundled model's 256 (or 512) tokens
+    messages = []
     for warm in (False, True):
         encoder = _encoder(inline_chars=100, warm_inline=warm)
+        asyncio.run(encoder.encode_texts([WARM], truncate=True, side="right"))  # every word learned
+        pooled = _spy(encoder, "_encode_texts")
         with pytest.raises(IvyError) as err:
             asyncio.run(encoder.encode_texts(["hi", long_warm], truncate=False, side="right"))
         encoder.close()
+        assert bool(pooled) != warm, "the warm path answered (with its 422) without the pool"
         assert err.value.param == "input[1]" and "tokens" in str(err.value)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+
+
+def test_the_warm_path_keeps_prompt_truncation_side_and_max_tokens() -> None:
+    out = []
+    for warm in (False, True):
+        encoder = _encoder(inline_chars=100, warm_inline=warm)
+        asyncio.run(encoder.encode_texts([WARM], truncate=True, side="right"))  # every word learned
+        pooled = _spy(encoder, "_encode_texts")
+        for side in ("left", "right"):
+            ids = asyncio.run(encoder.encode_texts([WARM, WARM[:300]], truncate=True, side=side,
+                                                   prompt="query: the ", max_tokens=40))
+            out.append([x.tolist() for x in ids])
+        encoder.close()
+        assert bool(pooled) != warm
+    assert out[:2] == out[2:] and out[0] != out[1] and all(len(x) == 40 for x in out[0])

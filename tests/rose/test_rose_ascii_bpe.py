@@ -172,7 +172,12 @@ def test_encode_warm_gives_encode_batchs_ids_or_nothing_and_learns_only_a_few_ne
     assert [e.ids.tolist() for e in warm] == [e.ids for e in tok.encode_batch([prose, prose[:99]], 50, "left")]
     assert warm[0].truncated and warm[0].original_length == len(ref.encode(prose).ids)
     assert tok.encode_warm([CORPUS[:25_000]]) is None, "over bpe_whole_chars: cut in pieces instead"
-    assert tok.encode_warm([prose + "é"]) is None
+    held, words = len(tok.word_cache), tok.word_cache.words
+    assert tok.encode_warm([prose + " zebra quokka", "café"]) is None, "one text for the plain path takes the call"
+    long_new = " ".join(f"q{i}" * 50 for i in range(3))  # three new words of 100 characters
+    assert tok.encode_warm([long_new], max_new=8, max_new_chars=200) is None
+    assert (len(tok.word_cache), tok.word_cache.words) == (held, words), "refused: nothing learned or counted"
+    assert tok.encode_warm([long_new], max_new=8, max_new_chars=1000) is not None
 
 
 def test_chunks_cut_before_every_space_followed_by_a_visible_character_and_nowhere_else() -> None:
