@@ -209,3 +209,12 @@ def test_the_attention_sweep_reads_its_shapes_as_sequences_by_length() -> None:
     for bad in ("4096", "0x512", "2x0", "2x"):
         with pytest.raises(SystemExit, match="SEQSxLEN"):
             parse_shape(bad)
+
+
+def test_http_floor_times_uvicorn_and_a_bare_httptools_protocol(capsys) -> None:
+    """benchmarks.http_floor: both servers answer whole keep-alive round trips and get a row each."""
+    from benchmarks import http_floor
+
+    assert http_floor.main(["--requests", "50", "--repeat", "1"]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(rows) == {"uvicorn", "httptools"} and all(float(v[0]) > 0 for v in rows.values())
