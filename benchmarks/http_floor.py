@@ -12,7 +12,7 @@ a 1024-dimension base64 embedding in Ivy's JSON); the client (this process) send
     httptools  an asyncio Protocol that feeds the same parser and writes the answer from on_message_complete: the
                floor of any HTTP/1.1 server written over uvloop and httptools
 
-Prints p50 / p99 µs a round trip and the server's CPU µs a request (from /proc), medians over --repeat rounds: the
+Prints p50 / p99 µs a round trip and the server's CPU µs a request (/proc's schedstat), medians over --repeat rounds: the
 size of what a leaner HTTP layer for the hot routes could save (benchmarks/NOTES.md, "The HTTP server's own floor").
 """
 
@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import socket
 import statistics
 import time
 
 import numpy as np
 
-from benchmarks.overhead import cpu_seconds, free_port, median_row
+from benchmarks.overhead import free_port, median_row
 from tulip.cli import run_loop
 
 
@@ -46,7 +47,7 @@ async def _bare_asgi(scope, receive, send) -> None:
 _REPLY = b""
 
 
-class _Bare(asyncio.Protocol):
+class _BareHttpProtocol(asyncio.Protocol):
     def __init__(self, answer: bytes) -> None:
         import httptools
 
@@ -78,7 +79,7 @@ def serve(kind: str, port: int, reply_bytes: int) -> None:
     answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % reply_bytes) + _REPLY
 
     async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(lambda: _Bare(answer), "127.0.0.1", port)
+        server = await asyncio.get_running_loop().create_server(lambda: _BareHttpProtocol(answer), "127.0.0.1", port)
         await server.serve_forever()
 
     run_loop(main(), "auto")
@@ -90,6 +91,7 @@ def _connect(port: int) -> socket.socket:
         try:
             sock = socket.create_connection(("127.0.0.1", port))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(10)  # a server that stops answering fails the run instead of hanging it
             return sock
         except OSError:
             if time.monotonic() > deadline:
@@ -117,6 +119,19 @@ def _recv(sock: socket.socket) -> bytes:
     return chunk
 
 
+def _cpu_ns(pid: int) -> int:
+    """Nanoseconds on a CPU of every thread of `pid` (/proc's schedstat: /proc's stat counts 10 ms ticks, too coarse
+    for tens of µs a request)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:  # a thread gone meanwhile
+            pass
+    return total
+
+
 def measure(kind: str, args) -> dict:
     port = free_port()
     server = multiprocessing.get_context("spawn").Process(target=serve, args=(kind, port, args.reply_bytes),
@@ -125,18 +140,20 @@ def measure(kind: str, args) -> dict:
     body = b'{"input": "' + b"a" * max(args.body_bytes - 14, 0) + b'"}'
     request = (b"POST /v1/embeddings HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                b"content-length: %d\r\n\r\n" % len(body)) + body
+    sock = None
     try:
         sock = _connect(port)
         for _ in range(500):  # warm-up
             _round_trip(sock, request)
-        cpu0, times = cpu_seconds([server.pid]), []
+        cpu0, times = _cpu_ns(server.pid), []
         for _ in range(args.requests):
             start = time.perf_counter()
             _round_trip(sock, request)
             times.append(time.perf_counter() - start)
-        cpu = cpu_seconds([server.pid]) - cpu0
-        sock.close()
+        cpu = (_cpu_ns(server.pid) - cpu0) / 1e9
     finally:
+        if sock is not None:
+            sock.close()
         server.terminate()
         server.join(5)
     return {"server": kind, "p50_us": statistics.median(times) * 1e6, "p99_us": float(np.percentile(times, 99)) * 1e6,

@@ -32,7 +32,7 @@ fi
 echo "model and reference ready ($(el) s)"
 # The host's own CPU speed for the harness, before any stack runs: Ivy's app alone on a 128-token request (no sockets,
 # a pool that costs nothing; ~285-310 µs a request on the project's CPU VM). H100 starts have differed ~2 x here.
-# Then 4096 tokens (text-pool: IVY_TOKENIZE_WARM_INLINE=false; 636 / 879 / 1297 µs ids / text / text-pool on the VM).
+# Then 4096 tokens (text-pool: IVY_TOKENIZE_WARM_INLINE=false; 640 / 879 / 1297 µs ids / text / text-pool on the VM).
 probe() {  # probe TOKENS PER_ROUND: one line of medians, appended with its output to host_probe.txt
   local log=/tmp/host_probe_$1.txt
   timeout 90 python3 -m benchmarks.ivy_text_path --model $dir --tokens $1 --rounds 2 --per-round $2 > $log 2>&1

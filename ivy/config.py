@@ -128,7 +128,8 @@ class IvyConfig:
         "(RAYON_NUM_THREADS, unless set); 0 = min(8, usable CPUs: the affinity set and a cgroup CPU limit)."))
     tokenize_inline_chars: int = field(default=2048, metadata=_help(
         "Requests of at most this many characters (or token ids) are tokenized on the event loop, skipping "
-        "the hop to the tokenizer threads (~0.1 ms saved); larger ones go to the threads. 0 = always threads."))
+        "the hop to the tokenizer threads (~0.1 ms saved); larger ones go to the threads (unless "
+        "--tokenize-warm-inline takes them). 0 = always threads, but for that."))
     tokenize_warm_inline: bool = field(default=True, metadata=_help(
         "Requests over --tokenize-inline-chars whose texts the word cache takes whole (ASCII, --tokenizer-cache-call-"
         "chars) and knows all but a few words of (at most 32 new, 1024 characters) are tokenized on the event loop too: "
