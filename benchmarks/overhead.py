@@ -11,7 +11,9 @@ math) and `ivy serve` in front of it as real processes, then measures, each phas
   http-health N sequential GET /health (the HTTP floor: uvicorn + the client, no work)
 For each: p50/p99 latency, req/s, and CPU milliseconds per request of every process (Tulip, Ivy's workers,
 the client), read from /proc, so Ivy's and Tulip's shares are apart even when the cores are shared.
-`--profile DIR` also runs py-spy on Tulip and on Ivy's worker during the concurrent HTTP phase.
+`--profile DIR` also runs py-spy on Tulip and on Ivy's worker during the concurrent HTTP phase; `--warm-cores`
+keeps every usable core out of idle meanwhile, as `ivy up --warm-cores` does (ZERO_ENGINE_DEVICE_MS gives the
+zero engine a device that takes that long a batch: the stack's threads then wake after idling, as with a GPU).
 """
 
 from __future__ import annotations
@@ -324,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pure-python", action="store_true",
                         help="hide uvloop and httptools from the gateway (uvicorn then runs asyncio + h11)")
     parser.add_argument("--profile", default="", help="folder for py-spy profiles of the http-conc phase")
+    parser.add_argument("--warm-cores", action="store_true",
+                        help="keep every usable core out of idle while the phases run, as `ivy up --warm-cores` does "
+                             "while its Tulips work (ivy/warm_cores.py's loops, always on here)")
     parser.add_argument("--json", default="", help="write the results here too")
     args = parser.parse_args(argv)
     model_dir = args.model or str(bundled_model_dir())
@@ -331,16 +336,24 @@ def main(argv: list[str] | None = None) -> int:
     text = text_of_tokens(tokenizer, args.tokens, model_dir)
     ids = tokenizer.encode(text, 1 << 30).ids
     stack = Stack(args.ivy_workers, model_dir, args.pure_python)
+    loops: list[subprocess.Popen] = []
     try:
         stack.wait_ready()
+        if args.warm_cores:
+            from ivy.up_warm_cores import start_loops
+
+            loops = start_loops()
         rounds = [run_phases(stack, args, text, ids) for _ in range(args.repeat)]
         rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]
     finally:
+        for loop in loops:
+            loop.kill()
         stack.stop()
     cols = ["phase", "requests", "p50_ms", "p99_ms", "req_per_s", "cpu_ms_per_req_tulip", "cpu_ms_per_req_ivy",
             "cpu_ms_per_req_client", "switches_per_req_tulip", "switches_per_req_ivy"]
     print(f"{os.cpu_count()} CPUs, ivy workers {args.ivy_workers}, concurrency {args.concurrency}, "
-          f"{args.tokens} tokens, {args.encoding}, median of {args.repeat} rounds{', asyncio + h11' if args.pure_python else ''}")
+          f"{args.tokens} tokens, {args.encoding}, median of {args.repeat} rounds{', asyncio + h11' if args.pure_python else ''}"
+          f"{', warm cores' if args.warm_cores else ''}")
     print("  ".join(f"{c.replace('cpu_ms_per_req_', 'cpu/req ms ').replace('switches_per_req_', 'switch/req '):>16}"
                     for c in cols))
     for row in rows:

@@ -218,3 +218,17 @@ def test_http_floor_times_uvicorn_and_a_bare_httptools_protocol(capsys) -> None:
     assert http_floor.main(["--requests", "50", "--repeat", "1"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
     assert set(rows) == {"uvicorn", "httptools"} and all(float(v[0]) > 0 for v in rows.values())
+
+
+def test_overhead_runs_its_phases_with_warm_cores_and_stops_the_loops(capsys) -> None:
+    """benchmarks.overhead --warm-cores: every phase measured, and no warm-cores loop left running afterwards."""
+    import subprocess
+
+    from benchmarks import overhead
+
+    assert overhead.main(["--requests", "20", "--concurrency", "2", "--duration-s", "0.5", "--repeat", "1",
+                          "--warm-cores"]) == 0
+    out = capsys.readouterr().out
+    assert "warm cores" in out and all(p in out for p in ("grpc-seq", "http-seq", "http-conc", "http-health"))
+    left = subprocess.run(["pgrep", "-f", "ivy.warm_cores"], capture_output=True, text=True).stdout.split()
+    assert not left, left
