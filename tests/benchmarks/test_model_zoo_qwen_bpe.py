@@ -87,9 +87,17 @@ def test_only_qwen3_and_decoder_folders_take_the_bpe(tmp_path) -> None:
 def test_ivy_text_path_makes_its_documents_with_the_served_tokenizer(bpe_folder, capsys) -> None:
     """benchmarks.ivy_text_path --model a BPE folder: documents of exactly --tokens by that folder's tokenizer
     (they were cut by MiniLM's, and its own length check failed), both variants answered."""
+    import asyncio
+
     from benchmarks import ivy_text_path
 
-    _, gateway = ivy_text_path.build_app(str(bpe_folder))
+    loop = asyncio.new_event_loop()  # the Gateway's gRPC channels want a current loop, whatever ran before
+    asyncio.set_event_loop(loop)
+    try:
+        _, gateway = ivy_text_path.build_app(str(bpe_folder))
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
     chosen = ivy_text_path.variants(gateway, count=3, tokens=96, model=str(bpe_folder))
     assert set(chosen) == {"text", "text-pool", "ids"} and all(len(v.requests) == 3 for v in chosen.values())
     assert ivy_text_path.main(["--model", str(bpe_folder), "--tokens", "96", "--rounds", "1",
