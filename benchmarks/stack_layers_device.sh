@@ -44,7 +44,7 @@ probe() {  # probe TOKENS PER_ROUND: one line of medians, appended with its outp
 probe 128 500
 probe 4096 200
 # The exchange around the app (sockets and wake-ups: a host whose app probe read faster than the VM still gave Ivy
-# 0.64 ms of its own a request at 2bf6598): the framed and gRPC hops with no work behind them (VM: 0.127 / 0.401 ms).
+# 0.49-0.64 ms of its own a request at 2bf6598): the framed and gRPC hops with no work behind them (VM: 0.127 / 0.401 ms).
 timeout 60 python3 -m benchmarks.transport_floor --requests 1000 --inflight 1 --transports framed,grpc \
   > /tmp/host_probe_hop.txt 2>&1
 echo "host probe, the hop alone (p50 ms): $(awk '$2 == 1 {print $1, $3}' /tmp/host_probe_hop.txt | xargs)"

@@ -170,7 +170,11 @@ class InputEncoder:
                      param: str, one: bool = False, max_tokens: int | None = None) -> list[np.ndarray] | None:
         """_encode_texts where the word cache takes the texts whole and knows nearly all their words
         (rose.tokenizer's encode_warm), else None. That work holds the GIL, so on the loop it costs what it would
-        in a thread, less the two hand-offs (~0.3 ms for 4096 tokens on this project's CPU)."""
+        in a thread, less the two hand-offs (~0.3 ms for 4096 tokens on this project's CPU). A request over the
+        warm path's characters is handed on before any text is copied (a bulk request's capping stays in the pool)."""
+        bound = self.tokenizer.warm_chars
+        if _size(texts, bound, extra=len(prompt)) > bound:
+            return None
         capped = self._capped(texts, truncate, side, prompt, param, one)
         encoded = self.tokenizer.encode_warm(capped, max_tokens or self.max_length, side)
         return None if encoded is None else self._checked(encoded, truncate, param, one)

@@ -122,9 +122,9 @@ class Tokenizer:
         by cache_call_chars (its default when that is 0, "any call"), a BPE text's by bpe_whole_chars, and the
         new words' by those two caps (one `tokenizers` call on at most `max_new_chars` characters)."""
         cached = self._cached
-        if cached is None or self._wrap is None or sum(map(len, texts)) > (self.cache_call_chars or CACHE_CALL_CHARS):
+        if cached is None or self._wrap is None or sum(map(len, texts)) > self.warm_chars:
             return None
-        if cached is not self._ascii and any(len(t) > self.bpe_whole_chars for t in texts):
+        if any(map(self._bpe_cut, texts)):
             return None  # cut in pieces instead (takes_whole)
         normal = [cached.normalized(t) for t in texts]
         if any(n is None for n in normal):
@@ -168,10 +168,18 @@ class Tokenizer:
         bpe_whole_chars: whole through its chunks (rose.ascii_bpe), a 4096-token text's tokenizing took 1.6 ms
         through the stack on the H200 host against 2.6 in pieces (11c8496; benchmarks/NOTES.md, "The byte-level
         BPE's cache by chunks")."""
-        if self._cached is None or self._wrap is None or (
-                self._cached is not self._ascii and len(text) > self.bpe_whole_chars):
+        if self._cached is None or self._wrap is None or self._bpe_cut(text):
             return False  # no cache, or one encode_batch does not read (a post-processor that is not a fixed wrap)
         return self._cache_takes(len(text)) and self._cached.normalized(text) is not None
+
+    @property
+    def warm_chars(self) -> int:
+        """The most characters a call of encode_warm takes (cache_call_chars, or its default where that is 0)."""
+        return self.cache_call_chars or CACHE_CALL_CHARS
+
+    def _bpe_cut(self, text: str) -> bool:
+        """A byte-level BPE's text too long to go whole through its cache (bpe_whole_chars): cut in pieces."""
+        return self._cached is not self._ascii and len(text) > self.bpe_whole_chars
 
     def _cache_takes(self, chars: int) -> bool:
         """Whether a call of `chars` characters in all may go through the word cache (cache_call_chars)."""
