@@ -122,13 +122,11 @@ class WordCache:
         if self._remember(fresh):
             try:
                 return self._lookup(words)
-            except KeyError:  # another thread emptied the cache meanwhile
+            except KeyError:  # the cache started again (_remember): its words known before are in `cache`
                 pass
-        known = cache.get
+        # `cache` is the dict this call began with: a cache that starts again takes a new one and never empties it
+        known = cache.__getitem__
         found = {w: fresh[w] if w in fresh else known(w) for w in distinct}
-        lost = [w for w, ids in found.items() if ids is None]
-        if lost:
-            found.update(zip(lost, map(_packed, self._encode_words(lost))))
         get = found.__getitem__
         return [_as_array(b"".join(map(get, w))) for w in words]
 
@@ -152,7 +150,9 @@ class WordCache:
                 known = self._ids
                 added = [(w, ids) for w, ids in keep if w not in known]  # another thread may have learned some
                 if len(known) + len(added) > self.capacity or self._held + _count_ids(added) > self.max_ids:
-                    known.clear()
+                    # a new dict, not this one cleared: a call under way (this one too) still finds in it the words
+                    # it knew when it began, instead of encoding them again (on the event loop: encode_warm)
+                    self._ids = known = {}
                     self._held = 0
                     added = keep
                 known.update(added)

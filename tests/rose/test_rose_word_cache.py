@@ -227,7 +227,7 @@ def test_a_long_text_in_a_call_over_cache_call_chars_is_cut_too() -> None:
     assert units == [8 + 1], "the long text in eight pieces beside the other, in one call"
 
 
-def test_words_lost_to_an_emptied_cache_are_encoded_again() -> None:
+def test_words_known_when_a_call_began_are_not_encoded_again_when_it_empties_the_cache() -> None:
     bare = bundled()._ascii.bare
     calls: list[list[str]] = []
 
@@ -237,13 +237,29 @@ def test_words_lost_to_an_emptied_cache_are_encoded_again() -> None:
 
     cache = WordCache(words_by_offsets(encode), capacity=3)
     cache.content_ids(["alpha beta gamma"])
-    # Two new words do not fit beside three: the cache starts again with them, and alpha and beta, known when
-    # the call began, are gone by the time it looks them up.
+    # Two new words do not fit beside three: the cache starts again with them; alpha and beta, known when the call
+    # began, are gone from it, but their ids were read before: they are not encoded again.
     assert lists(cache.content_ids(["alpha beta delta epsilon"])) == [bare.encode("alpha beta delta epsilon",
                                                                                   add_special_tokens=False).ids]
-    assert calls[1:] == [["delta", "epsilon"], ["alpha", "beta"]]
+    assert calls[1:] == [["delta", "epsilon"]]
     assert sorted(cache._ids) == ["delta", "epsilon"]
 
+
+def test_a_warm_call_that_fills_the_cache_encodes_only_its_new_words() -> None:
+    """encode_warm runs on the event loop, bounded to max_new new words: a call whose few new words overflow a full
+    cache (it starts again empty) must not encode its known words again, on the loop, with them."""
+    tok = bundled(cache_words=40)
+    cache = tok.word_cache
+    encoded: list[str] = []
+    real = cache._encode_words
+    cache._encode_words = lambda new: encoded.extend(new) or real(new)
+    known = " ".join(f"known{i}" for i in range(30))
+    tok.encode_batch([known])  # 30 words remembered
+    text = known + " " + " ".join(f"fresh{i}" for i in range(15))  # 15 new words: 45 do not fit in 40
+    encoded.clear()
+    warm = tok.encode_warm([text], max_new=20)
+    assert warm is not None and warm[0].ids.tolist() == reference(tok).encode(text).ids
+    assert sorted(encoded) == sorted(f"fresh{i}" for i in range(15)), "only the call's new words, once"
 
 
 def _with_added(tmp_path, tokens) -> tuple[Tokenizer, object]:
