@@ -173,7 +173,7 @@ class FramedSession(asyncio.Protocol):
     def _arm(self, name: str, why: str, after_s: float | None = None) -> None:
         self._disarm(name)
         after_s = STALL_S if after_s is None else after_s
-        self._timers[name] = asyncio.get_running_loop().call_later(after_s, self._drop, name, why, after_s)
+        self._timers[name] = self._loop.call_later(after_s, self._drop, name, why, after_s)
 
     def _disarm(self, name: str) -> None:
         timer = self._timers.pop(name, None)
@@ -196,7 +196,10 @@ class FramedSession(asyncio.Protocol):
                     self.transport.write(data)
 
     def _close(self) -> None:
-        """Close after what is written, a direct answer's rest still with the loop included (_write_rest closes)."""
+        """Close after what is written, a direct answer's rest still with the loop included (_write_rest closes).
+        A peer that stops reading would hold a closing connection (and its place under framed_max_connections)
+        for as long as its unsent answers wait, below the pause's mark too: dropped after STALL_S."""
+        self._arm("close", "a closed connection's answers stayed unread")
         with self._lock:
             if self._rest_pending:
                 self._close_after_rest = True

@@ -221,12 +221,41 @@ def test_a_frame_left_incomplete_or_answers_left_unread_drop_the_connection(monk
                 aborted.set()
 
         session = framed.FramedSession.__new__(framed.FramedSession)  # only its timers are exercised
-        session._timers, session.transport = {}, Transport()
+        session._timers, session.transport, session._loop = {}, Transport(), asyncio.get_running_loop()
         session.pause_writing()
         await asyncio.wait_for(aborted.wait(), 5)
         return True
 
     assert asyncio.run(paused())
+
+
+def test_a_closed_connection_whose_answers_stay_unread_is_dropped(monkeypatch) -> None:
+    """A connection closed for a bad frame whose peer never reads (its answers unsent, under the mark that pauses
+    writing) must not stay open, holding a place under framed_max_connections: dropped after STALL_S."""
+    import threading
+
+    from tulip import framed
+
+    monkeypatch.setattr(framed, "STALL_S", 0.3)
+
+    async def closed() -> bool:
+        aborted = asyncio.Event()
+
+        class Transport:  # close() waits on unsent bytes that are never read: connection_lost never comes
+            def close(self):
+                pass
+
+            def abort(self):
+                aborted.set()
+
+        session = framed.FramedSession.__new__(framed.FramedSession)  # only _close and its timer are exercised
+        session._timers, session.transport, session._loop = {}, Transport(), asyncio.get_running_loop()
+        session._lock, session._rest_pending = threading.Lock(), False
+        session._close()
+        await asyncio.wait_for(aborted.wait(), 5)
+        return True
+
+    assert asyncio.run(closed())
 
 
 def test_an_engine_failure_is_answered_on_its_id() -> None:

@@ -142,6 +142,14 @@ class _Loop:
     def call_soon_threadsafe(self, fn, *args) -> None:
         self.calls.append((fn, args))
 
+    def call_later(self, delay: float, fn, *args) -> "_Timer":  # a drop timer (FramedSession._arm), never due here
+        return _Timer()
+
+
+class _Timer:
+    def cancel(self) -> None:
+        pass
+
 
 class _Job:
     withdrawn = False
@@ -159,7 +167,7 @@ def _session(fd: int):
     from tulip import framed
 
     session = framed.FramedSession.__new__(framed.FramedSession)  # the write path alone, on a socket pair
-    session._lock, session._rest_pending, session._queued = threading.Lock(), False, []
+    session._lock, session._rest_pending, session._queued, session._timers = threading.Lock(), False, [], {}
     session.transport, session._loop, session._fd = _Transport(), _Loop(), fd
     return session
 
