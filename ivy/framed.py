@@ -106,10 +106,12 @@ class FramedStream:
         self.connect_failed = False  # the last connect was refused or timed out (Replica falls back to gRPC)
         self.connect_timeout_s = CONNECT_TIMEOUT_S
         self._closes = 0  # close() calls: a connect that finishes after one is dropped, not kept
+        self._calls = 0  # embed() calls under way: connecting, waiting to write, or for their answer
 
     async def embed(self, request: embed_pb2.EmbedRequest, timeout: float) -> embed_pb2.EmbedResponse:
         request_id = next(self._ids)
         connection = None
+        self._calls += 1
         try:
             async with asyncio.timeout(timeout):
                 connection = await self._connection()
@@ -123,6 +125,7 @@ class FramedStream:
         except TimeoutError:
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded on the framed stream") from None
         finally:
+            self._calls -= 1
             if connection is not None and connection.pending.pop(request_id, None) is not None and connection.live:
                 connection.write(embed_pb2.StreamRequest(id=request_id, cancel=True))  # drop its queued work
 
@@ -162,8 +165,10 @@ class FramedStream:
 
     @property
     def waiting(self) -> int:
-        """Requests waiting for their answer on the open connection."""
-        return len(self._current.pending) if self._current is not None else 0
+        """Requests under way on this stream, those still connecting or waiting to write included (a stream the
+        replica left is closed once none is: Replica._switch; counting only the answers awaited, it was closed under
+        a request paused before its write, which then failed UNAVAILABLE and marked a healthy replica down)."""
+        return self._calls
 
     async def close(self) -> None:
         """End the connection (every request on it fails with UNAVAILABLE); the next request opens a new one,

@@ -110,6 +110,39 @@ def test_a_replica_that_goes_away_fails_what_waits_with_unavailable() -> None:
         s.close()
 
 
+def test_a_request_paused_before_its_write_counts_as_waiting() -> None:
+    """A stream the replica left is closed once nothing waits on it (Replica._switch): a request still waiting to
+    write (the connection's buffer full) or to connect is under way too, or it would fail UNAVAILABLE."""
+    class Paused:  # an open connection whose writes are paused
+        live = True
+
+        def __init__(self) -> None:
+            self.pending: dict = {}
+            self.resume = asyncio.Event()
+            self.sent: list = []
+
+        async def writable(self) -> None:
+            await self.resume.wait()
+
+        def write(self, message) -> None:
+            self.sent.append(message)
+
+    async def main():
+        stream = FramedStream("127.0.0.1", 1, "127.0.0.1:50051", 1 << 20)
+        stream._current = connection = Paused()
+        call = asyncio.ensure_future(stream.embed(encode_request([[1] * 8]), 10.0))
+        await asyncio.sleep(0.01)
+        paused = stream.waiting
+        connection.resume.set()
+        await asyncio.sleep(0.01)
+        written = stream.waiting, len(connection.sent)
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        return paused, written, stream.waiting
+
+    assert asyncio.run(main()) == (1, (1, 1), 0)
+
+
 def test_host_of_an_address() -> None:
     assert host_of("10.0.0.7:50051") == "10.0.0.7"
     assert host_of("[::1]:50051") == "::1"
