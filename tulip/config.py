@@ -19,7 +19,8 @@ Batching defaults and why:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 
 from rose.log_format import check_format
 from rose.persistent_routing import DEFAULT_ROUTING, routed_tokens
@@ -142,6 +143,10 @@ class TulipConfig:
                          "message, service, pid, exception; for a log pipeline)")
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NaN passes every range check below; inf overflows the waits it becomes
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value}")
         for name in ("max_batch_seqs", "max_queue_tokens", "max_inflight_batches", "max_message_mb",
                      "pinned_cap_mb"):
             if getattr(self, name) < 1:
@@ -165,6 +170,14 @@ class TulipConfig:
             raise ValueError(f"framed_max_connections must be at least 1, got {self.framed_max_connections}")
         if self.shutdown_timeout_s < 0:
             raise ValueError("shutdown_timeout_s must not be negative")
+        if self.max_message_mb > 2047:
+            raise ValueError(f"max_message_mb must be at most 2047 (gRPC's message limits are 32-bit), "
+                             f"got {self.max_message_mb}")
+        for name in ("keepalive_time_s", "keepalive_timeout_s"):  # in whole milliseconds: 0 would ping every ms
+            if getattr(self, name) < 0.001:
+                raise ValueError(f"{name} must be at least 0.001 (1 ms), got {getattr(self, name)}")
+        if self.min_client_ping_interval_s < 0:
+            raise ValueError(f"min_client_ping_interval_s must be 0 or positive, got {self.min_client_ping_interval_s}")
         routed_tokens(self.persistent_decoder)  # ValueError naming the setting and what it takes
         if self.pack_ahead_ms < 0:
             raise ValueError(f"pack_ahead_ms must be 0 (pack at once) or positive, got {self.pack_ahead_ms}")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from protos import embed_pb2
-from tulip.errors import TulipError, engine_error
+from tulip.errors import DeadlineExpired, TulipError, engine_error
 
 if TYPE_CHECKING:
     from tulip.job import Job
@@ -42,6 +42,7 @@ class StreamRequests:
     def __init__(self, server: TulipServer, send, direct=None) -> None:
         self.server = server
         self.jobs: dict[int, Job] = {}
+        self._expiries: dict[Job, asyncio.TimerHandle] = {}  # a request with a deadline: its _expire, by job
         self._send = send  # StreamResponse -> None; never blocks
         self._direct = direct
 
@@ -71,16 +72,24 @@ class StreamRequests:
         if self._direct is not None:
             job.stream_id = message.id
             job.answer_via = self._direct
+        if job.deadline is not None:
+            self._expiries[job] = job.loop.call_later(max(0.0, job.deadline - time.monotonic()), self._expire,
+                                                      message.id, job)
         job.future.add_done_callback(lambda f, i=message.id: self._answer(i, job, f, started))
 
     def _answer(self, request_id: int, job: Job, future: asyncio.Future, started: float) -> None:
-        if self.jobs.get(request_id) is job:
+        expiry = self._expiries.pop(job, None)
+        if expiry is not None:
+            expiry.cancel()
+        withdrawn = self.jobs.get(request_id) is not job  # a cancel took it out (its id may name another now)
+        if not withdrawn:
             del self.jobs[request_id]
-        if future.cancelled():  # a cancel message, or the stream ended: no answer
+        error = None if future.cancelled() else future.exception()
+        if future.cancelled() or (withdrawn and not job.answered):  # a cancel message, or the stream ended, also
+            # one that came after the result but before this callback: no answer
             expired = job.deadline is not None and time.monotonic() >= job.deadline
             self.server.settled(job, "DEADLINE_EXCEEDED" if expired else "CANCELLED", started)
             return
-        error = future.exception()
         if error is None:
             result = future.result()
             self.server.settled(job, "OK", started, result.tokens)
@@ -90,6 +99,17 @@ class StreamRequests:
         exc = error if isinstance(error, TulipError) else engine_error(error)
         self.server.settled(job, exc.status, started)
         self._send(error_answer(request_id, exc))
+
+    def _expire(self, request_id: int, job: Job) -> None:
+        """Its deadline passed unanswered: DEADLINE_EXCEEDED now and its queued work dropped, as a unary call's
+        deadline does, not once the packer reaches it (or never, while the device is stuck)."""
+        self._expiries.pop(job, None)
+        if job.future.done() or self.jobs.get(request_id) is not job:
+            return
+        if self._direct is not None and self._direct.withdraw(job):
+            return  # its answer is on the wire already
+        self.server.queue.cancel(job)
+        job.future.set_exception(DeadlineExpired("deadline exceeded before the request was answered"))
 
     def _cancel(self, request_id: int) -> None:
         job = self.jobs.pop(request_id, None)

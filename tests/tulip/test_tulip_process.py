@@ -156,6 +156,23 @@ def test_env_vars_configure_and_flags_win() -> None:
         TulipConfig(warmup_full_batch="maybe")
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("shutdown_timeout_s", float("nan")),  # the drain gave up at once: accepted work was not waited for
+    ("idle_capture_ms", float("inf")),  # the launcher thread died on its first idle wait: nothing was answered
+    ("watchdog_factor", float("nan")),  # the watchdog never tripped
+    ("pack_ahead_ms", float("nan")),
+    ("interactive_recent_ms", float("nan")),
+    ("keepalive_time_s", 0.0),  # gRPC then pings every connection every millisecond
+    ("keepalive_time_s", -1.0),
+    ("keepalive_timeout_s", 0.0),  # every ping not answered at once closed its connection
+    ("min_client_ping_interval_s", -1.0),
+    ("max_message_mb", 2048),  # past gRPC's 32-bit limits: the start failed as "cannot listen on host:port"
+])
+def test_a_value_that_makes_no_sense_is_refused_naming_its_flag(field, value) -> None:
+    with pytest.raises(ValueError, match=field):
+        TulipConfig(**{field: value})
+
+
 def test_budget_and_full_batch_probe_follow_the_device() -> None:
     auto = TulipConfig()
     assert auto.batch_tokens_for("cuda:0") == 8192 and auto.batch_tokens_for("cpu") == 2048

@@ -181,3 +181,55 @@ def test_an_answer_says_where_its_time_went_in_tulip() -> None:
             assert answer.batcher_us >= answer.queue_us + answer.inference_us, answer
         alone = s.stub.Embed(encode_request([marked_sequence(63, 6)]), timeout=10)
         assert alone.queue_us < 250_000 and alone.inference_us >= 50_000 and alone.batcher_us >= alone.inference_us
+
+
+def test_a_cancel_after_the_result_reached_the_loop_gets_no_answer_even_when_its_id_is_reused() -> None:
+    """protos: a cancel means "no answer follows", and an id is unique only among the requests in flight, so a
+    client may reuse a cancelled id at once. The completer's result reaches the loop (tulip.job._settle_all) in the
+    same loop iteration as a framed read that cancels the request and reuses its id: the answer of the cancelled
+    request must not be sent under the id that now names the new one (which would get two answers, the first
+    with another request's rows)."""
+    from tulip.job import EmbedResult
+    from tulip.stream import StreamRequests
+
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(), engine) as s:
+        held = _hold_two_batches(s, engine)
+        sent: list = []
+        reused = encode_request([marked_sequence(72, 6)])
+
+        async def same_iteration() -> None:
+            requests = StreamRequests(s.server, sent.append)
+            requests.handle(embed_pb2.StreamRequest(id=5, request=encode_request([marked_sequence(71, 6)])))
+            old = requests.jobs[5]
+            old.future.set_result(EmbedResult(embeddings=b"", rows=0, dimensions=16, encoding=0, tokens=6))
+            requests.handle(embed_pb2.StreamRequest(id=5, cancel=True))
+            requests.handle(embed_pb2.StreamRequest(id=5, request=reused))
+
+        s.run(same_iteration())
+        engine.release(100)
+        [f.result() for f in held]
+        wait_until(lambda: s.server._active == 0, what="every request settled")
+        assert [m.id for m in sent] == [5], sent
+        np.testing.assert_array_equal(decode_response(sent[0].response), solo_embedding(reused))
+
+
+def test_a_streamed_request_is_answered_deadline_exceeded_at_its_deadline_while_the_device_is_busy() -> None:
+    """As the unary call's deadline does (RELIABILITY 14, 15): a stream request whose timeout_s passes while the
+    batches ahead still hold the device is answered DEADLINE_EXCEEDED then, its tokens leave the queue then (not
+    once the packer reaches it: they counted against max_queue_tokens and deadline admission meanwhile), and its
+    work never reaches the engine."""
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(), engine) as s:
+        held = _hold_two_batches(s, engine)
+        stream = Stream(s.stub)
+        stream.send(1, encode_request([marked_sequence(81, 6)]), timeout_s=0.2)
+        wait_until(lambda: 1 in stream.answers, timeout=2.5, what="DEADLINE_EXCEEDED with the device still busy")
+        assert stream.answers[1].code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        assert stream.answers[1].reason == "deadline_exceeded"
+        assert s.server.queue.depth() == (0, 0) and engine.launched == 2
+        engine.release(100)
+        [f.result() for f in held]
+        stream.close()
+        wait_until(lambda: s.server._active == 0, what="every request settled")
+    assert 81 not in first_tokens(engine) and stream.order == [1]
