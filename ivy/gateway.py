@@ -213,7 +213,7 @@ class Gateway:
         wire_lane = lane_value(lane, sum(lengths), self.config.bulk_above_tokens)
         rows_per_seq = [len(s) for s in spans] if spans is not None else [1] * len(sequences)
         chunks = plan_chunks(lengths, rows_per_seq, self.config.chunk_max_tokens, self.config.chunk_max_seqs)
-        if not await self.pool.any_serving_now():
+        if not await self.pool.any_serving_now(deadline):
             raise IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
         request_id = metrics.REQUEST_ID.get() or uuid.uuid4().hex
         if (self.coalescer is not None and spans is None and token_types is None and not output and len(chunks) == 1

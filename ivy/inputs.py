@@ -22,7 +22,7 @@ class Inputs:
 
     texts: list[str] | None = None
     ids: list[list[int]] | None = None
-    flat: bool = False  # ids sent as one flat list: errors name input[j] and input, not input[0][j]
+    flat: bool = False  # one text sent as a string, or ids as one flat list: errors name input (input[j] its id)
 
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.ids or [])
@@ -57,7 +57,7 @@ def parse_inputs(value: Any, name: str = "input") -> Inputs:
     if isinstance(value, str):
         if not value:
             raise _empty(name)
-        return Inputs(texts=[value])
+        return Inputs(texts=[value], flat=True)
     if not isinstance(value, list):
         raise _wrong(name, "a string, a list of strings, a list of token ids or a list of token id lists")
     if not value:

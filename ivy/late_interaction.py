@@ -57,7 +57,7 @@ async def encode_queries_and_documents(gw: Gateway, queries: list[str], docs: li
     cut = gw.config.truncate if truncate is None else truncate
     return await asyncio.gather(
         gw.encoder.encode_texts(queries, truncate=cut, side=side, prompt=gw.encoder.prompt_for("query", None),
-                                param=names[0]),
+                                param=names[0], one=len(queries) == 1),  # one query (rerank's): named as itself
         gw.encoder.encode_texts(docs, truncate=cut, side=side, prompt=gw.encoder.prompt_for("document", None),
                                 param=names[1]))
 

@@ -218,12 +218,18 @@ class ReplicaPool:
     def any_serving(self) -> bool:
         return any(r.state is State.SERVING for r in self.replicas)
 
-    async def any_serving_now(self) -> bool:
+    async def any_serving_now(self, deadline: float | None = None) -> bool:
         """any_serving(), probing first when no replica serves in this process's view and its last probe
         is older than STALE_AFTER_S: a replica may have become ready since (other gateway workers and
-        /ready already saw it), and its first request must not get a 503 from a stale view."""
+        /ready already saw it), and its first request must not get a 503 from a stale view. The wait for
+        that probe (up to its timeout, 1-2 s, on a silent replica) ends at the request's `deadline`
+        (monotonic); the probe itself goes on for the next request."""
         if not self.any_serving():
-            await self.refresh(STALE_AFTER_S)
+            try:
+                async with asyncio.timeout(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                    await self.refresh(STALE_AFTER_S)
+            except TimeoutError:
+                pass
         return self.any_serving()
 
     # ---- routing ----

@@ -108,7 +108,7 @@ async def encode_inputs(gw, inputs, *, route: str, param: str, truncate: bool | 
     truncate = gw.config.truncate if truncate is None else truncate
     if inputs.texts is not None:
         seqs = await gw.encoder.encode_texts(inputs.texts, truncate=truncate, side=side,
-                                             prompt=gw.encoder.prompt_for(*prompt), param=param,
+                                             prompt=gw.encoder.prompt_for(*prompt), param=param, one=inputs.flat,
                                              max_tokens=max_tokens)
     else:
         seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param, flat=inputs.flat,

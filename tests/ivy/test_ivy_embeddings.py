@@ -199,3 +199,16 @@ def test_tei_embed_route_for_its_clients(client) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "inputs[1]"
     too_long = client.post("/embed", json={"inputs": ["word " * 400]})
     assert too_long.status_code == 422 and too_long.json()["error"]["param"] == "inputs[0]"
+
+
+@pytest.mark.parametrize("route, field", [("/v1/embeddings", "input"), ("/embed", "inputs"), ("/pooling", "input")])
+def test_one_text_sent_as_a_string_is_named_by_its_field(client, fake, route, field) -> None:
+    """RELIABILITY 9 and 35: an over-long text sent as the field itself ("input": "...") was named input[0], an
+    element that does not exist (as a flat list of ids once was); a text in a list keeps its index."""
+    for text, code in (("word " * 400, "input_too_long"), ("x" * 100_000, "input_too_long")):
+        error = client.post(route, json={field: text}).json()["error"]
+        assert (error["param"], error["code"]) == (field, code), error
+        assert error["message"].startswith(f"{field} has "), error["message"]
+        listed = client.post(route, json={field: ["ok", text]}).json()["error"]
+        assert listed["param"] == f"{field}[1]" and listed["message"].startswith(f"{field}[1] has "), listed
+    assert fake.calls == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -151,6 +152,26 @@ def test_stale_view_of_a_ready_replica_is_probed_before_a_503() -> None:
             r = client.post("/v1/embeddings", json={"input": "x"})
             assert r.status_code == 200, r.text
             assert pool.replicas[0].state is State.SERVING
+
+
+def test_the_probe_before_a_503_is_bounded_by_the_request_deadline() -> None:
+    """RELIABILITY 14 and 17: with no replica serving in this worker's view, the probe a request runs first (the
+    stale view above) waited out its own timeout (1-2 s: a silent replica, a SIGSTOPped host) whatever the
+    request's deadline: X-Request-Timeout 0.2 was answered after 2 s. It waits at most until the deadline."""
+    silent = socket.socket()  # connects (the kernel's backlog) and never answers a byte: every probe times out
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+
+    class _Silent:
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+
+    with silent, gateway(_Silent(), health_interval_s=2) as client:  # probes time out after 2 s
+        time.sleep(STALE_AFTER_S + 0.05)  # the startup probe is stale: the request probes again
+        start = time.monotonic()
+        r = client.post("/v1/embeddings", json={"input": "x"}, headers={"X-Request-Timeout": "0.2"})
+        took = time.monotonic() - start
+        assert r.status_code == 503 and "retry-after" in r.headers, r.text
+        assert took < 1.0, f"answered after {took:.2f} s for a 0.2 s deadline"
 
 
 def test_readiness_follows_serving_status_health_stays_open() -> None:

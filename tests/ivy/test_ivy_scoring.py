@@ -64,3 +64,20 @@ def test_cohere_v2_path_and_openapi(client) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     for route in ("/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v1/models"):
         assert route in paths
+
+
+def test_an_over_long_query_is_named_query_not_an_element_of_it(client, fake) -> None:
+    """`query` is one text: an over-long one was named query[0] (and /v1/score's text_1 sent as a string
+    text_1[0]), an element that does not exist; documents keep their index."""
+    long_text, long_chars = "word " * 400, "x" * 100_000
+    for route, body, param in (
+            ("/v1/rerank", {"query": long_text, "documents": DOCS}, "query"),
+            ("/v1/rerank", {"query": long_chars, "documents": DOCS}, "query"),
+            ("/rerank", {"query": long_text, "texts": DOCS}, "query"),
+            ("/v1/score", {"text_1": long_text, "text_2": DOCS}, "text_1"),
+            ("/v1/rerank", {"query": QUERY, "documents": [DOCS[0], long_text]}, "documents[1]")):
+        r = client.post(route, json=body)
+        error = r.json()["error"]
+        assert r.status_code == 422 and (error["param"], error["code"]) == (param, "input_too_long"), (route, error)
+        assert error["message"].startswith(f"{param} has "), error["message"]
+    assert fake.calls == []
