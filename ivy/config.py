@@ -6,12 +6,14 @@ Built with rose.flags (flag > env > default). Runtime state (channels, tokenizer
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 
 from rose.host_cpus import usable_cpus
 from rose.log_format import FORMATS
 
 ENV_PREFIX = "IVY"
+GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # gRPC's message limits are 32-bit ints: a larger one fails each worker's start
 CPUS_PER_WORKER = 4  # a gateway worker's share of the host: on the 16-core H200 host 4 workers served 3.5x one
 # at 16 clients and left Tulip and the tokenizer threads their cores (benchmarks/NOTES.md, "Workers")
 MAX_AUTO_WORKERS = 8
@@ -182,6 +184,10 @@ class IvyConfig:
         "costs each request a log record formatted and written."))
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NaN passes every range check below; inf hangs the waits it becomes
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SystemExit(f"ivy: --{f.name.replace('_', '-')} must be a finite number, not {value}")
         if self.log_format not in FORMATS:
             raise SystemExit(f"ivy: --log-format must be one of {', '.join(FORMATS)}, not {self.log_format!r}")
         if not self.replicas:
@@ -195,8 +201,20 @@ class IvyConfig:
                      "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise SystemExit(f"ivy: --{name.replace('_', '-')} must be at least 1")
-        if self.request_timeout_s <= 0 or self.health_interval_s <= 0 or self.body_read_timeout_s <= 0:
-            raise SystemExit("ivy: --request-timeout-s and --health-interval-s must be positive")
+        for name in ("request_timeout_s", "health_interval_s", "body_read_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise SystemExit(f"ivy: --{name.replace('_', '-')} must be positive")
+        if self.port > 65535:
+            raise SystemExit(f"ivy: --port must be at most 65535, not {self.port}")
+        if self.grpc_max_message_bytes > GRPC_MAX_MESSAGE_BYTES:
+            raise SystemExit(f"ivy: --grpc-max-message-bytes must be at most {GRPC_MAX_MESSAGE_BYTES} (gRPC's "
+                             f"message limits are 32-bit), not {self.grpc_max_message_bytes}")
+        if self.tokenize_piece_chars < 1:
+            raise SystemExit("ivy: --tokenize-piece-chars must be at least 1")
+        for name in ("drain_delay_s", "tokenizer_threads", "max_chars_per_input", "tokenize_inline_chars",
+                     "tokenize_split_chars"):  # each 0 = off or auto; below it means nothing
+            if getattr(self, name) < 0:
+                raise SystemExit(f"ivy: --{name.replace('_', '-')} must be 0 or positive, not {getattr(self, name)}")
         if self.replica_timeout_s < 0:
             raise SystemExit("ivy: --replica-timeout-s must be 0 (off) or positive")
         if self.bulk_above_tokens < 0:

@@ -75,6 +75,15 @@ class UpConfig:
         object.__setattr__(self, "warm_cores", mode)
         if not math.isfinite(self.warm_cores_hold_s) or self.warm_cores_hold_s < 0:
             raise SystemExit(f"ivy up: --warm-cores-hold-s must be 0 or more seconds, not {self.warm_cores_hold_s}")
+        if not math.isfinite(self.startup_timeout_s) or self.startup_timeout_s <= 0:  # NaN: never gives up
+            raise SystemExit(f"ivy up: --startup-timeout-s must be a positive number of seconds, not "
+                             f"{self.startup_timeout_s}")
+        if self.tulips_per_gpu < 1:
+            raise SystemExit(f"ivy up: --tulips-per-gpu must be at least 1, not {self.tulips_per_gpu}")
+        if not 0 <= self.tulip_port <= 65535:
+            raise SystemExit(f"ivy up: --tulip-port must be in 0..65535 (0 = $TULIP_PORT), not {self.tulip_port}")
+        if not -1 <= self.tulip_metrics_port <= 65535:
+            raise SystemExit(f"ivy up: --tulip-metrics-port must be in -1..65535, not {self.tulip_metrics_port}")
 
 
 
@@ -227,12 +236,13 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             spinner.wait()
         if warm_dir:
             shutil.rmtree(warm_dir, ignore_errors=True)
-        gateway.stop(timeout=15 + config.drain_delay_s)
+        # SIGKILL only past a drain: the gateway's delay and its longest request, then each Tulip's own
+        gateway.stop(timeout=config.drain_delay_s + config.request_timeout_s + 5)
         for tulip in tulips:  # signal all first so they drain in parallel
             if tulip.exited() is None:
                 tulip.proc.send_signal(signal.SIGTERM)
         for tulip in tulips:
-            tulip.stop(timeout=60)
+            tulip.stop(timeout=max(60.0, tulip_drain_s() + 5))
 
     deadline = time.monotonic() + up.startup_timeout_s
     serving: set[str] = set()
@@ -292,6 +302,16 @@ def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metri
           f"    -d '{{\"model\": \"{name}\", {body}}}'\n"
           f"Metrics: {url}/metrics (gateway)" + "".join(f", {m}" for m in tulip_metrics) + "\n"
           "Press Ctrl-C to stop.", flush=True)
+
+
+def tulip_drain_s(environ=os.environ) -> float:
+    """TULIP_SHUTDOWN_TIMEOUT_S, which reaches the Tulips unchanged: the most their SIGTERM drain takes (0 when
+    unset or unreadable: Tulip's own default, or its refusal, is within `ivy up`'s 60 s floor)."""
+    try:
+        value = float(environ.get("TULIP_SHUTDOWN_TIMEOUT_S") or 0)
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) else 0.0
 
 
 def kernel_compile_env(tulips: int, cpus: int | None = None, environ=os.environ) -> dict[str, str]:

@@ -111,6 +111,8 @@ class HttpEmbedder:
         if status != 200:
             message, param = _error_message(answer.content)
             if status in (400, 413, 422):
+                if status == 413:  # the batch's size (Ivy names its "body"), not an option: split it
+                    param = None
                 match = _INPUT_PARAM.match(param or "")
                 raise RowError(message, int(match.group(1)) if match else None, param)
             if status in (408, 429) or status >= 500:

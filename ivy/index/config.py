@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from rose.log_format import FORMATS as LOG_FORMATS
@@ -69,6 +70,10 @@ class IndexConfig:
         for name in ("batch_size", "concurrency", "sort_window", "gpus"):
             if getattr(self, name) < 1:
                 raise SystemExit(f"ivy index: --{name.replace('_', '-')} must be at least 1")
+        for name in ("timeout_s", "log_interval_s", "gpu_hour_price"):  # NaN passes every check below
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) < 0:
+                raise SystemExit(f"ivy index: --{name.replace('_', '-')} must be a finite number, 0 or more, "
+                                 f"not {getattr(self, name)}")
         if self.dimensions < 0 or self.retries < 0 or self.timeout_s <= 0:
             raise SystemExit("ivy index: --dimensions and --retries must be >= 0, --timeout-s positive")
         if self.truncation_side not in ("right", "left"):

@@ -85,6 +85,7 @@ class Sink:
             (folder / REJECTS).unlink(missing_ok=True)
             self.manifest = {"version": 1, "identity": identity, "shards": [], "rejects_bytes": 0,
                              "complete": False}
+            self._save()  # before any shard: a kill between the first shard's rename and its manifest resumes
         self._rejects = open(folder / REJECTS, "ab")
 
     def _clean(self) -> None:

@@ -63,8 +63,8 @@ def _jsonl(path: Path, id_field: str, text_field: str, start: int) -> Iterator[D
             if pos <= start:  # committed already: not parsed again
                 continue
             fallback = str(line_no)
-            try:
-                record = json.loads(raw.decode("utf-8"))
+            try:  # a byte order mark (Windows tools) starts the file, not the first record
+                record = json.loads(raw.decode("utf-8-sig" if line_no == 1 else "utf-8"))
             except UnicodeDecodeError:
                 yield Doc(pos - 1, fallback, None, "line is not valid UTF-8")
                 continue
@@ -74,7 +74,12 @@ def _jsonl(path: Path, id_field: str, text_field: str, start: int) -> Iterator[D
             if not isinstance(record, dict):
                 yield Doc(pos - 1, fallback, None, "line is not a JSON object")
                 continue
-            yield _make(pos - 1, record.get(id_field), fallback, record.get(text_field))
+            doc = _make(pos - 1, record.get(id_field), fallback, record.get(text_field))
+            if _has_surrogates(doc.id):  # "\ud800" is valid JSON but no UTF-8: neither a shard nor a server takes it
+                doc = Doc(doc.pos, fallback, None, "id holds a lone surrogate escape (not valid Unicode)")
+            elif doc.text is not None and _has_surrogates(doc.text):
+                doc = Doc(doc.pos, doc.id, None, "text holds a lone surrogate escape (not valid Unicode)")
+            yield doc
 
 
 def _has_surrogates(value: str) -> bool:
@@ -89,7 +94,8 @@ def _csv(path: Path, id_field: str, text_field: str, start: int) -> Iterator[Doc
     csv.field_size_limit(sys.maxsize)
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     # surrogateescape: a row with bad bytes is read (and rejected) instead of failing the whole file
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+    # utf-8-sig: a byte order mark (Excel's "CSV UTF-8") is not part of the first column's name
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         header = next(reader, None) or []
         if text_field not in header:

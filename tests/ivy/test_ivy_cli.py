@@ -249,3 +249,89 @@ def test_tokenizer_cache_words_reaches_the_gateways_tokenizer() -> None:
                 g.encoder.close()
 
     asyncio.run(main())
+
+
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("name, value", [
+    ("request_timeout_s", _NAN), ("request_timeout_s", _INF), ("health_interval_s", _NAN),
+    ("replica_timeout_s", _NAN), ("keep_alive_timeout_s", _INF), ("header_read_timeout_s", _NAN),
+    ("send_timeout_s", _NAN), ("body_read_timeout_s", 0), ("body_read_timeout_s", _NAN),
+    ("drain_delay_s", -1.0), ("drain_delay_s", _INF), ("port", 65536), ("tokenizer_threads", -1),
+    ("max_chars_per_input", -1), ("tokenize_inline_chars", -1), ("tokenize_split_chars", -1),
+    ("tokenize_piece_chars", 0), ("grpc_max_message_bytes", 2 ** 31)])
+def test_meaningless_gateway_values_are_refused_at_start_naming_their_flag(name: str, value) -> None:
+    """NaN passes every `< 0` / `<= 0` check (a NaN deadline never passes: no 504 ever), inf hangs the waits it
+    becomes (a drain delay of inf: the gateway never stops, `ivy up` waits on it for good), a negative thread
+    count or a message limit past gRPC's 32-bit one fail each worker's start-up with a traceback, a negative
+    character cap answers every request 422: refused at start, naming the flag, like Tulip's config."""
+    with pytest.raises(SystemExit, match=f"--{name.replace('_', '-')}"):
+        IvyConfig(**{name: value})
+    flag = f"--{name.replace('_', '-')}"
+    with pytest.raises(SystemExit, match=flag):  # the same through the environment (float("nan") parses)
+        config_from_args(IvyConfig, {}, "IVY", environ={env_name("IVY", name): str(value)})
+
+
+@pytest.mark.parametrize("name, value", [
+    ("startup_timeout_s", _NAN), ("startup_timeout_s", 0.0), ("startup_timeout_s", -5.0), ("tulips_per_gpu", 0),
+    ("tulip_port", -1), ("tulip_port", 65536), ("tulip_metrics_port", -2), ("tulip_metrics_port", 70000)])
+def test_meaningless_up_values_are_refused_at_start_naming_their_flag(name: str, value) -> None:
+    """A NaN start-up timeout never times out (`time.monotonic() > NaN` is never true), 0 or less gives up at
+    once; 0 Tulips per GPU was silently read as 1; a port past 65535 was checked as another port (the kernel
+    takes it modulo 65536) and failed only once the Tulips had loaded their model."""
+    with pytest.raises(SystemExit, match=f"--{name.replace('_', '-')}"):
+        up.UpConfig(**{name: value})
+
+
+@pytest.mark.parametrize("name, value", [("timeout_s", _NAN), ("timeout_s", _INF), ("log_interval_s", _NAN),
+                                         ("log_interval_s", -1.0), ("gpu_hour_price", _NAN),
+                                         ("gpu_hour_price", -1.0)])
+def test_meaningless_index_values_are_refused_at_start_naming_their_flag(name: str, value) -> None:
+    """A NaN --timeout-s failed the first request with a socket ValueError's traceback; a NaN price wrote NaN
+    (not JSON) into summary.json."""
+    from ivy.index.config import IndexConfig
+
+    with pytest.raises(SystemExit, match=f"--{name.replace('_', '-')}"):
+        IndexConfig(url="http://127.0.0.1:1", **{name: value})
+
+
+def test_up_gives_the_gateway_and_tulips_their_whole_drain_before_sigkill(monkeypatch) -> None:
+    """On SIGTERM `ivy up` stops the gateway, then the Tulips, each SIGKILLed after a grace period: the gateway's
+    must cover its drain delay and its longest request (--request-timeout-s; tests/deploy_rules.py holds the
+    manifests to the same), a Tulip's its own TULIP_SHUTDOWN_TIMEOUT_S (the variable reaches it unchanged); a
+    shorter one kills accepted requests mid-way. The children are recorded, not started."""
+    import signal
+    import types
+
+    stops: dict[str, float] = {}
+
+    class Recorded:
+        def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+            self.name, self.proc = name, types.SimpleNamespace(send_signal=lambda sig: None)
+
+        def exited(self) -> None:
+            return None
+
+        def stop(self, timeout: float) -> None:
+            stops[self.name] = timeout
+
+    def ready_then_sigterm(*_args) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # run_stack's own handler: the stop flag
+
+    for name, fake in (("Child", Recorded), ("_taken_port", lambda *a: ""), ("_port_free", lambda *a: True),
+                       ("_tulip_serving", lambda a: True), ("_ivy_ready", lambda url: (True, "")),
+                       ("_print_banner", ready_then_sigterm)):
+        monkeypatch.setattr(up, name, fake)
+    monkeypatch.setenv("TULIP_SHUTDOWN_TIMEOUT_S", "90")
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    config = IvyConfig(port=free_port(), request_timeout_s=45.0, drain_delay_s=5.0, workers=1)
+    try:
+        assert up.run_stack(config, up.UpConfig(gpus="none", tulip_port=free_port(), tulip_metrics_port=0,
+                                                warm_cores="off")) == 0
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    tulips = [t for name, t in stops.items() if name.startswith("tulip:")]
+    assert len(tulips) == 1 and tulips[0] > 90, f"a Tulip draining for its 90 s is killed at {tulips[0]} s"
+    assert stops["ivy"] > 5.0 + 45.0, f"the gateway is killed at {stops['ivy']} s, within its drain and a request"

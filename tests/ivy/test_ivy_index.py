@@ -215,3 +215,67 @@ def test_in_process_equals_v1_embeddings_through_a_real_tulip(tmp_path: Path) ->
         np.testing.assert_allclose(emb, want, atol=2e-5)
     local = pq.read_schema(tmp_path / "local" / "part-000000.parquet")
     assert local.metadata == pq.read_schema(tmp_path / "remote" / "part-000000.parquet").metadata
+
+
+def test_lone_surrogate_escapes_are_rejected_not_fatal(url, tmp_path: Path) -> None:
+    """JSON lets a line carry "\\ud800" (a lone UTF-16 surrogate, valid JSON, not encodable as UTF-8). In a text
+    the server answered 400 about the body (param "body"), which stopped the job as an option error; in an id,
+    the shard's and rejects.jsonl's UTF-8 encoding raised: the job died with a traceback. Either way --resume
+    stopped at the same window for good. Such a line is an undecodable document: rejected, the rest embedded."""
+    base, _ = url
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": TEXTS[0]}, b'{"id": "b", "text": "bad \\udc00"}\n',
+                                              b'{"id": "\\ud800", "text": "fine"}\n', {"id": "d", "text": TEXTS[1]}])
+    assert index(src, tmp_path / "out", "--url", base) == 0
+    ids, _, rejects = read_output(tmp_path / "out")
+    assert ids == ["a", "d"]
+    assert [(r["id"], r["position"]) for r in rejects] == [("b", 1), ("3", 2)]  # a bad id: the line number
+    assert all("surrogate" in r["reason"] for r in rejects), rejects
+
+
+def test_a_batch_over_the_servers_body_limit_is_split_not_fatal(url, tmp_path: Path) -> None:
+    """A batch whose body passes the server's payload limit (Ivy: 2 MiB) is answered 413 about the body, not about
+    a document: it stopped the job (exit 1) as an option error, and --resume stopped there again. Long documents
+    with --truncate are ordinary work: the batch is split until it fits, one document over the limit alone is
+    rejected. (Each body here stays under twice the limit, which Ivy reads to its end before answering.)"""
+    base, _ = url
+    big = [{"id": f"big{i}", "text": f"{i} " + "long words " * 40_000} for i in range(6)]  # ~440 KB each
+    huge = {"id": "huge", "text": "w " * (1_600_000)}  # 3.2 MB: over the limit alone
+    src = write_jsonl(tmp_path / "in.jsonl", [*big, huge, {"id": "small", "text": TEXTS[2]}])
+    # by length: [small, big0..big5] (2.6 MB, over the limit), then [huge]
+    assert index(src, tmp_path / "out", "--url", base, "--truncate", "--batch-size", 7) == 0
+    ids, _, rejects = read_output(tmp_path / "out")
+    assert sorted(ids) == sorted([d["id"] for d in big] + ["small"])
+    assert [r["id"] for r in rejects] == ["huge"] and "limit" in rejects[0]["reason"], rejects
+
+
+def test_a_kill_before_the_first_manifest_still_resumes(tmp_path: Path, monkeypatch) -> None:
+    """The first shard is renamed into place before the first manifest is written: a kill between the two left
+    a shard and no manifest, and `--resume` refused the folder ("holds shards but no manifest.json")."""
+    from ivy.index.sink import Layout
+
+    layout = Layout("m", 2, "float")
+    sink = Sink(tmp_path, {"k": 1}, resume=False)
+
+    def killed(self) -> None:
+        raise KeyboardInterrupt("killed before the manifest")
+
+    monkeypatch.setattr(Sink, "_save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        sink.commit(0, 0, 2, layout.table(["a", "b"], np.ones((2, 2)), {}), [], 3)
+    sink.close()
+    monkeypatch.undo()
+    assert (tmp_path / "part-000000.parquet").exists()
+    sink = Sink(tmp_path, {"k": 1}, resume=True)
+    assert sink.next_window == 0 and not (tmp_path / "part-000000.parquet").exists()
+    sink.close()
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_field(tmp_path: Path) -> None:
+    """Excel's "CSV UTF-8" and Windows tools start the file with a BOM: it stuck to the first header (the id
+    column was not found and every id silently became the row number) and made the first JSONL line not JSON."""
+    (tmp_path / "a.csv").write_bytes(b"\xef\xbb\xbfkey,body\nk1,alpha\nk2,beta\n")
+    assert [(d.id, d.text) for d in read_docs(tmp_path / "a.csv", "csv", "key", "body")] == [
+        ("k1", "alpha"), ("k2", "beta")]
+    (tmp_path / "b.jsonl").write_bytes(b'\xef\xbb\xbf{"id": "x", "text": "one"}\n{"id": "y", "text": "two"}\n')
+    assert [(d.id, d.text) for d in read_docs(tmp_path / "b.jsonl", "jsonl", "id", "text")] == [
+        ("x", "one"), ("y", "two")]
