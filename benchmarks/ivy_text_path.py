@@ -58,7 +58,7 @@ class ZeroPool:
     def serving(self) -> int:
         return 1
 
-    async def any_serving_now(self) -> bool:
+    async def any_serving_now(self, deadline: float | None = None) -> bool:
         return True
 
     async def call(self, request, tokens: int, deadline: float):
