@@ -104,6 +104,8 @@ def cmd_embed(args: argparse.Namespace, cfg: EngineConfig) -> int:
                   file=sys.stderr)
             return 2
         texts = [engine.spec.prompts[args.prompt_name] + t for t in texts]
+    elif engine.spec.default_prompt_name in engine.spec.prompts:  # as sentence-transformers' encode() without one
+        texts = [engine.spec.prompts[engine.spec.default_prompt_name] + t for t in texts]
     encoded = engine.tokenizer.encode_batch(texts)
     normalize = None if args.normalize is None else args.normalize == "true"
     vectors = engine.embed([e.ids for e in encoded], options=OutputOptions(dimensions=args.dimensions, normalize=normalize))
@@ -212,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("texts", nargs="*")
     embed.add_argument("--dimensions", type=int, default=0, help="Matryoshka truncation; 0 = full width")
     embed.add_argument("--normalize", choices=("true", "false"), default=None, help="default: the model's")
-    embed.add_argument("--prompt-name", default=None, help="prepend this sentence-transformers prompt")
+    embed.add_argument("--prompt-name", default=None,
+                       help="prepend this sentence-transformers prompt (default: the model's default_prompt_name)")
     embed.set_defaults(func=cmd_embed)
     build = sub.add_parser("build-kernels", help="compile the JIT attention kernels (FlashInfer, FA4) and ROSE's "
                            "Triton kernels ahead of serving")

@@ -70,6 +70,7 @@ class ModelSpec:
     score_head: Any = None  # rose.cross_spec.ScoreHead of a cross-encoder (its native row is the score)
     layer_windows: tuple = ()  # decoders: each layer's sliding window (rose.windows; FULL = none)
     retrieval: Any = None  # rose.retrieval_spec.RetrievalHeads: SPLADE / BGE-M3 outputs (sparse, multi-vector)
+    lowercase: bool = False  # sentence_bert_config.json's do_lower_case: texts lowercased first (rose.tokenizer)
 
     @property
     def is_contextual(self) -> bool:
@@ -181,12 +182,13 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         # function, so ROSE serves the lengths where it is plain RoPE (NomicBertConfig's defaults: 1.0, 2048).
         max_length = min(max_length, int(config.get("max_trained_positions") or 2048))
     sbert = _optional_json(model_dir / "sentence_bert_config.json") or {}
-    if sbert.get("max_seq_length"):
+    if sbert.get("max_seq_length"):  # sentence-transformers sets the tokenizer's model_max_length to it
         max_length = min(max_length, int(sbert["max_seq_length"]))
-    tok_cfg = _optional_json(model_dir / "tokenizer_config.json") or {}
-    tok_max = tok_cfg.get("model_max_length")
-    if isinstance(tok_max, int) and 0 < tok_max < max_length:
-        max_length = tok_max
+    else:
+        tok_cfg = _optional_json(model_dir / "tokenizer_config.json") or {}
+        tok_max = tok_cfg.get("model_max_length")
+        if isinstance(tok_max, int) and 0 < tok_max < max_length:
+            max_length = tok_max
 
     try:
         windows = layer_windows(family, config, causal, max_length) if arch in ("qwen3", "gemma3") else ()
@@ -218,6 +220,7 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         score_head=head,
         layer_windows=windows,
         retrieval=retrieval,
+        lowercase=bool(sbert.get("do_lower_case")),
     )
 
 

@@ -3,6 +3,7 @@ offset; rose.tokenizer.Tokenizer uses it when a folder has no tokenizer.json."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,11 +13,13 @@ from rose.encoded import Encoded, EncodedPair, longest_first
 class SentencePieceTokenizer:
     """SentencePiece with XLM-R's fairseq layout: <s>=0 <pad>=1 </s>=2 <unk>=3, piece ids shifted by 1."""
 
-    def __init__(self, path: Path, fairseq: bool) -> None:
+    def __init__(self, path: Path, fairseq: bool, lowercase: bool = False) -> None:
+        """lowercase: sentence_bert_config.json's do_lower_case (the text between special tokens lowercased)."""
         import sentencepiece as spm
 
         self._sp = spm.SentencePieceProcessor(model_file=str(path))
         self.fairseq = fairseq
+        self.lowercase = lowercase
         if fairseq:
             self.bos, self.eos, self.offset = 0, 2, 1
             self.vocab_size = self._sp.get_piece_size() + 1 + 1  # + fairseq offset + <mask>
@@ -26,13 +29,24 @@ class SentencePieceTokenizer:
         # a model trained without <s> or </s> has id -1 for it: no such token around the content
         self.head = [self.bos] if self.bos >= 0 else []
         self.tail = [self.eos] if self.eos >= 0 else []
+        # fairseq's special tokens, matched in a text as transformers' tokenizer matches them (its added tokens)
+        self.specials = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": self.vocab_size - 1} if fairseq else {}
+        self._split = re.compile("(" + "|".join(map(re.escape, self.specials)) + ")") if fairseq else None
 
     def piece_ids(self, text: str) -> list[int]:
-        ids = self._sp.encode(text)
-        if self.fairseq:
-            unk = self._sp.unk_id()
-            return [3 if i == unk else i + self.offset for i in ids]
-        return ids
+        if self.fairseq:  # the text between special tokens' texts encoded on its own, as transformers does
+            unk, out = self._sp.unk_id(), []
+            for k, part in enumerate(self._split.split(text)):
+                if k % 2:
+                    out.append(self.specials[part])
+                elif part:
+                    out.extend(3 if i == unk else i + self.offset for i in self._sp.encode(self._lower(part)))
+            return out
+        return self._sp.encode(self._lower(text))
+
+    def _lower(self, text: str) -> str:
+        """`text` lowercased character by character (as `tokenizers`' Lowercase) with do_lower_case, else as it is."""
+        return "".join(c.lower() for c in text) if self.lowercase else text
 
     def encode(self, text: str, keep: int, side: str) -> Encoded:
         ids = self.piece_ids(text)

@@ -60,11 +60,16 @@ class Tokenizer:
             self._encode_many = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
             # BERT's normalizer in Python on ASCII text (rose/ascii_bert.py), its words' ids remembered; or a
             # Qwen3-style byte-level BPE's pieces' ids remembered (rose/ascii_bpe.py)
-            self._ascii = AsciiBert.of(self._hf, cache_words)
+            self._ascii = AsciiBert.of(self._hf, cache_words)  # before the Lowercase below: BertNormalizer alone
+            lowered = spec.lowercase and _lowercase_first(self._hf)
+            if lowered and self._ascii is not None:
+                self._ascii.lowercase = True  # on ASCII, Lowercase then BertNormalizer is BertNormalizer lowercasing
             self._cached = self._ascii if self._ascii is not None and self._ascii.words is not None else \
                 AsciiByteLevel.of(self._hf, cache_words)
             self._spm = None
             self._files = [tok_json, config_path] if changed else [tok_json]
+            if lowered:
+                self._files.append(spec.model_dir / "sentence_bert_config.json")
             self.num_special = self._hf.num_special_tokens_to_add(False)
             self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
             self._wrap = self._fixed_wrap()
@@ -77,7 +82,8 @@ class Tokenizer:
                     f"{spec.model_dir}: no tokenizer.json and no SentencePiece model ({', '.join(_SPM_NAMES)})")
             self._hf = None
             self._ascii = self._cached = None
-            self._spm = SentencePieceTokenizer(spm_file, fairseq=spec.family in ("xlm-roberta", "roberta"))
+            self._spm = SentencePieceTokenizer(spm_file, fairseq=spec.family in ("xlm-roberta", "roberta"),
+                                               lowercase=spec.lowercase)
             self._wrap = self._wrap_arrays = None
             self._files = [spm_file]
             self.num_special = len(self._spm.head) + len(self._spm.tail)
@@ -333,6 +339,19 @@ def _config_specials(hf, config_path: Path) -> bool:
         single=" ".join([*before, "$A", *after]),
         pair=" ".join([*before, "$A", *after, *(f"{t}:1" for t in before), "$B:1", *(f"{t}:1" for t in after)]),
         special_tokens=sorted({(hf.id_to_token(i), i) for i in new_prefix + new_suffix}))
+    return True
+
+
+def _lowercase_first(hf) -> bool:
+    """sentence_bert_config.json's do_lower_case as sentence-transformers applies it: a Lowercase normalizer put
+    before the tokenizer's own unless that is (or holds) one already; True when it changed the tokenizer."""
+    from tokenizers import normalizers
+
+    norm = hf.normalizer
+    parts = list(norm) if isinstance(norm, normalizers.Sequence) else [norm] if norm is not None else []
+    if any(isinstance(n, normalizers.Lowercase) for n in parts):
+        return False
+    hf.normalizer = normalizers.Sequence([normalizers.Lowercase(), *parts])
     return True
 
 

@@ -2,8 +2,9 @@
 
 Module paths mirror Hugging Face's, so loading is a name map; the only difference is the fused
 `attention.self.qkv_proj` (query, key and value concatenated at load). RoBERTa/XLM-R positions start
-after the padding index (fairseq): `position_offset = pad_token_id + 1`. (HF derives positions from the
-ids and gives any pad-id token inside a sequence the padding position; real inputs hold no pad ids.)
+after the padding index (fairseq): `position_offset = pad_token_id + 1`. HF derives them from the ids: a token
+with the pad id (a text holding "<pad>", which the tokenizer matches as that token) gets the padding position and
+is not counted in the positions after it; fairseq_positions does the same on packed sequences.
 Token types: type 0 everywhere (one row added to every token) unless built with `token_types=True` (BERT
 cross-encoders: a pair's second text is type 1), which looks up each token's type from the batch.
 """
@@ -18,6 +19,17 @@ from torch import nn
 from rose.attention.base import AttentionBackend, AttentionContext
 from rose.layers import LayerNorm, MergedLinear, get_activation
 from rose.meta import ForwardMeta
+
+
+def fairseq_positions(input_ids: torch.Tensor, positions: torch.Tensor, padding_idx: int) -> torch.Tensor:
+    """HF's create_position_ids_from_input_ids (RoBERTa, XLM-R, MPNet) on packed sequences: a token with the id
+    `padding_idx` gets position padding_idx, any other padding_idx + 1 + the tokens before it in its sequence
+    that are not padding_idx. positions: each token's index within its own sequence (ForwardMeta.positions)."""
+    pad = (input_ids == padding_idx).long()
+    seen = torch.cumsum(pad, 0)  # pad ids up to each token, over the packed batch
+    start = torch.arange(positions.shape[0], device=positions.device) - positions  # its sequence's first token
+    before = seen - seen[start] + pad[start]  # pad ids in its sequence up to it
+    return torch.where(pad.bool(), padding_idx, positions - before + padding_idx + 1)
 
 
 class BertEmbeddings(nn.Module):
@@ -116,7 +128,8 @@ class BertModel(nn.Module):
     persistent = None
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
-        positions = meta.positions + self.position_offset if self.position_offset else meta.positions
+        positions = (fairseq_positions(meta.input_ids, meta.positions, self.position_offset - 1)
+                     if self.position_offset else meta.positions)
         x = self.embeddings(meta.input_ids, positions, meta.token_types if self.token_types else None)
         p = self.persistent
         if p is not None and backend is p.backend and p.fits(meta.layout.tokens):

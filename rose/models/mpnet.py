@@ -8,7 +8,7 @@ banded path (rose.attention.banded): ragged, fixed shapes, one bias mask per for
 runs (2.1 × the banded path's documents a second on the H200, benchmarks/NOTES.md); a serving profile that mixes
 backends (PerBucketBackend) has no forward_biased and keeps the banded path. Absolute positions start after the
 padding index (fairseq, as RoBERTa): token i of a sequence uses row i + 2. Module paths mirror Hugging Face's MPNetModel; `attention.attn.qkv_proj` is
-q, k and v concatenated at load.
+q, k and v concatenated at load. A pad id inside a text: rose.models.bert.fairseq_positions, as HF.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rose.attention.banded import banded_attention, biased_band
 from rose.attention.base import AttentionBackend
 from rose.layers import LayerNorm, MergedLinear, get_activation
 from rose.meta import ForwardMeta
-from rose.models.bert import BertDenseNorm, BertIntermediate
+from rose.models.bert import BertDenseNorm, BertIntermediate, fairseq_positions
 
 PADDING_IDX = 1  # MPNet's embeddings fix it (whatever the config's pad_token_id)
 NUM_BUCKETS = 32  # HF's compute_position_bias always buckets into 32
@@ -50,7 +50,8 @@ class MPNetEmbeddings(nn.Module):
         self.LayerNorm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.word_embeddings(input_ids) + self.position_embeddings(positions + PADDING_IDX + 1))
+        positions = fairseq_positions(input_ids, positions, PADDING_IDX)
+        return self.LayerNorm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
 
 
 class MPNetSelfAttention(nn.Module):

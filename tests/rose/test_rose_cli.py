@@ -32,6 +32,23 @@ def test_embed_prints_one_json_line_per_text(tiny_models, capsys):
     assert np.allclose(vec, full[:16] / np.linalg.norm(full[:16]), atol=1e-5)
 
 
+
+def test_embed_uses_the_default_prompt_as_sentence_transformers(tiny_models, tmp_path, capsys):
+    """config_sentence_transformers.json's default_prompt_name: encode() without a prompt prepends it."""
+    import shutil
+
+    import pytest
+
+    st = pytest.importorskip("sentence_transformers")
+    path = tmp_path / "prompted"
+    shutil.copytree(tiny_models["bert"].path, path)
+    (path / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "rose tulip ", "document": ""}, "default_prompt_name": "query"}))
+    assert main(["embed", str(path), "hello world", "--device", "cpu"]) == 0
+    vec = np.array(json.loads(capsys.readouterr().out)["embedding"])
+    ref = st.SentenceTransformer(str(path), device="cpu").encode(["hello world"])[0]
+    assert np.allclose(vec, ref, atol=1e-5)
+
 def test_errors_are_one_line_and_nonzero(tmp_path, capsys):
     assert main(["info", str(tmp_path / "missing"), "--device", "cpu"]) == 1
     assert "model folder not found" in capsys.readouterr().err

@@ -51,6 +51,14 @@ def test_ragged_batch_matches_sentence_transformers(name, encoder_models, engine
     assert np.allclose(np.linalg.norm(ours, axis=1), np.linalg.norm(ref, axis=1), rtol=1e-4)  # normalized or not
 
 
+
+def test_mpnet_pad_id_inside_a_text_takes_the_padding_position(encoder_models, engine_of):
+    """MPNet derives its absolute positions from the ids as RoBERTa does (padding index 1): a text holding "<pad>"."""
+    tiny, engine = encoder_models["mpnet"], engine_of("mpnet")
+    seqs = random_seqs(tiny, [9, 20, 12], seed=8)
+    seqs[0][3] = seqs[1][0] = seqs[1][6] = seqs[1][7] = 1
+    assert cosine(engine.embed(seqs), reference_rows(tiny, seqs)).min() >= 0.9999
+
 def test_family_settings_come_from_the_folder(engine_of):
     settings = {n: (engine_of(n).info.family, engine_of(n).info.pooling, engine_of(n).info.normalize_default)
                 for n in ENCODER_FAMILIES}

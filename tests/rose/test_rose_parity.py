@@ -31,6 +31,18 @@ def test_every_pooling_matches_hand_pooled_hidden_states(name, pooling, tiny_mod
     assert cosine(ours, ref).min() >= 0.9999
 
 
+
+@pytest.mark.parametrize("name", ["roberta", "xlm-roberta"])
+def test_a_pad_id_inside_a_text_takes_the_padding_position(name, tiny_models, engine_for):
+    """RoBERTa / XLM-R derive positions from the ids: a pad id inside a sequence (a text holding "<pad>", which
+    the tokenizer matches as that token) gets the padding position and is not counted by the tokens after it."""
+    tiny, engine = tiny_models[name], engine_for(name)
+    seqs = random_seqs(tiny, [9, 20, 1, 12], seed=8)
+    seqs[0][3] = seqs[1][0] = seqs[1][6] = seqs[1][7] = tiny.pad_id  # one, first, two in a row; then plain ones
+    ours = engine.embed(seqs)
+    assert cosine(ours, reference_rows(tiny, seqs)).min() >= 0.9999
+    assert np.allclose(engine.embed(seqs[:2]), ours[:2], atol=1e-5)  # the same alone as packed
+
 def test_family_settings_come_from_the_folder(engine_for):
     assert engine_for("bert").info.pooling == "mean" and engine_for("bert").info.normalize_default
     assert engine_for("xlm-roberta").info.pooling == "cls"

@@ -5,6 +5,7 @@ on the same weights; a module or setting ROSE does not apply is refused at load,
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -105,6 +106,23 @@ def test_classic_pooling_keys_and_defaults(folders, tmp_path):
     spec = load_spec(classic)
     assert spec.dimensions == 32 and spec.normalize and [d.activation for d in spec.dense] == ["tanh"]
 
+
+
+def test_max_seq_length_is_the_length_sentence_transformers_cuts_at(folders, tmp_path):
+    """sentence_bert_config.json's max_seq_length becomes the tokenizer's model_max_length in sentence-transformers
+    (tokenizer_config.json's is then not read): a smaller one there does not cut the texts shorter."""
+    from rose.tokenizer import Tokenizer
+
+    path = tmp_path / "longer"
+    shutil.copytree(folders["classic"], path)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 32}))
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48, "do_lower_case": False}))
+    model = st.SentenceTransformer(str(path), device="cpu")
+    text = "the quick brown fox jumps over the lazy dog " * 10
+    spec = load_spec(path)
+    assert spec.max_length == model.max_seq_length == 48
+    assert Tokenizer(spec).encode(text).ids == model.tokenizer(text, truncation=True)["input_ids"]
 
 @pytest.mark.parametrize("module_type,folder", [
     ("sentence_transformers.models.LayerNorm", "3_LayerNorm"),

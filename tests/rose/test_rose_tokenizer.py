@@ -3,6 +3,10 @@ side keeping the specials, exact original lengths (the fast path without offsets
 
 from __future__ import annotations
 
+import json
+import shutil
+
+import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from rose.spec import bundled_model_dir, load_spec
@@ -60,6 +64,55 @@ def test_sentencepiece_decode_maps_fairseq_ids_back(tiny_spm) -> None:
     assert ours.decode(unk_between) == sp.decode([i - 1 for i in unk_between if i > 3])
     assert ours.decode(unk_between, skip_special_tokens=False).startswith("<s> " + " ".join(words[:2]))
 
+
+
+def test_sentencepiece_ids_equal_transformers_with_special_tokens_in_the_text(tiny_spm) -> None:
+    """A text holding "<mask>", "<pad>", "<s>"... gets those tokens' ids, as transformers' XLM-R tokenizer (what
+    sentence-transformers runs on such a folder) matches them; the whitespace around them as it cuts it."""
+    transformers = pytest.importorskip("transformers")
+    from rose_tiny_models import WORDS
+
+    ref = transformers.AutoTokenizer.from_pretrained(str(tiny_spm.path))
+    ours = Tokenizer(load_spec(tiny_spm.path))
+    words = " ".join(WORDS[:4])
+    texts = [words, f"{words} <mask> fox", f"<s>{words}</s>", "a <pad> dog<unk>", "<mask>", " <pad>  <mask> ",
+             f"{words}\t <mask>\u3000fox\u00a0dog", "<s></s><pad>", "<mask"]
+    for text in texts:
+        assert ours.encode(text).ids == ref(text)["input_ids"], text
+    ref.truncation_side = "left"
+    cut = ours.encode(f"{words} <mask> <mask> <mask>", max_length=6, side="left").ids
+    assert cut == ref(f"{words} <mask> <mask> <mask>", truncation=True, max_length=6)["input_ids"]
+
+
+def _do_lower_case(src, dst, cased: bool):
+    """A copy of the folder `src` whose sentence_bert_config.json sets do_lower_case; cased: its BERT tokenizer
+    made cased first (tokenizer.json's normalizer and tokenizer_config.json, which transformers reads, agree)."""
+    shutil.copytree(src, dst)
+    if cased:
+        data = json.loads((dst / "tokenizer.json").read_text())
+        data["normalizer"]["lowercase"] = False
+        (dst / "tokenizer.json").write_text(json.dumps(data))
+        config = json.loads((dst / "tokenizer_config.json").read_text())
+        (dst / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
+    sbert = json.loads((dst / "sentence_bert_config.json").read_text())
+    (dst / "sentence_bert_config.json").write_text(json.dumps({**sbert, "do_lower_case": True}))
+    return dst
+
+
+def test_do_lower_case_lowercases_the_texts_as_sentence_transformers(tiny_root, tiny_spm, tmp_path) -> None:
+    """sentence_bert_config.json's do_lower_case: sentence-transformers puts a Lowercase before the tokenizer's
+    normalizer (a cased BERT's, a SentencePiece model's); ROSE's ids are its ids, the word cache's too."""
+    st = pytest.importorskip("sentence_transformers")
+    from rose_tiny_models import build_bert
+
+    bert = _do_lower_case(build_bert(tiny_root, "bert", "mean", seed=0).path, tmp_path / "bert", cased=True)
+    spm = _do_lower_case(tiny_spm.path, tmp_path / "spm", cased=False)
+    texts = ["Hello World", "The QUICK brown Fox jumps", "Ünïcødé Café ΑΣ İ", "<mask> The <s>FOX</s>", ""]
+    for folder in (bert, spm):
+        ref = st.SentenceTransformer(str(folder), device="cpu").tokenizer
+        ours = Tokenizer(load_spec(folder))
+        for _ in range(2):  # the word cache cold, then warm
+            assert [list(e.ids) for e in ours.encode_batch(texts)] == [ref(t)["input_ids"] for t in texts], folder.name
 
 def test_sentencepiece_without_bos_adds_no_minus_one(tmp_path) -> None:
     """A SentencePiece model trained without <s> (bos_id -1, as T5's): no id -1 around the content."""
