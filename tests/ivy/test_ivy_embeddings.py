@@ -195,6 +195,7 @@ def test_tei_embed_route_for_its_clients(client) -> None:
     assert long.status_code == 200
     root = client.post("/", json={"inputs": texts})  # huggingface_hub's feature_extraction posts to the base URL
     np.testing.assert_allclose(root.json(), tei.json(), atol=1e-6)
+    assert 'ivy_requests_total{route="/",status="200"}' in client.get("/metrics").text  # its own, not "other"
     bad = client.post("/embed", json={"inputs": ["a", ""]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "inputs[1]"
     too_long = client.post("/embed", json={"inputs": ["word " * 400]})
