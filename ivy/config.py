@@ -6,9 +6,9 @@ Built with rose.flags (flag > env > default). Runtime state (channels, tokenizer
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
+from rose.flags import non_finite
 from rose.host_cpus import usable_cpus
 from rose.log_format import FORMATS
 
@@ -184,10 +184,9 @@ class IvyConfig:
         "costs each request a log record formatted and written."))
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # NaN passes every range check below; inf hangs the waits it becomes
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise SystemExit(f"ivy: --{f.name.replace('_', '-')} must be a finite number, not {value}")
+        name = non_finite(self)
+        if name is not None:
+            raise SystemExit(f"ivy: --{name.replace('_', '-')} must be a finite number, not {getattr(self, name)}")
         if self.log_format not in FORMATS:
             raise SystemExit(f"ivy: --log-format must be one of {', '.join(FORMATS)}, not {self.log_format!r}")
         if not self.replicas:

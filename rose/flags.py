@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import typing
 from typing import Any, Mapping, Sequence, TypeVar
@@ -18,6 +19,16 @@ T = TypeVar("T")
 
 def env_name(prefix: str, field_name: str) -> str:
     return f"{prefix}_{field_name.upper()}"
+
+
+def non_finite(config: Any) -> str | None:
+    """The first float field of the dataclass `config` that is NaN or infinite (NaN passes every range check, and an
+    infinite wait overflows the timer it becomes), else None: each service's __post_init__ refuses it by name."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f.name
+    return None
 
 
 def _parse_value(kind: Any, raw: str) -> Any:

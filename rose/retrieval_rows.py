@@ -13,14 +13,9 @@ from typing import Sequence
 import numpy as np
 
 from rose.spec import _optional_json
+from rose.tokenizer_configs import token_text
 
 M3_EXCLUDED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")  # FlagEmbedding's unused_tokens
-
-
-def _token_text(value) -> str | None:
-    if isinstance(value, dict):  # tokenizer_config.json's AddedToken form
-        value = value.get("content")
-    return value if isinstance(value, str) else None
 
 
 def m3_excluded_ids(model_dir: Path, tokenizer) -> frozenset[int]:
@@ -29,7 +24,7 @@ def m3_excluded_ids(model_dir: Path, tokenizer) -> frozenset[int]:
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         cfg = _optional_json(Path(model_dir) / name) or {}
         for key in M3_EXCLUDED_TOKENS:
-            text = _token_text(cfg.get(key))
+            text = token_text(cfg.get(key))
             if text is not None:
                 found[key] = text
     ids = {tokenizer.token_id(text) for text in found.values()}

@@ -45,8 +45,11 @@ class SentencePieceTokenizer:
         return self._sp.encode(self._lower(text))
 
     def _lower(self, text: str) -> str:
-        """`text` lowercased character by character (as `tokenizers`' Lowercase) with do_lower_case, else as it is."""
-        return "".join(c.lower() for c in text) if self.lowercase else text
+        """`text` lowercased character by character (as `tokenizers`' Lowercase) with do_lower_case, else as it is.
+        str.lower differs from that only at a final capital sigma (its one context rule), so it serves elsewhere."""
+        if not self.lowercase:
+            return text
+        return text.lower() if "Σ" not in text else "".join(c.lower() for c in text)
 
     def encode(self, text: str, keep: int, side: str) -> Encoded:
         ids = self.piece_ids(text)

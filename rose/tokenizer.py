@@ -5,13 +5,12 @@ tokenizer.json through Hugging Face `tokenizers`, or a SentencePiece `.model` th
 tokens: the content is cut to max_length minus the specials, then the post-processor adds them. Pairs
 (cross-encoders) are cut longest first, as HF tokenizers' truncation="longest_first" cuts them.
 tokenizer_config.json's add_bos_token / add_eos_token add the BOS / EOS that tokenizer.json's
-post-processor leaves out (see _config_specials).
+post-processor leaves out, and sentence_bert_config.json's do_lower_case lowercases first (rose.tokenizer_configs).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from rose.ascii_bpe import AsciiByteLevel
 from rose.encoded import Encoded, EncodedPair, longest_first
 from rose.spec import ModelFolderError, ModelSpec, load_spec
 from rose.spm_tokenizer import SentencePieceTokenizer
+from rose.tokenizer_configs import config_specials, lowercase_first
 from rose.word_cache import DEFAULT_CAPACITY, WARM_NEW_CHARS, WARM_NEW_WORDS
 
 __all__ = ["Encoded", "EncodedPair", "Tokenizer", "longest_first"]
@@ -55,13 +55,13 @@ class Tokenizer:
             self._hf.no_truncation()
             self._hf.no_padding()
             config_path = spec.model_dir / "tokenizer_config.json"
-            changed = _config_specials(self._hf, config_path)
+            changed = config_specials(self._hf, config_path)
             # Without character offsets (nothing here reads them): 150 vs 191 us for 128 BERT tokens.
             self._encode_many = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
             # BERT's normalizer in Python on ASCII text (rose/ascii_bert.py), its words' ids remembered; or a
             # Qwen3-style byte-level BPE's pieces' ids remembered (rose/ascii_bpe.py)
             self._ascii = AsciiBert.of(self._hf, cache_words)  # before the Lowercase below: BertNormalizer alone
-            lowered = spec.lowercase and _lowercase_first(self._hf)
+            lowered = spec.lowercase and lowercase_first(self._hf)
             if lowered and self._ascii is not None:
                 self._ascii.lowercase = True  # on ASCII, Lowercase then BertNormalizer is BertNormalizer lowercasing
             self._cached = self._ascii if self._ascii is not None and self._ascii.words is not None else \
@@ -304,57 +304,3 @@ def _ints(ids) -> list[int]:
 def as_arrays(enc: Encoded) -> Encoded:
     """`enc` with its ids an int32 array (Tokenizer.encode_batch's arrays=True)."""
     return enc if isinstance(enc.ids, np.ndarray) else Encoded(_int32(enc.ids), enc.original_length, enc.truncated)
-
-
-def _config_specials(hf, config_path: Path) -> bool:
-    """Add the BOS / EOS that tokenizer_config.json's add_bos_token / add_eos_token ask for and tokenizer.json's
-    post-processor does not add; True when it changed the post-processor. Why: folders disagree with
-    themselves (e5-mistral: add_eos_token in the config, only <s> in tokenizer.json). transformers 4 rebuilt
-    the post-processor from the flags at load, which is how such models were trained and evaluated;
-    transformers 5 takes tokenizer.json as it is and drops the EOS that last-token pooling reads (mteb
-    fixed its e5-mistral by passing both flags). ROSE keeps the ids the model was trained on."""
-    from tokenizers import processors
-
-    cfg = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    wanted = {side: _token_text(cfg.get(f"{side}_token")) for side in ("bos", "eos") if cfg.get(f"add_{side}_token") is True}
-    wanted = {side: tok for side, tok in wanted.items() if tok is not None}
-    if not wanted:
-        return False
-    content = hf.encode("hello world", add_special_tokens=False).ids
-    full = hf.encode("hello world", add_special_tokens=True).ids
-    at = next((i for i in range(len(full) - len(content) + 1) if full[i:i + len(content)] == content), None)
-    if at is None:
-        raise ModelFolderError(f"{config_path}: add_bos/eos_token with a post-processor that changes the content")
-    ids = {side: hf.token_to_id(tok) for side, tok in wanted.items()}
-    for side, i in ids.items():
-        if i is None:
-            raise ModelFolderError(f"{config_path}: add_{side}_token names {wanted[side]!r}, not in tokenizer.json")
-    prefix, suffix = full[:at], full[at + len(content):]
-    new_prefix = ([ids["bos"]] if "bos" in ids and prefix[:1] != [ids["bos"]] else []) + prefix
-    new_suffix = suffix + ([ids["eos"]] if "eos" in ids and suffix[-1:] != [ids["eos"]] else [])
-    if (new_prefix, new_suffix) == (prefix, suffix):
-        return False
-    before, after = [hf.id_to_token(i) for i in new_prefix], [hf.id_to_token(i) for i in new_suffix]
-    hf.post_processor = processors.TemplateProcessing(
-        single=" ".join([*before, "$A", *after]),
-        pair=" ".join([*before, "$A", *after, *(f"{t}:1" for t in before), "$B:1", *(f"{t}:1" for t in after)]),
-        special_tokens=sorted({(hf.id_to_token(i), i) for i in new_prefix + new_suffix}))
-    return True
-
-
-def _lowercase_first(hf) -> bool:
-    """sentence_bert_config.json's do_lower_case as sentence-transformers applies it: a Lowercase normalizer put
-    before the tokenizer's own unless that is (or holds) one already; True when it changed the tokenizer."""
-    from tokenizers import normalizers
-
-    norm = hf.normalizer
-    parts = list(norm) if isinstance(norm, normalizers.Sequence) else [norm] if norm is not None else []
-    if any(isinstance(n, normalizers.Lowercase) for n in parts):
-        return False
-    hf.normalizer = normalizers.Sequence([normalizers.Lowercase(), *parts])
-    return True
-
-
-def _token_text(token) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict."""
-    return token.get("content") if isinstance(token, dict) else token

@@ -19,9 +19,9 @@ Batching defaults and why:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
+from rose.flags import non_finite
 from rose.log_format import check_format
 from rose.persistent_routing import DEFAULT_ROUTING, routed_tokens
 
@@ -143,10 +143,9 @@ class TulipConfig:
                          "message, service, pid, exception; for a log pipeline)")
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # NaN passes every range check below; inf overflows the waits it becomes
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{f.name} must be a finite number, got {value}")
+        name = non_finite(self)
+        if name is not None:
+            raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         for name in ("max_batch_seqs", "max_queue_tokens", "max_inflight_batches", "max_message_mb",
                      "pinned_cap_mb"):
             if getattr(self, name) < 1:
