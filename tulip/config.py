@@ -68,8 +68,8 @@ class TulipConfig:
     express_batch_tokens: int = _f(1024, "priority lanes: while bulk work is queued or running, interactive requests "
                                          "run beside it in batches of at most this many tokens: between its layers "
                                          "(bulk_layers_ahead; also on a CPU), else on a GPU on a higher-priority CUDA "
-                                         "stream with graphs of their own (tulip/express.py, rose/express.py); 0 = off "
-                                         "(they wait for the bulk batch)")
+                                         "stream with graphs of their own (tulip/express.py, rose/express.py); at most "
+                                         "max_batch_tokens; 0 = off (they wait for the bulk batch)")
     bulk_layers_ahead: int = _f(2, "priority lanes, a model that can be stepped layer by layer (the Qwen3 family; on a GPU "
                                    "with CUDA graphs and no FlashInfer attention, else the express lane): batches "
                                    "with bulk work are stepped one decoder layer at a time (per-layer CUDA graphs), at "

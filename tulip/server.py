@@ -159,7 +159,8 @@ class TulipServer:
                              heartbeat=heartbeat, layers_ahead=layered, busy_spans=self.busy_spans)
         self.worker.start()
         if config.express_batch_tokens and config.lanes and (layered or getattr(self.engine, "express", False)):
-            self.express = ExpressWorker(self.engine, self.queue, express_tokens=config.express_batch_tokens,
+            express_tokens = min(config.express_batch_tokens, self.batch_tokens)  # the engine is sized by the budget
+            self.express = ExpressWorker(self.engine, self.queue, express_tokens=express_tokens,
                                          metrics=self.metrics, main_lane=bool(layered), busy_spans=self.busy_spans)
             self.express.heartbeat = heartbeat
             self.express.start()  # prewarms its lane's graphs, then turns express on (tulip/express.py)

@@ -161,3 +161,11 @@ def test_the_engine_prewarms_layer_chains_only_where_bulk_is_stepped_by_layers(m
                          (dataclasses.replace(base, lanes=False), False)):
         build_engine(config)
         assert seen[-1] is want, config
+
+
+def test_express_batches_never_exceed_the_token_budget() -> None:
+    """express_batch_tokens above max_batch_tokens (the default 1024 beside a 512 budget) is held to the budget:
+    the engine's buckets and memory are sized by max_batch_tokens, express batches included."""
+    with ServerThread(make_config(max_batch_tokens=48, express_batch_tokens=1024), FakeEngine(express=True)) as s:
+        wait_until(lambda: s.server.queue.express_tokens, what="express on")
+        assert s.server.express.express_tokens == 48 and s.server.queue.express_tokens == 48
