@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from protos import embed_pb2
-from tulip.errors import DeadlineExpired, TulipError, engine_error
+from tulip.errors import DeadlineExpired, InvalidRequest, TulipError, engine_error
 
 if TYPE_CHECKING:
     from tulip.job import Job
@@ -61,7 +61,7 @@ class StreamRequests:
         request = message.request
         try:
             if message.id in self.jobs:
-                raise TulipError(f"stream request id {message.id} is already in flight on this stream")
+                raise InvalidRequest(f"stream request id {message.id} is already in flight on this stream")
             job = self.server.admit(request, message.timeout_s if message.timeout_s > 0 else None, started)
         except TulipError as exc:
             self.server.rejected(request.request_id, exc)
