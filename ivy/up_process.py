@@ -1,7 +1,8 @@
 """`ivy up`'s supervised child process: output relayed with a prefix, a short tail kept, SIGTERM on our death.
 
 A Child runs in its own session (a terminal's Ctrl-C reaches only `ivy up`, which stops the children in
-order) and, on Linux, gets SIGTERM when `ivy up` dies by any means (_parent_death_signal).
+order) and, on Linux, gets SIGTERM when `ivy up` dies by any means (_parent_death_signal). One that outlives
+its drain is SIGKILLed with its whole process group (what it started itself, as the gateway's workers).
 """
 
 from __future__ import annotations
@@ -47,9 +48,18 @@ class Child:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._kill_group()
                 self.proc.wait()
         self._pump.join(timeout=2)
+
+    def _kill_group(self) -> None:
+        """SIGKILL the child and every process of its group (the gateway's uvicorn workers, a Tulip's compile
+        workers): its own session made it the group's leader, and the leader is not yet reaped, so the group
+        is still this child's."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self.proc.kill()
 
 
 def _parent_death_signal(sig: int = signal.SIGTERM):
