@@ -8,7 +8,8 @@ refused by name, never silently ignored: chat `messages` (no chat template is ap
 plugin's `data`, `mm_processor_kwargs`, a `task` other than "embed", the raw binary `encoding_format`s, another
 `embed_dtype` or `endianness` than base64's little-endian float32, `add_special_tokens: false`, `padding:
 "max_length"`. Messages name the field and what is served, never the value sent (ivy.errors). A body with
-vLLM's defaults written out (nulls, priority 0, a request_id) is served as if they were omitted.
+vLLM's defaults written out (nulls, priority 0, a request_id) is served as if they were omitted: priority 0
+picks the lane by size, as no priority does (a non-zero one picks it as on every route, ivy/lanes.py).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def check_fields(data: Any) -> Any:
         value = data.get(field)
         if value is not None and not any(value == s and type(value) is type(s) for s in served):
             raise _refuse(field, f"must be {' or '.join(_json(s) for s in served)}: {why}")
+    priority = data.get("priority")
+    if type(priority) in (int, float) and priority == 0:  # vLLM's default, written out: as omitted (by size)
+        data = {**data, "priority": None}
     return data
 
 
@@ -120,7 +124,8 @@ class PoolingRequest(_Request):
     truncation_side: Side | None = Field(default=None, description="right (omitted) keeps the first tokens.")
     add_special_tokens: Literal[True] = True
     padding: Literal["do_not_pad"] | None = None
-    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}; 0, vLLM's default, is "
+                               "read as omitted.")
     user: str | None = None
     request_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@/+=-]{1,128}$",
                                    description='The response\'s id is "pool-" and it (X-Request-Id wins).')

@@ -191,10 +191,15 @@ def test_a_body_with_vllm_defaults_written_out_is_served(client) -> None:
 
 
 def test_priority_maps_to_ivy_lanes(client, fake) -> None:
-    """vLLM's priority (lower is earlier) on Ivy's lanes: <= 0 interactive, > 0 bulk (ivy/lanes.py)."""
-    for priority, lane in ((1, 1), (0, 0), (-5, 0), ("bulk", 1)):
-        assert client.post("/pooling", json={"input": "hi", "priority": priority}).status_code == 200
-        assert fake.calls[-1].lane == lane, priority
+    """vLLM's priority (lower is earlier) on Ivy's lanes: < 0 interactive, > 0 bulk (ivy/lanes.py); 0, vLLM's
+    default, is served as omitted (by size), so a client that writes every default out is not all interactive."""
+    large = [[1000 + i] * 250 for i in range(20)]  # 5000 tokens, over --bulk-above-tokens' 4096: bulk by size
+    for body, lane in (({"input": "hi", "priority": 1}, 1), ({"input": "hi", "priority": -5}, 0),
+                       ({"input": "hi", "priority": "bulk"}, 1), ({"input": "hi", "priority": 0}, 0),
+                       ({"input": large, "priority": 0}, 1), ({"input": large, "priority": 0.0}, 1),
+                       ({"input": large, "priority": -1}, 0), ({"input": large, "priority": "interactive"}, 0)):
+        assert client.post("/pooling", json=body).status_code == 200
+        assert fake.calls[-1].lane == lane, body["priority"]
 
 
 def test_a_reranker_answers_400_naming_the_model(tmp_path) -> None:
