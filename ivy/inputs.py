@@ -105,12 +105,26 @@ def parse_documents_of_chunks(value: Any) -> list[list[str]]:
     return value
 
 
+class Texts(list):
+    """Texts as parse_texts reads them; `one`: sent as one string, so an error names the field, not field[0]."""
+
+    one = False
+
+
+def sent_as_one(texts: list[str], single: bool = False) -> bool:
+    """Whether an error about texts[0] names the field itself: one text sent as a string, or (`single`) a field
+    that is always one text (rerank's query) passed as a plain list of one."""
+    return texts.one if isinstance(texts, Texts) else single and len(texts) == 1
+
+
 def parse_texts(value: Any, name: str) -> list[str]:
     """A string or a non-empty list of non-empty strings; rerank documents may be {"text": ...} objects."""
     if isinstance(value, str):
         if not value:
             raise _empty(name)
-        return [value]
+        texts = Texts([value])
+        texts.one = True
+        return texts
     if not isinstance(value, list):
         raise _wrong(name, "a string or a list of strings")
     if not value:
@@ -126,7 +140,7 @@ def parse_texts(value: Any, name: str) -> list[str]:
         if not v:
             raise _empty(f"{name}[{i}]")
         out.append(v)
-    return out
+    return Texts(out)
 
 
 def one_text(value: Any, name: str) -> str:

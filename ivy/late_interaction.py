@@ -24,6 +24,7 @@ from starlette.requests import Request
 
 from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
+from ivy.inputs import sent_as_one
 from ivy.retrieval import retrieval_of
 from ivy.web import unless_disconnected
 from rose.retrieval_rows import maxsim
@@ -57,9 +58,9 @@ async def encode_queries_and_documents(gw: Gateway, queries: list[str], docs: li
     cut = gw.config.truncate if truncate is None else truncate
     return await asyncio.gather(
         gw.encoder.encode_texts(queries, truncate=cut, side=side, prompt=gw.encoder.prompt_for("query", None),
-                                param=names[0], one=len(queries) == 1),  # one query (rerank's): named as itself
+                                param=names[0], one=sent_as_one(queries, single=True)),
         gw.encoder.encode_texts(docs, truncate=cut, side=side, prompt=gw.encoder.prompt_for("document", None),
-                                param=names[1]))
+                                param=names[1], one=sent_as_one(docs)))
 
 
 async def maxsim_scores(request: Request, gw: Gateway, queries: list[str], docs: list[str], *, truncate: bool | None,

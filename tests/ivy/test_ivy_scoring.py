@@ -75,6 +75,9 @@ def test_an_over_long_query_is_named_query_not_an_element_of_it(client, fake) ->
             ("/v1/rerank", {"query": long_chars, "documents": DOCS}, "query"),
             ("/rerank", {"query": long_text, "texts": DOCS}, "query"),
             ("/v1/score", {"text_1": long_text, "text_2": DOCS}, "text_1"),
+            ("/v1/score", {"text_1": QUERY, "text_2": long_text}, "text_2"),
+            ("/v1/score", {"text_1": [long_text], "text_2": DOCS}, "text_1[0]"),
+            ("/v1/score", {"text_1": QUERY, "text_2": [DOCS[0], long_text]}, "text_2[1]"),
             ("/v1/rerank", {"query": QUERY, "documents": [DOCS[0], long_text]}, "documents[1]")):
         r = client.post(route, json=body)
         error = r.json()["error"]
