@@ -28,7 +28,7 @@ from ivy.encode import checked_rows, embed_request
 from ivy.errors import IvyError, Problem
 from ivy.lanes import lane_value, parse_key_lanes, resolve
 from ivy.replicas import Expected, ReplicaPool
-from ivy.tokenization import InputEncoder
+from ivy.tokenization import InputEncoder, request_deadline
 from rose.head import Encoding
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
@@ -87,6 +87,7 @@ class Gateway:
         (tokenizing, replicas), and a client trickling its body must not hold a slot (RELIABILITY 19);
         the body's own limits are its size cap and --body-read-timeout-s."""
         deadline = self.deadline(request.headers.get("x-request-timeout"))
+        request_deadline.set(deadline)  # the tokenizer threads' wait is held to it (ivy.tokenization)
         self.refuse_if_full()
         body = await read_model(request, schema, self.config.payload_limit_bytes, self.config.body_read_timeout_s)
         self.check_model(body.model)

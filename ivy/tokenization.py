@@ -17,6 +17,7 @@ and the limit and never quote the text.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,11 @@ from ivy.pairs import PairEncoder, Pairs
 from ivy.split_encode import SplitEncoder
 from rose.spec import ModelSpec, config_vocab_size
 from rose.tokenizer import Tokenizer
+
+# The request's monotonic deadline, set by Gateway.read_request in the request's task (its gather()s inherit it):
+# work waiting for the tokenizer threads is given up at it (a 504), so a request is never answered late because
+# others' long texts held the threads (RELIABILITY 14).
+request_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("ivy_request_deadline", default=None)
 
 T = TypeVar("T")
 
@@ -119,7 +125,15 @@ class InputEncoder:
                 return fn(*args)
             if first is not None and (done := first(*args)) is not None:
                 return done
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            job = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            deadline = request_deadline.get()
+            if deadline is None:
+                return await job
+            try:  # on timeout the job is cancelled: one still queued never runs
+                return await asyncio.wait_for(job, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline (its "
+                               "texts waited for the tokenizer threads)") from None
         finally:
             if self._observe is not None:
                 self._observe(time.perf_counter() - start)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -147,3 +148,28 @@ def test_the_warm_path_keeps_prompt_truncation_side_and_max_tokens() -> None:
         encoder.close()
         assert bool(pooled) != warm
     assert out[:2] == out[2:] and out[0] != out[1] and all(len(x) == 40 for x in out[0])
+
+
+def test_a_request_waiting_for_a_busy_pool_is_answered_at_its_deadline(fake) -> None:
+    """RELIABILITY 14: a request whose texts wait for the tokenizer threads (busy with others' long texts) is
+    answered 504 at its deadline, not when the threads come free, and its tokenizing is dropped from the queue."""
+    from ivy_testkit import gateway
+
+    with gateway(fake, tokenizer_threads=1, tokenize_inline_chars=0, tokenize_warm_inline=False) as client:
+        encoder = client.app.state.gateway.encoder
+        ran: list = []
+        _spy(encoder, "_encode_texts", ran)
+        release = threading.Event()
+        busy = encoder._pool.submit(release.wait, 30)  # the one thread taken by another request's work
+        try:
+            start = time.monotonic()
+            r = client.post("/v1/embeddings", json={"input": ["hello world"] * 4}, headers={"X-Request-Timeout": "0.3"})
+            took = time.monotonic() - start
+            assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded", r.text
+            assert took < 2.0, f"answered after {took:.2f} s for a 0.3 s deadline"
+        finally:
+            release.set()
+        busy.result(10)
+        ok = client.post("/v1/embeddings", json={"input": ["hello world"] * 4})
+        assert ok.status_code == 200, ok.text
+        assert len(ran) == 1 and len(fake.calls) == 1  # the late request's texts were never tokenized nor sent
