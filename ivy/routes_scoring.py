@@ -128,7 +128,7 @@ async def _rerank(request: Request, schema, route: str) -> Response:
         if tei:
             return json_response([{"index": int(i), "score": float(scores[i]),
                                    **({"text": documents[i]} if body.return_text else {})} for i in order])
-        if body.top_n is not None:
+        if body.top_n:  # 0, vLLM's default, keeps every document as None does
             order = order[: body.top_n]
         results = []
         for i in order:

@@ -106,7 +106,8 @@ class RerankRequest(_Request):
 
     query: Query
     documents: RerankDocuments
-    top_n: Annotated[int, Field(ge=1)] | None = None
+    top_n: Annotated[int, Field(ge=0)] | None = Field(default=None, description="Keep the best n; 0 (vLLM's "
+                                                      "default) or omitted: every document.")
     return_documents: bool = False
     truncate: bool | None = None
     truncation_side: Side = "right"

@@ -45,6 +45,16 @@ def test_rerank_with_documents_is_the_v1_route(client) -> None:
     assert peer["results"] == v1["results"] and len(peer["results"]) == 2 and peer["usage"] == v1["usage"]
 
 
+def test_top_n_zero_is_vllms_every_document(client) -> None:
+    """vLLM's RerankRequest defaults top_n to 0, meaning every document: a vLLM client's body is served, not 422."""
+    for route in ("/rerank", "/v1/rerank"):
+        every = client.post(route, json={"query": QUERY, "documents": DOCS}).json()["results"]
+        zero = client.post(route, json={"query": QUERY, "documents": DOCS, "top_n": 0})
+        assert zero.status_code == 200 and zero.json()["results"] == every and len(every) == len(DOCS), zero.text
+        negative = client.post(route, json={"query": QUERY, "documents": DOCS, "top_n": -1})
+        assert negative.status_code == 422 and negative.json()["error"]["param"] == "top_n"
+
+
 def test_score_and_embeddings_paths_answer_as_the_v1_routes(client) -> None:
     score = {"text_1": QUERY, "text_2": DOCS}
     assert client.post("/score", json=score).json()["data"] == client.post("/v1/score", json=score).json()["data"]
