@@ -26,6 +26,7 @@ from ivy.coalesce import Coalescer
 from ivy.config import IvyConfig
 from ivy.encode import checked_rows, embed_request
 from ivy.errors import IvyError, Problem
+from ivy.inputs import ItemLimits, item_limits, too_many
 from ivy.lanes import lane_value, parse_key_lanes, resolve
 from ivy.replicas import Expected, ReplicaPool
 from ivy.tokenization import InputEncoder, request_deadline
@@ -37,6 +38,7 @@ from rose.tokenizer import Tokenizer
 class Gateway:
     def __init__(self, config: IvyConfig) -> None:
         self.config = config
+        self._item_limits = ItemLimits(config.max_inputs_per_request, config.max_chunks_per_request)
         threads = config.tokenizer_thread_count()
         # `tokenizers` spreads a call of several texts over rayon's pool, by default one thread per core of the
         # host: in a container limited to a few CPUs that is dozens of threads throttled by the quota. Sized
@@ -88,6 +90,7 @@ class Gateway:
         the body's own limits are its size cap and --body-read-timeout-s."""
         deadline = self.deadline(request.headers.get("x-request-timeout"))
         request_deadline.set(deadline)  # the tokenizer threads' wait is held to it (ivy.tokenization)
+        item_limits.set(self._item_limits)  # lists counted before their items are checked (ivy.inputs)
         self.refuse_if_full()
         body = await read_model(request, schema, self.config.payload_limit_bytes, self.config.body_read_timeout_s)
         self.check_model(body.model)
@@ -148,8 +151,7 @@ class Gateway:
 
     def check_count(self, n: int, limit: int, param: str = "input") -> None:
         if n > limit:
-            raise IvyError(Problem.TOO_MANY_INPUTS, f"{param} has {n} items; at most {limit} are allowed per request",
-                           param=param, limit=limit)
+            raise too_many(n, limit, param)
 
     def check_dimensions(self, dimensions: int | None) -> int:
         if dimensions is None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
 from ivy.lanes import PRIORITY_RULE, lane_name
-from ivy.inputs import (_ID_LISTS, _all_ints, _first_not_int, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput,
+from ivy.inputs import (_ID_LISTS, _all_ints, _count, _first_not_int, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput,
                         EncodingFormat, Inputs, InputType, Query, RerankDocuments, Side, TextOrTexts, one_text,
                         parse_inputs, parse_texts)
 
@@ -195,7 +195,7 @@ class TokenizeRequest(_Request):
 
 class SimilarityInputs(_Body):
     source_sentence: Annotated[str, PlainValidator(lambda v: one_text(v, "inputs.source_sentence")), WithJsonSchema({"type": "string", "minLength": 1})]
-    sentences: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "inputs.sentences")), WithJsonSchema(
+    sentences: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "inputs.sentences", reserved=1)), WithJsonSchema(
         {"type": "array", "items": {"type": "string", "minLength": 1}})]
 
 
@@ -230,6 +230,7 @@ def _id_lists(value: Any) -> list[list[int]] | list[int]:
         if not _all_ints(value):
             raise _wrong(f"ids[{_first_not_int(value)}]", "a token id (an integer)")
         return value
+    _count(len(value), "ids")
     for i, item in enumerate(value):
         if not isinstance(item, list):
             raise _wrong(f"ids[{i}]", "a list of token ids, as ids[0] is")
