@@ -4,8 +4,9 @@ The rule (it replaces plain first-come-first-served, under which one maximum-siz
 request behind it for its whole run, RELIABILITY 30): requests are served in arrival order, but no request
 may take a whole batch while others wait. A batch is filled in two passes over the waiting requests,
 oldest first:
-1. each request takes its next sequences up to its share of the batch (`share` of `max_batch_tokens` and
-   of `max_batch_seqs`, at least one sequence);
+1. each request takes its next sequences up to its share of the batch (`share` of the batch's own token
+   cap, below `max_batch_tokens` under `interactive_batch_tokens` or express, and of `max_batch_seqs`; at least
+   one sequence);
 2. the room left is filled from the requests in the same order, each taking what fits.
 So a small request that arrives behind a huge one rides in the next batch, while the huge one still fills
 the rest of it (a batch is as full as before). A request's own sequences always leave in their order and a
@@ -32,9 +33,7 @@ that took its first one (Ticket.owner), so only one completer thread ever touche
 
 from __future__ import annotations
 
-from collections import deque
-
-from tulip.queue_types import BULK, EXPRESS, INTERACTIVE, MAIN, PackedBatch, QueuedSequence, Ticket
+from tulip.queue_types import BULK, EXPRESS, INTERACTIVE, MAIN, Flow, PackedBatch, Ticket
 
 
 class LanePacker:
@@ -93,7 +92,9 @@ class LanePacker:
         # queued, on the device, or in this very batch, with an express worker about
         full = False
         emptied = []
-        for share_tokens, share_seqs in ((self.share_tokens, self.share_seqs), (None, None)):  # the two passes
+        cap_share = max(1, int(self._cap * self.share))  # of this batch's cap: a share of max_batch_tokens
+        # would let the first request fill a batch capped lower while others wait
+        for share_tokens, share_seqs in ((cap_share, self.share_seqs), (None, None)):  # the two passes
             for key, flow in flows.items():
                 if not flow:
                     continue  # emptied in the first pass
@@ -106,9 +107,11 @@ class LanePacker:
                 break
         for key in emptied:
             del flows[key]
+        packed.skipped += self._unreported  # what cancels dropped from the lanes meanwhile
+        self._unreported = 0
         return full
 
-    def _take_from_locked(self, flow: deque[QueuedSequence], packed: PackedBatch, share_tokens: int | None,
+    def _take_from_locked(self, flow: Flow, packed: PackedBatch, share_tokens: int | None,
                           share_seqs: int | None, limit: int, who: int = MAIN, busy: bool = False) -> bool:
         """Move one flow's next sequences into `packed` (within its share, when given) for worker `who`,
         which takes the requests it owns and the unowned ones it may claim (`busy`: express time); True when
@@ -118,8 +121,9 @@ class LanePacker:
         while flow:
             head = flow[0]
             ticket = head.ticket
-            if ticket.cancelled:  # already discounted when it was cancelled
+            if ticket.cancelled:  # already discounted when it was cancelled; left by _drop_locked's compaction
                 flow.popleft()
+                flow.dead -= 1
                 packed.skipped += 1
                 continue
             if ticket.owner is None:
@@ -129,10 +133,8 @@ class LanePacker:
             elif ticket.owner != who:
                 return False  # another worker's request
             if ticket.deadline is not None and ticket.deadline <= now:
-                flow.popleft()
-                packed.skipped += 1
                 ticket.expired = True
-                self._drop_locked(ticket)
+                self._drop_locked(ticket)  # compacts this flow in place, or leaves its head to the skip above
                 packed.expired.append(ticket)
                 continue
             n = head.num_tokens

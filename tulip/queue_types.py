@@ -7,6 +7,7 @@ request: its lane, its deadline and its `flow` key; tickets that share a non-emp
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +46,17 @@ class QueuedSequence:
     @property
     def num_tokens(self) -> int:
         return int(self.tokens.shape[0])
+
+
+class Flow(deque):
+    """One request's waiting sequences, in arrival order (a flow: tulip.scheduler's module docstring). `dead`:
+    how many of them belong to cancelled or expired tickets and wait to be compacted away or skipped."""
+
+    __slots__ = ("dead",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dead = 0
 
 
 @dataclass

@@ -4,7 +4,9 @@ tulip.packer's rule (shares, lanes, express); this file holds the waiting, the a
 "A request" is a flow: the tickets that share a non-empty `flow` key (Tulip passes Ivy's request id, so
 the chunks of one HTTP request count as one request) or else the ticket alone; a flow's place is the
 arrival of its oldest waiting sequence. Sequences of cancelled or expired requests are dropped here,
-before batching, so they never reach the engine.
+before batching, so they never reach the engine, and they leave the queue's memory when the request is dropped
+(_drop_locked), not when the packer next walks past them: while the device holds every in-flight batch the
+packer does not run, and the tokens a cancel frees admit more work at once.
 
 The queue is shared by the gRPC event loop (push, cancel: short critical sections, no waiting) and the
 worker's launcher thread (next_batch, which blocks while the queue is empty).
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from tulip.errors import QueueClosed, QueueFull
 from tulip.packer import LanePacker
-from tulip.queue_types import BULK, EXPRESS, INTERACTIVE, LANES, MAIN, PackedBatch, QueuedSequence, Ticket
+from tulip.queue_types import BULK, EXPRESS, INTERACTIVE, LANES, MAIN, Flow, PackedBatch, QueuedSequence, Ticket
 
 __all__ = ["BULK", "EXPRESS", "INTERACTIVE", "LANES", "MAIN", "REHOLD", "PackedBatch", "QueuedSequence", "SequenceQueue",
            "Ticket"]
@@ -41,15 +43,17 @@ class SequenceQueue(LanePacker):
         self._cap = max_batch_tokens  # the batch being taken: its token budget
         self.max_batch_seqs = max_batch_seqs
         self.max_queue_tokens = max_queue_tokens
-        self.share_tokens = max(1, int(max_batch_tokens * share))
+        self.share = share
+        self.share_tokens = max(1, int(max_batch_tokens * share))  # of a full batch; a capped one's is less
         self.share_seqs = max(1, int(max_batch_seqs * share))
         self.bulk_reserve = int(max_batch_tokens * bulk_share)
         self._clock = clock
-        self._lanes: tuple[dict[object, deque[QueuedSequence]], ...] = ({}, {})  # per lane, in arrival order
+        self._lanes: tuple[dict[object, Flow], ...] = ({}, {})  # per lane, in arrival order
         self._bulk_owed = False  # the last batch carried no bulk while bulk waited: bulk goes first
         self._tokens = 0  # tokens of live (not cancelled/expired) queued sequences
         self._lane_tokens = [0, 0]
         self._seqs = 0
+        self._unreported = 0  # sequences dropped from the lanes, not yet counted in a batch's `skipped`
         self._closed = False
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # the main worker's launcher waits on it
@@ -86,7 +90,7 @@ class SequenceQueue(LanePacker):
             key = ticket.flow or ticket
             flow = flows.get(key)
             if flow is None:
-                flow = flows[key] = deque()
+                flow = flows[key] = Flow()
             flow.extend(seqs)
             ticket.queued_tokens += tokens
             ticket.queued_seqs += len(seqs)
@@ -123,10 +127,14 @@ class SequenceQueue(LanePacker):
             self._cond.notify()
 
     def cancel(self, ticket: Ticket) -> None:
-        """Drop a request's queued sequences (client gone or deadline hit): they free queue space now
-        and are skipped, unbatched, when they reach the head."""
+        """Drop a request's queued sequences (client gone or deadline hit): they free queue space and leave
+        the lanes now (_drop_locked), and never reach the engine."""
         with self._cond:
             self._drop_locked(ticket)
+            flows = self._lanes[ticket.lane]
+            key = ticket.flow or ticket
+            if key in flows and not flows[key]:
+                del flows[key]  # the packer, which removes the flows it empties, is not walking them now
             if self.express_tokens:  # a dropped head may uncover a request the other worker takes
                 self._cond.notify()
                 self._express_cond.notify()
@@ -249,9 +257,23 @@ class SequenceQueue(LanePacker):
         return None
 
     def _drop_locked(self, ticket: Ticket) -> None:
+        """Discount a cancelled or expired request and free its queued sequences. A flow of its own is
+        emptied now; in a flow shared with live requests (Ivy's chunks) its sequences are compacted away once
+        the dead ones are as many as the live ones: a compaction costs at most twice the sequences it frees, and
+        after every drop a flow holds fewer dead sequences than live ones. A flow keeps its place, and an emptied one stays
+        in its lane for the caller to remove (the packer may be walking the lane)."""
         if ticket.cancelled:
             return
         ticket.cancelled = True
+        flow = self._lanes[ticket.lane].get(ticket.flow or ticket) if ticket.queued_seqs else None
+        if flow is not None:  # it holds all of the ticket's queued sequences: flows are removed only when empty
+            flow.dead += ticket.queued_seqs
+            if 2 * flow.dead >= len(flow):
+                live = [s for s in flow if not s.ticket.cancelled] if flow.dead < len(flow) else []
+                self._unreported += len(flow) - len(live)  # still counted as skipped (a metric), with the next batch
+                flow.clear()
+                flow.extend(live)
+                flow.dead = 0
         self._tokens -= ticket.queued_tokens
         self._lane_tokens[ticket.lane] -= ticket.queued_tokens
         self._seqs -= ticket.queued_seqs
