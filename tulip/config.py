@@ -79,8 +79,8 @@ class TulipConfig:
     interactive_recent_ms: float = _f(100.0, "how long after an interactive request interactive_batch_tokens still "
                                              "caps batches")
     deadline_admission: bool = _f(True, "refuse at once (RESOURCE_EXHAUSTED deadline_unmeetable) a request whose "
-                                        "deadline the tokens queued ahead of it in its lane already exceed at the "
-                                        "fastest measured device rate; no measurement yet = admit")
+                                        "deadline a lower bound on the device time of its lane's queued tokens and "
+                                        "its own already exceeds (tulip/pacing.py Pace); no measurement yet = admit")
     max_inflight_batches: int = _f(2, "batches launched on the engine and not yet delivered (2 = overlap)")
     inline_launch: bool = _f(True, "while the worker is idle, the event loop launches a request's batch itself when "
                                    "its CUDA graph is captured, instead of waking the launcher thread (one "

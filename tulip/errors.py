@@ -36,9 +36,9 @@ class QueueFull(TulipError):
 
 
 class DeadlineUnmeetable(TulipError):
-    """Admission (tulip/lanes.py): the tokens queued ahead of the request in its lane, at the fastest
-    device rate measured, already take longer than its deadline allows; refused at once, not after waiting.
-    `retry_after_s`: the estimated wait ahead of it in the lane (those tokens at that rate)."""
+    """Admission (tulip/lanes.py): a lower bound on the device time of the tokens queued ahead of the request
+    in its lane plus its own (tulip.pacing.Pace) already exceeds its deadline; refused at once, not after
+    waiting. `retry_after_s`: that bound for the work ahead of it, None when its own work alone exceeds it."""
 
     status = "RESOURCE_EXHAUSTED"
     reason = "deadline_unmeetable"

@@ -4,18 +4,26 @@ A request names its lane in EmbedRequest.lane (protos: LANE_INTERACTIVE = 0, the
 the queue (tulip/scheduler.py) serves interactive first and guarantees bulk a share of every batch.
 
 Deadline-aware admission: a request with a deadline is refused at once, RESOURCE_EXHAUSTED with reason
-`deadline_unmeetable` (Ivy answers 429 with a Retry-After of the estimated wait ahead in the lane: the
-tokens queued ahead at the same rate, carried as `retry_after_s`), when the tokens queued ahead of it in its lane
-plus its own would take longer than the time it has left at the fastest device rate recently measured
-(tulip.pacing.DeviceTimes.seconds_per_token). That rate is the optimistic one, and the work of the other
-lane and of the batches already in flight is left out, so the estimate is a lower bound: what is refused
-could not have been served in time, and it is refused before it waited instead of after. Without a
-measurement yet (a fresh replica) every request is admitted.
+`deadline_unmeetable` (Ivy answers 429 with a Retry-After), when a lower bound on the device time of the tokens
+queued ahead of it in its lane plus its own already exceeds the time it has left. The bound is
+tulip.pacing.Pace.least_seconds (DeviceTimes.pace()), which says why it is one: a per-token rate
+is extrapolated only to work no larger than the batches it was measured on (or to any work, when measured at
+the batch budget, since no batch is larger); beyond that, work is bounded by the least number of batches it
+can take times what the measured batches took, never by the per-token rate of small batches, which is mostly
+their fixed cost. The work of the other lane and of the batches already in flight is left out, which only
+lowers it. So what is refused could not have been served in time, and it is refused before it waited instead
+of after. Without a measurement yet (a fresh replica) every request is admitted.
+
+`retry_after_s` ("tulip-retry-after-s"): the least device time of the work queued ahead in the lane, i.e. not
+before then is that work out of its way. When its own work alone exceeds the time it has left, no wait helps
+with that deadline: no estimate is sent (rather than 0, which would read "retry now"), and the message asks for
+a longer deadline.
 """
 
 from __future__ import annotations
 
 from tulip.errors import DeadlineUnmeetable, InvalidRequest
+from tulip.pacing import Pace
 from tulip.scheduler import BULK, INTERACTIVE, LANES
 
 
@@ -26,22 +34,28 @@ def lane_of(value: int) -> int:
     return int(value)
 
 
-def least_seconds(ahead_tokens: int, tokens: int, seconds_per_token: float | None) -> float | None:
-    """A lower bound on the time until a request of `tokens` queued behind `ahead_tokens` is done."""
-    if seconds_per_token is None:
-        return None
-    return (ahead_tokens + tokens) * seconds_per_token
+def least_seconds(ahead_tokens: int, tokens: int, pace: Pace | None) -> float | None:
+    """A lower bound on the device time until a request of `tokens` queued behind `ahead_tokens` is done (None
+    without a measurement: no bound)."""
+    return None if pace is None else pace.least_seconds(ahead_tokens + tokens)
 
 
 def check_deadline(lane: int, ahead_tokens: int, tokens: int, remaining: float | None,
-                   seconds_per_token: float | None) -> None:
-    """Raise DeadlineUnmeetable when even the lower bound exceeds `remaining` seconds."""
+                   pace: Pace | None) -> None:
+    """Raise DeadlineUnmeetable when even the lower bound exceeds `remaining` seconds; its retry_after_s is the
+    least time of the work ahead, or None when the request's own work alone exceeds `remaining`."""
     if remaining is None:
         return
-    need = least_seconds(ahead_tokens, tokens, seconds_per_token)
-    if need is not None and need > remaining:
-        wait_ahead = least_seconds(ahead_tokens, 0, seconds_per_token)
+    need = least_seconds(ahead_tokens, tokens, pace)
+    if need is None or need <= remaining:
+        return
+    own = least_seconds(0, tokens, pace)
+    if own > remaining:
         raise DeadlineUnmeetable(
-            f"the deadline cannot be met: {ahead_tokens} tokens are queued ahead in the {LANES[lane]} lane and "
-            f"this request has {tokens}, at least {need:.3f} s of device time, but only {remaining:.3f} s are "
-            "left; retry later, on another replica, or with a longer deadline", retry_after_s=wait_ahead)
+            f"the deadline cannot be met: this request has {tokens} tokens, at least {own:.3f} s of device time on "
+            f"its own, but only {remaining:.3f} s are left; retry with a longer deadline or on another replica")
+    wait_ahead = least_seconds(ahead_tokens, 0, pace)
+    raise DeadlineUnmeetable(
+        f"the deadline cannot be met: {ahead_tokens} tokens are queued ahead in the {LANES[lane]} lane and "
+        f"this request has {tokens}, at least {need:.3f} s of device time, but only {remaining:.3f} s are "
+        "left; retry later, on another replica, or with a longer deadline", retry_after_s=wait_ahead)

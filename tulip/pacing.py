@@ -11,9 +11,14 @@ same size class (the median, so a lazy graph capture's 20-40 ms does not inflate
 no estimate and the launcher packs at once, as before. If the estimate is long the launcher still packs
 as soon as the running batch is delivered, so a wrong estimate costs at most the host time of one launch.
 
-`seconds_per_token()` serves deadline-aware admission (tulip/lanes.py): the lowest per-class median of
-device seconds per token, i.e. the fastest rate recently seen (large batches), so an admission check
-built on it refuses only what could not be met even at that rate.
+`pace()` serves deadline-aware admission (tulip/lanes.py): a `Pace`, the fastest per-token rate recently seen
+(the lowest per-class median, `seconds_per_token()`) and `Pace.least_seconds(tokens)`, a lower bound on the
+device time of that many tokens. The fastest rate times the tokens is NOT one: a batch has a
+fixed cost, so the per-token rate of small batches is mostly that cost (a 1-token batch of 20 ms reads 20 ms
+a token) and says nothing of a larger batch's, which may hold all those tokens at about the same 20 ms.
+Taken as a bound it refused a 2048-token request on an idle replica that had run only single queries ("at
+least 42 s" for one batch of ~20 ms), and locked itself in: what is refused never runs, so no larger batch
+is ever measured. `Pace` says why its bound holds.
 """
 
 from __future__ import annotations
@@ -22,16 +27,80 @@ import bisect
 import statistics
 import threading
 from collections import deque
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What admission knows of the device's speed: `fastest`, the fastest per-token rate recently seen
+    (seconds_per_token(); not a bound by itself), and `least_seconds`, a lower bound on the device time of work
+    of a given number of tokens.
+
+    `classes`: per size class measured, (m, r): the smallest batch in its window (tokens) and the median of
+    its batches' device seconds per token. `budget`: the most tokens a batch holds (tulip's
+    max_batch_tokens), None where unknown. The bound rests on two properties of a batch's device time t(n):
+    (A) more tokens never take less time (n <= n' gives t(n) <= t(n')), and (B) a smaller batch is not faster
+    per token (n <= n' gives t(n)/n >= t(n')/n'): the batch's fixed cost is spread over fewer tokens. With a
+    rate r measured on batches of at least m tokens, a batch of n tokens therefore takes at least r * min(n, m)
+    ((B) below m, (A) above it), and so does one that carries w <= n of the work's tokens with w in place of n.
+    Summing over the batches the work is split into:
+    - work of W tokens with W <= m, or a budget <= m (no batch is larger than the one measured): at least
+      r * W. Of all classes that qualify, the fastest rate is taken (the most optimistic sound bound);
+    - otherwise (every measured size is below the work and the budget): the work needs at least q = W // budget
+      full batches and one of W % budget tokens (none and one of W, budget unknown), each bounded as above:
+      r * (q * m + min(W % budget, m)), the least of it over the classes. Small batches bound large work by
+      their count times one small batch's time, never by their per-token rate: ten 1-token batches of 20 ms
+      bound a 2048-token request by 20 ms, not 41 s.
+    The medians drop a lazy graph capture's slow outlier (a slow outlier would inflate the bound). Where the
+    measurements contradict (B) (a smaller class faster per token than a larger one: noise, padding to a
+    bucket, attention over longer sequences), no batch is taken to be faster per token than the fastest seen:
+    the bound is at most W times the fastest rate (the old estimate), so nothing the old check admitted is
+    refused now. (A), (B) and the medians are the model; under it, what is refused could not be met. A
+    sequence longer than the budget runs alone in a larger batch; its per-token time is not below a full batch's (the same tokens
+    through the same layers, attention over a longer span), so the budget still bounds the rate it runs at.
+    What is left out (the other lane's work, the batches already on the device) only adds time."""
+
+    fastest: float
+    classes: tuple[tuple[int, float], ...]
+    budget: int | None
+
+    def least_seconds(self, tokens: int) -> float:
+        """A lower bound on the device seconds of `tokens` tokens of work, however they are batched."""
+        if tokens <= 0 or not self.classes:
+            return 0.0
+        reach = tokens if self.budget is None else min(tokens, self.budget)  # the largest batch of this work
+        covering = [r for m, r in self.classes if m >= reach]
+        if covering:
+            bound = tokens * min(covering)
+        else:  # every m < reach <= budget
+            full, rest = divmod(tokens, self.budget) if self.budget else (0, tokens)
+            bound = min(r * (full * m + min(rest, m)) for m, r in self.classes)
+        return min(bound, tokens * self.fastest)
 
 
 class DeviceTimes:
-    """Median of the last `window` device seconds per batch size class (tokens, power-of-two classes)."""
+    """Median of the last `window` device seconds per batch size class (tokens, power-of-two classes).
+    `max_batch_tokens`: the most tokens a batch holds (the queue's budget), None where unknown; admission's
+    bound (Pace) is weaker without it: work larger than every batch measured is then bounded by one batch."""
 
-    def __init__(self, window: int = 8) -> None:
+    def __init__(self, window: int = 8, max_batch_tokens: int | None = None) -> None:
         self.window = window
         self._seen: dict[int, deque[float]] = {}
-        self._per_token: dict[int, deque[float]] = {}
-        self._fastest: float | None = None  # seconds_per_token(), kept per batch: it is read per request
+        self._batches: dict[int, deque[tuple[int, float]]] = {}  # per class: (tokens, device seconds per token)
+        self._classes: dict[int, tuple[int, float]] = {}  # per class: its (m, r) in Pace.classes
+        self._budget = max_batch_tokens if max_batch_tokens and max_batch_tokens > 0 else None
+        self._pace: Pace | None = None  # seconds_per_token(), rebuilt per batch: it is read per request
+
+    @property
+    def max_batch_tokens(self) -> int | None:
+        return self._budget
+
+    @max_batch_tokens.setter
+    def max_batch_tokens(self, value: int | None) -> None:
+        self._budget = value if value and value > 0 else None
+        pace = self._pace
+        if pace is not None:
+            self._pace = replace(pace, budget=self._budget)
 
     @staticmethod
     def size_class(tokens: int) -> int:
@@ -42,16 +111,24 @@ class DeviceTimes:
             self._seen.setdefault(self.size_class(tokens), deque(maxlen=self.window)).append(seconds)
             if tokens > 0:
                 size = self.size_class(tokens)
-                self._per_token.setdefault(size, deque(maxlen=self.window)).append(seconds / tokens)
-                self._fastest = min(statistics.median(d) for d in self._per_token.values() if d)
+                batches = self._batches.setdefault(size, deque(maxlen=self.window))
+                batches.append((int(tokens), seconds / tokens))
+                self._classes[size] = (min(n for n, _ in batches), statistics.median(r for _, r in batches))
+                classes = tuple(sorted(self._classes.values()))
+                self._pace = Pace(min(r for _, r in classes), classes, self._budget)
 
     def estimate(self, tokens: int) -> float | None:
         seen = self._seen.get(self.size_class(tokens))
         return statistics.median(seen) if seen else None
 
     def seconds_per_token(self) -> float | None:
-        """The fastest recent rate, device seconds per token (None before any measurement)."""
-        return self._fastest
+        """The fastest recent rate, device seconds per token (None before any measurement); not a bound on
+        larger work (Pace)."""
+        return None if self._pace is None else self._pace.fastest
+
+    def pace(self) -> Pace | None:
+        """What admission's lower bound is built on (None before any measurement): Pace.least_seconds."""
+        return self._pace
 
 
 class BusySpans:

@@ -285,7 +285,7 @@ class TulipServer:
             deadline = time.monotonic() + remaining
             if self.config.deadline_admission:  # tulip/lanes.py: refused now rather than after waiting
                 check_deadline(lane, self.queue.lane_tokens(lane), parsed.num_tokens, remaining,
-                               self.worker.device_times.seconds_per_token())
+                               self.worker.device_times.pace())
         job = Job(parsed, native_dimensions=self.limits.dimensions, loop=self._loop, deadline=deadline,
                   request_id=request.request_id, lane=lane, received_at=received_at)
         inline = self.worker.inline

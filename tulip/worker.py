@@ -65,7 +65,8 @@ class Worker(Completer):
         self.idle_capture_s = idle_capture_s  # 0 = off; see _next_batch
         self.idle_captures = 0
         self.pack_ahead_s = pack_ahead_s  # 0 = pack as soon as a slot frees; see tulip.pacing
-        self.device_times = DeviceTimes()
+        budget = queue.max_batch_tokens if queue is not None else None  # admission's bound needs it (tulip.pacing)
+        self.device_times = DeviceTimes(max_batch_tokens=budget)
         self._clock = DeviceClock(busy_spans)  # the batches in flight, under _count_lock
         self._stepping_since = 0.0  # monotonic time the launcher entered engine.step(); 0 = not inside it
         self.held_launches = 0

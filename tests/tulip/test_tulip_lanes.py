@@ -78,13 +78,13 @@ def test_cancel_discounts_the_lane() -> None:
 def test_seconds_per_token_is_the_fastest_rate_and_admission_uses_it() -> None:
     times = DeviceTimes()
     assert times.seconds_per_token() is None
-    check_deadline(INTERACTIVE, 10**9, 10, 0.001, times.seconds_per_token())  # no measurement: admit
+    check_deadline(INTERACTIVE, 10**9, 10, 0.001, times.pace())  # no measurement: admit
     times.observe(100, 1.0)  # 10 ms/token
     times.observe(1000, 1.0)  # 1 ms/token: the fastest, used
     assert times.seconds_per_token() == pytest.approx(0.001)
-    check_deadline(BULK, 900, 100, 1.01, times.seconds_per_token())
+    check_deadline(BULK, 900, 100, 1.01, times.pace())
     with pytest.raises(DeadlineUnmeetable) as err:
-        check_deadline(BULK, 900, 100, 0.99, times.seconds_per_token())
+        check_deadline(BULK, 900, 100, 0.99, times.pace())
     assert err.value.reason == "deadline_unmeetable" and err.value.status == "RESOURCE_EXHAUSTED"
     assert err.value.retry_after_s == pytest.approx(0.9)  # the 900 tokens ahead, not this request's own
     assert "bulk lane" in err.value.message
