@@ -35,6 +35,8 @@ def _f(default, help_text: str):
     return field(default=default, metadata={"help": help_text})
 
 
+_GRPC_MAX_S = (2**31 - 1) // 1000  # the longest gRPC time argument, in whole seconds (~24.8 days)
+
 @dataclass(frozen=True)
 class TulipConfig:
     host: str = _f("127.0.0.1", "address the gRPC server binds (0.0.0.0 for every interface)")
@@ -177,6 +179,10 @@ class TulipConfig:
                 raise ValueError(f"{name} must be at least 0.001 (1 ms), got {getattr(self, name)}")
         if self.min_client_ping_interval_s < 0:
             raise ValueError(f"min_client_ping_interval_s must be 0 or positive, got {self.min_client_ping_interval_s}")
+        for name in ("keepalive_time_s", "keepalive_timeout_s", "min_client_ping_interval_s"):
+            if getattr(self, name) > _GRPC_MAX_S:  # gRPC takes them as C ints of milliseconds
+                raise ValueError(f"{name} must be at most {_GRPC_MAX_S} s (gRPC's 32-bit milliseconds), "
+                                 f"got {getattr(self, name)}")
         routed_tokens(self.persistent_decoder)  # ValueError naming the setting and what it takes
         if self.pack_ahead_ms < 0:
             raise ValueError(f"pack_ahead_ms must be 0 (pack at once) or positive, got {self.pack_ahead_ms}")

@@ -167,6 +167,9 @@ def test_env_vars_configure_and_flags_win() -> None:
     ("keepalive_timeout_s", 0.0),  # every ping not answered at once closed its connection
     ("min_client_ping_interval_s", -1.0),
     ("max_message_mb", 2048),  # past gRPC's 32-bit limits: the start failed as "cannot listen on host:port"
+    ("keepalive_time_s", 3e6),  # milliseconds past a C int: the start failed with OverflowError, the same way
+    ("keepalive_timeout_s", 3e6),
+    ("min_client_ping_interval_s", 3e6),
 ])
 def test_a_value_that_makes_no_sense_is_refused_naming_its_flag(field, value) -> None:
     with pytest.raises(ValueError, match=field):

@@ -3,6 +3,7 @@ deadlines, cancellation, admission, message size, health/Info, overlap of packin
 
 import random
 import socket
+import time
 import urllib.request
 
 import grpc
@@ -318,6 +319,22 @@ def test_drain_answers_accepted_work_and_refuses_new() -> None:
         engine.release(100)
         assert drain.result(30) is True
         assert queued.result().rows == 1 and all(f.result().rows == 1 for f in held)
+
+
+def test_a_short_shutdown_timeout_still_waits_for_accepted_work() -> None:
+    """shutdown_timeout_s of 0.5 or less (the config accepts it) kept all of it for the gRPC server's own stop
+    and waited for nothing: accepted work still on the device was cut off and the drain reported failure. The
+    stop's share is now a part of the timeout, not a fixed 0.5 s."""
+    import asyncio
+
+    engine = FakeEngine(gated=True)
+    with ServerThread(make_config(shutdown_timeout_s=0.5), engine) as s:
+        held = _hold_two_batches(s, engine)
+        drain = asyncio.run_coroutine_threadsafe(s.server.drain(), s.loop)
+        time.sleep(0.1)  # the device finishes within the drain's time, not before it began
+        engine.release(100)
+        assert drain.result(10) is True
+        assert all(f.result().rows == 1 for f in held)
 
 
 def test_metrics_endpoint_exports_queue_batch_and_engine_metrics() -> None:
