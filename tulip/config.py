@@ -37,6 +37,7 @@ def _f(default, help_text: str):
 
 _GRPC_MAX_S = (2**31 - 1) // 1000  # the longest gRPC time argument, in whole seconds (~24.8 days)
 
+
 @dataclass(frozen=True)
 class TulipConfig:
     host: str = _f("127.0.0.1", "address the gRPC server binds (0.0.0.0 for every interface)")
