@@ -128,8 +128,13 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
                 raise InvalidRequest(f"spans[{i}] names sequence {seq[i]}; the request has {lens.size}")
             raise InvalidRequest(f"spans[{i}] = [{begin[i]}, {end[i]}) is not a non-empty range "
                                  f"inside sequence {seq[i]} of length {seq_len[i]}")
-        order = np.argsort(seq, kind="stable")  # rows grouped by sequence, span order kept within one
         counts = np.bincount(seq, minlength=lens.size)
+        over = np.flatnonzero(counts > lens)  # a row per token at most (late chunking, token vectors): the rows'
+        if over.size:  # memory stays proportional to the tokens the queue counts
+            i = over[0]
+            raise InvalidRequest(f"spans: sequence {i} has {counts[i]} spans but {lens[i]} tokens; at most one "
+                                 "span per token")
+        order = np.argsort(seq, kind="stable")  # rows grouped by sequence, span order kept within one
         groups = np.split(order, np.cumsum(counts)[:-1])
         pairs = triples[:, 1:].astype(np.int32)
         keep = [i for i in range(lens.size) if counts[i]]  # a sequence without a span is not embedded
