@@ -139,15 +139,17 @@ def check_model_volume(objects: dict) -> None:
 
 def check_persistent_caches(objects: dict) -> None:
     """What a Tulip pod learns at its first start and reads at the next lives on its own persistent volume (a
-    volumeClaimTemplate), not in the tmp volume a restart empties: the graph manifest and Triton's cache of
-    ROSE's kernels (TRITON_CACHE_DIR; a cold cache cost the 0.6B ~5-15 s of its start to ready)."""
+    volumeClaimTemplate), not in the tmp volume a restart empties: the graph manifest, Triton's cache of
+    ROSE's kernels (TRITON_CACHE_DIR; a cold cache cost the 0.6B ~5-15 s of its start to ready) and the kernel
+    manifest (left at auto it goes under $HOME, the tmp volume, as the model's folder is read-only: a start after
+    an upgrade then compiles its kernels one by one, ~42 s to ready against ~18)."""
     tulip = objects[("StatefulSet", "tulip")]["spec"]
     claims = {t["metadata"]["name"] for t in tulip.get("volumeClaimTemplates", [])}
     (container,) = [c for c in tulip["template"]["spec"]["containers"] if c["name"] == "tulip"]
     persistent = [m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in claims
                   and not m.get("readOnly")]
     env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
-    for name in ("TULIP_GRAPH_MANIFEST", "TRITON_CACHE_DIR"):
+    for name in ("TULIP_GRAPH_MANIFEST", "TRITON_CACHE_DIR", "TULIP_KERNEL_MANIFEST"):
         path = env.get(name, "")
         assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in persistent), (
             f"k8s StatefulSet/tulip: {name}={path or '(unset)'} is not on a persistent volume {persistent}")
@@ -253,7 +255,8 @@ def check_service_monitors(objects: dict, files: dict) -> None:
                 assert target == ports["http"], f"ServiceMonitor {service_name}: port {target}"
 
 
-ALERTS = {"TulipQueueSaturated", "TulipReplicaDown", "GatewayLatencyP99High", "RoseGraphCaptureFailed", "TulipNotReady"}
+ALERTS = {"TulipQueueSaturated", "TulipReplicaDown", "GatewayLatencyP99High", "RoseGraphCaptureFailed", "TulipNotReady",
+          "TulipAbsent", "GatewayAbsent"}  # the last two: a stack whose processes never start exports no series
 CRASHLOOP_BACKOFF_CAP_S = 300  # kubelet's longest wait before it starts a crashed or killed container again
 START_TO_METRICS_S = 60  # a restarted Tulip's process start to a scrape-able /metrics (imports, then bind)
 

@@ -291,6 +291,8 @@ K8S_RULE_BREAKAGES = {
                                                                               "/tmp/triton")),
     "no Triton cache set": ("persistent caches", lambda o: _k8s_container(o, "tulip").update(env=[
         e for e in _k8s_container(o, "tulip")["env"] if e["name"] != "TRITON_CACHE_DIR"])),
+    "kernel manifest left at auto": ("persistent caches", lambda o: _k8s_container(o, "tulip").update(env=[
+        e for e in _k8s_container(o, "tulip")["env"] if e["name"] != "TULIP_KERNEL_MANIFEST"])),
     "service account token mounted": ("hardening", lambda o: _pod(o, "tulip").update(
         automountServiceAccountToken=True)),
     "gateways may share one node": ("scheduling", lambda o: _pod(o, "ivy").pop("topologySpreadConstraints")),
