@@ -67,6 +67,16 @@ class TooManyConnections(TulipError):
     reason = "too_many_connections"
 
 
+class AnswersUnread(TulipError):
+    """A gRPC EmbedStream's unsent answers stayed above WRITE_HIGH_BYTES for STALL_S (tulip/stream.py): its call
+    is ended. RESOURCE_EXHAUSTED rather than CANCELLED: the client did not go away, it exhausted what Tulip holds
+    for one stream (as a too-large message does), and what it was owed and not sent is lost: retry it, reading
+    the answers."""
+
+    status = "RESOURCE_EXHAUSTED"
+    reason = "answers_unread"
+
+
 class BadFrame(TulipError):
     """Framed-stream bytes that are not a StreamRequest (tulip/framed.py): answered once on id 0, then the
     connection is closed."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from protos import embed_pb2, embed_pb2_grpc
+from tulip import framed
 from tulip.errors import TulipError, error_metadata
 from tulip.stream import EmbedStreamSession
 from tulip.version import __version__
@@ -49,7 +50,8 @@ class TulipEmbedderServicer(embed_pb2_grpc.EmbedderServicer):
             server.settled(job, status, started, tokens)
 
     async def EmbedStream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
-        await EmbedStreamSession(self._server, context).run(request_iterator)
+        # The framed port's marks (read per call: the tests lower them): one limit on unread answers, either port.
+        await EmbedStreamSession(self._server, context, framed.WRITE_HIGH_BYTES, framed.STALL_S).run(request_iterator)
 
     async def Info(self, request: embed_pb2.InfoRequest, context: grpc.aio.ServicerContext):
         server = self._server

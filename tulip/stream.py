@@ -7,19 +7,29 @@ and is answered by one StreamResponse with its id as soon as its job settles, in
 message drops the request's sequences not yet batched and nothing is answered for it. When the call
 ends (the client went away, or the server stops after its drain), every job still open is cancelled
 the same way: nothing of a dead stream reaches the GPU.
+
+A timeout_s is a deadline only when finite: 0 is none (protos), NaN or an infinity is refused
+(INVALID_ARGUMENT), a negative one has passed already (DEADLINE_EXCEEDED, never queued).
+
+Back-pressure, as on the framed port (tulip.framed, the same marks): a client that does not read its answers
+stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new work from it, so no more answers
+to hold), is read again once they fall to a quarter of that (the low mark asyncio's transports give the
+framed port), and has its call ended (RESOURCE_EXHAUSTED, reason answers_unread) when they stay above the
+mark STALL_S: its unsent answers are dropped and its open jobs cancelled as a dead stream's are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
 import grpc
 
 from protos import embed_pb2
-from tulip.errors import DeadlineExpired, InvalidRequest, TulipError, engine_error
+from tulip.errors import AnswersUnread, DeadlineExpired, InvalidRequest, TulipError, engine_error, error_metadata
 
 if TYPE_CHECKING:
     from tulip.job import Job
@@ -62,7 +72,7 @@ class StreamRequests:
         try:
             if message.id in self.jobs:
                 raise InvalidRequest(f"stream request id {message.id} is already in flight on this stream")
-            job = self.server.admit(request, message.timeout_s if message.timeout_s > 0 else None, started)
+            job = self.server.admit(request, _remaining(message.timeout_s), started)
         except TulipError as exc:
             self.server.rejected(request.request_id, exc)
             self.server.settled(None, exc.status, started)
@@ -121,30 +131,100 @@ class StreamRequests:
 
 
 class EmbedStreamSession(StreamRequests):
-    def __init__(self, server: TulipServer, context: grpc.aio.ServicerContext) -> None:
-        self.out: asyncio.Queue[embed_pb2.StreamResponse | None] = asyncio.Queue()
-        super().__init__(server, self.out.put_nowait)
+    """One EmbedStream call: its answers written by one task in the order they settle, its requests read while the
+    answers queued and not yet written (`unsent`, bytes) stay under `high_bytes`; above it for `stall_s`, the
+    call is ended (module docstring). Below the mark that costs a message its ByteSize and an integer compare,
+    and no await."""
+
+    def __init__(self, server: TulipServer, context: grpc.aio.ServicerContext, high_bytes: int,
+                 stall_s: float) -> None:
+        self.out: asyncio.Queue[tuple[embed_pb2.StreamResponse, int] | None] = asyncio.Queue()
+        super().__init__(server, self._queue)
         self.context = context
+        self.unsent = 0
+        self._high, self._low, self._stall_s = high_bytes, high_bytes // 4, stall_s
+        self._stall: asyncio.TimerHandle | None = None  # while above the mark: ends the call when due
+        self._drained = asyncio.Event()  # while above the mark: set once unsent falls to the low mark
+        self._stalled = False  # the stall ended the call
+        self._task: asyncio.Task | None = None
 
     async def run(self, request_iterator) -> None:
+        self._task = asyncio.current_task()
+        # Headers now, not with the first answer: a status ending the call must not carry them again, and grpc.aio
+        # counts them sent only once a write has finished, which the first answer to an unread stream never does.
+        await self.context.send_initial_metadata(())
         writer = asyncio.ensure_future(self._write_loop())
         try:
-            async for message in request_iterator:
-                self.handle(message)
-            # The client closed its side: answer what it is still owed, then end the call.
-            while self.jobs:
-                await asyncio.wait([j.future for j in self.jobs.values()])
-                await asyncio.sleep(0)  # let the done-callbacks queue their answers
+            try:
+                async for message in request_iterator:
+                    self.handle(message)
+                    if self._stall is not None:  # its answers are not read: neither are its requests
+                        await self._drained.wait()
+                # The client closed its side: answer what it is still owed, then end the call (the stall's timer
+                # still runs: a client that closes and does not read is not waited on for ever).
+                while self.jobs:
+                    await asyncio.wait([j.future for j in self.jobs.values()])
+                    await asyncio.sleep(0)  # let the done-callbacks queue their answers
+                self.out.put_nowait(None)
+                await asyncio.wait([writer])
+            except asyncio.CancelledError:
+                if not self._stalled or self._task.uncancel():  # not (only) _give_up's cancel
+                    raise
         finally:
+            if self._stall is not None:
+                self._stall.cancel()
             self.cancel_all()
-            self.out.put_nowait(None)
-            if writer.done() or asyncio.current_task().cancelling():
+            if self._stalled or self._task.cancelling():  # nothing more is written: its queued answers go too
                 writer.cancel()
+                while not self.out.empty():
+                    self.out.get_nowait()
+                self.unsent = 0
+            self.out.put_nowait(None)
             await asyncio.gather(writer, return_exceptions=True)
+        if self._stalled:
+            exc = AnswersUnread(f"answers stayed unread above {self._high} bytes for {self._stall_s:g} s: the "
+                                "stream was ended and its open requests cancelled")
+            log.info("EmbedStream ended: %s", exc.message)
+            # The status is sent after what the transport holds already: the client sees it once it reads.
+            await self.context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message,
+                                     trailing_metadata=error_metadata(exc))
+
+    def _queue(self, message: embed_pb2.StreamResponse) -> None:
+        size = message.ByteSize()
+        self.unsent += size
+        self.out.put_nowait((message, size))
+        if self.unsent > self._high and self._stall is None:
+            self._drained.clear()
+            self._stall = asyncio.get_running_loop().call_later(self._stall_s, self._give_up)
 
     async def _write_loop(self) -> None:
-        while (message := await self.out.get()) is not None:
+        while (item := await self.out.get()) is not None:
+            message, size = item
             await self.context.write(message)
+            self.unsent -= size
+            if self._stall is not None and self.unsent <= self._low:
+                self._stall.cancel()
+                self._stall = None
+                self._drained.set()
+
+    def _give_up(self) -> None:
+        """Above the mark for STALL_S: end the call, wherever run() waits (for a request, for the drain, or for the
+        answers owed after the client's half-close)."""
+        self._stalled = True
+        self._task.cancel()
+
+
+def _remaining(timeout_s: float) -> float | None:
+    """A StreamRequest's timeout_s as admit's remaining time. protos: 0 = no deadline, and only 0 (-0.0 too). NaN or
+    an infinity names no point in time: refused, naming the field, rather than guessed at. A negative one is a deadline
+    already past (a client that passes on what is left of its own budget sends one when it ran out): admit refuses
+    it DEADLINE_EXCEEDED before queueing, as it does a unary call with no time left; INVALID_ARGUMENT would tell the
+    client its request is malformed, and a retry with time left would then look pointless."""
+    if timeout_s == 0:
+        return None
+    if not math.isfinite(timeout_s):
+        raise InvalidRequest(f"timeout_s = {timeout_s} is not a deadline: seconds from now, or 0 for none")
+    return timeout_s
 
 
 def error_answer(request_id: int, exc: TulipError) -> embed_pb2.StreamResponse:

@@ -41,7 +41,7 @@ def random_request(rng: random.Random, i: int) -> embed_pb2.EmbedRequest:
     if i % 4 == 0:  # late chunking: spans in shuffled order, over several sequences
         spans = []
         for s, seq in enumerate(seqs):
-            for _ in range(rng.randint(1, 3)):
+            for _ in range(rng.randint(1, min(3, len(seq)))):  # at most one span per token (tulip.request)
                 start = rng.randrange(len(seq))
                 spans.append((s, start, rng.randint(start + 1, len(seq))))
         rng.shuffle(spans)
