@@ -52,23 +52,26 @@ def scoring_of(gw: Gateway, requested: str | None, route: str) -> str:
 
 
 async def encode_queries_and_documents(gw: Gateway, queries: list[str], docs: list[str], *, truncate: bool | None,
-                                       side: str, names: tuple[str, str]) -> tuple[list, list]:
+                                       side: str, names: tuple[str, str],
+                                       max_tokens: int | None = None) -> tuple[list, list]:
     """Token ids of the queries templated as queries and of the documents as documents (the model's prompts),
-    tokenized concurrently; `names` are the two fields, for errors. Shared by cosine and MaxSim scoring."""
+    tokenized concurrently, each cut to max_tokens when given (vLLM's truncate_prompt_tokens, with truncate);
+    `names` are the two fields, for errors. Shared by cosine and MaxSim scoring."""
     cut = gw.config.truncate if truncate is None else truncate
     return await asyncio.gather(
         gw.encoder.encode_texts(queries, truncate=cut, side=side, prompt=gw.encoder.prompt_for("query", None),
-                                param=names[0], one=sent_as_one(queries, single=True)),
+                                param=names[0], one=sent_as_one(queries, single=True), max_tokens=max_tokens),
         gw.encoder.encode_texts(docs, truncate=cut, side=side, prompt=gw.encoder.prompt_for("document", None),
-                                param=names[1], one=sent_as_one(docs)))
+                                param=names[1], one=sent_as_one(docs), max_tokens=max_tokens))
 
 
 async def maxsim_scores(request: Request, gw: Gateway, queries: list[str], docs: list[str], *, truncate: bool | None,
-                        side: str, deadline: float, names: tuple[str, str],
-                        lane: str | None = None) -> tuple[np.ndarray, int]:
+                        side: str, deadline: float, names: tuple[str, str], lane: str | None = None,
+                        max_tokens: int | None = None) -> tuple[np.ndarray, int]:
     """float32 [len(docs)] MaxSim scores of (queries[i], docs[i]), or of the one query with every document,
     and the tokens sent (for usage)."""
-    q_seqs, d_seqs = await encode_queries_and_documents(gw, queries, docs, truncate=truncate, side=side, names=names)
+    q_seqs, d_seqs = await encode_queries_and_documents(gw, queries, docs, truncate=truncate, side=side, names=names,
+                                                        max_tokens=max_tokens)
     vectors = await unless_disconnected(request, retrieval_of(gw).vectors(q_seqs + d_seqs, deadline=deadline,
                                                                           lane=lane))
     q, d = vectors[: len(q_seqs)], vectors[len(q_seqs):]

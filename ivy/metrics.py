@@ -30,8 +30,11 @@ REQUESTS = Counter("ivy_requests", "HTTP requests by route and status", ["route"
 REQUEST_SECONDS = Histogram("ivy_request_seconds", "HTTP request latency", ["route"], buckets=_LATENCY)
 IN_FLIGHT = Gauge("ivy_requests_in_flight", "Inference requests admitted and not finished",
                   multiprocess_mode="livesum")
-INPUTS = Counter("ivy_inputs", "Inputs (texts, id lists, chunks, documents) embedded", ["route"])
-TOKENS = Counter("ivy_tokens", "Tokens sent to replicas (what usage reports)", ["route"])
+INPUTS = Counter("ivy_inputs", "Inputs of requests answered: texts, id lists, chunks, documents embedded; "
+                 "scoring counts the request's texts, queries and documents, whatever the model (a cross-encoder's "
+                 "pairs included)", ["route"])
+TOKENS = Counter("ivy_tokens", "Tokens sent to replicas for requests answered (what usage reports; a request "
+                 "refused or failed counts none)", ["route"])
 TOKENIZE_SECONDS = Histogram("ivy_tokenize_seconds", "Templating + tokenization time per request", buckets=_LATENCY)
 TOKENIZER_WORDS = Counter("ivy_tokenizer_words", "Words of ASCII texts looked up in the tokenizer's word cache "
                           "(BERT-family tokenizers: rose/word_cache.py)")
@@ -160,10 +163,11 @@ REQUEST_ID: ContextVar[str] = ContextVar("ivy_request_id", default="")
 
 
 class RequestTrace:
-    """One request's record (set by RequestMetrics, shared with the request's child tasks): whether a batch of
-    it ran on a replica without its CUDA graph yet (answered as X-Cold-Start: 1, so a benchmark can report cold
-    hits apart from the steady state), and where its time went, answered as text-embeddings-inference's timing
-    headers in milliseconds (microsecond precision where TEI rounds to whole milliseconds):
+    """One request's record (set by RequestMetrics, shared with the request's child tasks): its usage, counted
+    once it is answered with a 2xx (count_usage); whether a batch of it ran on a replica without its CUDA graph
+    yet (answered as X-Cold-Start: 1, so a benchmark can report cold hits apart from the steady state), and
+    where its time went, answered as text-embeddings-inference's timing headers in milliseconds (microsecond
+    precision where TEI rounds to whole milliseconds):
       x-total-time         Ivy's time: the request's headers read -> the response's start
       x-tokenization-time  tokenizing, templating and id checks (pool threads included; a route that tokenizes
                            two groups at once, /similarity's, reports their sum)
@@ -175,13 +179,21 @@ class RequestTrace:
     refused or failed, or whose replica does not measure them (an older Tulip answers 0) sends only the first
     two, and a route that tokenizes nothing (GET /health, a body refused before it) only x-total-time."""
 
-    __slots__ = ("start", "cold", "tokenize_s", "queue_us", "inference_us", "batcher_us")
+    __slots__ = ("start", "cold", "tokenize_s", "queue_us", "inference_us", "batcher_us", "usage")
 
     def __init__(self, start: float) -> None:
         self.start = start
         self.cold = False
         self.tokenize_s = 0.0
         self.queue_us = self.inference_us = self.batcher_us = 0  # 0: no Tulip answer that measured them
+        self.usage: list[tuple[str, int, int]] = []  # count_usage's (route, inputs, tokens), until answered
+
+    def count_usage(self) -> None:
+        """The request answered: what count_usage held for it goes into ivy_inputs and ivy_tokens."""
+        for route, inputs, tokens in self.usage:
+            INPUTS.labels(route).inc(inputs)
+            TOKENS.labels(route).inc(tokens)
+        self.usage.clear()
 
     def headers(self, now: float) -> list[tuple[bytes, bytes]]:
         out = [(b"x-total-time", b"%.3f" % ((now - self.start) * 1e3))]
@@ -212,6 +224,18 @@ def note_backend(response) -> None:
     if response.batcher_us > trace.batcher_us:
         trace.queue_us, trace.inference_us, trace.batcher_us = (response.queue_us, response.inference_us,
                                                                 response.batcher_us)
+
+
+def count_usage(route: str, inputs: int, tokens: int) -> None:
+    """ivy_inputs and ivy_tokens of the current request, counted when it is answered with a 2xx (RequestMetrics):
+    a route that tokenizes before its replica call (ivy.routes_embeddings' encode_inputs) counts nothing for a
+    request the replicas then fail or the client leaves, as its usage reports nothing. Outside a request, at once."""
+    trace = _TRACE.get()
+    if trace is None:
+        INPUTS.labels(route).inc(inputs)
+        TOKENS.labels(route).inc(tokens)
+    else:
+        trace.usage.append((route, inputs, tokens))
 
 
 def observe_tokenize(seconds: float) -> None:
@@ -271,6 +295,8 @@ class RequestMetrics:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 started = True
+                if 200 <= status < 300:  # before the answer leaves: a scrape after it sees the request counted
+                    trace.count_usage()
                 message = {**message, "headers": [*message.get("headers", ()), rid_header,
                                                   *trace.headers(time.perf_counter())]}
             await send(message)

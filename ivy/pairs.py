@@ -6,7 +6,11 @@
 - Yes/no rerankers (Qwen3-Reranker): its model card's prompt around the pair, system prompt, then
   "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}", then the assistant suffix; only
   the middle is cut (from `side`), never the prompt, as the card's process_inputs does.
-Errors name the pair's field (`documents[3]`) and the limit, and never quote the text.
+A length to cut to other than the model's (vLLM's truncate_prompt_tokens, ivy.cross_encode) bounds the whole
+sequence, as vLLM's tokenizer call with max_length does: BERT's pair cut longest first, the prompt kept whole.
+Errors name the field as the embedding models' path does (ivy.tokenization): a text sent as one string by its
+field (`query`), a list's element with its index (`documents[3]`); a pair too long names its longer text (the
+one cutting longest first shortens first); with the limit, and never quoting the text.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ivy.errors import IvyError, Problem
+from ivy.inputs import sent_as_one
 from rose.spec import ModelFolderError, ModelSpec
 from rose.tokenizer import Tokenizer
 
@@ -36,55 +41,72 @@ def too_long_pair(param: str, n: int, limit: int) -> IvyError:
                     "(send truncate=true to cut it)", param=param, limit=limit)
 
 
+def _where(name: str, one: bool, i: int) -> str:
+    return name if one else f"{name}[{i}]"
+
+
 class PairEncoder:
     def __init__(self, spec: ModelSpec, tokenizer: Tokenizer, char_cap: int) -> None:
         self.spec, self.tokenizer, self.char_cap = spec, tokenizer, char_cap
         self.max_length = spec.max_length
         self.yes_no = spec.score_head.kind == "yes_no"
         self.types = spec.type_vocab_size > 1
+        # `added`: the tokens a pair gets around its two texts (the yes/no prompt, or the pair's special tokens)
         if self.yes_no:
             if tokenizer.hf is None:
                 raise ModelFolderError(f"{spec.model_dir}: a yes/no reranker needs tokenizer.json")
             prefix, suffix = tokenizer.content_encodings([QWEN3_RERANK_PREFIX, QWEN3_RERANK_SUFFIX])
             self.prefix, self.suffix = list(prefix.ids), list(suffix.ids)
+            self.added = len(self.prefix) + len(self.suffix) + tokenizer.num_special
+        else:
+            self.added = len(tokenizer.encode_pairs([("", "")])[0].ids)  # [CLS] [SEP] [SEP]; XLM-R's four
 
     def encode(self, queries: Sequence[str], docs: Sequence[str], truncate: bool, side: str,
-               instruction: str | None, names: tuple[str, str]) -> Pairs:
+               instruction: str | None, names: tuple[str, str], max_length: int | None = None) -> Pairs:
         """queries[i] with docs[i], or one query with every document; `names` are the request's fields for
-        them (errors say names[1][i])."""
-        queries = self._capped(queries, truncate, side, names[0])
-        docs = self._capped(docs, truncate, side, names[1])
-        if len(queries) == 1:
+        them. max_length: the tokens a pair may have (vLLM's truncate_prompt_tokens), not the model's; with
+        truncate only."""
+        ones = sent_as_one(queries, single=True), sent_as_one(docs)  # before the lists are copied
+        queries = self._capped(queries, truncate, side, names[0], ones[0])
+        docs = self._capped(docs, truncate, side, names[1], ones[1])
+        broadcast = len(queries) == 1
+        if broadcast:
             queries = queries * len(docs)
+        limit = max_length or self.max_length
         if self.yes_no:
             if instruction is not None and len(instruction) > self.char_cap:  # it is repeated in every pair
                 raise IvyError(Problem.INPUT_TOO_LONG, f"instruction has {len(instruction)} characters; the limit "
                                f"is {self.char_cap}", param="instruction", limit=self.char_cap)
-            return self._prompted(queries, docs, truncate, side, instruction or QWEN3_RERANK_INSTRUCTION, names[1])
-        encoded = self.tokenizer.encode_pairs(list(zip(queries, docs)), self.max_length, side)
+            fixed = len(self.prefix) + len(self.suffix)
+            texts = [f"<Instruct>: {instruction or QWEN3_RERANK_INSTRUCTION}\n<Query>: {q}\n<Document>: {d}"
+                     for q, d in zip(queries, docs)]
+            encoded = self.tokenizer.encode_batch(texts, max(limit - fixed, 1), side)
+            lengths = [enc.original_length + fixed for enc in encoded]
+        else:
+            encoded = self.tokenizer.encode_pairs(list(zip(queries, docs)), limit, side)
+            lengths = [enc.original_length for enc in encoded]
         if not truncate:
             for i, enc in enumerate(encoded):
                 if enc.truncated:
-                    raise too_long_pair(f"{names[1]}[{i}]", enc.original_length, self.max_length)
+                    raise self._too_long(queries[i], docs[i], lengths[i], names, ones, 0 if broadcast else i, i)
+        if self.yes_no:
+            return Pairs([[*self.prefix, *enc.ids, *self.suffix] for enc in encoded], None)
         return Pairs([e.ids for e in encoded], [e.type_ids for e in encoded] if self.types else None)
 
-    def _prompted(self, queries: list[str], docs: list[str], truncate: bool, side: str, instruction: str,
-                  name: str) -> Pairs:
-        fixed = len(self.prefix) + len(self.suffix)
-        texts = [f"<Instruct>: {instruction}\n<Query>: {q}\n<Document>: {d}" for q, d in zip(queries, docs)]
-        encoded = self.tokenizer.encode_batch(texts, max(self.max_length - fixed, 1), side)
-        if not truncate:
-            for i, enc in enumerate(encoded):
-                if enc.truncated:
-                    raise too_long_pair(f"{name}[{i}]", enc.original_length + fixed, self.max_length)
-        return Pairs([[*self.prefix, *enc.ids, *self.suffix] for enc in encoded], None)
+    def _too_long(self, query: str, doc: str, n: int, names: tuple[str, str], ones: tuple[bool, bool],
+                  qi: int, di: int) -> IvyError:
+        """A 422 for a pair of n tokens, naming its text with more tokens (a long query is the query's fault,
+        not every document's); tokenized again only here, on the way out."""
+        nq, nd = self.tokenizer.count_tokens([query, doc])
+        param = _where(names[0], ones[0], qi) if nq > nd else _where(names[1], ones[1], di)
+        return too_long_pair(param, n, self.max_length)
 
-    def _capped(self, texts: Sequence[str], truncate: bool, side: str, name: str) -> list[str]:
+    def _capped(self, texts: Sequence[str], truncate: bool, side: str, name: str, one: bool) -> list[str]:
         """The per-text character cap of every route: cut with truncate=true, else a 422 naming the text."""
         cap, out = self.char_cap, []
         for i, text in enumerate(texts):
             if len(text) > cap:
-                param = f"{name}[{i}]" if len(texts) > 1 else name
+                param = _where(name, one, i)
                 if not truncate:
                     raise IvyError(Problem.INPUT_TOO_LONG, f"{param} has {len(text)} characters; the limit is "
                                    f"{cap} (send truncate=true to cut it)", param=param, limit=cap)

@@ -103,7 +103,8 @@ async def _embed_inputs(request: Request, inputs, deadline: float, *, route: str
 async def encode_inputs(gw, inputs, *, route: str, param: str, truncate: bool | None, side: str,
                         prompt: tuple[str | None, str | None], max_tokens: int | None = None) -> list[list[int]]:
     """Texts (templated by `prompt` = (input_type, prompt_name), tokenized) or token ids (checked) -> the
-    sequences to send, counted in the route's input and token metrics (the caller checks the input count).
+    sequences to send, counted in the route's input and token metrics once the request is answered (a request
+    the replicas fail counts none: metrics.count_usage); the caller checks the input count.
     max_tokens: the length to cut to when truncating (vLLM's truncate_prompt_tokens); None = the model's."""
     truncate = gw.config.truncate if truncate is None else truncate
     if inputs.texts is not None:
@@ -113,8 +114,7 @@ async def encode_inputs(gw, inputs, *, route: str, param: str, truncate: bool | 
     else:
         seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param, flat=inputs.flat,
                                           max_tokens=max_tokens)
-    metrics.INPUTS.labels(route).inc(len(seqs))
-    metrics.TOKENS.labels(route).inc(sum(map(len, seqs)))
+    metrics.count_usage(route, len(seqs), sum(map(len, seqs)))
     return seqs
 
 

@@ -9,6 +9,10 @@ scored by the model itself (ivy.cross_encode). With a multi-vector model (BGE-M3
 chooses cosine or late interaction (MaxSim over the token vectors, ivy.late_interaction); omitted, a model
 that embeds (BGE-M3) scores by cosine as vLLM and text-embeddings-inference do, a multi-vector-only one by
 MaxSim; a mode the model cannot compute is a 422 naming `scoring`.
+vLLM's truncate_prompt_tokens is served as /pooling serves it (ivy.pooling's prompt_truncation): -1 cuts to the
+model's length, k keeps k tokens of each text (its special tokens and prompt included), or of each pair for a
+cross-encoder (ivy.cross_encode's pair_truncation); omitted, `truncate` decides. Metrics count the request's
+texts (queries and documents, whatever the model) and the tokens sent, once answered.
 The priority lane is chosen as for /v1/embeddings (ivy/lanes.py: body `priority`, X-Priority, the key's).
 """
 
@@ -24,10 +28,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ivy import metrics
-from ivy.cross_encode import check_instruction, cross_scores
+from ivy.cross_encode import check_instruction, cross_scores, pair_truncation
 from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
 from ivy.late_interaction import CROSS, MAXSIM, encode_queries_and_documents, maxsim_scores, scoring_of
+from ivy.pooling import prompt_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, SimilarityParameters,
                          SimilarityRequest, TeiRerankRequest, TeiRerankResult, rerank_schema)
@@ -35,30 +40,33 @@ from ivy.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreRespo
 router = APIRouter()
 
 
-async def _embed_pair(request: Request, gw: Gateway, queries: list[str], docs: list[str], *, truncate: bool | None,
-                      side: str, deadline: float, names: tuple[str, str],
-                      lane: str | None = None) -> tuple[np.ndarray, np.ndarray, int]:
-    """Unit vectors for queries and documents (one Gateway.embed call), and the tokens used."""
-    q_seqs, d_seqs = await encode_queries_and_documents(gw, queries, docs, truncate=truncate, side=side, names=names)
-    rows = await unless_disconnected(request, gw.embed(q_seqs + d_seqs, deadline=deadline, normalize=True,
-                                                          lane=lane))
-    return rows[: len(q_seqs)], rows[len(q_seqs):], sum(map(len, q_seqs)) + sum(map(len, d_seqs))
+def _truncation(gw: Gateway, mode: str, value: int | None, truncate: bool | None) -> tuple[bool | None, int | None]:
+    """(truncate, max_tokens) of the request's truncate_prompt_tokens and truncate: per pair for a cross-encoder,
+    per text otherwise (each text tokenized and cut on its own, as vLLM's embedding scoring does)."""
+    if mode == CROSS:
+        return pair_truncation(gw, value, truncate)
+    return prompt_truncation(value, truncate, gw.spec.max_length, gw.tokenizer.num_special, texts=True)
 
 
 async def _scores(request: Request, gw: Gateway, mode: str, queries: list[str], docs: list[str], *,
                   truncate: bool | None, side: str, deadline: float, instruction: str | None,
-                  names: tuple[str, str], lane: str | None) -> tuple[np.ndarray, int]:
+                  names: tuple[str, str], lane: str | None, max_tokens: int | None) -> tuple[np.ndarray, int]:
     """Scores of queries[i] with docs[i], or of the one query with every document, by `mode` (the cross-encoder's,
-    MaxSim or cosine), and the tokens sent."""
+    MaxSim over token vectors (ivy.late_interaction) or the cosine of unit vectors), and the tokens sent.
+    max_tokens: each text's cut, or each pair's for a cross-encoder (_truncation)."""
     if mode == CROSS:
         return await cross_scores(request, gw, queries, docs, truncate=truncate, side=side, deadline=deadline,
-                                  instruction=instruction, names=names, lane=lane)
+                                  instruction=instruction, names=names, lane=lane, max_tokens=max_tokens)
     check_instruction(gw, instruction)
     if mode == MAXSIM:
         return await maxsim_scores(request, gw, queries, docs, truncate=truncate, side=side, deadline=deadline,
-                                   names=names, lane=lane)
-    q, d, tokens = await _embed_pair(request, gw, queries, docs, truncate=truncate, side=side, deadline=deadline,
-                                     names=names, lane=lane)
+                                   names=names, lane=lane, max_tokens=max_tokens)
+    q_seqs, d_seqs = await encode_queries_and_documents(gw, queries, docs, truncate=truncate, side=side, names=names,
+                                                        max_tokens=max_tokens)
+    rows = await unless_disconnected(request, gw.embed(q_seqs + d_seqs, deadline=deadline, normalize=True,
+                                                          lane=lane))
+    q, d = rows[: len(q_seqs)], rows[len(q_seqs):]
+    tokens = sum(map(len, q_seqs)) + sum(map(len, d_seqs))
     return (d @ q[0] if len(q) == 1 else np.einsum("ij,ij->i", q, d)), tokens
 
 
@@ -71,16 +79,16 @@ async def score(request: Request) -> Response:
     gw = gateway_of(request)
     body, deadline, lane = await gw.open_request(request, ScoreRequest)  # outside the cap: a slow body holds no slot
     mode = scoring_of(gw, body.scoring, "/v1/score")
+    truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, body.truncate)
     with gw.admit():
         gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
             raise IvyError(Problem.INVALID_PARAMETER, f"text_1 has {len(body.text_1)} texts; it needs 1 or as many "
                            f"as text_2 ({len(body.text_2)})", param="text_1")
-        scores, tokens = await _scores(request, gw, mode, body.text_1, body.text_2, truncate=body.truncate,
+        scores, tokens = await _scores(request, gw, mode, body.text_1, body.text_2, truncate=truncate,
                                        side=body.truncation_side, deadline=deadline, instruction=body.instruction,
-                                       names=("text_1", "text_2"), lane=lane)
-        inputs = len(scores) if mode == CROSS else len(body.text_1) + len(body.text_2)
-        metrics.INPUTS.labels("/v1/score").inc(inputs)
+                                       names=("text_1", "text_2"), lane=lane, max_tokens=max_tokens)
+        metrics.INPUTS.labels("/v1/score").inc(len(body.text_1) + len(body.text_2))  # texts, pairs or not
         metrics.TOKENS.labels("/v1/score").inc(tokens)
         data = [{"object": "score", "index": i, "score": float(s)} for i, s in enumerate(scores)]
         return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
@@ -117,11 +125,12 @@ async def _rerank(request: Request, schema, route: str) -> Response:
                        "activation applied (a cross-encoder's sigmoid, or cosine)", param="raw_scores")
     mode = scoring_of(gw, None if tei else body.scoring, route)
     instruction = None if tei else body.instruction
+    truncate, max_tokens = _truncation(gw, mode, None if tei else body.truncate_prompt_tokens, body.truncate)
     with gw.admit():
         gw.check_count(len(documents), gw.config.max_inputs_per_request, names[1])
-        scores, tokens = await _scores(request, gw, mode, [body.query], documents, truncate=body.truncate,
+        scores, tokens = await _scores(request, gw, mode, [body.query], documents, truncate=truncate,
                                        side=body.truncation_side, deadline=deadline, instruction=instruction,
-                                       names=names, lane=lane)
+                                       names=names, lane=lane, max_tokens=max_tokens)
         order = np.argsort(-scores, kind="stable")
         metrics.INPUTS.labels(route).inc(1 + len(documents))
         metrics.TOKENS.labels(route).inc(tokens)

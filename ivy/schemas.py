@@ -95,6 +95,9 @@ class ScoreRequest(_Request):
     text_1: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_1"))]
     text_2: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_2"))]
     truncate: bool | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, description="vLLM's: -1 cuts to the model's length, "
+                                               "k keeps k tokens of each text (special tokens included), of each "
+                                               "pair for a cross-encoder; omitted: `truncate`.")
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)
     scoring: Scoring | None = Field(default=None, description=SCORING)
@@ -110,6 +113,9 @@ class RerankRequest(_Request):
                                                       "default) or omitted: every document.")
     return_documents: bool = False
     truncate: bool | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, description="vLLM's: -1 cuts to the model's length, "
+                                               "k keeps k tokens of each text (special tokens included), of each "
+                                               "pair for a cross-encoder; omitted: `truncate`.")
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)
     scoring: Scoring | None = Field(default=None, description=SCORING)

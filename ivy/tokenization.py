@@ -219,10 +219,12 @@ class InputEncoder:
     # ---- (query, document) pairs of a cross-encoder ----
 
     async def encode_pairs(self, queries: Sequence[str], docs: Sequence[str], *, truncate: bool, side: str,
-                           instruction: str | None, names: tuple[str, str]) -> Pairs:
-        """One sequence per pair (ivy.pairs); only for a cross-encoder (self.pairs is set)."""
+                           instruction: str | None, names: tuple[str, str], max_tokens: int | None = None) -> Pairs:
+        """One sequence per pair (ivy.pairs); only for a cross-encoder (self.pairs is set). max_tokens: what a pair
+        is cut to with truncate (vLLM's truncate_prompt_tokens), not the model's length."""
         size = _size(queries, self.inline_chars) + _size(docs, self.inline_chars)
-        return await self._run(self.pairs.encode, queries, docs, truncate, side, instruction, names, size=size)
+        return await self._run(self.pairs.encode, queries, docs, truncate, side, instruction, names, max_tokens,
+                               size=size)
 
     # ---- token ids ----
 
