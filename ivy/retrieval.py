@@ -32,8 +32,9 @@ class Retrieval:
 
     async def sparse(self, seqs: Sequence[Sequence[int]], *, deadline: float, top_k: int = 0,
                      lane: str | None = None) -> list[tuple[list[int], list[float]]]:
-        """(indices, values) per sequence."""
+        """(indices, values) per sequence; top_k 0 = the model's max_active_dims (SPLADE), else every weight."""
         if VOCAB_WEIGHTS in self.names:
+            top_k = top_k or self.gw.spec.retrieval.max_active_dims
             rows = await self.gw.embed(seqs, deadline=deadline, lane=lane, output=VOCAB_WEIGHTS)
             return [sparse_from_row(row, top_k) for row in rows]
         per_seq = _per_sequence(token_weight_spans(seqs, self.excluded), len(seqs))

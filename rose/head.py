@@ -31,8 +31,8 @@ def apply_head(rows: np.ndarray, options: OutputOptions, *, native_int8: bool, d
     """rows: float32 [n, dim] native output. Returns float32 [n, d], int8 [n, d] or uint8 [n, ceil(d/8)]."""
     x = np.asarray(rows, dtype=np.float32)
     if options.dimensions:
-        if options.dimensions > x.shape[1]:
-            raise ValueError(f"dimensions {options.dimensions} exceeds the model's {x.shape[1]}")
+        if not 0 < options.dimensions <= x.shape[1]:
+            raise ValueError(f"dimensions {options.dimensions} is not between 1 and the model's {x.shape[1]}")
         x = x[:, : options.dimensions]
     normalize = default_normalize if options.normalize is None else options.normalize
     if options.encoding == Encoding.INT8:

@@ -43,6 +43,7 @@ class RetrievalHeads:
     splade_pooling: str = "max"  # splade: max | sum over a sequence's tokens
     splade_activation: str = "relu"  # splade: relu | log1p_relu
     colbert_dim: int = 0  # m3: width of colbert_linear's output
+    max_active_dims: int = 0  # splade: config_sentence_transformers.json's, the weights kept per input; 0 = all
 
     @property
     def width(self) -> int:
@@ -92,7 +93,12 @@ def _splade(model_dir: Path, config: dict[str, Any], arch: str, family: str) -> 
         raise ModelFolderError(f"{where}: SpladePooling pooling_strategy={strategy!r} activation_function="
                                f"{activation!r}; ROSE applies max | sum and relu | log1p_relu")
     vocab = int(config["vocab_size"])
-    return RetrievalHeads("splade", (Output(VOCAB_WEIGHTS, 0, vocab, False),), strategy, activation)
+    st_config = model_dir / "config_sentence_transformers.json"
+    top = (_optional_json(st_config) or {}).get("max_active_dims")  # SparseEncoder's default top-k per input
+    if top is not None and (type(top) is not int or top < 1):
+        raise ModelFolderError(f"{st_config}: max_active_dims must be a positive whole number or null, got {top!r}")
+    return RetrievalHeads("splade", (Output(VOCAB_WEIGHTS, 0, vocab, False),), strategy, activation,
+                          max_active_dims=top or 0)
 
 
 def _m3(model_dir: Path, family: str, hidden: int, normalize: bool) -> RetrievalHeads | None:

@@ -233,7 +233,7 @@ class ModelRunner:
     def _copy_back(self, out: torch.Tensor, host: HostMeta, buf: PinnedBuffer):
         """4. The one copy out: the real rows into the pinned buffer, then an event after it (CUDA)."""
         rows = buf.tensor[: self._out_bytes(host)].view(torch.float32).view(host.num_rows, self.dimensions)
-        rows.copy_(out[: host.num_rows], non_blocking=self.on_cuda)
+        rows.copy_(out[: host.num_rows, : self.dimensions], non_blocking=self.on_cuda)  # the served width (truncate_dim)
         if not self.on_cuda:
             return None
         event = buf.done_event()

@@ -62,7 +62,7 @@ class ModelSpec:
     normalize: bool  # the sentence-transformers pipeline (or family default) L2-normalizes
     native_int8: bool  # output is round(127*tanh(x)) (pplx-embed)
     max_length: int
-    dimensions: int
+    dimensions: int  # the width served: the pipeline's, or config_sentence_transformers.json's truncate_dim
     prompts: dict[str, str]
     default_prompt_name: str | None
     chunk_separator: str | None  # text joined between a document's chunks (late chunking)
@@ -196,6 +196,14 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         raise ModelFolderError(f"{model_dir / 'config.json'}: {exc}") from None
 
     st_cfg = _optional_json(model_dir / "config_sentence_transformers.json") or {}
+    width = (1 if head is not None else retrieval.outputs[0].width if retrieval is not None
+             else dense[-1].out_features if dense else int(config["hidden_size"]))
+    truncate_dim = st_cfg.get("truncate_dim")
+    if truncate_dim is not None and head is None and retrieval is None:  # sentence-transformers' Matryoshka default
+        if type(truncate_dim) is not int or not 1 <= truncate_dim <= width:
+            raise ModelFolderError(f"{model_dir / 'config_sentence_transformers.json'}: truncate_dim must be a whole "
+                                   f"number of dimensions between 1 and the model's {width}, got {truncate_dim!r}")
+        width = truncate_dim
     prompts = {str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()}
     if st is not None and not st.include_prompt and any(prompts.values()):
         raise ModelFolderError(f"{model_dir / 'modules.json'}: Pooling with include_prompt=false and prompts "
@@ -211,8 +219,7 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         normalize=normalize,
         native_int8=pplx,
         max_length=max_length,
-        dimensions=1 if head is not None else retrieval.outputs[0].width if retrieval is not None
-        else dense[-1].out_features if dense else int(config["hidden_size"]),
+        dimensions=width,
         prompts=prompts,
         default_prompt_name=st_cfg.get("default_prompt_name"),
         chunk_separator=config.get("chunk_separator"),

@@ -56,6 +56,31 @@ def test_splade_sparse_vectors_with_top_k(folders):
         assert models["tasks"] == ["sparse"]
 
 
+def test_splade_max_active_dims_is_the_default_top_k(folders, tmp_path):
+    """config_sentence_transformers.json's max_active_dims (SparseEncoder keeps that many largest weights per
+    input unless encode() is told otherwise) is the default top_k: all 160-177 weights were answered where
+    SparseEncoder gives 3. A request's top_k still wins."""
+    import json
+    import shutil
+
+    folder = tmp_path / "splade-top3"
+    shutil.copytree(folders["splade"], folder)
+    path = folder / "config_sentence_transformers.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**config, "max_active_dims": 3}))
+    assert load_spec(folder).retrieval.max_active_dims == 3
+    fake, gw = served(folder)
+    with fake, gw as client:
+        rows = np.maximum(fake_rows(ids_of(folder, TEXTS), 256), 0)
+        got = client.post("/embed_sparse", json={"inputs": TEXTS}).json()
+        assert [g["indices"] for g in got] == [sorted(np.argsort(-row)[:3].tolist()) for row in rows]
+        assert len(client.post("/embed_sparse", json={"inputs": TEXTS[0], "top_k": 5}).json()[0]["indices"]) == 5
+    for bad in (0, -1, "3"):
+        path.write_text(json.dumps({**config, "max_active_dims": bad}))
+        with pytest.raises(Exception, match="max_active_dims"):
+            load_spec(folder)
+
+
 def test_bge_m3_token_weights_max_over_repeats(folders):
     fake, gw = served(folders["bge-m3"])
     with fake, gw as client:

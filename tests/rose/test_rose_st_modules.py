@@ -184,3 +184,34 @@ def test_module_order_rose_cannot_follow_is_refused(folders, tmp_path):
     (prompts / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "query: "}}))
     with pytest.raises(ModelFolderError, match="include_prompt"):
         load_spec(prompts)
+
+
+def test_truncate_dim_serves_the_width_sentence_transformers_encodes(folders, tmp_path):
+    """config_sentence_transformers.json's truncate_dim (sentence-transformers' Matryoshka default) is the width
+    served: ST's encode() cuts its vectors there, ROSE did not (16 wide where ST gave 8). ROSE's rows are ST's
+    re-normalized (ST cuts after its Normalize module, so its cut vectors are shorter than 1): the same direction,
+    what a cosine or a dot product of unit vectors reads; a bad value is refused at load, naming it."""
+    from rose.engine import Engine
+
+    name = "st6" if "st6" in folders else "classic"
+    path = tmp_path / "truncated"
+    shutil.copytree(folders[name], path)
+    config_path = path / "config_sentence_transformers.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    config_path.write_text(json.dumps({**config, "truncate_dim": 8}))
+    sequences = seqs(seed=5)
+    model = st.SentenceTransformer(str(path), device="cpu")
+    assert model.truncate_dim == 8
+    ref = model.encode([model.tokenizer.decode(s) for s in sequences[:1]])  # encode() is where ST cuts
+    assert ref.shape == (1, 8)
+    engine = Engine.from_pretrained(path, device="cpu", dtype=torch.float32)
+    assert engine.spec.dimensions == engine.info.dimensions == 8
+    ours = engine.embed(sequences)
+    full = st_rows(path, sequences)  # the pipeline's rows, before encode() cuts them
+    assert ours.shape == (len(sequences), 8)
+    assert cosine(ours, full[:, :8]).min() >= 0.9999
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    for bad in (0, 33, "8", 2.5):
+        config_path.write_text(json.dumps({**config, "truncate_dim": bad}))
+        with pytest.raises(ModelFolderError, match="truncate_dim"):
+            load_spec(path)
