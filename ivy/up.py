@@ -4,11 +4,14 @@ One `tulip serve` per visible GPU (CUDA_VISIBLE_DEVICES set per child, consecuti
 machine; then `ivy serve` pointed at all of them, with the same model. Ready means every Tulip answers
 grpc.health.v1 SERVING and the gateway's /ready is 200 (which also checks the model and tokenizer match).
 Children's output is relayed to stderr with a prefix; if a child exits during startup its last lines are
-printed and `ivy up` exits 1. Ctrl-C or SIGTERM stops the gateway first, then the Tulips (they drain).
+printed and `ivy up` exits 1. Ctrl-C, SIGTERM or SIGHUP stops the gateway first, then the Tulips (they drain),
+and `ivy up` exits 0, ready or not yet, as `tulip serve` does. `--gpus none` runs its Tulip on the CPU whatever
+the environment says. TULIP_FRAMED_PORT is honoured: 0 = no framed stream, N = the first Tulip's (Tulip k's N + k).
 Before anything starts, the model folder is read and every port is checked: a port another stack holds
 would otherwise let `ivy up` report that stack's readiness as its own (exit 1, naming the port).
-Here: UpConfig, the GPU list, the start-up order and the banner; the supervised child process is
-ivy.up_process's, the port checks and readiness probes ivy.up_checks', the warm-cores loops ivy.up_warm_cores'.
+Here: UpConfig, the start-up order and the banner; each Tulip's devices, ports, argv and environment are
+ivy.up_tulips', the supervised child process ivy.up_process's, the port checks and readiness probes
+ivy.up_checks', the warm-cores loops ivy.up_warm_cores'.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from ivy.up_checks import (
     _tulip_serving,
 )
 from ivy.up_process import Child
-from protos.framing import PORT_OFFSET as FRAMED_PORT_OFFSET
+from ivy.up_tulips import (cpu_only, framed_ports, kernel_compile_env, port_variable, tulip_child, tulip_drain_s,
+                           visible_gpus)
 from rose.flags import config_to_env
 from rose.spec import ModelFolderError, load_spec
 
@@ -87,33 +91,6 @@ class UpConfig:
 
 
 
-def visible_gpus(spec: str) -> list[str | None]:
-    """Device ids for CUDA_VISIBLE_DEVICES, one per Tulip; [None] = a single Tulip, device left alone."""
-    spec = spec.strip().lower()
-    if spec in ("none", "cpu"):
-        return [None]
-    if spec != "all":
-        ids = [g.strip() for g in spec.split(",") if g.strip()]
-        if not ids:
-            raise SystemExit("ivy up: --gpus needs all, none or a comma list of device ids")
-        return ids
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        ids = [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
-        return ids or [None]
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return [None]
-    try:
-        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return [None]
-    ids = [line.strip() for line in out.splitlines() if line.strip()]
-    return ids or [None]
-
-
-
 def _resolve_model(config: IvyConfig) -> str:
     if config.model:
         return str(Path(config.model).expanduser().resolve())
@@ -157,6 +134,12 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
             continue  # started under nohup: keep running when the terminal goes
         signal.signal(sig, stop.set)
+    # The TULIP_* ports `ivy up` reads itself (a flag replaces its variable), each checked before anything starts.
+    env_port = port_variable("TULIP_PORT", 1, " (`ivy up` probes each Tulip on its own port)") \
+        if not up.tulip_port else None
+    env_metrics_port = port_variable("TULIP_METRICS_PORT", 0, " (0 = off)") if up.tulip_metrics_port < 0 else None
+    env_framed_port = port_variable("TULIP_FRAMED_PORT", -1, " (-1 = each Tulip's gRPC port + 200, 0 = off)") \
+        if config.framed else None
     try:
         model = _resolve_model(config)
         load_spec(model)  # a missing or unreadable folder: one line now, not a Tulip's traceback later
@@ -168,9 +151,9 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     # One served name for both: Tulip reports it in Info and Ivy checks it, so they must agree.
     name = config.served_model_name or os.environ.get("TULIP_SERVED_MODEL_NAME", "")
     config = replace(config, served_model_name=name)
-    first_port = up.tulip_port or int(os.environ.get("TULIP_PORT") or 50051)
-    metrics_port = up.tulip_metrics_port if up.tulip_metrics_port >= 0 else int(
-        os.environ.get("TULIP_METRICS_PORT") or first_port + 100)
+    first_port = up.tulip_port or env_port or 50051
+    metrics_port = up.tulip_metrics_port if up.tulip_metrics_port >= 0 else \
+        env_metrics_port if env_metrics_port is not None else first_port + 100
     host = _tulip_connect_host()
     devices = [d for d in visible_gpus(up.gpus) for _ in range(max(1, up.tulips_per_gpu))]
     tulips: list[Child] = []
@@ -191,7 +174,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
                         mport, ports[k])
             mports[k] = 0
     # The framed EmbedStream's ports (--framed, on by default): a taken one leaves that replica on gRPC.
-    fports = [p + FRAMED_PORT_OFFSET if config.framed and p + FRAMED_PORT_OFFSET < 65536 else 0 for p in ports]
+    fports = framed_ports(config, ports, env_framed_port)
     tulip_host = os.environ.get("TULIP_HOST", "127.0.0.1")
     for k, fport in enumerate(fports):
         if fport and (fport in ports or fport in mports or fport == config.port or not _port_free(tulip_host, fport)):
@@ -202,24 +185,15 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     warm = up.warm_cores != "off" and up_warm_cores.allowed(up.warm_cores, any(d is not None for d in devices))
     warm_dir = tempfile.mkdtemp(prefix="ivy-up-warm-") if warm else ""  # removed once the counters are open
     counters = [os.path.join(warm_dir, f"tulip{k}.count") if warm else "" for k in range(len(devices))]
+    cpu = cpu_only(up.gpus)
     for k, device in enumerate(devices):
         port, mport = ports[k], mports[k]
-        env = dict(os.environ)
-        if device is not None:
-            env["CUDA_VISIBLE_DEVICES"] = device
-        env.update(compile_env)
-        if counters[k]:  # its launched batches, read by the warm-cores controller (protos/heartbeat.py)
-            env["TULIP_ACTIVITY_FILE"] = counters[k]
-        env.setdefault("TULIP_LOG_FORMAT", config.log_format)  # one format for the whole stack's output
-        argv = [sys.executable, "-m", "tulip", "serve", "--model", model, "--port", str(port)]
-        if config.served_model_name:
-            argv += ["--served-model-name", config.served_model_name]
-        argv += ["--metrics-port", str(mport)]
-        # -1: Tulip binds its gRPC port + 200 itself and, should that be taken since the check, serves gRPC only
-        argv.append("--framed-port=-1" if fports[k] else "--framed-port=0")
+        tulips.append(Child(*tulip_child(model, config, port, metrics_port=mport, framed_port=fports[k],
+                                         framed_fixed=bool(env_framed_port and env_framed_port > 0),
+                                         device=device, cpu=cpu, activity_file=counters[k],
+                                         compile_env=compile_env)))
         if mport:
             metrics_urls.append(f"http://{shown_host}:{mport}/metrics")
-        tulips.append(Child(f"tulip:{port}" + (f" gpu {device}" if device is not None else ""), argv, env))
         addresses.append(f"{host}:{port}")
     gateway_config = replace(config, model=model, replicas=tuple(addresses), replicas_dns="")  # its own Tulips
     ivy_env = {**os.environ, **config_to_env(gateway_config, ENV_PREFIX)}
@@ -253,8 +227,13 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
                 shutdown()
                 return 1
         if stop.is_set():
+            # A stop asked for and carried out exits 0 whichever signal asked and whether ready or not, as
+            # `tulip serve` does on SIGTERM / SIGINT while loading or serving (and the gateway): supervisors
+            # (systemd, Docker, the benchmarks' harness) read a routine stop as a success. Not 128 + signal:
+            # that would mark every stop a failure; failures (a child's exit, a refusal, a timeout) exit 1.
+            print("ivy up: stopping before ready", file=sys.stderr, flush=True)
             shutdown()
-            return 130
+            return 0
         serving |= {a for a in addresses if a not in serving and _tulip_serving(a)}
         if len(serving) == len(addresses):
             ready, mismatch = _ivy_ready(url)
@@ -288,7 +267,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
                 return 1
     print("ivy up: stopping", file=sys.stderr, flush=True)
     shutdown()
-    return 0
+    return 0  # the same rule as a stop before ready (above)
 
 
 def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metrics: list[str]) -> None:
@@ -302,23 +281,3 @@ def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metri
           f"    -d '{{\"model\": \"{name}\", {body}}}'\n"
           f"Metrics: {url}/metrics (gateway)" + "".join(f", {m}" for m in tulip_metrics) + "\n"
           "Press Ctrl-C to stop.", flush=True)
-
-
-def tulip_drain_s(environ=os.environ) -> float:
-    """TULIP_SHUTDOWN_TIMEOUT_S, which reaches the Tulips unchanged: the most their SIGTERM drain takes (0 when
-    unset or unreadable: Tulip's own default, or its refusal, is within `ivy up`'s 60 s floor)."""
-    try:
-        value = float(environ.get("TULIP_SHUTDOWN_TIMEOUT_S") or 0)
-    except ValueError:
-        return 0.0
-    return value if math.isfinite(value) else 0.0
-
-
-def kernel_compile_env(tulips: int, cpus: int | None = None, environ=os.environ) -> dict[str, str]:
-    """The host's cores shared among its Tulips' kernel compile workers (rose/kernel_ahead.py: each Tulip would
-    take up to 8 of cpus - 1 at a fresh start): the variable for each Tulip, none for one Tulip or when it is set."""
-    from rose.kernel_ahead import WORKERS_ENV, default_workers  # torch-free
-
-    if tulips <= 1 or WORKERS_ENV in environ:
-        return {}
-    return {WORKERS_ENV: str(default_workers(cpus, tulips))}
