@@ -1,7 +1,9 @@
 """`ivy index INPUT OUTPUT`: flags from IndexConfig (IVY_INDEX_* variables too), the job, the summary.
 
-Exit status: 0 when the whole input is in OUTPUT (embedded or in rejects.jsonl), 1 when the job stopped
-(a fatal server error, --fail-fast); the committed shards stay and `--resume` continues from them.
+Exit status: 0 when the whole input is in OUTPUT (embedded or in rejects.jsonl), 1 when the job could not start
+(server unreachable, an option refused) or stopped (a fatal server error, --fail-fast), 130 on Ctrl-C; the
+committed shards stay and `--resume` continues from them. A resumed run's summary.json counts the whole output;
+resuming a complete one leaves it as it is.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def add_parser(commands) -> None:
         description="Embed a corpus through a deployed server (--url) or in-process (--model DIR) into a folder of "
                     "Parquet shards (id, embedding), resumable with --resume after a kill. Every flag is also an "
                     f"environment variable ({ENV_PREFIX}_<FLAG>); flags win.")
-    index.add_argument("input", metavar="INPUT", help="a .jsonl, .csv/.tsv or .parquet file, or a folder of text files")
+    index.add_argument("input", metavar="INPUT",
+                       help="a .jsonl, .json (an array), .csv/.tsv or .parquet file, or a folder of text files")
     index.add_argument("output", metavar="OUTPUT", help="the folder of shards (created; --resume to continue one)")
     add_config_arguments(index, IndexConfig, ENV_PREFIX)
 
@@ -57,17 +60,24 @@ def run_index(args: argparse.Namespace) -> int:
     source = Path(args.input)
     if not source.exists():
         raise SystemExit(f"ivy index: {source} does not exist")
-    embedder = None
+    embedder = job = None
     try:
         embedder = make_embedder(config)
         job = Job(config, source, Path(args.output), embedder)
         progress = job.run()
     except FatalError as exc:
-        print(f"ivy index: stopped: {exc}; committed shards are kept, --resume continues", file=sys.stderr)
+        print(f"ivy index: {exc}" if job is None else  # before any shard: nothing to resume
+              f"ivy index: stopped: {exc}; committed shards are kept, --resume continues", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("ivy index: interrupted" + ("; committed shards are kept, --resume continues" if job else ""),
+              file=sys.stderr)
+        return 130
     finally:
         if embedder is not None:
-            embedder.close()
+            embedder.close()  # also stops workers still retrying, so the interpreter's exit need not wait
+    if progress is None:  # complete already: its summary.json stays as the run that finished it wrote it
+        return 0
     summary = progress.summary(config.gpu_hour_price, config.gpus)
     print_summary(summary)
     (Path(args.output) / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -4,17 +4,24 @@ server closed an idle connection). Float rows travel as base64 float32 (the same
 quarter of the bytes).
 
 Errors: a 400/413/422 is about what the batch carries (`RowError`, with the input index when the server names
-it as `input[i]`); 408, 429, 5xx and broken connections are retried with backoff (Retry-After honoured);
-anything else (401, 404) stops the job.
+it as `input[i]`); 408, 429, 5xx and broken or refused connections are retried `retries` times, GET /v1/models
+at the start too (a server down is "could not reach", not "no model"); anything else (401, 404) stops the job.
+Each wait is the longer of the backoff (0.5 s doubling, at most 30 s) and the server's Retry-After (seconds,
+fractions too, or an HTTP-date; at most MAX_RETRY_AFTER_S): never sooner than the server asked, and a short
+Retry-After (Ivy's 1-2 s while no replica serves) cannot spend the retries faster than the backoff would.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
+import math
 import re
 import threading
 import time
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 
 import numpy as np
 
@@ -23,6 +30,11 @@ from ivy.http_connection import Connection, HTTPError, Response
 WIRE = {"float": ("base64", "<f4"), "base64_int8": ("base64_int8", np.int8), "base64_binary": ("base64_binary",
                                                                                                   np.uint8)}
 _INPUT_PARAM = re.compile(r"^input\[(\d+)\]")
+# A wait longer than this is taken as this: a batch job's retries should end in a clear error (and --resume)
+# within `retries` x 5 min, not park unattended for the day a wild Retry-After (or a skewed clock's date) asks;
+# a rate-limit window or a rolling restart fits well under it. (Ivy caps its own estimate at 3600 s.)
+MAX_RETRY_AFTER_S = 300.0
+log = logging.getLogger("ivy.index")
 
 
 class RowError(Exception):
@@ -43,6 +55,23 @@ class _Retry(Exception):
         self.after_s = after_s
 
 
+def retry_after_s(value: str | None) -> float | None:
+    """Retry-After as seconds from now (delay-seconds, fractions too, or an HTTP-date; a past date is 0), at most
+    MAX_RETRY_AFTER_S; None when absent, negative, not finite or unreadable."""
+    if not value or not value.strip():
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        when = when if when.tzinfo else when.replace(tzinfo=UTC)  # HTTP-dates are GMT
+        seconds = max(0.0, when.timestamp() - time.time())
+    return min(seconds, MAX_RETRY_AFTER_S) if math.isfinite(seconds) and seconds >= 0 else None
+
+
 def _error_message(body: bytes) -> tuple[str, str | None]:
     try:
         error = json.loads(body).get("error") or {}
@@ -60,6 +89,7 @@ class HttpEmbedder:
             self._headers["authorization"] = f"Bearer {api_key}"
         self._local = threading.local()
         self._all: list[Connection] = []  # every thread's, closed together
+        self._stop = threading.Event()  # set by close(): workers still retrying give up (Ctrl-C exits promptly)
         self._wire, self._dtype = WIRE[encoding]
         card = self._model_card(model_name)
         self.model_name = model_name or card.get("id", "")
@@ -82,13 +112,38 @@ class HttpEmbedder:
         try:
             return self._conn().request(method, path, body)
         except HTTPError as exc:  # refused, reset, timed out: the server's reasons, retried
-            raise _Retry(str(exc)) from None
+            raise _Retry(f"could not reach {self._url} ({exc})") from None
+
+    def _retrying(self, what: str, call):
+        for attempt in range(self.retries + 1):
+            if self._stop.is_set():
+                raise FatalError(f"{what}: closed")
+            try:
+                return call()
+            except _Retry as exc:
+                if attempt == self.retries:
+                    raise FatalError(f"{what} failed {attempt + 1} times; last: {exc}") from None
+                wait = max(min(30.0, 0.5 * 2 ** attempt), exc.after_s or 0.0)
+                if wait >= 30:  # a long silence should not look like a hang
+                    log.warning("%s: %s; retrying in %.0f s", what, exc, wait)
+                self._wait(wait)
+        raise AssertionError("unreachable")
+
+    def _wait(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise FatalError("closed while waiting to retry")
 
     def _model_card(self, wanted: str) -> dict:
-        try:
+        def listing() -> Response:
             answer = self._request("GET", "/v1/models")
+            if answer.status_code not in (200, 404, 405):  # 404/405: a server that lists none (--model-name)
+                self._raise_for(answer, "GET /v1/models")
+            return answer
+
+        answer = self._retrying("GET /v1/models", listing)
+        try:
             entries = (json.loads(answer.content).get("data") or []) if answer.status_code == 200 else []
-        except (_Retry, ValueError, AttributeError):
+        except (ValueError, AttributeError):
             entries = []
         entries = [e for e in entries if isinstance(e, dict)]
         return next((e for e in entries if e.get("id") == wanted), entries[0] if entries and not wanted else {})
@@ -96,14 +151,16 @@ class HttpEmbedder:
     def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
         body = json.dumps({"model": self.model_name, "input": texts, "encoding_format": self._wire,
                            **self._options}).encode()
-        for attempt in range(self.retries + 1):
-            try:
-                return self._post(body, len(texts))
-            except _Retry as exc:
-                if attempt == self.retries:
-                    raise FatalError(f"POST /v1/embeddings failed {attempt + 1} times; last: {exc}") from None
-                time.sleep(exc.after_s if exc.after_s is not None else min(30.0, 0.5 * 2 ** attempt))
-        raise AssertionError("unreachable")
+        return self._retrying("POST /v1/embeddings", lambda: self._post(body, len(texts)))
+
+    @staticmethod
+    def _raise_for(answer: Response, what: str) -> None:
+        """_Retry for the server's passing trouble (408, 429, 5xx), FatalError for the rest."""
+        status = answer.status_code
+        message, _ = _error_message(answer.content)
+        if status in (408, 429) or status >= 500:
+            raise _Retry(f"{status}: {message}", retry_after_s(answer.headers.get("retry-after")))
+        raise FatalError(f"{what} -> {status}: {message}")
 
     def _post(self, body: bytes, n: int) -> tuple[np.ndarray, int]:
         answer = self._request("POST", "/v1/embeddings", body)
@@ -115,10 +172,7 @@ class HttpEmbedder:
                     param = None
                 match = _INPUT_PARAM.match(param or "")
                 raise RowError(message, int(match.group(1)) if match else None, param)
-            if status in (408, 429) or status >= 500:
-                after = answer.headers.get("retry-after")
-                raise _Retry(f"{status}: {message}", float(after) if after and after.isdigit() else None)
-            raise FatalError(f"POST /v1/embeddings -> {status}: {message}")
+            self._raise_for(answer, "POST /v1/embeddings")
         out = json.loads(answer.content)
         data = sorted(out.get("data") or [], key=lambda d: d.get("index", 0))
         if len(data) != n:
@@ -132,5 +186,6 @@ class HttpEmbedder:
         return np.asarray(value, dtype=np.float32)  # a server that ignored base64 and sent floats
 
     def close(self) -> None:
+        self._stop.set()
         for conn in self._all:
             conn.close()

@@ -9,7 +9,7 @@ from rose.log_format import FORMATS as LOG_FORMATS
 
 ENV_PREFIX = "IVY_INDEX"
 ENCODINGS = ("float", "base64_int8", "base64_binary")
-FORMATS = ("auto", "jsonl", "csv", "parquet", "text")
+FORMATS = ("auto", "jsonl", "json", "csv", "parquet", "text")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -26,7 +26,8 @@ class IndexConfig:
     model_name: str = field(default="", metadata=_help(
         "`model` sent to --url; empty = the first model its GET /v1/models lists."))
     format: str = field(default="auto", metadata=_help(
-        "Input format: auto (by extension; a folder = text files), jsonl, csv, parquet or text."))
+        "Input format: auto (by extension; a folder = text files; a .json file = json when it starts with '[', "
+        "else jsonl), jsonl, json (one array of records, read whole), csv, parquet or text."))
     id_field: str = field(default="id", metadata=_help(
         "Field (column) holding each document's id; absent = line/row number, or the file's relative path."))
     text_field: str = field(default="text", metadata=_help("Field (column) holding each document's text."))

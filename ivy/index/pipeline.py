@@ -2,9 +2,10 @@
 
 Window k is positions [k*W, (k+1)*W) of the input, whatever happened before: a resumed run starts reading at
 the first uncommitted window and forms the same windows, sorts them the same way and writes the same shards,
-so every input id ends up exactly once in the output (or in rejects.jsonl). Batches of up to two windows are
-in flight at once (bounded by a semaphore), so the replicas stay busy across a window's boundary while
-memory holds at most a few windows, however large the input. Windows are committed in order.
+so every input id ends up exactly once in the output (or in rejects.jsonl, as is a repeat of an earlier id).
+Batches of up to two windows are in flight at once (bounded by a semaphore), so the replicas stay busy across a
+window's boundary while memory holds at most a few windows, however large the input. Windows are committed in
+order.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ivy.index.client import FatalError, RowError
 from ivy.index.config import IndexConfig
 from ivy.index.progress import Progress
 from ivy.index.sink import Layout, Sink
-from ivy.index.sources import Doc, count_docs, detect_format, read_docs
+from ivy.index.sources import Doc, count_docs, detect_format, fingerprint, read_docs, unique_ids
 
 log = logging.getLogger("ivy.index")
 _INPUT_REF = re.compile(r"\binput\[\d+\]")
@@ -103,31 +104,35 @@ class Job:
     def __init__(self, config: IndexConfig, input_path: Path, output: Path, embedder) -> None:
         self.config, self.embedder = config, embedder
         self.input, self.fmt = input_path, detect_format(input_path, config.format)
-        probe, _ = embedder.embed([_PROBE])  # the width, and the server's answer to our options, up front
+        try:  # the width, and the server's answer to our options, up front
+            probe, _ = embedder.embed([_PROBE])
+        except RowError as exc:  # one short text: what is refused is an option
+            raise FatalError(f"the server refused this job's options: {exc}") from None
         width = int(probe.shape[1])
         dims = width if config.encoding != "base64_binary" else (
             config.dimensions or embedder.card_dimensions or 8 * width)
         self.layout = Layout(embedder.model_name, dims, config.encoding)
         identity = {"input": str(input_path.resolve()), "format": self.fmt, "model": embedder.model_name,
-                    "input_bytes": input_path.stat().st_size if input_path.is_file() else None,
-                    "options": config.options(), "dimensions": dims}
+                    **fingerprint(input_path), "options": config.options(), "dimensions": dims}
         self.sink = Sink(output, identity, config.resume)
         self.extra = {"normalize": str(config.normalize), "truncate": str(config.truncate).lower(),
                       "input_type": config.input_type, "prompt_name": config.prompt_name}
 
-    def run(self) -> Progress:
+    def run(self) -> Progress | None:
+        """This run's progress and the output's totals; None when the output was complete already."""
         c, sink = self.config, self.sink
-        start = sink.next_window * c.sort_window
-        progress = Progress(c.progress, count_docs(self.input, self.fmt), start, c.log_interval_s)
         if sink.complete:
             log.info("%s is complete already; nothing to do", sink.folder)
-            progress.close()
-            return progress
+            sink.close()
+            return None
+        start = sink.next_window * c.sort_window
+        progress = Progress(c.progress, count_docs(self.input, self.fmt), start, c.log_interval_s, sink.totals())
         slots = threading.BoundedSemaphore(2 * c.concurrency)
         pool = ThreadPoolExecutor(c.concurrency, thread_name_prefix="ivy-index")
         pending: deque[Window] = deque()
         try:
-            docs = read_docs(self.input, self.fmt, c.id_field, c.text_field, start)
+            seen = set(sink.committed_ids())  # a repeat of an id committed before the kill is one too
+            docs = unique_ids(read_docs(self.input, self.fmt, c.id_field, c.text_field, start), seen)
             for window in windows(docs, c.sort_window, sink.next_window):
                 self._submit(window, pool, slots)
                 pending.append(window)

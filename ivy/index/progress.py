@@ -1,7 +1,8 @@
 """Progress: a tqdm bar (documents/s, tokens/s, ETA) on a terminal, plain log lines elsewhere, and the summary.
 
-Counts only what is committed or rejected in this run; a resumed run starts its rates at zero and its bar at
-the documents already committed.
+Rates count only what is committed or rejected in this run; a resumed run starts them at zero and its bar at
+the documents already committed. The summary's documents, rejects and tokens are the whole output's: what the
+manifest held when this run started plus this run's (`this_run`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ class Totals:
 
 
 class Progress:
-    def __init__(self, mode: str, total: int | None, done: int, interval_s: float) -> None:
+    def __init__(self, mode: str, total: int | None, done: int, interval_s: float,
+                 earlier: tuple[int, int, int] = (0, 0, 0)) -> None:
         if mode == "auto":
             mode = "bar" if sys.stderr.isatty() else "log"
         self.mode, self.total, self.done, self.interval_s = mode, total, done, interval_s
-        self.run = Totals()
+        self.run, self.earlier = Totals(), Totals(*earlier)
         self.start = self._last = time.monotonic()
         self._bar = None
         if mode == "bar":
@@ -61,16 +63,23 @@ class Progress:
     def summary(self, gpu_hour_price: float, gpus: int) -> dict:
         wall, dps, tps = self.rates()
         cost = gpu_hour_price * gpus * wall / 3600
-        return {"documents": self.run.docs, "rejected": self.run.rejects, "tokens": self.run.tokens,
+        run, earlier = self.run, self.earlier
+        return {"documents": earlier.docs + run.docs, "rejected": earlier.rejects + run.rejects,
+                "tokens": earlier.tokens + run.tokens,
+                "this_run": {"documents": run.docs, "rejected": run.rejects, "tokens": run.tokens},
                 "wall_s": round(wall, 3), "documents_per_s": round(dps, 1), "tokens_per_s": round(tps, 1),
-                "usd_per_million_tokens": round(cost / self.run.tokens * 1e6, 4) if self.run.tokens else None,
+                "usd_per_million_tokens": round(cost / run.tokens * 1e6, 4) if run.tokens else None,
                 "gpu_hour_price": gpu_hour_price, "gpus": gpus}
 
 
-def print_summary(summary: dict, out=sys.stderr) -> None:
-    cost = summary["usd_per_million_tokens"]
+def print_summary(summary: dict, out=None) -> None:
+    cost, run = summary["usd_per_million_tokens"], summary["this_run"]
+    resumed = run["documents"] + run["rejected"] != summary["documents"] + summary["rejected"]
     print(f"ivy index: {summary['documents']:,} documents embedded, {summary['rejected']:,} rejected, "
-          f"{summary['tokens']:,} tokens in {summary['wall_s']:.1f} s ({summary['documents_per_s']:,.0f} docs/s, "
+          f"{summary['tokens']:,} tokens"
+          + (f"; this run: {run['documents']:,} documents, {run['rejected']:,} rejected, {run['tokens']:,} tokens"
+             if resumed else "")
+          + f" in {summary['wall_s']:.1f} s ({summary['documents_per_s']:,.0f} docs/s, "
           f"{summary['tokens_per_s']:,.0f} tokens/s)"
           + (f"; ${cost:.4f} per million tokens at ${summary['gpu_hour_price']:g}/GPU-hour x {summary['gpus']}"
-             if cost is not None else ""), file=out, flush=True)
+             if cost is not None else ""), file=out or sys.stderr, flush=True)  # the current stderr, not import's

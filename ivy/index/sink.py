@@ -76,6 +76,9 @@ class Sink:
             self.manifest = json.loads(path.read_text())
             if self.manifest["identity"] != identity:
                 changed = sorted(k for k in identity if identity[k] != self.manifest["identity"].get(k))
+                if {"input_bytes", "input_listing"} & set(changed):  # its windows would be other documents
+                    raise SystemExit(f"ivy index: cannot resume {folder}: INPUT changed since its run (a file's "
+                                     "size, a folder's file names or sizes); choose another OUTPUT")
                 raise SystemExit(f"ivy index: cannot resume {folder}: {', '.join(changed)} differ from its run")
             self._clean()
         else:
@@ -104,6 +107,19 @@ class Sink:
     @property
     def complete(self) -> bool:
         return self.manifest["complete"]
+
+    def totals(self) -> tuple[int, int, int]:
+        """(documents, rejects, tokens) the committed shards hold."""
+        shards = self.manifest["shards"]
+        return tuple(sum(s[k] for s in shards) for k in ("rows", "rejects", "tokens"))
+
+    def committed_ids(self):
+        """Every id the committed windows hold, in their shards or rejects.jsonl."""
+        for shard in self.manifest["shards"]:
+            yield from pq.read_table(self.folder / shard["file"], columns=["id"]).column("id").to_pylist()
+        with open(self.folder / REJECTS, "rb") as f:
+            for line in f:
+                yield json.loads(line)["id"]
 
     def commit(self, window: int, first: int, end: int, table: pa.Table, rejects: list[dict],
                tokens: int) -> None:

@@ -2,13 +2,15 @@
 
 A document's position (0, 1, 2, ... over the documents, blank JSONL lines skipped) decides its window, so it
 must not depend on anything but the input. Ids come from `--id-field`, else from the line number (JSONL:
-the file's line, CSV: the data row, Parquet: the row, all from 1) or the file's path relative to the folder.
-A document that cannot be read keeps its position and carries `reason` instead of a text (rejects.jsonl).
+the file's line, a JSON array: the element, CSV: the data row, Parquet: the row, all from 1) or the file's path
+relative to the folder. A document that cannot be read keeps its position and carries `reason` instead of a
+text (rejects.jsonl); so does one whose id an earlier document has (`unique_ids`).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import sys
 from dataclasses import dataclass
@@ -33,7 +35,10 @@ def detect_format(path: Path, fmt: str = "auto") -> str:
     if path.is_dir():
         return "text"
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
+    if suffix == ".json":  # one array of records, or JSON Lines under another name
+        with open(path, "rb") as f:
+            return "json" if f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[") else "jsonl"
+    if suffix in (".jsonl", ".ndjson"):
         return "jsonl"
     if suffix in (".csv", ".tsv"):
         return "csv"
@@ -51,6 +56,17 @@ def _make(pos: int, record_id: Any, fallback: str, text: Any) -> Doc:
     if not text.strip():
         return Doc(pos, doc_id, None, "empty text")
     return Doc(pos, doc_id, text)
+
+
+def _record(pos: int, record: Any, fallback: str, id_field: str, text_field: str, what: str) -> Doc:
+    if not isinstance(record, dict):
+        return Doc(pos, fallback, None, f"{what} is not a JSON object")
+    doc = _make(pos, record.get(id_field), fallback, record.get(text_field))
+    if _has_surrogates(doc.id):  # "\ud800" is valid JSON but no UTF-8: neither a shard nor a server takes it
+        return Doc(doc.pos, fallback, None, "id holds a lone surrogate escape (not valid Unicode)")
+    if doc.text is not None and _has_surrogates(doc.text):
+        return Doc(doc.pos, doc.id, None, "text holds a lone surrogate escape (not valid Unicode)")
+    return doc
 
 
 def _jsonl(path: Path, id_field: str, text_field: str, start: int) -> Iterator[Doc]:
@@ -71,15 +87,20 @@ def _jsonl(path: Path, id_field: str, text_field: str, start: int) -> Iterator[D
             except ValueError as exc:
                 yield Doc(pos - 1, fallback, None, f"line is not JSON: {exc.msg}")
                 continue
-            if not isinstance(record, dict):
-                yield Doc(pos - 1, fallback, None, "line is not a JSON object")
-                continue
-            doc = _make(pos - 1, record.get(id_field), fallback, record.get(text_field))
-            if _has_surrogates(doc.id):  # "\ud800" is valid JSON but no UTF-8: neither a shard nor a server takes it
-                doc = Doc(doc.pos, fallback, None, "id holds a lone surrogate escape (not valid Unicode)")
-            elif doc.text is not None and _has_surrogates(doc.text):
-                doc = Doc(doc.pos, doc.id, None, "text holds a lone surrogate escape (not valid Unicode)")
-            yield doc
+            yield _record(pos - 1, record, fallback, id_field, text_field, "line")
+
+
+def _json_array(path: Path, id_field: str, text_field: str, start: int) -> Iterator[Doc]:
+    """A file holding one JSON array of records: parsed whole (the stdlib cannot stream an array), so its
+    memory is the file's a few times over; JSON Lines stream."""
+    try:
+        records = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SystemExit(f"ivy index: {path} is not valid JSON: {exc}") from None
+    if not isinstance(records, list):
+        raise SystemExit(f"ivy index: {path} holds a JSON {type(records).__name__}, not an array of records")
+    for pos in range(start, len(records)):
+        yield _record(pos, records[pos], str(pos + 1), id_field, text_field, "element")
 
 
 def _has_surrogates(value: str) -> bool:
@@ -95,8 +116,10 @@ def _csv(path: Path, id_field: str, text_field: str, start: int) -> Iterator[Doc
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     # surrogateescape: a row with bad bytes is read (and rejected) instead of failing the whole file
     # utf-8-sig: a byte order mark (Excel's "CSV UTF-8") is not part of the first column's name
+    # TSV has no quoting: a line is a record and a `"` is text (quoting made an unclosed one swallow the rest)
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter)
+        reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
         header = next(reader, None) or []
         if text_field not in header:
             raise SystemExit(f"ivy index: {path} has no column {text_field!r} (columns: {', '.join(header)})")
@@ -144,6 +167,17 @@ def text_files(folder: Path) -> Iterator[Path]:
             yield path
 
 
+def fingerprint(path: Path) -> dict:
+    """What a resumed run checks its input against: a file's size, or a hash of a folder's listing (each file's
+    relative path and size), since a file added or removed shifts every later file's position."""
+    if path.is_file():
+        return {"input_bytes": path.stat().st_size}
+    digest = hashlib.sha256()
+    for file in text_files(path):
+        digest.update(f"{file.relative_to(path).as_posix()}\0{file.stat().st_size}\n".encode(errors="surrogateescape"))
+    return {"input_bytes": None, "input_listing": digest.hexdigest()}
+
+
 def _folder(folder: Path, start: int) -> Iterator[Doc]:
     for pos, path in enumerate(islice(text_files(folder), start, None), start):
         doc_id = path.relative_to(folder).as_posix()
@@ -162,6 +196,8 @@ def read_docs(path: Path, fmt: str, id_field: str, text_field: str, start: int =
     """The documents from position `start` on."""
     if fmt == "jsonl":
         return _jsonl(path, id_field, text_field, start)
+    if fmt == "json":
+        return _json_array(path, id_field, text_field, start)
     if fmt == "csv":
         return _csv(path, id_field, text_field, start)
     if fmt == "parquet":
@@ -170,7 +206,7 @@ def read_docs(path: Path, fmt: str, id_field: str, text_field: str, start: int =
 
 
 def count_docs(path: Path, fmt: str) -> int | None:
-    """How many documents there are (for the ETA), cheaply; None when only a full parse could tell (CSV)."""
+    """How many documents there are (for the ETA), cheaply; None when only a full parse could tell (CSV, JSON)."""
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -181,3 +217,15 @@ def count_docs(path: Path, fmt: str) -> int | None:
     if fmt == "text":
         return sum(1 for _ in text_files(path))
     return None
+
+
+def unique_ids(docs: Iterator[Doc], seen: set[str]) -> Iterator[Doc]:
+    """Each id once in the output: a document whose id an earlier one has (given, or the line number standing in
+    for a missing id) is rejected like an unreadable one. `seen` holds every id so far, the committed windows'
+    included on a resume: about 100 bytes an id, so ~1 GB for 10 million documents."""
+    for doc in docs:
+        if doc.id in seen:
+            yield Doc(doc.pos, doc.id, None, "id already used by an earlier document (embedded or rejected)")
+        else:
+            seen.add(doc.id)
+            yield doc

@@ -279,3 +279,12 @@ def test_a_byte_order_mark_is_not_part_of_the_first_field(tmp_path: Path) -> Non
     (tmp_path / "b.jsonl").write_bytes(b'\xef\xbb\xbf{"id": "x", "text": "one"}\n{"id": "y", "text": "two"}\n')
     assert [(d.id, d.text) for d in read_docs(tmp_path / "b.jsonl", "jsonl", "id", "text")] == [
         ("x", "one"), ("y", "two")]
+
+
+def test_an_option_the_gateway_refuses_is_one_line(url, tmp_path: Path, capsys) -> None:
+    """--dimensions over the model's width: the width probe's RowError escaped as a traceback."""
+    base, _ = url
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": TEXTS[0]}])
+    assert index(src, tmp_path / "out", "--url", base, "--dimensions", 9999) == 1
+    err = capsys.readouterr().err.strip()
+    assert "refused this job's options" in err and "dimensions" in err and "Traceback" not in err, err
