@@ -22,8 +22,9 @@ descriptor. `ivy serve` runs these subclasses of uvicorn's protocols instead (RE
   probe-reserve connection's answer must be read whole within PROBE_FLUSH_S of its end. 30 stalled readers of
   2048-input answers held +382 MiB in one worker, indefinitely, before (RELIABILITY 40).
 
-Bytes are counted only between requests (no request of this connection in progress), where every byte
-received is part of the next request's line or headers, so the count is exact and the hot path pays two
+Bytes are counted between requests (no request of this connection in progress), where every byte received
+is part of the next request's line or headers, and behind a request in progress whose body is whole (the next,
+pipelined request's), so the count is exact but for the one read that ends a body; the hot path pays a few
 attribute checks per read. An answer given before its body was read (a bad header, a body over the cap) leaves
 the rest of that body to come: uvicorn discards it, and it is not the next request's headers. It is drained
 up to the body cap and within the body read timeout (--body-read-timeout-s: a client may take that long to send a
@@ -160,8 +161,13 @@ class _Limits:
         cycle = self.cycle
         between = cycle is None or cycle.response_complete  # these bytes begin or continue the next request
         draining = between and not self._body_received()  # ... or end the body of one answered early
+        behind = not between and self._body_received()  # ... or, sent behind one in progress, begin the next
         super().data_received(data)
-        if not between or self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if not between:
+            if behind:
+                self._count_behind(cycle, len(data))
             return
         if self.cycle is not cycle:  # its headers are complete: a new request has started
             self._header_bytes = self._drained = 0
@@ -190,6 +196,25 @@ class _Limits:
         elif self._header_timer is None:  # the drain of a body answered early has the body's time (RELIABILITY 44)
             wait = LIMITS.drain_timeout_s if draining else LIMITS.header_timeout_s
             self._header_timer = self.loop.call_later(wait, self._header_timeout, cycle)
+
+    def _count_behind(self, cycle, size: int) -> None:
+        """Bytes that arrived while a request whose body is whole is in progress: the next (pipelined) request's
+        line and headers, which httptools reads on until they are complete. Counted and timed as between
+        requests (uncounted, 100 MiB of one header were read behind a slow request: +140 MiB, the loop held
+        6.7 s); over the cap or the time, the connection is dropped, as no answer can be written in the middle
+        of the one in progress. The chunk that ends a body and begins the next headers is not counted: at
+        most one read's worth escapes the count."""
+        if self.cycle is not cycle:  # its headers are complete: uvicorn queued it and stopped reading
+            self._header_bytes = 0
+            self._cancel_header_timer()
+            return
+        self._header_bytes += size
+        if self._header_bytes > LIMITS.max_header_bytes:
+            metrics.CONNECTIONS_REFUSED.labels("header_too_large").inc()
+            self._cancel_header_timer()
+            self.transport.abort()
+        elif self._header_timer is None:
+            self._header_timer = self.loop.call_later(LIMITS.header_timeout_s, self._header_timeout, cycle)
 
     def _body_received(self) -> bool:
         """The current request's body has arrived whole (or there is no request yet)."""
@@ -238,6 +263,10 @@ class _Limits:
             metrics.CONNECTIONS_REFUSED.labels("drain_timeout").inc()  # the rest of a body answered early
             self.transport.close()
         elif self.cycle is cycle and not self.transport.is_closing():  # still no new request: headers incomplete
+            if cycle is not None and not cycle.response_complete:  # trickled behind one in progress: no answer
+                metrics.CONNECTIONS_REFUSED.labels("header_timeout").inc()  # can go in the middle of its own
+                self.transport.abort()
+                return
             self._refuse(Problem.HEADER_TIMEOUT, f"the request headers did not arrive within "
                          f"{LIMITS.header_timeout_s:g} s", "header_timeout")
 

@@ -216,3 +216,27 @@ def test_a_slow_upload_answered_early_is_drained_within_the_body_timeout() -> No
             assert closing_reply(s, 10) == b"", "a second answer, or the connection was kept"
             assert 4 < time.monotonic() - started < 8
         assert embed_once(port)[0] == 200
+
+
+def test_headers_sent_behind_a_request_in_progress_are_capped_too() -> None:
+    """RELIABILITY 26: the header cap and timer counted only bytes sent between requests, so the next request's
+    headers sent while one was in progress (pipelining, a slow replica) were read without limit: 100 MiB of one
+    header was taken whole, the worker grew 140 MiB and its loop stalled 6.7 s. The sender is cut off after the
+    cap however the bytes arrive; others are served meanwhile."""
+    with FakeTulip(delay_s=60.0) as fake, ivy_process(IVY_REPLICAS=fake.address) as port:
+        attacker = socket.create_connection(("127.0.0.1", port))
+        attacker.sendall(raw_post(json.dumps({"input": "hello"}).encode()))
+        time.sleep(0.5)  # read by then, and held at the replica for its 60 s: a request in progress
+        sent, started = 0, time.monotonic()
+        try:
+            attacker.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            while sent < 32 * 2**20 and time.monotonic() - started < 20:
+                attacker.sendall(b"a" * 65536)
+                sent += 65536
+        except OSError:  # reset by the server, or it stopped reading
+            pass
+        attacker.close()
+        fake.delay_s = 0.0  # the replica answers again: the worker serves the next client
+        status, _ = embed_once(port)
+    assert sent < 16 * 2**20, f"the server read {sent / 2**20:.0f} MiB of headers behind a request in progress"
+    assert status == 200
