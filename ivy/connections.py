@@ -99,6 +99,11 @@ def _raw_response(problem: Problem, message: str) -> bytes:
     return head.encode() + body
 
 
+def _expects_100(cycle) -> bool:
+    return cycle is not None and (b"expect", b"100-continue") in (
+        (name.lower(), value.lower()) for name, value in cycle.scope.get("headers", ()))
+
+
 class _Limits:
     """Mixed in ahead of uvicorn's H11Protocol or HttpToolsProtocol, whose attributes it uses: connections,
     cycle (a new one per request whose headers are complete), transport, loop and the keep-alive timer."""
@@ -133,6 +138,12 @@ class _Limits:
             elif LIMITS.send_timeout_s:
                 self._watch_send(unsent)
         if self.transport.is_closing() or not (self.cycle is None or self.cycle.response_complete):
+            return
+        if not self._body_received() and _expects_100(self.cycle):
+            # answered before its body came, the client waiting for a 100 (uvicorn sends one only when the app reads
+            # the body): it sends no body (RFC 9110 10.1.1) and may send its next request, which would be read as
+            # that body, unanswered: closed instead, so it sends that request on a new connection
+            self.transport.close()
             return
         if self._body_received():
             connection_cap.idle(self)  # kept alive with no request in progress (none pipelined)

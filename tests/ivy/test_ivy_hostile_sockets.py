@@ -240,3 +240,20 @@ def test_headers_sent_behind_a_request_in_progress_are_capped_too() -> None:
         status, _ = embed_once(port)
     assert sent < 16 * 2**20, f"the server read {sent / 2**20:.0f} MiB of headers behind a request in progress"
     assert status == 200
+
+
+def test_an_early_answer_to_expect_100_continue_closes_the_connection() -> None:
+    """RELIABILITY 44 with `Expect: 100-continue`: a client answered with a final status before any 100 sends no
+    body (RFC 9110 10.1.1) and may send its next request, which was read as the awaited body: no answer for it,
+    and the connection held until the drain's 10 s ran out. The connection is closed after the answer instead,
+    so the client knows to send its next request on a new one."""
+    with FakeTulip() as fake, ivy_process(IVY_REPLICAS=fake.address) as port:
+        for early in (b"X-Request-Timeout: -1\r\n", b"Content-Encoding: br\r\n"):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(HEAD + b"Content-Length: 200\r\nExpect: 100-continue\r\n" + early + b"\r\n")
+                started = time.monotonic()
+                reply = closing_reply(s, 5)
+                assert reply is not None and time.monotonic() - started < 3, "the connection was held"
+                assert reply.split(b"\r\n", 1)[0].split()[1] in (b"415", b"422"), reply[:200]
+                assert b"100 Continue" not in reply
+        assert embed_once(port)[0] == 200
