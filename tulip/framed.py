@@ -134,6 +134,8 @@ class FramedSession(asyncio.Protocol):
                     message = embed_pb2.StreamRequest.FromString(payload)
                 except DecodeError:
                     raise BadFrame("a frame is not a StreamRequest") from None
+                if message.id == 0:  # the id of the connection's own errors: an answer on it would read as one
+                    raise BadFrame("request id 0 is reserved for the connection's errors; number requests from 1")
                 self.requests.handle(message)
             if self._frames.oversize:
                 raise FrameTooLarge(f"frame of {self._frames.oversize} bytes exceeds the "
@@ -219,16 +221,17 @@ class FramedSession(asyncio.Protocol):
         with self._lock:
             if not self._writable(job):
                 return False
+            job.answered = True  # before the bytes leave: a client that reads them may reuse the id at once
             try:
                 sent = os.write(self._fd, data)
             except BlockingIOError:
                 sent = 0
             except OSError:  # the connection is failing: the loop's path sees it and closes it
+                job.answered = False
                 return False
             if sent < len(data):  # the socket's buffer is full: the loop writes the rest, and what follows it
                 self._rest_pending = True
                 self._loop.call_soon_threadsafe(self._write_rest, memoryview(data)[sent:])
-            job.answered = True
             return True
 
     def _writable(self, job) -> bool:

@@ -70,7 +70,9 @@ class StreamRequests:
         started = time.perf_counter()
         request = message.request
         try:
-            if message.id in self.jobs:
+            held = self.jobs.get(message.id)
+            if held is not None and not held.answered:  # answered by the completer (tulip.framed): the loop has not
+                # settled it yet, but the client has its answer, so the id is free (its _answer sees it withdrawn)
                 raise InvalidRequest(f"stream request id {message.id} is already in flight on this stream")
             job = self.server.admit(request, _remaining(message.timeout_s), started)
         except TulipError as exc:
