@@ -62,7 +62,15 @@ def _recorded_stack(monkeypatch, up_config: up.UpConfig, *, sig: int = signal.SI
                        ("_tulip_serving", serving), ("_ivy_ready", lambda url: (True, "")),
                        ("_print_banner", signal_then(None))):
         monkeypatch.setattr(up, name, fake)
-    code = up.run_stack(config or IvyConfig(port=free_port(), workers=1), up_config)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # SIGHUP as a terminal leaves it: run_stack keeps an ignored SIGHUP ignored (started under nohup, as a CI
+    # runner may start this test process), and a stop by SIGHUP is then never asked for
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        code = up.run_stack(config or IvyConfig(port=free_port(), workers=1), up_config)
+    finally:
+        for s, handler in saved.items():  # run_stack's handlers do not outlive it in the test process
+            signal.signal(s, handler)
     return code, children
 
 
