@@ -27,7 +27,7 @@ import bisect
 import statistics
 import threading
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -90,17 +90,6 @@ class DeviceTimes:
         self._classes: dict[int, tuple[int, float]] = {}  # per class: its (m, r) in Pace.classes
         self._budget = max_batch_tokens if max_batch_tokens and max_batch_tokens > 0 else None
         self._pace: Pace | None = None  # seconds_per_token(), rebuilt per batch: it is read per request
-
-    @property
-    def max_batch_tokens(self) -> int | None:
-        return self._budget
-
-    @max_batch_tokens.setter
-    def max_batch_tokens(self, value: int | None) -> None:
-        self._budget = value if value and value > 0 else None
-        pace = self._pace
-        if pace is not None:
-            self._pace = replace(pace, budget=self._budget)
 
     @staticmethod
     def size_class(tokens: int) -> int:
