@@ -15,19 +15,23 @@ Faults: a frame longer than max_message_mb, or bytes that are not a StreamReques
 connection that ends is cancelled (its queued work never reaches the GPU). A client that does not read its
 answers stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new work from it meanwhile), and
 is dropped when they stay there STALL_S; so is one whose frame stays incomplete STALL_S (a trickle;
-tests/RELIABILITY.md 19 and 40). Open connections are capped (`framed_max_connections`; Ivy opens one per
-gateway worker): one more gets a RESOURCE_EXHAUSTED answer on id 0 (reason too_many_connections) and is
-closed after REFUSED_LINGER_S, and past as many lingering refusals as the cap a new one is closed at once, so
-a flood of connections holds at most three times the cap of descriptors (an open connection holds two: its socket
-and the duplicate its direct answers are written to) and cannot starve the gRPC port; like the gRPC
-port, only Ivy may reach it (the NetworkPolicy's job, RUNBOOK). EOF
-ends the stream and cancels what it has open: unlike gRPC's half-close, a TCP EOF cannot tell "done
-sending" from a client gone, and a gone client's work must not reach the GPU (Ivy's client never half-closes).
+tests/RELIABILITY.md 19 and 40); answers queued behind a direct answer's rest count toward that mark too. A
+connection admits at most FRAMES_BEFORE_YIELD frames before the loop turns once with its reading paused, so a
+flood of small requests on one connection cannot hold the loop (the completer's answers, the other connections)
+for the seconds a read's thousands of frames would take (RELIABILITY 51). Open connections are capped
+(`framed_max_connections`; Ivy opens one per gateway worker): one more gets a RESOURCE_EXHAUSTED answer on id 0
+(reason too_many_connections) and is closed after REFUSED_LINGER_S, and past as many lingering refusals as the
+cap a new one is closed at once, so a flood of connections holds at most three times the cap of descriptors (an
+open connection holds two: its socket and the duplicate its direct answers are written to) and cannot starve the
+gRPC port; like the gRPC port, only Ivy may reach it (the NetworkPolicy's job, RUNBOOK). EOF ends the stream
+and cancels what it has open: unlike gRPC's half-close, a TCP EOF cannot tell "done sending" from a client gone,
+and a gone client's work must not reach the GPU (Ivy's client never half-closes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -48,6 +52,7 @@ log = logging.getLogger("tulip.framed")
 
 WRITE_HIGH_BYTES = 8 << 20  # unsent answers above which the connection's requests are not read
 STALL_S = 30.0  # answers unsent above WRITE_HIGH_BYTES, or a frame incomplete, this long: the connection is dropped
+FRAMES_BEFORE_YIELD = 64  # frames a connection admits before the loop turns once (its reading paused meanwhile)
 REFUSED_LINGER_S = 1.0  # a refused connection: its answer and EOF sent, what it sends read and dropped this long
 
 
@@ -93,6 +98,14 @@ class FramedSession(asyncio.Protocol):
         self._fd = -1
         self._rest_pending = False
         self._queued: list[bytes] = []
+        self._queued_bytes = 0
+        # Admission: complete frames not yet admitted (_backlog), frames admitted since the loop last turned
+        # (_since_turn), and why reading is paused ("write": answers unsent past the mark; "queued": answers
+        # queued behind a rest past it; "turn": FRAMES_BEFORE_YIELD admitted, the loop turns before the next).
+        self._backlog: collections.deque[bytes] = collections.deque()
+        self._since_turn = 0
+        self._paused_for: set[str] = set()
+        self._faulted = False  # a bad frame answered and the connection closing: nothing more is admitted
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -125,11 +138,35 @@ class FramedSession(asyncio.Protocol):
         self.server.metrics.framed_connections.set(len(self._sessions))
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:  # over the cap, closing: nothing of it is admitted
+        if self._refused or self._faulted:  # over the cap, or a bad frame answered: nothing of it is admitted
             return
         payloads = self._frames.feed(data)
+        self._backlog.extend(payloads)
+        self._admit()
+        if self._faulted:
+            return
+        if not self._frames.partial:
+            self._disarm("frame")
+        elif payloads or "frame" not in self._timers:  # a frame completed, or a new one began: its own time
+            self._arm("frame", "a frame stayed incomplete")
+
+    def _admit(self) -> None:
+        """Admit the backlog's frames in order until it is empty, the connection is paused for its unsent answers,
+        or FRAMES_BEFORE_YIELD were admitted since the loop last turned: then reading pauses and _turned admits
+        the rest on the next turn, after the callbacks that waited (a read can hold thousands of small frames, and
+        on uvloop one turn hands a connection many reads)."""
+        if self._faulted:
+            return
+        backlog = self._backlog
         try:
-            for payload in payloads:
+            while backlog and not self._paused_for & {"write", "queued"}:
+                if self._since_turn >= FRAMES_BEFORE_YIELD:
+                    if "turn" not in self._paused_for:
+                        self._pause("turn")
+                        self._loop.call_soon(self._turned)
+                    return
+                self._since_turn += 1
+                payload = backlog.popleft()
                 try:
                     message = embed_pb2.StreamRequest.FromString(payload)
                 except DecodeError:
@@ -137,26 +174,43 @@ class FramedSession(asyncio.Protocol):
                 if message.id == 0:  # the id of the connection's own errors: an answer on it would read as one
                     raise BadFrame("request id 0 is reserved for the connection's errors; number requests from 1")
                 self.requests.handle(message)
-            if self._frames.oversize:
+            if self._frames.oversize and not backlog:
                 raise FrameTooLarge(f"frame of {self._frames.oversize} bytes exceeds the "
                                     f"{self._frames.max_bytes}-byte message limit (max_message_mb)")
         except (FrameTooLarge, BadFrame) as exc:
             log.info("framed connection closed: %s", exc.message)
+            self._faulted = True
+            backlog.clear()
             self._send(error_answer(0, exc))
             self._close()
+
+    def _turned(self) -> None:
+        """The loop turned after FRAMES_BEFORE_YIELD admissions: admit on, reading resumed unless paused else."""
+        self._since_turn = 0
+        self._resume("turn")
+        if not self.transport.is_closing():
+            self._admit()
+
+    def _pause(self, why: str) -> None:
+        if not self._paused_for:
+            self.transport.pause_reading()
+        self._paused_for.add(why)
+
+    def _resume(self, why: str) -> None:
+        if why not in self._paused_for:
             return
-        if not self._frames.partial:
-            self._disarm("frame")
-        elif payloads or "frame" not in self._timers:  # a frame completed, or a new one began: its own time
-            self._arm("frame", "a frame stayed incomplete")
+        self._paused_for.discard(why)
+        if not self._paused_for and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:
-        self.transport.pause_reading()
+        self._pause("write")
         self._arm("write", "answers stayed unread")
 
     def resume_writing(self) -> None:
-        self.transport.resume_reading()
+        self._resume("write")
         self._disarm("write")
+        self._admit()
 
     def connection_lost(self, exc: Exception | None) -> None:
         with self._lock:
@@ -167,6 +221,7 @@ class FramedSession(asyncio.Protocol):
             _REFUSALS.lingering -= 1
         for name in list(self._timers):
             self._disarm(name)
+        self._backlog.clear()
         if self in self._sessions:
             self._sessions.discard(self)
             self.server.metrics.framed_connections.set(len(self._sessions))
@@ -192,8 +247,11 @@ class FramedSession(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             data = frame(message)
             with self._lock:
-                if self._rest_pending:
+                if self._rest_pending:  # behind a direct answer's rest: unseen by the transport's mark, so counted
                     self._queued.append(data)
+                    self._queued_bytes += len(data)
+                    if self._queued_bytes > WRITE_HIGH_BYTES and "queued" not in self._paused_for:
+                        self._pause("queued")
                 else:
                     self.transport.write(data)
 
@@ -253,12 +311,15 @@ class FramedSession(asyncio.Protocol):
         rest is pending, so there is never more than one)."""
         with self._lock:
             self._rest_pending = False
-            pending, self._queued = [rest, *self._queued], []
+            pending, self._queued, self._queued_bytes = [rest, *self._queued], [], 0
             if self.transport is not None and not self.transport.is_closing():
                 for data in pending:
-                    self.transport.write(data)
+                    self.transport.write(data)  # past the mark, pause_writing holds reading from here
                 if self._close_after_rest:
                     self.transport.close()
+        if "queued" in self._paused_for:
+            self._resume("queued")
+            self._admit()
 
 
 def _direct_safe(transport: asyncio.Transport) -> bool:

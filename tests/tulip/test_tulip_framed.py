@@ -237,6 +237,7 @@ def test_a_frame_left_incomplete_or_answers_left_unread_drop_the_connection(monk
 
         session = framed.FramedSession.__new__(framed.FramedSession)  # only its timers are exercised
         session._timers, session.transport, session._loop = {}, Transport(), asyncio.get_running_loop()
+        session._paused_for = set()
         session.pause_writing()
         await asyncio.wait_for(aborted.wait(), 5)
         return True
@@ -352,3 +353,89 @@ def test_a_flood_past_the_cap_is_closed_at_once_without_an_answer(monkeypatch) -
         for client in (held, lingering, flood):
             client.close()
         wait_until(lambda: framed._REFUSALS.lingering == 0, what="the lingering refusal released")
+
+
+class _FloodTransport:
+    """A transport that records whether reading is paused and what is written (the admission path alone)."""
+
+    def __init__(self) -> None:
+        self.reading, self.written = True, []
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data) -> None:
+        self.written.append(bytes(data))
+
+
+def _admission_session():
+    """A FramedSession on a fake transport whose admitted requests are recorded, not run: (session, their ids)."""
+    from types import SimpleNamespace
+
+    from tulip import framed
+
+    server = SimpleNamespace(config=SimpleNamespace(framed_direct=False))
+    session = framed.FramedSession(server, 1 << 20, set())
+    session.transport = _FloodTransport()
+    admitted: list[int] = []
+    session.requests.handle = lambda message: admitted.append(message.id)
+    return session, admitted
+
+
+def test_a_flood_of_frames_in_one_read_lets_the_loop_turn_between_admissions() -> None:
+    """One read holding thousands of small frames (a flood on one connection: RELIABILITY 51) is admitted
+    FRAMES_BEFORE_YIELD at a time, reading paused, the loop turning between (callbacks from the completer and the
+    other connections run there); every frame is admitted, in order, and reading resumes after the last. Before,
+    the whole read was admitted in one callback: on uvloop a flood held the loop for seconds."""
+    from protos.framing import frame
+    from tulip import framed
+
+    async def flood() -> None:
+        session, admitted = _admission_session()
+        turns: list[int] = []
+        n = 3 * framed.FRAMES_BEFORE_YIELD + 5
+        session.data_received(b"".join(frame(request(i, [[1, 2]])) for i in range(1, n + 1)))
+        assert admitted == list(range(1, framed.FRAMES_BEFORE_YIELD + 1))
+        assert not session.transport.reading
+        while len(admitted) < n:
+            asyncio.get_running_loop().call_soon(lambda: turns.append(len(admitted)))
+            await asyncio.sleep(0)
+            assert len(turns) == 1 or turns[-1] - turns[-2] <= framed.FRAMES_BEFORE_YIELD
+        assert admitted == list(range(1, n + 1))
+        assert session.transport.reading
+        assert turns[0] <= 2 * framed.FRAMES_BEFORE_YIELD  # queued behind the first turn's, after _turned's
+
+    asyncio.run(flood())
+
+
+def test_answers_queued_behind_a_direct_answers_rest_count_toward_the_write_mark(monkeypatch) -> None:
+    """While a direct answer's rest waits for the loop, later answers queue beside the transport, whose high-water
+    mark does not see them: past WRITE_HIGH_BYTES they pause reading (no new work from a client that reads nothing)
+    until the loop has written them, as the transport's own mark would."""
+    from protos.framing import frame
+    from tulip import framed
+
+    monkeypatch.setattr(framed, "WRITE_HIGH_BYTES", 1000)
+
+    async def queued() -> None:
+        session, admitted = _admission_session()
+        session._rest_pending = True
+        answer = embed_pb2.StreamResponse(id=7, response=embed_pb2.EmbedResponse(embeddings=b"x" * 400))
+        session._send(answer)
+        session._send(answer)
+        assert session.transport.reading and session.transport.written == []
+        session._send(answer)  # 3 x ~410 bytes unseen by the transport: past the mark
+        assert not session.transport.reading
+        session.data_received(frame(request(1, [[1, 2]])))
+        assert admitted == []  # read before the pause took hold: held, not admitted
+        session._write_rest(memoryview(b"rest"))
+        assert session.transport.written[0] == b"rest" and len(session.transport.written) == 4
+        assert session.transport.reading and admitted == [1]
+
+    asyncio.run(queued())

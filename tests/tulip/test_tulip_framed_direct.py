@@ -168,6 +168,7 @@ def _session(fd: int):
 
     session = framed.FramedSession.__new__(framed.FramedSession)  # the write path alone, on a socket pair
     session._lock, session._rest_pending, session._queued, session._timers = threading.Lock(), False, [], {}
+    session._queued_bytes, session._paused_for = 0, set()
     session.transport, session._loop, session._fd = _Transport(), _Loop(), fd
     return session
 
