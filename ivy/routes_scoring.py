@@ -109,8 +109,9 @@ async def rerank(request: Request) -> Response:
              responses={200: {"model": RerankResponse | list[TeiRerankResult]}})
 async def rerank_peers(request: Request) -> Response:
     """Where text-embeddings-inference, vLLM and Infinity serve rerank: a body with `texts` (TEI's: `query`,
-    `texts`, `return_text`, `raw_scores` false) is answered in TEI's shape, a list of {"index", "score",
-    "text"?} by score; one with `documents` as /v1/rerank."""
+    `texts`, `return_text`, `raw_scores` false, `truncate`, `truncation_direction`; vLLM's truncate_prompt_tokens
+    too) is answered in TEI's shape, a list of {"index", "score", "text"?} by score; one with `documents` as
+    /v1/rerank."""
     return await _rerank(request, rerank_schema, "/rerank")
 
 
@@ -125,7 +126,7 @@ async def _rerank(request: Request, schema, route: str) -> Response:
                        "activation applied (a cross-encoder's sigmoid, or cosine)", param="raw_scores")
     mode = scoring_of(gw, None if tei else body.scoring, route)
     instruction = None if tei else body.instruction
-    truncate, max_tokens = _truncation(gw, mode, None if tei else body.truncate_prompt_tokens, body.truncate)
+    truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, body.truncate)
     with gw.admit():
         gw.check_count(len(documents), gw.config.max_inputs_per_request, names[1])
         scores, tokens = await _scores(request, gw, mode, [body.query], documents, truncate=truncate,

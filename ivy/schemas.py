@@ -28,6 +28,10 @@ SCORING = ("cosine (dense unit vectors) or maxsim (late interaction over the tok
            "omitted = cosine for a model that embeds (BGE-M3 included), maxsim for a multi-vector-only model. "
            "Cross-encoders refuse it.")
 Scoring = Literal["cosine", "maxsim"]
+# Every score / rerank body's (vLLM's, Cohere's / Jina's and TEI's shapes): one meaning, read in one place
+# (ivy.routes_scoring's _truncation)
+TRUNCATE_PROMPT_TOKENS = ("vLLM's: -1 cuts to the model's length, k keeps k tokens of each text (special tokens "
+                          "included), of each pair for a cross-encoder; omitted: `truncate`.")
 
 
 class _Body(BaseModel):
@@ -95,9 +99,7 @@ class ScoreRequest(_Request):
     text_1: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_1"))]
     text_2: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_2"))]
     truncate: bool | None = None
-    truncate_prompt_tokens: int | None = Field(default=None, description="vLLM's: -1 cuts to the model's length, "
-                                               "k keeps k tokens of each text (special tokens included), of each "
-                                               "pair for a cross-encoder; omitted: `truncate`.")
+    truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)
     scoring: Scoring | None = Field(default=None, description=SCORING)
@@ -113,9 +115,7 @@ class RerankRequest(_Request):
                                                       "default) or omitted: every document.")
     return_documents: bool = False
     truncate: bool | None = None
-    truncate_prompt_tokens: int | None = Field(default=None, description="vLLM's: -1 cuts to the model's length, "
-                                               "k keeps k tokens of each text (special tokens included), of each "
-                                               "pair for a cross-encoder; omitted: `truncate`.")
+    truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)
     scoring: Scoring | None = Field(default=None, description=SCORING)
@@ -125,7 +125,9 @@ class RerankRequest(_Request):
 class TeiRerankRequest(_Request):
     """text-embeddings-inference's rerank request (POST /rerank with `texts`): answered as a list of
     {"index", "score", "text"?} by score, TEI's shape. Scores are the model's own (a cross-encoder's activation
-    applied, or cosine); `raw_scores` (the logits before it) is not served."""
+    applied, or cosine); `raw_scores` (the logits before it) is not served. TEI's `truncate` (true: cut to the
+    model's length) and `truncation_direction` (read as truncation_side) mean what they mean there; vLLM's
+    truncate_prompt_tokens is taken too, since vLLM's clients post to the same path, and read as on /v1/rerank."""
 
     query: Query
     texts: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "texts")), WithJsonSchema(
@@ -133,6 +135,7 @@ class TeiRerankRequest(_Request):
     raw_scores: bool = Field(default=False, description="Must be false: scores come with the model's activation.")
     return_text: bool = False
     truncate: bool | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
     truncation_side: Side = "right"
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 

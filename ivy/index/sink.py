@@ -20,6 +20,8 @@ import pyarrow.parquet as pq
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"
+VERSION = 2  # 2: a file input's identity holds its mtime (input_mtime_ns); 1 held its size only
+INPUT_KEYS = frozenset({"input_bytes", "input_mtime_ns", "input_listing"})  # ivy.index.sources' fingerprint
 
 
 def _fsync_dir(path: Path) -> None:
@@ -38,6 +40,15 @@ def _write_atomic(path: Path, write) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _recorded_identity(manifest: dict, identity: dict) -> dict:
+    """The manifest's identity as this version records it. Version 1 recorded a file input's size only: its mtime
+    is taken as this run finds it, which checks what version 1 checked, and is recorded from now on."""
+    recorded = manifest["identity"]
+    if manifest.get("version", 1) < 2 and "input_mtime_ns" in identity:
+        recorded = {**recorded, "input_mtime_ns": identity["input_mtime_ns"]}
+    return recorded
 
 
 @dataclass(frozen=True)
@@ -74,19 +85,22 @@ class Sink:
                 raise SystemExit(f"ivy index: {folder} holds a run already; pass --resume to continue it "
                                  "or choose another OUTPUT")
             self.manifest = json.loads(path.read_text())
-            if self.manifest["identity"] != identity:
-                changed = sorted(k for k in identity if identity[k] != self.manifest["identity"].get(k))
-                if {"input_bytes", "input_listing"} & set(changed):  # its windows would be other documents
+            recorded = _recorded_identity(self.manifest, identity)
+            if recorded != identity:
+                changed = sorted(k for k in identity if identity[k] != recorded.get(k))
+                if INPUT_KEYS & set(changed):  # its windows would be other documents
                     raise SystemExit(f"ivy index: cannot resume {folder}: INPUT changed since its run (a file's "
-                                     "size, a folder's file names or sizes); choose another OUTPUT")
+                                     "size or modification time, a folder's file names or sizes); choose another "
+                                     "OUTPUT")
                 raise SystemExit(f"ivy index: cannot resume {folder}: {', '.join(changed)} differ from its run")
+            self.manifest.update(version=VERSION, identity=identity)  # saved with the next commit
             self._clean()
         else:
             if folder.exists() and any(folder.glob("part-*.parquet")):
                 raise SystemExit(f"ivy index: {folder} holds shards but no {MANIFEST}; choose another OUTPUT")
             folder.mkdir(parents=True, exist_ok=True)
             (folder / REJECTS).unlink(missing_ok=True)
-            self.manifest = {"version": 1, "identity": identity, "shards": [], "rejects_bytes": 0,
+            self.manifest = {"version": VERSION, "identity": identity, "shards": [], "rejects_bytes": 0,
                              "complete": False}
             self._save()  # before any shard: a kill between the first shard's rename and its manifest resumes
         self._rejects = open(folder / REJECTS, "ab")

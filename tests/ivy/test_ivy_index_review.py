@@ -1,11 +1,13 @@
-"""`ivy index` defects found in review: TSV quotes, a changed folder on --resume, duplicate ids, summary.json after
---resume, a refused option, a server that is down, Retry-After, a .json array, Ctrl-C. The job runs here against
+"""`ivy index` defects found in review: TSV quotes, a changed folder or a same-size edit of a file on --resume,
+duplicate ids, summary.json after --resume, a refused option, a server that is down, Retry-After, a .json array,
+Ctrl-C. The job runs here against
 a fake embedder (no server) or a small scripted /v1/embeddings server."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
 import threading
 import time
@@ -92,6 +94,34 @@ def test_resuming_a_folder_that_changed_is_refused(monkeypatch, tmp_path: Path, 
     (folder / "c.txt").write_text("text c")  # as it was: resumes
     assert run(monkeypatch, FakeEmbedder(), folder, out, *ONE_WINDOW_A_CALL, "--resume") == 0
     assert output(out)[0] == [f"{n}.txt" for n in "acegi"]
+
+
+def test_resuming_a_file_edited_to_the_same_size_is_refused(monkeypatch, tmp_path: Path) -> None:
+    """A file's identity was its size only: an edit that kept it (an id rewritten, one line's bytes moved to the
+    next) resumed, and the committed windows no longer matched the input. Its mtime is part of the identity now;
+    an output of the previous version (manifest version 1, size only) still resumes and records the mtime."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": f"d{i}", "text": f"text {i}"} for i in range(6)])
+    out, before, stat = tmp_path / "out", src.read_bytes(), src.stat()
+    assert run(monkeypatch, FakeEmbedder(fail_at=2), src, out, *ONE_WINDOW_A_CALL) == 1  # window 0 committed
+    src.write_bytes(before.replace(b'"d0"', b'"x0"'))
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a coarse clock need not tick within a test
+    assert src.stat().st_size == stat.st_size
+    with pytest.raises(SystemExit) as refused:
+        run(monkeypatch, FakeEmbedder(), src, out, *ONE_WINDOW_A_CALL, "--resume")
+    message = str(refused.value)
+    assert "INPUT changed" in message and "modification time" in message and "\n" not in message, message
+    src.write_bytes(before)  # the same bytes again, another mtime: refused as well (the safe side)
+    touched = stat.st_mtime_ns + 2 * 10**9
+    os.utime(src, ns=(stat.st_atime_ns, touched))
+    with pytest.raises(SystemExit, match="INPUT changed"):
+        run(monkeypatch, FakeEmbedder(), src, out, *ONE_WINDOW_A_CALL, "--resume")
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["identity"]["input_mtime_ns"]
+    (out / "manifest.json").write_text(json.dumps({**manifest, "version": 1}))  # as the previous version wrote it
+    assert run(monkeypatch, FakeEmbedder(), src, out, *ONE_WINDOW_A_CALL, "--resume") == 0  # its size check only
+    assert output(out)[0] == [f"d{i}" for i in range(6)]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["version"] == 2 and manifest["identity"]["input_mtime_ns"] == touched
 
 
 def test_a_repeated_or_colliding_id_is_rejected(monkeypatch, tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ tokenizer call with max_length k does); what cannot be honoured is a 422 naming 
 A cross-encoder's errors named the wrong field: a pair too long always blamed the document (documents[0] for a
 long query), and a one-element list lost its index (documents for documents[0]); they now name what the
 embedding models' path names (RELIABILITY 6: a field sent as one text is named as itself).
+
+text-embeddings-inference's /rerank body (`texts`) ignored truncate_prompt_tokens, as the other shapes once did:
+it is read the same way there, next to TEI's own `truncate` and `truncation_direction`.
 """
 
 from __future__ import annotations
@@ -49,13 +52,17 @@ def sent(fake) -> list[int]:
 
 
 def bodies(query: str, docs: list[str], **fields) -> list[tuple[str, dict]]:
-    """The same request at vLLM's and Ivy's score and rerank paths."""
+    """The same request at vLLM's, Ivy's and text-embeddings-inference's score and rerank paths (TEI's: /rerank
+    with `texts`, answered as a list by score)."""
     score = {"text_1": query, "text_2": docs, **fields}
     rerank = {"query": query, "documents": docs, **fields}
-    return [("/score", score), ("/v1/score", score), ("/rerank", rerank), ("/v1/rerank", rerank)]
+    tei = {"query": query, "texts": docs, **fields}
+    return [("/score", score), ("/v1/score", score), ("/rerank", rerank), ("/v1/rerank", rerank), ("/rerank", tei)]
 
 
-def scores_of(route: str, body: dict) -> list[float]:
+def scores_of(route: str, body: dict | list) -> list[float]:
+    if isinstance(body, list):  # TEI's answer
+        return [x["score"] for x in sorted(body, key=lambda x: x["index"])]
     if "score" in route:
         return [d["score"] for d in body["data"]]
     return [x["relevance_score"] for x in sorted(body["results"], key=lambda x: x["index"])]
@@ -73,7 +80,7 @@ def test_k_keeps_k_tokens_of_each_text_of_an_embedding_model(client, fake) -> No
         assert r.status_code == 200, (route, r.text)
         assert sent(fake) == list(chain.from_iterable(cut)), route  # [CLS] two tokens [SEP], every text
         np.testing.assert_allclose(scores_of(route, r.json()), rows[1:] @ rows[0], atol=1e-5)
-        assert r.json()["usage"]["total_tokens"] == 12
+        assert isinstance(r.json(), list) or r.json()["usage"]["total_tokens"] == 12  # TEI's answer has no usage
 
 
 def test_minus_one_cuts_to_the_models_length_where_truncate_is_off(client, fake) -> None:
@@ -100,6 +107,28 @@ def test_what_cannot_be_honoured_is_refused_by_name(client, fake, fields, param)
     assert not fake.calls
 
 
+def test_tei_rerank_takes_truncate_prompt_tokens_with_its_own_truncate_and_direction(client, fake) -> None:
+    """TEI's body ignored truncate_prompt_tokens (not one of its fields): k was not applied and a long text was a
+    422. It is read as on the other shapes; TEI's truncate (true: the model's length) and truncation_direction
+    (the side k cuts from) keep their meaning, and a contradiction or a k out of range is a 422 naming it."""
+    tei = {"query": QUERY, "texts": [LONG, DOCS[0]]}
+    left = [e.ids for e in TOKENIZER.encode_batch([QUERY, *tei["texts"]], 4, "left")]
+    r = client.post("/rerank", json={**tei, "truncate_prompt_tokens": 4, "truncation_direction": "Left"})
+    assert r.status_code == 200 and sent(fake) == list(chain.from_iterable(left)), r.text
+    whole = [e.ids for e in TOKENIZER.encode_batch([QUERY, *tei["texts"]])]  # LONG cut to the model's 256
+    for cut in ({"truncate": True}, {"truncate_prompt_tokens": -1}, {"truncate_prompt_tokens": -1, "truncate": True}):
+        r = client.post("/rerank", json={**tei, **cut})
+        assert r.status_code == 200 and sent(fake) == list(chain.from_iterable(whole)), (cut, r.text)
+    calls = len(fake.calls)
+    for fields, param in (({}, "texts[0]"), ({"truncate": False}, "texts[0]"),  # omitted: the server's default, off
+                          ({"truncate_prompt_tokens": 4, "truncate": False}, "truncate"),
+                          ({"truncate_prompt_tokens": 257}, "truncate_prompt_tokens")):
+        r = client.post("/rerank", json={**tei, **fields})
+        assert r.status_code == 422 and r.json()["error"]["param"] == param, (fields, r.text)
+    assert "between 3 " in r.json()["error"]["message"] and "256, got 257" in r.json()["error"]["message"]
+    assert len(fake.calls) == calls
+
+
 def test_maxsim_cuts_each_text_too(tmp_path) -> None:
     pytest.importorskip("sentence_transformers")
     sys.path.insert(0, str(Path(__file__).parent.parent / "rose"))  # the tiny model builders
@@ -110,6 +139,8 @@ def test_maxsim_cuts_each_text_too(tmp_path) -> None:
     fake, gw = served(folder)
     with fake, gw as client:
         for route, body in bodies(QUERY, DOCS, truncate_prompt_tokens=4, scoring="maxsim"):
+            if "texts" in body:  # TEI's body has no `scoring`
+                continue
             r = client.post(route, json=body)
             assert r.status_code == 200, (route, r.text)
             assert fake.calls[-1].output == "token-vectors" and sent(fake) == list(chain.from_iterable(cut))
