@@ -113,20 +113,27 @@ class _Scene:
 
 
 def _scene(monkeypatch, pack_ahead_ms: float):
+    import tulip.completer
     import tulip.worker
 
     clock = _FakeClock(time.monotonic())  # near the real clock: the watchdog compares with it
-    monkeypatch.setattr(tulip.worker, "time", types.SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
+    fake_time = types.SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter)
+    # A batch's device time is its delivery (stamped by the completer, tulip.completer) minus its launch (stamped
+    # by the launcher, tulip.worker): both on the fake clock, or what is learnt is real time since `clock` was made.
+    for module in (tulip.worker, tulip.completer):
+        monkeypatch.setattr(module, "time", fake_time)
     engine = FakeEngine(gated=True)
     tulip_ = ServerThread(make_config(pack_ahead_ms=pack_ahead_ms), engine=engine)
     tulip_.server.worker.queue._clock = clock  # hold() compares the worker's deadline with this clock
     scene = _Scene(tulip_, engine, clock)
     for i in range(3):  # learn the device time of this size class: STEP_S per batch on the fake clock
         scene.send(900 + i)
-        wait_until(lambda i=i: engine.launched == i + 1, what="warm-up batch launched")
+        # batches_launched counts a launch once its time is stamped (engine.launched counts it inside step())
+        wait_until(lambda i=i: scene.worker.batches_launched == i + 1, what="warm-up batch launched")
         clock.now += STEP_S
         engine.release(1)
         wait_until(lambda i=i: 900 + i in scene.out, what="warm-up answered")
+    assert scene.worker.device_times.estimate(20) == pytest.approx(STEP_S), "the device time learnt on the fake clock"
     return scene
 
 
