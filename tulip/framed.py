@@ -53,6 +53,7 @@ log = logging.getLogger("tulip.framed")
 WRITE_HIGH_BYTES = 8 << 20  # unsent answers above which the connection's requests are not read
 STALL_S = 30.0  # answers unsent above WRITE_HIGH_BYTES, or a frame incomplete, this long: the connection is dropped
 FRAMES_BEFORE_YIELD = 64  # frames a connection admits before the loop turns once (its reading paused meanwhile)
+_HOLD = frozenset({"write", "queued"})  # reasons reading is paused that also stop admission
 REFUSED_LINGER_S = 1.0  # a refused connection: its answer and EOF sent, what it sends read and dropped this long
 
 
@@ -105,7 +106,7 @@ class FramedSession(asyncio.Protocol):
         self._backlog: collections.deque[bytes] = collections.deque()
         self._since_turn = 0
         self._paused_for: set[str] = set()
-        self._faulted = False  # a bad frame answered and the connection closing: nothing more is admitted
+        self._ended = False  # a bad frame answered, or EOF: the connection closing, nothing more is admitted
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -138,12 +139,12 @@ class FramedSession(asyncio.Protocol):
         self.server.metrics.framed_connections.set(len(self._sessions))
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self._faulted:  # over the cap, or a bad frame answered: nothing of it is admitted
+        if self._refused or self._ended:  # over the cap, or ended (a bad frame, EOF): nothing of it is admitted
             return
         payloads = self._frames.feed(data)
         self._backlog.extend(payloads)
         self._admit()
-        if self._faulted:
+        if self._ended:
             return
         if not self._frames.partial:
             self._disarm("frame")
@@ -154,18 +155,19 @@ class FramedSession(asyncio.Protocol):
         """Admit the backlog's frames in order until it is empty, the connection is paused for its unsent answers,
         or FRAMES_BEFORE_YIELD were admitted since the loop last turned: then reading pauses and _turned admits
         the rest on the next turn, after the callbacks that waited (a read can hold thousands of small frames, and
-        on uvloop one turn hands a connection many reads)."""
-        if self._faulted:
+        on uvloop one turn hands a connection many reads). The budget spent schedules _turned at once, so a
+        connection whose frames come one a read (Ivy's) never pauses: only frames waiting past it do."""
+        if self._ended or self.transport.is_closing():
             return
-        backlog = self._backlog
+        backlog, paused = self._backlog, self._paused_for
         try:
-            while backlog and not self._paused_for & {"write", "queued"}:
+            while backlog and not (paused and paused & _HOLD):
                 if self._since_turn >= FRAMES_BEFORE_YIELD:
-                    if "turn" not in self._paused_for:
-                        self._pause("turn")
-                        self._loop.call_soon(self._turned)
+                    self._pause("turn")
                     return
                 self._since_turn += 1
+                if self._since_turn == FRAMES_BEFORE_YIELD:
+                    self._loop.call_soon(self._turned)  # the budget renewed once the loop has turned
                 payload = backlog.popleft()
                 try:
                     message = embed_pb2.StreamRequest.FromString(payload)
@@ -179,17 +181,28 @@ class FramedSession(asyncio.Protocol):
                                     f"{self._frames.max_bytes}-byte message limit (max_message_mb)")
         except (FrameTooLarge, BadFrame) as exc:
             log.info("framed connection closed: %s", exc.message)
-            self._faulted = True
+            self._ended = True
             backlog.clear()
             self._send(error_answer(0, exc))
             self._close()
 
     def _turned(self) -> None:
-        """The loop turned after FRAMES_BEFORE_YIELD admissions: admit on, reading resumed unless paused else."""
+        """The loop turned since FRAMES_BEFORE_YIELD were admitted: the budget renewed, reading resumed unless
+        paused for another reason, and the frames that waited admitted."""
         self._since_turn = 0
         self._resume("turn")
-        if not self.transport.is_closing():
-            self._admit()
+        self._admit()
+
+    def eof_received(self) -> bool:
+        """The peer's EOF: what it has open is cancelled now (a TCP EOF cannot tell "done sending" from a client
+        gone, and Ivy never half-closes), and the connection closes once its answers are written, or is dropped
+        after STALL_S when they stay unread (left to the transport, a half-closed peer that never reads would hold
+        its requests on the device and its place under framed_max_connections for good)."""
+        self._ended = True
+        self._backlog.clear()
+        self.requests.cancel_all()
+        self._close()
+        return True
 
     def _pause(self, why: str) -> None:
         if not self._paused_for:
@@ -258,13 +271,15 @@ class FramedSession(asyncio.Protocol):
     def _close(self) -> None:
         """Close after what is written, a direct answer's rest still with the loop included (_write_rest closes).
         A peer that stops reading would hold a closing connection (and its place under framed_max_connections)
-        for as long as its unsent answers wait, below the pause's mark too: dropped after STALL_S."""
+        for as long as its unsent answers wait, below the pause's mark too: dropped after STALL_S. Closed under
+        _lock, so no direct answer is written after an error answer sent just before (answer() asks is_closing()
+        under it)."""
         self._arm("close", "a closed connection's answers stayed unread")
         with self._lock:
             if self._rest_pending:
                 self._close_after_rest = True
                 return
-        self.transport.close()
+            self.transport.close()
 
     # -- direct answers (StreamRequests' `direct`: the completer's thread) ----------------------------------
 
@@ -319,7 +334,7 @@ class FramedSession(asyncio.Protocol):
                     self.transport.close()
         if "queued" in self._paused_for:
             self._resume("queued")
-            self._admit()
+            self._admit()  # nothing once the transport is closing
 
 
 def _direct_safe(transport: asyncio.Transport) -> bool:

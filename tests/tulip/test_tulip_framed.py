@@ -9,7 +9,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from tulip_testkit import FakeEngine, ServerThread, decode_response, encode_request, make_config, solo_embedding, wait_until
+from tulip_testkit import FakeEngine, FakeInfo, ServerThread, decode_response, encode_request, make_config, solo_embedding, wait_until
 
 from protos import embed_pb2
 
@@ -439,3 +439,91 @@ def test_answers_queued_behind_a_direct_answers_rest_count_toward_the_write_mark
         assert session.transport.reading and admitted == [1]
 
     asyncio.run(queued())
+
+
+def test_a_connection_whose_frames_come_one_a_read_never_pauses() -> None:
+    """Ivy's traffic (a frame a read, the loop turning between): the budget is renewed each time it is spent, with
+    no pause of reading and no turn lost; only frames still waiting past it pause."""
+    from protos.framing import frame
+    from tulip import framed
+
+    async def one_a_read() -> None:
+        session, admitted = _admission_session()
+        pauses = []
+        session.transport.pause_reading = lambda: pauses.append(len(admitted))
+        n = 3 * framed.FRAMES_BEFORE_YIELD + 5
+        for i in range(1, n + 1):
+            session.data_received(frame(request(i, [[1, 2]])))
+            await asyncio.sleep(0)
+        assert admitted == list(range(1, n + 1)) and pauses == []
+
+    asyncio.run(one_a_read())
+
+
+class _ClosingTransport(_FloodTransport):
+    closing = False
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+def test_frames_waiting_are_not_admitted_once_the_connection_closes(monkeypatch) -> None:
+    """Frames read while answers went unread wait unadmitted; a connection closing meanwhile (the listener's close at
+    stop, a stall's abort) admits none of them when its buffer drains or a direct answer's rest is written."""
+    from protos.framing import frame
+    from tulip import framed
+
+    async def closing() -> None:
+        session, admitted = _admission_session()
+        session.transport = _ClosingTransport()
+        session.pause_writing()
+        session.data_received(b"".join(frame(request(i, [[1, 2]])) for i in range(1, 11)))
+        assert admitted == []
+        session.transport.closing = True
+        session.resume_writing()
+        assert admitted == []
+        session, admitted = _admission_session()
+        session.transport = _ClosingTransport()
+        session._rest_pending = True
+        monkeypatch.setattr(framed, "WRITE_HIGH_BYTES", 10)
+        session._send(embed_pb2.StreamResponse(id=99, message="x" * 20))  # past the mark behind the rest
+        session.data_received(b"".join(frame(request(i, [[1, 2]])) for i in range(1, 11)))
+        session.transport.closing = True
+        session._write_rest(memoryview(b"rest"))
+        assert admitted == []
+
+    asyncio.run(closing())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_eof_cancels_what_is_open_even_with_answers_unsent(monkeypatch, loop) -> None:
+    """A peer's EOF cancels its open requests at once and the connection goes after STALL_S if its answers stay
+    unread. Before, the transport's own close waited on the unsent answers with no timer: the open request stayed
+    on the device and the connection under framed_max_connections for good."""
+    from tulip import framed
+
+    uvloop = pytest.importorskip("uvloop") if loop == "uvloop" else None
+    factory = asyncio.new_event_loop if uvloop is None else uvloop.new_event_loop
+    monkeypatch.setattr(framed, "STALL_S", 0.5)
+    monkeypatch.setattr(framed, "keep_alive", lambda transport: transport.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_SNDBUF, 16384))
+    engine = FakeEngine(FakeInfo(dimensions=2048), gated=True)
+    with ServerThread(make_config(framed_port=_free_port()), engine, loop_factory=factory) as s:
+        client = Framed.__new__(Framed)
+        client.sock = socket.socket()
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.sock.connect(("127.0.0.1", s.server.framed.port))
+        for i in range(1, 9):  # 8 answers of 128 KiB, never read: most stay in the transport's buffer
+            client.send(request(i, [[i, j + 1, 5] for j in range(16)]))
+        engine.release(8)
+        wait_until(lambda: s.server.metrics.registry.get_sample_value(
+            "tulip_requests_total", {"status": "OK"}) == 8, what="8 answered into the buffer")
+        session, = s.server.framed._sessions
+        assert session.transport.get_write_buffer_size() > 0
+        client.send(request(9, [[9] * 10]))  # open: its batch held by the gated engine
+        wait_until(lambda: s.server._active == 1, what="request 9 open")
+        client.sock.shutdown(socket.SHUT_WR)
+        wait_until(lambda: s.server._active == 0, what="the open request cancelled at EOF")
+        wait_until(lambda: not s.server.framed._sessions, what="the half-closed connection dropped")
+        engine.release(100)
+        client.close()

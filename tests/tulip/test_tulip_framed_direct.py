@@ -3,6 +3,7 @@ finished request's answer to the socket itself, without waiting for the event lo
 answered; an answer larger than the socket takes leaves whole, and the answers behind it after it."""
 
 import asyncio
+import os
 import socket
 import threading
 
@@ -381,3 +382,34 @@ def test_a_cancel_after_the_answer_left_counts_the_request_answered(monkeypatch,
         assert registry.get_sample_value("tulip_requests_total", {"status": "OK"}) == 1
         assert registry.get_sample_value("tulip_requests_total", {"status": "CANCELLED"}) is None
         client.close()
+
+
+def test_no_direct_answer_follows_the_connections_error_answer() -> None:
+    """A bad frame's error answer (id 0) is the connection's last: the close comes under the lock that direct
+    answers take, so the completer cannot write an answer between the error and the close (it did: up to 161
+    answers after the error in a flood, read by no one, since Ivy drops the connection on the error)."""
+    from protos.framing import FrameBuffer
+    from tulip.errors import BadFrame
+    from tulip.stream import error_answer
+
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    session = _session(ours.fileno())
+    session.transport.write = lambda data: os.write(ours.fileno(), bytes(data))  # nothing unsent: direct writes go
+    close = session.transport.close
+
+    completer = threading.Thread(target=lambda: session.answer(5, _Job(), _result(10)))
+
+    def close_with_the_completer_in_between() -> None:  # the completer takes its turn just as the close begins
+        completer.start()
+        if not session._lock.locked():  # closed outside the lock: the completer's answer is written first
+            completer.join()
+        close()
+
+    session.transport.close = close_with_the_completer_in_between
+    session._send(error_answer(0, BadFrame("a frame is not a StreamRequest")))
+    session._close()
+    completer.join()
+    theirs.setblocking(False)
+    ids = [embed_pb2.StreamResponse.FromString(p).id for p in FrameBuffer(1 << 20).feed(theirs.recv(1 << 16))]
+    assert ids == [0]
