@@ -58,8 +58,9 @@ def test_wrong_shape_is_named(bert_copy):
 
 def test_missing_weights_file(bert_copy):
     (bert_copy / "model.safetensors").unlink()
-    (bert_copy / "pytorch_model.bin").write_bytes(b"")
-    with pytest.raises(WeightLoadError, match=r"no model\.safetensors or model\.safetensors\.index\.json .*pytorch_model\.bin"):
+    (bert_copy / "tf_model.h5").write_bytes(b"")
+    with pytest.raises(WeightLoadError, match=r"no model\.safetensors, model\.safetensors\.index\.json, pytorch_model\.bin "
+                                              r"or pytorch_model\.bin\.index\.json \(found tf_model\.h5"):
         Engine.from_pretrained(bert_copy, device="cpu")
 
 
