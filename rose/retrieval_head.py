@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from rose.layers.activations import get_activation
+from rose.checkpoint import open_weights
 from rose.loader import load_tensors
 from rose.spec import ModelFolderError, ModelSpec
 
@@ -60,7 +61,8 @@ class M3Transform(nn.Module):
 
 
 def _linear_pt(path, out_features: int, in_features: int) -> nn.Linear:
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    with open_weights(path) as f:  # torch.load(weights_only=True): a pickle naming anything else is refused
+        state = {name: f.get(name) for name in f.keys()}
     weight, bias = state.get("weight"), state.get("bias")
     if weight is None or tuple(weight.shape) != (out_features, in_features) or bias is None:
         shape = None if weight is None else tuple(weight.shape)

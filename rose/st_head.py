@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rose.checkpoint import open_weights
 from rose.spec import ModelFolderError, ModelSpec
 from rose.st_modules import DenseSpec
 
@@ -24,17 +25,13 @@ _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
 
 
 def _dense_state(folder: Path) -> dict[str, torch.Tensor]:
-    safetensors, pickle = folder / "model.safetensors", folder / "pytorch_model.bin"
-    if safetensors.is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(safetensors), device="cpu")
-    try:
-        return torch.load(str(pickle), map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ModelFolderError(f"{folder}: Dense weights not found (model.safetensors or pytorch_model.bin)") from None
-    except Exception as exc:  # noqa: BLE001 - a corrupt or non-tensor pickle
-        raise ModelFolderError(f"{pickle}: not a loadable weights file ({exc})") from None
+    """The Dense folder's weights through rose.checkpoint's reader (safetensors first; a pickle with
+    weights_only=True, refused naming the file when it names anything but tensors)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            with open_weights(folder / name) as f:
+                return {key: f.get(key) for key in f.keys()}
+    raise ModelFolderError(f"{folder}: Dense weights not found (model.safetensors or pytorch_model.bin)")
 
 
 def load_dense(dense: DenseSpec, device: torch.device) -> nn.Sequential:

@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from fake_cuda import attach_graphs
 from rose_retrieval_models import TEXTS, M3Reference, build_bge_m3, build_splade, splade_reference
 
@@ -134,3 +135,18 @@ def test_refused_folders_name_the_file(folders, tmp_path):
     (half / "sparse_linear.pt").unlink()
     with pytest.raises(ModelFolderError, match="colbert_linear.pt"):
         load_spec(half)
+
+
+def test_a_head_file_that_would_run_code_is_refused_naming_it(folders, tmp_path):
+    """BGE-M3's colbert_linear.pt is read as the model's weights are (rose.checkpoint: weights_only=True): a pickle
+    that names a callable is refused naming the file, and nothing of it runs."""
+    from test_rose_pickle_checkpoints import write_malicious
+
+    from rose.engine import Engine
+
+    bad = _copy(folders["bge-m3"], tmp_path / "m3-payload")
+    marker = tmp_path / "payload-ran"
+    write_malicious(bad / "colbert_linear.pt", marker, "zip")
+    with pytest.raises(ModelFolderError, match="colbert_linear.pt: refused"):
+        Engine.from_pretrained(bad, device="cpu", dtype=torch.float32)
+    assert not marker.exists()
