@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rose.layers.activations import get_activation
 from rose.checkpoint import open_weights
+from rose.layers.activations import get_activation
 from rose.loader import load_tensors
 from rose.spec import ModelFolderError, ModelSpec
 
