@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import functools
 import gc
+import types
+import typing
 import zlib
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -196,22 +199,48 @@ def parse_json(raw: bytes) -> Any:
 def check_misspelled_fields(data: Any, model: type[BaseModel]) -> None:
     """Unknown fields are ignored, as other servers and SDKs send their own (OpenAI-style clients pass
     `user`, vendor extras); but one that is a near miss of a field we serve ("dimension") would be silently
-    ignored too and change the answer, so it is a 422 naming the field we think was meant."""
+    ignored too and change the answer, so it is a 422 naming the field we think was meant. A field that is a
+    body model itself (/similarity's `parameters`, where TEI's clients put truncate and truncation_direction)
+    is checked the same way, the field named by its path (`parameters.truncation_side`)."""
+    _check_keys(data, model, "", [_KEYS_COMPARED])
+
+
+_KEYS_COMPARED = 16  # bounded work on the event loop, whatever the body holds: at most 16 short keys compared
+
+
+def _check_keys(data: Any, model: type[BaseModel], prefix: str, left: list[int]) -> None:
+    """check_misspelled_fields for `data` against `model`, then its nested body models; `left`: the comparisons
+    the whole body may still make (one budget over every level)."""
     if not isinstance(data, dict):
         return
     known = set(model.model_fields)
     longest = max(map(len, known))
-    looked = 0
-    for key in data:  # bounded work on the event loop, whatever the body holds: at most 16 short keys compared
+    for key in data:
         if not isinstance(key, str) or key in known or key in PEER_ALIASES or len(key) > longest + 3:
             continue
+        if left[0] <= 0:
+            return
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
         if close:
-            raise IvyError(Problem.INVALID_PARAMETER, f"an unknown field is close to {close[0]!r}; "
-                           f"did you mean {close[0]!r}?", param=close[0])  # never the client's key
-        looked += 1
-        if looked >= 16:
-            return
+            meant = prefix + close[0]
+            raise IvyError(Problem.INVALID_PARAMETER, f"an unknown field is close to {meant!r}; "
+                           f"did you mean {meant!r}?", param=meant)  # never the client's key
+        left[0] -= 1
+    for name, nested in _nested_models(model):
+        _check_keys(data.get(name), nested, f"{prefix}{name}.", left)
+
+
+@functools.cache
+def _nested_models(model: type[BaseModel]) -> tuple[tuple[str, type[BaseModel]], ...]:
+    """(field, model) of each field whose type is a body model, alone or with None (`X | None`)."""
+    found = []
+    for name, info in model.model_fields.items():
+        kind = info.annotation
+        members = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+        models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        if len(models) == 1:
+            found.append((name, models[0]))
+    return tuple(found)
 
 
 async def read_model(request: Request, model: type[M] | Callable[[Any], type[M]], limit: int,

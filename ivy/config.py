@@ -59,6 +59,14 @@ class IvyConfig:
         "Most inputs (or documents, or rerank documents) in one request; more gets 422."))
     max_chunks_per_request: int = field(default=16000, metadata=_help(
         "Most chunks over all documents of one contextualized-embeddings request."))
+    max_output_values_per_request: int = field(default=64 * 1024 * 1024, metadata=_help(
+        "Most float values the model's rows may hold for one /embed_multi_vector or /embed_sparse request, counted "
+        "after tokenizing and before anything is sent: token vectors x their width (BGE-M3: 1024 a token) or, for "
+        "SPLADE, whose rows cross from Tulip vocabulary-wide before Ivy keeps their non-zeros, inputs x the "
+        "vocabulary; more gets 413 naming `inputs`. The default, 64 Mi, is 256 MiB of float32 in the worker (and "
+        "~12 bytes a value as JSON): 8 BGE-M3 inputs of 8192 tokens or 128 of 512, and SPLADE at BERT's 30522-wide "
+        "vocabulary up to --max-inputs-per-request's 2048 inputs; without it one request of token ids under the "
+        "body limit could make GBs."))
     max_chars_per_input: int = field(default=0, metadata=_help(
         "Character cap applied before tokenization; 0 = 16 characters per model token (at least 4096)."))
     payload_limit_bytes: int = field(default=2 * 1024 * 1024, metadata=_help(
@@ -195,7 +203,8 @@ class IvyConfig:
             raise SystemExit("ivy: --workers must be 0 (auto: one per 4 usable CPUs) or positive")
         if self.workers == 0:  # auto, resolved here so every worker process and the metrics see the same count
             object.__setattr__(self, "workers", auto_workers())
-        for name in ("port", "workers", "max_inputs_per_request", "max_chunks_per_request", "payload_limit_bytes",
+        for name in ("port", "workers", "max_inputs_per_request", "max_chunks_per_request",
+                     "max_output_values_per_request", "payload_limit_bytes",
                      "max_concurrent_requests", "chunk_max_tokens", "chunk_max_seqs", "grpc_max_message_bytes",
                      "max_header_bytes"):
             if getattr(self, name) < 1:

@@ -73,7 +73,7 @@ async def maxsim_scores(request: Request, gw: Gateway, queries: list[str], docs:
     q_seqs, d_seqs = await encode_queries_and_documents(gw, queries, docs, truncate=truncate, side=side, names=names,
                                                         max_tokens=max_tokens)
     vectors = await unless_disconnected(request, retrieval_of(gw).vectors(q_seqs + d_seqs, deadline=deadline,
-                                                                          lane=lane))
+                                                                          lane=lane, param=names[1]))
     q, d = vectors[: len(q_seqs)], vectors[len(q_seqs):]
     scores = np.asarray([maxsim(q[0] if len(q) == 1 else q[i], doc) for i, doc in enumerate(d)], np.float32)
     return scores, sum(map(len, q_seqs)) + sum(map(len, d_seqs))

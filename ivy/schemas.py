@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, RootModel, WithJsonSchema, model_validator
 
 from ivy.lanes import PRIORITY_RULE, lane_name
 from ivy.inputs import (_ID_LISTS, _all_ints, _count, _first_not_int, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput,
@@ -171,12 +171,14 @@ class TeiEmbedRequest(_Request):
 
 class SparseEmbedRequest(_Request):
     """POST /embed_sparse (text-embeddings-inference's route): `inputs` as /embed takes them; `top_k` keeps each
-    vector's k largest weights (0 or absent: all non-zero ones)."""
+    vector's k largest weights (0: every non-zero one; absent: the model's default)."""
 
     inputs: Annotated[Inputs, PlainValidator(lambda v: parse_inputs(v, "inputs")), WithJsonSchema({"anyOf": [
         {"type": "string"}, {"type": "array", "items": {"type": "string"}},
         {"type": "array", "items": {"type": "integer"}}, _ID_LISTS]})]
-    top_k: int | None = Field(default=None, ge=0, le=1_000_000, description="Keep the k largest weights per input.")
+    top_k: int | None = Field(default=None, ge=0, le=1_000_000, description=(
+        "Keep the k largest weights per input; 0 = every non-zero weight; omitted = the model's default: a SPLADE "
+        "folder's max_active_dims (config_sentence_transformers.json) when it sets one, else every non-zero weight."))
     truncate: bool | None = None
     truncation_side: Side = "right"
     prompt_name: str | None = None
@@ -318,6 +320,18 @@ class RerankResponse(BaseModel):
     model: str
     results: list[RerankResult]
     usage: Usage
+
+
+class SparseValue(BaseModel):
+    """One weight of a sparse vector (text-embeddings-inference's SparseValue): a vocabulary id and its weight."""
+
+    index: int
+    value: float
+
+
+class SparseEmbedResponse(RootModel[list[list[SparseValue]]]):
+    """POST /embed_sparse's answer, text-embeddings-inference's EmbedSparseResponse: per input its non-zero
+    weights, ids ascending."""
 
 
 class ModelCard(BaseModel):

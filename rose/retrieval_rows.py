@@ -1,7 +1,7 @@
 """The host side of sparse and multi-vector outputs (numpy): which spans to ask for, and rows -> results.
 
 A request for `token-vectors` / `token-weights` (BGE-M3) asks for one-token spans; the rows that come back are
-turned into what users get here: sparse `{indices, values}` (ids ascending; `top_k` keeps the k largest
+turned into what users get here: sparse (ids, weights) pairs (ids ascending; `top_k` keeps the k largest
 weights) and MaxSim late-interaction scores. rose.retrieval_spec describes the outputs.
 """
 

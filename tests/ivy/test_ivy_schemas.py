@@ -151,3 +151,32 @@ def test_checked_ids_and_tokenizer_lists_pack_to_the_same_wire_bytes() -> None:
     assert embed_request(arrays, 7, dimensions=0, normalize=None, encoding=0, request_id="r").token_ids == want
     with pytest.raises(ValueError, match="7 ids where 6 were counted"):
         packed_ids(arrays, 6)
+
+
+def test_near_misses_inside_a_nested_body_object_are_422_naming_its_path(client, monkeypatch) -> None:
+    """/similarity's `parameters` (where TEI's clients put truncate / truncation_direction / prompt_name) and
+    `inputs` are body models of their own: a near miss there was served as if absent ("truncation_sid" ignored,
+    the text cut on the right) where the same key at the top level is a 422. Same check, the field named by its
+    path; other keys there stay ignored, TEI's truncation_direction is read, and the work stays bounded."""
+    import difflib
+
+    import ivy.body
+
+    long = "the quick brown fox jumps over the lazy dog " * 40  # over MiniLM's 256 tokens
+    inputs = {"source_sentence": long, "sentences": ["dog"]}
+    r = client.post("/similarity", json={"inputs": inputs, "parameters": {"truncate": True, "truncation_sid": "left"}})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == "parameters.truncation_side"
+    assert "did you mean 'parameters.truncation_side'" in error["message"] and "truncation_sid'" not in error["message"]
+    typo = client.post("/similarity", json={"inputs": {**inputs, "source_sentenc": "a"}})
+    assert typo.status_code == 422 and typo.json()["error"]["param"] == "inputs.source_sentence"
+    for fine in ({"truncate": True, "vendor_extra": 1}, {"truncate": True, "truncation_direction": "Left"}):
+        assert client.post("/similarity", json={"inputs": inputs, "parameters": fine}).status_code == 200, fine
+    calls = []
+    real = difflib.get_close_matches
+    monkeypatch.setattr(ivy.body.difflib, "get_close_matches", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    flood = {f"k{i:06d}_xx": 1 for i in range(20000)}
+    r = client.post("/similarity", json={"inputs": {**inputs, **flood}, "parameters": {**flood, "truncate": True},
+                                         **flood})
+    assert r.status_code == 200 and len(calls) <= 16
