@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ivy import (__version__, connections, docs, metrics, routes_embeddings, routes_retrieval, routes_scoring,
-                 routes_tokenize)
+from ivy import (__version__, connections, docs, metrics, routes_classify, routes_embeddings, routes_retrieval,
+                 routes_scoring, routes_tokenize)
 from ivy.body import configure as configure_bodies
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.errors import IvyError, Problem, from_validation_errors
@@ -67,7 +67,8 @@ def create_app(config: IvyConfig) -> FastAPI:
     app = IvyApp(title="Ivy", version=__version__, lifespan=lifespan,
                   description="HTTP gateway of the Ivy -> Tulip -> ROSE embedding stack.",
                   **docs.fastapi_options(config))
-    routers = (routes_embeddings.router, routes_scoring.router, routes_tokenize.router, routes_retrieval.router)
+    routers = (routes_embeddings.router, routes_scoring.router, routes_tokenize.router, routes_retrieval.router,
+               routes_classify.router)
     for router in routers:
         app.include_router(router)
     _add_ops_routes(app)
@@ -243,14 +244,19 @@ def _drain_on_sigterm(gateway: Gateway, delay_s: float) -> None:
 
 def _tei_info(gw: Gateway) -> dict:
     """text-embeddings-inference's GET /info, from what this gateway and its replicas know. model_type: a
-    reranker's {"reranker": labels}, else {"embedding": {"pooling"}} (TEI's names: cls, mean, last_token, splade);
-    model_id and served_model_name: the name requests use (TEI's model_id is the hub id); model_dtype: the
+    reranker's {"reranker": labels}, a classifier's {"classifier": its labels}, else {"embedding": {"pooling"}}
+    (TEI's names: cls, mean, last_token, splade); model_id and served_model_name: the name requests use (TEI's
+    model_id is the hub id); model_dtype: the
     dtype the replicas' rows come in (Tulip's native_dtype: float32 or int8), not their compute dtype;
     max_batch_tokens: the replicas' batch budget (Tulip's Info), else the chunk size Ivy sends;
     max_client_batch_size: the inputs one request may hold."""
     spec, config = gw.spec, gw.config
     if "rerank" in spec.tasks:
         model_type = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+    elif "classify" in spec.tasks:
+        labels = spec.score_head.labels
+        model_type = {"classifier": {"id2label": {str(i): label for i, label in enumerate(labels)},
+                                     "label2id": {label: i for i, label in enumerate(labels)}}}
     else:
         sparse_only = spec.tasks == ("sparse",)
         pooling = {"last": "last_token"}.get(spec.pooling, spec.pooling)  # TEI's name for it

@@ -140,8 +140,9 @@ class Gateway:
 
     @property
     def cross_encoder(self) -> bool:
-        """The served model is a reranker: /v1/score and /v1/rerank cross-encode pairs (ivy.cross_encode)."""
-        return self.spec.score_head is not None
+        """The served model is a reranker: /v1/score and /v1/rerank cross-encode pairs (ivy.cross_encode). A
+        classifier has a score head too, but labels, not a relevance score: it does not score."""
+        return "rerank" in self.spec.tasks
 
     def require_task(self, task: str, route: str) -> None:
         """400 naming the model's tasks when `route` needs one it does not do (/v1/embeddings on a reranker)."""

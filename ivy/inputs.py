@@ -113,6 +113,42 @@ def parse_inputs(value: Any, name: str = "input") -> Inputs:
     raise _wrong(f"{name}[0]", "a string, a token id or a list of token ids")
 
 
+@dataclass(frozen=True)
+class PredictInputs:
+    """text-embeddings-inference's /predict `inputs`: each item a text (1-tuple) or a (text, text_pair) pair.
+    `shape`: how they came, "text" (one string), "list" (one [text] or [text, text_pair]) or "batch" (a list of
+    those lists): TEI answers a batch with a list per input, anything else with the one input's list."""
+
+    items: list[tuple[str, ...]]
+    shape: Literal["text", "list", "batch"]
+
+    def name(self, k: int, j: int) -> str:
+        """How an error names text j of item k, as the client sent it."""
+        return {"text": "inputs", "list": f"inputs[{j}]", "batch": f"inputs[{k}][{j}]"}[self.shape]
+
+
+def parse_predict_inputs(value: Any) -> PredictInputs:
+    """As TEI reads /predict's `inputs`: a string, [string] or [string, string] (one text or one pair), or a batch
+    [[string], [string, string], ...] of them mixed; errors name the element (inputs[2][1])."""
+    if isinstance(value, str):
+        return PredictInputs([(one_text(value, "inputs"),)], "text")
+    if not isinstance(value, list):
+        raise _wrong("inputs", "a string, a pair [string, string] or a batch [[string], [string, string], ...]")
+    if not value:
+        raise _empty("inputs")
+    if not isinstance(value[0], list):
+        return PredictInputs([_sequence(value, "inputs", "inputs[{j}]")], "list")
+    _count(len(value), "inputs")
+    return PredictInputs([_sequence(v, f"inputs[{k}]", f"inputs[{k}][{{j}}]") for k, v in enumerate(value)], "batch")
+
+
+def _sequence(value: Any, name: str, each: str) -> tuple[str, ...]:
+    """One /predict input: a list of one text or of a pair of texts (`each`: how text j is named)."""
+    if not isinstance(value, list) or not 1 <= len(value) <= 2:
+        raise _wrong(name, "[string] or a pair [string, string]")
+    return tuple(one_text(v, each.format(j=j)) for j, v in enumerate(value))
+
+
 def parse_documents_of_chunks(value: Any) -> list[list[str]]:
     """Perplexity's `input`: a list of documents, each a non-empty list of non-empty chunk strings."""
     if not isinstance(value, list):

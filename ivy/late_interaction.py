@@ -41,7 +41,8 @@ def scoring_of(gw: Gateway, requested: str | None, route: str) -> str:
                            f"{gw.model_name!r} is a cross-encoder and scores each pair itself", param="scoring")
         return CROSS
     if "embed" not in tasks and "multi-vector" not in tasks:
-        gw.require_task("embed", route)  # SPLADE: 400 naming its tasks
+        # SPLADE, a classifier: 400 naming its tasks
+        gw.require_task("rerank" if "classify" in tasks else "embed", route)
     if requested is None:
         return COSINE if "embed" in tasks else MAXSIM
     needs = {COSINE: "embed", MAXSIM: "multi-vector"}[requested]

@@ -1,4 +1,5 @@
-"""A cross-encoder's input: each (query, document) pair as one token sequence (tokenization only, no I/O).
+"""A cross-encoder's input: each (query, document) pair as one token sequence (tokenization only, no I/O); a
+classifier's pairs (/predict's [text, text_pair]) are encoded as the classifier rerankers' are.
 
 - Classifier rerankers (BERT / XLM-R, rose.cross_spec): the tokenizer's pair encoding, [CLS] q [SEP] d [SEP]
   (XLM-R <s> q </s></s> d </s>), cut longest first to the model's length as sentence-transformers'
@@ -41,7 +42,10 @@ def too_long_pair(param: str, n: int, limit: int) -> IvyError:
                     "(send truncate=true to cut it)", param=param, limit=limit)
 
 
-def _where(name: str, one: bool, i: int) -> str:
+def _where(name: str | tuple[str, ...], one: bool, i: int) -> str:
+    """How an error names text i of a field; a tuple names each text itself (/predict's pairs, ivy.inputs)."""
+    if isinstance(name, tuple):
+        return name[i]
     return name if one else f"{name}[{i}]"
 
 
@@ -62,9 +66,10 @@ class PairEncoder:
             self.added = len(tokenizer.encode_pairs([("", "")])[0].ids)  # [CLS] [SEP] [SEP]; XLM-R's four
 
     def encode(self, queries: Sequence[str], docs: Sequence[str], truncate: bool, side: str,
-               instruction: str | None, names: tuple[str, str], max_length: int | None = None) -> Pairs:
+               instruction: str | None, names: tuple, max_length: int | None = None) -> Pairs:
         """queries[i] with docs[i], or one query with every document; `names` are the request's fields for
-        them. max_length: the tokens a pair may have (vLLM's truncate_prompt_tokens), not the model's; with
+        them (or, each a tuple, every text's own name). max_length: the tokens a pair may have (vLLM's
+        truncate_prompt_tokens), not the model's; with
         truncate only."""
         ones = sent_as_one(queries, single=True), sent_as_one(docs)  # before the lists are copied
         queries = self._capped(queries, truncate, side, names[0], ones[0])
@@ -93,7 +98,7 @@ class PairEncoder:
             return Pairs([[*self.prefix, *enc.ids, *self.suffix] for enc in encoded], None)
         return Pairs([e.ids for e in encoded], [e.type_ids for e in encoded] if self.types else None)
 
-    def _too_long(self, query: str, doc: str, n: int, names: tuple[str, str], ones: tuple[bool, bool],
+    def _too_long(self, query: str, doc: str, n: int, names: tuple, ones: tuple[bool, bool],
                   qi: int, di: int) -> IvyError:
         """A 422 for a pair of n tokens, naming its text with more tokens (a long query is the query's fault,
         not every document's); tokenized again only here, on the way out."""
@@ -101,7 +106,7 @@ class PairEncoder:
         param = _where(names[0], ones[0], qi) if nq > nd else _where(names[1], ones[1], di)
         return too_long_pair(param, n, self.max_length)
 
-    def _capped(self, texts: Sequence[str], truncate: bool, side: str, name: str, one: bool) -> list[str]:
+    def _capped(self, texts: Sequence[str], truncate: bool, side: str, name, one: bool) -> list[str]:
         """The per-text character cap of every route: cut with truncate=true, else a 422 naming the text."""
         cap, out = self.char_cap, []
         for i, text in enumerate(texts):

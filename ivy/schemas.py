@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, RootModel, Wi
 
 from ivy.lanes import PRIORITY_RULE, lane_name
 from ivy.inputs import (_ID_LISTS, _all_ints, _count, _first_not_int, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput,
-                        EncodingFormat, Inputs, InputType, Query, RerankDocuments, Side, TextOrTexts, one_text,
-                        parse_inputs, parse_texts)
+                        EncodingFormat, Inputs, InputType, PredictInputs, Query, RerankDocuments, Side, TextOrTexts,
+                        one_text, parse_inputs, parse_predict_inputs, parse_texts)
 
 # Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
@@ -197,6 +197,37 @@ class MultiVectorEmbedRequest(_Request):
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
 
+_PAIR = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2}
+
+
+class PredictRequest(_Request):
+    """text-embeddings-inference's POST /predict for a sequence classifier: a text, a pair [text, text_pair] (the
+    tokenizer's pair encoding) or a batch [[text], [text, text_pair], ...]; per input every label's score, best
+    first (one input: its list; a batch: a list per input)."""
+
+    inputs: Annotated[PredictInputs, PlainValidator(parse_predict_inputs), WithJsonSchema(
+        {"anyOf": [{"type": "string"}, _PAIR, {"type": "array", "items": _PAIR}]})]
+    truncate: bool | None = Field(default=None, description="Cut over-long inputs; omitted = the server default.")
+    truncation_side: Side = "right"
+    raw_scores: bool = Field(default=False, description="The logits, not softmax (or the sigmoid of a multi-label "
+                                                        "model).")
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+
+
+class ClassifyRequest(_Request):
+    """vLLM's POST /classify: `input` texts (or token ids) as /v1/embeddings takes them; per input its label
+    (the best) and every label's probability in label order."""
+
+    input: EmbeddingInput
+    truncate: bool | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, description="vLLM's: -1 cuts to the model's length, "
+                                               "k keeps k tokens (a text's special tokens included).")
+    truncation_side: Side = "right"
+    use_activation: bool = Field(default=True, description="vLLM's: softmax (a multi-label model: sigmoid); false: "
+                                                           "the logits.")
+    priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+
+
 class TokenizeRequest(_Request):
     """vLLM's /tokenize: the token ids of one text, never truncated."""
 
@@ -334,6 +365,29 @@ class SparseEmbedResponse(RootModel[list[list[SparseValue]]]):
     weights, ids ascending."""
 
 
+class Prediction(BaseModel):
+    """One label's score in /predict's answer (text-embeddings-inference's Prediction)."""
+
+    score: float
+    label: str
+
+
+class ClassifyData(BaseModel):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ClassifyResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ClassifyData]
+    usage: Usage
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -341,9 +395,10 @@ class ModelCard(BaseModel):
     owned_by: str
     max_model_len: int
     dimensions: int
-    tasks: list[Literal["embed", "rerank", "sparse", "multi-vector"]] = Field(description="What the model does: embed (/v1/embeddings; /v1/score "
-                                                    "and /v1/rerank by cosine) or rerank (a cross-encoder: "
-                                                    "/v1/score and /v1/rerank score each pair).")
+    tasks: list[Literal["embed", "rerank", "classify", "sparse", "multi-vector"]] = Field(
+        description="What the model does: embed (/v1/embeddings; /v1/score and /v1/rerank by cosine), rerank (a "
+                    "cross-encoder: /v1/score and /v1/rerank score each pair), classify (/predict, /classify), "
+                    "sparse, multi-vector.")
 
 
 class ModelList(BaseModel):

@@ -71,8 +71,11 @@ def _check_vocab(seq: Sequence[int], where: str, vocab: int) -> np.ndarray:
     return arr.astype(np.int32)  # every id is in 0..vocab - 1, so it fits
 
 
-def _where(param: str, one: bool, i: int) -> str:
-    """How an error names the request's i-th text (`one`: the field is a single text, not a list)."""
+def _where(param: str | tuple[str, ...], one: bool, i: int) -> str:
+    """How an error names the request's i-th text (`one`: the field is a single text, not a list); a tuple names
+    each text itself (/predict's texts, picked out of a batch that mixes them with pairs)."""
+    if isinstance(param, tuple):
+        return param[i]
     return param if one else f"{param}[{i}]"
 
 
@@ -219,9 +222,9 @@ class InputEncoder:
     # ---- (query, document) pairs of a cross-encoder ----
 
     async def encode_pairs(self, queries: Sequence[str], docs: Sequence[str], *, truncate: bool, side: str,
-                           instruction: str | None, names: tuple[str, str], max_tokens: int | None = None) -> Pairs:
-        """One sequence per pair (ivy.pairs); only for a cross-encoder (self.pairs is set). max_tokens: what a pair
-        is cut to with truncate (vLLM's truncate_prompt_tokens), not the model's length."""
+                           instruction: str | None, names: tuple, max_tokens: int | None = None) -> Pairs:
+        """One sequence per pair (ivy.pairs); only for a cross-encoder or a classifier (self.pairs is set).
+        max_tokens: what a pair is cut to with truncate (vLLM's truncate_prompt_tokens), not the model's length."""
         size = _size(queries, self.inline_chars) + _size(docs, self.inline_chars)
         return await self._run(self.pairs.encode, queries, docs, truncate, side, instruction, names, max_tokens,
                                size=size)

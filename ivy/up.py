@@ -274,10 +274,13 @@ def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metri
     spec = load_spec(_resolve_model(config))
     name = config.served_model_name or spec.model_id
     auth = ' -H "Authorization: Bearer $IVY_API_KEY"' if config.api_key else ""
-    route, body = ("rerank", '"query": "hello", "documents": ["hello world", "goodbye"]') if "rerank" in spec.tasks \
-        else ("embeddings", '"input": ["hello world"]')
+    route, body = ("v1/embeddings", '"input": ["hello world"]')
+    if "rerank" in spec.tasks:
+        route, body = "v1/rerank", '"query": "hello", "documents": ["hello world", "goodbye"]'
+    elif "classify" in spec.tasks:
+        route = "classify"
     print(f"Ivy is ready at {url} (model {name}; Tulip replicas: {', '.join(addresses)})\n"
-          f"  curl {url}/v1/{route} -H 'Content-Type: application/json'{auth} \\\n"
+          f"  curl {url}/{route} -H 'Content-Type: application/json'{auth} \\\n"
           f"    -d '{{\"model\": \"{name}\", {body}}}'\n"
           f"Metrics: {url}/metrics (gateway)" + "".join(f", {m}" for m in tulip_metrics) + "\n"
           "Press Ctrl-C to stop.", flush=True)

@@ -1,4 +1,4 @@
-"""Cross-encoder (reranker) folders: which score head a folder has, and its activation (torch-free).
+"""Cross-encoder (reranker) and sequence-classifier folders: which score head a folder has (torch-free).
 
 A cross-encoder reads a (query, document) pair as one sequence and gives one relevance score; ROSE's native
 row for such a model is that score (width 1), computed on the device after pooling (rose.score_head):
@@ -10,6 +10,12 @@ row for such a model is that score (width 1), computed on the device after pooli
 Then the activation sentence-transformers' CrossEncoder applies (6.x rules): `activation_fn` of
 config_sentence_transformers.json, else config.json's `sentence_transformers.activation_fn`, else its
 `sbert_ce_default_activation_function`, else Sigmoid (one label). ms-marco-MiniLM's folder says Identity.
+
+A `*ForSequenceClassification` folder with two labels or more is a classifier (task "classify"), not a
+reranker: the same head projects to its N labels (id2label, in index order) and its native row is the N logits,
+no activation: the client picks it per request (softmax, sigmoid for problem_type multi_label_classification,
+or the raw logits TEI's raw_scores asks for), so ROSE keeps what all three need. DistilBERT classifiers too
+(`distilbert_head`: CLS -> pre_classifier + ReLU -> classifier); DistilBERT rerankers are not served.
 
 Which folders are cross-encoders: `*ForSequenceClassification` architectures; a sentence-transformers
 CrossEncoder folder; a Qwen3ForCausalLM folder that is a Qwen3-Reranker (its folder name says "reranker",
@@ -30,12 +36,19 @@ SIGMOID = "torch.nn.modules.activation.Sigmoid"
 APPLIED = ("Transformer", "LogitScore")  # the modules a cross-encoder folder may list
 
 
+MULTI_LABEL = "multi_label_classification"
+CLASSIFIER_KINDS = {"bert": "bert_pooler", "roberta": "roberta_head", "xlm-roberta": "roberta_head",
+                    "distilbert": "distilbert_head"}  # family -> its *ForSequenceClassification head
+
+
 @dataclass(frozen=True)
 class ScoreHead:
-    kind: str  # bert_pooler | roberta_head | yes_no
-    activation: str  # a value of rose.st_modules.ACTIVATIONS, applied to the logit
+    kind: str  # bert_pooler | roberta_head | distilbert_head | yes_no
+    activation: str  # a value of rose.st_modules.ACTIVATIONS, applied to the logit (a classifier's: identity)
     true_token: int | str | None = None  # yes_no: the "yes" token (an id, or text the tokenizer resolves)
     false_token: int | str | None = None  # yes_no: the "no" token
+    labels: tuple[str, ...] = ()  # a classifier's id2label in index order; () = a reranker (one score)
+    multi_label: bool = False  # a classifier's problem_type is multi_label_classification: sigmoid, not softmax
 
 
 def num_labels(config: dict[str, Any]) -> int:
@@ -97,10 +110,11 @@ def read_score_head(model_dir: Path, config: dict[str, Any], family: str, arch: 
     cross_folder = st_config.get("model_type") == "CrossEncoder"
     modules = _modules(model_dir)
     if name.endswith("ForSequenceClassification"):
-        if arch != "bert":
+        kind = CLASSIFIER_KINDS.get(family)
+        if kind is None or (kind == "distilbert_head" and num_labels(config) == 1):
             raise ModelFolderError(f"{model_dir / 'config.json'}: {name} is not served by ROSE (its sequence-"
-                                   "classification rerankers are BERT, RoBERTa and XLM-R)")
-        kind = "bert_pooler" if family == "bert" else "roberta_head"
+                                   "classification rerankers are BERT, RoBERTa and XLM-R; its classifiers these "
+                                   "and DistilBERT)")
         _logit_score(model_dir, modules)  # refuses any module past the Transformer (a LogitScore needs logits)
         logit = None
     elif name.endswith("ForCausalLM") and family == "qwen3":
@@ -113,14 +127,12 @@ def read_score_head(model_dir: Path, config: dict[str, Any], family: str, arch: 
                                f"architecture {name!r} is not served by ROSE")
     else:
         return None
-    labels = 1 if kind == "yes_no" else num_labels(config)
-    if labels != 1:
-        raise ModelFolderError(f"{model_dir / 'config.json'}: {name} with {labels} labels; ROSE serves rerankers "
-                               "with one (num_labels=1: one relevance score per pair)")
     prompts = {k: v for k, v in (st_config.get("prompts") or {}).items() if v}
     if prompts:
         raise ModelFolderError(f"{model_dir / 'config_sentence_transformers.json'}: CrossEncoder prompts "
                                f"{sorted(prompts)} are not applied by ROSE")
+    if kind != "yes_no" and num_labels(config) > 1:
+        return _classifier(model_dir, config, kind)
     head = ScoreHead(kind, _activation(model_dir, config, st_config))
     if kind == "yes_no":
         yes, no = (logit["true_token_id"], logit["false_token_id"]) if logit else ("yes", "no")
@@ -130,3 +142,21 @@ def read_score_head(model_dir: Path, config: dict[str, Any], family: str, arch: 
 
 def _lists_logit_score(modules: list[dict]) -> bool:
     return any(isinstance(m, dict) and str(m.get("type", "")).endswith(".LogitScore") for m in modules)
+
+
+def _classifier(model_dir: Path, config: dict[str, Any], kind: str) -> ScoreHead:
+    """A classifier's head: its labels as transformers names them (id2label, else LABEL_i) and its activation's
+    kind. A regression head of several outputs has no probabilities to serve: refused."""
+    path, n = model_dir / "config.json", num_labels(config)
+    id2label = config.get("id2label") or {str(i): f"LABEL_{i}" for i in range(n)}
+    try:
+        by_index = {int(k): str(v) for k, v in id2label.items()}
+    except (TypeError, ValueError):
+        raise ModelFolderError(f"{path}: id2label's keys must be label indices 0..{n - 1}") from None
+    if sorted(by_index) != list(range(n)):
+        raise ModelFolderError(f"{path}: id2label's keys must be label indices 0..{n - 1}, got {sorted(by_index)}")
+    problem = config.get("problem_type")
+    if problem not in (None, "single_label_classification", MULTI_LABEL):
+        raise ModelFolderError(f"{path}: problem_type {problem!r} with {n} labels is not served (ROSE classifies: "
+                               f"single_label_classification or {MULTI_LABEL})")
+    return ScoreHead(kind, "identity", labels=tuple(by_index[i] for i in range(n)), multi_label=problem == MULTI_LABEL)

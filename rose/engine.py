@@ -7,6 +7,7 @@
     # a cross-encoder (reranker) folder: one relevance score per (query, document) pair, as CrossEncoder.predict
     pairs = engine.tokenizer.encode_pairs([("a query", "a document")])
     scores = engine.embed([p.ids for p in pairs], token_types=[p.type_ids for p in pairs])   # float32 [1, 1]
+    # a classifier (num_labels >= 2): its logits, [n, labels]; rose.head.label_scores gives the probabilities
     lazy = engine.step(rose.Batch.from_sequences(ids))               # native rows, async on a GPU
     rows = lazy.result()
 
@@ -127,9 +128,9 @@ class Engine:
 
     def step(self, batch: Batch, express: bool = False) -> LazyTensor:
         """Native rows float32 [batch.num_rows, dimensions]: pooled hidden states, not normalized (for
-        pplx-embed round(127*tanh(x)); for a cross-encoder its score, width 1). Returns at once on a GPU;
-        waits (or raises PinnedPoolExhausted) while the pinned pool is at its cap. express: on the express
-        lane, beside whatever the bulk lane runs (rose.express)."""
+        pplx-embed round(127*tanh(x)); for a cross-encoder its score, width 1; for a classifier its logits, one
+        per label). Returns at once on a GPU; waits (or raises PinnedPoolExhausted) while the pinned pool is at
+        its cap. express: on the express lane, beside whatever the bulk lane runs (rose.express)."""
         return self.runner.step(batch, express=express)
 
     def step_layered(self, batch: Batch, ahead: int) -> LazyTensor:
@@ -166,9 +167,10 @@ class Engine:
               options: OutputOptions | None = None,
               token_types: Sequence[Sequence[int]] | None = None, output: str | None = None) -> np.ndarray:
         """What sentence-transformers returns for these token ids (pplx-embed: the int8 values as float32;
-        a cross-encoder: CrossEncoder.predict's score per pair, [n, 1]). `spans` are (sequence index, start,
-        end) rows instead of one row per sequence; `token_types` one list per sequence (BERT pairs). `output`:
-        which of the model's outputs (rose.retrieval_spec: vocab-weights, token-vectors, ...; default the first)."""
+        a cross-encoder: CrossEncoder.predict's score per pair, [n, 1]; a classifier: its logits, [n, labels]).
+        `spans` are (sequence index, start, end) rows instead of one row per sequence; `token_types` one list per
+        sequence (BERT pairs). `output`: which of the model's outputs (rose.retrieval_spec: vocab-weights,
+        token-vectors, ...; default the first)."""
         pooling = pooling or self.spec.pooling
         rows = self._native_rows([list(s) if not isinstance(s, np.ndarray) else s for s in sequences],
                                  pooling, spans, token_types)

@@ -60,6 +60,7 @@ class ExpressLane:
                                 lambda host, staged: runner.eager(host, staged, backend), runner.device,
                                 token_buckets=[t for t in buckets if t <= top],
                                 seq_buckets=runner.graphs.seq_buckets, capture_after=runner.graphs.capture_after)
+            graphs.scores = runner.graphs.scores
         log.info("express lane: batches up to %d tokens on a priority-%d stream, %s", max_tokens,
                  EXPRESS_PRIORITY, "own CUDA graphs" if graphs is not None else "eager")
         return cls(max_tokens, backend, stream, graphs)

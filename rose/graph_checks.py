@@ -3,7 +3,8 @@ manifest of hot shapes those probes come from (torch-free; rose.graphs re-export
 
 The comparison: per-row cosine divergence (1 - cos) between a graph's replayed rows and the eager forward's
 rows of the same batch, at most VERIFY_MAX_DIVERGENCE (0.1 %) on every row, and every replayed value
-finite. Rows of width 1 (a cross-encoder's scores, where a cosine only compares signs) are compared by
+finite. Rows of width 1 (a cross-encoder's scores, where a cosine only compares signs) and a score head's rows
+(`scores`: a classifier's logits, a handful of numbers whose cosine swings where they lie near 0) are compared by
 their difference instead: at most VERIFY_MAX_SCORE_ERROR, relative to the score where it is above 1. Prewarm (rose.warmup) refuses to serve on a mismatch; a graph captured lazily in serving that fails
 it is dropped and its layout runs eagerly (rose.graphs).
 """
@@ -25,10 +26,11 @@ class GraphVerificationError(RuntimeError):
     """Graph replay disagrees with the eager forward: the graph must not be used."""
 
 
-def check_replay(label: str, replayed: np.ndarray, eager: np.ndarray) -> float:
+def check_replay(label: str, replayed: np.ndarray, eager: np.ndarray, scores: bool = False) -> float:
     """The worst row's divergence of `replayed` from `eager` (the real rows of one batch); raises
-    GraphVerificationError above VERIFY_MAX_DIVERGENCE or when the replay is not finite."""
-    scores = replayed.ndim == 2 and replayed.shape[1] == 1
+    GraphVerificationError above VERIFY_MAX_DIVERGENCE or when the replay is not finite. scores: the rows are a
+    score head's (CudaGraphs.scores), compared by difference whatever their width."""
+    scores = scores or (replayed.ndim == 2 and replayed.shape[1] == 1)
     what, bar = ("score error", VERIFY_MAX_SCORE_ERROR) if scores else ("cosine divergence", VERIFY_MAX_DIVERGENCE)
     if not len(replayed):
         worst = 0.0

@@ -65,6 +65,8 @@ class _Graph:
 class CudaGraphs:
     """Lazy per-layout CUDA graphs around `forward(meta) -> [Pb, dim]` (a pure, capturable function)."""
 
+    scores = False  # the rows are a score head's (rose.score_head sets it): replays checked by their difference
+
     def __init__(self, forward: Callable[[ForwardMeta], torch.Tensor], plan: Callable[[ForwardMeta], None],
                  eager: Callable[[HostMeta, torch.Tensor], torch.Tensor], device: torch.device,
                  token_buckets: Iterable[int] = DEFAULT_TOKEN_BUCKETS,
@@ -144,7 +146,7 @@ class CudaGraphs:
         layout = host.layout
         reference = self.eager(host, staged)
         try:
-            check_replay(layout_label(layout), _host_rows(out, host), _host_rows(reference, host))
+            check_replay(layout_label(layout), _host_rows(out, host), _host_rows(reference, host), self.scores)
         except GraphVerificationError as exc:
             self.graphs_refused += 1
             self.refused.add(layout)

@@ -3,7 +3,8 @@
 Native rows are what `Engine.step()` returns: the pooled hidden states, not yet normalized, for float
 families; round(127*tanh(x)) int8 values (as float32) for pplx-embed. Per request: Matryoshka truncation
 to `dimensions`, then L2 normalization when normalizing (by default when the model's sentence-transformers
-pipeline normalizes), then the wire encoding.
+pipeline normalizes), then the wire encoding. A classifier's native rows are its logits; `label_scores` turns
+them into what a client asked for (Ivy's /predict and /classify).
 """
 
 from __future__ import annotations
@@ -52,3 +53,16 @@ def apply_head(rows: np.ndarray, options: OutputOptions, *, native_int8: bool, d
 def _l2_normalize(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
+
+
+def label_scores(logits: np.ndarray, *, multi_label: bool, raw: bool = False) -> np.ndarray:
+    """float32 [n, labels] per-label scores from a classifier's logits, as transformers' text-classification
+    pipeline scores them: softmax over the labels, or each label's sigmoid for a multi-label model
+    (problem_type multi_label_classification); `raw`: the logits themselves (TEI's raw_scores)."""
+    x = np.asarray(logits, dtype=np.float64)
+    if raw:
+        return x.astype(np.float32)
+    if multi_label:
+        return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)

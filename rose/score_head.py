@@ -1,10 +1,13 @@
-"""A cross-encoder's score head on the device: pooled rows -> one relevance score per row (rose.cross_spec).
+"""A cross-encoder's score head on the device: pooled rows -> one relevance score per row (rose.cross_spec), or
+a sequence classifier's: pooled rows -> one logit per label.
 
 `attach_score_head` makes `ModelRunner.forward` model -> span pooling -> head, so the eager path and every
 CUDA graph (captured from `forward`) end in the score; the native row is that score (width 1) and the host
 has nothing left to do. The head runs in float32 on the pooled float32 rows, its weights read once from the
 checkpoint (the embedding stack leaves them out):
-- classifier (`bert_pooler`, `roberta_head`): dense + tanh on the CLS row, then the 1-label projection;
+- classifier (`bert_pooler`, `roberta_head`): dense + tanh on the CLS row, then the projection to 1 label (a
+  reranker) or N (a classifier: the logits, its activation left to the client, rose.head.label_scores);
+  `distilbert_head`: pre_classifier + ReLU instead of dense + tanh;
 - `yes_no`: the final hidden state of the last token against only the two lm_head rows of "yes" and "no"
   (tied models: the embedding table's rows), logit(yes) - logit(no); a [P, 2] product, not [P, vocab].
 Then the CrossEncoder activation (Sigmoid by default: sigmoid(yes - no) = softmax over (yes, no) of yes).
@@ -24,19 +27,23 @@ _CLASSIFIER_NAMES = {
                     "out.weight": ("classifier.weight",), "out.bias": ("classifier.bias",)},
     "roberta_head": {"dense.weight": ("classifier.dense.weight",), "dense.bias": ("classifier.dense.bias",),
                      "out.weight": ("classifier.out_proj.weight",), "out.bias": ("classifier.out_proj.bias",)},
+    "distilbert_head": {"dense.weight": ("pre_classifier.weight",), "dense.bias": ("pre_classifier.bias",),
+                        "out.weight": ("classifier.weight",), "out.bias": ("classifier.bias",)},
 }
 
 
 class ClassifierHead(nn.Module):
-    """BERT's pooler + classifier, or RoBERTa's classification head: out(tanh(dense(cls)))."""
+    """BERT's pooler + classifier, or RoBERTa's classification head: out(tanh(dense(cls))); DistilBERT's
+    out(relu(pre_classifier(cls))). `labels` outputs: 1 for a reranker, N for a classifier."""
 
-    def __init__(self, hidden: int) -> None:
+    def __init__(self, hidden: int, labels: int = 1, relu: bool = False) -> None:
         super().__init__()
         self.dense = nn.Linear(hidden, hidden)
-        self.out = nn.Linear(hidden, 1)
+        self.out = nn.Linear(hidden, labels)
+        self.act = torch.relu if relu else torch.tanh
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.tanh(self.dense(pooled)))
+        return self.out(self.act(self.dense(pooled)))
 
 
 class YesNoHead(nn.Module):
@@ -72,8 +79,10 @@ def build_score_head(spec: ModelSpec, tokenizer) -> nn.Module:
         layer: nn.Module = YesNoHead(load_tensors(spec.model_dir, names, rows={"rows": ids})["rows"].float())
     else:
         tensors = load_tensors(spec.model_dir, _CLASSIFIER_NAMES[head.kind])
-        layer = ClassifierHead(hidden).to("meta")
-        shapes = {"dense.weight": (hidden, hidden), "dense.bias": (hidden,), "out.weight": (1, hidden), "out.bias": (1,)}
+        n = len(head.labels) or 1
+        layer = ClassifierHead(hidden, n, relu=head.kind == "distilbert_head").to("meta")
+        shapes = {"dense.weight": (hidden, hidden), "dense.bias": (hidden,), "out.weight": (n, hidden),
+                  "out.bias": (n,)}
         for name, shape in shapes.items():
             if tuple(tensors[name].shape) != shape:
                 raise ModelFolderError(f"{spec.model_dir}: classifier tensor {name!r} has shape "
@@ -91,3 +100,5 @@ def attach_score_head(runner, spec: ModelSpec, tokenizer) -> None:
     head = build_score_head(spec, tokenizer).to(runner.device)
     runner.transform = head
     runner.score_head = head
+    if runner.graphs is not None:
+        runner.graphs.scores = True

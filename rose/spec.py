@@ -3,7 +3,8 @@
 Reads config.json and the sentence-transformers files (modules.json, the pooling config,
 config_sentence_transformers.json prompts, sentence_bert_config.json) and decides the family, attention
 kind, pooling, normalization, native output dtype and maximum length, and whether the folder is a
-cross-encoder (rose.cross_spec: its score head, one relevance score per pair). Errors name the file.
+cross-encoder (rose.cross_spec: its score head, one relevance score per pair) or a sequence classifier (the same
+heads, one logit per label). Errors name the file.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class ModelSpec:
     default_prompt_name: str | None
     chunk_separator: str | None  # text joined between a document's chunks (late chunking)
     dense: tuple = ()  # rose.st_modules.DenseSpec per sentence-transformers Dense, applied after pooling
-    score_head: Any = None  # rose.cross_spec.ScoreHead of a cross-encoder (its native row is the score)
+    score_head: Any = None  # rose.cross_spec.ScoreHead: a cross-encoder's (row: its score) or a classifier's (logits)
     layer_windows: tuple = ()  # decoders: each layer's sliding window (rose.windows; FULL = none)
     retrieval: Any = None  # rose.retrieval_spec.RetrievalHeads: SPLADE / BGE-M3 outputs (sparse, multi-vector)
     lowercase: bool = False  # sentence_bert_config.json's do_lower_case: texts lowercased first (rose.tokenizer)
@@ -78,15 +79,18 @@ class ModelSpec:
 
     @property
     def tasks(self) -> tuple[str, ...]:
-        """What the model serves: ("embed",) for an embedding model, ("rerank",) for a cross-encoder."""
+        """What the model serves: ("embed",) for an embedding model, ("rerank",) for a cross-encoder,
+        ("classify",) for a sequence classifier of two labels or more."""
         if self.retrieval is not None:  # SPLADE: sparse; BGE-M3: embed, multi-vector, sparse
             return self.retrieval.tasks
-        return ("rerank",) if self.score_head is not None else ("embed",)
+        if self.score_head is None:
+            return ("embed",)
+        return ("classify",) if self.score_head.labels else ("rerank",)
 
     @property
     def type_vocab_size(self) -> int:
-        """Token types a request may carry: BERT cross-encoders read a pair's second text as type 1; every
-        other model takes type 0 only (RoBERTa / XLM-R tokenizers give no token_type_ids)."""
+        """Token types a request may carry: BERT cross-encoders and classifiers read a pair's second text as
+        type 1; every other model takes type 0 only (RoBERTa / XLM-R tokenizers give no token_type_ids)."""
         if self.score_head is None or self.family != "bert":
             return 1
         return max(1, int(self.config.get("type_vocab_size", 2)))
@@ -107,7 +111,7 @@ class EngineInfo:
     attention_backend: str
     device: str
     dtype: str
-    tasks: tuple[str, ...] = ("embed",)  # embed | rerank (ModelSpec.tasks)
+    tasks: tuple[str, ...] = ("embed",)  # embed | rerank | classify | sparse | multi-vector (ModelSpec.tasks)
     type_vocab_size: int = 1  # token types a request may carry (ModelSpec.type_vocab_size)
     # rose.retrieval_spec.Output per output side by side in the native row; () = one "embed" of `dimensions`
     outputs: tuple = ()
@@ -196,7 +200,7 @@ def load_spec(model_dir: str | Path, model_id: str | None = None) -> ModelSpec:
         raise ModelFolderError(f"{model_dir / 'config.json'}: {exc}") from None
 
     st_cfg = _optional_json(model_dir / "config_sentence_transformers.json") or {}
-    width = (1 if head is not None else retrieval.outputs[0].width if retrieval is not None
+    width = ((len(head.labels) or 1) if head is not None else retrieval.outputs[0].width if retrieval is not None
              else dense[-1].out_features if dense else int(config["hidden_size"]))
     truncate_dim = st_cfg.get("truncate_dim")
     if truncate_dim is not None and head is None and retrieval is None:  # sentence-transformers' Matryoshka default

@@ -87,7 +87,7 @@ def prewarm_and_verify(runner, shapes: Iterable[tuple[int, int, int, int]], pool
         replayed = runner.step(probe, own_layout=True, express=express).result()
         eager = runner.step(probe, use_graphs=False, express=express).result()
         try:
-            worst = check_replay(layout_label(layout), replayed, eager)
+            worst = check_replay(layout_label(layout), replayed, eager, graphs.scores)
         except GraphVerificationError as exc:
             raise GraphVerificationError(f"{exc}; {REFUSAL}") from None
         done.append(VerifiedLayout(layout, worst, capture_s))

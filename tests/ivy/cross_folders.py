@@ -49,3 +49,13 @@ def qwen3_reranker(tmp_path: Path, name: str = "tiny-qwen3-reranker") -> Path:
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 256, "pad_token": "<|endoftext|>",
         "eos_token": "<|im_end|>", "unk_token": "<unk>"}))
     return path
+
+
+EMOTIONS = {"0": "joy", "1": "anger", "2": "fear"}
+
+
+def bert_classifier(tmp_path: Path, name: str = "minilm-emotions", **config) -> Path:
+    """A sequence classifier's layout (distilbert / go_emotions style): the bundled MiniLM's BERT tokenizer and
+    a BertForSequenceClassification config with three labels; `problem_type` and the rest as given."""
+    return bert_reranker(tmp_path, name, **{"id2label": EMOTIONS, "label2id": {v: int(k) for k, v in EMOTIONS.items()},
+                                            **config})

@@ -52,6 +52,18 @@ def fake_scores(sequences: list[list[int]], token_types: list[list[int]] | None 
     return np.asarray(out, dtype=np.float32).reshape(-1, 1)
 
 
+def fake_logits(sequences: list[list[int]], labels: int, token_types: list[list[int]] | None = None) -> np.ndarray:
+    """The fake classifier's logits per sequence: its tokens' mean fake vector of width `labels`, scaled so the
+    labels' scores spread, shifted by its token types (a pair's types show in every logit)."""
+    out = []
+    for i, seq in enumerate(sequences):
+        x = 3 * np.mean([token_vector(int(t), labels) for t in seq], axis=0)
+        if token_types is not None:
+            x = x + float(np.mean(token_types[i]))
+        out.append(x)
+    return np.asarray(out, dtype=np.float32)
+
+
 def fake_output_rows(spec, output: str, sequences, spans=None) -> tuple[np.ndarray, bool]:
     """A sparse / multi-vector model's fake rows of `output` (rose.retrieval_spec) and its normalize default:
     weights are relu of the fake rows (so some are 0), vectors the fake rows themselves."""
@@ -257,12 +269,13 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         spans = None
         if request.spans:
             spans = [tuple(t) for t in np.frombuffer(request.spans, dtype="<i4").reshape(-1, 3).tolist()]
-        if "rerank" in fake.spec.tasks:
+        if "rerank" in fake.spec.tasks or "classify" in fake.spec.tasks:
             types = None
             if request.token_types:
                 flat = np.frombuffer(request.token_types, dtype=np.uint8)
                 types = [flat[offsets[i]:offsets[i + 1]].tolist() for i in range(len(lens))]
-            native = fake_scores(seqs, types)
+            classify = "classify" in fake.spec.tasks
+            native = fake_logits(seqs, fake.spec.dimensions, types) if classify else fake_scores(seqs, types)
         elif fake.spec.retrieval is not None:
             native, normalize_default = fake_output_rows(fake.spec, request.output, seqs, spans)
         else:

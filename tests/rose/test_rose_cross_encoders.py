@@ -180,8 +180,6 @@ def test_which_causal_folders_are_rerankers(folders, tmp_path):
 
 
 @pytest.mark.parametrize("change,match", [
-    ({"id2label": {"0": "a", "1": "b", "2": "c"}}, "with 3 labels"),
-    ({"id2label": None, "num_labels": None}, "with 2 labels"),  # transformers' default: two labels
     ({"sentence_transformers": {"activation_fn": "my.module.Scaled"}}, "activation_fn 'my.module.Scaled'"),
 ])
 def test_classifier_folders_rose_would_score_differently_are_refused(change, match, folders, tmp_path):
@@ -193,6 +191,23 @@ def test_classifier_folders_rose_would_score_differently_are_refused(change, mat
     (dst / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelFolderError, match=match):
         load_spec(dst)
+
+
+@pytest.mark.parametrize("change", [{"id2label": {"0": "a", "1": "b", "2": "c"}},
+                                    {"id2label": None, "num_labels": None}])  # transformers' default: two labels
+def test_more_labels_make_a_classifier_not_a_reranker(change, folders, tmp_path):
+    """Two labels or more: task classify (tests/rose/test_rose_classifiers.py), the logits without the
+    CrossEncoder activation; one label stays a reranker."""
+    dst = tmp_path / "labels"
+    shutil.copytree(folders["bert-ce-identity"], dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for key, value in change.items():
+        cfg.pop(key, None) if value is None else cfg.__setitem__(key, value)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    spec = load_spec(dst)
+    assert spec.tasks == ("classify",) and spec.score_head.activation == "identity"
+    assert spec.dimensions == len(spec.score_head.labels) == len(change.get("id2label") or "ab")
+    assert load_spec(folders["bert-ce-identity"]).tasks == ("rerank",)
 
 
 def test_cross_encoder_modules_and_prompts_past_the_transformer_are_refused(folders, tmp_path):

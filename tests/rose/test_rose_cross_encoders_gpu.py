@@ -1,6 +1,7 @@
-"""Cross-encoders on the GPU (issue 16): bf16 scores on the CUDA-graph path against the fp32 references
-(CrossEncoder.predict, the Qwen3-Reranker recipe, both on the CPU), the replayed graph equal to the eager
-forward, and fp32 on the graph path within 1e-4. Skipped without CUDA; the lead runs it on the H200:
+"""Cross-encoders and classifiers on the GPU (issue 16): bf16 scores on the CUDA-graph path against the fp32
+references (CrossEncoder.predict, the Qwen3-Reranker recipe, transformers' logits for the classifiers, all on
+the CPU), the replayed graph equal to the eager forward, and fp32 on the graph path within 1e-4. Skipped without
+CUDA; the lead runs it on the H200:
 
     PYTHONPATH=. python -m pytest -q -m gpu tests/rose/test_rose_cross_encoders_gpu.py
 """
@@ -75,3 +76,50 @@ def test_fp32_graph_path_within_1e_4(name, cases):
     replayed, _, hows = graph_scores(folder, seqs, types, "float32", "sdpa")
     assert "replay" in hows
     assert np.abs(replayed - reference).max() <= 1e-4, (name, replayed, reference)
+
+
+@pytest.fixture(scope="module")
+def classifiers(tmp_path_factory):
+    """name -> (folder, sequences, token types, transformers' fp32 logits) of the tiny classifiers' pairs."""
+    from rose_classifier_models import PAIRS as CLS_PAIRS
+    from rose_classifier_models import build_all_classifiers, hf_logits
+
+    from rose.spec import load_spec
+    from rose.tokenizer import Tokenizer
+
+    out = {}
+    for name, folder in build_all_classifiers(tmp_path_factory.mktemp("gpu-classifiers")).items():
+        spec = load_spec(folder)
+        encoded = Tokenizer(spec).encode_pairs(CLS_PAIRS)
+        types = [e.type_ids for e in encoded] if spec.type_vocab_size > 1 else None
+        out[name] = (folder, [e.ids for e in encoded], types, hf_logits(folder, CLS_PAIRS)[0])
+    return out
+
+
+def graph_logits(folder, seqs, types, dtype: str) -> tuple[np.ndarray, np.ndarray, set]:
+    """graph_scores for a classifier: every label's logit, replayed and eager."""
+    from rose.engine import Engine
+
+    with Engine.from_pretrained(folder, device="cuda", dtype=dtype, attention="sdpa", prewarm=((128, 4),),
+                                graph_manifest=None) as engine:
+        assert engine.runner.graphs is not None and engine.runner.graphs.scores  # logits checked by difference
+        engine.warmup()
+        batch = Batch.from_sequences(seqs, engine.spec.pooling, token_types=types)
+        before = dict(engine.runner.runs)
+        for _ in range(3):
+            replayed = engine.step(batch).result().copy()
+        eager = engine.runner.step(batch, use_graphs=False).result().copy()
+        hows = {key[1] for key, n in engine.runner.runs.items() if n > before.get(key, 0)}
+    return replayed, eager, hows
+
+
+@pytest.mark.parametrize("name", ("bert-cls", "xlmr-cls", "distilbert-cls"))
+def test_classifier_logits_on_the_graph_path(name, classifiers):
+    """bf16 within 5e-2 of transformers' fp32 logits (relative above 1), fp32 within 1e-4; replay == eager."""
+    folder, seqs, types, reference = classifiers[name]
+    replayed, eager, hows = graph_logits(folder, seqs, types, "bfloat16")
+    assert "replay" in hows and replayed.shape == reference.shape
+    assert (np.abs(replayed - reference) / np.maximum(1.0, np.abs(reference))).max() <= 5e-2, (replayed, reference)
+    np.testing.assert_allclose(replayed, eager, atol=1e-3)
+    fp32, _, _ = graph_logits(folder, seqs, types, "float32")
+    assert np.abs(fp32 - reference).max() <= 1e-4, (name, fp32, reference)
