@@ -38,7 +38,8 @@ SERVED: dict[str, tuple[tuple[Any, ...], str]] = {
 
 _SCORES = "a reranker's scores are served at /v1/score and /v1/rerank"
 _ELSEWHERE = {  # vLLM's other pooling tasks (vllm/tasks.py, removed ones included): where Ivy serves the like
-    "classify": _SCORES, "score": _SCORES,
+    "classify": "a classifier's labels are served at /classify (vLLM's shape) and /predict (TEI's)",
+    "score": _SCORES,
     "token_embed": "a multi-vector model's token vectors are served at /embed_multi_vector",
     "token_classify": "token classification (and reward models) is not served",
     "embed&token_classify": "token classification is not served; /v1/embeddings gives the embeddings",

@@ -47,7 +47,7 @@ async def tei_predict(request: Request) -> Response:
         logits = await unless_disconnected(request, gw.embed(seqs, token_types=types, deadline=deadline, lane=lane))
         scores = label_scores(logits, multi_label=gw.spec.score_head.multi_label, raw=body.raw_scores)
         labels = gw.spec.score_head.labels
-        answers = [[{"score": float(row[j]), "label": labels[j]} for j in np.argsort(-row, kind="stable")]
+        answers = [[{"score": float(row[j]), "label": labels[j]} for j in np.argsort(row, kind="stable")[::-1]]
                    for row in scores]
         tokens = sum(map(len, seqs))
         metrics.INPUTS.labels("/predict").inc(len(seqs))
@@ -91,7 +91,7 @@ async def vllm_classify(request: Request) -> Response:
                                    side=body.truncation_side, prompt=(None, None), max_tokens=max_tokens)
         logits = await unless_disconnected(request, gw.embed(seqs, deadline=deadline, lane=lane))
         head = gw.spec.score_head
-        probs = label_scores(logits, multi_label=head.multi_label, raw=not body.use_activation)
+        probs = label_scores(logits, multi_label=head.multi_label, raw=not body.activated)
         data = [{"index": i, "label": head.labels[int(np.argmax(row))], "probs": row.tolist(),
                  "num_classes": len(head.labels)} for i, row in enumerate(probs)]
         tokens = sum(map(len, seqs))

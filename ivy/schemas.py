@@ -223,9 +223,18 @@ class ClassifyRequest(_Request):
     truncate_prompt_tokens: int | None = Field(default=None, description="vLLM's: -1 cuts to the model's length, "
                                                "k keeps k tokens (a text's special tokens included).")
     truncation_side: Side = "right"
-    use_activation: bool = Field(default=True, description="vLLM's: softmax (a multi-label model: sigmoid); false: "
-                                                           "the logits.")
+    use_activation: bool | None = Field(default=None, description="vLLM's: true or omitted: softmax (a multi-label "
+                                                                  "model: sigmoid); false: the logits.")
+    softmax: bool | None = Field(default=None, description="vLLM's older name of use_activation.")
+    add_special_tokens: Literal[True] = Field(default=True, description="Texts are classified with the model's "
+                                              "special tokens; send token ids as input for others.")
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+
+    @property
+    def activated(self) -> bool:
+        """use_activation, else its older name softmax, else on (vLLM's None)."""
+        chosen = self.use_activation if self.use_activation is not None else self.softmax
+        return chosen is not False
 
 
 class TokenizeRequest(_Request):

@@ -163,3 +163,30 @@ def test_usage_metrics_count_inputs_and_tokens(folders):
         after = counted("/predict"), counted("/classify")
         assert [a - b for a, b in zip(after[0], before[0])] == [2, predict_tokens]
         assert [a - b for a, b in zip(after[1], before[1])] == [3, fake.calls[-1].tokens]
+        metrics = client.get("/metrics").text  # the requests under their own routes, not "other"
+        assert 'ivy_requests_total{route="/predict",status="200"}' in metrics
+        assert 'ivy_requests_total{route="/classify",status="200"}' in metrics
+
+
+def test_vllms_optional_and_older_fields_and_teis_order_of_ties(folders, monkeypatch):
+    """vLLM's use_activation is optional (None: on) and `softmax` its older name; add_special_tokens false is
+    refused naming it (texts are classified with the model's special tokens, as /pooling refuses it); /pooling's
+    task classify points here; equal scores come out as TEI orders them (the later label first)."""
+    fake, gw = served(folders["single"])
+    with fake, gw as client:
+        raw = client.post("/classify", json={"input": "hi", "use_activation": False}).json()["data"][0]["probs"]
+        on = client.post("/classify", json={"input": "hi", "use_activation": None})
+        assert on.status_code == 200 and on.json()["data"][0]["probs"] != raw
+        assert client.post("/classify", json={"input": "hi", "softmax": False}).json()["data"][0]["probs"] == raw
+        bad = client.post("/classify", json={"input": "hi", "add_special_tokens": False})
+        assert bad.status_code == 422 and bad.json()["error"]["param"] == "add_special_tokens", bad.text
+        pooling = client.post("/pooling", json={"input": "hi", "task": "classify"})
+        assert pooling.status_code == 400 and "/classify" in pooling.json()["error"]["message"]
+    import fake_tulip
+
+    monkeypatch.setattr(fake_tulip, "fake_logits", lambda seqs, labels, types=None: np.zeros((len(seqs), labels),
+                                                                                           np.float32))
+    fake, gw = served(folders["single"])  # three equal scores
+    with fake, gw as client:
+        answer = client.post("/predict", json={"inputs": "a tie"}).json()
+        assert [a["label"] for a in answer] == LABELS[::-1]

@@ -138,7 +138,7 @@ def _error(client, body: dict) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("extra,status,param,says", [
     ({"messages": [{"role": "user", "content": "hi"}]}, 422, "messages", "chat input is not served"),
-    ({"task": "classify"}, 400, "task", "/v1/score"),
+    ({"task": "classify"}, 400, "task", "/classify"),
     ({"task": "token_embed"}, 400, "task", "/embed_multi_vector"),
     ({"task": "encode"}, 400, "task", "removed"),
     ({"task": "plugin"}, 400, "task", "plugins"),
