@@ -94,3 +94,17 @@ def edit_config(src: Path, dst: Path, folder: str, **changes) -> Path:
             cfg[key] = value
     _write(path, cfg)
     return dst
+
+
+def st_rows(path, sequences):
+    """sentence-transformers' sentence_embedding per sequence on the folder, one at a time (no padding in the
+    reference): numpy float64 [len(sequences), width]."""
+    import sentence_transformers as st
+
+    model = st.SentenceTransformer(str(path), device="cpu")
+    rows = []
+    for seq in sequences:
+        ids = torch.tensor([seq])
+        with torch.no_grad():
+            rows.append(model({"input_ids": ids, "attention_mask": torch.ones_like(ids)})["sentence_embedding"][0])
+    return torch.stack(rows).double().numpy()

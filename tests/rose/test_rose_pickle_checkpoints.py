@@ -24,6 +24,7 @@ from rose_cross_models import (
     qwen3_yes_probability,
 )
 from rose_parity import cosine, random_seqs, reference_rows
+from rose_st_folders import st_rows
 from safetensors.torch import load_file
 
 from rose.engine import Engine
@@ -100,19 +101,6 @@ def torch_loads(monkeypatch):
 
 def engine(path) -> Engine:
     return Engine.from_pretrained(path, device="cpu", dtype=torch.float32)
-
-
-def st_rows(path: Path, sequences) -> np.ndarray:
-    """sentence-transformers' sentence_embedding per sequence on the folder (transformers reads its .bin)."""
-    import sentence_transformers as st
-
-    model = st.SentenceTransformer(str(path), device="cpu")
-    rows = []
-    for seq in sequences:
-        ids = torch.tensor([seq])
-        with torch.no_grad():
-            rows.append(model({"input_ids": ids, "attention_mask": torch.ones_like(ids)})["sentence_embedding"][0])
-    return torch.stack(rows).double().numpy()
 
 
 @pytest.mark.parametrize("name,legacy", [("bert", False), ("bert", True), ("xlm-roberta", False)])

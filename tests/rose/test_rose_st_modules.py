@@ -12,7 +12,7 @@ import pytest
 import torch
 from fake_cuda import attach_graphs
 from rose_parity import cosine
-from rose_st_folders import build_classic_dense, build_st6, edit_config, with_module
+from rose_st_folders import build_classic_dense, build_st6, edit_config, st_rows, with_module
 
 from rose import Batch
 from rose.spec import ModelFolderError, load_spec
@@ -35,17 +35,6 @@ def folders(tmp_path_factory):
 def seqs(seed=4, lengths=(1, 3, 9, 21, 40)):
     rng = np.random.default_rng(seed)
     return [[int(x) for x in rng.integers(5, 256, size=n)] for n in lengths]
-
-
-def st_rows(path, sequences):
-    """sentence-transformers' sentence_embedding per sequence, one at a time (no padding in the reference)."""
-    model = st.SentenceTransformer(str(path), device="cpu")
-    rows = []
-    for seq in sequences:
-        ids = torch.tensor([seq])
-        with torch.no_grad():
-            rows.append(model({"input_ids": ids, "attention_mask": torch.ones_like(ids)})["sentence_embedding"][0])
-    return torch.stack(rows).double().numpy()
 
 
 CASES = [("classic", "mean", 32, True), ("st6", "cls", 32, True), ("st6-chain", "last", 24, False)]
