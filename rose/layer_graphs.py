@@ -160,7 +160,7 @@ class LayerGraphs:
                     if rows is None:
                         yield None
                 worst = check_replay(f"layers {layout_label(layout)}", _host_rows(rows, host),
-                                     _host_rows(reference, host), self.runner.graphs.scores)
+                                     _host_rows(reference, host), getattr(self.runner.graphs, "scores", False))
             except BaseException:  # the chain is dropped (refused, or the stepping abandoned)
                 if not self.chains:  # it was the pool's only user: a pool nobody uses may not be captured into again
                     self.pool = self._fresh_pool()
