@@ -49,9 +49,7 @@ async def tei_predict(request: Request) -> Response:
         labels = gw.spec.score_head.labels
         answers = [[{"score": float(row[j]), "label": labels[j]} for j in np.argsort(row, kind="stable")[::-1]]
                    for row in scores]
-        tokens = sum(map(len, seqs))
-        metrics.INPUTS.labels("/predict").inc(len(seqs))
-        metrics.TOKENS.labels("/predict").inc(tokens)
+        metrics.count_usage("/predict", len(seqs), sum(map(len, seqs)))  # counted once answered 2xx
         return json_response(answers if inputs.shape == "batch" else answers[0])
 
 
