@@ -29,7 +29,7 @@ from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.errors import IvyError, Problem, from_validation_errors
 from ivy.gateway import Gateway
 from ivy.web import gateway_of, json_response
-from ivy.schemas import ModelList
+from ivy.responses import ModelList
 from rose import gc_pauses
 from rose.flags import config_from_args
 

@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field, model_validator
 from ivy.errors import IvyError, Problem
 from ivy.inputs import Dimensions, EmbeddingInput, EncodingFormat, Side
 from ivy.lanes import PRIORITY_RULE
-from ivy.schemas import Priority, Usage, _Request
+from ivy.responses import Usage
+from ivy.schemas import Priority, _Request
 
 # field -> (the values served, why the others are not); None (vLLM's default) is always served
 SERVED: dict[str, tuple[tuple[Any, ...], str]] = {

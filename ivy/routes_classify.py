@@ -26,7 +26,8 @@ from ivy.gateway import Gateway
 from ivy.inputs import PredictInputs
 from ivy.pooling import prompt_truncation
 from ivy.routes_embeddings import encode_inputs
-from ivy.schemas import ClassifyRequest, ClassifyResponse, Prediction, PredictRequest
+from ivy.responses import ClassifyResponse, Prediction
+from ivy.schemas import ClassifyRequest, PredictRequest
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from rose.head import label_scores
 

@@ -18,8 +18,8 @@ from ivy import metrics
 from ivy.encode import WIRE_ENCODING, default_format, row_value
 from ivy.pooling import PoolingRequest, PoolingResponse, prompt_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
-from ivy.schemas import (ContextualizedEmbeddingsRequest, ContextualizedEmbeddingsResponse, EmbeddingsRequest,
-                         EmbeddingsResponse, TeiEmbedRequest)
+from ivy.responses import ContextualizedEmbeddingsResponse, EmbeddingsResponse
+from ivy.schemas import ContextualizedEmbeddingsRequest, EmbeddingsRequest, TeiEmbedRequest
 
 router = APIRouter()
 

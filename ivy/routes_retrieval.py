@@ -15,7 +15,8 @@ from starlette.responses import Response
 
 from ivy.retrieval import retrieval_of
 from ivy.routes_embeddings import encode_inputs
-from ivy.schemas import MultiVectorEmbedRequest, SparseEmbedRequest, SparseEmbedResponse
+from ivy.responses import SparseEmbedResponse
+from ivy.schemas import MultiVectorEmbedRequest, SparseEmbedRequest
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected
 
 router = APIRouter()

@@ -34,8 +34,9 @@ from ivy.gateway import Gateway
 from ivy.late_interaction import CROSS, MAXSIM, encode_queries_and_documents, maxsim_scores, scoring_of
 from ivy.pooling import prompt_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
-from ivy.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, SimilarityParameters,
-                         SimilarityRequest, TeiRerankRequest, TeiRerankResult, rerank_schema)
+from ivy.responses import RerankResponse, ScoreResponse, TeiRerankResult
+from ivy.schemas import (RerankRequest, ScoreRequest, SimilarityParameters, SimilarityRequest, TeiRerankRequest,
+                         rerank_schema)
 
 router = APIRouter()
 

@@ -1,9 +1,8 @@
-"""The public HTTP schema: every request and response body Ivy speaks, as pydantic models, in one file.
+"""The public HTTP schema's requests: every request body Ivy reads, as pydantic models (the answers: ivy.responses).
 
 Requests follow the APIs clients already use: OpenAI embeddings (plus TEI/vLLM-style extensions),
 Perplexity contextualized embeddings, vLLM's score and Cohere/Jina rerank. `input`-like fields are parsed
 by hand in ivy.inputs, so that errors name the exact element (`input[3]`) and the limit.
-Responses are built as plain dicts (serialized with orjson); their models here document the shape.
 vLLM's /pooling, whose request refuses many vLLM-only fields by name, has its models in ivy.pooling.
 """
 
@@ -11,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, RootModel, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
 from ivy.lanes import PRIORITY_RULE, lane_name
 from ivy.inputs import (_ID_LISTS, _all_ints, _count, _first_not_int, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput,
@@ -138,14 +137,6 @@ class TeiRerankRequest(_Request):
     truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
     truncation_side: Side = "right"
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
-
-
-class TeiRerankResult(BaseModel):
-    """One of text-embeddings-inference's rerank answers (a list of them, by score)."""
-
-    index: int
-    score: float
-    text: str | None = Field(default=None, description="The text, with return_text.")
 
 
 def rerank_schema(data: Any) -> type[RerankRequest] | type[TeiRerankRequest]:
@@ -296,120 +287,3 @@ class DecodeRequest(_Request):
     ids: Annotated[list, PlainValidator(_id_lists), WithJsonSchema({"anyOf": [
         {"type": "array", "items": {"type": "integer"}}, _ID_LISTS]})]
     skip_special_tokens: bool = True
-
-
-# ---- responses (documentation of the shapes the routes return) ----
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingObject(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str
-
-
-class EmbeddingsResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[EmbeddingObject]
-    model: str
-    usage: Usage
-
-
-class DocumentEmbeddings(BaseModel):
-    object: Literal["list"] = "list"
-    index: int
-    data: list[EmbeddingObject]
-
-
-class ContextualizedEmbeddingsResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[DocumentEmbeddings]
-    model: str
-    usage: Usage
-
-
-class ScoreObject(BaseModel):
-    object: Literal["score"] = "score"
-    index: int
-    score: float
-
-
-class ScoreResponse(BaseModel):
-    id: str
-    object: Literal["list"] = "list"
-    model: str
-    data: list[ScoreObject]
-    usage: Usage
-
-
-class RerankDocument(BaseModel):
-    text: str
-
-
-class RerankResult(BaseModel):
-    index: int
-    relevance_score: float
-    document: RerankDocument | None = None
-
-
-class RerankResponse(BaseModel):
-    id: str
-    model: str
-    results: list[RerankResult]
-    usage: Usage
-
-
-class SparseValue(BaseModel):
-    """One weight of a sparse vector (text-embeddings-inference's SparseValue): a vocabulary id and its weight."""
-
-    index: int
-    value: float
-
-
-class SparseEmbedResponse(RootModel[list[list[SparseValue]]]):
-    """POST /embed_sparse's answer, text-embeddings-inference's EmbedSparseResponse: per input its non-zero
-    weights, ids ascending."""
-
-
-class Prediction(BaseModel):
-    """One label's score in /predict's answer (text-embeddings-inference's Prediction)."""
-
-    score: float
-    label: str
-
-
-class ClassifyData(BaseModel):
-    index: int
-    label: str
-    probs: list[float]
-    num_classes: int
-
-
-class ClassifyResponse(BaseModel):
-    id: str
-    object: Literal["list"] = "list"
-    created: int
-    model: str
-    data: list[ClassifyData]
-    usage: Usage
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str
-    max_model_len: int
-    dimensions: int
-    tasks: list[Literal["embed", "rerank", "classify", "sparse", "multi-vector"]] = Field(
-        description="What the model does: embed (/v1/embeddings; /v1/score and /v1/rerank by cosine), rerank (a "
-                    "cross-encoder: /v1/score and /v1/rerank score each pair), classify (/predict, /classify), "
-                    "sparse, multi-vector.")
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
