@@ -23,19 +23,7 @@ from ivy.inputs import Dimensions, EmbeddingInput, EncodingFormat, Side
 from ivy.lanes import PRIORITY_RULE
 from ivy.responses import Usage
 from ivy.schemas import Priority, _Request
-
-# field -> (the values served, why the others are not); None (vLLM's default) is always served
-SERVED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "encoding_format": (("float", "base64", "base64_int8", "base64_binary"),
-                        "vLLM's raw binary responses (bytes, bytes_only) are not served; base64 is little-endian "
-                        "float32, base64_int8 and base64_binary Ivy's smaller encodings"),
-    "embed_dtype": (("float32",), "base64 carries float32; for smaller vectors send encoding_format "
-                                  "base64_int8 or base64_binary"),
-    "endianness": (("native", "little"), "base64 carries little-endian bytes, this server's native order"),
-    "padding": (("do_not_pad",), "inputs are embedded unpadded"),
-    "add_special_tokens": ((True,), "texts are embedded with the model's special tokens; send token ids as input "
-                                    "to choose every id yourself"),
-}
+from ivy.vllm_fields import refuse, refuse_unserved
 
 _SCORES = "a reranker's scores are served at /v1/score and /v1/rerank"
 _ELSEWHERE = {  # vLLM's other pooling tasks (vllm/tasks.py, removed ones included): where Ivy serves the like
@@ -49,39 +37,23 @@ _ELSEWHERE = {  # vLLM's other pooling tasks (vllm/tasks.py, removed ones includ
 }
 
 
-def _refuse(param: str, why: str, problem: Problem = Problem.INVALID_PARAMETER) -> IvyError:
-    return IvyError(problem, f"{param}: {why}", param=param)
-
-
 def check_fields(data: Any) -> Any:
     """The raw body refused where it asks for what Ivy cannot honour (a pydantic before-validator: the field
     types are checked after it)."""
     if not isinstance(data, dict):
         return data
-    if data.get("messages") is not None:
-        raise _refuse("messages", "chat input is not served on /pooling (no chat template is applied); send the "
-                                  "text, or its token ids, as input")
     if "data" in data and "input" not in data:
-        raise _refuse("data", "IO processor plugin requests are not served; send input (texts or token ids)")
-    if data.get("mm_processor_kwargs"):
-        raise _refuse("mm_processor_kwargs", "multimodal processing is not served; input is texts or token ids")
+        raise refuse("data", "IO processor plugin requests are not served; send input (texts or token ids)")
+    refuse_unserved(data)
     task = data.get("task")
     if task is not None and task != "embed":
         where = _ELSEWHERE.get(task) if isinstance(task, str) else None
-        raise _refuse("task", f'/pooling serves the task "embed" only (one pooled vector per input)'
+        raise refuse("task", f'/pooling serves the task "embed" only (one pooled vector per input)'
                               f'{"; " + where if where else ""}', Problem.UNSUPPORTED_TASK)
-    for field, (served, why) in SERVED.items():
-        value = data.get(field)
-        if value is not None and not any(value == s and type(value) is type(s) for s in served):
-            raise _refuse(field, f"must be {' or '.join(_json(s) for s in served)}: {why}")
     priority = data.get("priority")
     if type(priority) in (int, float) and priority == 0:  # vLLM's default, written out: as omitted (by size)
         data = {**data, "priority": None}
     return data
-
-
-def _json(value: Any) -> str:
-    return "true" if value is True else f'"{value}"'
 
 
 def prompt_truncation(value: int | None, truncate: bool | None, max_length: int, specials: int,

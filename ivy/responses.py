@@ -133,3 +133,30 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    """POST /tokenize's answer to vLLM's body (vLLM's TokenizeResponse)."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = Field(default=None, description=(
+        "With return_token_strs: each id's token as the vocabulary writes it (transformers' convert_ids_to_tokens); "
+        "else null."))
+
+
+class SimpleToken(BaseModel):
+    """One token in POST /tokenize's answer to text-embeddings-inference's body (its SimpleToken)."""
+
+    id: int
+    text: str = Field(description="A special token's vocabulary string; any other's span of the text it covers.")
+    special: bool
+    start: int | None = Field(description="UTF-8 byte offset in the text (the prompt included); null for a "
+                                          "special token.")
+    stop: int | None = Field(description="UTF-8 byte offset where the token ends; null for a special token.")
+
+
+class TeiTokenizeResponse(RootModel[list[list[SimpleToken]]]):
+    """POST /tokenize's answer to text-embeddings-inference's body (its TokenizeResponse): a list of tokens per
+    input, a single string's included."""

@@ -35,8 +35,8 @@ from ivy.late_interaction import CROSS, MAXSIM, encode_queries_and_documents, ma
 from ivy.pooling import prompt_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.responses import RerankResponse, ScoreResponse, TeiRerankResult
-from ivy.schemas import (RerankRequest, ScoreRequest, SimilarityParameters, SimilarityRequest, TeiRerankRequest,
-                         rerank_schema)
+from ivy.schemas import (RAW_SCORES, RerankRequest, ScoreRequest, SimilarityParameters, SimilarityRequest,
+                         TeiRerankRequest, rerank_schema)
 
 router = APIRouter()
 
@@ -47,6 +47,14 @@ def _truncation(gw: Gateway, mode: str, value: int | None, truncate: bool | None
     if mode == CROSS:
         return pair_truncation(gw, value, truncate)
     return prompt_truncation(value, truncate, gw.spec.max_length, gw.tokenizer.num_special, texts=True)
+
+
+def _check_raw(gw: Gateway, mode: str, raw: bool, param: str) -> None:
+    """422 naming `param` when the request asks for raw scores (vLLM's use_activation false, TEI's and Infinity's
+    raw_scores true) of a cross-encoder whose scores come through an activation; cosine and MaxSim scores, and a
+    reranker with none (Identity), are already raw."""
+    if raw and mode == CROSS and gw.spec.score_head.activation != "identity":
+        raise IvyError(Problem.INVALID_PARAMETER, f"{param}: {RAW_SCORES}", param=param)
 
 
 async def _scores(request: Request, gw: Gateway, mode: str, queries: list[str], docs: list[str], *,
@@ -80,15 +88,17 @@ async def score(request: Request) -> Response:
     gw = gateway_of(request)
     body, deadline, lane = await gw.open_request(request, ScoreRequest)  # outside the cap: a slow body holds no slot
     mode = scoring_of(gw, body.scoring, "/v1/score")
+    _check_raw(gw, mode, body.use_activation is False, "use_activation")
     truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, body.truncate)
+    first, second = body.names
     with gw.admit():
-        gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, "text_2")
+        gw.check_count(len(body.text_2), gw.config.max_inputs_per_request, second)
         if len(body.text_1) != 1 and len(body.text_1) != len(body.text_2):
-            raise IvyError(Problem.INVALID_PARAMETER, f"text_1 has {len(body.text_1)} texts; it needs 1 or as many "
-                           f"as text_2 ({len(body.text_2)})", param="text_1")
+            raise IvyError(Problem.INVALID_PARAMETER, f"{first} has {len(body.text_1)} texts; it needs 1 or as many "
+                           f"as {second} ({len(body.text_2)})", param=first)
         scores, tokens = await _scores(request, gw, mode, body.text_1, body.text_2, truncate=truncate,
                                        side=body.truncation_side, deadline=deadline, instruction=body.instruction,
-                                       names=("text_1", "text_2"), lane=lane, max_tokens=max_tokens)
+                                       names=body.names, lane=lane, max_tokens=max_tokens)
         metrics.INPUTS.labels("/v1/score").inc(len(body.text_1) + len(body.text_2))  # texts, pairs or not
         metrics.TOKENS.labels("/v1/score").inc(tokens)
         data = [{"object": "score", "index": i, "score": float(s)} for i, s in enumerate(scores)]
@@ -110,7 +120,7 @@ async def rerank(request: Request) -> Response:
              responses={200: {"model": RerankResponse | list[TeiRerankResult]}})
 async def rerank_peers(request: Request) -> Response:
     """Where text-embeddings-inference, vLLM and Infinity serve rerank: a body with `texts` (TEI's: `query`,
-    `texts`, `return_text`, `raw_scores` false, `truncate`, `truncation_direction`; vLLM's truncate_prompt_tokens
+    `texts`, `return_text`, `raw_scores` (_check_raw), `truncate`, `truncation_direction`; vLLM's truncate_prompt_tokens
     too) is answered in TEI's shape, a list of {"index", "score", "text"?} by score; one with `documents` as
     /v1/rerank."""
     return await _rerank(request, rerank_schema, "/rerank")
@@ -122,10 +132,10 @@ async def _rerank(request: Request, schema, route: str) -> Response:
     tei = isinstance(body, TeiRerankRequest)
     documents = body.texts if tei else body.documents
     names = ("query", "texts" if tei else "documents")
-    if tei and body.raw_scores:
-        raise IvyError(Problem.INVALID_PARAMETER, "raw_scores must be false: scores are served with the model's "
-                       "activation applied (a cross-encoder's sigmoid, or cosine)", param="raw_scores")
     mode = scoring_of(gw, None if tei else body.scoring, route)
+    _check_raw(gw, mode, body.raw_scores, "raw_scores")
+    if not tei:
+        _check_raw(gw, mode, body.use_activation is False, "use_activation")
     instruction = None if tei else body.instruction
     truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, body.truncate)
     with gw.admit():
@@ -141,10 +151,13 @@ async def _rerank(request: Request, schema, route: str) -> Response:
                                    **({"text": documents[i]} if body.return_text else {})} for i in order])
         if body.top_n:  # 0, vLLM's default, keeps every document as None does
             order = order[: body.top_n]
+        echo = body.return_documents
+        if echo is None:  # vLLM returns every document, Jina by default; Cohere v2 has no such field
+            echo = request.scope["path"] != "/v2/rerank"
         results = []
         for i in order:
             item = {"index": int(i), "relevance_score": float(scores[i])}
-            if body.return_documents:
+            if echo:
                 item["document"] = {"text": documents[i]}
             results.append(item)
         return json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": gw.model_name, "results": results,

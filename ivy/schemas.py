@@ -10,17 +10,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, PrivateAttr, WithJsonSchema, model_validator
 
 from ivy.lanes import PRIORITY_RULE, lane_name
 from ivy.inputs import (_ID_LISTS, _all_ints, _count, _first_not_int, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput,
                         EncodingFormat, Inputs, InputType, PredictInputs, Query, RerankDocuments, Side, TextOrTexts,
                         one_text, parse_inputs, parse_predict_inputs, parse_texts)
+from ivy.vllm_fields import refuse_unserved
 
 # Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
                  "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize"}
-PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING})
+# vLLM's newer names for /score's two sides (ScoreQueriesDocumentsRequest, ScoreQueriesItemsRequest,
+# ScoreDataRequest), read as text_1 and text_2 and named as sent in errors
+SCORE_SIDES = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair)})
+RAW_SCORES = ("raw scores (the logits before the model's activation) are not served by this reranker; its scores "
+              "come with the activation applied")
 INSTRUCTION = ("The task line of a yes/no reranker's prompt (Qwen3-Reranker's <Instruct>); omitted = its default, "
                "web search. Other models refuse it.")
 SCORING = ("cosine (dense unit vectors) or maxsim (late interaction over the token vectors, BGE-M3 / ColBERT); "
@@ -83,6 +89,15 @@ class EmbeddingsRequest(_Request):
     prompt_name: str | None = Field(default=None, description="A sentence-transformers prompt of the model.")
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_fields(cls, data: Any) -> Any:
+        """vLLM's fields of this request that Ivy cannot honour (add_special_tokens false, embed_dtype,
+        endianness, chat messages), refused by name as /pooling refuses them."""
+        if isinstance(data, dict):
+            refuse_unserved(data)
+        return data
+
 
 class ContextualizedEmbeddingsRequest(_Request):
     input: DocumentsOfChunks
@@ -93,16 +108,39 @@ class ContextualizedEmbeddingsRequest(_Request):
 
 
 class ScoreRequest(_Request):
-    """vLLM's /score: text_1 against each of text_2 (or pairwise when both are lists of equal length)."""
+    """vLLM's /score: text_1 against each of text_2 (or pairwise when both are lists of equal length); vLLM's
+    newer names for the two sides (queries with documents or items, data_1 with data_2) are read as them."""
 
     text_1: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_1"))]
     text_2: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_2"))]
+    use_activation: bool | None = Field(default=None, description="vLLM's: false asks for a cross-encoder's raw "
+                                        "logits, refused where the model applies an activation.")
     truncate: bool | None = None
     truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)
     scoring: Scoring | None = Field(default=None, description=SCORING)
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+    _names: tuple[str, str] = PrivateAttr(default=("text_1", "text_2"))  # the two sides' fields as sent
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _sides(cls, data: Any, handler: Any) -> ScoreRequest:
+        names = ("text_1", "text_2")
+        if isinstance(data, dict) and "text_1" not in data and "text_2" not in data:
+            for first, second in SCORE_SIDES:
+                if first in data and second in data:
+                    names = (first, second)
+                    data = {**data, "text_1": parse_texts(data[first], first),
+                            "text_2": parse_texts(data[second], second)}
+                    break
+        request = handler(data)
+        request._names = names
+        return request
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return self._names
 
 
 class RerankRequest(_Request):
@@ -112,7 +150,12 @@ class RerankRequest(_Request):
     documents: RerankDocuments
     top_n: Annotated[int, Field(ge=0)] | None = Field(default=None, description="Keep the best n; 0 (vLLM's "
                                                       "default) or omitted: every document.")
-    return_documents: bool = False
+    return_documents: bool | None = Field(default=None, description="Echo each document as {\"text\"}; omitted: "
+                                          "yes (vLLM and Jina return them), except at /v2/rerank (Cohere v2's).")
+    raw_scores: bool = Field(default=False, description="Infinity's: true asks for a cross-encoder's logits, "
+                             "refused where the model applies an activation.")
+    use_activation: bool | None = Field(default=None, description="vLLM's: false asks for a cross-encoder's logits, "
+                                        "refused where the model applies an activation.")
     truncate: bool | None = None
     truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
     truncation_side: Side = "right"
@@ -124,14 +167,16 @@ class RerankRequest(_Request):
 class TeiRerankRequest(_Request):
     """text-embeddings-inference's rerank request (POST /rerank with `texts`): answered as a list of
     {"index", "score", "text"?} by score, TEI's shape. Scores are the model's own (a cross-encoder's activation
-    applied, or cosine); `raw_scores` (the logits before it) is not served. TEI's `truncate` (true: cut to the
-    model's length) and `truncation_direction` (read as truncation_side) mean what they mean there; vLLM's
-    truncate_prompt_tokens is taken too, since vLLM's clients post to the same path, and read as on /v1/rerank."""
+    applied, or cosine); `raw_scores` (the logits before it) is refused where an activation is applied. TEI's
+    `truncate` (true: cut to the model's length) and `truncation_direction` (read as truncation_side) mean what
+    they mean there; vLLM's truncate_prompt_tokens is taken too, since vLLM's clients post to the same path, and
+    read as on /v1/rerank."""
 
     query: Query
     texts: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "texts")), WithJsonSchema(
         {"type": "array", "items": {"type": "string", "minLength": 1}})]
-    raw_scores: bool = Field(default=False, description="Must be false: scores come with the model's activation.")
+    raw_scores: bool = Field(default=False, description="true asks for a cross-encoder's logits, refused "
+                             "where the model applies an activation.")
     return_text: bool = False
     truncate: bool | None = None
     truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
@@ -233,6 +278,32 @@ class TokenizeRequest(_Request):
 
     prompt: str
     add_special_tokens: bool = True
+    return_token_strs: bool | None = Field(default=False, description=(
+        "vLLM's: also answer `token_strs`, each id's token as the vocabulary writes it (null otherwise)."))
+
+
+class TeiTokenizeRequest(_Request):
+    """text-embeddings-inference's /tokenize (a body with `inputs` and no `prompt`): each text's tokens with their
+    text, special flag and UTF-8 byte offsets, never truncated, a list per text."""
+
+    inputs: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "inputs")), WithJsonSchema(
+        {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1}}]})]
+    add_special_tokens: bool = True
+    prompt_name: str | None = Field(default=None, description=(
+        "A sentence-transformers prompt of the model, prepended to every text (its tokens and offsets included); "
+        "omitted = the model's default prompt, if any."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strings_only(cls, data: Any) -> Any:
+        """TEI's `inputs` list holds strings only (parse_texts would take {"text": ...} objects too): counted
+        first, then each item checked in order, errors naming inputs[i]."""
+        items = data.get("inputs") if isinstance(data, dict) else None
+        if isinstance(items, list) and items:
+            _count(len(items), "inputs")
+            for i, item in enumerate(items):
+                one_text(item, f"inputs[{i}]")
+        return data
 
 
 class SimilarityInputs(_Body):

@@ -89,6 +89,31 @@ def _size(items, limit: int, extra: int = 0) -> int:
     return total
 
 
+def _byte_offsets(text: str) -> np.ndarray | None:
+    """Where each character of `text` starts in its UTF-8 bytes (one entry past the end too), or None for ASCII
+    text, whose character offsets are its byte offsets."""
+    if text.isascii():
+        return None
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    widths = 1 + (points >= 0x80).astype(np.int64) + (points >= 0x800) + (points >= 0x10000)
+    return np.concatenate(([0], np.cumsum(widths)))
+
+
+def _simple_tokens(enc, text: str) -> list[dict]:
+    """text-embeddings-inference's SimpleTokens of one `tokenizers` Encoding of `text` (core/src/tokenization.rs,
+    into_tokens): a special token (special_tokens_mask) its vocabulary string with start / stop null, any other
+    the text it covers with its UTF-8 byte offsets."""
+    at = _byte_offsets(text)
+    out = []
+    for i, (start, stop), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask, enc.tokens):
+        if special:
+            out.append({"id": i, "text": token, "special": True, "start": None, "stop": None})
+        else:
+            span = (start, stop) if at is None else (int(at[start]), int(at[stop]))
+            out.append({"id": i, "text": text[start:stop], "special": False, "start": span[0], "stop": span[1]})
+    return out
+
+
 class InputEncoder:
     def __init__(self, spec: ModelSpec, tokenizer: Tokenizer, *, threads: int, char_cap: int,
                  query_prefix: str = "", document_prefix: str = "",
@@ -296,11 +321,40 @@ class InputEncoder:
         """Every token of `text`, never truncated (POST /tokenize: counting before chunking a document), up
         to 64 times the per-input character cap (MiniLM: 262144 characters): a document beyond that is split
         before anyway, and a bigger one would hold a tokenizer thread for seconds."""
+        self._tokenize_cap(text, "prompt")
+        return await self._run(self._tokenize, text, add_special_tokens, size=len(text))
+
+    def _tokenize_cap(self, text: str, name: str) -> None:
         cap = 64 * self.char_cap
         if len(text) > cap:
-            raise IvyError(Problem.INPUT_TOO_LONG, f"prompt has {len(text)} characters; /tokenize takes at most "
-                           f"{cap}", param="prompt", limit=cap)
-        return await self._run(self._tokenize, text, add_special_tokens, size=len(text))
+            raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(text)} characters; /tokenize takes at most "
+                           f"{cap}", param=name, limit=cap)
+
+    async def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Each id's token as the vocabulary writes it (vLLM's /tokenize return_token_strs: transformers'
+        convert_ids_to_tokens)."""
+        return await self._run(self.tokenizer.id_to_tokens, ids, size=len(ids))
+
+    async def tokenize_spans(self, texts: Sequence[str], add_special_tokens: bool, prompt: str,
+                             names: Sequence[str]) -> list[list[dict]]:
+        """POST /tokenize's text-embeddings-inference answer: per text (`prompt` before it, as TEI prepends its
+        prompt_name's), each token as {"id", "text", "special", "start", "stop"}, never truncated, each text up
+        to /tokenize's cap (names[i]: texts[i]'s field, for errors). As TEI's into_tokens: a special token's
+        text is its vocabulary string and start / stop null; another's text is the span of the (prompted) text
+        it covers, start / stop its UTF-8 byte offsets there (Rust `tokenizers`' offsets; Python's are characters)."""
+        for text, name in zip(texts, names):
+            self._tokenize_cap(text, name)
+        if self.tokenizer.hf is None:
+            raise IvyError(Problem.UNSUPPORTED_TASK, "this model's tokenizer is a SentencePiece model without "
+                           "tokenizer.json: /tokenize answers text-embeddings-inference's `inputs` body with "
+                           "offsets from `tokenizers` only; send vLLM's `prompt` body", param=names[0])
+        size = _size(texts, self.inline_chars, extra=len(prompt))
+        return await self._run(self._tokenize_spans, texts, add_special_tokens, prompt, size=size)
+
+    def _tokenize_spans(self, texts: Sequence[str], add_special_tokens: bool, prompt: str) -> list[list[dict]]:
+        full = [prompt + text for text in texts] if prompt else list(texts)
+        encodings = self.tokenizer.encodings_with_offsets(full, add_special_tokens)
+        return [_simple_tokens(enc, text) for enc, text in zip(encodings, full)]
 
     async def decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
         """The text of each id list (POST /decode, /detokenize); names[i] is seqs[i]'s field, for errors: at most

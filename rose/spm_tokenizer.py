@@ -109,6 +109,17 @@ class SentencePieceTokenizer:
             return -1, self._sp.id_to_piece(i)
         return i, None
 
+    def token(self, i: int) -> str:
+        """Id i's piece as the vocabulary writes it (transformers' convert_ids_to_tokens), fairseq's specials by
+        their names."""
+        if self.fairseq:
+            if i < 4:
+                return ("<s>", "<pad>", "</s>", "<unk>")[i]
+            if i == self.vocab_size - 1:
+                return "<mask>"
+            i -= self.offset
+        return self._sp.id_to_piece(i)
+
     def token_id(self, token: str) -> int | None:
         if self.fairseq and token in ("<s>", "<pad>", "</s>", "<unk>"):
             return {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}[token]

@@ -274,6 +274,22 @@ class Tokenizer:
             return [len(self._spm.piece_ids(t)) + self.num_special for t in texts]
         return [len(ids) + self.num_special for ids in self.content_ids(texts)]
 
+    def encodings_with_offsets(self, texts: Sequence[str], add_special_tokens: bool = True) -> list | None:
+        """`tokenizers` Encodings of `texts` with their character offsets, tokens and special-token masks, never
+        truncated (POST /tokenize's text-embeddings-inference body); None for a SentencePiece model. Off the
+        embedding path, which skips offsets (encode_batch_fast) and goes through the word cache: the same ids."""
+        if self._hf is None:
+            return None
+        return self._hf.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+
+    def id_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        """Each id's token as the vocabulary writes it ("##ing", "Ġthe", "[CLS]"): transformers'
+        convert_ids_to_tokens (ids in 0..vocab_size - 1; the caller's own)."""
+        if self._spm is not None:
+            return [self._spm.token(int(i)) for i in ids]
+        token = self._hf.id_to_token
+        return [token(int(i)) for i in ids]
+
     def token_id(self, token: str) -> int | None:
         if self._spm is not None:
             return self._spm.token_id(token)

@@ -171,7 +171,7 @@ def test_tokenize_counts_every_token_untruncated(client) -> None:
     full = TOKENIZER.encode(long_text, 10**6).ids
     r = client.post("/tokenize", json={"prompt": long_text})
     assert r.status_code == 200
-    assert r.json() == {"count": len(full), "max_model_len": 256, "tokens": full}
+    assert r.json() == {"count": len(full), "max_model_len": 256, "tokens": full, "token_strs": None}
     bare = client.post("/tokenize", json={"prompt": "hello world", "add_special_tokens": False}).json()
     assert bare["tokens"] == TOKENIZER.encode("hello world").ids[1:-1] and bare["count"] == 2
     assert client.post("/tokenize", json={"prompt": "x", "model": "other"}).status_code == 404

@@ -1,0 +1,52 @@
+"""vLLM's request fields that Ivy's embedding routes cannot honour, refused by name wherever vLLM's clients
+send them (/pooling, /v1/embeddings and /embeddings), never silently ignored: vLLM takes `add_special_tokens`,
+`embed_dtype`, `endianness` and chat `messages` on /v1/embeddings too (EmbeddingCompletionRequest and
+EmbeddingChatRequest, vllm/entrypoints/pooling/embed/protocol.py), and an answer that ignored them would be
+the wrong vectors (special tokens kept) or bytes the client decodes wrongly (float16 read from float32).
+Messages name the field and what is served, never the value sent (ivy.errors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ivy.errors import IvyError, Problem
+
+# field -> (the values served, why the others are not); None (vLLM's default) is always served
+SERVED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "encoding_format": (("float", "base64", "base64_int8", "base64_binary"),
+                        "vLLM's raw binary responses (bytes, bytes_only) are not served; base64 is little-endian "
+                        "float32, base64_int8 and base64_binary Ivy's smaller encodings"),
+    "embed_dtype": (("float32",), "base64 carries float32; for smaller vectors send encoding_format "
+                                  "base64_int8 or base64_binary"),
+    "endianness": (("native", "little"), "base64 carries little-endian bytes, this server's native order"),
+    "padding": (("do_not_pad",), "inputs are embedded unpadded"),
+    "add_special_tokens": ((True,), "texts are embedded with the model's special tokens; send token ids as input "
+                                    "to choose every id yourself"),
+}
+
+
+def refuse(param: str, why: str, problem: Problem = Problem.INVALID_PARAMETER) -> IvyError:
+    return IvyError(problem, f"{param}: {why}", param=param)
+
+
+_ASKED = frozenset({"messages", "mm_processor_kwargs", *SERVED})
+
+
+def refuse_unserved(data: dict) -> None:
+    """Raise for the first vLLM field of a raw body that asks for what Ivy cannot honour (one set test when the
+    body has none of them: /v1/embeddings' hot path)."""
+    if _ASKED.isdisjoint(data):
+        return
+    if data.get("messages") is not None:
+        raise refuse("messages", "chat input is not served (no chat template is applied); send the text, or its "
+                                 "token ids, as input")
+    if data.get("mm_processor_kwargs"):
+        raise refuse("mm_processor_kwargs", "multimodal processing is not served; input is texts or token ids")
+    for field, (served, why) in SERVED.items():
+        value = data.get(field)
+        if value is not None and not any(value == s and type(value) is type(s) for s in served):
+            raise refuse(field, f"must be {' or '.join(_json(s) for s in served)}: {why}")
+
+
+def _json(value: Any) -> str:
+    return "true" if value is True else f'"{value}"'

@@ -1,0 +1,149 @@
+"""The peers' request fields that changed an answer while Ivy ignored them, each now served or refused by name.
+
+- /v1/embeddings (and Infinity's /embeddings) ignored vLLM's `add_special_tokens`, `embed_dtype` and
+  `endianness`, which vLLM takes there too: a client asking for no special tokens got them, one asking for
+  big-endian float16 decoded little-endian float32 bytes. They are refused by name as /pooling refuses them,
+  and chat `messages` is named, not answered "input: Field required".
+- A reranker's raw scores (vLLM's `use_activation: false`, Infinity's `raw_scores: true` on the documents body)
+  were answered with the activation applied; refused by name where the model applies one (TEI's body already
+  was), honoured where the scores are already raw (cosine; a reranker whose activation is Identity).
+- /score took only vLLM's oldest names for its sides (text_1, text_2): queries with documents or items, and
+  data_1 with data_2, are read as them and named as sent in errors.
+- Rerank results left out `document` unless asked: vLLM always returns it (its RerankResult requires it) and
+  Jina by default. Omitted, it is returned at /rerank and /v1/rerank; /v2/rerank (Cohere v2) keeps it out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cross_folders import bert_reranker
+from fake_tulip import FakeTulip
+from ivy_testkit import gateway
+from test_ivy_scoring import DOCS, QUERY
+
+IDENTITY = {"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}
+
+
+def _error(response) -> tuple[int, str, str]:
+    error = response.json()["error"]
+    return response.status_code, error["param"], error["message"]
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/embeddings"])
+@pytest.mark.parametrize("extra, param, says", [
+    ({"add_special_tokens": False}, "add_special_tokens", "special tokens"),
+    ({"embed_dtype": "float16"}, "embed_dtype", "float32"),
+    ({"embed_dtype": "bfloat16", "encoding_format": "base64"}, "embed_dtype", "float32"),
+    ({"endianness": "big", "encoding_format": "base64"}, "endianness", "little-endian"),
+    ({"mm_processor_kwargs": {"size": 224}}, "mm_processor_kwargs", "multimodal"),
+])
+def test_vllm_fields_embeddings_cannot_honour_are_refused_by_name(client, fake, route, extra, param, says) -> None:
+    code, named, message = _error(client.post(route, json={"input": "hello world", **extra}))
+    assert (code, named) == (422, param) and says in message, message
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/embeddings"])
+def test_chat_messages_are_named(client, fake, route) -> None:
+    code, named, message = _error(client.post(route, json={"messages": [{"role": "user", "content": "hi"}]}))
+    assert (code, named) == (422, "messages") and "chat input is not served" in message
+    assert fake.calls == []
+
+
+def test_vllm_fields_with_what_is_served_change_nothing(client) -> None:
+    plain = client.post("/v1/embeddings", json={"input": "hello world", "encoding_format": "base64"}).json()
+    for extra in ({"add_special_tokens": True}, {"embed_dtype": "float32"}, {"endianness": "little"},
+                  {"endianness": "native"}, {"embed_dtype": None, "endianness": None, "messages": None}):
+        r = client.post("/v1/embeddings", json={"input": "hello world", "encoding_format": "base64", **extra})
+        assert r.status_code == 200 and r.json()["data"] == plain["data"], (extra, r.text)
+
+
+# ---- a reranker's raw scores ----
+
+def _raw_asks(query: str, docs: list[str]) -> list[tuple[str, dict, str]]:
+    rerank = {"query": query, "documents": docs}
+    return [("/v1/score", {"text_1": query, "text_2": docs, "use_activation": False}, "use_activation"),
+            ("/score", {"text_1": query, "text_2": docs, "use_activation": False}, "use_activation"),
+            ("/v1/rerank", {**rerank, "use_activation": False}, "use_activation"),
+            ("/rerank", {**rerank, "use_activation": False}, "use_activation"),
+            ("/rerank", {**rerank, "raw_scores": True}, "raw_scores"),
+            ("/v2/rerank", {**rerank, "raw_scores": True}, "raw_scores"),
+            ("/rerank", {"query": query, "texts": docs, "raw_scores": True}, "raw_scores")]
+
+
+def test_a_sigmoid_rerankers_raw_scores_are_refused_by_name(tmp_path) -> None:
+    fake = FakeTulip(model_dir=bert_reranker(tmp_path))
+    with fake, gateway(fake, model=str(fake.model_dir)) as client:
+        for route, body, param in _raw_asks(QUERY, DOCS):
+            code, named, message = _error(client.post(route, json=body))
+            assert (code, named) == (422, param) and "raw scores" in message and "activation" in message, route
+        assert not fake.calls
+        activated = {**_raw_asks(QUERY, DOCS)[0][1], "use_activation": True}  # true is what is served
+        assert client.post("/v1/score", json=activated).status_code == 200
+
+
+def test_raw_scores_are_honoured_where_the_scores_are_raw(tmp_path, client) -> None:
+    """An Identity reranker's scores and cosine scores have no activation to take off: the same answer."""
+    fake = FakeTulip(model_dir=bert_reranker(tmp_path, **IDENTITY))
+    with fake, gateway(fake, model=str(fake.model_dir)) as identity:
+        for c in (identity, client):
+            for route, body, param in _raw_asks(QUERY, DOCS):
+                plain = {k: v for k, v in body.items() if k != param}
+                r, expected = c.post(route, json=body), c.post(route, json=plain)
+                assert r.status_code == 200, (route, r.text)
+                assert _scores(r.json()) == _scores(expected.json()), route
+
+
+def _scores(body) -> list[float]:
+    if isinstance(body, list):
+        return [x["score"] for x in sorted(body, key=lambda x: x["index"])]
+    if "data" in body:
+        return [d["score"] for d in body["data"]]
+    return [x["relevance_score"] for x in sorted(body["results"], key=lambda x: x["index"])]
+
+
+# ---- /score's sides by vLLM's newer names ----
+
+@pytest.mark.parametrize("first, second", [("queries", "documents"), ("queries", "items"), ("data_1", "data_2")])
+def test_score_reads_vllms_newer_names(client, first, second) -> None:
+    expected = client.post("/v1/score", json={"text_1": QUERY, "text_2": DOCS}).json()
+    for route in ("/v1/score", "/score"):
+        r = client.post(route, json={first: QUERY, second: DOCS})
+        assert r.status_code == 200, r.text
+        assert r.json()["data"] == expected["data"] and r.json()["usage"] == expected["usage"]
+        pairwise = client.post(route, json={first: [QUERY] * len(DOCS), second: DOCS})
+        assert _scores(pairwise.json()) == pytest.approx(_scores(expected), abs=1e-6)
+
+
+@pytest.mark.parametrize("first, second", [("queries", "documents"), ("data_1", "data_2")])
+def test_score_errors_name_the_sides_as_sent(client, fake, first, second) -> None:
+    assert _error(client.post("/v1/score", json={first: QUERY, second: ["ok", ""]}))[:2] == (400, f"{second}[1]")
+    assert _error(client.post("/v1/score", json={first: "", second: DOCS}))[:2] == (400, first)
+    code, named, message = _error(client.post("/v1/score", json={first: ["a"] * (len(DOCS) + 1), second: DOCS}))
+    assert (code, named) == (422, first) and f"as {second} ({len(DOCS)})" in message
+    too_many = ["x"] * 2049
+    assert _error(client.post("/v1/score", json={first: QUERY, second: too_many}))[1] == second
+    assert fake.calls == []
+
+
+def test_text_1_wins_over_the_newer_names(client) -> None:
+    both = client.post("/v1/score", json={"text_1": QUERY, "text_2": DOCS[:1], "queries": "x", "documents": DOCS})
+    assert both.status_code == 200 and len(both.json()["data"]) == 1
+
+
+# ---- rerank's documents ----
+
+def test_rerank_returns_documents_unless_told_not_to_or_at_cohere_v2(client) -> None:
+    body = {"query": QUERY, "documents": DOCS}
+    for route, echoed in (("/rerank", True), ("/v1/rerank", True), ("/v2/rerank", False)):
+        results = client.post(route, json=body).json()["results"]
+        assert all(("document" in x) is echoed for x in results), route
+        if echoed:
+            assert [x["document"] for x in results] == [{"text": DOCS[x["index"]]} for x in results]
+        for asked in (True, False):
+            again = client.post(route, json={**body, "return_documents": asked}).json()["results"]
+            assert all(("document" in x) is asked for x in again), (route, asked)
+    top = client.post("/v1/rerank", json={**body, "top_n": 1}).json()["results"]
+    assert len(top) == 1 and top[0]["document"] == {"text": DOCS[top[0]["index"]]}
+    assert np.isfinite(top[0]["relevance_score"])
