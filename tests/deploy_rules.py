@@ -269,3 +269,96 @@ def check_k8s(objects: dict, files: dict) -> None:
         for port in svc["spec"]["ports"]:
             target = port.get("targetPort", port["port"])
             assert target in ports(container) or target in ports(container).values(), f"k8s {kind} Service {port}"
+
+
+# ---- Jobs and the runbook ------------------------------------------------------------------------------------
+
+
+def job_name(app: str, version: str) -> str:
+    """The name a Job of pods labelled `app` has at this version of pyproject.toml (a DNS label: `.` -> `-`)."""
+    return f"{app}-{re.sub(r'[^a-z0-9]+', '-', version.lower()).strip('-')}"
+
+
+def check_jobs(objects: dict, version: str) -> None:
+    """A Job's pod template is immutable, and its image tag follows pyproject's version: a Job applied again
+    under the same name after a version bump fails `kubectl apply -k` ("field is immutable"), and deleting it
+    to get past that re-runs it. So each Job's name carries the version (its pods' `app` label, then the
+    version), an upgrade creates a new Job, and ttlSecondsAfterFinished clears the finished ones."""
+    for (kind, _), job in objects.items():
+        if kind != "Job":
+            continue
+        name = job["metadata"]["name"]
+        app = job["spec"]["template"]["metadata"].get("labels", {}).get("app")
+        assert app, f"k8s Job/{name}: its pods have no app label (what its name and the runbook's logs go by)"
+        assert name == job_name(app, version), \
+            f"k8s Job/{name}: must be named {job_name(app, version)} (its app label and pyproject's version " \
+            f"{version}): an applied Job's pod template cannot change"
+        assert len(name) <= 63, f"k8s Job/{name}: longer than a label value (its pods' job-name)"
+        ttl = job["spec"].get("ttlSecondsAfterFinished")
+        assert isinstance(ttl, int) and ttl > 0, f"k8s Job/{name}: no ttlSecondsAfterFinished (finished Jobs pile up)"
+
+
+def check_unhealthy_eviction(objects: dict) -> None:
+    """Every PodDisruptionBudget lets a drain evict pods that are not Ready (unhealthyPodEvictionPolicy:
+    AlwaysAllow). With the default (IfHealthyBudget) an unready pod is evicted only while the budget is healthy:
+    with Tulip down every Ivy pod is unready (its /ready needs a serving replica), and two unready Tulips hold
+    their GPU nodes, so `kubectl drain` and node upgrades hang exactly when a node must go (a bad driver)."""
+    budgets = [(name, o) for (kind, name), o in objects.items() if kind == "PodDisruptionBudget"]
+    assert budgets, "k8s: no PodDisruptionBudget"
+    for name, budget in budgets:
+        policy = budget["spec"].get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
+        assert policy == "AlwaysAllow", f"k8s PodDisruptionBudget/{name}: unhealthyPodEvictionPolicy {policy}: " \
+                                        "a drain hangs on unready pods"
+
+
+def _pods_labelled(objects: dict, app: str) -> list[dict]:
+    return [o["spec"]["template"]["spec"] for (kind, _), o in objects.items()
+            if kind in ("Deployment", "StatefulSet", "Job")
+            and o["spec"]["template"]["metadata"].get("labels", {}).get("app") == app]
+
+
+def runbook_commands(text: str, word: str) -> list[str]:
+    """The inline `kubectl ...` commands of the runbook whose words include `word` (e.g. logs)."""
+    return [c for c in re.findall(r"`(kubectl [^`]+)`", text) if word in c.split()]
+
+
+def check_runbook_logs(objects: dict, runbook: str) -> None:
+    """The runbook's `kubectl logs` commands read what they claim: a label selector reads only the last 10
+    lines of each pod unless --tail=-1, and names the container (-c) of those pods; `job/NAME` is a Job of the
+    manifests (its name carries the version: a selector on its `app` label outlives upgrades)."""
+    commands = runbook_commands(runbook, "logs")
+    assert commands, "deploy/RUNBOOK.md: no `kubectl logs` command"
+    for command in commands:
+        words = command.split("|")[0].split()
+        for job in re.findall(r"\bjob/([\w.-]+)", command):
+            assert ("Job", job) in objects, f"deploy/RUNBOOK.md: `{command}`: no Job {job}"
+        selector = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-l", "--selector")), None)
+        if selector is None:
+            continue
+        app = selector.removeprefix("app=")
+        pods = _pods_labelled(objects, app)
+        assert pods, f"deploy/RUNBOOK.md: `{command}`: no pods labelled {selector}"
+        assert "--tail=-1" in words, f"deploy/RUNBOOK.md: `{command}`: a selector reads 10 lines a pod (--tail=-1)"
+        container = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-c", "--container")), None)
+        names = {c["name"] for pod in pods for c in pod["containers"]}
+        assert container in names, f"deploy/RUNBOOK.md: `{command}`: -c {container} is none of {sorted(names)}"
+
+
+def check_runbook_prerequisites(objects: dict, runbook: str) -> None:
+    """The runbook's prerequisites name what the cluster must run for the manifests to work."""
+    found = re.search(r"^Prerequisites:.*?(?=\n\n)", runbook, re.M | re.S)
+    assert found, "deploy/RUNBOOK.md: no Prerequisites paragraph"
+    text = " ".join(found[0].split())
+    kinds = {kind for kind, _ in objects}
+    needs = {"KEDA": "ScaledObject" in kinds,
+             "Prometheus Operator": bool(kinds & {"ServiceMonitor", "PrometheusRule"}),
+             "device plugin": any("nvidia.com/gpu" in str(o) for (k, _), o in objects.items() if k == "StatefulSet"),
+             "ReadWriteMany": any("ReadWriteMany" in o["spec"].get("accessModes", [])
+                                  for (k, _), o in objects.items() if k == "PersistentVolumeClaim"),
+             # an HPA on CPU or memory reads the resource metrics API: without metrics-server it shows
+             # <unknown> and never scales
+             "metrics-server": any(m["type"] in ("Resource", "ContainerResource")
+                                   for (k, _), o in objects.items() if k == "HorizontalPodAutoscaler"
+                                   for m in o["spec"].get("metrics", []))}
+    missing = [name for name, needed in needs.items() if needed and name not in text]
+    assert not missing, f"deploy/RUNBOOK.md: the prerequisites do not name {missing}"

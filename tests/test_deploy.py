@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import http.server
+import json
 import os
 import re
 import shutil
@@ -45,7 +46,17 @@ from deploy_k8s_rules import (
     check_schemas,
     check_service_monitors,
 )
-from deploy_rules import check_compose, check_dockerfile, check_k8s, replicas_dns_landed
+from deploy_rules import (
+    check_compose,
+    check_dockerfile,
+    check_jobs,
+    check_k8s,
+    check_runbook_logs,
+    check_runbook_prerequisites,
+    check_unhealthy_eviction,
+    replicas_dns_landed,
+    runbook_commands,
+)
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
@@ -252,6 +263,10 @@ K8S_RULES = {
     "autoscaling": lambda o: check_autoscaling(o, dockerfiles()),
     "service monitors": lambda o: check_service_monitors(o, dockerfiles()),
     "alerts": lambda o: check_alerts(o, dockerfiles(), _exported_metrics()),
+    "jobs": lambda o: check_jobs(o, _version()),
+    "unhealthy pods evictable": check_unhealthy_eviction,
+    "runbook logs": lambda o: check_runbook_logs(o, RUNBOOK.read_text()),
+    "runbook prerequisites": lambda o: check_runbook_prerequisites(o, RUNBOOK.read_text()),
 }
 
 
@@ -271,6 +286,12 @@ def _rule(o: dict, alert: str) -> dict:
 
 def _policy_rules(o: dict) -> list:
     return o[("NetworkPolicy", "tulip-ingress")]["spec"]["ingress"]
+
+
+def _fill_job(o: dict) -> dict:
+    (job,) = [j for (kind, _), j in o.items() if kind == "Job"
+              and j["spec"]["template"]["metadata"]["labels"].get("app") == "model-fill"]
+    return job
 
 
 K8S_RULE_BREAKAGES = {
@@ -333,6 +354,16 @@ K8S_RULE_BREAKAGES = {
         **{"for": "30s"})),
     "alert links no runbook section": ("alerts", lambda o: _rule(o, "TulipNotReady")["annotations"].update(
         runbook_url="deploy/RUNBOOK.md#nowhere")),
+    "fill Job keeps its name across versions": ("jobs", lambda o: _fill_job(o)["metadata"].update(name="model-fill")),
+    "finished Jobs kept for ever": ("jobs", lambda o: _fill_job(o)["spec"].pop("ttlSecondsAfterFinished")),
+    "tulip's budget blocks draining unready pods": ("unhealthy pods evictable", lambda o: o[(
+        "PodDisruptionBudget", "tulip")]["spec"].pop("unhealthyPodEvictionPolicy")),
+    "ivy's budget IfHealthyBudget": ("unhealthy pods evictable", lambda o: o[("PodDisruptionBudget", "ivy")][
+        "spec"].update(unhealthyPodEvictionPolicy="IfHealthyBudget")),
+    "runbook's logs selector on another container": ("runbook logs", lambda o: _pod(o, "ivy")["containers"][0].update(
+        name="gateway")),
+    "runbook's Job logs on pods nobody labels": ("runbook logs", lambda o: _fill_job(o)["spec"]["template"][
+        "metadata"]["labels"].update(app="fill")),
 }
 
 
@@ -345,6 +376,73 @@ def test_k8s_rule_catches(breakage) -> None:
     breaks(objects)
     with pytest.raises(AssertionError):
         rule(objects)
+
+
+def test_a_version_bump_renames_the_jobs() -> None:
+    """An image tag bumped without the Job's name: the rule fails (pyproject's version is the one both follow)."""
+    check_jobs(load_k8s(), _version())
+    with pytest.raises(AssertionError, match="must be named model-fill-9-9-9"):
+        check_jobs(load_k8s(), "9.9.9")
+
+
+# ---- the runbook's commands --------------------------------------------------------------------------------
+
+RUNBOOK = ROOT / "deploy" / "RUNBOOK.md"
+RUNBOOK_RULES = {"runbook logs": check_runbook_logs, "runbook prerequisites": check_runbook_prerequisites}
+RUNBOOK_BREAKAGES = {
+    "logs: the last 10 lines a pod": ("runbook logs", "-l app=ivy -c ivy --tail=-1", "-l app=ivy -c ivy"),
+    "logs: the init container": ("runbook logs", "-l app=ivy -c ivy", "-l app=ivy -c wait-for-model"),
+    "logs: no container": ("runbook logs", "-l app=ivy -c ivy", "-l app=ivy"),
+    "logs: a Job that is not there": ("runbook logs", "logs -l app=model-fill -c fill --tail=-1",
+                                      "logs job/model-fill"),
+    "prerequisites without metrics-server": ("runbook prerequisites", "metrics-server", "a metrics server"),
+    "prerequisites without the device plugin": ("runbook prerequisites", "the NVIDIA device plugin (",
+                                                "NVIDIA drivers ("),
+}
+
+
+@pytest.mark.parametrize("breakage", RUNBOOK_BREAKAGES.values(), ids=RUNBOOK_BREAKAGES.keys())
+def test_runbook_rule_catches(breakage) -> None:
+    name, old, new = breakage
+    text = RUNBOOK.read_text()
+    assert old in text, f"breakage {old!r} no longer applies to deploy/RUNBOOK.md"
+    RUNBOOK_RULES[name](load_k8s(), text)
+    with pytest.raises(AssertionError):
+        RUNBOOK_RULES[name](load_k8s(), text.replace(old, new, 1))
+
+
+def _log_line(pod: str, record: dict | str) -> str:
+    """A line of `kubectl logs --prefix`: `[pod/NAME/CONTAINER] ` before what the container wrote."""
+    return f"[pod/{pod}/ivy] " + (record if isinstance(record, str) else json.dumps(record))
+
+
+def test_runbook_request_id_search_reads_prefixed_json_logs() -> None:
+    """The runbook's search for a request id, after `kubectl logs`, run on the lines kubectl gives it: JSON
+    behind each line's `[pod/...]` prefix, and lines that are not JSON objects (a traceback printed before
+    logging is set up, an empty line), which must not stop it."""
+    (command,) = [c for c in runbook_commands(RUNBOOK.read_text(), "logs") if "request_id" in c]
+    assert "--prefix" in command.split("|")[0].split()
+    _, _, pipeline = command.partition("|")
+    tools = [tool for tool in ("jq", "sed", "grep") if re.search(rf"(^|\|)\s*{tool}\b", pipeline)]
+    if not tools or not all(shutil.which(tool) for tool in tools):
+        pytest.skip(f"needs {tools} for {pipeline!r}")
+    assert pipeline.count("…") == 1, pipeline
+    wanted = [{"level": "ERROR", "message": "boom", "request_id": "req-7", "service": "ivy"},
+              {"level": "WARNING", "message": "retry", "request_id": "req-7", "pid": 12}]
+    lines = [_log_line("ivy-5d8f9-abcde", wanted[0]), _log_line("ivy-5d8f9-abcde", {"request_id": "req-8"}),
+             _log_line("ivy-5d8f9-fghij", "Traceback (most recent call last): {"),
+             _log_line("ivy-5d8f9-fghij", ""), _log_line("ivy-5d8f9-fghij", "42"),
+             _log_line("ivy-5d8f9-fghij", wanted[1]), _log_line("ivy-5d8f9-fghij", {"message": "no id"})]
+    run = subprocess.run(["sh", "-c", pipeline.replace("…", "req-7")], input="\n".join(lines) + "\n",
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    found, decoder, at = [], json.JSONDecoder(), 0
+    while run.stdout[at:].strip():  # the JSON values jq printed, compact or not
+        at += len(run.stdout[at:]) - len(run.stdout[at:].lstrip())
+        value, at = decoder.raw_decode(run.stdout, at)
+        found.append(value)
+    assert [{k: v for k, v in f.items() if k != "pod"} for f in found] == wanted, run.stdout
+    assert [f.get("pod") for f in found] == ["ivy-5d8f9-abcde", "ivy-5d8f9-fghij"], "which pod logged it"
 
 
 # ---- images: names, pins, locked dependencies -----------------------------------------------------------
