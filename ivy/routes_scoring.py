@@ -134,13 +134,24 @@ async def _rerank(request: Request, schema, route: str) -> Response:
     names = ("query", "texts" if tei else "documents")
     mode = scoring_of(gw, None if tei else body.scoring, route)
     _check_raw(gw, mode, body.raw_scores, "raw_scores")
+    cohere_v2 = request.scope["path"] == "/v2/rerank"
+    per_doc = None if tei else body.max_tokens_per_doc
+    truncate = body.truncate
     if not tei:
         _check_raw(gw, mode, body.use_activation is False, "use_activation")
+        if truncate is None and (cohere_v2 or per_doc is not None):  # Cohere cuts documents, never refuses them
+            truncate = True
+        elif truncate is False and per_doc is not None:
+            raise IvyError(Problem.INVALID_PARAMETER, "truncate: false contradicts max_tokens_per_doc; send one of "
+                           "them", param="truncate")
     instruction = None if tei else body.instruction
-    truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, body.truncate)
+    truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, truncate)
     with gw.admit():
         gw.check_count(len(documents), gw.config.max_inputs_per_request, names[1])
-        scores, tokens = await _scores(request, gw, mode, [body.query], documents, truncate=truncate,
+        scored = documents  # echoed as sent, scored as cut
+        if per_doc is not None:
+            scored = await gw.encoder.cut_to_tokens(documents, per_doc, body.truncation_side, names[1])
+        scores, tokens = await _scores(request, gw, mode, [body.query], scored, truncate=truncate,
                                        side=body.truncation_side, deadline=deadline, instruction=instruction,
                                        names=names, lane=lane, max_tokens=max_tokens)
         order = np.argsort(-scores, kind="stable")
@@ -153,7 +164,7 @@ async def _rerank(request: Request, schema, route: str) -> Response:
             order = order[: body.top_n]
         echo = body.return_documents
         if echo is None:  # vLLM returns every document, Jina by default; Cohere v2 has no such field
-            echo = request.scope["path"] != "/v2/rerank"
+            echo = not cohere_v2
         results = []
         for i in order:
             item = {"index": int(i), "relevance_score": float(scores[i])}

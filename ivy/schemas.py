@@ -33,6 +33,8 @@ SCORING = ("cosine (dense unit vectors) or maxsim (late interaction over the tok
            "omitted = cosine for a model that embeds (BGE-M3 included), maxsim for a multi-vector-only model. "
            "Cross-encoders refuse it.")
 Scoring = Literal["cosine", "maxsim"]
+MAX_TOKENS_PER_DOC = ("Cohere v2's: each document cut to its first k tokens (special tokens not counted) before "
+                      "scoring, and truncate on; omitted at /v2/rerank: truncate on, as Cohere's default cuts.")
 # Every score / rerank body's (vLLM's, Cohere's / Jina's and TEI's shapes): one meaning, read in one place
 # (ivy.routes_scoring's _truncation)
 TRUNCATE_PROMPT_TOKENS = ("vLLM's: -1 cuts to the model's length, k keeps k tokens of each text (special tokens "
@@ -156,7 +158,9 @@ class RerankRequest(_Request):
                              "refused where the model applies an activation.")
     use_activation: bool | None = Field(default=None, description="vLLM's: false asks for a cross-encoder's logits, "
                                         "refused where the model applies an activation.")
-    truncate: bool | None = None
+    max_tokens_per_doc: Annotated[int, Field(ge=1)] | None = Field(default=None, description=MAX_TOKENS_PER_DOC)
+    truncate: bool | None = Field(default=None, description="Cut over-long inputs; omitted = the server default, "
+                                  "except at /v2/rerank (Cohere v2 cuts every document: true).")
     truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
     truncation_side: Side = "right"
     instruction: str | None = Field(default=None, description=INSTRUCTION)

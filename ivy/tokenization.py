@@ -330,6 +330,28 @@ class InputEncoder:
             raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(text)} characters; /tokenize takes at most "
                            f"{cap}", param=name, limit=cap)
 
+    async def cut_to_tokens(self, texts: Sequence[str], k: int, side: str, param: str) -> list[str]:
+        """Each text cut to its first k tokens (its last k with side "left"), special tokens not counted, as text:
+        the span its k tokens cover (Cohere v2's rerank `max_tokens_per_doc`, which cuts every document rather
+        than refusing it). A text over the per-input character cap is cut to the cap first, as truncate=true
+        cuts it, so that no text costs more than the cap to tokenize here. `param` names the texts in errors."""
+        if self.tokenizer.hf is None:
+            raise IvyError(Problem.UNSUPPORTED_TASK, f"{param}: this model's tokenizer is a SentencePiece model "
+                           "without tokenizer.json, whose token offsets Ivy does not read; send truncate or "
+                           "truncate_prompt_tokens instead of max_tokens_per_doc", param="max_tokens_per_doc")
+        cap = self.char_cap
+        capped = [t if len(t) <= cap else (t[:cap] if side == "right" else t[-cap:]) for t in texts]
+        return await self._run(self._cut_to_tokens, capped, k, side, size=_size(capped, self.inline_chars))
+
+    def _cut_to_tokens(self, texts: list[str], k: int, side: str) -> list[str]:
+        out = []
+        for text, enc in zip(texts, self.tokenizer.encodings_with_offsets(texts, add_special_tokens=False)):
+            spans = enc.offsets
+            if len(spans) > k:
+                text = text[:spans[k - 1][1]] if side == "right" else text[spans[-k][0]:]
+            out.append(text)
+        return out
+
     async def token_strs(self, ids: Sequence[int]) -> list[str]:
         """Each id's token as the vocabulary writes it (vLLM's /tokenize return_token_strs: transformers'
         convert_ids_to_tokens)."""

@@ -147,3 +147,65 @@ def test_rerank_returns_documents_unless_told_not_to_or_at_cohere_v2(client) -> 
     top = client.post("/v1/rerank", json={**body, "top_n": 1}).json()["results"]
     assert len(top) == 1 and top[0]["document"] == {"text": DOCS[top[0]["index"]]}
     assert np.isfinite(top[0]["relevance_score"])
+
+
+# ---- Cohere v2's max_tokens_per_doc, and its documents cut rather than refused ----
+
+LONG_DOC = "the quick brown fox jumps over the lazy dog " * 30  # 272 tokens with the specials: over MiniLM's 256
+
+
+def _cut(text: str, k: int, side: str = "right") -> str:
+    """text's first (last) k tokens as text, by the `tokenizers` library's own offsets: the expected cut."""
+    from rose.spec import bundled_model_dir, load_spec
+    from rose.tokenizer import Tokenizer
+
+    (enc,) = Tokenizer(load_spec(bundled_model_dir())).hf.encode_batch([text], add_special_tokens=False)
+    if len(enc.offsets) <= k:
+        return text
+    return text[:enc.offsets[k - 1][1]] if side == "right" else text[enc.offsets[-k][0]:]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_max_tokens_per_doc_scores_each_document_cut_to_k_tokens(client, side) -> None:
+    docs = [LONG_DOC, "cats sleep on the sofa all day long", "stock"]
+    for route in ("/v1/rerank", "/v2/rerank", "/rerank"):
+        body = {"query": QUERY, "documents": docs, "max_tokens_per_doc": 5, "truncation_side": side,
+                "return_documents": True}
+        r = client.post(route, json=body)
+        assert r.status_code == 200, r.text
+        expected = client.post(route, json={**body, "documents": [_cut(d, 5, side) for d in docs],
+                                            "max_tokens_per_doc": None}).json()
+        assert _scores(r.json()) == pytest.approx(_scores(expected), abs=1e-6)
+        assert r.json()["usage"] == expected["usage"], route
+        assert {x["index"]: x["document"]["text"] for x in r.json()["results"]} == dict(enumerate(docs))  # as sent
+    assert _cut(docs[1], 5, side) != docs[1] and _cut(docs[2], 5, side) == docs[2]  # the cut did something
+
+
+def test_cohere_v2_cuts_long_documents_by_default(client, fake) -> None:
+    body = {"query": QUERY, "documents": [LONG_DOC, DOCS[0]]}
+    r = client.post("/v2/rerank", json=body)
+    assert r.status_code == 200, r.text
+    assert client.post("/v2/rerank", json={**body, "truncate": False}).status_code == 422  # asked for
+    assert client.post("/v1/rerank", json=body).status_code == 422  # the server default elsewhere (off)
+    assert client.post("/v1/rerank", json={**body, "max_tokens_per_doc": 4096}).status_code == 200
+
+
+@pytest.mark.parametrize("extra, param", [({"max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+                                          ({"max_tokens_per_doc": "5"}, "max_tokens_per_doc"),
+                                          ({"max_tokens_per_doc": 5, "truncate": False}, "truncate")])
+def test_max_tokens_per_doc_errors_name_the_field(client, fake, extra, param) -> None:
+    for route in ("/v1/rerank", "/v2/rerank"):
+        code, named, _ = _error(client.post(route, json={"query": QUERY, "documents": DOCS, **extra}))
+        assert (code, named) == (422, param), route
+    assert fake.calls == []
+
+
+def test_max_tokens_per_doc_cuts_a_cross_encoders_documents_before_pairing(tmp_path) -> None:
+    fake = FakeTulip(model_dir=bert_reranker(tmp_path))
+    with fake, gateway(fake, model=str(fake.model_dir)) as client:
+        docs = ["cats sleep on the sofa all day long", "stock prices fell today"]
+        body = {"query": QUERY, "documents": docs}
+        r = client.post("/v2/rerank", json={**body, "max_tokens_per_doc": 3})
+        expected = client.post("/v2/rerank", json={**body, "documents": [_cut(d, 3) for d in docs]})
+        assert r.status_code == 200 and _scores(r.json()) == _scores(expected.json())
+        assert _scores(r.json()) != _scores(client.post("/v2/rerank", json=body).json())
