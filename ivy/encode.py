@@ -1,7 +1,8 @@
 """Output encodings: which wire encoding to ask Tulip for, and how each row goes into the JSON body.
 
 float -> a JSON list of float32 values; base64 -> little-endian float32 bytes (what the openai client
-decodes); base64_int8 -> signed int8 bytes; base64_binary -> 1 bit per dimension, least significant bit
+decodes), or vLLM's `embed_dtype` (float16, bfloat16) and `endianness` (`base64_dtype`); base64_int8 -> signed
+int8 bytes; base64_binary -> 1 bit per dimension, least significant bit
 first (Perplexity's layout). Tulip already applied Matryoshka truncation, normalization and quantization
 (rose.head), so Ivy only reshapes bytes here.
 """
@@ -9,6 +10,7 @@ first (Perplexity's layout). Tulip already applied Matryoshka truncation, normal
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
@@ -92,10 +94,46 @@ def checked_rows(response: embed_pb2.EmbedResponse, expected: int) -> np.ndarray
     return rows
 
 
-def row_value(row: np.ndarray, fmt: str) -> Any:
-    """One row as its JSON value (orjson serializes the numpy float32 array as a list)."""
+BFLOAT16 = ("<bf2", ">bf2")  # numpy has no bfloat16: its bytes are made by hand (_bfloat16_bytes)
+
+
+def base64_dtype(embed_dtype: str = "float32", endianness: str = "native") -> str:
+    """The bytes of a base64 row for vLLM's embed_dtype (float32, float16, bfloat16) and endianness (native = this
+    server's, little, big): a numpy dtype string, or one of BFLOAT16."""
+    order = {"native": "<" if sys.byteorder == "little" else ">", "little": "<", "big": ">"}[endianness]
+    return order + {"float32": "f4", "float16": "f2", "bfloat16": "bf2"}[embed_dtype]
+
+
+def wire_dtype(fmt: str, embed_dtype: str | None, endianness: str | None) -> str:
+    """A request's base64 bytes (base64_dtype; omitted fields are vLLM's defaults). embed_dtype is float only:
+    another with base64_int8 or base64_binary, whose bytes are set by the format, is a 422 naming it; with float,
+    which has no bytes, it is ignored as vLLM ignores it."""
+    if embed_dtype not in (None, "float32") and fmt in ("base64_int8", "base64_binary"):
+        raise IvyError(Problem.INVALID_PARAMETER, f"embed_dtype: {embed_dtype} applies to encoding_format base64; "
+                       f"{fmt} has its own bytes", param="embed_dtype")
+    return base64_dtype(embed_dtype or "float32", endianness or "native")
+
+
+def _bfloat16_bytes(row: np.ndarray, dtype: str) -> bytes:
+    """float32 -> bfloat16 as torch's `.to(torch.bfloat16)` casts it (vLLM's embed_dtype): round to nearest, ties
+    to even; the upper 16 bits of the rounded float32 (rows hold no NaN: Tulip fails such a batch)."""
+    bits = np.ascontiguousarray(row, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    return rounded.astype(dtype[0] + "u2", copy=False).tobytes()
+
+
+def row_value(row: np.ndarray, fmt: str, dtype: str = "<f4") -> Any:
+    """One row as its JSON value (orjson serializes the numpy float32 array as a list); `dtype`: base64's bytes
+    (base64_dtype)."""
     if fmt == "float":
         return row if row.dtype == np.float32 else row.astype(np.float32)
     if fmt == "base64":
-        return base64.b64encode(np.ascontiguousarray(row, dtype="<f4").tobytes()).decode("ascii")
+        if dtype in BFLOAT16:
+            raw = _bfloat16_bytes(row, dtype)
+        elif dtype[1:] == "f2":
+            with np.errstate(over="ignore"):  # |x| over 65504 is inf in float16, as torch casts it
+                raw = np.ascontiguousarray(row, dtype=dtype).tobytes()
+        else:
+            raw = np.ascontiguousarray(row, dtype=dtype).tobytes()
+        return base64.b64encode(raw).decode("ascii")
     return base64.b64encode(np.ascontiguousarray(row).tobytes()).decode("ascii")

@@ -5,8 +5,8 @@ https://docs.vllm.ai/en/latest/models/pooling_models/pooling/) takes /v1/embeddi
 own. Ivy serves its embed task, the vectors /v1/embeddings gives, in vLLM's response shape (PoolingResponse;
 the models are here rather than in ivy.schemas, which they extend). What it has that Ivy cannot honour is
 refused by name, never silently ignored: chat `messages` (no chat template is applied), an IO processor
-plugin's `data`, `mm_processor_kwargs`, a `task` other than "embed", the raw binary `encoding_format`s, another
-`embed_dtype` or `endianness` than base64's little-endian float32, `add_special_tokens: false`, `padding:
+plugin's `data`, `mm_processor_kwargs`, a `task` other than "embed", the raw binary `encoding_format`s, an fp8
+`embed_dtype` (float32, float16 and bfloat16 are served, in either byte order), `add_special_tokens: false`, `padding:
 "max_length"`. Messages name the field and what is served, never the value sent (ivy.errors). A body with
 vLLM's defaults written out (nulls, priority 0, a request_id) is served as if they were omitted: priority 0
 picks the lane by size, as no priority does (a non-zero one picks it as on every route, ivy/lanes.py).
@@ -22,7 +22,7 @@ from ivy.errors import IvyError, Problem
 from ivy.inputs import Dimensions, EmbeddingInput, EncodingFormat, Side
 from ivy.lanes import PRIORITY_RULE
 from ivy.responses import Usage
-from ivy.schemas import Priority, _Request
+from ivy.schemas import EMBED_DTYPE, ENDIANNESS, EmbedDtype, Endianness, Priority, _Request
 from ivy.vllm_fields import refuse, refuse_unserved
 
 _SCORES = "a reranker's scores are served at /v1/score and /v1/rerank"
@@ -87,8 +87,8 @@ class PoolingRequest(_Request):
     task: Literal["embed"] | None = Field(default=None, description='"embed" or omitted; other tasks are refused.')
     encoding_format: EncodingFormat | None = Field(default=None, description="float (default), base64 (LE "
                                                    "float32), base64_int8, base64_binary; bytes is refused.")
-    embed_dtype: Literal["float32"] = "float32"
-    endianness: Literal["native", "little"] = "native"
+    embed_dtype: EmbedDtype | None = Field(default=None, description=EMBED_DTYPE)
+    endianness: Endianness | None = Field(default=None, description=ENDIANNESS)
     dimensions: Dimensions | None = None
     normalize: bool | None = Field(default=None, description="L2-normalize; omitted = the model's own default.")
     truncate_prompt_tokens: int | None = Field(default=None, description="-1: cut to the model's length; k: keep k "

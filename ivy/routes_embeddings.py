@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ivy import metrics
-from ivy.encode import WIRE_ENCODING, default_format, row_value
+from ivy.encode import WIRE_ENCODING, default_format, row_value, wire_dtype
 from ivy.pooling import PoolingRequest, PoolingResponse, prompt_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.responses import ContextualizedEmbeddingsResponse, EmbeddingsResponse
@@ -34,12 +34,14 @@ async def create_embeddings(request: Request) -> Response:
                                              gw.tokenizer.num_special, texts=body.input.texts is not None)
     with gw.admit():
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
+        dtype = wire_dtype(fmt, body.embed_dtype, body.endianness)  # before any work: it may refuse
         rows, tokens = await _embed_inputs(request, body.input, deadline, route="/v1/embeddings", param="input",
                                            fmt=fmt, truncate=truncate, side=body.truncation_side,
                                            prompt=(body.input_type, body.prompt_name),
                                            dimensions=body.dimensions, normalize=body.normalize, lane=lane,
                                            max_tokens=max_tokens)
-        data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt)} for i in range(len(rows))]
+        data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt, dtype)}
+                for i in range(len(rows))]
         return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})
 
 
@@ -71,11 +73,12 @@ async def vllm_pooling(request: Request) -> Response:
                                              gw.tokenizer.num_special, texts=body.input.texts is not None)
     with gw.admit():
         fmt = body.encoding_format or "float"
+        dtype = wire_dtype(fmt, body.embed_dtype, body.endianness)  # before any work: it may refuse
         rows, tokens = await _embed_inputs(request, body.input, deadline, route="/pooling", param="input", fmt=fmt,
                                            truncate=truncate, side=body.truncation_side or "right", prompt=(None, None),
                                            dimensions=body.dimensions, normalize=body.normalize, lane=lane,
                                            max_tokens=max_tokens)
-        data = [{"index": i, "object": "pooling", "data": row_value(rows[i], fmt)} for i in range(len(rows))]
+        data = [{"index": i, "object": "pooling", "data": row_value(rows[i], fmt, dtype)} for i in range(len(rows))]
         rid = metrics.REQUEST_ID.get() or uuid.uuid4().hex  # X-Request-Id when the client sent a sane one
         if body.request_id is not None and rid != request.headers.get("x-request-id"):
             rid = body.request_id

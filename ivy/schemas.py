@@ -33,6 +33,12 @@ SCORING = ("cosine (dense unit vectors) or maxsim (late interaction over the tok
            "omitted = cosine for a model that embeds (BGE-M3 included), maxsim for a multi-vector-only model. "
            "Cross-encoders refuse it.")
 Scoring = Literal["cosine", "maxsim"]
+# vLLM's base64 bytes (ivy.encode.wire_dtype), on /v1/embeddings and /pooling
+EmbedDtype = Literal["float32", "float16", "bfloat16"]
+Endianness = Literal["native", "little", "big"]
+EMBED_DTYPE = ("vLLM's: base64's values as float32 (omitted), float16 or bfloat16 (rounded to nearest even, as torch "
+               "casts); float ignores it.")
+ENDIANNESS = "vLLM's: base64's byte order; native (omitted) is this server's, little-endian on x86 and ARM."
 MAX_TOKENS_PER_DOC = ("Cohere v2's: each document cut to its first k tokens (special tokens not counted) before "
                       "scoring, and truncate on; omitted at /v2/rerank: truncate on, as Cohere's default cuts.")
 # Every score / rerank body's (vLLM's, Cohere's / Jina's and TEI's shapes): one meaning, read in one place
@@ -80,6 +86,8 @@ class EmbeddingsRequest(_Request):
     encoding_format: EncodingFormat | None = Field(
         default=None, description="float (default), base64 (LE float32), base64_int8, base64_binary (LSB first); "
                                   "models with native int8 output default to base64_int8.")
+    embed_dtype: EmbedDtype | None = Field(default=None, description=EMBED_DTYPE)
+    endianness: Endianness | None = Field(default=None, description=ENDIANNESS)
     dimensions: Dimensions | None = None
     user: str | None = None
     normalize: bool | None = Field(default=None, description="L2-normalize; omitted = the model's own default.")

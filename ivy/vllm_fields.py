@@ -1,8 +1,9 @@
 """vLLM's request fields that Ivy's embedding routes cannot honour, refused by name wherever vLLM's clients
 send them (/pooling, /v1/embeddings and /embeddings), never silently ignored: vLLM takes `add_special_tokens`,
-`embed_dtype`, `endianness` and chat `messages` on /v1/embeddings too (EmbeddingCompletionRequest and
-EmbeddingChatRequest, vllm/entrypoints/pooling/embed/protocol.py), and an answer that ignored them would be
-the wrong vectors (special tokens kept) or bytes the client decodes wrongly (float16 read from float32).
+`embed_dtype` and chat `messages` on /v1/embeddings too (EmbeddingCompletionRequest and EmbeddingChatRequest,
+vllm/entrypoints/pooling/embed/protocol.py), and an answer that ignored them would be the wrong vectors
+(special tokens kept) or bytes the client decodes wrongly (fp8 read from float32). The embed_dtypes and
+endiannesses Ivy writes are served (ivy.encode.wire_dtype).
 Messages name the field and what is served, never the value sent (ivy.errors)."""
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ SERVED: dict[str, tuple[tuple[Any, ...], str]] = {
     "encoding_format": (("float", "base64", "base64_int8", "base64_binary"),
                         "vLLM's raw binary responses (bytes, bytes_only) are not served; base64 is little-endian "
                         "float32, base64_int8 and base64_binary Ivy's smaller encodings"),
-    "embed_dtype": (("float32",), "base64 carries float32; for smaller vectors send encoding_format "
-                                  "base64_int8 or base64_binary"),
-    "endianness": (("native", "little"), "base64 carries little-endian bytes, this server's native order"),
+    "embed_dtype": (("float32", "float16", "bfloat16"), "fp8 is not served; for smaller vectors send "
+                                                        "encoding_format base64_int8 or base64_binary"),
     "padding": (("do_not_pad",), "inputs are embedded unpadded"),
     "add_special_tokens": ((True,), "texts are embedded with the model's special tokens; send token ids as input "
                                     "to choose every id yourself"),

@@ -2,8 +2,10 @@
 
 - /v1/embeddings (and Infinity's /embeddings) ignored vLLM's `add_special_tokens`, `embed_dtype` and
   `endianness`, which vLLM takes there too: a client asking for no special tokens got them, one asking for
-  big-endian float16 decoded little-endian float32 bytes. They are refused by name as /pooling refuses them,
-  and chat `messages` is named, not answered "input: Field required".
+  big-endian float16 decoded little-endian float32 bytes. embed_dtype (float32, float16, bfloat16) and
+  endianness are served on base64 as vLLM writes them (/pooling refused them too); what is not served
+  (add_special_tokens false, fp8) is refused by name, and chat `messages` is named, not answered "input: Field
+  required".
 - A reranker's raw scores (vLLM's `use_activation: false`, Infinity's `raw_scores: true` on the documents body)
   were answered with the activation applied; refused by name where the model applies one (TEI's body already
   was), honoured where the scores are already raw (cosine; a reranker whose activation is Identity).
@@ -33,9 +35,9 @@ def _error(response) -> tuple[int, str, str]:
 @pytest.mark.parametrize("route", ["/v1/embeddings", "/embeddings"])
 @pytest.mark.parametrize("extra, param, says", [
     ({"add_special_tokens": False}, "add_special_tokens", "special tokens"),
-    ({"embed_dtype": "float16"}, "embed_dtype", "float32"),
-    ({"embed_dtype": "bfloat16", "encoding_format": "base64"}, "embed_dtype", "float32"),
-    ({"endianness": "big", "encoding_format": "base64"}, "endianness", "little-endian"),
+    ({"embed_dtype": "fp8_e4m3", "encoding_format": "base64"}, "embed_dtype", "fp8 is not served"),
+    ({"embed_dtype": "float16", "encoding_format": "base64_binary"}, "embed_dtype", "base64_binary has its own"),
+    ({"endianness": "middle", "encoding_format": "base64"}, "endianness", ""),
     ({"mm_processor_kwargs": {"size": 224}}, "mm_processor_kwargs", "multimodal"),
 ])
 def test_vllm_fields_embeddings_cannot_honour_are_refused_by_name(client, fake, route, extra, param, says) -> None:
@@ -49,6 +51,33 @@ def test_chat_messages_are_named(client, fake, route) -> None:
     code, named, message = _error(client.post(route, json={"messages": [{"role": "user", "content": "hi"}]}))
     assert (code, named) == (422, "messages") and "chat input is not served" in message
     assert fake.calls == []
+
+
+@pytest.mark.parametrize("route, field", [("/v1/embeddings", "embedding"), ("/embeddings", "embedding"),
+                                          ("/pooling", "data")])
+@pytest.mark.parametrize("embed_dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("endianness", ["little", "big", "native"])
+def test_base64_bytes_are_vllms_embed_dtype_and_endianness(client, route, field, embed_dtype, endianness) -> None:
+    """vLLM's tensor2binary: the float32 row cast by torch to embed_dtype, bytes swapped unless in the order
+    asked (native: this server's); float ignores both, as vLLM's does."""
+    import base64
+    import sys
+
+    import torch
+
+    texts = ["hello world", "the cat sat on the mat"]
+    rows = client.post(route, json={"input": texts, "encoding_format": "float"}).json()["data"]
+    body = {"input": texts, "encoding_format": "base64", "embed_dtype": embed_dtype, "endianness": endianness}
+    r = client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    for row, got in zip(rows, r.json()["data"]):
+        cast = torch.tensor(row[field], dtype=torch.float32).to(getattr(torch, embed_dtype))
+        wanted = cast.view(torch.int32 if embed_dtype == "float32" else torch.int16).numpy()
+        if endianness not in ("native", sys.byteorder):
+            wanted = wanted.byteswap()
+        assert base64.b64decode(got[field]) == wanted.tobytes()
+    floats = client.post(route, json={**body, "encoding_format": "float"}).json()["data"]
+    assert [x[field] for x in floats] == [x[field] for x in rows]
 
 
 def test_vllm_fields_with_what_is_served_change_nothing(client) -> None:
