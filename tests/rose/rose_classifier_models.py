@@ -82,16 +82,18 @@ def build_all_classifiers(root: Path) -> dict[str, Path]:
 
 
 @torch.no_grad()
-def hf_logits(path: Path, inputs: list, device: str = "cpu") -> tuple[np.ndarray, list[list[int]]]:
+def hf_logits(path: Path, inputs: list, device: str = "cpu",
+              dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, list[list[int]]]:
     """transformers' logits for texts or (text, text_pair) tuples in one padded batch, cut to the model's length
-    (longest first for pairs), and each input's ids (unpadded) to check the engine's tokenization against."""
+    (longest first for pairs), and each input's ids (unpadded) to check the engine's tokenization against;
+    `dtype`: the model's (bfloat16: the reference's own rounding error, what a bf16 engine is held to)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
     pairs = isinstance(inputs[0], tuple)
     args = ([a for a, _ in inputs], [b for _, b in inputs]) if pairs else (list(inputs),)
     enc = tok(*args, padding=True, truncation=True, return_tensors="pt").to(device)
-    model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=dtype).to(device).eval()
     logits = model(**enc).logits.float().cpu().numpy()
     ids = [row[mask.bool()].tolist() for row, mask in zip(enc["input_ids"].cpu(), enc["attention_mask"].cpu())]
     return logits, ids
