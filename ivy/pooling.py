@@ -44,7 +44,7 @@ def check_fields(data: Any) -> Any:
         return data
     if "data" in data and "input" not in data:
         raise refuse("data", "IO processor plugin requests are not served; send input (texts or token ids)")
-    refuse_unserved(data)
+    refuse_unserved(data, encoding_format=True)
     task = data.get("task")
     if task is not None and task != "embed":
         where = _ELSEWHERE.get(task) if isinstance(task, str) else None
