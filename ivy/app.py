@@ -64,7 +64,10 @@ def create_app(config: IvyConfig) -> FastAPI:
                 gc_pauses.unfreeze()
             await gateway.close()
 
-    app = IvyApp(title="Ivy", version=__version__, lifespan=lifespan,
+    # redirect_slashes off: Starlette's answer to /v1/embeddings/ was a bare 307 to an http:// Location (wrong
+    # behind a TLS proxy, an empty body to `curl -s`); IvyApp serves a known route's path with one trailing slash
+    # as the route, and any other path gets the OpenAI-shaped 404.
+    app = IvyApp(title="Ivy", version=__version__, lifespan=lifespan, redirect_slashes=False,
                   description="HTTP gateway of the Ivy -> Tulip -> ROSE embedding stack.",
                   **docs.fastapi_options(config))
     routers = (routes_embeddings.router, routes_scoring.router, routes_tokenize.router, routes_retrieval.router,
@@ -104,12 +107,14 @@ class IvyApp(FastAPI):
         self._hot_app = metrics.RequestMetrics(self._serve_hot)
 
     async def __call__(self, scope, receive, send) -> None:
-        hot = self._hot
-        if (hot is not None and scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in hot
-                and not scope.get("root_path")):
-            scope["app"] = self  # request.app, as Starlette sets it
-            await self._hot_app(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            if scope["path"] in _SLASHED:  # the one check a request pays: a set lookup (the path's hash is reused)
+                _strip_slash(scope)
+            hot = self._hot
+            if hot is not None and scope["method"] == "POST" and scope["path"] in hot and not scope.get("root_path"):
+                scope["app"] = self  # request.app, as Starlette sets it
+                await self._hot_app(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
     async def _serve_hot(self, scope, receive, send) -> None:
@@ -119,6 +124,18 @@ class IvyApp(FastAPI):
         except IvyError as exc:
             response = await ivy_error(request, exc)
         await response(scope, receive, send)
+
+
+# A known route's path with one trailing slash (/v1/embeddings/, /health/) is served as the route itself, before
+# routing and before RequestMetrics reads the path; "/" has no such twin ("//" stays unknown).
+_SLASHED = frozenset(route + "/" for route in metrics.KNOWN_ROUTES if route != "/")
+
+
+def _strip_slash(scope) -> None:
+    scope["path"] = scope["path"][:-1]
+    raw = scope.get("raw_path")
+    if raw and raw.endswith(b"/"):
+        scope["raw_path"] = raw[:-1]
 
 
 async def ivy_error(request: Request, exc: IvyError) -> Response:

@@ -221,10 +221,12 @@ def _check_keys(data: Any, model: type[BaseModel], prefix: str, left: list[int])
         if left[0] <= 0:
             return
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
-        if close:
+        if close:  # never the client's key in the message; the field meant may be there too (input and inputs)
             meant = prefix + close[0]
-            raise IvyError(Problem.INVALID_PARAMETER, f"an unknown field is close to {meant!r}; "
-                           f"did you mean {meant!r}?", param=meant)  # never the client's key
+            message = (f"the body has {meant!r} and also a field close to it that is not served; remove that field"
+                       if close[0] in data else f"the body has a field that is not served but is close to {meant!r} "
+                       f"(a misspelling?); rename it to {meant!r} or remove it")
+            raise IvyError(Problem.INVALID_PARAMETER, message, param=meant)
         left[0] -= 1
     for name, nested in _nested_models(model):
         _check_keys(data.get(name), nested, f"{prefix}{name}.", left)

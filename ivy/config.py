@@ -43,7 +43,9 @@ class IvyConfig:
         "uvicorn worker processes (HTTP, validation and tokenization scale with them); 0 = auto: one per "
         f"{CPUS_PER_WORKER} usable CPUs (affinity and cgroup quota), 1 to {MAX_AUTO_WORKERS}."))
     api_key: str = field(default="", metadata=_help(
-        "Bearer token required on every /v1 route when set; health, readiness and metrics stay open."))
+        "Bearer token required, when set, on every route but /health, /ready and /metrics, which stay open: every "
+        "POST route, GET /info, /v1/models and /v1/models/ID, and /docs, /redoc and /openapi.json unless --docs on "
+        "(--api-key-lanes alone does the same)."))
     api_key_lanes: tuple[str, ...] = field(default=(), metadata=_help(
         "More accepted Bearer keys, each with its default priority lane: key1=bulk,key2=interactive (ivy/lanes.py); "
         "--api-key stays accepted too (its requests get a lane by size)."))
@@ -151,8 +153,8 @@ class IvyConfig:
     tokenize_piece_chars: int = field(default=500, metadata=_help(
         "Target length in characters of each piece of a split text (at most one piece per tokenizer thread)."))
     tokenizer_cache_words: int = field(default=65536, metadata=_help(
-        "How many words' ids the tokenizer remembers for ASCII text (~12 MB per worker at 65536 ordinary words, at "
-        "most ~32 MB): BERT-family tokenizers (a text cut at whitespace, ~6 x faster than `tokenizers`) and "
+        "How many words' ids the tokenizer remembers for ASCII text (~8 MB per worker at 65536 ordinary words, at "
+        "most ~16 MB): BERT-family tokenizers (a text cut at whitespace, ~6 x faster than `tokenizers`) and "
         "Qwen3-style byte-level BPE (cut by its Split regex, ~3-4 x). Same ids; new words are encoded by "
         "`tokenizers`. Full, it starts again empty. 0 = off; other tokenizers never."))
     tokenizer_bpe_whole_chars: int = field(default=32768, metadata=_help(

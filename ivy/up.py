@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -270,10 +271,23 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     return 0  # the same rule as a stop before ready (above)
 
 
+def _banner_auth(config: IvyConfig, environ: Mapping[str, str]) -> str:
+    """The banner curl's Authorization header: one the user can paste or complete, never a key itself (keys are
+    never logged). $IVY_API_KEY only where the key is that variable's (a key given as --api-key is in no
+    variable of the user's shell: pasting `$IVY_API_KEY` would send an empty key and get 401)."""
+    if config.api_key:
+        key = "$IVY_API_KEY" if environ.get("IVY_API_KEY") == config.api_key else "<your --api-key>"
+    elif config.api_key_lanes:  # never a variable: $IVY_API_KEY_LANES holds key=lane pairs, not one key
+        key = "<a key of --api-key-lanes>"
+    else:
+        return ""
+    return f' -H "Authorization: Bearer {key}"'
+
+
 def _print_banner(url: str, config: IvyConfig, addresses: list[str], tulip_metrics: list[str]) -> None:
     spec = load_spec(_resolve_model(config))
     name = config.served_model_name or spec.model_id
-    auth = ' -H "Authorization: Bearer $IVY_API_KEY"' if config.api_key else ""
+    auth = _banner_auth(config, os.environ)
     route, body = ("v1/embeddings", '"input": ["hello world"]')
     if "rerank" in spec.tasks:
         route, body = "v1/rerank", '"query": "hello", "documents": ["hello world", "goodbye"]'

@@ -5,7 +5,8 @@
     rose smoke MODEL_DIR [KEYS]         graph replay vs eager on this GPU; exit 1 on failure (deploy gate)
     rose build-kernels MODEL_DIR [--backends B,..] [--cache-dir DIR]   compile JIT and Triton kernels ahead
 
-Engine options are flags and ROSE_* environment variables (rose.flags).
+Engine options are flags of `info` and `embed` and ROSE_* environment variables (rose.flags); `smoke` and
+`build-kernels` read the variables only. `embed`'s own --dimensions, --normalize and --prompt-name have no variable.
 """
 
 from __future__ import annotations
@@ -207,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=cmd_info)
     smoke = sub.add_parser("smoke", help="graph-replay smoke test for a new driver or GPU (exit 1 on failure)")
     smoke.add_argument("model_dir")
-    smoke.add_argument("keys", nargs="?", default=None, help="TOKENSxSEQS keys, comma separated (default: --prewarm)")
+    smoke.add_argument("keys", nargs="?", default=None, help="TOKENSxSEQS keys and named sets, comma separated "
+                       f"(default: $ROSE_PREWARM, else {EngineConfig.prewarm}; smoke takes no --prewarm flag)")
     smoke.set_defaults(func=cmd_smoke)
     embed = sub.add_parser("embed", help="embed texts (arguments, or stdin lines) and print JSON lines")
     embed.add_argument("model_dir")

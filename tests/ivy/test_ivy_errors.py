@@ -83,6 +83,61 @@ def test_bearer_auth_on_every_inference_route_health_stays_open(fake) -> None:
             assert client.get(path).status_code == 200, path
 
 
+def test_the_api_key_help_names_exactly_the_routes_left_open(fake) -> None:
+    """Review: --api-key's help said "every /v1 route"; every route of the app but /health, /ready and /metrics
+    needs it (GET /info, /v1/models, /docs and /openapi.json included), and the help now says so."""
+    import dataclasses
+
+    from starlette.routing import Route
+
+    from ivy.config import IvyConfig
+
+    text = next(f for f in dataclasses.fields(IvyConfig) if f.name == "api_key").metadata["help"]
+    assert "/v1 route" not in text
+    assert all(path in text for path in ("/health, /ready and /metrics", "POST route", "/info", "/v1/models",
+                                         "/docs", "/openapi.json")), text
+    open_paths = set()
+    with gateway(fake, api_key="s3cret-key") as client:
+        paths = {r.path.replace("{model:path}", "x"): r.methods for r in client.app.routes if isinstance(r, Route)}
+        assert {"/docs", "/openapi.json", "/info", "/v1/models", "/v1/embeddings"} <= set(paths)
+        for path, methods in paths.items():
+            method = "POST" if "POST" in methods else "GET"
+            if client.request(method, path, json={}).status_code != 401:
+                open_paths.add(path)
+    assert open_paths == {"/health", "/ready", "/metrics"}
+
+
+def test_a_known_route_with_a_trailing_slash_is_the_route_and_nothing_redirects(fake) -> None:
+    """Review: /v1/embeddings/ (and /health/) answered a bare 307 with an empty body and an http:// Location (wrong
+    behind a TLS proxy). Now a known route's path with one trailing slash is served as the route (the hot path's
+    POSTs and the stack's routes alike, CORS on or off), any other path gets the OpenAI-shaped 404."""
+    from ivy.metrics import KNOWN_ROUTES
+
+    for cors in ((), ("https://a.example",)):
+        with gateway(fake, cors_origins=cors) as client:
+            plain = client.post("/v1/embeddings", json={"input": ["hello"]})
+            slashed = client.post("/v1/embeddings/", json={"input": ["hello"]}, follow_redirects=False)
+            assert slashed.status_code == 200 and slashed.json() == plain.json(), slashed.text
+            embed = client.post("/embed/", json={"inputs": "hello"}, follow_redirects=False)
+            assert embed.status_code == 200 and embed.json() == client.post("/embed", json={"inputs": "hello"}).json()
+            for path in ("/health/", "/ready/", "/metrics/", "/v1/models/", "/info/"):
+                r = client.get(path, follow_redirects=False)
+                assert r.status_code == 200, (path, r.status_code, r.text)
+            assert client.get("/health/").json() == {"status": "ok"}
+            for path in ("/nope/", "/nope", "/v1/embeddings//", "/v1/nope/"):
+                r = client.post(path, json={"input": "a"}, follow_redirects=False)
+                assert r.status_code == 404, (path, r.status_code)
+                assert r.json() == {"error": {"message": "no route at this path", "type": "invalid_request_error",
+                                              "param": None, "code": "not_found"}}, (path, r.text)
+            wrong = client.get("/v1/embeddings/", follow_redirects=False)
+            assert wrong.status_code == 405 and "POST" in wrong.headers["allow"]
+            for route in sorted(KNOWN_ROUTES) + ["/docs", "/redoc", "/openapi.json", "/v1/models/x", "/nope"]:
+                for path in {route, route.rstrip("/") + "/", route + "//"}:
+                    for method in ("GET", "POST"):
+                        r = client.request(method, path, follow_redirects=False)
+                        assert not 300 <= r.status_code < 400 and "location" not in r.headers, (method, path)
+
+
 def test_cors_closed_by_default_and_open_to_configured_origins(fake) -> None:
     """RELIABILITY 12."""
     preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}

@@ -251,3 +251,28 @@ def test_a_fixed_framed_port_past_65535_is_none_for_that_tulip_and_said(monkeypa
     assert code == 0
     assert [_flag(argv, "--framed-port") for argv, _ in _tulips(children)] == ["65535", "0"]
     assert "past 65535" in caplog.text
+
+
+def _banner(monkeypatch, capsys, environ: dict[str, str], **config) -> str:
+    for name in ("IVY_API_KEY", "IVY_API_KEY_LANES", "TULIP_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    up._print_banner("http://127.0.0.1:8080", IvyConfig(workers=1, **config), ["127.0.0.1:50051"], [])
+    return capsys.readouterr().out
+
+
+def test_the_banner_curl_names_the_key_as_it_came_and_never_prints_it(monkeypatch, capsys) -> None:
+    """Review: a key given as --api-key printed `$IVY_API_KEY` (in no variable of the user's shell: pasting got 401),
+    and keys of --api-key-lanes alone printed no Authorization header at all (401 too)."""
+    flag = _banner(monkeypatch, capsys, {}, api_key="s3cret-flag")
+    assert '-H "Authorization: Bearer <your --api-key>"' in flag and "$IVY_API_KEY" not in flag, flag
+    env = _banner(monkeypatch, capsys, {"IVY_API_KEY": "s3cret-env"}, api_key="s3cret-env")
+    assert '-H "Authorization: Bearer $IVY_API_KEY"' in env, env
+    lanes = _banner(monkeypatch, capsys, {}, api_key_lanes=("k1-s3cret=bulk", "k2-s3cret=interactive"))
+    assert '-H "Authorization: Bearer <a key of --api-key-lanes>"' in lanes, lanes
+    both = _banner(monkeypatch, capsys, {}, api_key="s3cret-main", api_key_lanes=("k1-s3cret=bulk",))
+    assert '-H "Authorization: Bearer <your --api-key>"' in both, both
+    for out in (flag, env, lanes, both):
+        assert "s3cret" not in out and out.count("Authorization") == 1, out
+    assert "Authorization" not in _banner(monkeypatch, capsys, {})

@@ -54,6 +54,22 @@ def test_errors_are_one_line_and_nonzero(tmp_path, capsys):
     assert "model folder not found" in capsys.readouterr().err
 
 
+def test_smoke_help_names_where_its_default_keys_come_from(capsys):
+    """Review: `rose smoke --help` said "default: --prewarm", a flag smoke does not take (`rose smoke DIR --prewarm
+    128x1` fails); its default is $ROSE_PREWARM, else EngineConfig's prewarm."""
+    import pytest
+
+    from rose.cli import EngineConfig
+
+    with pytest.raises(SystemExit):
+        main(["smoke", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: --prewarm" not in text and "$ROSE_PREWARM" in text and EngineConfig.prewarm in text, text
+    with pytest.raises(SystemExit):  # still no such flag: the help must not send anyone to it
+        main(["smoke", "some-dir", "--prewarm", "128x1"])
+    assert "unrecognized arguments: --prewarm" in capsys.readouterr().err
+
+
 def test_gateway_imports_stay_torch_free():
     code = ("import rose, rose.tokenizer, rose.spec, rose.head, rose.batch, rose.flags, rose.cli; import sys; "
             "assert 'torch' not in sys.modules, 'torch imported'")
