@@ -134,6 +134,13 @@ def parse_embed_request(request, limits: RequestLimits) -> ParsedRequest:
             i = over[0]
             raise InvalidRequest(f"spans: sequence {i} has {counts[i]} spans but {lens[i]} tokens; at most one "
                                  "span per token")
+        by_start = np.lexsort((begin, seq))  # overlapping spans fail ROSE's whole batch (pack_batch), every
+        a, b = by_start[:-1], by_start[1:]     # neighbour's request with it: refused here, this request alone
+        clash = np.flatnonzero((seq[a] == seq[b]) & (begin[b] < end[a]))
+        if clash.size:
+            i, j = sorted((int(a[clash[0]]), int(b[clash[0]])))
+            raise InvalidRequest(f"spans[{j}] = [{begin[j]}, {end[j]}) overlaps spans[{i}] = [{begin[i]}, {end[i]}) "
+                                 f"in sequence {seq[i]}: each token pools into at most one row")
         order = np.argsort(seq, kind="stable")  # rows grouped by sequence, span order kept within one
         groups = np.split(order, np.cumsum(counts)[:-1])
         pairs = triples[:, 1:].astype(np.int32)

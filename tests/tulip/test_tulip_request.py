@@ -51,11 +51,25 @@ def test_response_size_is_checked_before_any_work() -> None:
 
 
 def test_spans_are_grouped_by_sequence_and_keep_response_order() -> None:
-    r = req(ids=(1, 2, 3, 4, 5), lens=(2, 3), spans=i32(1, 0, 3, 0, 0, 1, 1, 1, 2, 0, 1, 2))
+    r = req(ids=(1, 2, 3, 4, 5), lens=(2, 3), spans=i32(1, 1, 3, 0, 0, 1, 1, 0, 1, 0, 1, 2))
     p = parse_embed_request(r, LIMITS)
     assert p.num_rows == 4 and p.num_tokens == 5
-    assert [s.tolist() for s in p.spans] == [[[0, 1], [1, 2]], [[0, 3], [1, 2]]]
+    assert [s.tolist() for s in p.spans] == [[[0, 1], [1, 2]], [[1, 3], [0, 1]]]
     assert [r.tolist() for r in p.rows] == [[1, 3], [0, 2]]
+
+
+@pytest.mark.parametrize("spans, message", [
+    (i32(0, 0, 3, 0, 1, 4), r"spans\[1\] = \[1, 4\) overlaps spans\[0\] = \[0, 3\) in sequence 0"),
+    (i32(0, 0, 2, 0, 0, 2), r"spans\[1\] = \[0, 2\) overlaps spans\[0\] = \[0, 2\)"),
+    (i32(0, 2, 4, 1, 0, 1, 0, 0, 3), r"spans\[2\] = \[0, 3\) overlaps spans\[0\] = \[2, 4\)"),  # not in order
+])
+def test_overlapping_spans_are_refused_naming_them(spans, message) -> None:
+    """ROSE's pack_batch refuses a batch whose spans overlap, so such a request, admitted, failed every request
+    batched with it (INTERNAL for its neighbours): it is an INVALID_ARGUMENT of its own at admission."""
+    with pytest.raises(InvalidRequest, match=message):
+        parse_embed_request(req(ids=(1, 2, 3, 4, 5, 6), lens=(4, 2), spans=spans), LIMITS)
+    touching = i32(0, 0, 2, 0, 2, 4, 1, 0, 2)  # [0, 2) and [2, 4) touch, and another sequence's [0, 2): fine
+    assert parse_embed_request(req(ids=(1, 2, 3, 4, 5, 6), lens=(4, 2), spans=touching), LIMITS).num_rows == 3
 
 
 def test_sequence_without_span_is_not_embedded() -> None:
