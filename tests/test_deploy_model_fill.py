@@ -204,4 +204,34 @@ def test_model_fill_completes_an_interrupted_fill(tmp_path: Path, fill_script: s
     assert run.returncode == 0, run.stderr
     assert json.loads((volume.dir / "config.json").read_text()) == {"model": "org/model-a"}
     assert (volume.dir / ".source").read_text().strip() == "hf:org/model-a@abc123"
-    assert (volume.dir / ".complete").exists()
+    assert (volume.dir / ".complete").exists() and not (volume.dir / ".filling").exists()
+
+
+@pytest.mark.parametrize("second", [("", "bundled"), ("org/model-b", "hf:org/model-b@abc123")], ids=["bundled", "hf"])
+def test_a_refill_from_another_source_keeps_none_of_the_cut_runs_files(second, tmp_path: Path,
+                                                                       fill_script: str) -> None:
+    """A fill of model A cut short, then the Job pointed at another source: none of A's files (a Dense module, its
+    weights) may stay beside the new model's, which `.source` would then vouch for; lost+found stays."""
+    volume = FillVolume(tmp_path, fill_script)
+    (volume.dir / ".filling").write_text("hf:org/model-a@abc123\n")
+    (volume.dir / "modules.json").write_text('[{"type": "Dense"}]')
+    (volume.dir / "2_Dense").mkdir()
+    (volume.dir / "2_Dense" / "model.safetensors").write_text("A's")
+    (volume.dir / "lost+found").mkdir()
+    model_id, recorded = second
+    run = volume.run(model_id, "abc123")
+    assert run.returncode == 0, run.stderr
+    left = sorted(p.name for p in volume.dir.iterdir())
+    assert "modules.json" not in left and "2_Dense" not in left and "lost+found" in left, left
+    assert (volume.dir / ".source").read_text().strip() == recorded and (volume.dir / ".complete").exists()
+
+
+def test_a_cut_run_of_the_same_source_is_resumed_in_place(tmp_path: Path, fill_script: str) -> None:
+    """The same source again (the Job's pod restarted): what it fetched stays for `hf download` to resume."""
+    volume = FillVolume(tmp_path, fill_script)
+    (volume.dir / ".filling").write_text("hf:org/model-a@abc123\n")
+    (volume.dir / "model-00001-of-00002.safetensors").write_text("fetched")
+    run = volume.run("org/model-a", "abc123")
+    assert run.returncode == 0, run.stderr
+    assert (volume.dir / "model-00001-of-00002.safetensors").read_text() == "fetched"
+    assert (volume.dir / ".source").read_text().strip() == "hf:org/model-a@abc123"
