@@ -97,21 +97,27 @@ def checked_rows(response: embed_pb2.EmbedResponse, expected: int) -> np.ndarray
 BFLOAT16 = ("<bf2", ">bf2")  # numpy has no bfloat16: its bytes are made by hand (_bfloat16_bytes)
 
 
+_ORDER = {"native": "<" if sys.byteorder == "little" else ">", "little": "<", "big": ">"}
+_BASE64_DTYPES = {(dtype, order): mark + code for dtype, code in (("float32", "f4"), ("float16", "f2"),
+                                                                   ("bfloat16", "bf2"))
+                  for order, mark in _ORDER.items()}
+
+
 def base64_dtype(embed_dtype: str = "float32", endianness: str = "native") -> str:
     """The bytes of a base64 row for vLLM's embed_dtype (float32, float16, bfloat16) and endianness (native = this
     server's, little, big): a numpy dtype string, or one of BFLOAT16."""
-    order = {"native": "<" if sys.byteorder == "little" else ">", "little": "<", "big": ">"}[endianness]
-    return order + {"float32": "f4", "float16": "f2", "bfloat16": "bf2"}[embed_dtype]
+    return _BASE64_DTYPES[embed_dtype, endianness]
 
 
-def wire_dtype(fmt: str, embed_dtype: str | None, endianness: str | None) -> str:
-    """A request's base64 bytes (base64_dtype; omitted fields are vLLM's defaults). embed_dtype is float only:
-    another with base64_int8 or base64_binary, whose bytes are set by the format, is a 422 naming it; with float,
-    which has no bytes, it is ignored as vLLM ignores it."""
-    if embed_dtype not in (None, "float32") and fmt in ("base64_int8", "base64_binary"):
-        raise IvyError(Problem.INVALID_PARAMETER, f"embed_dtype: {embed_dtype} applies to encoding_format base64; "
-                       f"{fmt} has its own bytes", param="embed_dtype")
-    return base64_dtype(embed_dtype or "float32", endianness or "native")
+def wire_dtype(fmt: str, embed_dtype: str | None, endianness: str | None, *, sent: bool = True) -> str:
+    """A request's base64 bytes (base64_dtype; omitted fields are vLLM's defaults). embed_dtype is base64's
+    only: with base64_int8 or base64_binary sent as encoding_format, whose bytes the format sets, another than
+    float32 is a 422 naming it; with float (vLLM's default, where vLLM ignores it), or a model's own default format
+    (`sent` false: pplx-embed's base64_int8), it is ignored."""
+    if sent and embed_dtype not in (None, "float32") and fmt in ("base64_int8", "base64_binary"):
+        raise IvyError(Problem.INVALID_PARAMETER, f"embed_dtype applies to encoding_format base64 only; {fmt} has "
+                       "its own bytes (send float32 or omit it)", param="embed_dtype")
+    return _BASE64_DTYPES[embed_dtype or "float32", endianness or "native"]
 
 
 def _bfloat16_bytes(row: np.ndarray, dtype: str) -> bytes:

@@ -85,8 +85,9 @@ class PoolingRequest(_Request):
 
     input: EmbeddingInput
     task: Literal["embed"] | None = Field(default=None, description='"embed" or omitted; other tasks are refused.')
-    encoding_format: EncodingFormat | None = Field(default=None, description="float (default), base64 (LE "
-                                                   "float32), base64_int8, base64_binary; bytes is refused.")
+    encoding_format: EncodingFormat | None = Field(default=None, description="float (default), base64 "
+                                                   "(float32, or embed_dtype's), base64_int8, base64_binary; bytes "
+                                                   "is refused.")
     embed_dtype: EmbedDtype | None = Field(default=None, description=EMBED_DTYPE)
     endianness: Endianness | None = Field(default=None, description=ENDIANNESS)
     dimensions: Dimensions | None = None

@@ -34,7 +34,8 @@ async def create_embeddings(request: Request) -> Response:
                                              gw.tokenizer.num_special, texts=body.input.texts is not None)
     with gw.admit():
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
-        dtype = wire_dtype(fmt, body.embed_dtype, body.endianness)  # before any work: it may refuse
+        dtype = wire_dtype(fmt, body.embed_dtype, body.endianness,  # before any work: it may refuse
+                           sent=body.encoding_format is not None)
         rows, tokens = await _embed_inputs(request, body.input, deadline, route="/v1/embeddings", param="input",
                                            fmt=fmt, truncate=truncate, side=body.truncation_side,
                                            prompt=(body.input_type, body.prompt_name),

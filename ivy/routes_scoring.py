@@ -133,18 +133,20 @@ async def _rerank(request: Request, schema, route: str) -> Response:
     documents = body.texts if tei else body.documents
     names = ("query", "texts" if tei else "documents")
     mode = scoring_of(gw, None if tei else body.scoring, route)
-    _check_raw(gw, mode, body.raw_scores, "raw_scores")
+    _check_raw(gw, mode, body.raw_scores is True, "raw_scores")
     cohere_v2 = request.scope["path"] == "/v2/rerank"
-    per_doc = None if tei else body.max_tokens_per_doc
-    truncate = body.truncate
+    per_doc, truncate = body.max_tokens_per_doc, body.truncate
     if not tei:
         _check_raw(gw, mode, body.use_activation is False, "use_activation")
-        if truncate is None and (cohere_v2 or per_doc is not None):  # Cohere cuts documents, never refuses them
-            truncate = True
-        elif truncate is False and per_doc is not None:
-            raise IvyError(Problem.INVALID_PARAMETER, "truncate: false contradicts max_tokens_per_doc; send one of "
-                           "them", param="truncate")
+    if truncate is None and (cohere_v2 or per_doc is not None):  # Cohere cuts documents, never refuses them
+        truncate = True
+    elif truncate is False and per_doc is not None:
+        raise IvyError(Problem.INVALID_PARAMETER, "truncate: false contradicts max_tokens_per_doc; send one of them",
+                       param="truncate")
+    if per_doc is not None:
+        gw.encoder.check_cut("max_tokens_per_doc")
     instruction = None if tei else body.instruction
+    check_instruction(gw, instruction)  # before any work (it is checked again where the pairs are made)
     truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, truncate)
     with gw.admit():
         gw.check_count(len(documents), gw.config.max_inputs_per_request, names[1])

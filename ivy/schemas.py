@@ -13,9 +13,10 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, PrivateAttr, WithJsonSchema, model_validator
 
 from ivy.lanes import PRIORITY_RULE, lane_name
-from ivy.inputs import (_ID_LISTS, _all_ints, _count, _first_not_int, _wrong, Dimensions, DocumentsOfChunks, EmbeddingInput,
-                        EncodingFormat, Inputs, InputType, PredictInputs, Query, RerankDocuments, Side, TextOrTexts,
-                        one_text, parse_inputs, parse_predict_inputs, parse_texts)
+from ivy.errors import IvyError, Problem
+from ivy.inputs import (_ID_LISTS, _all_ints, _count, _first_not_int, _wrong, Dimensions, DocumentsOfChunks,
+                        EmbeddingInput, EncodingFormat, Inputs, InputType, PredictInputs, Query, RerankDocuments, Side,
+                        Texts, TextOrTexts, one_text, parse_inputs, parse_predict_inputs, parse_texts)
 from ivy.vllm_fields import refuse_unserved
 
 # Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
@@ -121,8 +122,8 @@ class ScoreRequest(_Request):
     """vLLM's /score: text_1 against each of text_2 (or pairwise when both are lists of equal length); vLLM's
     newer names for the two sides (queries with documents or items, data_1 with data_2) are read as them."""
 
-    text_1: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_1"))]
-    text_2: Annotated[TextOrTexts, PlainValidator(lambda v: parse_texts(v, "text_2"))]
+    text_1: Annotated[TextOrTexts, PlainValidator(lambda v: _texts(v, "text_1"))]
+    text_2: Annotated[TextOrTexts, PlainValidator(lambda v: _texts(v, "text_2"))]
     use_activation: bool | None = Field(default=None, description="vLLM's: false asks for a cross-encoder's raw "
                                         "logits, refused where the model applies an activation.")
     truncate: bool | None = None
@@ -137,13 +138,8 @@ class ScoreRequest(_Request):
     @classmethod
     def _sides(cls, data: Any, handler: Any) -> ScoreRequest:
         names = ("text_1", "text_2")
-        if isinstance(data, dict) and "text_1" not in data and "text_2" not in data:
-            for first, second in SCORE_SIDES:
-                if first in data and second in data:
-                    names = (first, second)
-                    data = {**data, "text_1": parse_texts(data[first], first),
-                            "text_2": parse_texts(data[second], second)}
-                    break
+        if isinstance(data, dict):
+            names, data = _score_sides(data)
         request = handler(data)
         request._names = names
         return request
@@ -151,6 +147,33 @@ class ScoreRequest(_Request):
     @property
     def names(self) -> tuple[str, str]:
         return self._names
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    """parse_texts, passing through what _score_sides already parsed (its Texts keep `one`: an error about a
+    side sent as one string names the side, not side[0])."""
+    return value if isinstance(value, Texts) else parse_texts(value, name)
+
+
+def _score_sides(data: dict) -> tuple[tuple[str, str], dict]:
+    """/score's two sides as (the names sent, the body with them as text_1 and text_2): text_1 and text_2, or
+    one of vLLM's newer pairs (SCORE_SIDES); a null field counts as absent. A mix of the two namings, or a newer
+    side without its partner, is a 422 naming what to send, never a field the client did not send."""
+    old = [k for k in ("text_1", "text_2") if data.get(k) is not None]
+    newer = [k for pair in SCORE_SIDES for k in pair if data.get(k) is not None]
+    if len(old) == 2 or not newer:
+        return ("text_1", "text_2"), data
+    if old:
+        raise IvyError(Problem.INVALID_PARAMETER, f"{old[0]} is mixed with vLLM's newer names for the sides; send "
+                       "text_1 and text_2, or queries with documents or items, or data_1 with data_2", param=old[0])
+    for first, second in SCORE_SIDES:
+        if data.get(first) is not None and data.get(second) is not None:
+            return (first, second), {**data, "text_1": parse_texts(data[first], first),
+                                     "text_2": parse_texts(data[second], second)}
+    partner = {"queries": "documents or items", "documents": "queries", "items": "queries", "data_1": "data_2",
+               "data_2": "data_1"}[newer[0]]
+    raise IvyError(Problem.INVALID_PARAMETER, f"{newer[0]} needs {partner} beside it (vLLM's sides of /score)",
+                   param=newer[0])
 
 
 class RerankRequest(_Request):
@@ -162,8 +185,8 @@ class RerankRequest(_Request):
                                                       "default) or omitted: every document.")
     return_documents: bool | None = Field(default=None, description="Echo each document as {\"text\"}; omitted: "
                                           "yes (vLLM and Jina return them), except at /v2/rerank (Cohere v2's).")
-    raw_scores: bool = Field(default=False, description="Infinity's: true asks for a cross-encoder's logits, "
-                             "refused where the model applies an activation.")
+    raw_scores: bool | None = Field(default=None, description="Infinity's: true asks for a cross-encoder's logits, "
+                                    "refused where the model applies an activation.")
     use_activation: bool | None = Field(default=None, description="vLLM's: false asks for a cross-encoder's logits, "
                                         "refused where the model applies an activation.")
     max_tokens_per_doc: Annotated[int, Field(ge=1)] | None = Field(default=None, description=MAX_TOKENS_PER_DOC)
@@ -190,6 +213,7 @@ class TeiRerankRequest(_Request):
     raw_scores: bool = Field(default=False, description="true asks for a cross-encoder's logits, refused "
                              "where the model applies an activation.")
     return_text: bool = False
+    max_tokens_per_doc: Annotated[int, Field(ge=1)] | None = Field(default=None, description=MAX_TOKENS_PER_DOC)
     truncate: bool | None = None
     truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
     truncation_side: Side = "right"

@@ -330,15 +330,19 @@ class InputEncoder:
             raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(text)} characters; /tokenize takes at most "
                            f"{cap}", param=name, limit=cap)
 
+    def check_cut(self, param: str) -> None:
+        """cut_to_tokens reads `tokenizers`' offsets: a 400 naming `param` for a SentencePiece model without
+        tokenizer.json, before any work."""
+        if self.tokenizer.hf is None:
+            raise IvyError(Problem.UNSUPPORTED_TASK, f"{param}: this model's tokenizer is a SentencePiece model "
+                           "without tokenizer.json, whose token offsets Ivy does not read; send truncate or "
+                           "truncate_prompt_tokens instead", param=param)
+
     async def cut_to_tokens(self, texts: Sequence[str], k: int, side: str, param: str) -> list[str]:
         """Each text cut to its first k tokens (its last k with side "left"), special tokens not counted, as text:
         the span its k tokens cover (Cohere v2's rerank `max_tokens_per_doc`, which cuts every document rather
         than refusing it). A text over the per-input character cap is cut to the cap first, as truncate=true
-        cuts it, so that no text costs more than the cap to tokenize here. `param` names the texts in errors."""
-        if self.tokenizer.hf is None:
-            raise IvyError(Problem.UNSUPPORTED_TASK, f"{param}: this model's tokenizer is a SentencePiece model "
-                           "without tokenizer.json, whose token offsets Ivy does not read; send truncate or "
-                           "truncate_prompt_tokens instead of max_tokens_per_doc", param="max_tokens_per_doc")
+        cuts it, so that no text costs more than the cap to tokenize here. Callers check_cut first."""
         cap = self.char_cap
         capped = [t if len(t) <= cap else (t[:cap] if side == "right" else t[-cap:]) for t in texts]
         return await self._run(self._cut_to_tokens, capped, k, side, size=_size(capped, self.inline_chars))

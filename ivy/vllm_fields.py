@@ -15,8 +15,9 @@ from ivy.errors import IvyError, Problem
 # field -> (the values served, why the others are not); None (vLLM's default) is always served
 SERVED: dict[str, tuple[tuple[Any, ...], str]] = {
     "encoding_format": (("float", "base64", "base64_int8", "base64_binary"),
-                        "vLLM's raw binary responses (bytes, bytes_only) are not served; base64 is little-endian "
-                        "float32, base64_int8 and base64_binary Ivy's smaller encodings"),
+                        "vLLM's raw binary responses (bytes, bytes_only) are not served; base64 carries float32, "
+                        "or embed_dtype's float16 or bfloat16, base64_int8 and base64_binary Ivy's smaller "
+                        "encodings"),
     "embed_dtype": (("float32", "float16", "bfloat16"), "fp8 is not served; for smaller vectors send "
                                                         "encoding_format base64_int8 or base64_binary"),
     "padding": (("do_not_pad",), "inputs are embedded unpadded"),

@@ -37,7 +37,7 @@ def _error(response) -> tuple[int, str, str]:
     ({"add_special_tokens": False}, "add_special_tokens", "special tokens"),
     ({"embed_dtype": "fp8_e4m3", "encoding_format": "base64"}, "embed_dtype", "fp8 is not served"),
     ({"embed_dtype": "float16", "encoding_format": "base64_binary"}, "embed_dtype", "base64_binary has its own"),
-    ({"endianness": "middle", "encoding_format": "base64"}, "endianness", ""),
+    ({"endianness": "middle", "encoding_format": "base64"}, "endianness", "'native', 'little' or 'big'"),
     ({"mm_processor_kwargs": {"size": 224}}, "mm_processor_kwargs", "multimodal"),
 ])
 def test_vllm_fields_embeddings_cannot_honour_are_refused_by_name(client, fake, route, extra, param, says) -> None:
@@ -238,3 +238,80 @@ def test_max_tokens_per_doc_cuts_a_cross_encoders_documents_before_pairing(tmp_p
         expected = client.post("/v2/rerank", json={**body, "documents": [_cut(d, 3) for d in docs]})
         assert r.status_code == 200 and _scores(r.json()) == _scores(expected.json())
         assert _scores(r.json()) != _scores(client.post("/v2/rerank", json=body).json())
+
+
+# ---- found in review: the newer fields' edges ----
+
+def test_tei_rerank_body_honours_max_tokens_per_doc_too(client) -> None:
+    docs = ["cats sleep on the sofa all day long", "stock prices fell today"]
+    cut = client.post("/rerank", json={"query": QUERY, "texts": docs, "max_tokens_per_doc": 1}).json()
+    expected = client.post("/rerank", json={"query": QUERY, "texts": [_cut(d, 1) for d in docs]}).json()
+    assert _scores(cut) == pytest.approx(_scores(expected), abs=1e-6)
+    assert _scores(cut) != _scores(client.post("/rerank", json={"query": QUERY, "texts": docs}).json())
+
+
+def test_nulls_of_the_newer_fields_are_as_omitted(client) -> None:
+    body = {"query": QUERY, "documents": DOCS}
+    plain = client.post("/v1/rerank", json=body).json()
+    for null in ({"raw_scores": None}, {"use_activation": None}, {"return_documents": None},
+                 {"max_tokens_per_doc": None}):
+        r = client.post("/v1/rerank", json={**body, **null})
+        assert r.status_code == 200 and r.json()["results"] == plain["results"], (null, r.text)
+
+
+def test_score_sides_sent_as_one_string_are_named_as_the_side(client, fake) -> None:
+    words = "word " * 600
+    for sides, param in ((("queries", "documents"), "queries"), (("data_1", "data_2"), "data_1")):
+        r = client.post("/v1/score", json={sides[0]: words, sides[1]: ["a"]})
+        assert r.status_code == 422 and r.json()["error"]["param"] == param, r.text
+    r = client.post("/v1/score", json={"queries": "q", "documents": words})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "documents", r.text
+    assert fake.calls == []
+
+
+def test_score_sides_skip_nulls_and_refuse_a_mix_of_namings(client) -> None:
+    expected = client.post("/v1/score", json={"text_1": QUERY, "text_2": DOCS[:1]}).json()["data"]
+    for body in ({"queries": QUERY, "items": DOCS[:1], "documents": None},
+                 {"text_1": None, "text_2": None, "queries": QUERY, "documents": DOCS[:1]}):
+        r = client.post("/v1/score", json=body)
+        assert r.status_code == 200 and r.json()["data"] == expected, (body, r.text)
+    for body, param, says in (({"text_1": QUERY, "documents": DOCS}, "text_1", "mixed"),
+                              ({"queries": QUERY, "text_2": DOCS}, "text_2", "mixed"),
+                              ({"queries": QUERY}, "queries", "documents or items"),
+                              ({"data_2": DOCS}, "data_2", "data_1")):
+        code, named, message = _error(client.post("/v1/score", json=body))
+        assert (code, named) == (422, param) and says in message, (body, message)
+
+
+def test_max_tokens_per_doc_cuts_nothing_before_the_request_is_checked(client, fake, monkeypatch) -> None:
+    from ivy.tokenization import InputEncoder
+
+    async def no_cut(*args, **kwargs):
+        raise AssertionError("documents tokenized before the request was checked")
+
+    monkeypatch.setattr(InputEncoder, "cut_to_tokens", no_cut)
+    body = {"query": QUERY, "documents": DOCS * 25, "max_tokens_per_doc": 1, "instruction": "x"}
+    assert _error(client.post("/v2/rerank", json=body))[:2] == (422, "instruction")
+    assert fake.calls == []
+
+
+def test_max_tokens_per_doc_on_a_tokenizer_without_offsets_names_itself(client, monkeypatch) -> None:
+    gw = client.app.state.gateway
+    monkeypatch.setattr(gw.tokenizer, "_hf", None)
+    code, named, message = _error(client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS,
+                                                                   "max_tokens_per_doc": 2}))
+    assert (code, named) == (400, "max_tokens_per_doc") and message.startswith("max_tokens_per_doc:"), message
+
+
+def test_embed_dtype_beside_a_models_own_int8_default_is_ignored_as_under_vllms_float(tmp_path) -> None:
+    """pplx-embed defaults to base64_int8; a vLLM client's embed_dtype, meant for vLLM's default (float, which
+    ignores it), changes nothing; sent with base64_int8 itself it is a 422."""
+    from ivy_testkit import model_copy
+
+    folder = model_copy(tmp_path, "pplx-embed-tiny", config={"model_type": "bidirectional_pplx_qwen3"})
+    with FakeTulip(model_dir=folder) as fake, gateway(fake, model=str(folder)) as c:
+        plain = c.post("/v1/embeddings", json={"input": "hi"}).json()["data"]
+        r = c.post("/v1/embeddings", json={"input": "hi", "embed_dtype": "float16"})
+        assert r.status_code == 200 and r.json()["data"] == plain, r.text
+        sent = c.post("/v1/embeddings", json={"input": "hi", "embed_dtype": "float16", "encoding_format": "base64_int8"})
+        assert _error(sent)[:2] == (422, "embed_dtype") and "float16" not in _error(sent)[2]

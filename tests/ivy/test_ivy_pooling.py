@@ -148,7 +148,7 @@ def _error(client, body: dict) -> tuple[int, str, str]:
     ({"embed_dtype": "fp8_e4m3"}, 422, "embed_dtype", "fp8 is not served"),
     ({"embed_dtype": "fp8_e5m2", "encoding_format": "base64"}, 422, "embed_dtype", "fp8 is not served"),
     ({"embed_dtype": "float16", "encoding_format": "base64_int8"}, 422, "embed_dtype", "base64_int8 has its own"),
-    ({"endianness": "middle"}, 422, "endianness", ""),
+    ({"endianness": "middle"}, 422, "endianness", "'native', 'little' or 'big'"),
     ({"add_special_tokens": False}, 422, "add_special_tokens", "special tokens"),
     ({"padding": "max_length"}, 422, "padding", "unpadded"),
     ({"mm_processor_kwargs": {"size": 224}}, 422, "mm_processor_kwargs", "multimodal"),
