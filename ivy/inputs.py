@@ -236,3 +236,35 @@ RerankDocuments = Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "
         "text": {"type": "string"}}, "required": ["text"]}]}})]
 Query = Annotated[str, PlainValidator(lambda v: one_text(v, "query")), WithJsonSchema({"type": "string", "minLength": 1})]
 Dimensions = Annotated[int, Field(ge=1, description="Matryoshka: keep the first N dimensions, then re-normalize.")]
+
+
+# vLLM's newer names for /score's two sides (ScoreQueriesDocumentsRequest, ScoreQueriesItemsRequest,
+# ScoreDataRequest), read as text_1 and text_2 and named as sent in errors
+SCORE_SIDES = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+
+
+def score_side(value: Any, name: str) -> list[str]:
+    """parse_texts, passing through what score_sides already parsed (its Texts keep `one`: an error about a
+    side sent as one string names the side, not side[0])."""
+    return value if isinstance(value, Texts) else parse_texts(value, name)
+
+
+def score_sides(data: dict) -> tuple[tuple[str, str], dict]:
+    """/score's two sides as (the names sent, the body with them as text_1 and text_2): text_1 and text_2, or
+    one of vLLM's newer pairs (SCORE_SIDES); a null field counts as absent. A mix of the two namings, or a newer
+    side without its partner, is a 422 naming what to send, never a field the client did not send."""
+    old = [k for k in ("text_1", "text_2") if data.get(k) is not None]
+    newer = [k for pair in SCORE_SIDES for k in pair if data.get(k) is not None]
+    if len(old) == 2 or not newer:
+        return ("text_1", "text_2"), data
+    if old:
+        raise IvyError(Problem.INVALID_PARAMETER, f"{old[0]} is mixed with vLLM's newer names for the sides; send "
+                       "text_1 and text_2, or queries with documents or items, or data_1 with data_2", param=old[0])
+    for first, second in SCORE_SIDES:
+        if data.get(first) is not None and data.get(second) is not None:
+            return (first, second), {**data, "text_1": parse_texts(data[first], first),
+                                     "text_2": parse_texts(data[second], second)}
+    partner = {"queries": "documents or items", "documents": "queries", "items": "queries", "data_1": "data_2",
+               "data_2": "data_1"}[newer[0]]
+    raise IvyError(Problem.INVALID_PARAMETER, f"{newer[0]} needs {partner} beside it (vLLM's sides of /score)",
+                   param=newer[0])

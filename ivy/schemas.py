@@ -13,18 +13,15 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, PrivateAttr, WithJsonSchema, model_validator
 
 from ivy.lanes import PRIORITY_RULE, lane_name
-from ivy.errors import IvyError, Problem
-from ivy.inputs import (_ID_LISTS, _all_ints, _count, _first_not_int, _wrong, Dimensions, DocumentsOfChunks,
-                        EmbeddingInput, EncodingFormat, Inputs, InputType, PredictInputs, Query, RerankDocuments, Side,
-                        Texts, TextOrTexts, one_text, parse_inputs, parse_predict_inputs, parse_texts)
+from ivy.inputs import (_ID_LISTS, SCORE_SIDES, _all_ints, _count, _first_not_int, _wrong, Dimensions,
+                        DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType, PredictInputs, Query,
+                        RerankDocuments, Side, TextOrTexts, one_text, parse_inputs, parse_predict_inputs, parse_texts,
+                        score_side, score_sides)
 from ivy.vllm_fields import refuse_unserved
 
 # Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
                  "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize"}
-# vLLM's newer names for /score's two sides (ScoreQueriesDocumentsRequest, ScoreQueriesItemsRequest,
-# ScoreDataRequest), read as text_1 and text_2 and named as sent in errors
-SCORE_SIDES = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
 PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair)})
 RAW_SCORES = ("raw scores (the logits before the model's activation) are not served by this reranker; its scores "
               "come with the activation applied")
@@ -122,8 +119,8 @@ class ScoreRequest(_Request):
     """vLLM's /score: text_1 against each of text_2 (or pairwise when both are lists of equal length); vLLM's
     newer names for the two sides (queries with documents or items, data_1 with data_2) are read as them."""
 
-    text_1: Annotated[TextOrTexts, PlainValidator(lambda v: _texts(v, "text_1"))]
-    text_2: Annotated[TextOrTexts, PlainValidator(lambda v: _texts(v, "text_2"))]
+    text_1: Annotated[TextOrTexts, PlainValidator(lambda v: score_side(v, "text_1"))]
+    text_2: Annotated[TextOrTexts, PlainValidator(lambda v: score_side(v, "text_2"))]
     use_activation: bool | None = Field(default=None, description="vLLM's: false asks for a cross-encoder's raw "
                                         "logits, refused where the model applies an activation.")
     truncate: bool | None = None
@@ -139,7 +136,7 @@ class ScoreRequest(_Request):
     def _sides(cls, data: Any, handler: Any) -> ScoreRequest:
         names = ("text_1", "text_2")
         if isinstance(data, dict):
-            names, data = _score_sides(data)
+            names, data = score_sides(data)
         request = handler(data)
         request._names = names
         return request
@@ -147,33 +144,6 @@ class ScoreRequest(_Request):
     @property
     def names(self) -> tuple[str, str]:
         return self._names
-
-
-def _texts(value: Any, name: str) -> list[str]:
-    """parse_texts, passing through what _score_sides already parsed (its Texts keep `one`: an error about a
-    side sent as one string names the side, not side[0])."""
-    return value if isinstance(value, Texts) else parse_texts(value, name)
-
-
-def _score_sides(data: dict) -> tuple[tuple[str, str], dict]:
-    """/score's two sides as (the names sent, the body with them as text_1 and text_2): text_1 and text_2, or
-    one of vLLM's newer pairs (SCORE_SIDES); a null field counts as absent. A mix of the two namings, or a newer
-    side without its partner, is a 422 naming what to send, never a field the client did not send."""
-    old = [k for k in ("text_1", "text_2") if data.get(k) is not None]
-    newer = [k for pair in SCORE_SIDES for k in pair if data.get(k) is not None]
-    if len(old) == 2 or not newer:
-        return ("text_1", "text_2"), data
-    if old:
-        raise IvyError(Problem.INVALID_PARAMETER, f"{old[0]} is mixed with vLLM's newer names for the sides; send "
-                       "text_1 and text_2, or queries with documents or items, or data_1 with data_2", param=old[0])
-    for first, second in SCORE_SIDES:
-        if data.get(first) is not None and data.get(second) is not None:
-            return (first, second), {**data, "text_1": parse_texts(data[first], first),
-                                     "text_2": parse_texts(data[second], second)}
-    partner = {"queries": "documents or items", "documents": "queries", "items": "queries", "data_1": "data_2",
-               "data_2": "data_1"}[newer[0]]
-    raise IvyError(Problem.INVALID_PARAMETER, f"{newer[0]} needs {partner} beside it (vLLM's sides of /score)",
-                   param=newer[0])
 
 
 class RerankRequest(_Request):

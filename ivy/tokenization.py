@@ -26,6 +26,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from ivy import offsets
 from ivy.errors import IvyError, Problem
 from ivy.pairs import PairEncoder, Pairs
 from ivy.split_encode import SplitEncoder
@@ -87,31 +88,6 @@ def _size(items, limit: int, extra: int = 0) -> int:
         if total > limit:
             break
     return total
-
-
-def _byte_offsets(text: str) -> np.ndarray | None:
-    """Where each character of `text` starts in its UTF-8 bytes (one entry past the end too), or None for ASCII
-    text, whose character offsets are its byte offsets."""
-    if text.isascii():
-        return None
-    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    widths = 1 + (points >= 0x80).astype(np.int64) + (points >= 0x800) + (points >= 0x10000)
-    return np.concatenate(([0], np.cumsum(widths)))
-
-
-def _simple_tokens(enc, text: str) -> list[dict]:
-    """text-embeddings-inference's SimpleTokens of one `tokenizers` Encoding of `text` (core/src/tokenization.rs,
-    into_tokens): a special token (special_tokens_mask) its vocabulary string with start / stop null, any other
-    the text it covers with its UTF-8 byte offsets."""
-    at = _byte_offsets(text)
-    out = []
-    for i, (start, stop), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask, enc.tokens):
-        if special:
-            out.append({"id": i, "text": token, "special": True, "start": None, "stop": None})
-        else:
-            span = (start, stop) if at is None else (int(at[start]), int(at[stop]))
-            out.append({"id": i, "text": text[start:stop], "special": False, "start": span[0], "stop": span[1]})
-    return out
 
 
 class InputEncoder:
@@ -348,13 +324,8 @@ class InputEncoder:
         return await self._run(self._cut_to_tokens, capped, k, side, size=_size(capped, self.inline_chars))
 
     def _cut_to_tokens(self, texts: list[str], k: int, side: str) -> list[str]:
-        out = []
-        for text, enc in zip(texts, self.tokenizer.encodings_with_offsets(texts, add_special_tokens=False)):
-            spans = enc.offsets
-            if len(spans) > k:
-                text = text[:spans[k - 1][1]] if side == "right" else text[spans[-k][0]:]
-            out.append(text)
-        return out
+        return offsets.cut_to_tokens(self.tokenizer.encodings_with_offsets(texts, add_special_tokens=False), texts,
+                                     k, side)
 
     async def token_strs(self, ids: Sequence[int]) -> list[str]:
         """Each id's token as the vocabulary writes it (vLLM's /tokenize return_token_strs: transformers'
@@ -380,7 +351,7 @@ class InputEncoder:
     def _tokenize_spans(self, texts: Sequence[str], add_special_tokens: bool, prompt: str) -> list[list[dict]]:
         full = [prompt + text for text in texts] if prompt else list(texts)
         encodings = self.tokenizer.encodings_with_offsets(full, add_special_tokens)
-        return [_simple_tokens(enc, text) for enc, text in zip(encodings, full)]
+        return [offsets.simple_tokens(enc, text) for enc, text in zip(encodings, full)]
 
     async def decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
         """The text of each id list (POST /decode, /detokenize); names[i] is seqs[i]'s field, for errors: at most
