@@ -85,6 +85,17 @@ class BadFrame(TulipError):
     reason = "bad_frame"
 
 
+class StreamProtocolError(TulipError):
+    """A stream's client broke the stream's own contract (tulip/stream.py): a request id sent again while that id is
+    still in flight, or a message that could not be decoded and whose id could not be read. No answer on a
+    request's id can say so without being taken for that request's answer, so, as HTTP/2 treats a reused stream
+    id, the stream itself is ended: the gRPC EmbedStream with this status (its open requests cancelled), the framed
+    port with an answer on id 0 before it closes the connection."""
+
+    status = "INVALID_ARGUMENT"
+    reason = "stream_protocol_error"
+
+
 class DeadlineExpired(TulipError):
     """The request's deadline passed while it waited; its sequences never reached the engine."""
 

@@ -6,13 +6,15 @@ StreamResponse is its protobuf bytes behind a 4-byte little-endian length, on an
 same messages, ids, deadlines and cancels as EmbedStream (tulip.stream.StreamRequests admits and answers
 them), the same admission, limits and drain. The completer thread that finishes a job writes its answer to the
 socket itself (`FramedSession.answer`; TULIP_FRAMED_DIRECT, on by default) when nothing else is pending on the
-connection, so an answer leaves without waking the event loop first; the loop settles the job after. Health, Info and the unary Embed stay on gRPC; Info names this
-port (`framed_port`), and Ivy uses it (IVY_FRAMED, on by default). By default on the gRPC port + 200
-(TulipServer._start_framed).
+connection, so an answer leaves without waking the event loop first; the loop settles the job after. Health, Info
+and the unary Embed stay on gRPC; Info names this port (`framed_port`), and Ivy uses it (IVY_FRAMED, on by
+default). By default on the gRPC port + 200 (TulipServer._start_framed).
 
-Faults: a frame longer than max_message_mb, or bytes that are not a StreamRequest, get one error answer
-(id 0: RESOURCE_EXHAUSTED / INVALID_ARGUMENT) and the connection is closed; every request still open on a
-connection that ends is cancelled (its queued work never reaches the GPU). A client that does not read its
+Faults: a frame longer than max_message_mb, bytes that are not a StreamRequest (a string field not UTF-8 too), or
+a request id sent again while still in flight (tulip.stream: StreamProtocolError, reason stream_protocol_error) get
+one error answer (id 0: RESOURCE_EXHAUSTED / INVALID_ARGUMENT) and the connection is closed after the answers
+already written; what it still has open is cancelled then (no answer follows the error); every request still open
+on a connection that ends is cancelled (its queued work never reaches the GPU). A client that does not read its
 answers stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new work from it meanwhile), and
 is dropped when they stay there STALL_S; so is one whose frame stays incomplete STALL_S (a trickle;
 tests/RELIABILITY.md 19 and 40); answers queued behind a direct answer's rest count toward that mark too. A
@@ -42,7 +44,7 @@ from google.protobuf.message import DecodeError
 
 from protos import embed_pb2
 from protos.framing import FrameBuffer, frame, keep_alive
-from tulip.errors import BadFrame, FrameTooLarge, TooManyConnections
+from tulip.errors import BadFrame, FrameTooLarge, StreamProtocolError, TooManyConnections
 from tulip.stream import StreamRequests, error_answer
 
 if TYPE_CHECKING:
@@ -179,10 +181,12 @@ class FramedSession(asyncio.Protocol):
             if self._frames.oversize and not backlog:
                 raise FrameTooLarge(f"frame of {self._frames.oversize} bytes exceeds the "
                                     f"{self._frames.max_bytes}-byte message limit (max_message_mb)")
-        except (FrameTooLarge, BadFrame) as exc:
+        except (FrameTooLarge, BadFrame, StreamProtocolError) as exc:
             log.info("framed connection closed: %s", exc.message)
             self._ended = True
             backlog.clear()
+            self.requests.cancel_all()  # no answer follows the error (none written directly after it either): what
+            # is open is dropped now, not once the connection has closed
             self._send(error_answer(0, exc))
             self._close()
 

@@ -19,14 +19,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from protos import embed_pb2, embed_pb2_grpc
+from protos import embed_pb2
 from protos.framing import PORT_OFFSET as FRAMED_PORT_OFFSET
 from protos.heartbeat import Heartbeat
 from rose import gc_pauses
 from tulip.channel_options import CLIENT_CHANNEL_OPTIONS, server_options
 from tulip.config import TulipConfig
 from tulip.engine_loader import build_engine, probe_full_budget, run_in_daemon_thread, vocab_size
-from tulip.errors import DeadlineExpired, DeadlineUnmeetable, NotReady, QueueFull, ShuttingDown, Stalled, TulipError
+from tulip.errors import (DeadlineExpired, DeadlineUnmeetable, InvalidRequest, NotReady, QueueFull, ShuttingDown,
+                          Stalled, TulipError)
 from tulip.job import Job
 from tulip.lanes import check_deadline, lane_of
 from tulip.metrics import TulipMetrics
@@ -34,6 +35,7 @@ from tulip.pacing import BusySpans
 from tulip.request import RequestLimits, parse_embed_request
 from tulip.scheduler import INTERACTIVE, SequenceQueue
 from tulip.servicer import TulipEmbedderServicer
+from tulip.decoding import UndecodableRequest, decode_embed_request, decode_stream_request
 from tulip.watchdog import Watchdog
 from tulip.express import ExpressWorker
 from tulip.framed import FramedListener
@@ -94,7 +96,7 @@ class TulipServer:
         self._loop = asyncio.get_running_loop()
         self._idle = asyncio.Event()
         server = grpc.aio.server(options=server_options(self.config))
-        embed_pb2_grpc.add_EmbedderServicer_to_server(TulipEmbedderServicer(self), server)
+        _add_embedder(TulipEmbedderServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -220,8 +222,8 @@ class TulipServer:
         return drained
 
     async def _until_quiet(self, deadline: float, quiet_s: float = 0.1) -> None:
-        """Before the gRPC server stops: wait until no call has arrived for `quiet_s` (or `deadline`). Calls a client queued
-        behind its connection's stream limit keep arriving while the accepted ones finish; refused here
+        """Before the gRPC server stops: wait until no call has arrived for `quiet_s` (or `deadline`). Calls a client
+        queued behind its connection's stream limit keep arriving while the accepted ones finish; refused here
         they get UNAVAILABLE "shutting down" (retry elsewhere), where a stopping server would cancel them."""
         seen, quiet_from = self.calls_seen, time.monotonic()
         while (now := time.monotonic()) - quiet_from < quiet_s and now < deadline:
@@ -277,6 +279,8 @@ class TulipServer:
             raise NotReady("the model is still loading; retry when health reports SERVING")
         if self.stalled:
             raise Stalled("the replica is stalled (a batch is far overdue on the device); retry on another replica")
+        if type(request) is UndecodableRequest:  # its bytes failed to decode (tulip.decoding.decode_embed_request)
+            raise InvalidRequest(request.problem)
         parsed = parse_embed_request(request, self.limits)
         lane = lane_of(request.lane)  # checked either way: the wire contract
         if not self.config.lanes:
@@ -311,9 +315,31 @@ class TulipServer:
         self.metrics.observe_request(status, time.perf_counter() - started, tokens)
 
     def rejected(self, request_id: str, exc: TulipError) -> None:
-        quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull, Stalled, DeadlineUnmeetable))  # counted in metrics; no log flood
+        # counted in metrics; no log flood
+        quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull, Stalled, DeadlineUnmeetable))
         log.log(logging.DEBUG if quiet else logging.INFO, "Embed %s rejected: %s: %s",
                 request_id or "-", exc.status, exc.message)
+
+
+def _add_embedder(servicer: TulipEmbedderServicer, server: grpc.aio.Server) -> None:
+    """embed_pb2_grpc.add_EmbedderServicer_to_server, but Embed's and EmbedStream's requests decoded by
+    tulip.stream's deserializers: a message that fails to decode (a string field not UTF-8) is then answered
+    INVALID_ARGUMENT by Tulip, where the generated FromString raised and grpc ended the call UNKNOWN (on a
+    stream, with every other request on it unanswered)."""
+    handlers = {
+        "Embed": grpc.unary_unary_rpc_method_handler(
+            servicer.Embed, request_deserializer=decode_embed_request,
+            response_serializer=embed_pb2.EmbedResponse.SerializeToString),
+        "EmbedStream": grpc.stream_stream_rpc_method_handler(
+            servicer.EmbedStream, request_deserializer=decode_stream_request,
+            response_serializer=embed_pb2.StreamResponse.SerializeToString),
+        "Info": grpc.unary_unary_rpc_method_handler(
+            servicer.Info, request_deserializer=embed_pb2.InfoRequest.FromString,
+            response_serializer=embed_pb2.InfoResponse.SerializeToString),
+    }
+    assert set(handlers) == set(embed_pb2.DESCRIPTOR.services_by_name["Embedder"].methods_by_name)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def _heartbeat(path: str, device: str) -> Heartbeat | None:

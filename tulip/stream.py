@@ -16,6 +16,15 @@ stops being read once its unsent answers pass WRITE_HIGH_BYTES (no new work from
 to hold), is read again once they fall to a quarter of that (the low mark asyncio's transports give the
 framed port), and has its call ended (RESOURCE_EXHAUSTED, reason answers_unread) when they stay above the
 mark STALL_S: its unsent answers are dropped and its open jobs cancelled as a dead stream's are.
+
+A client that breaks the stream's own contract (StreamProtocolError) is not answered on a request's id, where the
+answer would be taken for that request's (HTTP/2 treats a reused stream id the same way): a request id sent again
+while it is still in flight, or a message that cannot be decoded and whose id cannot be read, ends the stream once
+the answers already due are written, its open requests cancelled; INVALID_ARGUMENT naming the id or the message
+(on the framed port an answer on id 0, then the connection is closed). An EmbedRequest whose string fields are not
+UTF-8 (request_id, output) is refused INVALID_ARGUMENT naming the field, alone: the unary call, or the one stream
+request, whose id is read with those fields taken as bytes (tulip.decoding: the gRPC port's deserializers, which
+return a marker rather than raise, as grpc would end the call UNKNOWN).
 """
 
 from __future__ import annotations
@@ -29,7 +38,9 @@ from typing import TYPE_CHECKING
 import grpc
 
 from protos import embed_pb2
-from tulip.errors import AnswersUnread, DeadlineExpired, InvalidRequest, TulipError, engine_error, error_metadata
+from tulip import decoding
+from tulip.errors import (AnswersUnread, DeadlineExpired, InvalidRequest, StreamProtocolError, TulipError,
+                          engine_error, error_metadata)
 
 if TYPE_CHECKING:
     from tulip.job import Job
@@ -56,7 +67,11 @@ class StreamRequests:
         self._send = send  # StreamResponse -> None; never blocks
         self._direct = direct
 
-    def handle(self, message: embed_pb2.StreamRequest) -> None:
+    def handle(self, message: embed_pb2.StreamRequest | decoding.UndecodableStreamRequest) -> None:
+        """One message read; raises StreamProtocolError when it breaks the stream's contract (module docstring):
+        the carrier then ends the stream."""
+        if message.id is None:  # an UndecodableStreamRequest whose id could not be read
+            raise StreamProtocolError(message.problem)
         if message.cancel:
             self._cancel(message.id)
         else:
@@ -69,11 +84,14 @@ class StreamRequests:
     def _start(self, message: embed_pb2.StreamRequest) -> None:
         started = time.perf_counter()
         request = message.request
+        held = self.jobs.get(message.id)
+        if held is not None and not held.answered:  # answered by the completer (tulip.framed): the loop has not
+            # settled it yet, but the client has its answer, so the id is free (its _answer sees it withdrawn).
+            # Not an answer on the id: the client would take it for the first request's (module docstring).
+            raise StreamProtocolError(f"request id {message.id} was sent again while still in flight (ids must be "
+                                      "unique among a stream's requests in flight): the stream is ended and its "
+                                      "open requests cancelled")
         try:
-            held = self.jobs.get(message.id)
-            if held is not None and not held.answered:  # answered by the completer (tulip.framed): the loop has not
-                # settled it yet, but the client has its answer, so the id is free (its _answer sees it withdrawn)
-                raise InvalidRequest(f"stream request id {message.id} is already in flight on this stream")
             job = self.server.admit(request, _remaining(message.timeout_s), started)
         except TulipError as exc:
             self.server.rejected(request.request_id, exc)
@@ -156,17 +174,25 @@ class EmbedStreamSession(StreamRequests):
         # counts them sent only once a write has finished, which the first answer to an unread stream never does.
         await self.context.send_initial_metadata(())
         writer = asyncio.ensure_future(self._write_loop())
+        broken: StreamProtocolError | None = None  # the client broke the stream's contract: the call ends with it
         try:
             try:
                 async for message in request_iterator:
-                    self.handle(message)
+                    try:
+                        self.handle(message)
+                    except StreamProtocolError as exc:
+                        broken = exc
+                        break
                     if self._stall is not None:  # its answers are not read: neither are its requests
                         await self._drained.wait()
-                # The client closed its side: answer what it is still owed, then end the call (the stall's timer
-                # still runs: a client that closes and does not read is not waited on for ever).
-                while self.jobs:
-                    await asyncio.wait([j.future for j in self.jobs.values()])
-                    await asyncio.sleep(0)  # let the done-callbacks queue their answers
+                if broken is None:
+                    # The client closed its side: answer what it is still owed, then end the call (the stall's
+                    # timer still runs: a client that closes and does not read is not waited on for ever).
+                    while self.jobs:
+                        await asyncio.wait([j.future for j in self.jobs.values()])
+                        await asyncio.sleep(0)  # let the done-callbacks queue their answers
+                else:  # what is open is cancelled, as when the client cancels the call; the answers due are written
+                    self.cancel_all()
                 self.out.put_nowait(None)
                 await asyncio.wait([writer])
             except asyncio.CancelledError:
@@ -190,6 +216,10 @@ class EmbedStreamSession(StreamRequests):
             # The status is sent after what the transport holds already: the client sees it once it reads.
             await self.context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message,
                                      trailing_metadata=error_metadata(exc))
+        if broken is not None:
+            log.info("EmbedStream ended: %s", broken.message)
+            await self.context.abort(grpc.StatusCode[broken.status], broken.message,
+                                     trailing_metadata=error_metadata(broken))
 
     def _queue(self, message: embed_pb2.StreamResponse) -> None:
         size = message.ByteSize()

@@ -40,10 +40,10 @@ def random_request(rng: random.Random, i: int) -> embed_pb2.EmbedRequest:
     spans = None
     if i % 4 == 0:  # late chunking: spans in shuffled order, over several sequences
         spans = []
-        for s, seq in enumerate(seqs):
-            for _ in range(rng.randint(1, min(3, len(seq)))):  # at most one span per token (tulip.request)
-                start = rng.randrange(len(seq))
-                spans.append((s, start, rng.randint(start + 1, len(seq))))
+        for s, seq in enumerate(seqs):  # 1-3 disjoint spans a sequence, gaps allowed (ROSE refuses overlaps)
+            cuts = sorted(rng.sample(range(len(seq) + 1), min(len(seq) + 1, 2 * rng.randint(1, 3))))
+            for start, end in zip(cuts[::2], cuts[1::2]):
+                spans.append((s, start, end))
         rng.shuffle(spans)
     return encode_request(seqs, spans=spans, dimensions=rng.choice([0, 0, 4, 8, 16]),
                           normalize=rng.choice([None, True, False]), encoding=rng.choice([0, 0, 1, 2]),
