@@ -239,10 +239,13 @@ def count_usage(route: str, inputs: int, tokens: int) -> None:
 
 
 def observe_tokenize(seconds: float) -> None:
-    """Tokenizing time: the histogram, and the current request's x-tokenization-time."""
-    TOKENIZE_SECONDS.observe(seconds)
+    """One tokenizer call's time: added to the current request's (its x-tokenization-time, and the histogram's one
+    sample, taken when the request ends: a score request's queries and documents are two calls, one request);
+    outside a request, a sample of its own."""
     trace = _TRACE.get()
-    if trace is not None:
+    if trace is None:
+        TOKENIZE_SECONDS.observe(seconds)
+    else:
         trace.tokenize_s += seconds
 
 
@@ -318,3 +321,5 @@ class RequestMetrics:
             requests, seconds = _request_children(route, status)
             requests.inc()
             seconds.observe(time.perf_counter() - trace.start)
+            if trace.tokenize_s:
+                TOKENIZE_SECONDS.observe(trace.tokenize_s)

@@ -71,6 +71,7 @@ class Replica:
         self.attempts: dict[object, float] = {}  # chunk attempts in flight -> when each began (monotonic)
         self.last_answer = float("-inf")  # when it last answered a chunk (rows or an error of its own)
         # Labelled children resolved once: labels() costs a lock and a dict lookup on every call.
+        self.forgotten = False  # forget(): gone for good, its series out of /metrics
         self.m_outstanding = metrics.OUTSTANDING.labels(address)
         self.m_chunks = metrics.CHUNKS.labels(address)
         self.m_grpc_seconds = metrics.GRPC_SECONDS.labels(address)
@@ -187,7 +188,10 @@ class Replica:
         await self.channel.close()
 
     def forget(self) -> None:
-        """Gone for good (left DNS): its series leave /metrics (ivy.metrics.forget_replica, RELIABILITY 50)."""
+        """Gone for good (left DNS): its series leave /metrics (ivy.metrics.forget_replica, RELIABILITY 50), and
+        stay out: a call still open on it (a hung replica past the leave's grace) that fails afterwards marks it
+        down without setting its up gauge again (which would bring the series back, at 0: TulipReplicaDown)."""
+        self.forgotten = True
         metrics.forget_replica(self.address)
 
     def mark_down(self, detail: str) -> None:
@@ -213,7 +217,8 @@ class Replica:
         if changed:
             log.info("replica %s: %s -> %s %s", self.address, self.state.value, state.value, detail)
         self.state, self.detail = state, detail
-        metrics.REPLICA_UP.labels(self.address).set(1 if state is State.SERVING else 0)
+        if not self.forgotten:
+            metrics.REPLICA_UP.labels(self.address).set(1 if state is State.SERVING else 0)
         if changed and self._on_change is not None:
             self._on_change()
 

@@ -201,9 +201,20 @@ class _StateCollector:
             yield from engine_stat_families(self._engine_stats)
 
 
+def _thread_label(name: str) -> str:
+    """A thread's label with Python's own numbering taken out ("Thread-10 (process_request_thread)" -> "Thread
+    (process_request_thread)", "ThreadPoolExecutor-0_3" -> "ThreadPoolExecutor"): threads made one per task (the
+    metrics server's one per scrape) share one series instead of adding one each, for ever."""
+    return _NUMBERED.sub(r"\1", name)
+
+
+_NUMBERED = re.compile(r"^(Thread|ThreadPoolExecutor|Dummy)-\d+(?:_\d+)?")
+
+
 class _ThreadCpu:
-    """CPU seconds (user + system) per Python thread name, from /proc (Linux; nothing elsewhere). Threads of one
-    name add up, and a thread that ended keeps what it used, so each name's count only grows (a counter)."""
+    """CPU seconds (user + system) per Python thread label (_thread_label), from /proc (Linux; nothing
+    elsewhere). Threads of one label add up, and a thread that ended keeps what it used, so each label's count
+    only grows (a counter). The thread that reads (a scrape's) is left out."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # scrapes may overlap
@@ -213,13 +224,17 @@ class _ThreadCpu:
     def read(self) -> dict[str, float]:
         with self._lock:
             now: dict[int, tuple[str, float]] = {}
+            reader = threading.current_thread()
             for thread in threading.enumerate():
+                if thread is reader:
+                    continue
                 try:
                     with open(f"/proc/self/task/{thread.native_id}/stat", "rb") as f:
                         fields = f.read().rsplit(b")", 1)[1].split()
                 except (OSError, IndexError, TypeError):
                     continue
-                now[thread.native_id] = (thread.name, (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)
+                now[thread.native_id] = (_thread_label(thread.name),
+                                         (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)
             for native_id, (name, seconds) in self._live.items():
                 if native_id not in now:  # ended since the last read: what it used stays counted
                     self._ended[name] = self._ended.get(name, 0.0) + seconds

@@ -185,3 +185,24 @@ def test_a_thread_that_ends_keeps_its_cpu_in_the_count_and_no_earlier_reading_me
     change = delta({}, {"wall_seconds": 123.0, "device_busy_seconds": 1.0, "cpu_loop": 2.0})
     assert "wall_seconds" not in change and "device_busy_share" not in change
     assert describe(change) == ""
+
+
+def test_threads_made_one_per_task_share_one_series_and_the_reader_is_left_out() -> None:
+    """prometheus_client's metrics server serves each scrape on a new thread ("Thread-N (process_request_thread)"):
+    each scrape added a series to tulip_thread_cpu_seconds_total for good (37 after 30 scrapes). Python's
+    numbering is taken out of the label, and the reading thread is not counted."""
+    from tulip.metrics import _thread_label, _ThreadCpu
+
+    assert _thread_label("Thread-10 (process_request_thread)") == "Thread (process_request_thread)"
+    assert _thread_label("ThreadPoolExecutor-0_3") == "ThreadPoolExecutor"
+    assert _thread_label("tulip-launcher") == "tulip-launcher" and _thread_label("MainThread") == "MainThread"
+    cpu = _ThreadCpu()
+    seen: list[set[str]] = []
+    for _ in range(20):  # as a scrape does: read from a fresh, unnamed thread
+        reader = threading.Thread(target=lambda: seen.append(set(cpu.read())))
+        reader.start()
+        reader.join()
+    labels = set().union(*seen)
+    assert not any(label.startswith("Thread-") for label in labels), labels
+    assert len(set(cpu.read())) <= len(threading.enumerate()) + 1, "ended threads' labels stay bounded"
+

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_tulip import FakeTulip, wait_until
 from ivy import metrics
-from ivy.replicas import Expected, ReplicaPool
+from ivy.replicas import Expected, ReplicaPool, State
 from ivy_testkit import ivy_process
 from raw_sockets import embed_once
 
@@ -171,6 +171,36 @@ def test_a_replica_back_in_dns_before_its_old_self_closed_keeps_its_series() -> 
         assert series("ivy_chunks_total").get(back) == 2 and series("ivy_replica_up").get(back) == 1.0
         assert gone not in series("ivy_chunks_total") and gone not in series("ivy_replica_up")
         assert not pool._leaving
+        await pool.close()
+
+    asyncio.run(run())
+
+
+def test_a_forgotten_replica_marked_down_later_stays_out_of_metrics() -> None:
+    """RELIABILITY 50: a replica that left DNS is forgotten after the leave's grace even with a call still open
+    (a hung pod); that call failing afterwards (its stream closed) marked it down, which set its up gauge again:
+    the series came back at 0, for good, and TulipReplicaDown fired for a pod long gone."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        pytest.skip("in-process registry needed")
+
+    def up() -> dict[str, float]:
+        text = metrics.render()[0].decode()
+        return {s.labels["replica"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "ivy_replica_up"}
+
+    async def run() -> None:
+        expected = Expected(frozenset({"m"}), "", 8, 16)
+        pool = ReplicaPool((f"dns:///{NAME}:50051",), expected, health_interval_s=60, max_message_bytes=1 << 20)
+        gone = "127.0.0.1:59003"
+        old = pool._new(gone)
+        metrics.REPLICA_UP.labels(gone).set(1)
+        pool.replicas = []
+        pool._leaving[old] = asyncio.current_task()
+        await pool._close_when_idle(old)
+        assert gone not in up()
+        old.mark_down("UNAVAILABLE: its call failed after it was forgotten")
+        old.set_state(State.SERVING)
+        assert gone not in up()
         await pool.close()
 
     asyncio.run(run())

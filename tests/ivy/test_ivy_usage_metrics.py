@@ -97,3 +97,27 @@ def test_a_cross_encoder_request_that_failed_counts_nothing(tmp_path: Path) -> N
         assert client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS}).status_code == 503
         assert counted("/v1/rerank") == before
 
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/embeddings", {"input": TEXTS}),
+    ("/v1/score", {"text_1": QUERY, "text_2": DOCS}),
+    ("/v1/rerank", {"query": QUERY, "documents": DOCS}),
+    ("/similarity", {"inputs": {"source_sentence": QUERY, "sentences": DOCS}}),
+])
+def test_tokenize_seconds_is_one_sample_a_request_its_calls_summed(client, route: str, body: dict) -> None:
+    """ivy_tokenize_seconds is "per request" (its help, the RUNBOOK's triage): a score, rerank or similarity request
+    tokenizes its two sides in two calls, which gave two samples of part of its time each; now one, their sum,
+    which is the request's x-tokenization-time."""
+    def count() -> float:
+        return REGISTRY.get_sample_value("ivy_tokenize_seconds_count") or 0.0
+
+    def total() -> float:
+        return REGISTRY.get_sample_value("ivy_tokenize_seconds_sum") or 0.0
+
+    before, before_sum = count(), total()
+    r = client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    assert count() == before + 1
+    header = float(r.headers["x-tokenization-time"]) / 1e3
+    assert total() - before_sum == pytest.approx(header, abs=1e-6)
