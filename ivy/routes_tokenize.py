@@ -51,8 +51,8 @@ async def _tei_tokenize(gw: Gateway, body: TeiTokenizeRequest) -> Response:
     prompt = gw.encoder.prompt_for(None, body.prompt_name)
     with gw.admit():
         gw.check_count(len(texts), gw.config.max_inputs_per_request, "inputs")
-        tokens = await gw.encoder.tokenize_spans(texts, body.add_special_tokens, prompt, names)
-    return json_response(tokens)
+        answer = await gw.encoder.tokenize_spans(texts, body.add_special_tokens, prompt, names)  # its JSON bytes
+        return Response(answer, media_type="application/json")
 
 
 @router.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))

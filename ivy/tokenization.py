@@ -333,14 +333,21 @@ class InputEncoder:
         return await self._run(self.tokenizer.id_to_tokens, ids, size=len(ids))
 
     async def tokenize_spans(self, texts: Sequence[str], add_special_tokens: bool, prompt: str,
-                             names: Sequence[str]) -> list[list[dict]]:
+                             names: Sequence[str]) -> bytes:
         """POST /tokenize's text-embeddings-inference answer: per text (`prompt` before it, as TEI prepends its
         prompt_name's), each token as {"id", "text", "special", "start", "stop"}, never truncated, each text up
         to /tokenize's cap (names[i]: texts[i]'s field, for errors). As TEI's into_tokens: a special token's
         text is its vocabulary string and start / stop null; another's text is the span of the (prompted) text
-        it covers, start / stop its UTF-8 byte offsets there (Rust `tokenizers`' offsets; Python's are characters)."""
+        it covers, start / stop its UTF-8 byte offsets there (Rust `tokenizers`' offsets; Python's are characters).
+        The answer's JSON bytes, made on the tokenizer thread (ivy.offsets.simple_tokens_json). All the texts
+        together (their prompts included) take /tokenize's cap for one text: ~67 bytes are answered for a
+        one-character token, and 2 MB of such texts were a 141 MB answer."""
         for text, name in zip(texts, names):
             self._tokenize_cap(text, name)
+        total, cap = sum(map(len, texts)) + len(prompt) * len(texts), 64 * self.char_cap
+        if total > cap:
+            raise IvyError(Problem.INPUT_TOO_LONG, f"inputs hold {total} characters in all (prompts included); "
+                           f"/tokenize takes at most {cap} a request", param="inputs", limit=cap)
         if self.tokenizer.hf is None:
             raise IvyError(Problem.UNSUPPORTED_TASK, "this model's tokenizer is a SentencePiece model without "
                            "tokenizer.json: /tokenize answers text-embeddings-inference's `inputs` body with "
@@ -348,10 +355,10 @@ class InputEncoder:
         size = _size(texts, self.inline_chars, extra=len(prompt))
         return await self._run(self._tokenize_spans, texts, add_special_tokens, prompt, size=size)
 
-    def _tokenize_spans(self, texts: Sequence[str], add_special_tokens: bool, prompt: str) -> list[list[dict]]:
+    def _tokenize_spans(self, texts: Sequence[str], add_special_tokens: bool, prompt: str) -> bytes:
         full = [prompt + text for text in texts] if prompt else list(texts)
         encodings = self.tokenizer.encodings_with_offsets(full, add_special_tokens)
-        return [offsets.simple_tokens(enc, text) for enc, text in zip(encodings, full)]
+        return b"[" + b",".join(offsets.simple_tokens_json(enc, text) for enc, text in zip(encodings, full)) + b"]"
 
     async def decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
         """The text of each id list (POST /decode, /detokenize); names[i] is seqs[i]'s field, for errors: at most

@@ -323,7 +323,7 @@ class TulipServer:
 
 def _add_embedder(servicer: TulipEmbedderServicer, server: grpc.aio.Server) -> None:
     """embed_pb2_grpc.add_EmbedderServicer_to_server, but Embed's and EmbedStream's requests decoded by
-    tulip.stream's deserializers: a message that fails to decode (a string field not UTF-8) is then answered
+    tulip.decoding's deserializers: a message that fails to decode (a string field not UTF-8) is then answered
     INVALID_ARGUMENT by Tulip, where the generated FromString raised and grpc ended the call UNKNOWN (on a
     stream, with every other request on it unanswered)."""
     handlers = {

@@ -170,3 +170,26 @@ def test_openapi_documents_both_bodies_and_answers(client) -> None:
     assert "token_strs" in spec["components"]["schemas"]["TokenizeResponse"]["properties"]
     assert set(spec["components"]["schemas"]["SimpleToken"]["properties"]) == {"id", "text", "special", "start",
                                                                                "stop"}
+
+
+def test_tei_inputs_together_take_the_cap_of_one_text(client) -> None:
+    """~67 bytes are answered for a one-character token: 2 MB of such texts under the per-text cap alone were a
+    141 MB answer and a 440 ms stretch of the event loop. All the texts of a request share /tokenize's cap."""
+    cap = 64 * client.app.state.gateway.encoder.char_cap
+    part = cap // 8
+    fits = client.post("/tokenize", json={"inputs": ["." * part] * 8})
+    assert fits.status_code == 200 and [len(t) for t in fits.json()] == [part + 2] * 8
+    r = client.post("/tokenize", json={"inputs": ["." * part] * 8 + ["."]})
+    error = r.json()["error"]
+    assert r.status_code == 422 and error["param"] == "inputs" and f"at most {cap}" in error["message"], error
+
+
+def test_a_long_texts_tokens_are_answered_as_one_list_across_json_chunks(client) -> None:
+    """The answer is built JSON_CHUNK tokens at a time (ivy.offsets.simple_tokens_json): the same tokens, in order,
+    across the chunks' seams, as the library gives them."""
+    from ivy.offsets import JSON_CHUNK
+
+    text = " ".join(f"w{i % 97} café" for i in range(JSON_CHUNK))  # ~3 chunks of tokens, multi-byte included
+    (tokens,) = client.post("/tokenize", json={"inputs": [text]}).json()
+    assert len(tokens) > 2 * JSON_CHUNK
+    assert tokens == _expected(text)
