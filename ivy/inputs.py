@@ -250,11 +250,12 @@ def score_side(value: Any, name: str) -> list[str]:
 
 
 def score_sides(data: dict) -> tuple[tuple[str, str], dict]:
-    """/score's two sides as (the names sent, the body with them as text_1 and text_2): text_1 and text_2, or
-    one of vLLM's newer pairs (SCORE_SIDES); a null field counts as absent. A mix of the two namings, or a newer
-    side without its partner, is a 422 naming what to send, never a field the client did not send."""
+    """/score's two sides as (the names sent, the body with them as text_1 and text_2): text_1 and text_2 (which
+    win over newer names sent beside both, as a field of ours wins over a peer's alias), or exactly one of vLLM's
+    newer pairs (SCORE_SIDES); a null field counts as absent. One of text_1 / text_2 beside newer names, a newer
+    side without its partner, or a newer name beside the pair chosen is a 422 naming a field the client sent."""
     old = [k for k in ("text_1", "text_2") if data.get(k) is not None]
-    newer = [k for pair in SCORE_SIDES for k in pair if data.get(k) is not None]
+    newer = list(dict.fromkeys(k for pair in SCORE_SIDES for k in pair if data.get(k) is not None))
     if len(old) == 2 or not newer:
         return ("text_1", "text_2"), data
     if old:
@@ -262,6 +263,10 @@ def score_sides(data: dict) -> tuple[tuple[str, str], dict]:
                        "text_1 and text_2, or queries with documents or items, or data_1 with data_2", param=old[0])
     for first, second in SCORE_SIDES:
         if data.get(first) is not None and data.get(second) is not None:
+            extra = [k for k in newer if k not in (first, second)]
+            if extra:
+                raise IvyError(Problem.INVALID_PARAMETER, f"{extra[0]} is sent beside {first} and {second}: send "
+                               "one pair of sides", param=extra[0])
             return (first, second), {**data, "text_1": parse_texts(data[first], first),
                                      "text_2": parse_texts(data[second], second)}
     partner = {"queries": "documents or items", "documents": "queries", "items": "queries", "data_1": "data_2",

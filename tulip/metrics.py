@@ -226,7 +226,9 @@ class _ThreadCpu:
             now: dict[int, tuple[str, float]] = {}
             reader = threading.current_thread()
             for thread in threading.enumerate():
-                if thread is reader:
+                if thread is reader:  # not counted: a scrape's own thread (one a scrape) is no thread role; one an
+                    if thread.native_id in self._live:  # overlapping scrape saw stays as it was seen, not ended
+                        now[thread.native_id] = self._live[thread.native_id]  # (its seconds counted once)
                     continue
                 try:
                     with open(f"/proc/self/task/{thread.native_id}/stat", "rb") as f:

@@ -206,3 +206,34 @@ def test_threads_made_one_per_task_share_one_series_and_the_reader_is_left_out()
     assert not any(label.startswith("Thread-") for label in labels), labels
     assert len(set(cpu.read())) <= len(threading.enumerate()) + 1, "ended threads' labels stay bounded"
 
+
+def test_a_scrape_thread_seen_by_an_overlapping_scrape_is_counted_once() -> None:
+    """Scrapes overlap (a Prometheus pair, a curl): one scrape's thread, alive and seen by another, then reading
+    itself, was taken for ended (its seconds moved to the ended tally) and counted live again by a third: twice."""
+    from tulip.metrics import _ThreadCpu
+
+    cpu = _ThreadCpu()
+    burned, done = threading.Event(), threading.Event()
+    read_mine = threading.Event()
+
+    def scrape() -> None:  # a scrape thread that burns CPU, reads, and stays alive a while
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        burned.set()
+        read_mine.wait(10)
+        cpu.read()
+        done.wait(10)
+
+    a = threading.Thread(target=scrape, name="scrape-a")
+    a.start()
+    assert burned.wait(30)
+    first = cpu.read()["scrape-a"]  # another scrape sees a alive
+    read_mine.set()
+    time.sleep(0.2)  # a reads (leaving itself out)
+    third = cpu.read()["scrape-a"]
+    done.set()
+    a.join()
+    last = cpu.read()["scrape-a"]
+    assert first >= 0.25 and abs(third - first) < 0.05 and abs(last - first) < 0.05, (first, third, last)
+

@@ -278,7 +278,9 @@ def test_score_sides_skip_nulls_and_refuse_a_mix_of_namings(client) -> None:
     for body, param, says in (({"text_1": QUERY, "documents": DOCS}, "text_1", "mixed"),
                               ({"queries": QUERY, "text_2": DOCS}, "text_2", "mixed"),
                               ({"queries": QUERY}, "queries", "documents or items"),
-                              ({"data_2": DOCS}, "data_2", "data_1")):
+                              ({"data_2": DOCS}, "data_2", "data_1"),
+                              ({"queries": QUERY, "documents": DOCS, "items": ["zz"]}, "items", "one pair"),
+                              ({"queries": QUERY, "documents": DOCS, "data_1": "zz"}, "data_1", "one pair")):
         code, named, message = _error(client.post("/v1/score", json=body))
         assert (code, named) == (422, param) and says in message, (body, message)
 
