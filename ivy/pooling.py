@@ -78,6 +78,13 @@ def prompt_truncation(value: int | None, truncate: bool | None, max_length: int,
     return True, value
 
 
+def input_truncation(gw, body) -> tuple[bool | None, int | None]:
+    """prompt_truncation of a body with `input`, `truncate` and `truncate_prompt_tokens` (/v1/embeddings, /pooling,
+    /classify): the served model's length and special tokens, texts or token ids as the input holds."""
+    return prompt_truncation(body.truncate_prompt_tokens, body.truncate, gw.spec.max_length,
+                             gw.tokenizer.num_special, texts=body.input.texts is not None)
+
+
 class PoolingRequest(_Request):
     """vLLM's POST /pooling (its PoolingCompletionRequest) for an embedding model: /v1/embeddings' vectors in
     vLLM's shape. Its fields Ivy cannot honour are refused by name (check_fields); `use_activation` (vLLM's newer

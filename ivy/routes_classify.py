@@ -24,7 +24,7 @@ from starlette.responses import Response
 from ivy import metrics
 from ivy.gateway import Gateway
 from ivy.inputs import PredictInputs
-from ivy.pooling import prompt_truncation
+from ivy.pooling import input_truncation
 from ivy.routes_embeddings import encode_inputs
 from ivy.responses import ClassifyResponse, Prediction
 from ivy.schemas import ClassifyRequest, PredictRequest
@@ -82,8 +82,7 @@ async def vllm_classify(request: Request) -> Response:
     """vLLM's shape: per input its best label and every label's probability in label order (`probs`)."""
     gw = gateway_of(request)
     body, deadline, lane = await gw.open_request(request, ClassifyRequest, "classify", "/classify")
-    truncate, max_tokens = prompt_truncation(body.truncate_prompt_tokens, body.truncate, gw.spec.max_length,
-                                             gw.tokenizer.num_special, texts=body.input.texts is not None)
+    truncate, max_tokens = input_truncation(gw, body)
     with gw.admit():
         gw.check_count(len(body.input), gw.config.max_inputs_per_request, "input")
         seqs = await encode_inputs(gw, body.input, route="/classify", param="input", truncate=truncate,

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from ivy import metrics
 from ivy.encode import WIRE_ENCODING, default_format, row_value, wire_dtype
-from ivy.pooling import PoolingRequest, PoolingResponse, prompt_truncation
+from ivy.pooling import PoolingRequest, PoolingResponse, input_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.responses import ContextualizedEmbeddingsResponse, EmbeddingsResponse
 from ivy.schemas import ContextualizedEmbeddingsRequest, EmbeddingsRequest, TeiEmbedRequest
@@ -30,8 +30,7 @@ router = APIRouter()
 async def create_embeddings(request: Request) -> Response:
     gw = gateway_of(request)
     body, deadline, lane = await gw.open_request(request, EmbeddingsRequest, "embed", "/v1/embeddings")
-    truncate, max_tokens = prompt_truncation(body.truncate_prompt_tokens, body.truncate, gw.spec.max_length,
-                                             gw.tokenizer.num_special, texts=body.input.texts is not None)
+    truncate, max_tokens = input_truncation(gw, body)
     with gw.admit():
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
         dtype = wire_dtype(fmt, body.embed_dtype, body.endianness,  # before any work: it may refuse
@@ -70,8 +69,7 @@ async def vllm_pooling(request: Request) -> Response:
     cannot honour (chat messages, other tasks, raw bytes, ...) are refused by name (ivy.pooling)."""
     gw = gateway_of(request)
     body, deadline, lane = await gw.open_request(request, PoolingRequest, "embed", "/pooling")
-    truncate, max_tokens = prompt_truncation(body.truncate_prompt_tokens, body.truncate, gw.spec.max_length,
-                                             gw.tokenizer.num_special, texts=body.input.texts is not None)
+    truncate, max_tokens = input_truncation(gw, body)
     with gw.admit():
         fmt = body.encoding_format or "float"
         dtype = wire_dtype(fmt, body.embed_dtype, body.endianness)  # before any work: it may refuse

@@ -22,6 +22,7 @@ import pytest
 from cross_folders import bert_reranker
 from fake_tulip import FakeTulip
 from ivy_testkit import gateway
+from test_ivy_score_fields import scores_of
 from test_ivy_scoring import DOCS, QUERY
 
 IDENTITY = {"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}
@@ -121,15 +122,7 @@ def test_raw_scores_are_honoured_where_the_scores_are_raw(tmp_path, client) -> N
                 plain = {k: v for k, v in body.items() if k != param}
                 r, expected = c.post(route, json=body), c.post(route, json=plain)
                 assert r.status_code == 200, (route, r.text)
-                assert _scores(r.json()) == _scores(expected.json()), route
-
-
-def _scores(body) -> list[float]:
-    if isinstance(body, list):
-        return [x["score"] for x in sorted(body, key=lambda x: x["index"])]
-    if "data" in body:
-        return [d["score"] for d in body["data"]]
-    return [x["relevance_score"] for x in sorted(body["results"], key=lambda x: x["index"])]
+                assert scores_of(route, r.json()) == scores_of(route, expected.json()), route
 
 
 # ---- /score's sides by vLLM's newer names ----
@@ -142,7 +135,7 @@ def test_score_reads_vllms_newer_names(client, first, second) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["data"] == expected["data"] and r.json()["usage"] == expected["usage"]
         pairwise = client.post(route, json={first: [QUERY] * len(DOCS), second: DOCS})
-        assert _scores(pairwise.json()) == pytest.approx(_scores(expected), abs=1e-6)
+        assert scores_of(route, pairwise.json()) == pytest.approx(scores_of(route, expected), abs=1e-6)
 
 
 @pytest.mark.parametrize("first, second", [("queries", "documents"), ("data_1", "data_2")])
@@ -204,7 +197,7 @@ def test_max_tokens_per_doc_scores_each_document_cut_to_k_tokens(client, side) -
         assert r.status_code == 200, r.text
         expected = client.post(route, json={**body, "documents": [_cut(d, 5, side) for d in docs],
                                             "max_tokens_per_doc": None}).json()
-        assert _scores(r.json()) == pytest.approx(_scores(expected), abs=1e-6)
+        assert scores_of(route, r.json()) == pytest.approx(scores_of(route, expected), abs=1e-6)
         assert r.json()["usage"] == expected["usage"], route
         assert {x["index"]: x["document"]["text"] for x in r.json()["results"]} == dict(enumerate(docs))  # as sent
     assert _cut(docs[1], 5, side) != docs[1] and _cut(docs[2], 5, side) == docs[2]  # the cut did something
@@ -236,8 +229,8 @@ def test_max_tokens_per_doc_cuts_a_cross_encoders_documents_before_pairing(tmp_p
         body = {"query": QUERY, "documents": docs}
         r = client.post("/v2/rerank", json={**body, "max_tokens_per_doc": 3})
         expected = client.post("/v2/rerank", json={**body, "documents": [_cut(d, 3) for d in docs]})
-        assert r.status_code == 200 and _scores(r.json()) == _scores(expected.json())
-        assert _scores(r.json()) != _scores(client.post("/v2/rerank", json=body).json())
+        assert r.status_code == 200 and scores_of("/v2/rerank", r.json()) == scores_of("/v2/rerank", expected.json())
+        assert scores_of("/v2/rerank", r.json()) != scores_of("/v2/rerank", client.post("/v2/rerank", json=body).json())
 
 
 # ---- found in review: the newer fields' edges ----
@@ -246,8 +239,9 @@ def test_tei_rerank_body_honours_max_tokens_per_doc_too(client) -> None:
     docs = ["cats sleep on the sofa all day long", "stock prices fell today"]
     cut = client.post("/rerank", json={"query": QUERY, "texts": docs, "max_tokens_per_doc": 1}).json()
     expected = client.post("/rerank", json={"query": QUERY, "texts": [_cut(d, 1) for d in docs]}).json()
-    assert _scores(cut) == pytest.approx(_scores(expected), abs=1e-6)
-    assert _scores(cut) != _scores(client.post("/rerank", json={"query": QUERY, "texts": docs}).json())
+    assert scores_of("/rerank", cut) == pytest.approx(scores_of("/rerank", expected), abs=1e-6)
+    whole = client.post("/rerank", json={"query": QUERY, "texts": docs}).json()
+    assert scores_of("/rerank", cut) != scores_of("/rerank", whole)
 
 
 def test_nulls_of_the_newer_fields_are_as_omitted(client) -> None:
@@ -315,5 +309,6 @@ def test_embed_dtype_beside_a_models_own_int8_default_is_ignored_as_under_vllms_
         plain = c.post("/v1/embeddings", json={"input": "hi"}).json()["data"]
         r = c.post("/v1/embeddings", json={"input": "hi", "embed_dtype": "float16"})
         assert r.status_code == 200 and r.json()["data"] == plain, r.text
-        sent = c.post("/v1/embeddings", json={"input": "hi", "embed_dtype": "float16", "encoding_format": "base64_int8"})
+        sent = c.post("/v1/embeddings", json={"input": "hi", "embed_dtype": "float16",
+                                              "encoding_format": "base64_int8"})
         assert _error(sent)[:2] == (422, "embed_dtype") and "float16" not in _error(sent)[2]

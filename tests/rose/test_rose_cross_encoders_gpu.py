@@ -59,14 +59,18 @@ def graph_scores(folder, seqs, types, dtype: str, attention: str) -> tuple[np.nd
     return replayed, eager, hows
 
 
+def _relative(got: np.ndarray, reference: np.ndarray) -> float:
+    """The largest error relative to the reference above 1 (absolute below it)."""
+    return float((np.abs(got - reference) / np.maximum(1.0, np.abs(reference))).max())
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "varlen"])
 @pytest.mark.parametrize("name", NAMES)
 def test_bf16_scores_on_the_graph_path(name, attention, cases):
     folder, seqs, types, reference = cases[name]
     replayed, eager, hows = graph_scores(folder, seqs, types, "bfloat16", attention)
     assert "replay" in hows
-    err = np.abs(replayed - reference) / np.maximum(1.0, np.abs(reference))
-    assert err.max() <= BF16_BAR, (name, attention, replayed, reference)
+    assert _relative(replayed, reference) <= BF16_BAR, (name, attention, replayed, reference)
     np.testing.assert_allclose(replayed, eager, atol=1e-3)
 
 
@@ -111,10 +115,6 @@ def graph_logits(folder, seqs, types, dtype: str) -> tuple[np.ndarray, np.ndarra
         eager = engine.runner.step(batch, use_graphs=False).result().copy()
         hows = {key[1] for key, n in engine.runner.runs.items() if n > before.get(key, 0)}
     return replayed, eager, hows
-
-
-def _relative(got: np.ndarray, reference: np.ndarray) -> float:
-    return float((np.abs(got - reference) / np.maximum(1.0, np.abs(reference))).max())
 
 
 @pytest.mark.parametrize("name", ("bert-cls", "xlmr-cls", "distilbert-cls"))
