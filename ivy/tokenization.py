@@ -99,6 +99,7 @@ class InputEncoder:
         self.tokenizer = tokenizer
         self.max_length = spec.max_length
         self.char_cap = char_cap
+        self.tokenize_cap = 64 * char_cap  # /tokenize's (and /decode's) characters a request: see tokenize
         self._prefixes = {"query": query_prefix, "document": document_prefix}
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ivy-tokenize")
         self._observe = observe
@@ -301,7 +302,7 @@ class InputEncoder:
         return await self._run(self._tokenize, text, add_special_tokens, size=len(text))
 
     def _tokenize_cap(self, text: str, name: str) -> None:
-        cap = 64 * self.char_cap
+        cap = self.tokenize_cap
         if len(text) > cap:
             raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(text)} characters; /tokenize takes at most "
                            f"{cap}", param=name, limit=cap)
@@ -344,7 +345,7 @@ class InputEncoder:
         one-character token, and 2 MB of such texts were a 141 MB answer."""
         for text, name in zip(texts, names):
             self._tokenize_cap(text, name)
-        total, cap = sum(map(len, texts)) + len(prompt) * len(texts), 64 * self.char_cap
+        total, cap = sum(map(len, texts)) + len(prompt) * len(texts), self.tokenize_cap
         if total > cap:
             raise IvyError(Problem.INPUT_TOO_LONG, f"inputs hold {total} characters in all (prompts included); "
                            f"/tokenize takes at most {cap} a request", param="inputs", limit=cap)
@@ -367,7 +368,7 @@ class InputEncoder:
         return await self._run(self._decode, seqs, skip_special_tokens, names, size=_size(seqs, self.inline_chars))
 
     def _decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
-        vocab, cap = self.vocab_limit, 64 * self.char_cap  # /tokenize's own cap, in characters
+        vocab, cap = self.vocab_limit, self.tokenize_cap  # /tokenize's own cap, in characters
         for seq, name in zip(seqs, names):
             if len(seq) > cap:
                 raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(seq)} ids; at most {cap} are decoded (the "
