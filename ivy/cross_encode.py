@@ -4,7 +4,8 @@ The routes (ivy.routes_scoring) call `cross_scores` instead of embedding both si
 is a reranker (Gateway.cross_encoder). Each pair becomes one sequence (ivy.pairs); the pairs go through
 Gateway.embed like any batch (chunked by tokens, spread over replicas, packed ragged by Tulip), and each
 row is the pair's score as the engine computed it (rose.score_head: CrossEncoder's activation applied;
-Qwen3-Reranker: P("yes")). `instruction` is Qwen3-Reranker's task line; other models refuse it.
+Qwen3-Reranker: P("yes")), or for raw scores the logit before that activation, from the same forward (Tulip's
+`logit` output: rose.cross_spec ScoreHead.outputs). `instruction` is Qwen3-Reranker's task line; other models refuse it.
 
 vLLM's truncate_prompt_tokens (`pair_truncation`) bounds the whole pair, as vLLM's cross-encoder scoring does:
 it tokenizes text and text_pair in one call with truncation=True and max_length k (vllm/entrypoints/openai/
@@ -22,6 +23,7 @@ from ivy.errors import IvyError, Problem
 from ivy.gateway import Gateway
 from ivy.pooling import prompt_truncation
 from ivy.web import unless_disconnected
+from rose.cross_spec import LOGIT
 
 
 def check_instruction(gw: Gateway, instruction: str | None) -> None:
@@ -47,13 +49,16 @@ def pair_truncation(gw: Gateway, value: int | None, truncate: bool | None) -> tu
 
 async def cross_scores(request: Request, gw: Gateway, queries: list[str], docs: list[str], *, truncate: bool | None,
                        side: str, deadline: float, instruction: str | None, names: tuple[str, str],
-                       lane: str | None = None, max_tokens: int | None = None) -> tuple[np.ndarray, int]:
+                       lane: str | None = None, max_tokens: int | None = None,
+                       raw: bool = False) -> tuple[np.ndarray, int]:
     """float32 [len(docs)] scores of (queries[i], docs[i]), or of the one query with every document, and
-    the tokens sent (for usage). max_tokens: what a pair is cut to with truncate (pair_truncation's)."""
+    the tokens sent (for usage). max_tokens: what a pair is cut to with truncate (pair_truncation's). raw: the
+    logits before the model's activation (the score itself where the model has none)."""
     check_instruction(gw, instruction)
     cut = gw.config.truncate if truncate is None else truncate
     pairs = await gw.encoder.encode_pairs(queries, docs, truncate=cut, side=side, instruction=instruction,
                                           names=names, max_tokens=max_tokens)
     rows = await unless_disconnected(request, gw.embed(pairs.sequences, token_types=pairs.token_types,
-                                                       deadline=deadline, lane=lane))
+                                                       deadline=deadline, lane=lane,
+                                                       output=LOGIT if raw and gw.spec.outputs else ""))
     return rows[:, 0], sum(map(len, pairs.sequences))

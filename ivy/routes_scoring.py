@@ -35,8 +35,8 @@ from ivy.late_interaction import CROSS, MAXSIM, encode_queries_and_documents, ma
 from ivy.pooling import prompt_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.responses import RerankResponse, ScoreResponse, TeiRerankResult
-from ivy.schemas import (RAW_SCORES, RerankRequest, ScoreRequest, SimilarityParameters, SimilarityRequest,
-                         TeiRerankRequest, rerank_schema)
+from ivy.schemas import (RerankRequest, ScoreRequest, SimilarityParameters, SimilarityRequest, TeiRerankRequest,
+                         rerank_schema)
 
 router = APIRouter()
 
@@ -49,23 +49,17 @@ def _truncation(gw: Gateway, mode: str, value: int | None, truncate: bool | None
     return prompt_truncation(value, truncate, gw.spec.max_length, gw.tokenizer.num_special, texts=True)
 
 
-def _check_raw(gw: Gateway, mode: str, raw: bool, param: str) -> None:
-    """422 naming `param` when the request asks for raw scores (vLLM's use_activation false, TEI's and Infinity's
-    raw_scores true) of a cross-encoder whose scores come through an activation; cosine and MaxSim scores, and a
-    reranker with none (Identity), are already raw."""
-    if raw and mode == CROSS and gw.spec.score_head.activation != "identity":
-        raise IvyError(Problem.INVALID_PARAMETER, f"{param}: {RAW_SCORES}", param=param)
-
-
 async def _scores(request: Request, gw: Gateway, mode: str, queries: list[str], docs: list[str], *,
                   truncate: bool | None, side: str, deadline: float, instruction: str | None,
-                  names: tuple[str, str], lane: str | None, max_tokens: int | None) -> tuple[np.ndarray, int]:
+                  names: tuple[str, str], lane: str | None, max_tokens: int | None,
+                  raw: bool = False) -> tuple[np.ndarray, int]:
     """Scores of queries[i] with docs[i], or of the one query with every document, by `mode` (the cross-encoder's,
     MaxSim over token vectors (ivy.late_interaction) or the cosine of unit vectors), and the tokens sent.
-    max_tokens: each text's cut, or each pair's for a cross-encoder (_truncation)."""
+    max_tokens: each text's cut, or each pair's for a cross-encoder (_truncation). raw: a cross-encoder's logits
+    (vLLM's use_activation false, TEI's and Infinity's raw_scores true); the other modes' scores are raw."""
     if mode == CROSS:
         return await cross_scores(request, gw, queries, docs, truncate=truncate, side=side, deadline=deadline,
-                                  instruction=instruction, names=names, lane=lane, max_tokens=max_tokens)
+                                  instruction=instruction, names=names, lane=lane, max_tokens=max_tokens, raw=raw)
     check_instruction(gw, instruction)
     if mode == MAXSIM:
         return await maxsim_scores(request, gw, queries, docs, truncate=truncate, side=side, deadline=deadline,
@@ -88,7 +82,6 @@ async def score(request: Request) -> Response:
     gw = gateway_of(request)
     body, deadline, lane = await gw.open_request(request, ScoreRequest)  # outside the cap: a slow body holds no slot
     mode = scoring_of(gw, body.scoring, "/v1/score")
-    _check_raw(gw, mode, body.use_activation is False, "use_activation")
     truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, body.truncate)
     first, second = body.names
     with gw.admit():
@@ -98,7 +91,8 @@ async def score(request: Request) -> Response:
                            f"as {second} ({len(body.text_2)})", param=first)
         scores, tokens = await _scores(request, gw, mode, body.text_1, body.text_2, truncate=truncate,
                                        side=body.truncation_side, deadline=deadline, instruction=body.instruction,
-                                       names=body.names, lane=lane, max_tokens=max_tokens)
+                                       names=body.names, lane=lane, max_tokens=max_tokens,
+                                       raw=body.use_activation is False)
         metrics.INPUTS.labels("/v1/score").inc(len(body.text_1) + len(body.text_2))  # texts, pairs or not
         metrics.TOKENS.labels("/v1/score").inc(tokens)
         data = [{"object": "score", "index": i, "score": float(s)} for i, s in enumerate(scores)]
@@ -120,7 +114,7 @@ async def rerank(request: Request) -> Response:
              responses={200: {"model": RerankResponse | list[TeiRerankResult]}})
 async def rerank_peers(request: Request) -> Response:
     """Where text-embeddings-inference, vLLM and Infinity serve rerank: a body with `texts` (TEI's: `query`,
-    `texts`, `return_text`, `raw_scores` (_check_raw), `truncate`, `truncation_direction`; vLLM's truncate_prompt_tokens
+    `texts`, `return_text`, `raw_scores`, `truncate`, `truncation_direction`; vLLM's truncate_prompt_tokens
     too) is answered in TEI's shape, a list of {"index", "score", "text"?} by score; one with `documents` as
     /v1/rerank."""
     return await _rerank(request, rerank_schema, "/rerank")
@@ -133,11 +127,9 @@ async def _rerank(request: Request, schema, route: str) -> Response:
     documents = body.texts if tei else body.documents
     names = ("query", "texts" if tei else "documents")
     mode = scoring_of(gw, None if tei else body.scoring, route)
-    _check_raw(gw, mode, body.raw_scores is True, "raw_scores")
+    raw = body.raw_scores is True or (not tei and body.use_activation is False)
     cohere_v2 = request.scope["path"] == "/v2/rerank"
     per_doc, truncate = body.max_tokens_per_doc, body.truncate
-    if not tei:
-        _check_raw(gw, mode, body.use_activation is False, "use_activation")
     if truncate is None and (cohere_v2 or per_doc is not None):  # Cohere cuts documents, never refuses them
         truncate = True
     elif truncate is False and per_doc is not None:
@@ -155,7 +147,7 @@ async def _rerank(request: Request, schema, route: str) -> Response:
             scored = await gw.encoder.cut_to_tokens(documents, per_doc, body.truncation_side, names[1])
         scores, tokens = await _scores(request, gw, mode, [body.query], scored, truncate=truncate,
                                        side=body.truncation_side, deadline=deadline, instruction=instruction,
-                                       names=names, lane=lane, max_tokens=max_tokens)
+                                       names=names, lane=lane, max_tokens=max_tokens, raw=raw)
         order = np.argsort(-scores, kind="stable")
         metrics.INPUTS.labels(route).inc(1 + len(documents))
         metrics.TOKENS.labels(route).inc(tokens)

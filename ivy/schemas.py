@@ -23,8 +23,8 @@ from ivy.vllm_fields import refuse_unserved
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
                  "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize"}
 PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair)})
-RAW_SCORES = ("raw scores (the logits before the model's activation) are not served by this reranker; its scores "
-              "come with the activation applied")
+RAW = ("the logits before the model's activation (a sigmoid reranker's, Qwen3-Reranker's logit(yes) - "
+       "logit(no)); cosine and MaxSim scores, and a reranker without an activation, are raw already.")
 INSTRUCTION = ("The task line of a yes/no reranker's prompt (Qwen3-Reranker's <Instruct>); omitted = its default, "
                "web search. Other models refuse it.")
 SCORING = ("cosine (dense unit vectors) or maxsim (late interaction over the token vectors, BGE-M3 / ColBERT); "
@@ -121,8 +121,7 @@ class ScoreRequest(_Request):
 
     text_1: Annotated[TextOrTexts, PlainValidator(lambda v: score_side(v, "text_1"))]
     text_2: Annotated[TextOrTexts, PlainValidator(lambda v: score_side(v, "text_2"))]
-    use_activation: bool | None = Field(default=None, description="vLLM's: false asks for a cross-encoder's raw "
-                                        "logits, refused where the model applies an activation.")
+    use_activation: bool | None = Field(default=None, description=f"vLLM's: false asks for raw scores, {RAW}")
     truncate: bool | None = None
     truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)
     truncation_side: Side = "right"
@@ -155,10 +154,8 @@ class RerankRequest(_Request):
                                                       "default) or omitted: every document.")
     return_documents: bool | None = Field(default=None, description="Echo each document as {\"text\"}; omitted: "
                                           "yes (vLLM and Jina return them), except at /v2/rerank (Cohere v2's).")
-    raw_scores: bool | None = Field(default=None, description="Infinity's: true asks for a cross-encoder's logits, "
-                                    "refused where the model applies an activation.")
-    use_activation: bool | None = Field(default=None, description="vLLM's: false asks for a cross-encoder's logits, "
-                                        "refused where the model applies an activation.")
+    raw_scores: bool | None = Field(default=None, description=f"Infinity's: true asks for raw scores, {RAW}")
+    use_activation: bool | None = Field(default=None, description=f"vLLM's: false asks for raw scores, {RAW}")
     max_tokens_per_doc: Annotated[int, Field(ge=1)] | None = Field(default=None, description=MAX_TOKENS_PER_DOC)
     truncate: bool | None = Field(default=None, description="Cut over-long inputs; omitted = the server default, "
                                   "except at /v2/rerank (Cohere v2 cuts every document: true).")
@@ -172,7 +169,7 @@ class RerankRequest(_Request):
 class TeiRerankRequest(_Request):
     """text-embeddings-inference's rerank request (POST /rerank with `texts`): answered as a list of
     {"index", "score", "text"?} by score, TEI's shape. Scores are the model's own (a cross-encoder's activation
-    applied, or cosine); `raw_scores` (the logits before it) is refused where an activation is applied. TEI's
+    applied, or cosine); `raw_scores` asks for the logits before that activation. TEI's
     `truncate` (true: cut to the model's length) and `truncation_direction` (read as truncation_side) mean what
     they mean there; vLLM's truncate_prompt_tokens is taken too, since vLLM's clients post to the same path, and
     read as on /v1/rerank."""
@@ -180,8 +177,7 @@ class TeiRerankRequest(_Request):
     query: Query
     texts: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "texts")), WithJsonSchema(
         {"type": "array", "items": {"type": "string", "minLength": 1}})]
-    raw_scores: bool = Field(default=False, description="true asks for a cross-encoder's logits, refused "
-                             "where the model applies an activation.")
+    raw_scores: bool = Field(default=False, description=f"true asks for raw scores, {RAW}")
     return_text: bool = False
     max_tokens_per_doc: Annotated[int, Field(ge=1)] | None = Field(default=None, description=MAX_TOKENS_PER_DOC)
     truncate: bool | None = None

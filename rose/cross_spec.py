@@ -1,7 +1,8 @@
 """Cross-encoder (reranker) and sequence-classifier folders: which score head a folder has (torch-free).
 
 A cross-encoder reads a (query, document) pair as one sequence and gives one relevance score; ROSE's native
-row for such a model is that score (width 1), computed on the device after pooling (rose.score_head):
+row for such a model is that score (width 1), computed on the device after pooling (rose.score_head), with the
+logit before the model's activation beside it where there is one (outputs `score`, the default, and `logit`):
 - `bert_pooler`: BertForSequenceClassification (ms-marco-MiniLM): CLS -> bert.pooler.dense + tanh -> classifier.
 - `roberta_head`: RoBERTa / XLMRobertaForSequenceClassification (bge-reranker-v2-m3): CLS -> classifier.dense
   + tanh -> classifier.out_proj.
@@ -29,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rose.spec import ModelFolderError, _optional_json, _read_json
+from rose.spec import ModelFolderError, Output, _optional_json, _read_json
 from rose.st_modules import ACTIVATIONS
 
 SIGMOID = "torch.nn.modules.activation.Sigmoid"
+SCORE, LOGIT = "score", "logit"  # a reranker's outputs where an activation lies between them (ScoreHead.outputs)
 APPLIED = ("Transformer", "LogitScore")  # the modules a cross-encoder folder may list
 
 
@@ -49,6 +51,15 @@ class ScoreHead:
     false_token: int | str | None = None  # yes_no: the "no" token
     labels: tuple[str, ...] = ()  # a classifier's id2label in index order; () = a reranker (one score)
     multi_label: bool = False  # a classifier's problem_type is multi_label_classification: sigmoid, not softmax
+
+    @property
+    def outputs(self) -> tuple[Output, ...]:
+        """A reranker with an activation: its score, then the logit before the activation (the raw scores vLLM's
+        use_activation false and TEI's raw_scores ask for), side by side in its native row; () otherwise (the
+        row is raw already: a classifier's logits, an Identity reranker's score)."""
+        if self.labels or self.activation == "identity":
+            return ()
+        return Output(SCORE, 0, 1, False), Output(LOGIT, 1, 1, False)
 
 
 def num_labels(config: dict[str, Any]) -> int:

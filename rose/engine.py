@@ -62,7 +62,7 @@ class Engine:
             native_int8=spec.native_int8, normalize_default=spec.normalize,
             attention_backend=runner.backend.name, device=str(runner.device),
             dtype=str(runner.dtype).removeprefix("torch."), tasks=spec.tasks,
-            type_vocab_size=spec.type_vocab_size, outputs=spec.retrieval.outputs if spec.retrieval else ())
+            type_vocab_size=spec.type_vocab_size, outputs=spec.outputs)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str | torch.device | None = None,
@@ -169,16 +169,16 @@ class Engine:
         """What sentence-transformers returns for these token ids (pplx-embed: the int8 values as float32;
         a cross-encoder: CrossEncoder.predict's score per pair, [n, 1]; a classifier: its logits, [n, labels]).
         `spans` are (sequence index, start, end) rows instead of one row per sequence; `token_types` one list per
-        sequence (BERT pairs). `output`: which of the model's outputs (rose.retrieval_spec: vocab-weights,
-        token-vectors, ...; default the first)."""
+        sequence (BERT pairs). `output`: which of the model's outputs (ModelSpec.outputs: vocab-weights,
+        token-vectors, a reranker's logit, ...; default the first)."""
         pooling = pooling or self.spec.pooling
         rows = self._native_rows([list(s) if not isinstance(s, np.ndarray) else s for s in sequences],
                                  pooling, spans, token_types)
         normalize = self.spec.normalize
-        if self.spec.retrieval is not None:
-            chosen = self.spec.retrieval.output(output or self.spec.retrieval.outputs[0].name)
+        if outputs := self.spec.outputs:
+            chosen = next((o for o in outputs if o.name == (output or outputs[0].name)), None)
             if chosen is None:
-                raise ValueError(f"output {output!r}: the model's are {[o.name for o in self.spec.retrieval.outputs]}")
+                raise ValueError(f"output {output!r}: the model's are {[o.name for o in outputs]}")
             rows, normalize = rows[:, chosen.start:chosen.start + chosen.width], chosen.normalize
         elif output not in (None, "embed"):
             raise ValueError(f"output {output!r}: the model has one output, 'embed'")

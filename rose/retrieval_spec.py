@@ -20,20 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rose.spec import ModelFolderError, _optional_json, _read_json
+from rose.spec import ModelFolderError, Output, _optional_json, _read_json
 
 EMBED, VOCAB_WEIGHTS, TOKEN_WEIGHTS, TOKEN_VECTORS = "embed", "vocab-weights", "token-weights", "token-vectors"
 TASK_OF_OUTPUT = {EMBED: "embed", VOCAB_WEIGHTS: "sparse", TOKEN_WEIGHTS: "sparse", TOKEN_VECTORS: "multi-vector"}
 M3_FILES = ("colbert_linear.pt", "sparse_linear.pt")
 SPLADE_TRANSFORMERS = ("MLMTransformer", "Transformer")
-
-
-@dataclass(frozen=True)
-class Output:
-    name: str  # embed | vocab-weights | token-weights | token-vectors
-    start: int  # first column in the native row
-    width: int
-    normalize: bool  # the default when a request does not say
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ checkpoint (the embedding stack leaves them out):
   `distilbert_head`: pre_classifier + ReLU instead of dense + tanh;
 - `yes_no`: the final hidden state of the last token against only the two lm_head rows of "yes" and "no"
   (tied models: the embedding table's rows), logit(yes) - logit(no); a [P, 2] product, not [P, vocab].
-Then the CrossEncoder activation (Sigmoid by default: sigmoid(yes - no) = softmax over (yes, no) of yes).
+Then the CrossEncoder activation (Sigmoid by default: sigmoid(yes - no) = softmax over (yes, no) of yes), with
+the logit itself in a second column where the activation is not Identity (rose.cross_spec ScoreHead.outputs):
+what a client asking for raw scores gets, from the same replay.
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ class YesNoHead(nn.Module):
         return logits[:, :1] - logits[:, 1:]
 
 
+class ScoreAndLogit(nn.Sequential):
+    """Sequential(head, activation) that keeps the head's [P, 1] logit beside the score: [P, 2]."""
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        logit = self[0](pooled)
+        return torch.cat([self[1](logit), logit], dim=1)
+
+
 def token_id(token: int | str, tokenizer, model_dir) -> int:
     """A LogitScore's id as given, or the tokenizer's id of a token text ("yes", "no")."""
     if isinstance(token, int):
@@ -69,7 +79,8 @@ def token_id(token: int | str, tokenizer, model_dir) -> int:
 
 
 def build_score_head(spec: ModelSpec, tokenizer) -> nn.Module:
-    """The head with its checkpoint weights, float32 on the CPU, eval, with the activation after it."""
+    """The head with its checkpoint weights, float32 on the CPU, eval, with the activation after it (and the
+    logit beside the score where ScoreHead.outputs says)."""
     head, hidden = spec.score_head, int(spec.config["hidden_size"])
     if head.kind == "yes_no":
         ids = [token_id(head.true_token, tokenizer, spec.model_dir), token_id(head.false_token, tokenizer, spec.model_dir)]
@@ -88,7 +99,9 @@ def build_score_head(spec: ModelSpec, tokenizer) -> nn.Module:
                 raise ModelFolderError(f"{spec.model_dir}: classifier tensor {name!r} has shape "
                                        f"{tuple(tensors[name].shape)}, config.json implies {shape}")
         layer.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True, assign=True)
-    return nn.Sequential(layer, _ACTIVATIONS[head.activation]()).eval().requires_grad_(False)
+    activation = _ACTIVATIONS[head.activation]()
+    module = (ScoreAndLogit if head.outputs else nn.Sequential)(layer, activation)
+    return module.eval().requires_grad_(False)
 
 
 def attach_score_head(runner, spec: ModelSpec, tokenizer) -> None:
@@ -100,5 +113,6 @@ def attach_score_head(runner, spec: ModelSpec, tokenizer) -> None:
     head = build_score_head(spec, tokenizer).to(runner.device)
     runner.transform = head
     runner.score_head = head
+    runner.dimensions = sum(o.width for o in spec.outputs) or runner.dimensions  # the logit beside the score
     if runner.graphs is not None:
         runner.graphs.scores = True

@@ -88,12 +88,30 @@ class ModelSpec:
         return ("classify",) if self.score_head.labels else ("rerank",)
 
     @property
+    def outputs(self) -> tuple:
+        """Output per output side by side in the native row: SPLADE's / BGE-M3's, a reranker's score and its raw
+        logit (where an activation lies between them); () = one output of `dimensions` columns."""
+        if self.retrieval is not None:
+            return self.retrieval.outputs
+        return self.score_head.outputs if self.score_head is not None else ()
+
+    @property
     def type_vocab_size(self) -> int:
         """Token types a request may carry: BERT cross-encoders and classifiers read a pair's second text as
         type 1; every other model takes type 0 only (RoBERTa / XLM-R tokenizers give no token_type_ids)."""
         if self.score_head is None or self.family != "bert":
             return 1
         return max(1, int(self.config.get("type_vocab_size", 2)))
+
+
+@dataclass(frozen=True)
+class Output:
+    """One of a model's outputs side by side in its native row; a request names the one it wants
+    (EmbedRequest.output) and Tulip slices these columns."""
+    name: str  # embed | vocab-weights | token-weights | token-vectors (retrieval_spec) | score | logit (cross_spec)
+    start: int  # first column in the native row
+    width: int
+    normalize: bool  # the default when a request does not say
 
 
 @dataclass(frozen=True)
@@ -113,8 +131,7 @@ class EngineInfo:
     dtype: str
     tasks: tuple[str, ...] = ("embed",)  # embed | rerank | classify | sparse | multi-vector (ModelSpec.tasks)
     type_vocab_size: int = 1  # token types a request may carry (ModelSpec.type_vocab_size)
-    # rose.retrieval_spec.Output per output side by side in the native row; () = one "embed" of `dimensions`
-    outputs: tuple = ()
+    outputs: tuple = ()  # ModelSpec.outputs: Output per output side by side in the native row
 
 
 def config_vocab_size(config: dict[str, Any]) -> int:

@@ -40,15 +40,17 @@ def fake_rows(sequences: list[list[int]], dims: int, pooling: str = "mean",
     return np.stack([table[s:e].mean(axis=0) for s, e in batch.spans])
 
 
-def fake_scores(sequences: list[list[int]], token_types: list[list[int]] | None = None) -> np.ndarray:
+def fake_scores(sequences: list[list[int]], token_types: list[list[int]] | None = None,
+                raw: bool = False) -> np.ndarray:
     """The fake cross-encoder's score per sequence (a pair): a sigmoid of its tokens' first fake dimension,
-    shifted by its token types, so ids, their order across pairs and the types all show in the score."""
+    shifted by its token types, so ids, their order across pairs and the types all show in the score; `raw`:
+    the logit before the sigmoid (a reranker's `logit` output)."""
     out = []
     for i, seq in enumerate(sequences):
         x = np.mean([token_vector(int(t), 4)[0] for t in seq])
         if token_types is not None:
             x += 0.5 * float(np.mean(token_types[i]))
-        out.append(1.0 / (1.0 + np.exp(-x)))
+        out.append(x if raw else 1.0 / (1.0 + np.exp(-x)))
     return np.asarray(out, dtype=np.float32).reshape(-1, 1)
 
 
@@ -275,7 +277,10 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                 flat = np.frombuffer(request.token_types, dtype=np.uint8)
                 types = [flat[offsets[i]:offsets[i + 1]].tolist() for i in range(len(lens))]
             classify = "classify" in fake.spec.tasks
-            native = fake_logits(seqs, fake.spec.dimensions, types) if classify else fake_scores(seqs, types)
+            if request.output not in ("", *(o.name for o in fake.spec.outputs)):
+                raise ValueError(f"output {request.output!r}")  # Tulip's INVALID_ARGUMENT
+            native = (fake_logits(seqs, fake.spec.dimensions, types) if classify
+                      else fake_scores(seqs, types, raw=request.output == "logit"))
         elif fake.spec.retrieval is not None:
             native, normalize_default = fake_output_rows(fake.spec, request.output, seqs, spans)
         else:

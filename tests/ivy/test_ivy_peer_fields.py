@@ -6,9 +6,9 @@
   endianness are served on base64 as vLLM writes them (/pooling refused them too); what is not served
   (add_special_tokens false, fp8) is refused by name, and chat `messages` is named, not answered "input: Field
   required".
-- A reranker's raw scores (vLLM's `use_activation: false`, Infinity's `raw_scores: true` on the documents body)
-  were answered with the activation applied; refused by name where the model applies one (TEI's body already
-  was), honoured where the scores are already raw (cosine; a reranker whose activation is Identity).
+- A reranker's raw scores (vLLM's `use_activation: false`, Infinity's and TEI's `raw_scores: true`) were answered
+  with the activation applied; they are the logits before it now (Tulip's `logit` output, from the same forward),
+  and the same answer where the scores are already raw (cosine; a reranker whose activation is Identity).
 - /score took only vLLM's oldest names for its sides (text_1, text_2): queries with documents or items, and
   data_1 with data_2, are read as them and named as sent in errors.
 - Rerank results left out `document` unless asked: vLLM always returns it (its RerankResult requires it) and
@@ -102,15 +102,20 @@ def _raw_asks(query: str, docs: list[str]) -> list[tuple[str, dict, str]]:
             ("/rerank", {"query": query, "texts": docs, "raw_scores": True}, "raw_scores")]
 
 
-def test_a_sigmoid_rerankers_raw_scores_are_refused_by_name(tmp_path) -> None:
+def test_a_sigmoid_rerankers_raw_scores_are_its_logits(tmp_path) -> None:
+    """Asked for raw scores, Ivy asks Tulip for the reranker's `logit` output: the scores' inverse sigmoid."""
     fake = FakeTulip(model_dir=bert_reranker(tmp_path))
     with fake, gateway(fake, model=str(fake.model_dir)) as client:
         for route, body, param in _raw_asks(QUERY, DOCS):
-            code, named, message = _error(client.post(route, json=body))
-            assert (code, named) == (422, param) and "raw scores" in message and "activation" in message, route
-        assert not fake.calls
-        activated = {**_raw_asks(QUERY, DOCS)[0][1], "use_activation": True}  # true is what is served
-        assert client.post("/v1/score", json=activated).status_code == 200
+            plain = {k: v for k, v in body.items() if k != param}
+            r, activated = client.post(route, json=body), client.post(route, json=plain)
+            assert r.status_code == activated.status_code == 200, (route, r.text)
+            raw, scores = np.array(scores_of(route, r.json())), np.array(scores_of(route, activated.json()))
+            np.testing.assert_allclose(1 / (1 + np.exp(-raw)), scores, atol=1e-6)
+            assert np.abs(raw - scores).min() > 1e-2, route  # the logits, not the scores again
+            assert [c.output for c in fake.calls[-2:]] == ["logit", ""], route
+        activated = {**_raw_asks(QUERY, DOCS)[0][1], "use_activation": True}  # true is the activated score
+        assert client.post("/v1/score", json=activated).status_code == 200 and fake.calls[-1].output == ""
 
 
 def test_raw_scores_are_honoured_where_the_scores_are_raw(tmp_path, client) -> None:

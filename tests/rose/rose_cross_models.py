@@ -146,8 +146,10 @@ def qwen3_recipe_ids(path: Path, query: str, document: str, instruction: str = Q
 
 
 @torch.no_grad()
-def qwen3_yes_probability(path: Path, sequences: list[list[int]], dtype=torch.float32, device="cpu") -> np.ndarray:
-    """softmax over the "yes" and "no" logits of each sequence's last token, one sequence at a time."""
+def qwen3_yes_probability(path: Path, sequences: list[list[int]], dtype=torch.float32, device="cpu",
+                          raw: bool = False) -> np.ndarray:
+    """softmax over the "yes" and "no" logits of each sequence's last token, one sequence at a time; `raw`:
+    logit(yes) - logit(no), the logit the softmax's yes is the sigmoid of."""
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -156,15 +158,19 @@ def qwen3_yes_probability(path: Path, sequences: list[list[int]], dtype=torch.fl
     out = []
     for seq in sequences:
         logits = model(input_ids=torch.tensor([seq], device=device)).logits[0, -1].float()
-        out.append(torch.softmax(torch.stack([logits[no], logits[yes]]), dim=0)[1].item())
+        pair = torch.stack([logits[no], logits[yes]])
+        out.append((pair[1] - pair[0]).item() if raw else torch.softmax(pair, dim=0)[1].item())
     return np.array(out)
 
 
-def cross_encoder_scores(path: Path, pairs, device: str = "cpu") -> np.ndarray:
-    """sentence-transformers' CrossEncoder.predict on the folder (its own tokenization and activation)."""
+def cross_encoder_scores(path: Path, pairs, device: str = "cpu", raw: bool = False) -> np.ndarray:
+    """sentence-transformers' CrossEncoder.predict on the folder (its own tokenization and activation; `raw`:
+    with Identity for its activation, the logits)."""
     from sentence_transformers import CrossEncoder
 
-    return np.asarray(CrossEncoder(str(path), device=device).predict(list(pairs), batch_size=64), dtype=np.float64)
+    identity = {"activation_fn": torch.nn.Identity()} if raw else {}
+    return np.asarray(CrossEncoder(str(path), device=device).predict(list(pairs), batch_size=64, **identity),
+                      dtype=np.float64)
 
 
 def build_all_cross(root: Path) -> dict[str, Path]:

@@ -33,9 +33,9 @@ def folders(tmp_path_factory):
     return build_all_cross(tmp_path_factory.mktemp("cross-encoders"))
 
 
-def pair_scores(engine, pairs) -> np.ndarray:
+def pair_scores(engine, pairs, output: str | None = None) -> np.ndarray:
     encoded = engine.tokenizer.encode_pairs(pairs)
-    return engine.embed([p.ids for p in encoded], token_types=[p.type_ids for p in encoded])[:, 0]
+    return engine.embed([p.ids for p in encoded], token_types=[p.type_ids for p in encoded], output=output)[:, 0]
 
 
 @pytest.mark.parametrize("name", CLASSIFIERS)
@@ -45,6 +45,23 @@ def test_classifier_scores_match_cross_encoder_predict(name, folders, engines):
     got, ref = pair_scores(engine, PAIRS), cross_encoder_scores(folders[name], PAIRS)
     assert np.abs(got - ref).max() <= 1e-4, (got, ref)
     assert np.ptp(ref) > 1e-3  # the pairs score differently: a constant output would not pass
+
+
+@pytest.mark.parametrize("name", ("bert-ce", "xlmr-ce"))
+def test_a_sigmoid_rerankers_logit_output_is_cross_encoder_predict_without_its_activation(name, folders, engines):
+    """The raw scores vLLM's use_activation false and TEI's raw_scores ask for: the logit beside the score."""
+    engine = engines[name]
+    assert [o.name for o in engine.info.outputs] == ["score", "logit"]
+    got, ref = pair_scores(engine, PAIRS, "logit"), cross_encoder_scores(folders[name], PAIRS, raw=True)
+    assert np.abs(got - ref).max() <= 1e-4, (got, ref)
+    np.testing.assert_allclose(1 / (1 + np.exp(-got)), pair_scores(engine, PAIRS), atol=1e-6)
+    assert np.abs(got - pair_scores(engine, PAIRS)).min() > 1e-2  # not the score again
+
+
+def test_no_logit_output_where_the_score_is_raw_already(engines):
+    assert engines["bert-ce-identity"].info.outputs == ()
+    with pytest.raises(ValueError, match="output 'logit'"):
+        pair_scores(engines["bert-ce-identity"], PAIRS, "logit")
 
 
 def test_activation_comes_from_the_folder(folders, engines):
@@ -78,6 +95,8 @@ def test_yes_no_head_is_p_yes_of_the_last_token(name, folders, engines):
     got, ref = engine.embed(seqs)[:, 0], qwen3_yes_probability(folders[name], seqs)
     assert np.abs(got - ref).max() <= 1e-4, (got, ref)
     assert np.ptp(ref) > 1e-3
+    raw = engine.embed(seqs, output="logit")[:, 0]
+    assert np.abs(raw - qwen3_yes_probability(folders[name], seqs, raw=True)).max() <= 1e-4
     rows = engine.runner.score_head[0].rows
     assert tuple(rows.shape) == (2, engine.spec.config["hidden_size"])  # only "yes" and "no" of the lm_head
 
@@ -104,7 +123,8 @@ def test_the_head_runs_inside_the_graph_forward(name, engines, monkeypatch):
     runner = engine.runner
     seqs = random_pair_ids(np.random.default_rng(6), (20, 12, 8))
     types = [[0] * 5 + [1] * (n - 5) for n in map(len, seqs)] if name == "bert-ce" else None
-    ref = engine.embed(seqs, token_types=types)  # eager at the exact size, before graphs are attached
+    # eager at the exact size, before graphs are attached: the native row is the score, then its logit
+    ref = np.hstack([engine.embed(seqs, token_types=types, output=o) for o in ("score", "logit")])
     attach_graphs(runner, monkeypatch)
     before = dict(runner.runs)
     for _ in range(3):

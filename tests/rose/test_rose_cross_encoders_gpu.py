@@ -42,8 +42,10 @@ def cases(tmp_path_factory):
     return out
 
 
-def graph_scores(folder, seqs, types, dtype: str, attention: str) -> tuple[np.ndarray, np.ndarray, set]:
-    """(replayed scores, eager scores, how the runs went) for one batch of pairs on a graph layout."""
+def graph_scores(folder, seqs, types, dtype: str, attention: str,
+                 column: int = 0) -> tuple[np.ndarray, np.ndarray, set]:
+    """(replayed scores, eager scores, how the runs went) for one batch of pairs on a graph layout; `column` 1:
+    the logit beside a sigmoid reranker's score (rose.cross_spec ScoreHead.outputs)."""
     from rose.engine import Engine
 
     with Engine.from_pretrained(folder, device="cuda", dtype=dtype, attention=attention, prewarm=((128, 4),),
@@ -53,8 +55,8 @@ def graph_scores(folder, seqs, types, dtype: str, attention: str) -> tuple[np.nd
         batch = Batch.from_sequences(seqs, engine.spec.pooling, token_types=types)
         before = dict(engine.runner.runs)
         for _ in range(3):  # eager warm-up, capture, replay
-            replayed = engine.step(batch).result()[:, 0].copy()
-        eager = engine.runner.step(batch, use_graphs=False).result()[:, 0].copy()
+            replayed = engine.step(batch).result()[:, column].copy()
+        eager = engine.runner.step(batch, use_graphs=False).result()[:, column].copy()
         hows = {key[1] for key, n in engine.runner.runs.items() if n > before.get(key, 0)}
     return replayed, eager, hows
 
@@ -78,6 +80,17 @@ def test_bf16_scores_on_the_graph_path(name, attention, cases):
 def test_fp32_graph_path_within_1e_4(name, cases):
     folder, seqs, types, reference = cases[name]
     replayed, _, hows = graph_scores(folder, seqs, types, "float32", "sdpa")
+    assert "replay" in hows
+    assert np.abs(replayed - reference).max() <= 1e-4, (name, replayed, reference)
+
+
+@pytest.mark.parametrize("name", ("bert-ce", "qwen3-reranker"))
+def test_fp32_logit_beside_the_score_on_the_graph_path(name, cases):
+    """The raw scores Ivy serves (use_activation false, raw_scores true): the replayed row's second column."""
+    folder, seqs, types, _ = cases[name]
+    reference = (qwen3_yes_probability(folder, seqs, raw=True) if name.startswith("qwen3")
+                 else cross_encoder_scores(folder, PAIRS, raw=True))
+    replayed, _, hows = graph_scores(folder, seqs, types, "float32", "sdpa", column=1)
     assert "replay" in hows
     assert np.abs(replayed - reference).max() <= 1e-4, (name, replayed, reference)
 

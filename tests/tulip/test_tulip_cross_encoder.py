@@ -21,10 +21,15 @@ from rose_cross_models import PAIRS, build_bert_ce  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def folder(tmp_path_factory):
+    return build_bert_ce(tmp_path_factory.mktemp("tulip-ce"))
+
+
+@pytest.fixture
+def engine(folder):  # one per test: a server closes its engine when it stops
     from rose.engine import Engine
 
-    with Engine.from_pretrained(build_bert_ce(tmp_path_factory.mktemp("tulip-ce")), device="cpu") as e:
+    with Engine.from_pretrained(folder, device="cpu") as e:
         yield e
 
 
@@ -52,3 +57,27 @@ def test_pairs_with_token_types_score_as_alone(engine) -> None:
         with pytest.raises(grpc.RpcError) as err:
             s.stub.Embed(bad, timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "below 2" in err.value.details()
+
+
+def test_the_logit_output_is_the_raw_score_beside_the_default_score(engine) -> None:
+    """A sigmoid reranker's `logit` output (Ivy's raw scores) next to the default score, batched together; its
+    width is one column either way, and a name the model lacks is refused by name."""
+    encoded = engine.tokenizer.encode_pairs(PAIRS)
+    ids, types = [p.ids for p in encoded], [p.type_ids for p in encoded]
+    with ServerThread(make_config(max_batch_tokens=256, max_batch_seqs=8), engine=engine) as s:
+        futures = []
+        for output in ("", "logit", "score"):
+            req = encode_request(ids)
+            req.token_types = bytes(t for row in types for t in row)
+            req.output = output
+            futures.append(s.stub.Embed.future(req, timeout=60))
+        score, logit, named = (decode_response(f.result()) for f in futures)
+        assert score.shape == logit.shape == (len(PAIRS), 1)
+        np.testing.assert_array_equal(score, named)
+        np.testing.assert_allclose(1 / (1 + np.exp(-logit)), score, atol=1e-6)
+        assert np.abs(logit - score).min() > 1e-2
+        bad = encode_request(ids[:1])
+        bad.output = "vocab-weights"
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(bad, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "['score', 'logit']" in err.value.details()
