@@ -5,11 +5,11 @@ https://docs.vllm.ai/en/latest/models/pooling_models/pooling/) takes /v1/embeddi
 own. Ivy serves its embed task, the vectors /v1/embeddings gives, in vLLM's response shape (PoolingResponse;
 the models are here rather than in ivy.schemas, which they extend). What it has that Ivy cannot honour is
 refused by name, never silently ignored: chat `messages` (no chat template is applied), an IO processor
-plugin's `data`, `mm_processor_kwargs`, a `task` other than "embed", the raw binary `encoding_format`s, an fp8
-`embed_dtype` (float32, float16 and bfloat16 are served, in either byte order), `add_special_tokens: false`, `padding:
-"max_length"`. Messages name the field and what is served, never the value sent (ivy.errors). A body with
-vLLM's defaults written out (nulls, priority 0, a request_id) is served as if they were omitted: priority 0
-picks the lane by size, as no priority does (a non-zero one picks it as on every route, ivy/lanes.py).
+plugin's `data`, `mm_processor_kwargs`, a `task` other than "embed", the raw binary `encoding_format`s,
+`add_special_tokens: false`, `padding: "max_length"` (every `embed_dtype` is served, in either byte order).
+Messages name the field and what is served, never the value sent (ivy.errors). A body with vLLM's defaults
+written out (nulls, priority 0, a request_id) is served as if they were omitted: priority 0 picks the lane by
+size, as no priority does (a non-zero one picks it as on every route, ivy/lanes.py).
 """
 
 from __future__ import annotations

@@ -32,10 +32,11 @@ SCORING = ("cosine (dense unit vectors) or maxsim (late interaction over the tok
            "Cross-encoders refuse it.")
 Scoring = Literal["cosine", "maxsim"]
 # vLLM's base64 bytes (ivy.encode.wire_dtype), on /v1/embeddings and /pooling
-EmbedDtype = Literal["float32", "float16", "bfloat16"]
+EmbedDtype = Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
 Endianness = Literal["native", "little", "big"]
-EMBED_DTYPE = ("vLLM's: base64's values as float32 (omitted), float16 or bfloat16 (rounded to nearest even, as torch "
-               "casts); float ignores it.")
+EMBED_DTYPE = ("vLLM's: base64's values as float32 (omitted), float16, bfloat16, fp8_e4m3 or fp8_e5m2 (torch's "
+               "float8_e4m3fn, saturating at 448, and float8_e5m2; each rounded to nearest even as torch casts); "
+               "float ignores it.")
 ENDIANNESS = "vLLM's: base64's byte order; native (omitted) is this server's, little-endian on x86 and ARM."
 MAX_TOKENS_PER_DOC = ("Cohere v2's: each document cut to its first k tokens (special tokens not counted) before "
                       "scoring, and truncate on; omitted at /v2/rerank: truncate on, as Cohere's default cuts.")

@@ -2,8 +2,8 @@
 send them (/pooling, /v1/embeddings and /embeddings), never silently ignored: vLLM takes `add_special_tokens`,
 `embed_dtype` and chat `messages` on /v1/embeddings too (EmbeddingCompletionRequest and EmbeddingChatRequest,
 vllm/entrypoints/pooling/embed/protocol.py), and an answer that ignored them would be the wrong vectors
-(special tokens kept) or bytes the client decodes wrongly (fp8 read from float32). The embed_dtypes and
-endiannesses Ivy writes are served (ivy.encode.wire_dtype).
+(special tokens kept) or bytes the client decodes wrongly. vLLM's embed_dtypes and endiannesses are all
+served (ivy.encode.wire_dtype).
 Messages name the field and what is served, never the value sent (ivy.errors)."""
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from ivy.errors import IvyError, Problem
 SERVED: dict[str, tuple[tuple[Any, ...], str]] = {
     "encoding_format": (("float", "base64", "base64_int8", "base64_binary"),
                         "vLLM's raw binary responses (bytes, bytes_only) are not served; base64 carries float32, "
-                        "or embed_dtype's float16 or bfloat16, base64_int8 and base64_binary Ivy's smaller "
+                        "or embed_dtype's smaller floats, base64_int8 and base64_binary Ivy's smaller "
                         "encodings"),
-    "embed_dtype": (("float32", "float16", "bfloat16"), "fp8 is not served; for smaller vectors send "
-                                                        "encoding_format base64_int8 or base64_binary"),
+    "embed_dtype": (("float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"), "vLLM's base64 value types"),
     "padding": (("do_not_pad",), "inputs are embedded unpadded"),
     "add_special_tokens": ((True,), "texts are embedded with the model's special tokens; send token ids as input "
                                     "to choose every id yourself"),

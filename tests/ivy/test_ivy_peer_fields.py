@@ -2,9 +2,9 @@
 
 - /v1/embeddings (and Infinity's /embeddings) ignored vLLM's `add_special_tokens`, `embed_dtype` and
   `endianness`, which vLLM takes there too: a client asking for no special tokens got them, one asking for
-  big-endian float16 decoded little-endian float32 bytes. embed_dtype (float32, float16, bfloat16) and
-  endianness are served on base64 as vLLM writes them (/pooling refused them too); what is not served
-  (add_special_tokens false, fp8) is refused by name, and chat `messages` is named, not answered "input: Field
+  big-endian float16 decoded little-endian float32 bytes. embed_dtype (float32, float16, bfloat16, fp8_e4m3,
+  fp8_e5m2) and endianness are served on base64 as vLLM writes them (/pooling refused them too); what is not served
+  (add_special_tokens false) is refused by name, and chat `messages` is named, not answered "input: Field
   required".
 - A reranker's raw scores (vLLM's `use_activation: false`, Infinity's and TEI's `raw_scores: true`) were answered
   with the activation applied; they are the logits before it now (Tulip's `logit` output, from the same forward),
@@ -16,6 +16,8 @@
 """
 
 from __future__ import annotations
+
+import base64
 
 import numpy as np
 import pytest
@@ -36,7 +38,7 @@ def _error(response) -> tuple[int, str, str]:
 @pytest.mark.parametrize("route", ["/v1/embeddings", "/embeddings"])
 @pytest.mark.parametrize("extra, param, says", [
     ({"add_special_tokens": False}, "add_special_tokens", "special tokens"),
-    ({"embed_dtype": "fp8_e4m3", "encoding_format": "base64"}, "embed_dtype", "fp8 is not served"),
+    ({"embed_dtype": "fp4", "encoding_format": "base64"}, "embed_dtype", "fp8_e5m2"),
     ({"embed_dtype": "float16", "encoding_format": "base64_binary"}, "embed_dtype", "base64_binary has its own"),
     ({"endianness": "middle", "encoding_format": "base64"}, "endianness", "'native', 'little' or 'big'"),
     ({"mm_processor_kwargs": {"size": 224}}, "mm_processor_kwargs", "multimodal"),
@@ -56,12 +58,11 @@ def test_chat_messages_are_named(client, fake, route) -> None:
 
 @pytest.mark.parametrize("route, field", [("/v1/embeddings", "embedding"), ("/embeddings", "embedding"),
                                           ("/pooling", "data")])
-@pytest.mark.parametrize("embed_dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("embed_dtype", ["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("endianness", ["little", "big", "native"])
 def test_base64_bytes_are_vllms_embed_dtype_and_endianness(client, route, field, embed_dtype, endianness) -> None:
     """vLLM's tensor2binary: the float32 row cast by torch to embed_dtype, bytes swapped unless in the order
     asked (native: this server's); float ignores both, as vLLM's does."""
-    import base64
     import sys
 
     import torch
@@ -72,13 +73,38 @@ def test_base64_bytes_are_vllms_embed_dtype_and_endianness(client, route, field,
     r = client.post(route, json=body)
     assert r.status_code == 200, r.text
     for row, got in zip(rows, r.json()["data"]):
-        cast = torch.tensor(row[field], dtype=torch.float32).to(getattr(torch, embed_dtype))
-        wanted = cast.view(torch.int32 if embed_dtype == "float32" else torch.int16).numpy()
+        dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}.get(embed_dtype)
+        cast = torch.tensor(row[field], dtype=torch.float32).to(dtype or getattr(torch, embed_dtype))
+        view = torch.uint8 if dtype else torch.int32 if embed_dtype == "float32" else torch.int16
+        wanted = cast.view(view).numpy()
         if endianness not in ("native", sys.byteorder):
             wanted = wanted.byteswap()
         assert base64.b64decode(got[field]) == wanted.tobytes()
     floats = client.post(route, json={**body, "encoding_format": "float"}).json()["data"]
     assert [x[field] for x in floats] == [x[field] for x in rows]
+
+
+def test_fp8_bytes_are_torchs_cast_at_every_edge() -> None:
+    """Every fp8 value, the midpoints between neighbours (ties to even) and the floats either side of them,
+    subnormals, signed zeros and the values past the largest finite one, against torch's cast, byte for byte."""
+    import torch
+
+    from ivy.encode import row_value
+
+    rng = np.random.default_rng(3)
+    for name, dtype in (("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)):
+        codes = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+        exact = np.sort(codes[torch.isfinite(codes)].numpy().astype(np.float64))
+        mids = ((exact[1:] + exact[:-1]) / 2).astype(np.float32)
+        edges = np.concatenate([exact.astype(np.float32), mids, np.nextafter(mids, np.float32(np.inf)),
+                                np.nextafter(mids, np.float32(-np.inf)), [0.0, -0.0, 1e-30, -1e-30, 1e30, -1e30]])
+        scaled = np.concatenate([rng.standard_normal(20_000) * 10.0 ** k for k in range(-6, 7)])
+        row = np.concatenate([edges, -edges, scaled]).astype(np.float32)
+        wanted = torch.from_numpy(row).to(dtype).view(torch.uint8).numpy()
+        for order in ("<", ">"):  # one byte a value: the order changes nothing
+            got = np.frombuffer(base64.b64decode(row_value(row, "base64", order + name[4:])), dtype=np.uint8)
+            bad = np.flatnonzero(got != wanted)
+            assert bad.size == 0, (name, row[bad[:5]], got[bad[:5]], wanted[bad[:5]])
 
 
 def test_vllm_fields_with_what_is_served_change_nothing(client) -> None:
