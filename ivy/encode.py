@@ -143,9 +143,15 @@ def _fp8_bytes(row: np.ndarray, kind: str) -> bytes:
     mantissa, least, above = _FP8[kind]
     x = np.asarray(row, dtype=np.float32)
     a = np.abs(x)
+    finite = np.isfinite(a).all()
+    if not finite:  # as torch casts them: NaN 0x7F, an infinity what is past the largest finite value
+        nan, a = np.isnan(a), np.where(np.isfinite(a), a, 0)
     exponent = np.frexp(np.maximum(a, np.float32(2.0 ** least)))[1] - 1  # the subnormals' is the least
     units = np.rint(np.ldexp(a, mantissa - exponent)).astype(np.int32)  # exact scaling, then ties to even
     code = np.minimum(((exponent - least) << mantissa) + units, above)
+    if not finite:
+        code[np.isinf(x)] = above
+        code[nan] = 0x7F
     return (code | (np.signbit(x) << 7)).astype(np.uint8).tobytes()
 
 

@@ -127,7 +127,7 @@ async def _rerank(request: Request, schema, route: str) -> Response:
     documents = body.texts if tei else body.documents
     names = ("query", "texts" if tei else "documents")
     mode = scoring_of(gw, None if tei else body.scoring, route)
-    raw = body.raw_scores is True or (not tei and body.use_activation is False)
+    raw = body.raw_scores is True or body.use_activation is False
     cohere_v2 = request.scope["path"] == "/v2/rerank"
     per_doc, truncate = body.max_tokens_per_doc, body.truncate
     if truncate is None and (cohere_v2 or per_doc is not None):  # Cohere cuts documents, never refuses them

@@ -179,6 +179,7 @@ class TeiRerankRequest(_Request):
     texts: Annotated[list[str], PlainValidator(lambda v: parse_texts(v, "texts")), WithJsonSchema(
         {"type": "array", "items": {"type": "string", "minLength": 1}})]
     raw_scores: bool = Field(default=False, description=f"true asks for raw scores, {RAW}")
+    use_activation: bool | None = Field(default=None, description="vLLM's: false asks for raw scores, as raw_scores.")
     return_text: bool = False
     max_tokens_per_doc: Annotated[int, Field(ge=1)] | None = Field(default=None, description=MAX_TOKENS_PER_DOC)
     truncate: bool | None = None

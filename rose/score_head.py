@@ -2,9 +2,9 @@
 a sequence classifier's: pooled rows -> one logit per label.
 
 `attach_score_head` makes `ModelRunner.forward` model -> span pooling -> head, so the eager path and every
-CUDA graph (captured from `forward`) end in the score; the native row is that score (width 1) and the host
-has nothing left to do. The head runs in float32 on the pooled float32 rows, its weights read once from the
-checkpoint (the embedding stack leaves them out):
+CUDA graph (captured from `forward`) end in the score; the native row is that score (width 1; 2 with the logit
+beside it, below) and the host has nothing left to do. The head runs in float32 on the pooled float32 rows, its
+weights read once from the checkpoint (the embedding stack leaves them out):
 - classifier (`bert_pooler`, `roberta_head`): dense + tanh on the CLS row, then the projection to 1 label (a
   reranker) or N (a classifier: the logits, its activation left to the client, rose.head.label_scores);
   `distilbert_head`: pre_classifier + ReLU instead of dense + tanh;

@@ -96,6 +96,7 @@ def attach_graphs(runner, monkeypatch, **kwargs):
 
     fake = FakeCuda().install(monkeypatch)
     graphs = CudaGraphs(fake.wrap(runner.forward), runner.backend.plan, runner.eager, runner.device, **kwargs)
+    graphs.scores = getattr(runner, "score_head", None) is not None  # as attach_score_head sets it (by difference)
     monkeypatch.setattr(runner, "graphs", graphs)
     return fake
 
