@@ -8,9 +8,10 @@
 #   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh stack-commits
 # Prints one table last. Results: $OUT/host_probe.txt (Ivy's app alone on this host, every step),
 # $OUT/stack_layers_qwen3-0.6b.json + .png (STEP=layers),
-# $OUT/stack_ab_qwen3-0.6b.tgz (STEP=ab: each variant's stack_layers_qwen3-0.6b_<variant>.json; their PNGs are dropped), $OUT/stack_layers_qwen3-0.6b_{base,head}{1,2}.json
-# (STEP=commits: the same client, this tree's, against `ivy up` from .base and from this tree, alternating
-# twice; ivy-text, ivy-ids and tulip-grpc at 1 x 128, 1 x 4096 and 1-16 clients),
+# $OUT/stack_ab_qwen3-0.6b.tgz (STEP=ab: each variant's stack_layers_qwen3-0.6b_<variant>.json; their PNGs are dropped),
+# $OUT/stack_commits_qwen3-0.6b.tgz (STEP=commits: stack_layers_qwen3-0.6b_{base,head}{1,2}.json, PNGs dropped: a
+# call returns at most 8 files; the same client, this tree's, against `ivy up` from .base and from this tree,
+# alternating twice; ivy-text, ivy-ids and tulip-grpc at 1 x 128, 1 x 4096 and 1-16 clients),
 # $OUT/stack_layers_qwen3-0.6b_{grpc,framed}{1,2}.json (STEP=framed: `ivy up --framed false` vs `ivy up`, the same way).
 # TOKENIZER=qwen-bpe (any step; default wordpiece, MiniLM's): the folder carries a Qwen3-style byte-level BPE trained
 # on the corpus (benchmarks.model_zoo --tokenizer qwen-bpe), at /tmp/m/qwen3-0.6b-bpe with /tmp/ref_qwen3-0.6b-bpe.json;
@@ -152,8 +153,8 @@ for path in sorted(glob.glob(os.environ["OUT"] + "/stack_layers_*.json")):
               f"{r['p99_ms']:7.2f} {r['rps']:8.1f} {r['tokens_per_s'] / 1e3:8.1f} {r.get('cold_requests', 0):5d} "
               f"{r.get('steady_p99_ms') or 0:7.2f}  {describe(r.get('server') or {})}{timing(r)}")
 PY
-if [ "${STEP:-layers}" = ab ]; then  # a call returns at most 8 files: the variants' JSON files in one archive
-  (cd $OUT && rm -f stack_layers_${name}_*.png && tar czf stack_ab_$name.tgz stack_layers_${name}_*.json \
-    && rm -f stack_layers_${name}_*.json)
-fi
+case "${STEP:-layers}" in ab|commits)  # a call returns at most 8 files: the runs' JSON files in one archive
+  (cd $OUT && rm -f stack_layers_${name}_*.png && tar czf stack_${STEP}_$name.tgz stack_layers_${name}_*.json \
+    && rm -f stack_layers_${name}_*.json) ;;
+esac
 echo "done in $(el) s"

@@ -27,7 +27,7 @@ class RequestLimits:
     vocab_size: int = 0  # ids must be < vocab_size; 0 = unknown, unchecked
     max_response_bytes: int = 0  # 0 = unchecked
     type_vocab_size: int = 1  # token types must be < type_vocab_size (BERT cross-encoders: 2)
-    outputs: tuple = ()  # rose.retrieval_spec.Output per output of the native row; () = one embed of `dimensions`
+    outputs: tuple = ()  # rose.spec.Output per output of the native row; () = one output of `dimensions`
 
 
 @dataclass(frozen=True)
