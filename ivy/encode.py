@@ -1,23 +1,22 @@
 """Output encodings: which wire encoding to ask Tulip for, and how each row goes into the JSON body.
 
 float -> a JSON list of float32 values; base64 -> little-endian float32 bytes (what the openai client
-decodes), or vLLM's `embed_dtype` (float16, bfloat16, fp8_e4m3, fp8_e5m2) and `endianness` (`base64_dtype`), the
-bytes torch's cast writes; base64_int8 -> signed
-int8 bytes; base64_binary -> 1 bit per dimension, least significant bit
-first (Perplexity's layout). Tulip already applied Matryoshka truncation, normalization and quantization
-(rose.head), so Ivy only reshapes bytes here.
+decodes), or vLLM's `embed_dtype` and `endianness` (ivy.embed_dtypes); base64_int8 -> signed int8 bytes;
+base64_binary -> 1 bit per dimension, least significant bit first (Perplexity's layout); vLLM's bytes and
+bytes_only -> no JSON: every row's base64 bytes back to back (ivy.embed_dtypes.bytes_answer). Tulip already applied
+Matryoshka truncation, normalization and quantization (rose.head), so Ivy only reshapes bytes here.
 """
 
 from __future__ import annotations
 
 import base64
-import sys
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
+from ivy.embed_dtypes import value_bytes
 from ivy.errors import IvyError, Problem
 from protos import embed_pb2
 from rose.head import Encoding
@@ -27,6 +26,8 @@ WIRE_ENCODING = {
     "base64": Encoding.FLOAT32,
     "base64_int8": Encoding.INT8,
     "base64_binary": Encoding.BINARY,
+    "bytes": Encoding.FLOAT32,
+    "bytes_only": Encoding.FLOAT32,
 }
 
 
@@ -95,80 +96,11 @@ def checked_rows(response: embed_pb2.EmbedResponse, expected: int) -> np.ndarray
     return rows
 
 
-BFLOAT16 = ("<bf2", ">bf2")  # numpy has no bfloat16: its bytes are made by hand (_bfloat16_bytes)
-# numpy has no fp8 either (_fp8_bytes): torch's float8_e4m3fn and float8_e5m2 as (mantissa bits, least normal
-# exponent, the code of anything past the largest finite value: e4m3fn saturates at 448 as torch casts, e5m2 is inf)
-_FP8 = {"e4m3": (3, -6, 0x7E), "e5m2": (2, -14, 0x7C)}
-
-
-_ORDER = {"native": "<" if sys.byteorder == "little" else ">", "little": "<", "big": ">"}
-_BASE64_DTYPES = {(dtype, order): mark + code for dtype, code in (("float32", "f4"), ("float16", "f2"),
-                                                                   ("bfloat16", "bf2"), ("fp8_e4m3", "e4m3"),
-                                                                   ("fp8_e5m2", "e5m2"))
-                  for order, mark in _ORDER.items()}  # one byte a value: fp8's order changes nothing
-
-
-def base64_dtype(embed_dtype: str = "float32", endianness: str = "native") -> str:
-    """The bytes of a base64 row for vLLM's embed_dtype (float32, float16, bfloat16, fp8_e4m3, fp8_e5m2) and
-    endianness (native = this server's, little, big): a numpy dtype string, one of BFLOAT16, or an order mark and
-    a key of _FP8."""
-    return _BASE64_DTYPES[embed_dtype, endianness]
-
-
-def wire_dtype(fmt: str, embed_dtype: str | None, endianness: str | None, *, sent: bool = True) -> str:
-    """A request's base64 bytes (base64_dtype; omitted fields are vLLM's defaults). embed_dtype is base64's
-    only: with base64_int8 or base64_binary sent as encoding_format, whose bytes the format sets, another than
-    float32 is a 422 naming it; with float (vLLM's default, where vLLM ignores it), or a model's own default format
-    (`sent` false: pplx-embed's base64_int8), it is ignored."""
-    if sent and embed_dtype not in (None, "float32") and fmt in ("base64_int8", "base64_binary"):
-        raise IvyError(Problem.INVALID_PARAMETER, f"embed_dtype applies to encoding_format base64 only; {fmt} has "
-                       "its own bytes (send float32 or omit it)", param="embed_dtype")
-    return _BASE64_DTYPES[embed_dtype or "float32", endianness or "native"]
-
-
-def _bfloat16_bytes(row: np.ndarray, dtype: str) -> bytes:
-    """float32 -> bfloat16 as torch's `.to(torch.bfloat16)` casts it (vLLM's embed_dtype): round to nearest, ties
-    to even; the upper 16 bits of the rounded float32 (rows hold no NaN: Tulip fails such a batch)."""
-    bits = np.ascontiguousarray(row, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
-    return rounded.astype(dtype[0] + "u2", copy=False).tobytes()
-
-
-def _fp8_bytes(row: np.ndarray, kind: str) -> bytes:
-    """float32 -> fp8 (`kind` of _FP8) as torch's `.to(torch.float8_e4m3fn / float8_e5m2)` casts it: round to
-    nearest, ties to even, subnormals kept, past the largest finite value _FP8's code; the sign bit on top. A
-    value's code is its exponent's steps above the least, then its rounded mantissa, so a carry out of the
-    mantissa is the next exponent's first code and the codes grow with the magnitude (14 µs a 1024-wide row on
-    this VM, against bfloat16's 6.6)."""
-    mantissa, least, above = _FP8[kind]
-    x = np.asarray(row, dtype=np.float32)
-    a = np.abs(x)
-    finite = np.isfinite(a).all()
-    if not finite:  # as torch casts them: NaN 0x7F, an infinity what is past the largest finite value
-        nan, a = np.isnan(a), np.where(np.isfinite(a), a, 0)
-    exponent = np.frexp(np.maximum(a, np.float32(2.0 ** least)))[1] - 1  # the subnormals' is the least
-    units = np.rint(np.ldexp(a, mantissa - exponent)).astype(np.int32)  # exact scaling, then ties to even
-    code = np.minimum(((exponent - least) << mantissa) + units, above)
-    if not finite:
-        code[np.isinf(x)] = above
-        code[nan] = 0x7F
-    return (code | (np.signbit(x) << 7)).astype(np.uint8).tobytes()
-
-
 def row_value(row: np.ndarray, fmt: str, dtype: str = "<f4") -> Any:
-    """One row as its JSON value (orjson serializes the numpy float32 array as a list); `dtype`: base64's bytes
-    (base64_dtype)."""
+    """One row as its JSON value (orjson serializes the numpy float32 array as a list); `dtype`: base64's values
+    (ivy.embed_dtypes.wire_dtype)."""
     if fmt == "float":
         return row if row.dtype == np.float32 else row.astype(np.float32)
     if fmt == "base64":
-        if dtype in BFLOAT16:
-            raw = _bfloat16_bytes(row, dtype)
-        elif dtype[1:] in _FP8:
-            raw = _fp8_bytes(row, dtype[1:])
-        elif dtype[1:] == "f2":
-            with np.errstate(over="ignore"):  # |x| over 65504 is inf in float16, as torch casts it
-                raw = np.ascontiguousarray(row, dtype=dtype).tobytes()
-        else:
-            raw = np.ascontiguousarray(row, dtype=dtype).tobytes()
-        return base64.b64encode(raw).decode("ascii")
+        return base64.b64encode(value_bytes(row, dtype)).decode("ascii")
     return base64.b64encode(np.ascontiguousarray(row).tobytes()).decode("ascii")

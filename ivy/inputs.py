@@ -13,6 +13,7 @@ from pydantic import Field, PlainValidator, WithJsonSchema
 from ivy.errors import IvyError, Problem
 
 EncodingFormat = Literal["float", "base64", "base64_int8", "base64_binary"]
+RawEncodingFormat = Literal["float", "base64", "base64_int8", "base64_binary", "bytes", "bytes_only"]  # and vLLM's
 InputType = Literal["query", "document", "search_query", "search_document", "passage"]
 Side = Literal["right", "left"]
 

@@ -5,8 +5,8 @@ https://docs.vllm.ai/en/latest/models/pooling_models/pooling/) takes /v1/embeddi
 own. Ivy serves its embed task, the vectors /v1/embeddings gives, in vLLM's response shape (PoolingResponse;
 the models are here rather than in ivy.schemas, which they extend). What it has that Ivy cannot honour is
 refused by name, never silently ignored: chat `messages` (no chat template is applied), an IO processor
-plugin's `data`, `mm_processor_kwargs`, a `task` other than "embed", the raw binary `encoding_format`s,
-`add_special_tokens: false`, `padding: "max_length"` (every `embed_dtype` is served, in either byte order).
+plugin's `data`, `mm_processor_kwargs`, a `task` other than "embed", `add_special_tokens: false`, `padding:
+"max_length"` (every `embed_dtype` is served, in either byte order, and the raw `bytes` answers).
 Messages name the field and what is served, never the value sent (ivy.errors). A body with vLLM's defaults
 written out (nulls, priority 0, a request_id) is served as if they were omitted: priority 0 picks the lane by
 size, as no priority does (a non-zero one picks it as on every route, ivy/lanes.py).
@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from ivy.errors import IvyError, Problem
-from ivy.inputs import Dimensions, EmbeddingInput, EncodingFormat, Side
+from ivy.inputs import Dimensions, EmbeddingInput, RawEncodingFormat, Side
 from ivy.lanes import PRIORITY_RULE
 from ivy.responses import Usage
 from ivy.schemas import EMBED_DTYPE, ENDIANNESS, EmbedDtype, Endianness, Priority, _Request
@@ -92,9 +92,9 @@ class PoolingRequest(_Request):
 
     input: EmbeddingInput
     task: Literal["embed"] | None = Field(default=None, description='"embed" or omitted; other tasks are refused.')
-    encoding_format: EncodingFormat | None = Field(default=None, description="float (default), base64 "
-                                                   "(float32, or embed_dtype's), base64_int8, base64_binary; bytes "
-                                                   "is refused.")
+    encoding_format: RawEncodingFormat | None = Field(default=None, description="float (default), base64 "
+                                                   "(float32, or embed_dtype's), base64_int8, base64_binary, bytes, "
+                                                   "bytes_only (as on /v1/embeddings).")
     embed_dtype: EmbedDtype | None = Field(default=None, description=EMBED_DTYPE)
     endianness: Endianness | None = Field(default=None, description=ENDIANNESS)
     dimensions: Dimensions | None = None

@@ -15,13 +15,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ivy import metrics
-from ivy.encode import WIRE_ENCODING, default_format, row_value, wire_dtype
+from ivy.embed_dtypes import bytes_answer, wire_dtype
+from ivy.encode import WIRE_ENCODING, default_format, row_value
 from ivy.pooling import PoolingRequest, PoolingResponse, input_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.responses import ContextualizedEmbeddingsResponse, EmbeddingsResponse
 from ivy.schemas import ContextualizedEmbeddingsRequest, EmbeddingsRequest, TeiEmbedRequest
 
 router = APIRouter()
+RAW_FORMATS = ("bytes", "bytes_only")  # vLLM's: no JSON, the rows' bytes (ivy.embed_dtypes.bytes_answer)
 
 
 @router.post("/v1/embeddings", openapi_extra=request_body(EmbeddingsRequest),
@@ -40,6 +42,9 @@ async def create_embeddings(request: Request) -> Response:
                                            prompt=(body.input_type, body.prompt_name),
                                            dimensions=body.dimensions, normalize=body.normalize, lane=lane,
                                            max_tokens=max_tokens)
+        if fmt in RAW_FORMATS:
+            return bytes_answer(rows, fmt, dtype, embed_dtype=body.embed_dtype, endianness=body.endianness,
+                                answer_id=f"embd-{uuid.uuid4().hex}", model=gw.model_name, tokens=tokens)
         data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt, dtype)}
                 for i in range(len(rows))]
         return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})
@@ -66,7 +71,7 @@ async def vllm_pooling(request: Request) -> Response:
     """vLLM's pooling API for an embedding model: /v1/embeddings' vectors (the same prompt, tokens and replicas)
     in vLLM's shape, each as {"index", "object": "pooling", "data"}; `encoding_format` defaults to float for every
     model. `truncate_prompt_tokens` -1 cuts to the model's length, k keeps k tokens. Fields vLLM has that Ivy
-    cannot honour (chat messages, other tasks, raw bytes, ...) are refused by name (ivy.pooling)."""
+    cannot honour (chat messages, other tasks, ...) are refused by name (ivy.pooling)."""
     gw = gateway_of(request)
     body, deadline, lane = await gw.open_request(request, PoolingRequest, "embed", "/pooling")
     truncate, max_tokens = input_truncation(gw, body)
@@ -77,10 +82,13 @@ async def vllm_pooling(request: Request) -> Response:
                                            truncate=truncate, side=body.truncation_side or "right", prompt=(None, None),
                                            dimensions=body.dimensions, normalize=body.normalize, lane=lane,
                                            max_tokens=max_tokens)
-        data = [{"index": i, "object": "pooling", "data": row_value(rows[i], fmt, dtype)} for i in range(len(rows))]
         rid = metrics.REQUEST_ID.get() or uuid.uuid4().hex  # X-Request-Id when the client sent a sane one
         if body.request_id is not None and rid != request.headers.get("x-request-id"):
             rid = body.request_id
+        if fmt in RAW_FORMATS:
+            return bytes_answer(rows, fmt, dtype, embed_dtype=body.embed_dtype, endianness=body.endianness,
+                                answer_id=f"pool-{rid}", model=gw.model_name, tokens=tokens)
+        data = [{"index": i, "object": "pooling", "data": row_value(rows[i], fmt, dtype)} for i in range(len(rows))]
         return json_response({"id": f"pool-{rid}", "object": "list", "created": int(time.time()),
                               "model": gw.model_name, "data": data,
                               "usage": {**usage(tokens), "completion_tokens": 0, "prompt_tokens_details": None}})

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, PrivateAttr, 
 from ivy.lanes import PRIORITY_RULE, lane_name
 from ivy.inputs import (_ID_LISTS, SCORE_SIDES, _all_ints, _count, _first_not_int, _wrong, Dimensions,
                         DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType, PredictInputs, Query,
-                        RerankDocuments, Side, TextOrTexts, one_text, parse_inputs, parse_predict_inputs, parse_texts,
-                        score_side, score_sides)
+                        RawEncodingFormat, RerankDocuments, Side, TextOrTexts, one_text, parse_inputs,
+                        parse_predict_inputs, parse_texts, score_side, score_sides)
 from ivy.vllm_fields import refuse_unserved
 
 # Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
@@ -31,7 +31,7 @@ SCORING = ("cosine (dense unit vectors) or maxsim (late interaction over the tok
            "omitted = cosine for a model that embeds (BGE-M3 included), maxsim for a multi-vector-only model. "
            "Cross-encoders refuse it.")
 Scoring = Literal["cosine", "maxsim"]
-# vLLM's base64 bytes (ivy.encode.wire_dtype), on /v1/embeddings and /pooling
+# vLLM's base64 and bytes values (ivy.embed_dtypes.wire_dtype), on /v1/embeddings and /pooling
 EmbedDtype = Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
 Endianness = Literal["native", "little", "big"]
 EMBED_DTYPE = ("vLLM's: base64's values as float32 (omitted), float16, bfloat16, fp8_e4m3 or fp8_e5m2 (torch's "
@@ -82,9 +82,11 @@ Priority = Annotated[str | None, PlainValidator(lambda v: None if v is None else
 
 class EmbeddingsRequest(_Request):
     input: EmbeddingInput
-    encoding_format: EncodingFormat | None = Field(
-        default=None, description="float (default), base64 (LE float32), base64_int8, base64_binary (LSB first); "
-                                  "models with native int8 output default to base64_int8.")
+    encoding_format: RawEncodingFormat | None = Field(
+        default=None, description="float (default), base64 (LE float32), base64_int8, base64_binary (LSB first), "
+                                  "vLLM's bytes and bytes_only (every row's bytes back to back, application/"
+                                  "octet-stream; bytes: the rows' places in a `metadata` header); models with native "
+                                  "int8 output default to base64_int8.")
     embed_dtype: EmbedDtype | None = Field(default=None, description=EMBED_DTYPE)
     endianness: Endianness | None = Field(default=None, description=ENDIANNESS)
     dimensions: Dimensions | None = None
