@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ivy import (__version__, connections, docs, metrics, routes_classify, routes_embeddings, routes_retrieval,
-                 routes_scoring, routes_tokenize)
+from ivy import (__version__, connections, docs, metrics, routes_classify, routes_cohere, routes_embeddings,
+                 routes_retrieval, routes_scoring, routes_tokenize)
 from ivy.body import configure as configure_bodies
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.errors import IvyError, Problem, from_validation_errors
@@ -71,7 +71,7 @@ def create_app(config: IvyConfig) -> FastAPI:
                   description="HTTP gateway of the Ivy -> Tulip -> ROSE embedding stack.",
                   **docs.fastapi_options(config))
     routers = (routes_embeddings.router, routes_scoring.router, routes_tokenize.router, routes_retrieval.router,
-               routes_classify.router)
+               routes_classify.router, routes_cohere.router)
     for router in routers:
         app.include_router(router)
     _add_ops_routes(app)

@@ -74,7 +74,7 @@ def observe_gc_pause(generation: int, seconds: float) -> None:
 
 
 KNOWN_ROUTES = {"/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v2/rerank", "/v1/models",
-                "/embed", "/embed_sparse", "/embed_multi_vector", "/tokenize", "/health", "/ready", "/metrics",
+                "/v2/embed", "/embed", "/embed_sparse", "/embed_multi_vector", "/tokenize", "/health", "/ready", "/metrics",
                 "/rerank", "/score", "/embeddings", "/similarity", "/decode", "/detokenize",
                 "/info", "/pooling", "/predict", "/classify", "/"}  # from /rerank: the peers' paths (POST /: TEI's /embed)
 

@@ -1,0 +1,93 @@
+"""POST /v2/embed, Cohere's embed API v2 (the cohere SDK's ClientV2.embed; vLLM serves it too): the same vectors
+as /v1/embeddings for the same texts, prompt, cut and dimensions, by type (float, base64, binary, ubinary) with
+Cohere's bit order, its meta and texts; what a text-only server cannot honour is a 422 naming the field."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+TEXTS = ["where do cats sleep", "cats sleep on the sofa", "stock prices fell today"]
+LONG = " ".join(["alpha", "beta", "gamma", "delta", "cats", "sofa", "stock", "prices"] * 50)
+
+
+def openai_rows(client, texts, **extra) -> tuple[np.ndarray, int]:
+    body = client.post("/v1/embeddings", json={"input": texts, **extra}).json()
+    return np.array([d["embedding"] for d in body["data"]], dtype=np.float32), body["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("input_type", ["search_document", "search_query"])
+def test_every_type_is_the_openai_route_s_vector(client, input_type) -> None:
+    want, tokens = openai_rows(client, TEXTS, input_type=input_type)
+    r = client.post("/v2/embed", json={"texts": TEXTS, "input_type": input_type,
+                                       "embedding_types": ["ubinary", "float", "base64", "binary"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert list(body["embeddings"]) == ["ubinary", "float", "base64", "binary"]  # the types asked, in that order
+    np.testing.assert_array_equal(np.array(body["embeddings"]["float"], dtype=np.float32), want)
+    decoded = [np.frombuffer(base64.b64decode(b), dtype="<f4") for b in body["embeddings"]["base64"]]
+    np.testing.assert_array_equal(np.stack(decoded), want)
+    bits = np.packbits(want >= 0, axis=1)  # most significant bit first, a value >= 0 sets its bit
+    assert body["embeddings"]["ubinary"] == bits.tolist() and len(bits[0]) == 384 // 8
+    assert body["embeddings"]["binary"] == (bits.astype(int) - 128).tolist()
+    assert body["texts"] == TEXTS and body["response_type"] == "embeddings_by_type"
+    assert body["meta"] == {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}}
+    assert body["id"].startswith("embd-")
+
+
+def test_float_by_default_inputs_blocks_and_output_dimension(client) -> None:
+    want, _ = openai_rows(client, TEXTS[:2], dimensions=64)
+    blocks = [{"content": [{"type": "text", "text": t}]} for t in TEXTS[:2]]
+    body = client.post("/v2/embed", json={"inputs": blocks, "output_dimension": 64}).json()
+    assert list(body["embeddings"]) == ["float"] and body["texts"] == TEXTS[:2]
+    np.testing.assert_array_equal(np.array(body["embeddings"]["float"], dtype=np.float32), want)
+
+
+def test_truncate_end_start_none_and_max_tokens(client, fake) -> None:
+    def sent_ids(**extra) -> list[int]:
+        assert client.post("/v2/embed", json={"texts": [LONG, "short"], **extra}).status_code == 200
+        ids = np.frombuffer(fake.calls[-1].token_ids, dtype="<i4")
+        return ids.tolist()
+
+    end, start = sent_ids(), sent_ids(truncate="START")
+    client.post("/v1/embeddings", json={"input": [LONG, "short"], "truncate": True})
+    assert end == np.frombuffer(fake.calls[-1].token_ids, dtype="<i4").tolist()
+    client.post("/v1/embeddings", json={"input": [LONG, "short"], "truncate": True, "truncation_side": "left"})
+    assert start == np.frombuffer(fake.calls[-1].token_ids, dtype="<i4").tolist() and start != end
+    cut = sent_ids(max_tokens=6)
+    client.post("/v1/embeddings", json={"input": [LONG, "short"], "truncate_prompt_tokens": 6})
+    assert cut == np.frombuffer(fake.calls[-1].token_ids, dtype="<i4").tolist()
+    calls = len(fake.calls)
+    none = client.post("/v2/embed", json={"texts": ["short", LONG], "truncate": "NONE"})
+    assert none.status_code == 422 and none.json()["error"]["param"] == "texts[1]"
+    over = client.post("/v2/embed", json={"texts": ["short", "a longer text than that"], "truncate": "NONE",
+                                          "max_tokens": 4})
+    error = over.json()["error"]
+    assert over.status_code == 422 and error["param"] == "texts[1]" and "max_tokens (4)" in error["message"]
+    assert len(fake.calls) == calls
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"texts": ["hi"], "images": ["data:image/png;base64,AAAA"]}, "images", "no images"),
+    ({"texts": ["hi"], "input_type": "image"}, "input_type", "no images"),
+    ({"texts": ["hi"], "embedding_types": ["int8"]}, "embedding_types", "int8 is not served"),
+    ({"texts": ["hi"], "embedding_types": ["uint8", "float"]}, "embedding_types", "uint8 is not served"),
+    ({"texts": ["hi"], "embedding_types": ["binary"], "output_dimension": 60}, "embedding_types", "multiple of 8"),
+    ({"texts": ["hi"], "inputs": [{"content": [{"type": "text", "text": "hi"}]}]}, "texts", "one of texts and inputs"),
+    ({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "inputs[0].content[0]", "images"),
+    ({"inputs": [{"content": []}]}, "inputs[0].content", "one text block"),
+    ({"texts": ["hi"], "truncate": "MIDDLE"}, "truncate", ""),
+    ({"texts": ["hi"], "max_tokens": 2}, "max_tokens", "at least 3"),
+])
+def test_what_is_not_served_is_a_422_naming_the_field(client, fake, body, param, says) -> None:
+    r = client.post("/v2/embed", json=body)
+    error = r.json()["error"]
+    assert (r.status_code, error["param"]) == (422, param) and says in error["message"], error
+    assert fake.calls == []
+
+
+def test_empty_texts_are_a_400(client) -> None:
+    r = client.post("/v2/embed", json={"texts": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "texts"
