@@ -5,7 +5,8 @@ is a reranker (Gateway.cross_encoder). Each pair becomes one sequence (ivy.pairs
 Gateway.embed like any batch (chunked by tokens, spread over replicas, packed ragged by Tulip), and each
 row is the pair's score as the engine computed it (rose.score_head: CrossEncoder's activation applied;
 Qwen3-Reranker: P("yes")), or for raw scores the logit before that activation, from the same forward (Tulip's
-`logit` output: rose.cross_spec ScoreHead.outputs). `instruction` is Qwen3-Reranker's task line; other models refuse it.
+`logit` output: rose.cross_spec ScoreHead.outputs). `instruction` is Qwen3-Reranker's task line; other models
+refuse it.
 
 vLLM's truncate_prompt_tokens (`pair_truncation`) bounds the whole pair, as vLLM's cross-encoder scoring does:
 it tokenizes text and text_pair in one call with truncation=True and max_length k (vllm/entrypoints/openai/

@@ -129,8 +129,9 @@ class Engine:
     def step(self, batch: Batch, express: bool = False) -> LazyTensor:
         """Native rows float32 [batch.num_rows, dimensions]: pooled hidden states, not normalized (for
         pplx-embed round(127*tanh(x)); for a cross-encoder its score, width 1, then its logit where an
-        activation lies between them (spec.outputs); for a classifier its logits, one per label). Returns at once on a GPU; waits (or raises PinnedPoolExhausted) while the pinned pool is at
-        its cap. express: on the express lane, beside whatever the bulk lane runs (rose.express)."""
+        activation lies between them (spec.outputs); for a classifier its logits, one per label). Returns at
+        once on a GPU; waits (or raises PinnedPoolExhausted) while the pinned pool is at its cap. express: on
+        the express lane, beside whatever the bulk lane runs (rose.express)."""
         return self.runner.step(batch, express=express)
 
     def step_layered(self, batch: Batch, ahead: int) -> LazyTensor:
