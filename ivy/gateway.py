@@ -154,12 +154,12 @@ class Gateway:
         if n > limit:
             raise too_many(n, limit, param)
 
-    def check_dimensions(self, dimensions: int | None) -> int:
+    def check_dimensions(self, dimensions: int | None, param: str = "dimensions") -> int:
         if dimensions is None:
             return 0
         if not 1 <= dimensions <= self.spec.dimensions:
-            raise IvyError(Problem.INVALID_PARAMETER, f"dimensions must be between 1 and {self.spec.dimensions} "
-                           f"for this model, got {dimensions}", param="dimensions", limit=self.spec.dimensions)
+            raise IvyError(Problem.INVALID_PARAMETER, f"{param} must be between 1 and {self.spec.dimensions} "
+                           f"for this model, got {dimensions}", param=param, limit=self.spec.dimensions)
         return dimensions
 
     def deadline(self, header: str | None) -> float:

@@ -1,13 +1,14 @@
-"""POST /v2/embed: Cohere's embed API (v2; the cohere SDK's `ClientV2.embed`, and vLLM's route of the same name) for an
-embedding model, beside /v2/rerank.
+"""POST /v2/embed: Cohere's embed API (v2; the cohere SDK's `ClientV2.embed`, and vLLM's route of the same name) for
+an embedding model, beside /v2/rerank.
 
 `texts` (or `inputs`, each one text block) in; `embeddings` by type out: `float`, `base64` (little-endian float32),
-`ubinary` (one bit a dimension, set where the value is >= 0, most significant bit first, as unsigned bytes) and
-`binary` (the same bytes less 128, signed), only the types asked (default float). `input_type` picks the prompt:
-search_query and search_document the model's query and document prompts as /v1/embeddings' input_type does,
-classification and clustering a prompt of that name where the model has one (none otherwise). `truncate` END
-(default) and START cut an over-long text at that end, NONE refuses it; `max_tokens` is the length to cut to (or,
-with NONE, the longest a text may be), special tokens included; `output_dimension` is Matryoshka's `dimensions`.
+`ubinary` (one bit a dimension, set where the value is >= 0 as vLLM packs it, most significant bit first, as
+unsigned bytes) and `binary` (the same bytes less 128, signed), only the types asked (default float). `input_type`
+picks the prompt: search_query and search_document the model's query and document prompts as /v1/embeddings'
+input_type does, classification and clustering a prompt of that name where the model has one (none otherwise).
+`truncate` END (default, null too: the SDK sends null for an argument left None) and START cut an over-long text at
+that end, NONE refuses it; `max_tokens` is the length to cut to (or, with NONE, the longest a text may be), special
+tokens included; `output_dimension` (or `dimensions`, every other route's name) is Matryoshka's `dimensions`.
 What a text-only server cannot honour is a 422 naming the field: images, image blocks, `input_type: image`, and the
 int8 / uint8 types (Cohere's own calibrated quantization; /v1/embeddings' base64_int8 is Ivy's).
 """
@@ -49,7 +50,10 @@ def _text_blocks(value: Any) -> list[str]:
         if block.get("type") != "text":
             raise IvyError(Problem.INVALID_PARAMETER, f"inputs[{i}].content[0]: only text blocks are embedded here; "
                            "this model reads no images", param=f"inputs[{i}].content[0]")
-        texts.append(block.get("text"))
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise _wrong(f"inputs[{i}].content[0].text", "a string")
+        texts.append(text)
     return parse_texts(texts, "inputs")
 
 
@@ -64,7 +68,7 @@ class CohereEmbedRequest(_Request):
     input_type: Literal["search_query", "search_document", "classification", "clustering", "image"] | None = None
     embedding_types: list[EmbeddingType] | None = Field(default=None, description="float (default), base64, binary, "
                                                         "ubinary; int8 and uint8 are not served.")
-    truncate: Literal["NONE", "START", "END"] = "END"
+    truncate: Literal["NONE", "START", "END"] | None = None  # None (the SDK's null too): END
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     output_dimension: Dimensions | None = None
     priority: Priority = None
@@ -80,12 +84,12 @@ async def cohere_embed(request: Request) -> Response:
     cut = _max_tokens(gw, body.max_tokens)
     with gw.admit():
         gw.check_count(len(texts), gw.config.max_inputs_per_request, param)
-        dims = gw.check_dimensions(body.output_dimension)
+        dims = gw.check_dimensions(body.output_dimension, "output_dimension")
         width = dims or gw.spec.dimensions
         if width % 8 and ("binary" in types or "ubinary" in types):
             raise IvyError(Problem.INVALID_PARAMETER, f"embedding_types: binary and ubinary pack 8 dimensions a byte; "
                            f"{width} is not a multiple of 8", param="embedding_types")
-        cutting = body.truncate != "NONE"
+        cutting = body.truncate != "NONE"  # END, START, or omitted
         seqs = await encode_inputs(gw, Inputs(texts=texts), route="/v2/embed", param=param, truncate=cutting,
                                    side="left" if body.truncate == "START" else "right",
                                    prompt=_prompt(gw, body.input_type), max_tokens=cut if cutting else None)

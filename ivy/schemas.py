@@ -21,7 +21,8 @@ from ivy.vllm_fields import refuse_unserved
 
 # Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
-                 "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize"}
+                 "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize",
+                 "dimensions": "output_dimension"}  # the last: Cohere's /v2/embed, whose own name is output_dimension
 PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair)})
 RAW = ("the logits before the model's activation (a sigmoid reranker's, Qwen3-Reranker's logit(yes) - "
        "logit(no)); cosine and MaxSim scores, and a reranker without an activation, are raw already.")
@@ -85,7 +86,8 @@ class EmbeddingsRequest(_Request):
     encoding_format: RawEncodingFormat | None = Field(
         default=None, description="float (default), base64 (LE float32), base64_int8, base64_binary (LSB first), "
                                   "vLLM's bytes and bytes_only (every row's bytes back to back, application/"
-                                  "octet-stream; bytes: the rows' places in a `metadata` header); models with native "
+                                  "octet-stream; bytes: the rows' places in a `metadata` header, ~102 bytes a row, "
+                                  "over some clients' header limits past ~600 rows); models with native "
                                   "int8 output default to base64_int8.")
     embed_dtype: EmbedDtype | None = Field(default=None, description=EMBED_DTYPE)
     endianness: Endianness | None = Field(default=None, description=ENDIANNESS)

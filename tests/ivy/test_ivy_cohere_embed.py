@@ -43,6 +43,19 @@ def test_float_by_default_inputs_blocks_and_output_dimension(client) -> None:
     body = client.post("/v2/embed", json={"inputs": blocks, "output_dimension": 64}).json()
     assert list(body["embeddings"]) == ["float"] and body["texts"] == TEXTS[:2]
     np.testing.assert_array_equal(np.array(body["embeddings"]["float"], dtype=np.float32), want)
+    renamed = client.post("/v2/embed", json={"texts": TEXTS[:2], "dimensions": 64}).json()  # every other route's name
+    np.testing.assert_array_equal(np.array(renamed["embeddings"]["float"], dtype=np.float32), want)
+
+
+def test_the_sdk_s_nulls_are_the_defaults(client) -> None:
+    """cohere's SDK sends null for every argument left None: truncate null cuts as END does."""
+    nulls = {"input_type": None, "embedding_types": None, "truncate": None, "max_tokens": None,
+             "output_dimension": None, "priority": None, "images": None, "inputs": None}
+    long = [" ".join(["alpha", "beta"] * 300)]
+    a = client.post("/v2/embed", json={"texts": long, **nulls})
+    b = client.post("/v2/embed", json={"texts": long, "truncate": "END"})
+    assert a.status_code == b.status_code == 200, a.text
+    assert a.json()["embeddings"] == b.json()["embeddings"]
 
 
 def test_truncate_end_start_none_and_max_tokens(client, fake) -> None:
@@ -80,6 +93,9 @@ def test_truncate_end_start_none_and_max_tokens(client, fake) -> None:
     ({"inputs": [{"content": []}]}, "inputs[0].content", "one text block"),
     ({"texts": ["hi"], "truncate": "MIDDLE"}, "truncate", ""),
     ({"texts": ["hi"], "max_tokens": 2}, "max_tokens", "at least 3"),
+    ({"texts": ["hi"], "output_dimension": 385}, "output_dimension", "between 1 and 384"),
+    ({"inputs": [{"content": [{"type": "text"}]}]}, "inputs[0].content[0].text", "a string"),
+    ({"inputs": [{"content": [{"type": "text", "text": {"text": "a"}}]}]}, "inputs[0].content[0].text", "a string"),
 ])
 def test_what_is_not_served_is_a_422_naming_the_field(client, fake, body, param, says) -> None:
     r = client.post("/v2/embed", json=body)
