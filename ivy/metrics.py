@@ -74,8 +74,8 @@ def observe_gc_pause(generation: int, seconds: float) -> None:
 
 
 KNOWN_ROUTES = {"/v1/embeddings", "/v1/contextualizedembeddings", "/v1/score", "/v1/rerank", "/v2/rerank", "/v1/models",
-                "/v2/embed", "/embed", "/embed_sparse", "/embed_multi_vector", "/tokenize", "/health", "/ready", "/metrics",
-                "/rerank", "/score", "/embeddings", "/similarity", "/decode", "/detokenize",
+                "/embed", "/embed_sparse", "/embed_multi_vector", "/tokenize", "/health", "/ready", "/metrics",
+                "/rerank", "/score", "/embeddings", "/similarity", "/decode", "/detokenize", "/v2/embed", "/v1/embed",
                 "/info", "/pooling", "/predict", "/classify", "/"}  # from /rerank: the peers' paths (POST /: TEI's /embed)
 
 

@@ -1,5 +1,5 @@
 """POST /v2/embed: Cohere's embed API (v2; the cohere SDK's `ClientV2.embed`, and vLLM's route of the same name) for
-an embedding model, beside /v2/rerank.
+an embedding model, beside /v2/rerank; POST /v1/embed, the older API (the SDK's `Client.embed`), the same way.
 
 `texts` (or `inputs`, each one text block) in; `embeddings` by type out: `float`, `base64` (little-endian float32),
 `ubinary` (one bit a dimension, set where the value is >= 0 as vLLM packs it, most significant bit first, as
@@ -75,9 +75,13 @@ class CohereEmbedRequest(_Request):
 
 
 @router.post("/v2/embed", openapi_extra=request_body(CohereEmbedRequest))
+@router.post("/v1/embed", openapi_extra=request_body(CohereEmbedRequest))
 async def cohere_embed(request: Request) -> Response:
+    """Cohere's embed, v2 (ClientV2) and v1 (the older Client, LangChain's CohereEmbeddings): the same work; v1
+    without embedding_types answers its older shape, a list of float lists as `embeddings_floats`."""
     gw = gateway_of(request)
-    body, deadline, lane = await gw.open_request(request, CohereEmbedRequest, "embed", "/v2/embed")
+    route = "/v1/embed" if request.scope["path"].rstrip("/").endswith("/v1/embed") else "/v2/embed"
+    body, deadline, lane = await gw.open_request(request, CohereEmbedRequest, "embed", route)
     texts, param = _texts_of(body)
     types = list(dict.fromkeys(body.embedding_types or ["float"]))
     _check(body, types)
@@ -90,7 +94,7 @@ async def cohere_embed(request: Request) -> Response:
             raise IvyError(Problem.INVALID_PARAMETER, f"embedding_types: binary and ubinary pack 8 dimensions a byte; "
                            f"{width} is not a multiple of 8", param="embedding_types")
         cutting = body.truncate != "NONE"  # END, START, or omitted
-        seqs = await encode_inputs(gw, Inputs(texts=texts), route="/v2/embed", param=param, truncate=cutting,
+        seqs = await encode_inputs(gw, Inputs(texts=texts), route=route, param=param, truncate=cutting,
                                    side="left" if body.truncate == "START" else "right",
                                    prompt=_prompt(gw, body.input_type), max_tokens=cut if cutting else None)
         if not cutting and cut is not None:
@@ -100,9 +104,12 @@ async def cohere_embed(request: Request) -> Response:
                                f"({cut}); send truncate END or START to cut it", param=f"{param}[{long}]", limit=cut)
         rows = await unless_disconnected(request, gw.embed(seqs, deadline=deadline, dimensions=dims, lane=lane))
         tokens = sum(map(len, seqs))
-        return json_response({"id": f"embd-{uuid.uuid4().hex}", "embeddings": {t: _typed(rows, t) for t in types},
-                              "texts": texts, "meta": {"api_version": {"version": "2"},
-                                                       "billed_units": {"input_tokens": tokens}},
+        version = route[2]  # "1" or "2"
+        answer = {"id": f"embd-{uuid.uuid4().hex}", "texts": texts,
+                  "meta": {"api_version": {"version": version}, "billed_units": {"input_tokens": tokens}}}
+        if version == "1" and body.embedding_types is None:
+            return json_response({**answer, "embeddings": rows, "response_type": "embeddings_floats"})
+        return json_response({**answer, "embeddings": {t: _typed(rows, t) for t in types},
                               "response_type": "embeddings_by_type"})
 
 

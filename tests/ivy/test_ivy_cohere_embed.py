@@ -107,3 +107,17 @@ def test_what_is_not_served_is_a_422_naming_the_field(client, fake, body, param,
 def test_empty_texts_are_a_400(client) -> None:
     r = client.post("/v2/embed", json={"texts": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "texts"
+
+
+def test_v1_embed_is_the_older_client_s_shape(client) -> None:
+    """cohere's older Client (LangChain's CohereEmbeddings) posts /v1/embed: without embedding_types a list of float
+    lists as embeddings_floats; with them, by type as v2; api_version 1."""
+    want, tokens = openai_rows(client, TEXTS, input_type="search_query")
+    body = client.post("/v1/embed", json={"texts": TEXTS, "input_type": "search_query"}).json()
+    assert body["response_type"] == "embeddings_floats" and body["texts"] == TEXTS
+    np.testing.assert_array_equal(np.array(body["embeddings"], dtype=np.float32), want)
+    assert body["meta"] == {"api_version": {"version": "1"}, "billed_units": {"input_tokens": tokens}}
+    typed = client.post("/v1/embed", json={"texts": TEXTS, "input_type": "search_query",
+                                           "embedding_types": ["float"]}).json()
+    assert typed["response_type"] == "embeddings_by_type" and typed["embeddings"]["float"] == body["embeddings"]
+    assert client.post("/v1/embed", json={"texts": ["hi"], "embedding_types": ["int8"]}).status_code == 422
