@@ -269,7 +269,8 @@ def _tei_info(gw: Gateway) -> dict:
     max_client_batch_size: the inputs one request may hold."""
     spec, config = gw.spec, gw.config
     if "rerank" in spec.tasks:
-        model_type = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+        label = routes_classify.RERANKER_LABEL
+        model_type = {"reranker": {"id2label": {"0": label}, "label2id": {label: 0}}}
     elif "classify" in spec.tasks:
         labels = spec.score_head.labels
         model_type = {"classifier": {"id2label": {str(i): label for i, label in enumerate(labels)},

@@ -8,7 +8,9 @@ the replicas serve (their tasks and width checked at Info). /predict's pair [tex
 pair encoding, BERT's token types along, cut longest first (ivy.pairs, as rerank's pairs); its texts and vLLM's
 inputs are tokenized as /v1/embeddings' (ivy.routes_embeddings' encode_inputs for /classify, ids included).
 Limits and errors are every route's: the inputs' count, a text over the model's length a 422 naming it unless
-`truncate`, a model without the task a 400 unsupported_task. Metrics count the inputs and the tokens sent.
+`truncate`, a model without the task a 400 unsupported_task. A reranker is served at /predict as text-embeddings-
+inference serves it, a classifier of one label (LABEL_0, its logit's sigmoid); a yes/no reranker is not (its prompt
+is /rerank's). Metrics count the inputs and the tokens sent.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ from ivy.routes_embeddings import encode_inputs
 from ivy.responses import ClassifyResponse, Prediction
 from ivy.schemas import ClassifyRequest, PredictRequest
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
+from ivy.errors import IvyError, Problem
+from rose.cross_spec import LOGIT
 from rose.head import label_scores
+
+RERANKER_LABEL = "LABEL_0"  # a reranker's one label, as transformers names it (TEI's /info and /predict)
 
 router = APIRouter()
 
@@ -37,17 +43,27 @@ router = APIRouter()
 @router.post("/predict", openapi_extra=request_body(PredictRequest),
              responses={200: {"model": list[Prediction] | list[list[Prediction]]}})
 async def tei_predict(request: Request) -> Response:
-    """Every label's score per input, best first: one input's list, or (a batch) one list per input."""
+    """Every label's score per input, best first: one input's list, or (a batch) one list per input. A reranker
+    is TEI's classifier of one label: its logit's sigmoid (the raw logit with raw_scores) as LABEL_0, whatever
+    activation its /rerank scores take (TEI applies the sigmoid to one label, softmax to several)."""
     gw = gateway_of(request)
-    body, deadline, lane = await gw.open_request(request, PredictRequest, "classify", "/predict")
+    body, deadline, lane = await gw.open_request(request, PredictRequest, None if gw.cross_encoder else "classify",
+                                                 "/predict")
     inputs = body.inputs
+    head = gw.spec.score_head
+    if gw.cross_encoder and head.kind == "yes_no":
+        raise IvyError(Problem.UNSUPPORTED_TASK, f"/predict scores a classifier's labels; {gw.model_name!r} is a "
+                       "yes/no reranker, whose prompt /rerank and /v1/score build: send the pairs there", param="model")
     with gw.admit():
         gw.check_count(len(inputs.items), gw.config.max_inputs_per_request, "inputs")
         cut = gw.config.truncate if body.truncate is None else body.truncate
         seqs, types = await _encode_predict(gw, inputs, cut, body.truncation_side)
-        logits = await unless_disconnected(request, gw.embed(seqs, token_types=types, deadline=deadline, lane=lane))
-        scores = label_scores(logits, multi_label=gw.spec.score_head.multi_label, raw=body.raw_scores)
-        labels = gw.spec.score_head.labels
+        output = LOGIT if gw.spec.outputs else ""  # a reranker's logit: its score where it has no activation
+        logits = await unless_disconnected(request, gw.embed(seqs, token_types=types, deadline=deadline, lane=lane,
+                                                             output=output))
+        one_label = not head.labels  # a reranker
+        scores = label_scores(logits, multi_label=head.multi_label or one_label, raw=body.raw_scores)
+        labels = head.labels or (RERANKER_LABEL,)
         answers = [[{"score": float(row[j]), "label": labels[j]} for j in np.argsort(row, kind="stable")[::-1]]
                    for row in scores]
         metrics.count_usage("/predict", len(seqs), sum(map(len, seqs)))  # counted once answered 2xx

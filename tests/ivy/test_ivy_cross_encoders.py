@@ -152,3 +152,24 @@ def test_a_replica_serving_another_task_gets_no_traffic(folders):
         assert client.get("/ready").status_code == 503
         assert client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS}).status_code == 503
         assert not fake.calls
+
+
+def test_predict_scores_a_reranker_as_tei_does(folders):
+    """TEI serves a reranker at /predict as a classifier of one label: LABEL_0, the logit's sigmoid (raw_scores: the
+    logit), a pair [query, document] encoded as rerank's pairs; a yes/no reranker is refused (its prompt is
+    /rerank's)."""
+    fake, gw = served(folders["bert"])
+    with fake, gw as client:
+        ids, types = expected_pairs(folders["bert"], [QUERY], [DOCS[0]])
+        logit = float(fake_scores(ids, types, raw=True)[0, 0])
+        one = client.post("/predict", json={"inputs": [QUERY, DOCS[0]]})
+        assert one.status_code == 200, one.text
+        assert one.json() == [{"score": pytest.approx(1 / (1 + np.exp(-logit)), abs=1e-6), "label": "LABEL_0"}]
+        assert fake.calls[-1].output == "logit" and fake.calls[-1].token_ids == b"".join(
+            np.asarray(i, dtype="<i4").tobytes() for i in ids)
+        raw = client.post("/predict", json={"inputs": [[QUERY, DOCS[0]], [DOCS[1]]], "raw_scores": True}).json()
+        assert raw[0] == [{"score": pytest.approx(logit, abs=1e-6), "label": "LABEL_0"}] and len(raw) == 2
+    fake, gw = served(folders["qwen3"])
+    with fake, gw as client:
+        r = client.post("/predict", json={"inputs": [QUERY, DOCS[0]]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_task" and not fake.calls
