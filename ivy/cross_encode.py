@@ -25,6 +25,7 @@ from ivy.gateway import Gateway
 from ivy.pooling import prompt_truncation
 from ivy.web import unless_disconnected
 from rose.cross_spec import LOGIT
+from rose.spec import find_output
 
 
 def check_instruction(gw: Gateway, instruction: str | None) -> None:
@@ -61,5 +62,11 @@ async def cross_scores(request: Request, gw: Gateway, queries: list[str], docs: 
                                           names=names, max_tokens=max_tokens)
     rows = await unless_disconnected(request, gw.embed(pairs.sequences, token_types=pairs.token_types,
                                                        deadline=deadline, lane=lane,
-                                                       output=LOGIT if raw and gw.spec.outputs else ""))
+                                                       output=logit_output(gw) if raw else ""))
     return rows[:, 0], sum(map(len, pairs.sequences))
+
+
+def logit_output(gw: Gateway) -> str:
+    """The Tulip output of a reranker's logit: `logit` where an activation lies between it and the score, else the
+    default (the score is the logit; rose.cross_spec ScoreHead.outputs)."""
+    return LOGIT if find_output(gw.spec.outputs, LOGIT) is not None else ""

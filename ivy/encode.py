@@ -60,7 +60,7 @@ def embed_request(seqs: Sequence[Sequence[int]], tokens: int, *, dimensions: int
                   token_types: Sequence[Sequence[int]] | None = None, output: str = "") -> embed_pb2.EmbedRequest:
     """One Embed call's request: `seqs` (holding `tokens` ids) packed little-endian int32, with optional
     (sequence, start, end) span triples and token types (one uint8 per id, cross-encoder pairs); `output`: which
-    of the model's outputs (rose.retrieval_spec; "" = its first)."""
+    of the model's outputs (rose.spec ModelSpec.outputs; "" = its first)."""
     req = embed_pb2.EmbedRequest(
         token_ids=packed_ids(seqs, tokens),
         seq_lens=np.fromiter(map(len, seqs), dtype="<i4", count=len(seqs)).tobytes(),

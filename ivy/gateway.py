@@ -212,7 +212,8 @@ class Gateway:
                     token_types: Sequence[Sequence[int]] | None = None, output: str = "") -> np.ndarray:
         """Rows for `sequences` in input order (one per sequence, or one per span of each sequence), in the
         priority `lane` (None: bulk above --bulk-above-tokens tokens, else interactive). `token_types`: one
-        list per sequence (BERT cross-encoder pairs). `output`: one of the model's outputs (ivy.retrieval)."""
+        list per sequence (BERT cross-encoder pairs). `output`: one of the model's outputs (ivy.retrieval; a
+        reranker's logit, ivy.cross_encode)."""
         lengths = [len(s) for s in sequences]
         wire_lane = lane_value(lane, sum(lengths), self.config.bulk_above_tokens)
         rows_per_seq = [len(s) for s in spans] if spans is not None else [1] * len(sequences)

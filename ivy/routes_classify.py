@@ -31,8 +31,8 @@ from ivy.routes_embeddings import encode_inputs
 from ivy.responses import ClassifyResponse, Prediction
 from ivy.schemas import ClassifyRequest, PredictRequest
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
+from ivy.cross_encode import logit_output
 from ivy.errors import IvyError, Problem
-from rose.cross_spec import LOGIT
 from rose.head import label_scores
 
 RERANKER_LABEL = "LABEL_0"  # a reranker's one label, as transformers names it (TEI's /info and /predict)
@@ -58,9 +58,8 @@ async def tei_predict(request: Request) -> Response:
         gw.check_count(len(inputs.items), gw.config.max_inputs_per_request, "inputs")
         cut = gw.config.truncate if body.truncate is None else body.truncate
         seqs, types = await _encode_predict(gw, inputs, cut, body.truncation_side)
-        output = LOGIT if gw.spec.outputs else ""  # a reranker's logit: its score where it has no activation
         logits = await unless_disconnected(request, gw.embed(seqs, token_types=types, deadline=deadline, lane=lane,
-                                                             output=output))
+                                                             output=logit_output(gw)))
         one_label = not head.labels  # a reranker
         scores = label_scores(logits, multi_label=head.multi_label or one_label, raw=body.raw_scores)
         labels = head.labels or (RERANKER_LABEL,)

@@ -15,7 +15,6 @@ int8 / uint8 types (Cohere's own calibrated quantization; /v1/embeddings' base64
 
 from __future__ import annotations
 
-import base64
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -25,16 +24,18 @@ from pydantic import Field, PlainValidator, WithJsonSchema
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ivy.encode import row_value
 from ivy.errors import IvyError, Problem
 from ivy.inputs import Dimensions, Inputs, _wrong, parse_texts
 from ivy.routes_embeddings import encode_inputs
 from ivy.schemas import Priority, _Request
+from ivy.tokenization import CUT_HINT
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected
 
 router = APIRouter()
 
 EmbeddingType = Literal["float", "base64", "binary", "ubinary", "int8", "uint8"]
-_INPUT_TYPES = {"search_query": "search_query", "search_document": "search_document"}  # ivy's input_type names
+_SEARCH_TYPES = ("search_query", "search_document")  # /v1/embeddings' input_type takes these as they are
 
 
 def _text_blocks(value: Any) -> list[str]:
@@ -84,7 +85,7 @@ async def cohere_embed(request: Request) -> Response:
     body, deadline, lane = await gw.open_request(request, CohereEmbedRequest, "embed", route)
     texts, param = _texts_of(body)
     types = list(dict.fromkeys(body.embedding_types or ["float"]))
-    _check(body, types)
+    _refuse_images_and_quantized(body, types)
     cut = _max_tokens(gw, body.max_tokens)
     with gw.admit():
         gw.check_count(len(texts), gw.config.max_inputs_per_request, param)
@@ -94,9 +95,15 @@ async def cohere_embed(request: Request) -> Response:
             raise IvyError(Problem.INVALID_PARAMETER, f"embedding_types: binary and ubinary pack 8 dimensions a byte; "
                            f"{width} is not a multiple of 8", param="embedding_types")
         cutting = body.truncate != "NONE"  # END, START, or omitted
-        seqs = await encode_inputs(gw, Inputs(texts=texts), route=route, param=param, truncate=cutting,
-                                   side="left" if body.truncate == "START" else "right",
-                                   prompt=_prompt(gw, body.input_type), max_tokens=cut if cutting else None)
+        try:
+            seqs = await encode_inputs(gw, Inputs(texts=texts), route=route, param=param, truncate=cutting,
+                                       side="left" if body.truncate == "START" else "right",
+                                       prompt=_prompt(gw, body.input_type), max_tokens=cut if cutting else None)
+        except IvyError as exc:  # its hint is /v1/embeddings' (truncate=true): Cohere's truncate is END or START
+            if CUT_HINT not in exc.message:
+                raise
+            hint = exc.message.replace(CUT_HINT, "send truncate END or START to cut it")
+            raise IvyError(exc.problem, hint, param=exc.param, limit=exc.limit) from None
         if not cutting and cut is not None:
             long = next((i for i, s in enumerate(seqs) if len(s) > cut), None)
             if long is not None:
@@ -121,7 +128,7 @@ def _texts_of(body: CohereEmbedRequest) -> tuple[list[str], str]:
     return (body.texts, "texts") if body.texts is not None else (body.inputs, "inputs")
 
 
-def _check(body: CohereEmbedRequest, types: list[str]) -> None:
+def _refuse_images_and_quantized(body: CohereEmbedRequest, types: list[str]) -> None:
     if body.input_type == "image":
         raise IvyError(Problem.INVALID_PARAMETER, "input_type: image is not served; this model reads no images",
                        param="input_type")
@@ -146,8 +153,8 @@ def _max_tokens(gw, value: int | None) -> int | None:
 
 def _prompt(gw, input_type: str | None) -> tuple[str | None, str | None]:
     """(input_type, prompt_name) for encode_inputs: the query / document prompts, or a prompt named as the type."""
-    if input_type in _INPUT_TYPES:
-        return _INPUT_TYPES[input_type], None
+    if input_type in _SEARCH_TYPES:
+        return input_type, None
     if input_type is not None and input_type in gw.spec.prompts:
         return None, input_type
     return None, None
@@ -157,7 +164,7 @@ def _typed(rows: np.ndarray, kind: str) -> Any:
     if kind == "float":
         return rows
     if kind == "base64":
-        return [base64.b64encode(np.ascontiguousarray(r, dtype="<f4").tobytes()).decode("ascii") for r in rows]
+        return [row_value(r, "base64") for r in rows]
     packed = np.packbits(rows >= 0, axis=1)  # most significant bit first
     return packed if kind == "ubinary" else (packed.astype(np.int16) - 128).astype(np.int8)
 

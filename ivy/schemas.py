@@ -35,10 +35,10 @@ Scoring = Literal["cosine", "maxsim"]
 # vLLM's base64 and bytes values (ivy.embed_dtypes.wire_dtype), on /v1/embeddings and /pooling
 EmbedDtype = Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
 Endianness = Literal["native", "little", "big"]
-EMBED_DTYPE = ("vLLM's: base64's values as float32 (omitted), float16, bfloat16, fp8_e4m3 or fp8_e5m2 (torch's "
-               "float8_e4m3fn, saturating at 448, and float8_e5m2; each rounded to nearest even as torch casts); "
-               "float ignores it.")
-ENDIANNESS = "vLLM's: base64's byte order; native (omitted) is this server's, little-endian on x86 and ARM."
+EMBED_DTYPE = ("vLLM's: base64's and bytes' values as float32 (omitted), float16, bfloat16, fp8_e4m3 or fp8_e5m2 "
+               "(torch's float8_e4m3fn, saturating at 448, and float8_e5m2; each rounded to nearest even as torch "
+               "casts); float ignores it.")
+ENDIANNESS = "vLLM's: base64's and bytes' byte order; native (omitted) is this server's, little-endian on x86 and ARM."
 MAX_TOKENS_PER_DOC = ("Cohere v2's: each document cut to its first k tokens (special tokens not counted) before "
                       "scoring, and truncate on; omitted at /v2/rerank: truncate on, as Cohere's default cuts.")
 # Every score / rerank body's (vLLM's, Cohere's / Jina's and TEI's shapes): one meaning, read in one place
@@ -87,7 +87,7 @@ class EmbeddingsRequest(_Request):
         default=None, description="float (default), base64 (LE float32), base64_int8, base64_binary (LSB first), "
                                   "vLLM's bytes and bytes_only (every row's bytes back to back, application/"
                                   "octet-stream; bytes: the rows' places in a `metadata` header, ~102 bytes a row, "
-                                  "over some clients' header limits past ~600 rows); models with native "
+                                  "over some clients' header limits past ~640 rows); models with native "
                                   "int8 output default to base64_int8.")
     embed_dtype: EmbedDtype | None = Field(default=None, description=EMBED_DTYPE)
     endianness: Endianness | None = Field(default=None, description=ENDIANNESS)

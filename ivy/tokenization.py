@@ -52,7 +52,10 @@ class Documents:
     spans: list[list[tuple[int, int]]]
 
 
-def too_long(param: str, n: int, limit: int, hint: str = "send truncate=true to cut it") -> IvyError:
+CUT_HINT = "send truncate=true to cut it"  # an over-long text's 422 (a route with other names rewrites it)
+
+
+def too_long(param: str, n: int, limit: int, hint: str = CUT_HINT) -> IvyError:
     return IvyError(Problem.INPUT_TOO_LONG, f"{param} has {n} tokens; the model takes at most {limit} ({hint})",
                     param=param, limit=limit)
 
@@ -208,7 +211,7 @@ class InputEncoder:
                 if not truncate:
                     where = _where(param, one, i)
                     raise IvyError(Problem.INPUT_TOO_LONG, f"{where} has {len(text)} characters; the limit "
-                                   f"is {cap} (send truncate=true to cut it)", param=where, limit=cap)
+                                   f"is {cap} ({CUT_HINT})", param=where, limit=cap)
                 text = text[:cap] if side == "right" else text[-cap:]
             capped.append(prompt + text if prompt else text)
         return capped

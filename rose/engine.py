@@ -36,7 +36,8 @@ from rose.runner import ModelRunner
 from rose.retrieval_head import attach_retrieval_heads
 from rose.score_head import attach_score_head
 from rose.st_head import attach_dense
-from rose.spec import EngineInfo, ModelSpec, default_manifest_path, load_spec  # noqa: F401 (EngineInfo re-exported)
+from rose.spec import EngineInfo  # noqa: F401 (re-exported)
+from rose.spec import ModelSpec, default_manifest_path, find_output, load_spec
 from rose.tokenizer import Tokenizer
 from rose.buckets import DEFAULT_SEQ_BUCKETS, DEFAULT_TOKEN_BUCKETS
 from rose.warmup import (DEFAULT_PREWARM, MANIFEST_NAME, VerifiedLayout, prewarm_and_verify, prewarm_chains,
@@ -177,7 +178,7 @@ class Engine:
                                  pooling, spans, token_types)
         normalize = self.spec.normalize
         if outputs := self.spec.outputs:
-            chosen = next((o for o in outputs if o.name == (output or outputs[0].name)), None)
+            chosen = find_output(outputs, output)
             if chosen is None:
                 raise ValueError(f"output {output!r}: the model's are {[o.name for o in outputs]}")
             rows, normalize = rows[:, chosen.start:chosen.start + chosen.width], chosen.normalize

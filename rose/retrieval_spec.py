@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rose.spec import ModelFolderError, Output, _optional_json, _read_json
+from rose.spec import ModelFolderError, Output, _optional_json, _read_json, find_output
 
 EMBED, VOCAB_WEIGHTS, TOKEN_WEIGHTS, TOKEN_VECTORS = "embed", "vocab-weights", "token-weights", "token-vectors"
 TASK_OF_OUTPUT = {EMBED: "embed", VOCAB_WEIGHTS: "sparse", TOKEN_WEIGHTS: "sparse", TOKEN_VECTORS: "multi-vector"}
@@ -42,7 +42,7 @@ class RetrievalHeads:
         return sum(o.width for o in self.outputs)
 
     def output(self, name: str) -> Output | None:
-        return next((o for o in self.outputs if o.name == name), None)
+        return find_output(self.outputs, name)
 
     @property
     def tasks(self) -> tuple[str, ...]:

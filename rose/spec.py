@@ -114,6 +114,11 @@ class Output:
     normalize: bool  # the default when a request does not say
 
 
+def find_output(outputs: tuple, name: str | None) -> Output | None:
+    """The output of `outputs` named `name` (empty or None: the first); None where there is none of that name."""
+    return next((o for o in outputs if o.name == (name or outputs[0].name)), None) if outputs else None
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     """What a loaded engine serves (Tulip's Info RPC); torch-free so stand-in engines can use it."""

@@ -14,6 +14,7 @@ import numpy as np
 
 from rose.batch import sequence_spans
 from rose.head import Encoding, OutputOptions
+from rose.spec import find_output
 from tulip.errors import InvalidRequest, ResponseTooLarge
 
 _RESPONSE_OVERHEAD_BYTES = 64  # proto framing of the scalar fields around the embeddings bytes
@@ -177,7 +178,7 @@ def _output(name: str, outputs: tuple):
         if name not in ("", "embed"):
             raise InvalidRequest(f"output = {name!r}: this model has one output, 'embed'")
         return None
-    found = next((o for o in outputs if o.name == (name or outputs[0].name)), None)
+    found = find_output(outputs, name)
     if found is None:
         raise InvalidRequest(f"output = {name!r} is not one of this model's {[o.name for o in outputs]}")
     return found

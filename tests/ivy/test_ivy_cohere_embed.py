@@ -75,6 +75,7 @@ def test_truncate_end_start_none_and_max_tokens(client, fake) -> None:
     calls = len(fake.calls)
     none = client.post("/v2/embed", json={"texts": ["short", LONG], "truncate": "NONE"})
     assert none.status_code == 422 and none.json()["error"]["param"] == "texts[1]"
+    assert "truncate END or START" in none.json()["error"]["message"]  # Cohere's names, not truncate=true
     over = client.post("/v2/embed", json={"texts": ["short", "a longer text than that"], "truncate": "NONE",
                                           "max_tokens": 4})
     error = over.json()["error"]
@@ -102,6 +103,15 @@ def test_what_is_not_served_is_a_422_naming_the_field(client, fake, body, param,
     error = r.json()["error"]
     assert (r.status_code, error["param"]) == (422, param) and says in error["message"], error
     assert fake.calls == []
+
+
+def test_binary_bytes_by_hand() -> None:
+    """A row whose bits are known: >= 0 sets a bit (0.0 and -0.0 included), the first dimension the highest bit."""
+    from ivy.routes_cohere import _typed
+
+    row = np.array([[1.0, -1.0, 0.0, -0.0, -2.0, 3.0, -4.0, 5.0] * 2], dtype=np.float32)
+    assert _typed(row, "ubinary").tolist() == [[0b10110101, 0b10110101]] == [[181, 181]]
+    assert _typed(row, "binary").tolist() == [[53, 53]]
 
 
 def test_empty_texts_are_a_400(client) -> None:

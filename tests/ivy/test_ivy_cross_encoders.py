@@ -173,3 +173,18 @@ def test_predict_scores_a_reranker_as_tei_does(folders):
     with fake, gw as client:
         r = client.post("/predict", json={"inputs": [QUERY, DOCS[0]]})
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_task" and not fake.calls
+
+
+def test_predict_on_an_identity_reranker_takes_its_score_as_the_logit(tmp_path):
+    """An Identity reranker's row is its logit already: /predict asks for the default output and applies the
+    sigmoid (TEI's one-label rule), raw_scores returns the row itself."""
+    identity = bert_reranker(tmp_path, sentence_transformers={"activation_fn": "torch.nn.modules.linear.Identity"})
+    fake, gw = served(identity)
+    with fake, gw as client:
+        ids, types = expected_pairs(identity, [QUERY], [DOCS[0]])
+        row = float(fake_scores(ids, types)[0, 0])  # the fake's score stands for an Identity model's logit
+        got = client.post("/predict", json={"inputs": [QUERY, DOCS[0]]}).json()
+        assert got == [{"score": pytest.approx(1 / (1 + np.exp(-row)), abs=1e-6), "label": "LABEL_0"}]
+        assert fake.calls[-1].output == ""
+        raw = client.post("/predict", json={"inputs": [QUERY, DOCS[0]], "raw_scores": True}).json()
+        assert raw == [{"score": pytest.approx(row, abs=1e-6), "label": "LABEL_0"}]
