@@ -17,13 +17,14 @@ from ivy.inputs import (_ID_LISTS, SCORE_SIDES, _all_ints, _count, _first_not_in
                         DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType, PredictInputs, Query,
                         RawEncodingFormat, RerankDocuments, Side, TextOrTexts, one_text, parse_inputs,
                         parse_predict_inputs, parse_texts, score_side, score_sides)
-from ivy.vllm_fields import refuse_unserved
+from ivy.vllm_fields import PEER_QUANTIZED, refuse_unserved
 
 # Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
                  "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize",
                  "dimensions": "output_dimension"}  # the last: Cohere's /v2/embed, whose own name is output_dimension
-PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair)})
+PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair),
+                          *PEER_QUANTIZED})  # the last: read by refuse_unserved, not misspellings of embed_dtype
 RAW = ("the logits before the model's activation (a sigmoid reranker's, Qwen3-Reranker's logit(yes) - "
        "logit(no)); cosine and MaxSim scores, and a reranker without an activation, are raw already.")
 INSTRUCTION = ("The task line of a yes/no reranker's prompt (Qwen3-Reranker's <Instruct>); omitted = its default, "

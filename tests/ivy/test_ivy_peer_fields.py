@@ -43,6 +43,9 @@ def _error(response) -> tuple[int, str, str]:
     ({"embed_dtype": "float16", "encoding_format": "base64_binary"}, "embed_dtype", "base64_binary has its own"),
     ({"endianness": "middle", "encoding_format": "base64"}, "endianness", "'native', 'little' or 'big'"),
     ({"mm_processor_kwargs": {"size": 224}}, "mm_processor_kwargs", "multimodal"),
+    ({"output_dtype": "binary"}, "output_dtype", "quantized types are not served"),  # Voyage's
+    ({"output_dtype": "int8"}, "output_dtype", "base64_int8"),
+    ({"embedding_type": "ubinary"}, "embedding_type", "quantized types are not served"),  # Jina's
 ])
 def test_vllm_fields_embeddings_cannot_honour_are_refused_by_name(client, fake, route, extra, param, says) -> None:
     code, named, message = _error(client.post(route, json={"input": "hello world", **extra}))
@@ -115,6 +118,7 @@ def test_fp8_bytes_are_torchs_cast_at_every_edge() -> None:
 def test_vllm_fields_with_what_is_served_change_nothing(client) -> None:
     plain = client.post("/v1/embeddings", json={"input": "hello world", "encoding_format": "base64"}).json()
     for extra in ({"add_special_tokens": True}, {"embed_dtype": "float32"}, {"endianness": "little"},
+                  {"output_dtype": "float"}, {"embedding_type": "float"},
                   {"endianness": "native"}, {"embed_dtype": None, "endianness": None, "messages": None}):
         r = client.post("/v1/embeddings", json={"input": "hello world", "encoding_format": "base64", **extra})
         assert r.status_code == 200 and r.json()["data"] == plain["data"], (extra, r.text)
