@@ -17,14 +17,18 @@ from ivy.inputs import (_ID_LISTS, SCORE_SIDES, _all_ints, _count, _first_not_in
                         DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType, PredictInputs, Query,
                         RawEncodingFormat, RerankDocuments, Side, TextOrTexts, one_text, parse_inputs,
                         parse_predict_inputs, parse_texts, score_side, score_sides)
-from ivy.vllm_fields import PEER_QUANTIZED, refuse_unserved
+from ivy.peer_fields import FIELDS as PEER_FIELDS
+from ivy.peer_fields import read_peer_fields
+from ivy.vllm_fields import refuse_unserved
 
 # Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
 _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
                  "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize",
-                 "dimensions": "output_dimension"}  # the last: Cohere's /v2/embed, whose own name is output_dimension
+                 "dimensions": "output_dimension",  # Cohere's /v2/embed, whose own name is output_dimension
+                 "dimensionality": "dimensions", "output_dimensionality": "dimensions",  # Nomic's, Gemini's
+                 "outputDimensionality": "dimensions"}
 PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair),
-                          *PEER_QUANTIZED})  # the last: read by refuse_unserved, not misspellings of embed_dtype
+                          *PEER_FIELDS})  # the last: ivy.peer_fields reads them (embedding_type is no embed_dtype)
 RAW = ("the logits before the model's activation (a sigmoid reranker's, Qwen3-Reranker's logit(yes) - "
        "logit(no)); cosine and MaxSim scores, and a reranker without an activation, are raw already.")
 INSTRUCTION = ("The task line of a yes/no reranker's prompt (Qwen3-Reranker's <Instruct>); omitted = its default, "
@@ -62,6 +66,8 @@ class _Body(BaseModel):
         which the misspelling check skips; ours wins when both are sent."""
         if not isinstance(data, dict):
             return data
+        if "truncation_side" in data and data["truncation_side"] is None:  # a null dumped by a proxy: the default
+            data = {k: v for k, v in data.items() if k != "truncation_side"}
         if "truncation_direction" in data and "truncation_side" not in data and "truncation_side" in cls.model_fields:
             side = data["truncation_direction"]
             if not (isinstance(side, str) and side.lower() in ("left", "right")):  # named as sent, not as ours
@@ -105,10 +111,12 @@ class EmbeddingsRequest(_Request):
 
     @model_validator(mode="before")
     @classmethod
-    def _vllm_fields(cls, data: Any) -> Any:
-        """vLLM's fields of this request that Ivy cannot honour (add_special_tokens false, embed_dtype,
-        endianness, chat messages), refused by name as /pooling refuses them."""
+    def _peers_fields(cls, data: Any) -> Any:
+        """vLLM's fields of this request that Ivy cannot honour (add_special_tokens false, chat messages, ...),
+        refused by name as /pooling refuses them; other APIs' (Jina's, Nomic's, Gemini's, ...) read or refused
+        (ivy.peer_fields)."""
         if isinstance(data, dict):
+            data = read_peer_fields(data)
             refuse_unserved(data)
         return data
 

@@ -3,9 +3,7 @@ send them (/pooling, /v1/embeddings and /embeddings), never silently ignored: vL
 `embed_dtype` and chat `messages` on /v1/embeddings too (EmbeddingCompletionRequest and EmbeddingChatRequest,
 vllm/entrypoints/pooling/embed/protocol.py), and an answer that ignored them would be the wrong vectors
 (special tokens kept) or bytes the client decodes wrongly. vLLM's embed_dtypes and endiannesses are all
-served (ivy.embed_dtypes.wire_dtype). The same holds for the quantized types other embedding APIs ask on the
-same route, Voyage's `output_dtype` and Jina's `embedding_type`: their clients read packed bits or int8 values
-where Ivy would answer floats, and their quantization is the provider's own, so anything but float is refused.
+served (ivy.embed_dtypes.wire_dtype); other embedding APIs' fields are ivy.peer_fields'.
 Messages name the field and what is served, never the value sent (ivy.errors)."""
 
 from __future__ import annotations
@@ -14,8 +12,6 @@ from typing import Any
 
 from ivy.errors import IvyError, Problem
 
-_QUANTIZED = ("the provider's own quantized types are not served; for smaller vectors send encoding_format "
-              "base64_int8 or base64_binary (Ivy's), or use /v2/embed's binary and ubinary (Cohere's)")
 # field -> (the values served, why the others are not); None (vLLM's default) is always served
 SERVED: dict[str, tuple[tuple[Any, ...], str]] = {
     "encoding_format": (("float", "base64", "base64_int8", "base64_binary", "bytes", "bytes_only"),
@@ -25,10 +21,7 @@ SERVED: dict[str, tuple[tuple[Any, ...], str]] = {
     "padding": (("do_not_pad",), "inputs are embedded unpadded"),
     "add_special_tokens": ((True,), "texts are embedded with the model's special tokens; send token ids as input "
                                     "to choose every id yourself"),
-    "output_dtype": (("float",), _QUANTIZED),  # Voyage's
-    "embedding_type": (("float",), _QUANTIZED),  # Jina's
 }
-PEER_QUANTIZED = ("output_dtype", "embedding_type")
 
 
 def refuse(param: str, why: str, problem: Problem = Problem.INVALID_PARAMETER) -> IvyError:

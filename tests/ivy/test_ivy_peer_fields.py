@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from cross_folders import bert_reranker
 from fake_tulip import FakeTulip
-from ivy_testkit import gateway
+from ivy_testkit import gateway, model_copy
 from test_ivy_score_fields import scores_of
 from test_ivy_scoring import DOCS, QUERY
 
@@ -46,6 +46,14 @@ def _error(response) -> tuple[int, str, str]:
     ({"output_dtype": "binary"}, "output_dtype", "quantized types are not served"),  # Voyage's
     ({"output_dtype": "int8"}, "output_dtype", "base64_int8"),
     ({"embedding_type": "ubinary"}, "embedding_type", "quantized types are not served"),  # Jina's
+    ({"task": "text-matching"}, "task", "retrieval.query or retrieval.passage"),
+    ({"late_chunking": True}, "late_chunking", "/v1/contextualizedembeddings"),
+    ({"return_multivector": True}, "return_multivector", "/embed_multi_vector"),
+    ({"task_type": "CLASSIFICATION"}, "task_type", "RETRIEVAL_QUERY"),  # Gemini's
+    ({"taskType": "CLUSTERING"}, "taskType", "RETRIEVAL_DOCUMENT"),
+    ({"modality": "image"}, "modality", "reads text"),  # Infinity's
+    ({"long_text_mode": "mean"}, "long_text_mode", "not split and averaged"),  # Nomic's
+    ({"prompt": "Represent this sentence: "}, "prompt", "free-text prompt"),  # Mixedbread's
 ])
 def test_vllm_fields_embeddings_cannot_honour_are_refused_by_name(client, fake, route, extra, param, says) -> None:
     code, named, message = _error(client.post(route, json={"input": "hello world", **extra}))
@@ -113,6 +121,36 @@ def test_fp8_bytes_are_torchs_cast_at_every_edge() -> None:
                 got = np.frombuffer(base64.b64decode(row_value(row, "base64", order + name[4:])), dtype=np.uint8)
             bad = np.flatnonzero(got != wanted)
             assert bad.size == 0, (name, row[bad[:5]], got[bad[:5]], wanted[bad[:5]])
+
+
+@pytest.mark.parametrize("extra, ours", [
+    ({"task": "retrieval.query"}, {"input_type": "query"}),  # Jina's
+    ({"task": "retrieval.passage"}, {"input_type": "document"}),
+    ({"task_type": "search_query"}, {"input_type": "query"}),  # Nomic's
+    ({"task_type": "RETRIEVAL_DOCUMENT"}, {"input_type": "document"}),  # Gemini's
+    ({"taskType": "RETRIEVAL_QUERY"}, {"input_type": "query"}),
+    ({"dimensionality": 64}, {"dimensions": 64}),  # Nomic's
+    ({"output_dimensionality": 32}, {"dimensions": 32}),  # Gemini's
+    ({"outputDimensionality": 48}, {"dimensions": 48}),
+    ({"embedding_type": "base64"}, {"encoding_format": "base64"}),  # Jina's base64 is float32's
+    ({"long_text_mode": "truncate", "input": "word " * 600}, {"truncate": True, "input": "word " * 600}),
+    ({"truncation_side": None}, {}),  # a null a proxy wrote out
+    ({"modality": "text", "late_chunking": False, "return_multivector": False}, {}),
+])
+def test_other_apis_fields_are_read_as_ivys(tmp_path, extra, ours) -> None:
+    """The query / document prompt each task selector names, the dimension names, Jina's base64: the same answer as
+    Ivy's own field; on a model whose prompts differ, so that a task that went unread would show."""
+    folder = model_copy(tmp_path, "prompted", st_config={"prompts": {"query": "query: ", "document": "passage: "}})
+    fake = FakeTulip(model_dir=folder)
+    with fake, gateway(fake, model=str(fake.model_dir)) as client:
+        base = {"input": "hello there"}
+        theirs = client.post("/v1/embeddings", json={**base, **extra})
+        mine = client.post("/v1/embeddings", json={**base, **ours})
+        assert theirs.status_code == mine.status_code == 200, theirs.text
+        assert theirs.json()["data"] == mine.json()["data"] and fake.calls[-1].token_ids == fake.calls[-2].token_ids
+        if "input_type" in ours:  # the prompt reached the tokens: not what a plain request sends
+            client.post("/v1/embeddings", json=base)
+            assert fake.calls[-1].token_ids != fake.calls[-2].token_ids
 
 
 def test_vllm_fields_with_what_is_served_change_nothing(client) -> None:

@@ -1,0 +1,69 @@
+"""Other embedding APIs' fields on /v1/embeddings (and /embeddings), read as Ivy's or refused by name, never
+silently ignored: a client that sends them expects vectors or bytes that depend on them.
+
+- Task selectors pick the query or document prompt, as `input_type` does: Jina's `task` (retrieval.query,
+  retrieval.passage), Nomic's `task_type` (search_query, search_document), Gemini's `task_type` / `taskType`
+  (RETRIEVAL_QUERY, RETRIEVAL_DOCUMENT). Their other tasks (classification, clustering, text-matching, ...) select a
+  provider's own adapter or prompt: refused.
+- Jina's `embedding_type` and Voyage's `output_dtype`: float served, Jina's base64 read as `encoding_format` base64;
+  the providers' quantized types (their own quantization) refused.
+- Refused when they ask for what this route does not do: Jina's `late_chunking` and `return_multivector` (served at
+  /v1/contextualizedembeddings and /embed_multi_vector), Infinity's `modality` other than text, Nomic's
+  `long_text_mode: mean` (`truncate` is read as Ivy's truncate), Mixedbread's free-text `prompt`.
+Their dimension names (Nomic's `dimensionality`, Gemini's `output_dimensionality`) are ivy.schemas' peer names.
+"""
+
+from __future__ import annotations
+
+from ivy.vllm_fields import refuse
+
+_QUANTIZED = ("the provider's own quantized types are not served; for smaller vectors send encoding_format "
+              "base64_int8 or base64_binary (Ivy's), or use /v2/embed's binary and ubinary (Cohere's)")
+_QUERY, _DOCUMENT = "query", "document"
+_TASKS = {  # field -> {its value: input_type}
+    "task": {"retrieval.query": _QUERY, "retrieval.passage": _DOCUMENT},
+    "task_type": {"search_query": _QUERY, "search_document": _DOCUMENT, "RETRIEVAL_QUERY": _QUERY,
+                  "RETRIEVAL_DOCUMENT": _DOCUMENT},
+    "taskType": {"RETRIEVAL_QUERY": _QUERY, "RETRIEVAL_DOCUMENT": _DOCUMENT},
+}
+FIELDS = frozenset({*_TASKS, "embedding_type", "output_dtype", "late_chunking", "return_multivector", "modality",
+                    "long_text_mode", "prompt"})
+
+
+def read_peer_fields(data: dict) -> dict:
+    """The body with the peers' fields read as Ivy's, or an IvyError naming the first that asks for what is not
+    served; one set test when the body has none of them (nearly every body)."""
+    if FIELDS.isdisjoint(data):
+        return data
+    data = dict(data)
+    for field, values in _TASKS.items():
+        task = data.get(field)
+        if task is None:
+            continue
+        if task not in values:
+            raise refuse(field, f"must be {' or '.join(values)} (the model's query or document prompt, as "
+                                "input_type); the provider's other tasks select its own adapters or prompts")
+        data.setdefault("input_type", values[task])
+    kind = data.get("embedding_type")
+    if kind == "base64":
+        data.setdefault("encoding_format", "base64")
+    elif kind not in (None, "float"):
+        raise refuse("embedding_type", f'must be "float" or "base64": {_QUANTIZED}')
+    if data.get("output_dtype") not in (None, "float"):
+        raise refuse("output_dtype", f'must be "float": {_QUANTIZED}')
+    if data.get("late_chunking") is True:
+        raise refuse("late_chunking", "late chunking is served at /v1/contextualizedembeddings (each document's "
+                                      "chunks embedded in one pass)")
+    if data.get("return_multivector") is True:
+        raise refuse("return_multivector", "token vectors are served at /embed_multi_vector (a multi-vector model)")
+    if data.get("modality") not in (None, "text"):
+        raise refuse("modality", 'must be "text": this model reads text')
+    mode = data.get("long_text_mode")
+    if mode == "truncate":
+        data.setdefault("truncate", True)
+    elif mode is not None:
+        raise refuse("long_text_mode", 'must be "truncate": a long text is cut, not split and averaged')
+    if data.get("prompt") is not None:
+        raise refuse("prompt", "a free-text prompt is not served; send input_type (query or document) or "
+                               "prompt_name (one of the model's prompts)")
+    return data
