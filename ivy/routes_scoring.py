@@ -140,6 +140,8 @@ async def _rerank(request: Request, schema, route: str) -> Response:
     instruction = None if tei else body.instruction
     check_instruction(gw, instruction)  # before any work (it is checked again where the pairs are made)
     truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, truncate)
+    if not tei:
+        _refuse_cohere_v1(body, gw.config.truncate if truncate is None else truncate)
     with gw.admit():
         gw.check_count(len(documents), gw.config.max_inputs_per_request, names[1])
         scored = documents  # echoed as sent, scored as cut
@@ -167,6 +169,18 @@ async def _rerank(request: Request, schema, route: str) -> Response:
             results.append(item)
         return json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": gw.model_name, "results": results,
                               "usage": usage(tokens)})
+
+
+def _refuse_cohere_v1(body: RerankRequest, truncate: bool | None) -> None:
+    """Cohere v1's fields that would change the answer: rank_fields other than ["text"] (other keys of a document
+    are not read), and max_chunks_per_doc above 1 with truncate (a long document would be cut, not chunked)."""
+    if body.rank_fields is not None and body.rank_fields != ["text"]:
+        raise IvyError(Problem.INVALID_PARAMETER, 'rank_fields: only ["text"] is scored; send each document\'s text '
+                       "as its text (other keys are not read)", param="rank_fields")
+    if (body.max_chunks_per_doc or 1) > 1 and truncate:
+        raise IvyError(Problem.INVALID_PARAMETER, "max_chunks_per_doc: a long document is cut to the model's length "
+                       "(truncate), not scored by chunks; send max_chunks_per_doc 1, or no truncate to have an "
+                       "over-long document refused", param="max_chunks_per_doc")
 
 
 @router.post("/similarity", openapi_extra=request_body(SimilarityRequest), responses={200: {"model": list[float]}})

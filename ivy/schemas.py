@@ -26,7 +26,8 @@ _SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "norm
                  "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize",
                  "dimensions": "output_dimension",  # Cohere's /v2/embed, whose own name is output_dimension
                  "dimensionality": "dimensions", "output_dimensionality": "dimensions",  # Nomic's, Gemini's
-                 "outputDimensionality": "dimensions"}
+                 "outputDimensionality": "dimensions",
+                 "softmax": "use_activation", "activation": "use_activation"}  # vLLM's older names (softmax first)
 PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair),
                           *PEER_FIELDS})  # the last: ivy.peer_fields reads them (embedding_type is no embed_dtype)
 RAW = ("the logits before the model's activation (a sigmoid reranker's, Qwen3-Reranker's logit(yes) - "
@@ -171,6 +172,10 @@ class RerankRequest(_Request):
     raw_scores: bool | None = Field(default=None, description=f"Infinity's: true asks for raw scores, {RAW}")
     use_activation: bool | None = Field(default=None, description=f"vLLM's: false asks for raw scores, {RAW}")
     max_tokens_per_doc: Annotated[int, Field(ge=1)] | None = Field(default=None, description=MAX_TOKENS_PER_DOC)
+    max_chunks_per_doc: Annotated[int, Field(ge=1)] | None = Field(default=None, description="Cohere v1's: a long "
+                                                                 "document is not chunked here; above 1 with truncate "
+                                                                 "it is refused (truncate cuts instead).")
+    rank_fields: list[str] | None = Field(default=None, description='Cohere v1\'s: ["text"] only, the key scored.')
     truncate: bool | None = Field(default=None, description="Cut over-long inputs; omitted = the server default, "
                                   "except at /v2/rerank (Cohere v2 cuts every document: true).")
     truncate_prompt_tokens: int | None = Field(default=None, description=TRUNCATE_PROMPT_TOKENS)

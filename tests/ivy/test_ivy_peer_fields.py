@@ -391,3 +391,36 @@ def test_embed_dtype_beside_a_models_own_int8_default_is_ignored_as_under_vllms_
         sent = c.post("/v1/embeddings", json={"input": "hi", "embed_dtype": "float16",
                                               "encoding_format": "base64_int8"})
         assert _error(sent)[:2] == (422, "embed_dtype") and "float16" not in _error(sent)[2]
+
+
+# ---- the rerank routes: Cohere v1's fields, vLLM's older names ----
+
+def test_cohere_v1_fields_that_would_change_the_answer_are_refused(client, fake) -> None:
+    docs = [{"text": "stock prices", "title": "cats sleep"}]
+    plain = client.post("/v1/rerank", json={"query": QUERY, "documents": docs, "rank_fields": ["text"],
+                                            "max_chunks_per_doc": 10})
+    assert plain.status_code == 200, plain.text  # the text is what is scored; short documents are never chunked
+    calls = len(fake.calls)
+    for extra, param in (({"rank_fields": ["title"]}, "rank_fields"),
+                         ({"max_chunks_per_doc": 10, "truncate": True}, "max_chunks_per_doc")):
+        code, named, _ = _error(client.post("/v1/rerank", json={"query": QUERY, "documents": docs, **extra}))
+        assert (code, named) == (422, param)
+    assert len(fake.calls) == calls
+    assert client.post("/v1/rerank", json={"query": QUERY, "documents": docs, "max_chunks_per_doc": 1,
+                                           "truncate": True}).status_code == 200
+
+
+def test_vllms_older_activation_names_are_use_activation(tmp_path) -> None:
+    """vLLM's softmax and activation (deprecated names of use_activation) on the score and rerank routes: false
+    is the raw logits, true the activated scores (activation: true was a 422 taken for a misspelling)."""
+    fake = FakeTulip(model_dir=bert_reranker(tmp_path))
+    with fake, gateway(fake, model=str(fake.model_dir)) as client:
+        for route, body, _ in _raw_asks(QUERY, DOCS)[:4]:
+            plain = {k: v for k, v in body.items() if k != "use_activation"}
+            raw = scores_of(route, client.post(route, json=body).json())
+            activated = scores_of(route, client.post(route, json=plain).json())
+            for old in ("softmax", "activation"):
+                assert scores_of(route, client.post(route, json={**plain, old: False}).json()) == raw, (route, old)
+                r = client.post(route, json={**plain, old: True})
+                assert r.status_code == 200 and scores_of(route, r.json()) == activated, (route, old)
+
