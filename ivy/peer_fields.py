@@ -7,9 +7,9 @@ silently ignored: a client that sends them expects vectors or bytes that depend 
   provider's own adapter or prompt: refused.
 - Jina's `embedding_type` and Voyage's `output_dtype`: float served, Jina's base64 read as `encoding_format` base64;
   the providers' quantized types (their own quantization) refused.
-- Refused when they ask for what this route does not do: Jina's `late_chunking` and `return_multivector` (served at
-  /v1/contextualizedembeddings and /embed_multi_vector), Infinity's `modality` other than text, Nomic's
-  `long_text_mode: mean` (`truncate` is read as Ivy's truncate), Mixedbread's free-text `prompt`.
+- Refused when they ask for what this route does not do: Jina's `return_multivector` (served at /embed_multi_vector),
+  Infinity's `modality` other than text, Nomic's `long_text_mode: mean` (`truncate` is read as Ivy's truncate),
+  Mixedbread's free-text `prompt`. (Jina's `late_chunking` is a field of /v1/embeddings: ivy.routes_embeddings.)
 Their dimension names (Nomic's `dimensionality`, Gemini's `output_dimensionality`) are ivy.schemas' peer names.
 """
 
@@ -26,8 +26,8 @@ _TASKS = {  # field -> {its value: input_type}
                   "RETRIEVAL_DOCUMENT": _DOCUMENT},
     "taskType": {"RETRIEVAL_QUERY": _QUERY, "RETRIEVAL_DOCUMENT": _DOCUMENT},
 }
-FIELDS = frozenset({*_TASKS, "embedding_type", "output_dtype", "late_chunking", "return_multivector", "modality",
-                    "long_text_mode", "prompt"})
+FIELDS = frozenset({*_TASKS, "embedding_type", "output_dtype", "return_multivector", "modality", "long_text_mode",
+                    "prompt"})
 
 
 def read_peer_fields(data: dict) -> dict:
@@ -51,9 +51,6 @@ def read_peer_fields(data: dict) -> dict:
         raise refuse("embedding_type", f'must be "float" or "base64": {_QUANTIZED}')
     if data.get("output_dtype") not in (None, "float"):
         raise refuse("output_dtype", f'must be "float": {_QUANTIZED}')
-    if data.get("late_chunking") is True:
-        raise refuse("late_chunking", "late chunking is served at /v1/contextualizedembeddings (each document's "
-                                      "chunks embedded in one pass)")
     if data.get("return_multivector") is True:
         raise refuse("return_multivector", "token vectors are served at /embed_multi_vector (a multi-vector model)")
     if data.get("modality") not in (None, "text"):

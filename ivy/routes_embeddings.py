@@ -17,6 +17,7 @@ from starlette.responses import Response
 from ivy import metrics
 from ivy.embed_dtypes import bytes_answer, wire_dtype
 from ivy.encode import WIRE_ENCODING, default_format, row_value
+from ivy.errors import IvyError, Problem
 from ivy.pooling import PoolingRequest, PoolingResponse, input_truncation
 from ivy.web import gateway_of, json_response, request_body, unless_disconnected, usage
 from ivy.responses import ContextualizedEmbeddingsResponse, EmbeddingsResponse
@@ -37,17 +38,50 @@ async def create_embeddings(request: Request) -> Response:
         fmt = body.encoding_format or default_format(gw.spec.native_int8)
         dtype = wire_dtype(fmt, body.embed_dtype, body.endianness,  # before any work: it may refuse
                            sent=body.encoding_format is not None)
-        rows, tokens = await _embed_inputs(request, body.input, deadline, route="/v1/embeddings", param="input",
-                                           fmt=fmt, truncate=truncate, side=body.truncation_side,
-                                           prompt=(body.input_type, body.prompt_name),
-                                           dimensions=body.dimensions, normalize=body.normalize, lane=lane,
-                                           max_tokens=max_tokens)
+        if body.late_chunking:
+            rows, tokens = await _late_chunked(request, gw, body, deadline, fmt=fmt, lane=lane)
+        else:
+            rows, tokens = await _embed_inputs(request, body.input, deadline, route="/v1/embeddings", param="input",
+                                               fmt=fmt, truncate=truncate, side=body.truncation_side,
+                                               prompt=(body.input_type, body.prompt_name),
+                                               dimensions=body.dimensions, normalize=body.normalize, lane=lane,
+                                               max_tokens=max_tokens)
         if fmt in RAW_FORMATS:
             return bytes_answer(rows, fmt, dtype, embed_dtype=body.embed_dtype, endianness=body.endianness,
                                 answer_id=f"embd-{uuid.uuid4().hex}", model=gw.model_name, tokens=tokens)
         data = [{"object": "embedding", "index": i, "embedding": row_value(rows[i], fmt, dtype)}
                 for i in range(len(rows))]
         return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})
+
+
+async def _late_chunked(request: Request, gw, body: EmbeddingsRequest, deadline: float, *, fmt: str,
+                        lane: str | None):
+    """Jina's late_chunking: the input texts are one document's chunks, each embedded with the others as its
+    context (one sequence, each chunk's token span mean-pooled), as /v1/contextualizedembeddings embeds a document.
+    Nothing is cut: a document over the model's length is a 422 naming input; a prompt would sit before the first
+    chunk only, so a model's prompt (input_type, prompt_name, its default) is refused with it."""
+    texts = body.input.texts
+    if texts is None:
+        raise IvyError(Problem.INVALID_PARAMETER, "late_chunking embeds texts: send the chunks as text",
+                       param="late_chunking")
+    if gw.encoder.prompt_for(body.input_type, body.prompt_name):
+        raise IvyError(Problem.INVALID_PARAMETER, "late_chunking with a prompt is not served (the prompt would "
+                       "precede the first chunk only); send no input_type or prompt_name, or use a model without "
+                       "a default prompt", param="late_chunking")
+    gw.check_count(len(texts), gw.config.max_chunks_per_request, "input")
+    dims = gw.check_dimensions(body.dimensions)
+    try:
+        docs = await gw.encoder.encode_documents([texts])
+    except IvyError as exc:  # named input[0], the one document: here the whole input
+        if exc.param != "input[0]":
+            raise
+        raise IvyError(exc.problem, exc.message.replace("input[0]", "the input (its chunks as one sequence)", 1), param="input",
+                       limit=exc.limit) from None
+    metrics.count_usage("/v1/embeddings", len(texts), len(docs.sequences[0]))
+    rows = await unless_disconnected(request, gw.embed(
+        docs.sequences, spans=docs.spans, deadline=deadline, dimensions=dims, normalize=body.normalize,
+        encoding=WIRE_ENCODING[fmt], lane=lane))
+    return rows, len(docs.sequences[0])
 
 
 @router.post("/embed", openapi_extra=request_body(TeiEmbedRequest))

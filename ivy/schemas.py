@@ -109,6 +109,8 @@ class EmbeddingsRequest(_Request):
     input_type: InputType | None = Field(default=None, description="query or document templating.")
     prompt_name: str | None = Field(default=None, description="A sentence-transformers prompt of the model.")
     priority: Priority = Field(default=None, description=f"Priority lane: {PRIORITY_RULE}.")
+    late_chunking: bool | None = Field(default=None, description="Jina's: true embeds the inputs as one document's "
+                                       "chunks, each with the others as context (as /v1/contextualizedembeddings).")
 
     @model_validator(mode="before")
     @classmethod

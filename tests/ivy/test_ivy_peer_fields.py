@@ -47,7 +47,6 @@ def _error(response) -> tuple[int, str, str]:
     ({"output_dtype": "int8"}, "output_dtype", "base64_int8"),
     ({"embedding_type": "ubinary"}, "embedding_type", "quantized types are not served"),  # Jina's
     ({"task": "text-matching"}, "task", "retrieval.query or retrieval.passage"),
-    ({"late_chunking": True}, "late_chunking", "/v1/contextualizedembeddings"),
     ({"return_multivector": True}, "return_multivector", "/embed_multi_vector"),
     ({"task_type": "CLASSIFICATION"}, "task_type", "RETRIEVAL_QUERY"),  # Gemini's
     ({"taskType": "CLUSTERING"}, "taskType", "RETRIEVAL_DOCUMENT"),
@@ -424,3 +423,30 @@ def test_vllms_older_activation_names_are_use_activation(tmp_path) -> None:
                 r = client.post(route, json={**plain, old: True})
                 assert r.status_code == 200 and scores_of(route, r.json()) == activated, (route, old)
 
+
+def test_jinas_late_chunking_is_one_document_s_chunks(client, fake, tmp_path) -> None:
+    """late_chunking: true embeds the inputs as /v1/contextualizedembeddings embeds one document of those chunks
+    (each chunk's span pooled with the others as its context), in /v1/embeddings' shape; ids, a prompt and a
+    document over the model's length are refused by name."""
+    chunks = ["Berlin is the capital of Germany.", "It has 3.8 million people.", "Its river is the Spree."]
+    late = client.post("/v1/embeddings", json={"input": chunks, "late_chunking": True})
+    assert late.status_code == 200, late.text
+    calls = fake.calls[-1]
+    assert calls.seqs == 1 and calls.rows == 3  # one sequence, a row per chunk's span
+    ctx = client.post("/v1/contextualizedembeddings", json={"input": [chunks], "encoding_format": "float"}).json()
+    assert [d["embedding"] for d in late.json()["data"]] == [d["embedding"] for d in ctx["data"][0]["data"]]
+    assert late.json()["usage"] == ctx["usage"]
+    plain = client.post("/v1/embeddings", json={"input": chunks}).json()
+    assert [d["embedding"] for d in plain["data"]] != [d["embedding"] for d in late.json()["data"]]
+    n = len(fake.calls)
+    for body, param in (({"input": [[101, 2003, 102]], "late_chunking": True}, "late_chunking"),
+                        ({"input": ["word " * 200, "word " * 200], "late_chunking": True}, "input")):
+        code, named, message = _error(client.post("/v1/embeddings", json=body))
+        assert (code, named) == (422, param), message
+    assert len(fake.calls) == n
+    folder = model_copy(tmp_path, "prompted", st_config={"prompts": {"query": "query: ", "document": "passage: "}})
+    prompted = FakeTulip(model_dir=folder)
+    with prompted, gateway(prompted, model=str(folder)) as c:
+        code, named, message = _error(c.post("/v1/embeddings", json={"input": chunks, "late_chunking": True,
+                                                                     "task": "retrieval.passage"}))
+        assert (code, named) == (422, "late_chunking") and "prompt" in message and not prompted.calls
