@@ -75,8 +75,8 @@ async def _late_chunked(request: Request, gw, body: EmbeddingsRequest, deadline:
     except IvyError as exc:  # named input[0], the one document: here the whole input
         if exc.param != "input[0]":
             raise
-        raise IvyError(exc.problem, exc.message.replace("input[0]", "the input (its chunks as one sequence)", 1), param="input",
-                       limit=exc.limit) from None
+        message = exc.message.replace("input[0]", "the input (its chunks as one sequence)", 1)
+        raise IvyError(exc.problem, message, param="input", limit=exc.limit) from None
     metrics.count_usage("/v1/embeddings", len(texts), len(docs.sequences[0]))
     rows = await unless_disconnected(request, gw.embed(
         docs.sequences, spans=docs.spans, deadline=deadline, dimensions=dims, normalize=body.normalize,
