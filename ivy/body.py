@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from ivy.errors import IvyError, Problem, from_validation_errors
-from ivy.schemas import PEER_ALIASES
+from ivy.peer_fields import PEER_ALIASES
 
 M = TypeVar("M", bound=BaseModel)
 

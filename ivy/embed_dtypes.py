@@ -1,18 +1,13 @@
 """vLLM's `embed_dtype` and `endianness`: the bytes of each value of a base64 row, or of vLLM's raw `bytes` answer,
 as vLLM's tensor2binary writes them (the float32 row cast by torch to the dtype, then its bytes in the order asked):
 float32, float16 by numpy, bfloat16 and fp8 (torch's float8_e4m3fn, saturating at 448, and float8_e5m2) by hand,
-since numpy has neither; each rounded to nearest, ties to even, as torch casts. `bytes_answer` is vLLM's
-`encoding_format: bytes` / `bytes_only` answer: every row's bytes back to back, the rows' places in a `metadata`
-header (bytes only)."""
+since numpy has neither; each rounded to nearest, ties to even, as torch casts."""
 
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
-import orjson
-from starlette.responses import Response
 
 from ivy.errors import IvyError, Problem
 
@@ -80,22 +75,3 @@ def value_bytes(rows: np.ndarray, dtype: str) -> bytes:
             return np.ascontiguousarray(rows, dtype=dtype).tobytes()
     return np.ascontiguousarray(rows, dtype=dtype).tobytes()  # float32, base64's default: no errstate a row
 
-
-def bytes_answer(rows: np.ndarray, fmt: str, dtype: str, *, embed_dtype: str | None, endianness: str | None,
-                 answer_id: str, model: str, tokens: int) -> Response:
-    """vLLM's raw answer (`encoding_format` bytes or bytes_only): application/octet-stream, every row's bytes back
-    to back; for bytes a `metadata` header, JSON of the id, created, model, each row's {"index", "embed_dtype",
-    "endianness", "start", "end", "shape"} (byte offsets into the body) and the usage, as vLLM's
-    encode_pooling_bytes writes it."""
-    body = value_bytes(rows, dtype)
-    headers = None
-    if fmt == "bytes":
-        size = len(body) // max(len(rows), 1)
-        shape = list(rows.shape[1:])
-        kind, order = embed_dtype or "float32", endianness or "native"
-        data = [{"index": i, "embed_dtype": kind, "endianness": order, "start": i * size, "end": (i + 1) * size,
-                 "shape": shape} for i in range(len(rows))]
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        meta = {"id": answer_id, "created": int(time.time()), "model": model, "data": data, "usage": usage}
-        headers = {"metadata": orjson.dumps(meta).decode()}
-    return Response(body, media_type="application/octet-stream", headers=headers)

@@ -3,8 +3,8 @@
 float -> a JSON list of float32 values; base64 -> little-endian float32 bytes (what the openai client
 decodes), or vLLM's `embed_dtype` and `endianness` (ivy.embed_dtypes); base64_int8 -> signed int8 bytes;
 base64_binary -> 1 bit per dimension, least significant bit first (Perplexity's layout); vLLM's bytes and
-bytes_only -> no JSON: every row's base64 bytes back to back (ivy.embed_dtypes.bytes_answer). Tulip already applied
-Matryoshka truncation, normalization and quantization (rose.head), so Ivy only reshapes bytes here.
+bytes_only -> no JSON: every row's base64 bytes back to back (ivy.routes_embeddings.bytes_answer). Tulip already
+applied Matryoshka truncation, normalization and quantization (rose.head), so Ivy only reshapes bytes here.
 """
 
 from __future__ import annotations

@@ -10,11 +10,15 @@ silently ignored: a client that sends them expects vectors or bytes that depend 
 - Refused when they ask for what this route does not do: Jina's `return_multivector` (served at /embed_multi_vector),
   Infinity's `modality` other than text, Nomic's `long_text_mode: mean` (`truncate` is read as Ivy's truncate),
   Mixedbread's free-text `prompt`. (Jina's `late_chunking` is a field of /v1/embeddings: ivy.routes_embeddings.)
-Their dimension names (Nomic's `dimensionality`, Gemini's `output_dimensionality`) are ivy.schemas' peer names.
+Other servers' names for Ivy's own fields, on every body (read_peer_names): text-embeddings-inference's
+truncation_direction ("Left" | "Right"), Voyage's top_k (rerank) and truncation (bool), Jina's normalized, Nomic's
+`dimensionality` and Gemini's `output_dimensionality`, vLLM's older softmax / activation, ... (_SAME_MEANING); listed
+in PEER_ALIASES, which the misspelling check (ivy.body) skips.
 """
 
 from __future__ import annotations
 
+from ivy.inputs import SCORE_SIDES, _wrong
 from ivy.vllm_fields import refuse
 
 _QUANTIZED = ("the provider's own quantized types are not served; for smaller vectors send encoding_format "
@@ -28,6 +32,15 @@ _TASKS = {  # field -> {its value: input_type}
 }
 FIELDS = frozenset({*_TASKS, "embedding_type", "output_dtype", "return_multivector", "modality", "long_text_mode",
                     "prompt"})
+# Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
+_SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
+                 "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize",
+                 "dimensions": "output_dimension",  # Cohere's /v2/embed, whose own name is output_dimension
+                 "dimensionality": "dimensions", "output_dimensionality": "dimensions",  # Nomic's, Gemini's
+                 "outputDimensionality": "dimensions",
+                 "softmax": "use_activation", "activation": "use_activation"}  # vLLM's older names (softmax first)
+PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair),
+                          *FIELDS})  # FIELDS: read_peer_fields reads them (embedding_type is no embed_dtype)
 
 
 def read_peer_fields(data: dict) -> dict:
@@ -63,4 +76,20 @@ def read_peer_fields(data: dict) -> dict:
     if data.get("prompt") is not None:
         raise refuse("prompt", "a free-text prompt is not served; send input_type (query or document) or "
                                "prompt_name (one of the model's prompts)")
+    return data
+
+
+def read_peer_names(data: dict, fields, prefix: str = "") -> dict:
+    """`data` with other servers' names for the model's `fields` read as those fields (ours wins when both are
+    sent); a `truncation_side` null (a proxy's dump) is the default. `prefix`: where the body sits, for errors."""
+    if "truncation_side" in data and data["truncation_side"] is None:
+        data = {k: v for k, v in data.items() if k != "truncation_side"}
+    if "truncation_direction" in data and "truncation_side" not in data and "truncation_side" in fields:
+        side = data["truncation_direction"]
+        if not (isinstance(side, str) and side.lower() in ("left", "right")):  # named as sent, not as ours
+            raise _wrong(prefix + "truncation_direction", '"Left" or "Right"')
+        data = {**data, "truncation_side": side.lower()}
+    for theirs, ours in _SAME_MEANING.items():
+        if theirs in data and ours not in data and ours in fields:
+            data = {**data, ours: data[theirs]}
     return data

@@ -10,12 +10,14 @@ from __future__ import annotations
 import time
 import uuid
 
+import numpy as np
+import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ivy import metrics
-from ivy.embed_dtypes import bytes_answer, wire_dtype
+from ivy.embed_dtypes import value_bytes, wire_dtype
 from ivy.encode import WIRE_ENCODING, default_format, row_value
 from ivy.errors import IvyError, Problem
 from ivy.pooling import PoolingRequest, PoolingResponse, input_truncation
@@ -24,7 +26,7 @@ from ivy.responses import ContextualizedEmbeddingsResponse, EmbeddingsResponse
 from ivy.schemas import ContextualizedEmbeddingsRequest, EmbeddingsRequest, TeiEmbedRequest
 
 router = APIRouter()
-RAW_FORMATS = ("bytes", "bytes_only")  # vLLM's: no JSON, the rows' bytes (ivy.embed_dtypes.bytes_answer)
+RAW_FORMATS = ("bytes", "bytes_only")  # vLLM's: no JSON, the rows' bytes (bytes_answer)
 
 
 @router.post("/v1/embeddings", openapi_extra=request_body(EmbeddingsRequest),
@@ -189,3 +191,22 @@ async def create_contextualized_embeddings(request: Request) -> Response:
             row += len(doc_spans)
             data.append({"object": "list", "index": i, "data": chunks})
         return json_response({"object": "list", "data": data, "model": gw.model_name, "usage": usage(tokens)})
+
+def bytes_answer(rows: np.ndarray, fmt: str, dtype: str, *, embed_dtype: str | None, endianness: str | None,
+                 answer_id: str, model: str, tokens: int) -> Response:
+    """vLLM's raw answer (`encoding_format` bytes or bytes_only): application/octet-stream, every row's bytes back
+    to back; for bytes a `metadata` header, JSON of the id, created, model, each row's {"index", "embed_dtype",
+    "endianness", "start", "end", "shape"} (byte offsets into the body) and the usage, as vLLM's
+    encode_pooling_bytes writes it."""
+    body = value_bytes(rows, dtype)
+    headers = None
+    if fmt == "bytes":
+        size = len(body) // max(len(rows), 1)
+        shape = list(rows.shape[1:])
+        kind, order = embed_dtype or "float32", endianness or "native"
+        data = [{"index": i, "embed_dtype": kind, "endianness": order, "start": i * size, "end": (i + 1) * size,
+                 "shape": shape} for i in range(len(rows))]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        meta = {"id": answer_id, "created": int(time.time()), "model": model, "data": data, "usage": usage}
+        headers = {"metadata": orjson.dumps(meta).decode()}
+    return Response(body, media_type="application/octet-stream", headers=headers)

@@ -13,23 +13,13 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, PrivateAttr, WithJsonSchema, model_validator
 
 from ivy.lanes import PRIORITY_RULE, lane_name
-from ivy.inputs import (_ID_LISTS, SCORE_SIDES, _all_ints, _count, _first_not_int, _wrong, Dimensions,
+from ivy.inputs import (_ID_LISTS, _all_ints, _count, _first_not_int, _wrong, Dimensions,
                         DocumentsOfChunks, EmbeddingInput, EncodingFormat, Inputs, InputType, PredictInputs, Query,
                         RawEncodingFormat, RerankDocuments, Side, TextOrTexts, one_text, parse_inputs,
                         parse_predict_inputs, parse_texts, score_side, score_sides)
-from ivy.peer_fields import FIELDS as PEER_FIELDS
-from ivy.peer_fields import read_peer_fields
+from ivy.peer_fields import read_peer_fields, read_peer_names
 from ivy.vllm_fields import refuse_unserved
 
-# Voyage / Cohere v2 / Jina, sentence-transformers' truncate_dim, vLLM's use_activation (an embedding's normalization)
-_SAME_MEANING = {"top_k": "top_n", "truncation": "truncate", "normalized": "normalize",
-                 "output_dimension": "dimensions", "truncate_dim": "dimensions", "use_activation": "normalize",
-                 "dimensions": "output_dimension",  # Cohere's /v2/embed, whose own name is output_dimension
-                 "dimensionality": "dimensions", "output_dimensionality": "dimensions",  # Nomic's, Gemini's
-                 "outputDimensionality": "dimensions",
-                 "softmax": "use_activation", "activation": "use_activation"}  # vLLM's older names (softmax first)
-PEER_ALIASES = frozenset({"truncation_direction", *_SAME_MEANING, *(n for pair in SCORE_SIDES for n in pair),
-                          *PEER_FIELDS})  # the last: ivy.peer_fields reads them (embedding_type is no embed_dtype)
 RAW = ("the logits before the model's activation (a sigmoid reranker's, Qwen3-Reranker's logit(yes) - "
        "logit(no)); cosine and MaxSim scores, and a reranker without an activation, are raw already.")
 INSTRUCTION = ("The task line of a yes/no reranker's prompt (Qwen3-Reranker's <Instruct>); omitted = its default, "
@@ -62,22 +52,8 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _peer_names(cls, data: Any) -> Any:
-        """Other servers' names for our fields: text-embeddings-inference's truncation_direction ("Left" |
-        "Right"), Voyage's top_k (rerank) and truncation (bool), Jina's normalized. Listed in PEER_ALIASES,
-        which the misspelling check skips; ours wins when both are sent."""
-        if not isinstance(data, dict):
-            return data
-        if "truncation_side" in data and data["truncation_side"] is None:  # a null dumped by a proxy: the default
-            data = {k: v for k, v in data.items() if k != "truncation_side"}
-        if "truncation_direction" in data and "truncation_side" not in data and "truncation_side" in cls.model_fields:
-            side = data["truncation_direction"]
-            if not (isinstance(side, str) and side.lower() in ("left", "right")):  # named as sent, not as ours
-                raise _wrong(cls.peer_prefix + "truncation_direction", '"Left" or "Right"')
-            data = {**data, "truncation_side": side.lower()}
-        for theirs, ours in _SAME_MEANING.items():
-            if theirs in data and ours not in data and ours in cls.model_fields:
-                data = {**data, ours: data[theirs]}
-        return data
+        """Other servers' names for our fields (ivy.peer_fields.read_peer_names); ours wins when both are sent."""
+        return read_peer_names(data, cls.model_fields, cls.peer_prefix) if isinstance(data, dict) else data
 
 
 class _Request(_Body):

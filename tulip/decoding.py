@@ -64,33 +64,41 @@ _LENIENT = _lenient_classes()
 _STRING_FIELDS = tuple(f.name for f in embed_pb2.EmbedRequest.DESCRIPTOR.fields if f.type == f.TYPE_STRING)
 
 
+def _parse(cls, data: bytes):
+    """(the message, None, None) where `cls` decodes `data`; else (None, its lenient twin's message or None when
+    that fails too, the strict class's DecodeError)."""
+    try:
+        return cls.FromString(data), None, None
+    except DecodeError as exc:
+        try:
+            return None, _LENIENT[cls.DESCRIPTOR.name].FromString(data), exc
+        except DecodeError:
+            return None, None, exc
+
+
 def decode_embed_request(data: bytes) -> embed_pb2.EmbedRequest | UndecodableRequest:
     """Embed's request deserializer: an EmbedRequest, or the marker that admit refuses (a deserializer that raises
     ends the call UNKNOWN, "Unexpected DecodeError", before Tulip sees it)."""
-    try:
-        return embed_pb2.EmbedRequest.FromString(data)
-    except DecodeError as exc:
-        try:
-            lenient = _LENIENT["EmbedRequest"].FromString(data)
-        except DecodeError:
-            return UndecodableRequest(f"the request could not be decoded as an EmbedRequest: {exc}")
-        return _undecodable(lenient, exc)
+    message, lenient, exc = _parse(embed_pb2.EmbedRequest, data)
+    if exc is None:
+        return message
+    if lenient is None:
+        return UndecodableRequest(f"the request could not be decoded as an EmbedRequest: {exc}")
+    return _undecodable(lenient, exc)
 
 
 def decode_stream_request(data: bytes) -> embed_pb2.StreamRequest | UndecodableStreamRequest:
     """EmbedStream's request deserializer: a StreamRequest, or the marker StreamRequests.handle answers (the one
     request refused when its id could be read, else the stream ended), rather than the whole call ending UNKNOWN
     with every other request on it unanswered."""
-    try:
-        return embed_pb2.StreamRequest.FromString(data)
-    except DecodeError as exc:
-        try:
-            lenient = _LENIENT["StreamRequest"].FromString(data)
-        except DecodeError:
-            return UndecodableStreamRequest(None, f"a message could not be decoded as a StreamRequest ({exc}), so "
-                                                  "the request it carried cannot be answered: the stream is ended")
-        return UndecodableStreamRequest(lenient.id, "", cancel=lenient.cancel, timeout_s=lenient.timeout_s,
-                                        request=_undecodable(lenient.request, exc))
+    message, lenient, exc = _parse(embed_pb2.StreamRequest, data)
+    if exc is None:
+        return message
+    if lenient is None:
+        return UndecodableStreamRequest(None, f"a message could not be decoded as a StreamRequest ({exc}), so the "
+                                              "request it carried cannot be answered: the stream is ended")
+    return UndecodableStreamRequest(lenient.id, "", cancel=lenient.cancel, timeout_s=lenient.timeout_s,
+                                    request=_undecodable(lenient.request, exc))
 
 
 def _undecodable(lenient, exc: DecodeError) -> UndecodableRequest:
