@@ -55,16 +55,18 @@ def decode_rows(response: embed_pb2.EmbedResponse) -> np.ndarray:
 
 
 def embed_request(seqs: Sequence[Sequence[int]], tokens: int, *, dimensions: int, normalize: bool | None,
-                  encoding: Encoding | int, request_id: str,
+                  encoding: Encoding | int, request_id: str, flow: str = "",
                   spans: Sequence[Sequence[tuple[int, int]]] | None = None, lane: int = 0,
                   token_types: Sequence[Sequence[int]] | None = None, output: str = "") -> embed_pb2.EmbedRequest:
     """One Embed call's request: `seqs` (holding `tokens` ids) packed little-endian int32, with optional
     (sequence, start, end) span triples and token types (one uint8 per id, cross-encoder pairs); `output`: which
-    of the model's outputs (rose.spec ModelSpec.outputs; "" = its first)."""
+    of the model's outputs (rose.spec ModelSpec.outputs; "" = its first); `flow`: the calls that share it wait as one
+    request in Tulip's queue (ivy.metrics.request_flow; "" = this call alone)."""
     req = embed_pb2.EmbedRequest(
         token_ids=packed_ids(seqs, tokens),
         seq_lens=np.fromiter(map(len, seqs), dtype="<i4", count=len(seqs)).tobytes(),
-        dimensions=dimensions, encoding=int(encoding), request_id=request_id, lane=lane, output=output)
+        dimensions=dimensions, encoding=int(encoding), request_id=request_id, lane=lane, output=output,
+        flow=flow)
     if normalize is not None:
         req.normalize = normalize
     if spans is not None:

@@ -227,8 +227,10 @@ class Gateway:
             return await self.coalescer.embed(sequences, chunks[0].tokens, deadline=deadline, dimensions=dimensions,
                                               normalize=normalize, encoding=encoding, request_id=request_id,
                                               lane=wire_lane)
+        flow = metrics.request_flow()
         requests = [embed_request(sequences[c.first: c.first + c.count], c.tokens, dimensions=dimensions,
-                                  normalize=normalize, encoding=encoding, request_id=request_id, lane=wire_lane,
+                                  normalize=normalize, encoding=encoding, request_id=request_id, flow=flow,
+                                  lane=wire_lane,
                                   spans=None if spans is None else spans[c.first: c.first + c.count],
                                   token_types=None if token_types is None else token_types[c.first: c.first + c.count],
                                   output=output)

@@ -8,6 +8,7 @@ series' address, whose series go when the replica leaves (forget_replica, RELIAB
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -179,7 +180,7 @@ class RequestTrace:
     refused or failed, or whose replica does not measure them (an older Tulip answers 0) sends only the first
     two, and a route that tokenizes nothing (GET /health, a body refused before it) only x-total-time."""
 
-    __slots__ = ("start", "cold", "tokenize_s", "queue_us", "inference_us", "batcher_us", "usage")
+    __slots__ = ("start", "cold", "tokenize_s", "queue_us", "inference_us", "batcher_us", "usage", "flow")
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -187,6 +188,7 @@ class RequestTrace:
         self.tokenize_s = 0.0
         self.queue_us = self.inference_us = self.batcher_us = 0  # 0: no Tulip answer that measured them
         self.usage: list[tuple[str, int, int]] = []  # count_usage's (route, inputs, tokens), until answered
+        self.flow = ""  # request_flow's, made when the request first calls a replica
 
     def count_usage(self) -> None:
         """The request answered: what count_usage held for it goes into ivy_inputs and ivy_tokens."""
@@ -210,6 +212,24 @@ class RequestTrace:
 
 _TRACE: ContextVar[RequestTrace | None] = ContextVar("ivy_trace", default=None)
 COLD_HEADER = (b"x-cold-start", b"1")
+
+
+_FLOW_SALT = uuid.uuid4().hex[:12]
+_FLOWS = itertools.count(1)
+
+
+def request_flow() -> str:
+    """The current request's key in Tulip's queue (EmbedRequest.flow), the same for every call it makes, so its
+    chunks wait as one request; never the client's X-Request-Id, which any number of requests may carry (sharing
+    a key would join unrelated requests into one, and one that never empties would hold its place ahead of
+    older requests: tulip/packer.py). Unique among every gateway's requests: process id, a random salt, a count.
+    Outside a request, a new key each call."""
+    trace = _TRACE.get()
+    if trace is None:
+        return f"{os.getpid():x}.{_FLOW_SALT}.0.{next(_FLOWS)}"
+    if not trace.flow:
+        trace.flow = f"{os.getpid():x}.{_FLOW_SALT}.{next(_FLOWS)}"
+    return trace.flow
 
 
 def note_backend(response) -> None:

@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12protos/embed.proto\x12\x08tulip.v1\"\xf9\x01\n\x0c\x45mbedRequest\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x10\n\x08seq_lens\x18\x02 \x01(\x0c\x12\r\n\x05spans\x18\x03 \x01(\x0c\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12\x16\n\tnormalize\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12$\n\x08\x65ncoding\x18\x06 \x01(\x0e\x32\x12.tulip.v1.Encoding\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x1c\n\x04lane\x18\x08 \x01(\x0e\x32\x0e.tulip.v1.Lane\x12\x13\n\x0btoken_types\x18\t \x01(\x0c\x12\x0e\n\x06output\x18\n \x01(\tB\x0c\n\n_normalize\"\xc5\x01\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12$\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x12.tulip.v1.Encoding\x12\x0e\n\x06tokens\x18\x05 \x01(\r\x12\x0c\n\x04\x63old\x18\x06 \x01(\x08\x12\x10\n\x08queue_us\x18\x07 \x01(\r\x12\x14\n\x0cinference_us\x18\x08 \x01(\r\x12\x12\n\nbatcher_us\x18\t \x01(\r\"g\n\rStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x07request\x18\x02 \x01(\x0b\x32\x16.tulip.v1.EmbedRequest\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x0e\n\x06\x63\x61ncel\x18\x04 \x01(\x08\"\x8d\x01\n\x0eStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12)\n\x08response\x18\x02 \x01(\x0b\x32\x17.tulip.v1.EmbedResponse\x12\x0c\n\x04\x63ode\x18\x03 \x01(\r\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x15\n\rretry_after_s\x18\x06 \x01(\x01\"\r\n\x0bInfoRequest\"\xc4\x02\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nmax_length\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12\x0f\n\x07pooling\x18\x05 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x06 \x01(\t\x12\x14\n\x0cnative_dtype\x18\x07 \x01(\t\x12\x12\n\nnormalized\x18\x08 \x01(\x08\x12\x18\n\x10max_batch_tokens\x18\t \x01(\r\x12\x16\n\x0emax_batch_seqs\x18\n \x01(\r\x12\x19\n\x11\x61ttention_backend\x18\x0b \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\x12\x0f\n\x07version\x18\r \x01(\t\x12\r\n\x05tasks\x18\x0e \x03(\t\x12\x13\n\x0b\x66ramed_port\x18\x0f \x01(\r*H\n\x08\x45ncoding\x12\x14\n\x10\x45NCODING_FLOAT32\x10\x00\x12\x11\n\rENCODING_INT8\x10\x01\x12\x13\n\x0f\x45NCODING_BINARY\x10\x02*+\n\x04Lane\x12\x14\n\x10LANE_INTERACTIVE\x10\x00\x12\r\n\tLANE_BULK\x10\x01\x32\xc1\x01\n\x08\x45mbedder\x12\x38\n\x05\x45mbed\x12\x16.tulip.v1.EmbedRequest\x1a\x17.tulip.v1.EmbedResponse\x12\x44\n\x0b\x45mbedStream\x12\x17.tulip.v1.StreamRequest\x1a\x18.tulip.v1.StreamResponse(\x01\x30\x01\x12\x35\n\x04Info\x12\x15.tulip.v1.InfoRequest\x1a\x16.tulip.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12protos/embed.proto\x12\x08tulip.v1\"\x87\x02\n\x0c\x45mbedRequest\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x10\n\x08seq_lens\x18\x02 \x01(\x0c\x12\r\n\x05spans\x18\x03 \x01(\x0c\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12\x16\n\tnormalize\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12$\n\x08\x65ncoding\x18\x06 \x01(\x0e\x32\x12.tulip.v1.Encoding\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x1c\n\x04lane\x18\x08 \x01(\x0e\x32\x0e.tulip.v1.Lane\x12\x13\n\x0btoken_types\x18\t \x01(\x0c\x12\x0e\n\x06output\x18\n \x01(\t\x12\x0c\n\x04\x66low\x18\x0b \x01(\tB\x0c\n\n_normalize\"\xc5\x01\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12$\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x12.tulip.v1.Encoding\x12\x0e\n\x06tokens\x18\x05 \x01(\r\x12\x0c\n\x04\x63old\x18\x06 \x01(\x08\x12\x10\n\x08queue_us\x18\x07 \x01(\r\x12\x14\n\x0cinference_us\x18\x08 \x01(\r\x12\x12\n\nbatcher_us\x18\t \x01(\r\"g\n\rStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x07request\x18\x02 \x01(\x0b\x32\x16.tulip.v1.EmbedRequest\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x0e\n\x06\x63\x61ncel\x18\x04 \x01(\x08\"\x8d\x01\n\x0eStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12)\n\x08response\x18\x02 \x01(\x0b\x32\x17.tulip.v1.EmbedResponse\x12\x0c\n\x04\x63ode\x18\x03 \x01(\r\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x15\n\rretry_after_s\x18\x06 \x01(\x01\"\r\n\x0bInfoRequest\"\xc4\x02\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nmax_length\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12\x0f\n\x07pooling\x18\x05 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x06 \x01(\t\x12\x14\n\x0cnative_dtype\x18\x07 \x01(\t\x12\x12\n\nnormalized\x18\x08 \x01(\x08\x12\x18\n\x10max_batch_tokens\x18\t \x01(\r\x12\x16\n\x0emax_batch_seqs\x18\n \x01(\r\x12\x19\n\x11\x61ttention_backend\x18\x0b \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\x12\x0f\n\x07version\x18\r \x01(\t\x12\r\n\x05tasks\x18\x0e \x03(\t\x12\x13\n\x0b\x66ramed_port\x18\x0f \x01(\r*H\n\x08\x45ncoding\x12\x14\n\x10\x45NCODING_FLOAT32\x10\x00\x12\x11\n\rENCODING_INT8\x10\x01\x12\x13\n\x0f\x45NCODING_BINARY\x10\x02*+\n\x04Lane\x12\x14\n\x10LANE_INTERACTIVE\x10\x00\x12\r\n\tLANE_BULK\x10\x01\x32\xc1\x01\n\x08\x45mbedder\x12\x38\n\x05\x45mbed\x12\x16.tulip.v1.EmbedRequest\x1a\x17.tulip.v1.EmbedResponse\x12\x44\n\x0b\x45mbedStream\x12\x17.tulip.v1.StreamRequest\x1a\x18.tulip.v1.StreamResponse(\x01\x30\x01\x12\x35\n\x04Info\x12\x15.tulip.v1.InfoRequest\x1a\x16.tulip.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.embed_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENCODING']._serialized_start=1075
-  _globals['_ENCODING']._serialized_end=1147
-  _globals['_LANE']._serialized_start=1149
-  _globals['_LANE']._serialized_end=1192
+  _globals['_ENCODING']._serialized_start=1089
+  _globals['_ENCODING']._serialized_end=1161
+  _globals['_LANE']._serialized_start=1163
+  _globals['_LANE']._serialized_end=1206
   _globals['_EMBEDREQUEST']._serialized_start=33
-  _globals['_EMBEDREQUEST']._serialized_end=282
-  _globals['_EMBEDRESPONSE']._serialized_start=285
-  _globals['_EMBEDRESPONSE']._serialized_end=482
-  _globals['_STREAMREQUEST']._serialized_start=484
-  _globals['_STREAMREQUEST']._serialized_end=587
-  _globals['_STREAMRESPONSE']._serialized_start=590
-  _globals['_STREAMRESPONSE']._serialized_end=731
-  _globals['_INFOREQUEST']._serialized_start=733
-  _globals['_INFOREQUEST']._serialized_end=746
-  _globals['_INFORESPONSE']._serialized_start=749
-  _globals['_INFORESPONSE']._serialized_end=1073
-  _globals['_EMBEDDER']._serialized_start=1195
-  _globals['_EMBEDDER']._serialized_end=1388
+  _globals['_EMBEDREQUEST']._serialized_end=296
+  _globals['_EMBEDRESPONSE']._serialized_start=299
+  _globals['_EMBEDRESPONSE']._serialized_end=496
+  _globals['_STREAMREQUEST']._serialized_start=498
+  _globals['_STREAMREQUEST']._serialized_end=601
+  _globals['_STREAMRESPONSE']._serialized_start=604
+  _globals['_STREAMRESPONSE']._serialized_end=745
+  _globals['_INFOREQUEST']._serialized_start=747
+  _globals['_INFOREQUEST']._serialized_end=760
+  _globals['_INFORESPONSE']._serialized_start=763
+  _globals['_INFORESPONSE']._serialized_end=1087
+  _globals['_EMBEDDER']._serialized_start=1209
+  _globals['_EMBEDDER']._serialized_end=1402
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ LANE_INTERACTIVE: Lane
 LANE_BULK: Lane
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("token_ids", "seq_lens", "spans", "dimensions", "normalize", "encoding", "request_id", "lane", "token_types", "output")
+    __slots__ = ("token_ids", "seq_lens", "spans", "dimensions", "normalize", "encoding", "request_id", "lane", "token_types", "output", "flow")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SEQ_LENS_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class EmbedRequest(_message.Message):
     LANE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPES_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    FLOW_FIELD_NUMBER: _ClassVar[int]
     token_ids: bytes
     seq_lens: bytes
     spans: bytes
@@ -45,7 +46,8 @@ class EmbedRequest(_message.Message):
     lane: Lane
     token_types: bytes
     output: str
-    def __init__(self, token_ids: _Optional[bytes] = ..., seq_lens: _Optional[bytes] = ..., spans: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., request_id: _Optional[str] = ..., lane: _Optional[_Union[Lane, str]] = ..., token_types: _Optional[bytes] = ..., output: _Optional[str] = ...) -> None: ...
+    flow: str
+    def __init__(self, token_ids: _Optional[bytes] = ..., seq_lens: _Optional[bytes] = ..., spans: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., request_id: _Optional[str] = ..., lane: _Optional[_Union[Lane, str]] = ..., token_types: _Optional[bytes] = ..., output: _Optional[str] = ..., flow: _Optional[str] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "rows", "dimensions", "encoding", "tokens", "cold", "queue_us", "inference_us", "batcher_us")

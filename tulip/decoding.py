@@ -1,6 +1,6 @@
 """The gRPC port's deserializers for Embed and EmbedStream (tulip.server registers them in place of the generated
 ones): they never raise, since grpc would end the call UNKNOWN, the whole stream with it. A message that fails
-to decode becomes a marker: an EmbedRequest whose string fields are not UTF-8 (request_id, output) is parsed
+to decode becomes a marker: an EmbedRequest whose string fields are not UTF-8 (request_id, output, flow) is parsed
 again with those fields as bytes, so that its stream id is read and the field named, and is refused alone
 (INVALID_ARGUMENT); a stream message whose id cannot be read ends the stream (tulip.stream)."""
 

@@ -55,9 +55,9 @@ def _us(seconds: float) -> int:
 
 class Job(Ticket):
     def __init__(self, parsed: ParsedRequest, *, native_dimensions: int, loop: asyncio.AbstractEventLoop,
-                 deadline: float | None = None, request_id: str = "", lane: int = 0,
+                 deadline: float | None = None, request_id: str = "", flow: str = "", lane: int = 0,
                  received_at: float | None = None) -> None:
-        super().__init__(deadline, flow=request_id, lane=lane)  # the chunks of one Ivy request share one place in the queue
+        super().__init__(deadline, flow=flow, lane=lane)  # the chunks of one Ivy request share one place in the queue
         # time.perf_counter() stamps: read (the caller's, before parsing), first launch (the worker's), last rows
         self.received_at = time.perf_counter() if received_at is None else received_at
         self.launched_at = 0.0  # its first batch's step (its batches reach the one completer in launch order)

@@ -294,7 +294,7 @@ class TulipServer:
                 check_deadline(lane, self.queue.lane_tokens(lane), parsed.num_tokens, remaining,
                                self.worker.device_times.pace())
         job = Job(parsed, native_dimensions=self.limits.dimensions, loop=self._loop, deadline=deadline,
-                  request_id=request.request_id, lane=lane, received_at=received_at)
+                  request_id=request.request_id, flow=request.flow, lane=lane, received_at=received_at)
         inline = self.worker.inline
         self.queue.push(job, job.sequences, wake=not inline)
         self._active += 1

@@ -88,6 +88,7 @@ class Call:
     token_types: bytes = b""  # as sent (one uint8 per token id), empty when absent
     token_ids: bytes = b""  # as sent (int32 little-endian)
     output: str = ""  # as sent
+    flow: str = ""  # as sent
 
 
 @dataclass
@@ -295,7 +296,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
         out = apply_head(native, options, native_int8=fake.spec.native_int8, default_normalize=normalize_default)
         dims = request.dimensions or native.shape[1]
         fake.calls.append(Call(len(lens), int(lens.sum()), out.shape[0], dims, request.encoding, request.request_id,
-                               request.lane, request.token_types, request.token_ids, request.output))
+                               request.lane, request.token_types, request.token_ids, request.output, request.flow))
         timings = fake.timings(request) if callable(fake.timings) else fake.timings
         return embed_pb2.EmbedResponse(embeddings=out.astype(out.dtype.newbyteorder("<")).tobytes(),
                                        rows=out.shape[0], dimensions=dims, encoding=request.encoding,

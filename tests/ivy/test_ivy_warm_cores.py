@@ -225,7 +225,7 @@ def test_a_loop_refused_its_class_never_spins(monkeypatch, capsys) -> None:
 
 def test_a_stopped_loop_dies_with_ivy_up() -> None:
     """A SIGSTOPped loop would hold a SIGTERM until continued: the loops' parent-death signal is SIGKILL."""
-    import select
+    import selectors
 
     parent = subprocess.Popen([sys.executable, "-c", (
         "import signal, subprocess, sys, time\n"
@@ -236,7 +236,10 @@ def test_a_stopped_loop_dies_with_ivy_up() -> None:
         "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
     loop_pid = None
     try:
-        assert select.select([parent.stdout], [], [], 30)[0], "the parent never started its loop"
+        ready = selectors.DefaultSelector()  # epoll: select() refuses a descriptor above 1023 (a long test run's)
+        ready.register(parent.stdout, selectors.EVENT_READ)
+        assert ready.select(30), "the parent never started its loop"
+        ready.close()
         loop_pid = int(parent.stdout.readline())
         os.kill(loop_pid, signal.SIGSTOP)
         assert _wait_state(loop_pid, stopped=True)
