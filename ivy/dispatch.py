@@ -60,7 +60,7 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
     last: IvyError | None = None
     response_bytes = _rows(request) * (request.dimensions or pool.expected.dimensions) * 4 + 64
     while True:
-        replica = pool.pick(tried | busy)
+        replica = pool.pick(tried | busy, request.output)
         if replica is None and busy:
             wait = pause * random.uniform(0.5, 1.5)
             if deadline - time.monotonic() <= wait + MIN_ATTEMPT_S:
@@ -70,6 +70,9 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
             busy.clear()
             continue
         if replica is None:
+            if last is None and request.output and pool.pick(tried) is not None:
+                raise IvyError(Problem.UNAVAILABLE, f"no replica serving now answers output {request.output!r} "
+                               "(a reranker's raw scores): they run an older Tulip; retry once the rollout is done")
             raise last or IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
         remaining = deadline - time.monotonic()
         if remaining <= 0:

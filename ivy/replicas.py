@@ -234,13 +234,14 @@ class ReplicaPool:
 
     # ---- routing ----
 
-    def pick(self, exclude: set[Replica]) -> Replica | None:
-        """The SERVING replica with the fewest outstanding tokens (ties rotate), skipping `exclude`."""
+    def pick(self, exclude: set[Replica], output: str = "") -> Replica | None:
+        """The SERVING replica with the fewest outstanding tokens (ties rotate), skipping `exclude` and those that do
+        not serve `output` (Replica.serves: an older Tulip mid-rollout)."""
         best, best_key = None, None
         turn = next(self._tiebreak)
         n = len(self.replicas)
         for i, r in enumerate(self.replicas):
-            if r.state is not State.SERVING or r in exclude:
+            if r.state is not State.SERVING or r in exclude or (output and not r.serves(output)):
                 continue
             key = (r.outstanding_tokens, (i - turn) % n)
             if best_key is None or key < best_key:

@@ -104,7 +104,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "family", "max_length", "dimensions", "pooling", "tokenizer_fingerprint", "native_dtype", "normalized", "max_batch_tokens", "max_batch_seqs", "attention_backend", "device", "version", "tasks", "framed_port")
+    __slots__ = ("model_id", "family", "max_length", "dimensions", "pooling", "tokenizer_fingerprint", "native_dtype", "normalized", "max_batch_tokens", "max_batch_seqs", "attention_backend", "device", "version", "tasks", "framed_port", "outputs")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class InfoResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     FRAMED_PORT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     family: str
     max_length: int
@@ -135,4 +136,5 @@ class InfoResponse(_message.Message):
     version: str
     tasks: _containers.RepeatedScalarFieldContainer[str]
     framed_port: int
-    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[str] = ..., max_length: _Optional[int] = ..., dimensions: _Optional[int] = ..., pooling: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., native_dtype: _Optional[str] = ..., normalized: _Optional[bool] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_seqs: _Optional[int] = ..., attention_backend: _Optional[str] = ..., device: _Optional[str] = ..., version: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., framed_port: _Optional[int] = ...) -> None: ...
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[str] = ..., max_length: _Optional[int] = ..., dimensions: _Optional[int] = ..., pooling: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., native_dtype: _Optional[str] = ..., normalized: _Optional[bool] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_seqs: _Optional[int] = ..., attention_backend: _Optional[str] = ..., device: _Optional[str] = ..., version: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., framed_port: _Optional[int] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -65,4 +65,5 @@ class TulipEmbedderServicer(embed_pb2_grpc.EmbedderServicer):
             native_dtype="int8" if info.native_int8 else "float32", normalized=bool(info.normalize_default),
             max_batch_tokens=server.batch_tokens, max_batch_seqs=server.config.max_batch_seqs,
             attention_backend=str(getattr(info, "attention_backend", "")), device=str(info.device),
-            version=__version__, tasks=list(getattr(info, "tasks", ("embed",))), framed_port=server.framed.port)
+            version=__version__, tasks=list(getattr(info, "tasks", ("embed",))), framed_port=server.framed.port,
+            outputs=[o.name for o in server.limits.outputs])

@@ -119,6 +119,7 @@ class FakeTulip:
     cold: bool = False  # answers say their batch ran without its CUDA graph yet
     timings: tuple | Callable = (0, 0, 0)  # answers' queue_us, inference_us, batcher_us (or request -> them)
     tasks: list[str] | None = None  # what Info claims (default: the folder's tasks)
+    older_info: bool = False  # a Tulip older than InfoResponse.outputs: Info names none, "score" / "logit" refused
 
     def __post_init__(self) -> None:
         spec = load_spec(self.model_dir or bundled_model_dir())
@@ -278,8 +279,10 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                 flat = np.frombuffer(request.token_types, dtype=np.uint8)
                 types = [flat[offsets[i]:offsets[i + 1]].tolist() for i in range(len(lens))]
             classify = "classify" in fake.spec.tasks
-            if request.output not in ("", *(o.name for o in fake.spec.outputs)):
-                raise ValueError(f"output {request.output!r}")  # Tulip's INVALID_ARGUMENT
+            served = () if fake.older_info else (o.name for o in fake.spec.outputs)
+            if request.output not in ("", *served):
+                raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, f"output = {request.output!r} is not one of this "
+                            f"model's {['', *served]}", "")  # as Tulip's parse_embed_request
             native = (fake_logits(seqs, fake.spec.dimensions, types) if classify
                       else fake_scores(seqs, types, raw=request.output == "logit"))
         elif fake.spec.retrieval is not None:
@@ -310,7 +313,8 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
             dimensions=fake.spec.dimensions, pooling=fake.spec.pooling, tokenizer_fingerprint=fake.fingerprint,
             native_dtype="int8" if fake.spec.native_int8 else "float32", normalized=fake.spec.normalize,
             max_batch_tokens=16384, max_batch_seqs=256, attention_backend="fake", device="cpu", version="fake",
-            tasks=list(fake.tasks if fake.tasks is not None else fake.spec.tasks))
+            tasks=list(fake.tasks if fake.tasks is not None else fake.spec.tasks),
+            outputs=[] if fake.older_info else [o.name for o in fake.spec.outputs])
 
 
 class _Health(health_pb2_grpc.HealthServicer):

@@ -65,6 +65,7 @@ def test_the_logit_output_is_the_raw_score_beside_the_default_score(engine) -> N
     encoded = engine.tokenizer.encode_pairs(PAIRS)
     ids, types = [p.ids for p in encoded], [p.type_ids for p in encoded]
     with ServerThread(make_config(max_batch_tokens=256, max_batch_seqs=8), engine=engine) as s:
+        assert list(s.stub.Info(embed_pb2.InfoRequest(), timeout=10).outputs) == ["score", "logit"]  # Ivy routes by it
         futures = []
         for output in ("", "logit", "score"):
             req = encode_request(ids)
