@@ -19,6 +19,10 @@ replica with the fewest outstanding tokens and, while the request's deadline all
   deadline leaves no room for another pause and an attempt of MIN_ATTEMPT_S after it (RELIABILITY 31: a
   request larger than the free queues waits for room instead of a 429 while nothing else is queued). Then
   the 429 is the answer (also when a pause, or the last retry itself, overran the deadline on a loaded host);
+- a chunk for an output the replica's Info does not name (a reranker's `logit`) goes only to replicas that name
+  it or name none; one that names none and refuses it as unknown (an older Tulip, INVALID_ARGUMENT) is not sent
+  that output again until its next Info, and the chunk goes elsewhere; with no such replica left, a 503 that
+  says why (RELIABILITY 60);
 - any other error is the answer.
 """
 
@@ -70,9 +74,10 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
             busy.clear()
             continue
         if replica is None:
-            if last is None and request.output and pool.pick(tried) is not None:
+            if last is None and request.output and pool.any_serving():
                 raise IvyError(Problem.UNAVAILABLE, f"no replica serving now answers output {request.output!r} "
-                               "(a reranker's raw scores): they run an older Tulip; retry once the rollout is done")
+                               "(a reranker's logit, for raw scores and /predict): they run an older Tulip; retry "
+                               "once the rollout is done")
             raise last or IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -104,6 +109,12 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
                 busy.add(replica)
                 last = error
                 continue  # (finally runs first) not a failure of the replica: no warning per chunk
+            elif (code == grpc.StatusCode.INVALID_ARGUMENT and request.output and replica.outputs is None
+                  and exc.details.startswith(f"output = {request.output!r}")):
+                log.info("replica %s does not serve output %r (an older Tulip): not sent there until its next Info",
+                         replica.address, request.output)
+                replica.lacks.add(request.output)  # pick skips it for this output now: the chunk goes elsewhere
+                continue
             elif code == grpc.StatusCode.DEADLINE_EXCEEDED and last is not None \
                     and last.problem is Problem.REPLICA_BUSY:
                 raise last from None  # a retry after queue full ran out of deadline (a stalled host): still the 429
@@ -149,7 +160,7 @@ async def _attempt(pool: ReplicaPool, replica: Replica, tried: set[Replica], req
         if not again and now - planned > LATE_LOOK_S:
             planned = now + LATE_LOOK_S
             timer = loop.call_at(planned, look, True)
-        elif pool.answering_other(tried, replica, since=began):
+        elif pool.answering_other(tried, replica, since=began, output=request.output):
             timer = loop.call_soon(give_up)
         elif time.monotonic() + limit < began + remaining:
             planned = now + limit

@@ -68,6 +68,7 @@ class Replica:
         self.detail = ""
         self.info: embed_pb2.InfoResponse | None = None
         self.outputs: frozenset[str] | None = None  # its Info's, when it names them (serves)
+        self.lacks: set[str] = set()  # outputs it refused as unknown, its Info naming none (serves)
         self.outstanding_tokens = 0
         self.attempts: dict[object, float] = {}  # chunk attempts in flight -> when each began (monotonic)
         self.last_answer = float("-inf")  # when it last answered a chunk (rows or an error of its own)
@@ -108,11 +109,11 @@ class Replica:
             raise CallFailed(exc.code(), exc.details() or "", *_tulip_trailers(exc)) from None
 
     def serves(self, output: str) -> bool:
-        """Whether an EmbedRequest.output of this name is answered here: "" always; else as its Info names them,
-        and by a Tulip whose Info names none (older than the field, or a model of one output) every output but
-        those added with the field: an older Tulip refuses them as unknown (INVALID_ARGUMENT)."""
+        """Whether an EmbedRequest.output of this name may be sent here: "" always; else as its Info names them; a
+        Tulip whose Info names none (older than the field, or a model of one output) every output it has not
+        refused as unknown (ivy.dispatch learns that from its INVALID_ARGUMENT, until its next Info)."""
         if self.outputs is None:
-            return output not in OUTPUTS_SINCE_INFO
+            return output not in self.lacks
         return not output or output in self.outputs
 
     def adopt(self, info: embed_pb2.InfoResponse) -> None:
@@ -122,6 +123,7 @@ class Replica:
         is tried again after FRAMED_RETRY_S, doubling up to FRAMED_RETRY_MAX_S."""
         self.info = info
         self.outputs = frozenset(info.outputs) if info.outputs else None
+        self.lacks = set()
         port = info.framed_port if self.framed else 0
         current = self.stream.port if isinstance(self.stream, FramedStream) else 0
         if current and self.stream.connect_failed and port == current:
@@ -245,7 +247,6 @@ class Replica:
 STREAM_MAX_MESSAGE_BYTES = 1 << 20
 FRAMED_RETRY_S = 30.0  # a framed port that refused or dropped a connect is tried again after this, doubling
 FRAMED_RETRY_MAX_S = 3600.0
-OUTPUTS_SINCE_INFO = frozenset({"score", "logit"})  # EmbedRequest.output names added with InfoResponse.outputs
 _BACKGROUND: set[asyncio.Task] = set()  # streams being closed (a task must be referenced until it ends)
 
 

@@ -248,11 +248,13 @@ class ReplicaPool:
                 best, best_key = r, key
         return best
 
-    def answering_other(self, exclude: set[Replica], replica: Replica, since: float) -> bool:
-        """Some SERVING replica besides `replica` and `exclude` is shown to answer: it has nothing in flight,
-        or it answered something after `since` (monotonic). One that is late too is no better a place for
-        a chunk: every replica late at once is a stall of the host, not of one replica."""
+    def answering_other(self, exclude: set[Replica], replica: Replica, since: float, output: str = "") -> bool:
+        """Some SERVING replica besides `replica` and `exclude` is shown to answer: it has nothing in flight, or it
+        answered something after `since` (monotonic); for a chunk of a named `output`, one whose Info names it. One
+        that is late too is no better a place for a chunk: every replica late at once is a stall of the host, not
+        of one replica; nor is one that may not take it (an older Tulip mid-rollout, Replica.serves)."""
         return any(r.state is State.SERVING and r is not replica and r not in exclude
+                   and (not output or output in (r.outputs or ()))
                    and (not r.attempts or r.last_answer > since) for r in self.replicas)
 
     async def call(self, request: embed_pb2.EmbedRequest, tokens: int, deadline: float) -> embed_pb2.EmbedResponse:

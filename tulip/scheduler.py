@@ -1,8 +1,8 @@
 """The sequence queue: CPU-only decisions, no engine, no gRPC. Which sequences make a batch is
 tulip.packer's rule (shares, lanes, express); this file holds the waiting, the admission and the wake-ups.
 
-"A request" is a flow: the tickets that share a non-empty `flow` key (EmbedRequest.flow, which Ivy sets
-anew for each HTTP request it splits, so the chunks of one HTTP request count as one request) or else the ticket alone; a flow's place is the
+"A request" is a flow: the tickets that share a non-empty `flow` key (EmbedRequest.flow, Ivy's own key for
+each HTTP request, so the chunks of one HTTP request count as one request) or else the ticket alone; a flow's place is the
 arrival of its oldest waiting sequence. Sequences of cancelled or expired requests are dropped here,
 before batching, so they never reach the engine, and they leave the queue's memory when the request is dropped
 (_drop_locked), not when the packer next walks past them: while the device holds every in-flight batch the

@@ -22,7 +22,7 @@ answer would be taken for that request's (HTTP/2 treats a reused stream id the s
 while it is still in flight, or a message that cannot be decoded and whose id cannot be read, ends the stream once
 the answers already due are written, its open requests cancelled; INVALID_ARGUMENT naming the id or the message
 (on the framed port an answer on id 0, then the connection is closed). An EmbedRequest whose string fields are not
-UTF-8 (request_id, output) is refused INVALID_ARGUMENT naming the field, alone: the unary call, or the one stream
+UTF-8 (request_id, output, flow) is refused INVALID_ARGUMENT naming the field, alone: the unary call, or the one stream
 request, whose id is read with those fields taken as bytes (tulip.decoding: the gRPC port's deserializers, which
 return a marker rather than raise, as grpc would end the call UNKNOWN).
 """

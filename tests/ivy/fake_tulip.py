@@ -279,7 +279,7 @@ class _Embedder(embed_pb2_grpc.EmbedderServicer):
                 flat = np.frombuffer(request.token_types, dtype=np.uint8)
                 types = [flat[offsets[i]:offsets[i + 1]].tolist() for i in range(len(lens))]
             classify = "classify" in fake.spec.tasks
-            served = () if fake.older_info else (o.name for o in fake.spec.outputs)
+            served = () if fake.older_info else tuple(o.name for o in fake.spec.outputs)
             if request.output not in ("", *served):
                 raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, f"output = {request.output!r} is not one of this "
                             f"model's {['', *served]}", "")  # as Tulip's parse_embed_request

@@ -18,6 +18,7 @@ from ivy import dispatch
 from ivy.replica import Replica
 from ivy.replicas import State
 from ivy.stream import CallFailed
+from protos import embed_pb2
 from ivy_testkit import gateway
 
 TEXTS = [f"sentence number {i} about topic {i % 3}" for i in range(9)]
@@ -120,7 +121,7 @@ class _Pool:
     def __init__(self, other_answers: bool = True) -> None:
         self.other_answers = other_answers
 
-    def answering_other(self, tried, replica, since) -> bool:
+    def answering_other(self, tried, replica, since, output="") -> bool:
         return self.other_answers
 
 
@@ -143,7 +144,7 @@ def test_an_answer_in_the_same_loop_turn_as_the_look_is_returned_not_lost() -> N
         answer = loop.create_future()
         when = loop.time() + 0.2  # the look's own time: both callbacks run in the same turn, the answer first
         loop.call_at(when, answer.set_result, "rows")
-        return await dispatch._attempt(_Pool(), _Replica(answer), set(), None, 5.0, 0)
+        return await dispatch._attempt(_Pool(), _Replica(answer), set(), embed_pb2.EmbedRequest(), 5.0, 0)
 
     assert asyncio.run(run()) == "rows"
 
@@ -168,7 +169,7 @@ def test_a_late_look_reads_the_answers_that_waited_first() -> None:
 
         loop.call_later(0.05, stall)
         try:
-            return await dispatch._attempt(_Pool(), replica, set(), None, 5.0, 0)
+            return await dispatch._attempt(_Pool(), replica, set(), embed_pb2.EmbedRequest(), 5.0, 0)
         except dispatch._Overdue:
             return "given up"
         finally:
@@ -189,7 +190,7 @@ def test_a_queue_full_answer_does_not_show_room_for_a_chunk() -> None:
         else:
             replica.answer.set_exception(CallFailed(code, "details"))
         try:
-            await dispatch._attempt(_Pool(other_answers=False), replica, set(), None, 5.0, 0)
+            await dispatch._attempt(_Pool(other_answers=False), replica, set(), embed_pb2.EmbedRequest(), 5.0, 0)
         except CallFailed:
             pass
         return replica.last_answer > float("-inf")
