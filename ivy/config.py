@@ -75,6 +75,12 @@ class IvyConfig:
         "Largest request body in bytes, after decompression; larger gets 413 before JSON parsing."))
     max_concurrent_requests: int = field(default=512, metadata=_help(
         "Requests in flight over all workers (split evenly); over it: 429 with Retry-After."))
+    client_share: float = field(default=0.5, metadata=_help(
+        "Most of a worker's request slots (--max-concurrent-requests over the workers) one client may hold while "
+        "another client has a request in flight there or was refused there as full in the last few seconds: its "
+        "next request is a 429 with Retry-After until it holds fewer, so a client that floods the cap cannot shut "
+        "the others out. Alone, a client may fill the cap. A client is its API key when it sends one, else its "
+        "address (behind a proxy, every request is the proxy's: one client). 1 = off."))
     body_bytes_in_flight: int = field(default=256 * 1024 * 1024, metadata=_help(
         "Bytes of request bodies one worker holds while reading them (before parsing; the concurrency cap counts "
         "requests only once their bodies are in): a body that would pass it gets 429 with Retry-After, so many "
@@ -241,6 +247,8 @@ class IvyConfig:
             parse_key_lanes(self.api_key_lanes)
         except ValueError as exc:
             raise SystemExit(f"ivy: {exc}") from None
+        if not 0 < self.client_share <= 1:
+            raise SystemExit(f"ivy: --client-share must be above 0 and at most 1 (off), not {self.client_share}")
         if self.max_chunks_in_flight < 0:
             raise SystemExit("ivy: --max-chunks-in-flight must be 0 (4 per serving replica) or positive")
         if self.header_read_timeout_s <= 0 or self.keep_alive_timeout_s <= 0 or self.max_connections < 0 \

@@ -22,6 +22,7 @@ import numpy as np
 from ivy import metrics
 from ivy.body import M, read_model
 from ivy.chunking import plan_chunks
+from ivy.client_slots import CLIENT, ClientSlots, client_of
 from ivy.coalesce import Coalescer
 from ivy.config import IvyConfig
 from ivy.encode import checked_rows, embed_request
@@ -71,6 +72,7 @@ class Gateway:
         self.key_lanes = parse_key_lanes(config.api_key_lanes)  # more accepted keys, each with its lane
         self.max_in_flight = config.per_worker_concurrency()
         self.in_flight = 0
+        self.client_slots = ClientSlots(self.max_in_flight, config.client_share)  # one client's share of them
         self.draining = False  # SIGTERM seen: /ready is 503 (ivy.app._drain_on_sigterm)
         self.created = int(time.time())
 
@@ -103,6 +105,7 @@ class Gateway:
         the request asks for (lane_for; None for a body without `priority`: a route that reaches no replica,
         where X-Priority means nothing)."""
         key_lane = self.authorize(request.headers.get("authorization"))
+        CLIENT.set(client_of(request, keyed=bool(self.config.api_key or self.key_lanes)))
         body, deadline = await self.read_request(request, schema)
         if task is not None:
             self.require_task(task, route)
@@ -189,19 +192,24 @@ class Gateway:
         """429 with Retry-After when the concurrency cap is reached: called before reading a body (load
         shedding must cost no parsing) and again by admit() once the body is in."""
         if self.in_flight >= self.max_in_flight:
+            self.client_slots.refused_as_full(CLIENT.get())
             raise IvyError(Problem.OVERLOADED, f"the server is at its limit of {self.config.max_concurrent_requests} "
                            "concurrent requests; retry later", limit=self.config.max_concurrent_requests)
 
     @contextmanager
     def admit(self) -> Iterator[None]:
-        """The concurrency cap: over it a request is refused at once with 429 and Retry-After."""
+        """The concurrency cap: over it a request is refused at once with 429 and Retry-After; so is a client that
+        holds its share of the slots while others want one (ivy.client_slots)."""
         self.refuse_if_full()
+        client = CLIENT.get()
+        self.client_slots.take(client)
         self.in_flight += 1
         metrics.IN_FLIGHT.inc()
         try:
             yield
         finally:
             self.in_flight -= 1
+            self.client_slots.give(client)
             metrics.IN_FLIGHT.dec()
 
     # ---- the inference path ----
