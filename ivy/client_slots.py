@@ -3,9 +3,10 @@
 The concurrency cap (Gateway.admit) refuses what comes past it with a 429, whoever sends it: a client that keeps the
 cap full (a flood, a runaway retry loop, an indexer with more connections than it needs) would leave every other
 client nothing but 429s. So the slots a client holds are counted, and a client that holds `share` of them or more is
-refused (429, Retry-After) while the worker is contended: another client has a request in flight here, or a client
-under its share was refused as full within CONTENDED_S. Its requests in flight finish; its next ones wait until
-it holds fewer. Alone, a client may still fill the cap, as before.
+refused (429, Retry-After) while the worker is contended: another client has a request in flight here, or within
+CONTENDED_S two clients had requests in flight at once or a client under its share was refused as full (so a
+client that sends one request at a time keeps its place between them). Its requests in flight finish; its next
+ones wait until it holds fewer. Alone, a client may still fill the cap, as before.
 
 A client is the Bearer key it sends where Ivy checks keys (its own key, never logged), else the peer's address;
 behind a proxy every request is the proxy's, one client, and nothing changes. A request outside open_request's
@@ -52,7 +53,10 @@ class ClientSlots:
         if client is None:
             return
         held = self.held.get(client, 0)
-        if held >= self.limit and (len(self.held) > 1 or self.clock() < self.contended_until):
+        others = len(self.held) - (held > 0)
+        if others:  # two clients at once
+            self.contended_until = self.clock() + CONTENDED_S
+        if held >= self.limit and (others or self.clock() < self.contended_until):
             metrics.CLIENT_SHARE_REFUSALS.inc()
             raise IvyError(Problem.OVERLOADED, f"this client holds {held} of this worker's request slots, its share "
                            "while other clients wait for one; retry later", limit=self.limit)

@@ -77,7 +77,8 @@ class IvyConfig:
         "Requests in flight over all workers (split evenly); over it: 429 with Retry-After."))
     client_share: float = field(default=0.5, metadata=_help(
         "Most of a worker's request slots (--max-concurrent-requests over the workers) one client may hold while "
-        "another client has a request in flight there or was refused there as full in the last few seconds: its "
+        "another client has a request in flight there, or had one beside it or was refused there as full in the last "
+        "few seconds: its "
         "next request is a 429 with Retry-After until it holds fewer, so a client that floods the cap cannot shut "
         "the others out. Alone, a client may fill the cap. A client is its API key when it sends one, else its "
         "address (behind a proxy, every request is the proxy's: one client). 1 = off."))

@@ -4,12 +4,14 @@ want one, so one client flooding the concurrency cap cannot shut the others out;
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from prometheus_client import REGISTRY
 from fake_tulip import FakeTulip, wait_until
 from ivy_testkit import gateway
 
+from ivy import client_slots
 from ivy.client_slots import CONTENDED_S, ClientSlots
 from ivy.errors import IvyError
 
@@ -47,14 +49,18 @@ def test_a_client_at_its_share_is_refused_only_while_others_want_a_slot() -> Non
     with pytest.raises(IvyError):
         slots.take("a")  # b holds a slot: still contended
     slots.give("b")
-    slots.take("a")  # b gone and its refusal old: alone again
+    with pytest.raises(IvyError):
+        slots.take("a")  # b gone, but it had a slot beside a's within CONTENDED_S: it may come back
+    clock.now += CONTENDED_S + 1
+    slots.take("a")  # b's last slot and refusal old: alone again
     assert slots.held == {"a": 5}
     slots.take(None)  # a request outside open_request's path is not counted
     slots.give(None)
     assert ClientSlots(8, 1.0).limit == 8 and ClientSlots(3, 0.1).limit == 1
 
 
-def test_through_the_gateway_a_flooding_key_leaves_room_for_another() -> None:
+def test_through_the_gateway_a_flooding_key_leaves_room_for_another(monkeypatch) -> None:
+    monkeypatch.setattr(client_slots, "CONTENDED_S", 0.2)
     fake = FakeTulip()
     fake.gate = threading.Event()
     with fake, gateway(fake, api_key_lanes=KEYS, max_concurrent_requests=4, workers=1, coalesce=False) as client:
@@ -83,6 +89,7 @@ def test_through_the_gateway_a_flooding_key_leaves_room_for_another() -> None:
         assert [r.status_code for r in results] == [200] * 4  # nothing admitted is lost
 
         fake.gate.clear()
+        time.sleep(0.3)  # key-b's last slot beside key-a's is past CONTENDED_S
         alone = [send("key-a") for _ in range(4)]  # alone, one key may fill the cap
         wait_until(lambda: fake.waiting == 4)
         fake.gate.set()
