@@ -2,7 +2,8 @@
 Ivy request), never those that merely share a request_id (a client's X-Request-Id, for logs only), RELIABILITY 59."""
 
 import pytest
-from tulip_testkit import FakeEngine, ServerThread, encode_request, first_tokens, make_config, marked_sequence, wait_until
+from tulip_testkit import (FakeEngine, ServerThread, encode_request, first_tokens, make_config, marked_sequence,
+                           wait_until)
 
 from test_tulip_server import _hold_two_batches
 
