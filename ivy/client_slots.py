@@ -1,16 +1,19 @@
-"""One client may not hold every request slot of a worker while others want one (RELIABILITY 61).
+"""One client may not keep every request slot of a worker while others are refused (RELIABILITY 61).
 
 The concurrency cap (Gateway.admit) refuses what comes past it with a 429, whoever sends it: a client that keeps the
 cap full (a flood, a runaway retry loop, an indexer with more connections than it needs) would leave every other
-client nothing but 429s. So the slots a client holds are counted, and a client that holds `share` of them or more is
-refused (429, Retry-After) while the worker is contended: another client has a request in flight here, or within
-CONTENDED_S two clients had requests in flight at once or a client under its share was refused as full (so a
-client that sends one request at a time keeps its place between them). Its requests in flight finish; its next
-ones wait until it holds fewer. Alone, a client may still fill the cap, as before.
+client nothing but 429s. So the slots each client holds are counted. Once a client under its share (`share` of the
+worker's slots) is refused as full, the worker is contended for CONTENDED_S: meanwhile a client that holds its share
+or more is refused (429, Retry-After) instead of taking the slots its requests free, so the refused one finds room
+when it comes back; each time a client under its share is admitted beside one at its share, the time runs again.
+What a client has in flight always finishes. Nothing is refused while slots are free and no one was refused: a
+client alone, or beside light traffic, may fill the cap as before. With share 1/2 this protects against one
+flooding client a worker; two that flood at once fill the cap between them.
 
-A client is the Bearer key it sends where Ivy checks keys (its own key, never logged), else the peer's address;
-behind a proxy every request is the proxy's, one client, and nothing changes. A request outside open_request's
-path (no client set) is not counted.
+A client is the key it sends where Ivy checks keys (the token authorize accepted), else the peer's address as
+uvicorn reads it (X-Forwarded-For from a proxy it trusts: FORWARDED_ALLOW_IPS, 127.0.0.1 by default); behind a proxy
+it does not trust, every request is the proxy's, one client. A request outside open_request's path (no client set)
+is not counted.
 """
 
 from __future__ import annotations
@@ -24,48 +27,55 @@ from ivy.errors import IvyError, Problem
 __all__ = ["CLIENT", "CONTENDED_S", "ClientSlots", "client_of"]
 
 CLIENT: ContextVar[str | None] = ContextVar("ivy_client", default=None)
-CONTENDED_S = 3.0  # a refusal as full marks the worker contended this long: past the 429's Retry-After of 1 s
+CONTENDED_S = 3.0  # past the 429's Retry-After of 1 s: a refused client that comes back finds the worker contended
 
 
 def client_of(request, keyed: bool) -> str:
-    """The request's client: its Authorization header where keys are checked (authorize passed it), else its
-    peer's address ("" when the server gives none)."""
+    """The request's client: the token of its Authorization header where keys are checked (authorize accepted it:
+    one key, however the header spells "Bearer"), else its peer's address ("" when the server gives none)."""
     if keyed:
-        return request.headers.get("authorization") or ""
+        return (request.headers.get("authorization") or "").partition(" ")[2].strip()
     peer = request.scope.get("client")
     return peer[0] if peer else ""
 
 
 class ClientSlots:
     def __init__(self, slots: int, share: float, clock=time.monotonic) -> None:
-        self.limit = max(1, int(slots * share)) if share < 1 else slots  # 1: never below the cap itself
+        self.off = share >= 1
+        self.limit = max(1, int(slots * share))  # a client's share, rounded down
         self.held: dict[str, int] = {}
+        self.heavy = 0  # clients holding their share or more
         self.contended_until = 0.0
         self.clock = clock
 
     def refused_as_full(self, client: str | None) -> None:
         """A request refused by the cap: if its client holds less than its share, the worker is contended."""
-        if client is not None and self.held.get(client, 0) < self.limit:
+        if client is not None and not self.off and self.held.get(client, 0) < self.limit:
             self.contended_until = self.clock() + CONTENDED_S
 
     def take(self, client: str | None) -> None:
         """Count one slot for `client`, or refuse it (429) where it holds its share while the worker is contended."""
-        if client is None:
+        if client is None or self.off:
             return
         held = self.held.get(client, 0)
-        others = len(self.held) - (held > 0)
-        if others:  # two clients at once
-            self.contended_until = self.clock() + CONTENDED_S
-        if held >= self.limit and (others or self.clock() < self.contended_until):
-            metrics.CLIENT_SHARE_REFUSALS.inc()
-            raise IvyError(Problem.OVERLOADED, f"this client holds {held} of this worker's request slots, its share "
-                           "while other clients wait for one; retry later", limit=self.limit)
+        if held >= self.limit:
+            if self.clock() < self.contended_until:
+                metrics.CLIENT_SHARE_REFUSALS.inc()
+                raise IvyError(Problem.OVERLOADED, f"this client holds {held} of this worker's request slots, its "
+                               "share, while another client was refused for want of one; retry later",
+                               limit=self.limit)
+        elif self.heavy and self.clock() < self.contended_until:
+            self.contended_until = self.clock() + CONTENDED_S  # a light client served beside a heavy one
         self.held[client] = held + 1
+        if held + 1 == self.limit:
+            self.heavy += 1
 
     def give(self, client: str | None) -> None:
-        if client is None:
+        if client is None or self.off:
             return
         held = self.held[client] - 1
+        if held + 1 == self.limit:
+            self.heavy -= 1
         if held:
             self.held[client] = held
         else:

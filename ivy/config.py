@@ -76,12 +76,13 @@ class IvyConfig:
     max_concurrent_requests: int = field(default=512, metadata=_help(
         "Requests in flight over all workers (split evenly); over it: 429 with Retry-After."))
     client_share: float = field(default=0.5, metadata=_help(
-        "Most of a worker's request slots (--max-concurrent-requests over the workers) one client may hold while "
-        "another client has a request in flight there, or had one beside it or was refused there as full in the last "
-        "few seconds: its "
-        "next request is a 429 with Retry-After until it holds fewer, so a client that floods the cap cannot shut "
-        "the others out. Alone, a client may fill the cap. A client is its API key when it sends one, else its "
-        "address (behind a proxy, every request is the proxy's: one client). 1 = off."))
+        "A client's share of a worker's request slots (--max-concurrent-requests over the workers), a fraction "
+        "above 0, rounded down to whole slots (at least 1): once a client holding less is refused as full, a "
+        "client holding its share or more gets 429 with Retry-After for a few seconds instead of taking the slots "
+        "its requests free, so one client flooding the cap cannot shut the others out; while no one is refused, "
+        "any client may fill the cap. A client is its key where Ivy checks keys, else its address as uvicorn reads "
+        "it (behind a proxy uvicorn does not trust, FORWARDED_ALLOW_IPS, every request is the proxy's: one "
+        "client). 1 = off."))
     body_bytes_in_flight: int = field(default=256 * 1024 * 1024, metadata=_help(
         "Bytes of request bodies one worker holds while reading them (before parsing; the concurrency cap counts "
         "requests only once their bodies are in): a body that would pass it gets 429 with Retry-After, so many "

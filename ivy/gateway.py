@@ -70,6 +70,7 @@ class Gateway:
         self.coalescer = (Coalescer(self.pool.call, config.chunk_max_tokens, config.chunk_max_seqs)
                           if config.coalesce else None)
         self.key_lanes = parse_key_lanes(config.api_key_lanes)  # more accepted keys, each with its lane
+        self.keyed = bool(config.api_key or self.key_lanes)  # a client is its key (ivy.client_slots)
         self.max_in_flight = config.per_worker_concurrency()
         self.in_flight = 0
         self.client_slots = ClientSlots(self.max_in_flight, config.client_share)  # one client's share of them
@@ -105,7 +106,7 @@ class Gateway:
         the request asks for (lane_for; None for a body without `priority`: a route that reaches no replica,
         where X-Priority means nothing)."""
         key_lane = self.authorize(request.headers.get("authorization"))
-        CLIENT.set(client_of(request, keyed=bool(self.config.api_key or self.key_lanes)))
+        CLIENT.set(client_of(request, keyed=self.keyed))
         body, deadline = await self.read_request(request, schema)
         if task is not None:
             self.require_task(task, route)
@@ -199,7 +200,7 @@ class Gateway:
     @contextmanager
     def admit(self) -> Iterator[None]:
         """The concurrency cap: over it a request is refused at once with 429 and Retry-After; so is a client that
-        holds its share of the slots while others want one (ivy.client_slots)."""
+        holds its share of the slots after another was refused as full (ivy.client_slots)."""
         self.refuse_if_full()
         client = CLIENT.get()
         self.client_slots.take(client)

@@ -47,7 +47,8 @@ COALESCED = Histogram("ivy_requests_per_call", "Requests sharing one gRPC call (
                       buckets=(1, 2, 4, 8, 16, 32, 64))
 RETRIES = Counter("ivy_chunk_retries", "Chunks retried on another replica", ["reason"])
 CLIENT_SHARE_REFUSALS = Counter("ivy_client_share_refusals", "Requests refused (429) because their client held its "
-                                "share of a worker's request slots while other clients wanted one (IVY_CLIENT_SHARE)")
+                                "share of a worker's request slots after another client was refused as full "
+                                "(IVY_CLIENT_SHARE)")
 CONNECTIONS_REFUSED = Counter("ivy_connections_refused", "Connections answered and closed by ivy.connections' limits "
                               "(header_too_large, header_timeout, connection_cap, send_timeout; drain_too_large, "
                               "drain_timeout: the rest of a body answered early; idle_evicted: the connection idle "
