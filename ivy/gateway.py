@@ -203,7 +203,7 @@ class Gateway:
         holds its share of the slots after another was refused as full (ivy.client_slots)."""
         self.refuse_if_full()
         client = CLIENT.get()
-        self.client_slots.take(client)
+        self.client_slots.take(client, self.in_flight)
         self.in_flight += 1
         metrics.IN_FLIGHT.inc()
         try:

@@ -1,6 +1,6 @@
 """RELIABILITY 61: once a client under its share of a worker's request slots is refused as full, a client holding its
-share or more is refused (429) instead, so one client flooding the concurrency cap cannot shut the others out;
-while no one is refused, any client may fill the cap."""
+share or more may not take the last free slots (the reserve): it gets 429, so one client flooding the concurrency cap
+cannot shut the others out; while no one is refused, any client may fill the cap."""
 
 from __future__ import annotations
 
@@ -32,39 +32,55 @@ class _Clock:
         return self.now
 
 
-def test_a_client_at_its_share_is_refused_only_once_another_was_refused_as_full() -> None:
+class _Worker:
+    """ClientSlots as Gateway.admit drives it: the worker's slots taken counted beside it."""
+
+    def __init__(self, slots: int, share: float, clock) -> None:
+        self.slots, self.in_flight = ClientSlots(slots, share, clock), 0
+
+    def take(self, client) -> None:
+        self.slots.take(client, self.in_flight)
+        self.in_flight += 1
+
+    def give(self, client) -> None:
+        self.slots.give(client)
+        self.in_flight -= 1
+
+
+def test_a_heavy_client_leaves_the_reserve_only_once_another_was_refused_as_full() -> None:
     clock = _Clock()
-    slots = ClientSlots(8, 0.5, clock)
+    w = _Worker(8, 0.5, clock)  # a share of 4 slots, a reserve of 1
     for _ in range(8):
-        slots.take("a")  # alone: the whole cap
-    slots.refused_as_full("a")  # its own refusal by the cap contends with no one
+        w.take("a")  # alone: the whole cap
+    w.slots.refused_as_full("a")  # its own refusal by the cap contends with no one
     for _ in range(5):
-        slots.give("a")
-    slots.take("b")  # b beside a at its share, slots free, no one refused: nothing is refused
-    slots.take("a")
-    slots.take("a")
-    slots.refused_as_full("b")  # b, under its share, was refused as full: contended
-    with pytest.raises(IvyError, match="this client holds 5") as refused:
-        slots.take("a")  # a holds its share or more: the slots its requests free are left to the others
+        w.give("a")
+    w.take("b")
+    w.take("a")
+    w.take("a")  # a above its share beside b, no one refused: nothing is refused
+    w.slots.refused_as_full("b")  # b, under its share, was refused as full: contended
+    w.take("a")  # two slots free: a may take one, not the reserve
+    with pytest.raises(IvyError, match="this client holds 6") as refused:
+        w.take("a")
     assert refused.value.status == 429 and refused.value.retry_after() == 1
-    clock.now += CONTENDED_S - 1
-    slots.take("b")  # b served beside heavy a: contended again from now
+    w.take("b")  # the reserve is b's; b served beside heavy a: contended again from now
+    w.give("b")
     clock.now += CONTENDED_S - 1
     with pytest.raises(IvyError):
-        slots.take("a")
+        w.take("a")
     clock.now += 2
-    slots.take("a")  # no refusal and no light client served beside it for CONTENDED_S: a may grow again
-    assert slots.held == {"a": 6, "b": 2} and slots.heavy == 1
-    for _ in range(3):
-        slots.give("a")
-    assert slots.heavy == 0  # a below its share
-    slots.take(None)  # a request outside open_request's path is not counted
-    slots.give(None)
-    off = ClientSlots(8, 1.0, clock)
-    off.refused_as_full("b")
-    for _ in range(9):
+    w.take("a")  # no refusal and no light client served beside it for CONTENDED_S: a may fill the cap again
+    assert w.slots.held == {"a": 7, "b": 1} and w.slots.heavy == 1 and w.in_flight == 8
+    for _ in range(4):
+        w.give("a")
+    assert w.slots.heavy == 0  # a below its share
+    w.slots.take(None, 0)  # a request outside open_request's path is not counted
+    w.slots.give(None)
+    off = _Worker(8, 1.0, clock)
+    off.slots.refused_as_full("b")
+    for _ in range(8):
         off.take("a")  # share 1: off, whatever happens
-    assert off.held == {} and ClientSlots(3, 0.1).limit == 1
+    assert off.slots.held == {} and ClientSlots(3, 0.1).limit == 1 and ClientSlots(128, 0.5).reserve == 16
 
 
 def test_one_key_is_one_client_however_the_header_spells_it() -> None:
@@ -99,14 +115,14 @@ def test_through_the_gateway_a_flooding_key_leaves_room_for_another(monkeypatch)
         full = client.post("/v1/embeddings", json={"input": "b"}, headers=_auth("key-b"))
         assert full.status_code == 429 and "concurrent requests" in full.json()["error"]["message"]
         release(flood)
-        flood = [send("key-a") for _ in range(2)]  # its share, 2 of 4
-        wait_until(lambda: fake.waiting == 2)
+        flood = [send("key-a") for _ in range(3)]  # over its share of 2, short of the reserve's 1
+        wait_until(lambda: fake.waiting == 3)
         refusals = REGISTRY.get_sample_value("ivy_client_share_refusals_total") or 0
-        third = client.post("/v1/embeddings", json={"input": "a"}, headers=_auth("key-a"))
-        assert third.status_code == 429 and "this client holds 2" in third.json()["error"]["message"]
-        assert third.headers["retry-after"] == "1"  # refused with two slots free: they are key-b's to take
+        fourth = client.post("/v1/embeddings", json={"input": "a"}, headers=_auth("key-a"))
+        assert fourth.status_code == 429 and "this client holds 3" in fourth.json()["error"]["message"]
+        assert fourth.headers["retry-after"] == "1"  # refused with a slot free: it is key-b's to take
         assert REGISTRY.get_sample_value("ivy_client_share_refusals_total") == refusals + 1
-        flood += [send("key-b"), send("key-b")]
+        flood.append(send("key-b"))
         wait_until(lambda: fake.waiting == 4)
         release(flood)
         assert [r.status_code for r in results] == [200] * 8  # nothing admitted is lost
