@@ -106,7 +106,7 @@ def test_an_explicit_framed_port_that_is_taken_fails_the_start() -> None:
 
 
 def test_requests_multiplexed_on_a_framed_connection_equal_their_solo_embeddings() -> None:
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+    with ServerThread(make_config(), FakeEngine()) as s:
         info = s.stub.Info(embed_pb2.InfoRequest(), timeout=10)
         assert info.framed_port == s.server.framed.port > 0
         client = Framed(info.framed_port)
@@ -132,7 +132,7 @@ def test_requests_multiplexed_on_a_framed_connection_equal_their_solo_embeddings
 
 def test_a_cancel_or_a_closed_connection_drops_the_queued_work() -> None:
     engine = FakeEngine(gated=True)
-    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+    with ServerThread(make_config(), engine) as s:
         client = Framed(s.server.framed.port)
         for i in (1, 2):  # both in-flight slots taken (the engine is gated)
             client.send(request(i, [[i] * 10]))
@@ -156,7 +156,7 @@ def test_a_cancel_or_a_closed_connection_drops_the_queued_work() -> None:
     (request(0, [[4, 5]]).SerializeToString(), None, grpc.StatusCode.INVALID_ARGUMENT),  # id 0, its errors' id
 ])
 def test_a_bad_frame_is_answered_once_and_its_connection_closed(payload, length, code) -> None:
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+    with ServerThread(make_config(), FakeEngine()) as s:
         client = Framed(s.server.framed.port)
         client.send_raw(payload, length)
         answer = client.recv()
@@ -172,7 +172,7 @@ def test_an_id_is_free_again_once_its_answer_arrived() -> None:
     """Answers written by the completer (framed_direct, the default) reach the client before the loop forgets the
     id: a client reusing an id as soon as its answer arrived was refused "already in flight" about half the time.
     An id is in flight until it is answered, not until the loop has settled it."""
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+    with ServerThread(make_config(), FakeEngine()) as s:
         client = Framed(s.server.framed.port)
         for _ in range(200):
             client.send(request(5, [[4, 5]]))
@@ -183,7 +183,7 @@ def test_an_id_is_free_again_once_its_answer_arrived() -> None:
 
 def test_a_draining_replica_refuses_new_framed_requests_and_answers_the_open_ones() -> None:
     engine = FakeEngine(gated=True)
-    with ServerThread(make_config(framed_port=_free_port(), shutdown_timeout_s=10), engine) as s:
+    with ServerThread(make_config(shutdown_timeout_s=10), engine) as s:
         client = Framed(s.server.framed.port)
         client.send(request(1, [[1] * 10]))
         wait_until(lambda: engine.launched == 1, what="launched")
@@ -211,7 +211,7 @@ def test_a_frame_left_incomplete_or_answers_left_unread_drop_the_connection(monk
 
     monkeypatch.setattr(framed, "STALL_S", 0.3)
     engine = FakeEngine(gated=True)
-    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+    with ServerThread(make_config(), engine) as s:
         client = Framed(s.server.framed.port)
         client.send(request(1, [[1] * 10]))
         wait_until(lambda: engine.launched == 1, what="launched")
@@ -276,7 +276,7 @@ def test_a_closed_connection_whose_answers_stay_unread_is_dropped(monkeypatch) -
 
 def test_an_engine_failure_is_answered_on_its_id() -> None:
     """A batch that fails on the device is answered on the framed stream with the request's id (RELIABILITY 36)."""
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine(fail_when=lambda batch: True)) as s:
+    with ServerThread(make_config(), FakeEngine(fail_when=lambda batch: True)) as s:
         client = Framed(s.server.framed.port)
         client.send(request(5, [[1, 2, 3]]))
         answer = client.recv()
@@ -287,7 +287,7 @@ def test_an_engine_failure_is_answered_on_its_id() -> None:
 def test_connections_over_the_cap_are_refused_once_and_closed() -> None:
     """A flood of connections cannot take the process's descriptors: one over framed_max_connections gets
     RESOURCE_EXHAUSTED (too_many_connections) on id 0 and is closed; a closed one makes room again."""
-    with ServerThread(make_config(framed_port=_free_port(), framed_max_connections=2), FakeEngine()) as s:
+    with ServerThread(make_config(framed_max_connections=2), FakeEngine()) as s:
         port = s.server.framed.port
         get = s.server.metrics.registry.get_sample_value
         first, second = Framed(port), Framed(port)
@@ -319,7 +319,7 @@ def test_the_framed_port_binds_the_host_forms_the_grpc_port_takes(host) -> None:
     if ":" in host and not socket.has_ipv6:
         pytest.skip("no IPv6 here")
     try:
-        server = ServerThread(make_config(host=host, framed_port=_free_port()), FakeEngine())
+        server = ServerThread(make_config(host=host, framed_port=_free_port()), FakeEngine())  # explicit: must bind
     except (OSError, RuntimeError) as exc:  # gRPC's RuntimeError: cannot bind [::] where IPv6 is off
         if ":" in host:
             pytest.skip(f"IPv6 unavailable here: {exc}")
@@ -337,7 +337,7 @@ def test_a_flood_past_the_cap_is_closed_at_once_without_an_answer(monkeypatch) -
     from tulip import framed
 
     monkeypatch.setattr(framed, "REFUSED_LINGER_S", 5.0)
-    with ServerThread(make_config(framed_port=_free_port(), framed_max_connections=1), FakeEngine()) as s:
+    with ServerThread(make_config(framed_max_connections=1), FakeEngine()) as s:
         port = s.server.framed.port
         held = Framed(port)
         held.send(request(1, [[5, 6, 7]]))
@@ -508,7 +508,7 @@ def test_eof_cancels_what_is_open_even_with_answers_unsent(monkeypatch, loop) ->
     monkeypatch.setattr(framed, "keep_alive", lambda transport: transport.get_extra_info("socket").setsockopt(
         socket.SOL_SOCKET, socket.SO_SNDBUF, 16384))
     engine = FakeEngine(FakeInfo(dimensions=2048), gated=True)
-    with ServerThread(make_config(framed_port=_free_port()), engine, loop_factory=factory) as s:
+    with ServerThread(make_config(), engine, loop_factory=factory) as s:
         client = Framed.__new__(Framed)
         client.sock = socket.socket()
         client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

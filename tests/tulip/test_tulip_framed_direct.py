@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 import pytest
-from test_tulip_framed import Framed, _free_port, request
+from test_tulip_framed import Framed, request
 from tulip_testkit import (
     FakeEngine,
     FakeInfo,
@@ -67,7 +67,7 @@ def direct_loop():
 def test_an_answer_leaves_while_the_event_loop_is_busy_only_when_direct(direct, loop_factory) -> None:
     direct = direct and _takes_direct(loop_factory)  # the standard loop of 3.12+ answers through the loop
     engine = FakeEngine(gated=True)
-    with ServerThread(make_config(framed_port=_free_port(), framed_direct=direct), engine,
+    with ServerThread(make_config(framed_direct=direct), engine,
                       loop_factory=loop_factory) as s:
         client = Framed(s.server.framed.port)
         sent = request(1, [[7, 8, 9]])
@@ -104,7 +104,7 @@ def test_an_answer_leaves_while_the_event_loop_is_busy_only_when_direct(direct, 
 
 def test_a_cancelled_request_is_not_answered_when_its_batch_finishes() -> None:
     engine = FakeEngine(gated=True)
-    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+    with ServerThread(make_config(), engine) as s:
         client = Framed(s.server.framed.port)
         client.send(request(1, [[1] * 10]))
         wait_until(lambda: engine.launched == 1, what="launched")
@@ -246,7 +246,7 @@ def test_answers_larger_than_the_socket_take_keep_their_frames_whole(monkeypatch
     rests = _small_send_buffer(monkeypatch)
     info = FakeInfo(dimensions=2048)
     engine = FakeEngine(info)
-    with ServerThread(make_config(framed_port=_free_port()), engine, loop_factory=direct_loop) as s:
+    with ServerThread(make_config(), engine, loop_factory=direct_loop) as s:
         client = Framed(s.server.framed.port)
         sent = {i: [[i % 900 + 1, j + 1, 5] for j in range(16)] for i in range(1, 25)}  # 128 KiB answers
         for i, seqs in sent.items():
@@ -301,7 +301,7 @@ def test_many_large_answers_to_a_client_reading_as_they_come_arrive_whole(loop_f
     info = FakeInfo(dimensions=512)
     # Deadline admission off: 300 requests at once on a loaded 2-core machine could measure a device rate slow
     # enough to refuse some as unmeetable (seen once in CI); this test is about framing, not admission.
-    config = make_config(framed_port=_free_port(), deadline_admission=False)
+    config = make_config(deadline_admission=False)
     with ServerThread(config, FakeEngine(info), loop_factory=loop_factory) as s:
         client = Framed(s.server.framed.port)
         sent = {i: [[i % 900 + 1, j + 1, 3] for j in range(16)] for i in range(1, 301)}  # 32 KiB answers
@@ -343,7 +343,7 @@ def test_a_cancel_while_the_completer_is_about_to_write_stops_the_answer(monkeyp
         return answer(self, request_id, job, result)
 
     monkeypatch.setattr(framed.FramedSession, "answer", held)
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine(), loop_factory=direct_loop) as s:
+    with ServerThread(make_config(), FakeEngine(), loop_factory=direct_loop) as s:
         client = Framed(s.server.framed.port)
         client.send(request(1, [[1] * 10]))
         assert at_answer.wait(20)  # its rows are in: the completer is about to write the answer
@@ -369,7 +369,7 @@ def test_a_cancel_after_the_answer_left_counts_the_request_answered(monkeypatch,
         flush(self)
 
     monkeypatch.setattr(job_module.Handoff, "flush", held)
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine(), loop_factory=direct_loop) as s:
+    with ServerThread(make_config(), FakeEngine(), loop_factory=direct_loop) as s:
         client = Framed(s.server.framed.port)
         client.send(request(1, [[1] * 10]))
         assert client.recv().id == 1

@@ -16,7 +16,7 @@ import threading
 
 import grpc
 import numpy as np
-from test_tulip_framed import Framed, _free_port, request
+from test_tulip_framed import Framed, request
 from test_tulip_server import _hold_two_batches
 from tulip_testkit import FakeEngine, ServerThread, decode_response, encode_request, first_tokens, make_config
 from tulip_testkit import marked_sequence, solo_embedding, wait_until
@@ -116,7 +116,7 @@ def test_framed_an_id_reused_in_flight_is_answered_on_id_0_and_the_connection_cl
     stream_protocol_error, naming id 1), then the connection closes; nothing is answered on id 1, its work (and
     the reuse's) never reaches the engine, and another connection is served."""
     engine = FakeEngine(gated=True)
-    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+    with ServerThread(make_config(), engine) as s:
         held = _hold_two_batches(s, engine)
         client = Framed(s.server.framed.port)
         client.send(request(1, [marked_sequence(51, 6)]))
@@ -144,7 +144,7 @@ def test_framed_an_id_reused_in_flight_is_answered_on_id_0_and_the_connection_cl
 def test_an_id_may_be_reused_once_answered_or_cancelled_on_either_port() -> None:
     """Unique among the requests in flight, not for the stream's life: an id answered, refused or cancelled is
     free again, and its reuse is served."""
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+    with ServerThread(make_config(), FakeEngine()) as s:
         stream = RawStream(s.channel)
         stream.send(embed_pb2.StreamRequest(id=4, request=embed_pb2.EmbedRequest(), timeout_s=20))  # refused
         wait_until(lambda: len(stream.answers) == 1, what="refused")
@@ -248,7 +248,7 @@ def test_grpc_stream_a_message_whose_id_cannot_be_read_ends_the_stream_invalid_a
 def test_framed_a_request_not_utf8_is_a_bad_frame_answered_on_id_0() -> None:
     """The framed port reads frames with the strict classes: a string field not UTF-8 is a frame that is not a
     StreamRequest, answered bad_frame on id 0, then the connection closes; nothing on the request's id."""
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+    with ServerThread(make_config(), FakeEngine()) as s:
         client = Framed(s.server.framed.port)
         client.send_raw(_stream_request(2, _not_utf8(True)))
         answer = client.recv()
