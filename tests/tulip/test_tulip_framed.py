@@ -314,18 +314,22 @@ def test_connections_over_the_cap_are_refused_once_and_closed() -> None:
         fourth.close()
 
 
+@pytest.mark.parametrize("ephemeral", [False, True])
 @pytest.mark.parametrize("host", ["0.0.0.0", "[::]", "::"])
-def test_the_framed_port_binds_the_host_forms_the_grpc_port_takes(host) -> None:
+def test_the_framed_port_binds_the_host_forms_the_grpc_port_takes(host, ephemeral) -> None:
+    """Explicit or ephemeral (beside an ephemeral gRPC port), one port that IPv4 clients reach."""
     if ":" in host and not socket.has_ipv6:
         pytest.skip("no IPv6 here")
     try:
-        server = ServerThread(make_config(host=host, framed_port=_free_port()), FakeEngine())  # explicit: must bind
+        server = ServerThread(make_config(host=host, **({} if ephemeral else {"framed_port": _free_port()})),
+                              FakeEngine())
     except (OSError, RuntimeError) as exc:  # gRPC's RuntimeError: cannot bind [::] where IPv6 is off
         if ":" in host:
             pytest.skip(f"IPv6 unavailable here: {exc}")
         raise
     with server as s:
         assert s.server.framed.port > 0
+        assert {sock.getsockname()[1] for sock in s.server.framed._listener.sockets} == {s.server.framed.port}
         client = Framed(s.server.framed.port)  # 127.0.0.1: a wildcard bind (dual-stack for ::) takes it
         client.send(request(1, [[5, 6, 7]]))
         assert client.recv().code == 0
