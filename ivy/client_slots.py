@@ -31,12 +31,12 @@ CLIENT: ContextVar[str | None] = ContextVar("ivy_client", default=None)
 CONTENDED_S = 3.0  # past the 429's Retry-After of 1 s: a refused client that comes back finds the worker contended
 
 
-def client_of(request, keyed: bool) -> str:
-    """The request's client: the token of its Authorization header where keys are checked (authorize accepted it:
-    one key, however the header spells "Bearer"), else its peer's address ("" when the server gives none)."""
-    if keyed:
-        return (request.headers.get("authorization") or "").partition(" ")[2].strip()
-    peer = request.scope.get("client")
+def client_of(key: str | None, scope) -> str:
+    """The request's client: `key`, the Bearer token Ivy accepted where it checks keys (one key, however the header
+    spells "Bearer"; ivy.gateway.bearer_token), else the ASGI scope's peer address ("" when the server gives none)."""
+    if key is not None:
+        return key
+    peer = scope.get("client")
     return peer[0] if peer else ""
 
 

@@ -109,7 +109,7 @@ async def send(pool: ReplicaPool, request: embed_pb2.EmbedRequest, tokens: int,
                 busy.add(replica)
                 last = error
                 continue  # (finally runs first) not a failure of the replica: no warning per chunk
-            elif (code == grpc.StatusCode.INVALID_ARGUMENT and request.output and replica.outputs is None
+            elif (code == grpc.StatusCode.INVALID_ARGUMENT and request.output and not replica.outputs
                   and exc.details.startswith(f"output = {request.output!r}")):
                 log.info("replica %s does not serve output %r (an older Tulip): not sent there until its next Info",
                          replica.address, request.output)

@@ -36,6 +36,12 @@ from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an Authorization header of the Bearer scheme (any case, spaces around it dropped); else None."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
 class Gateway:
     def __init__(self, config: IvyConfig) -> None:
         self.config = config
@@ -105,8 +111,9 @@ class Gateway:
         read), then read_request (before admit()), the model's `task` for `route` when given, and the lane
         the request asks for (lane_for; None for a body without `priority`: a route that reaches no replica,
         where X-Priority means nothing)."""
-        key_lane = self.authorize(request.headers.get("authorization"))
-        CLIENT.set(client_of(request, keyed=self.keyed))
+        token = bearer_token(request.headers.get("authorization")) if self.keyed else None
+        key_lane = self.key_lane(token)
+        CLIENT.set(client_of(token, request.scope))
         body, deadline = await self.read_request(request, schema)
         if task is not None:
             self.require_task(task, route)
@@ -115,14 +122,17 @@ class Gateway:
         return body, deadline, self.lane_for(request.headers.get("x-priority"), body.priority, key_lane)
 
     def authorize(self, authorization: str | None) -> str | None:
+        """Bearer auth of an Authorization header: key_lane of its token."""
+        return self.key_lane(bearer_token(authorization))
+
+    def key_lane(self, token: str | None) -> str | None:
         """Bearer auth with constant-time compares; the key is never logged or echoed. Accepted: --api-key
         and every key of --api-key-lanes; returns the lane of the key used (None: no default lane)."""
         key = self.config.api_key
         if not key and not self.key_lanes:
             return None
-        scheme, _, token = (authorization or "").partition(" ")
-        given = token.strip().encode()
-        if scheme.lower() == "bearer":
+        if token is not None:
+            given = token.encode()
             lane = None
             for known, known_lane in self.key_lanes.items():  # every key compared: no early exit on a match
                 if hmac.compare_digest(given, known.encode()):

@@ -217,8 +217,18 @@ _TRACE: ContextVar[RequestTrace | None] = ContextVar("ivy_trace", default=None)
 COLD_HEADER = (b"x-cold-start", b"1")
 
 
-_FLOW_SALT = uuid.uuid4().hex[:12]
 _FLOWS = itertools.count(1)
+
+
+def _flow_prefix() -> str:
+    """This process's part of its flow keys: its id and a random salt (made again in a forked child)."""
+    global _FLOW_PREFIX
+    _FLOW_PREFIX = f"{os.getpid():x}.{uuid.uuid4().hex[:12]}."
+    return _FLOW_PREFIX
+
+
+_FLOW_PREFIX = _flow_prefix()
+os.register_at_fork(after_in_child=_flow_prefix)
 
 
 def request_flow() -> str:
@@ -229,9 +239,9 @@ def request_flow() -> str:
     Outside a request, a new key each call."""
     trace = _TRACE.get()
     if trace is None:
-        return f"{os.getpid():x}.{_FLOW_SALT}.0.{next(_FLOWS)}"
+        return f"{_FLOW_PREFIX}0.{next(_FLOWS)}"
     if not trace.flow:
-        trace.flow = f"{os.getpid():x}.{_FLOW_SALT}.{next(_FLOWS)}"
+        trace.flow = f"{_FLOW_PREFIX}{next(_FLOWS)}"
     return trace.flow
 
 

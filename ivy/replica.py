@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -67,7 +67,6 @@ class Replica:
         self.state = State.UNKNOWN
         self.detail = ""
         self.info: embed_pb2.InfoResponse | None = None
-        self.outputs: frozenset[str] | None = None  # its Info's, when it names them (serves)
         self.lacks: set[str] = set()  # outputs it refused as unknown, its Info naming none (serves)
         self.outstanding_tokens = 0
         self.attempts: dict[object, float] = {}  # chunk attempts in flight -> when each began (monotonic)
@@ -108,13 +107,19 @@ class Replica:
         except grpc.aio.AioRpcError as exc:
             raise CallFailed(exc.code(), exc.details() or "", *_tulip_trailers(exc)) from None
 
+    @property
+    def outputs(self) -> Sequence[str]:
+        """The outputs its Info names (EmbedRequest.output's names); none before an Info or from an older Tulip."""
+        return self.info.outputs if self.info is not None else ()
+
     def serves(self, output: str) -> bool:
         """Whether an EmbedRequest.output of this name may be sent here: "" always; else as its Info names them; a
         Tulip whose Info names none (older than the field, or a model of one output) every output it has not
         refused as unknown (ivy.dispatch learns that from its INVALID_ARGUMENT, until its next Info)."""
-        if self.outputs is None:
+        names = self.outputs
+        if not names:
             return output not in self.lacks
-        return not output or output in self.outputs
+        return not output or output in names
 
     def adopt(self, info: embed_pb2.InfoResponse) -> None:
         """A probe's Info: kept; with framed on, requests move to the framed EmbedStream it names (ivy/framed.py)
@@ -122,7 +127,6 @@ class Replica:
         the stream they leave is closed once its requests are answered. A port that refuses or drops connects
         is tried again after FRAMED_RETRY_S, doubling up to FRAMED_RETRY_MAX_S."""
         self.info = info
-        self.outputs = frozenset(info.outputs) if info.outputs else None
         self.lacks = set()
         port = info.framed_port if self.framed else 0
         current = self.stream.port if isinstance(self.stream, FramedStream) else 0

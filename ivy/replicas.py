@@ -254,7 +254,7 @@ class ReplicaPool:
         that is late too is no better a place for a chunk: every replica late at once is a stall of the host, not
         of one replica; nor is one that may not take it (an older Tulip mid-rollout, Replica.serves)."""
         return any(r.state is State.SERVING and r is not replica and r not in exclude
-                   and (not output or output in (r.outputs or ()))
+                   and (not output or output in r.outputs)
                    and (not r.attempts or r.last_answer > since) for r in self.replicas)
 
     async def call(self, request: embed_pb2.EmbedRequest, tokens: int, deadline: float) -> embed_pb2.EmbedResponse:

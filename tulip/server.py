@@ -38,7 +38,7 @@ from tulip.servicer import TulipEmbedderServicer
 from tulip.decoding import UndecodableRequest, decode_embed_request, decode_stream_request
 from tulip.watchdog import Watchdog
 from tulip.express import ExpressWorker
-from tulip.framed import FramedListener
+from tulip.framed_listener import FramedListener
 from tulip.worker import Worker
 
 __all__ = ["CLIENT_CHANNEL_OPTIONS", "SERVICE_NAME", "TulipServer", "server_options"]
@@ -65,7 +65,7 @@ class TulipServer:
         self.limits: RequestLimits | None = None
         self.batch_tokens = 0  # the effective token budget, known once the engine's device is
         self._grpc: grpc.aio.Server | None = None
-        self.framed = FramedListener(self)  # tulip.framed: bound only with config.framed_port
+        self.framed = FramedListener(self)  # tulip.framed_listener: bound only with config.framed_port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._active = 0  # accepted Embed calls not yet answered
         self.calls_seen = 0  # Embed calls and stream requests that reached admit(), refused ones too

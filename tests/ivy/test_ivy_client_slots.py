@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 from fake_tulip import FakeTulip, wait_until
@@ -16,6 +15,7 @@ from prometheus_client import REGISTRY
 from ivy import client_slots
 from ivy.client_slots import CONTENDED_S, ClientSlots, client_of
 from ivy.errors import IvyError
+from ivy.gateway import bearer_token
 
 KEYS = ("key-a=interactive", "key-b=interactive")
 
@@ -85,10 +85,10 @@ def test_a_heavy_client_leaves_the_reserve_only_once_another_was_refused_as_full
 
 def test_one_key_is_one_client_however_the_header_spells_it() -> None:
     spellings = ["Bearer k", "bearer k", "BEARER  k ", "Bearer k\t"]  # what authorize accepts as key k
-    clients = {client_of(SimpleNamespace(headers={"authorization": s}, scope={}), keyed=True) for s in spellings}
+    clients = {client_of(bearer_token(s), {}) for s in spellings}
     assert clients == {"k"}
-    assert client_of(SimpleNamespace(headers={}, scope={"client": ("10.0.0.7", 5)}), keyed=False) == "10.0.0.7"
-    assert client_of(SimpleNamespace(headers={}, scope={"client": None}), keyed=False) == ""
+    assert client_of(None, {"client": ("10.0.0.7", 5)}) == "10.0.0.7"
+    assert client_of(None, {"client": None}) == ""
 
 
 def test_through_the_gateway_a_flooding_key_leaves_room_for_another(monkeypatch) -> None:
