@@ -1,15 +1,18 @@
-"""One client may not keep every request slot of a worker while others are refused (RELIABILITY 61).
+"""No client may keep every request slot of a worker while others are refused (RELIABILITY 61).
 
 The concurrency cap (Gateway.admit) refuses what comes past it with a 429, whoever sends it: a client that keeps the
 cap full (a flood, a runaway retry loop, an indexer with more connections than it needs) would leave every other
-client nothing but 429s. So the slots each client holds are counted. Once a client under its share (`share` of the
-worker's slots) is refused as full, the worker is contended for CONTENDED_S: meanwhile a client that holds its share
-or more is refused (429, Retry-After) rather than take the last `reserve` free slots (an eighth of the worker's,
-at least 1), so the refused one finds room when it comes back; each time a client under its share is admitted beside
-one at its share, the time runs again. The heavy client keeps all but the reserve: the device stays as busy.
-What a client has in flight always finishes. Nothing is refused while slots are free and no one was refused: a
-client alone, or beside light traffic, may fill the cap as before. With share 1/2 this protects against one
-flooding client a worker; two that flood at once fill the cap between them.
+client nothing but 429s. So the slots each client holds are counted. A client's bound is its share (`share` of the
+worker's slots), or less where more clients want slots: all but the reserve (below) split evenly among the clients
+holding some, those refused as full or served while contended within CONTENDED_S, and the one asking (at least 1).
+Once a client under its bound is refused as full, the worker is contended for CONTENDED_S: meanwhile a client that
+holds its bound or more is refused (429, Retry-After) rather than take the last `reserve` free slots (an eighth of
+the worker's, at least 1), so the refused one finds room when it comes back; each time a client under its bound is
+admitted beside one at it, the time runs again. The heavy clients keep all but the reserve: the device stays as
+busy. What a client has in flight always finishes. Nothing is refused while slots are free and no one was refused:
+a client alone, or beside light traffic, may fill the cap as before. Several clients flooding at once are held
+alike: three that split a 16-slot cap five each are over their bound of (16 - 2) // 4 once a fourth is refused,
+and while it comes back.
 
 A client is the key it sends where Ivy checks keys (the token authorize accepted), else the peer's address as
 uvicorn reads it (X-Forwarded-For from a proxy it trusts: FORWARDED_ALLOW_IPS, 127.0.0.1 by default); behind a proxy
@@ -47,40 +50,72 @@ class ClientSlots:
         self.limit = max(1, int(slots * share))  # a client's share, rounded down
         self.reserve = max(1, slots // 8)  # free slots a heavy client may not take while contended
         self.held: dict[str, int] = {}
-        self.heavy = 0  # clients holding their share or more
+        self.recent: dict[str, float] = {}  # clients refused as full or served while contended -> when, oldest first
         self.contended_until = 0.0
         self.clock = clock
 
+    @property
+    def heavy(self) -> int:
+        """Clients holding their whole share or more."""
+        return sum(held >= self.limit for held in self.held.values())
+
+    def bound(self, client: str) -> int:
+        """The slots `client` may hold while the worker is contended: its share, or less where more clients want
+        slots (those holding some, those refused or served within CONTENDED_S, and it): all but the reserve split
+        evenly among them, at least 1, so that the reserve is left while each holds no more than its bound."""
+        wanting = len(self.held) + sum(c not in self.held for c in self.recent)
+        wanting += client not in self.held and client not in self.recent
+        return max(1, min(self.limit, (self.slots - self.reserve) // wanting))
+
     def refused_as_full(self, client: str | None) -> None:
-        """A request refused by the cap: if its client holds less than its share, the worker is contended."""
-        if client is not None and not self.off and self.held.get(client, 0) < self.limit:
-            self.contended_until = self.clock() + CONTENDED_S
+        """A request refused by the cap: if its client holds less than its bound, the worker is contended."""
+        if client is None or self.off:
+            return
+        now = self.clock()
+        self._forget(now)
+        if self.held.get(client, 0) < self.bound(client):
+            self.contended_until = now + CONTENDED_S
+            self._note(client, now)
+
+    def _note(self, client: str, now: float) -> None:
+        self.recent.pop(client, None)
+        if len(self.recent) < self.slots:  # past `slots` clients every bound is 1 anyway
+            self.recent[client] = now
+
+    def _forget(self, now: float) -> None:
+        """Clients refused or served more than CONTENDED_S ago no longer count as wanting slots."""
+        while self.recent:
+            client, since = next(iter(self.recent.items()))
+            if now - since < CONTENDED_S:
+                return
+            del self.recent[client]
 
     def take(self, client: str | None, in_flight: int) -> None:
         """Count one slot for `client` (`in_flight` of the worker's slots taken), or refuse it (429) where it holds
-        its share and only the reserve is free while the worker is contended."""
+        its bound and only the reserve is free while the worker is contended."""
         if client is None or self.off:
             return
         held = self.held.get(client, 0)
-        if held >= self.limit:
-            if self.slots - in_flight <= self.reserve and self.clock() < self.contended_until:
+        now = self.clock()
+        if now < self.contended_until:
+            self._forget(now)
+            bound = self.bound(client)
+            if held < bound:
+                self._note(client, now)
+                if max(self.held.values(), default=0) >= bound:
+                    self.contended_until = now + CONTENDED_S  # a light client served beside a heavy one
+            elif self.slots - in_flight <= self.reserve:
                 metrics.CLIENT_SHARE_REFUSALS.inc()
-                raise IvyError(Problem.OVERLOADED, f"this client holds {held} of this worker's request slots, more "
-                               "than its share, and the last free ones are kept for another client that was refused "
-                               "for want of one; retry later",
-                               limit=self.limit)
-        elif self.heavy and self.clock() < self.contended_until:
-            self.contended_until = self.clock() + CONTENDED_S  # a light client served beside a heavy one
+                raise IvyError(Problem.OVERLOADED, f"this client holds {held} of this worker's {self.slots} request "
+                               "slots, its share of them or more while another client was refused for want of one: "
+                               "the last free ones are kept for that client; retry later",
+                               limit=bound)
         self.held[client] = held + 1
-        if held + 1 == self.limit:
-            self.heavy += 1
 
     def give(self, client: str | None) -> None:
         if client is None or self.off:
             return
         held = self.held[client] - 1
-        if held + 1 == self.limit:
-            self.heavy -= 1
         if held:
             self.held[client] = held
         else:

@@ -35,7 +35,7 @@ async def _replica(address: str, framed: bool = True) -> Replica:
 
 
 def test_requests_go_over_the_framed_stream_and_answer_as_the_engine_does() -> None:
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+    with ServerThread(make_config(), FakeEngine()) as s:
         rng = np.random.default_rng(1)
         requests = [encode_request([[int(t) for t in rng.integers(1, 900, size=n)]]) for n in rng.integers(1, 80, size=30)]
 
@@ -69,7 +69,7 @@ def test_without_framed_or_without_a_framed_port_the_grpc_stream_stays() -> None
 
 def test_a_timed_out_request_is_cancelled_on_the_replica() -> None:
     engine = FakeEngine(gated=True)
-    with ServerThread(make_config(framed_port=_free_port()), engine) as s:
+    with ServerThread(make_config(), engine) as s:
         async def main():
             replica = await _replica(s.address)
             busy = [asyncio.ensure_future(replica.embed(encode_request([[i] * 8]), 10.0, 4096)) for i in (1, 2)]
@@ -90,7 +90,7 @@ def test_a_timed_out_request_is_cancelled_on_the_replica() -> None:
 
 def test_a_replica_that_goes_away_fails_what_waits_with_unavailable() -> None:
     engine = FakeEngine(gated=True)
-    s = ServerThread(make_config(framed_port=_free_port()), engine)
+    s = ServerThread(make_config(), engine)
     try:
         async def main():
             replica = await _replica(s.address)
@@ -179,7 +179,7 @@ def test_adopt_moves_to_a_framed_port_only_once_connected_and_retries_a_refused_
 
 
 def test_a_replica_restarted_without_its_framed_port_is_followed_back_to_grpc() -> None:
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+    with ServerThread(make_config(), FakeEngine()) as s:
         async def main():
             replica = await _replica(s.address)
             kinds = [type(replica.stream)]
@@ -254,7 +254,7 @@ def test_a_framed_port_that_refuses_or_drops_connects_costs_no_request(answer, m
 
 
 def test_a_framed_port_that_goes_away_moves_the_request_in_hand_to_grpc() -> None:
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+    with ServerThread(make_config(), FakeEngine()) as s:
         async def main():
             replica = await _replica(s.address)
             assert isinstance(replica.stream, FramedStream)
@@ -275,7 +275,7 @@ def test_a_framed_port_that_goes_away_moves_the_request_in_hand_to_grpc() -> Non
 def test_a_full_framed_port_moves_the_replica_to_grpc_with_the_request_that_found_out() -> None:
     import socket
 
-    with ServerThread(make_config(framed_port=_free_port(), framed_max_connections=1), FakeEngine()) as s:
+    with ServerThread(make_config(framed_max_connections=1), FakeEngine()) as s:
         holder = socket.create_connection(("127.0.0.1", s.server.framed.port))  # takes the one connection
         wait_until(lambda: s.server.metrics.registry.get_sample_value("tulip_framed_connections") == 1)
 
@@ -319,7 +319,7 @@ def test_a_malformed_answer_fails_the_request_with_unavailable() -> None:
 
 
 def test_after_an_ejection_closes_the_framed_stream_the_next_request_opens_a_new_one() -> None:
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine()) as s:
+    with ServerThread(make_config(), FakeEngine()) as s:
         async def main():
             replica = await _replica(s.address)
             await replica.embed(encode_request([[1, 2, 3]]), 10.0, 4096)
@@ -388,7 +388,7 @@ def test_a_silent_framed_port_says_so() -> None:
 def test_framed_answers_carry_tulips_timings() -> None:
     """The framed stream's answers carry queue_us / inference_us / batcher_us as the gRPC ones do (Ivy's
     x-queue-time, x-inference-time, x-batcher-time): each batch spends 30 ms on the fake device."""
-    with ServerThread(make_config(framed_port=_free_port()), FakeEngine(step_seconds=0.03)) as s:
+    with ServerThread(make_config(), FakeEngine(step_seconds=0.03)) as s:
         async def main():
             replica = await _replica(s.address)
             assert isinstance(replica.stream, FramedStream)

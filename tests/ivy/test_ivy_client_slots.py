@@ -83,6 +83,43 @@ def test_a_heavy_client_leaves_the_reserve_only_once_another_was_refused_as_full
     assert off.slots.held == {} and ClientSlots(3, 0.1).limit == 1 and ClientSlots(128, 0.5).reserve == 16
 
 
+def test_several_flooding_clients_are_each_held_to_an_even_split() -> None:
+    clock = _Clock()
+    w = _Worker(16, 0.5, clock)  # a share of 8, a reserve of 2: 14 slots to split
+    for _ in range(5):
+        for c in "abc":
+            w.take(c)
+    w.take("a")  # the cap full: a 6, b 5, c 5, each under its share of 8
+    w.slots.refused_as_full("b")  # b holds over its split of 14 among three, 4: no one else wants a slot
+    w.give("a")
+    w.take("a")  # not contended: any client may take a free slot
+    w.slots.refused_as_full("d")  # d holds none: contended, four clients want slots, 14 // 4 each
+    for c in "abc":
+        w.give(c)
+    w.take("c")  # a 5, b 4, c 5, three slots free: c takes one short of the reserve
+    for c in "abc":
+        with pytest.raises(IvyError, match=f"this client holds {w.slots.held[c]} of this worker's 16") as refused:
+            w.take(c)  # each over its split of 3, the last two free slots kept
+        assert refused.value.status == 429
+    w.take("d")
+    w.take("e")  # a newcomer under its split of 14 // 5 takes the reserve's other slot
+    assert w.in_flight == 16 and w.slots.held == {"a": 5, "b": 4, "c": 5, "d": 1, "e": 1}
+    w.give("d")  # d between two requests still wants a slot: served while contended, it counts for CONTENDED_S
+    assert w.slots.bound("f") == 14 // 6
+    w.slots.refused_as_full("f")
+    w.give("b")
+    clock.now += CONTENDED_S - 0.5
+    with pytest.raises(IvyError):
+        w.take("a")  # a holds 5 of 14 split six ways
+    w.take("d")  # d, back, finds the slot a was refused
+    clock.now += 1  # d served at 102.5 beside heavy a: still contended
+    with pytest.raises(IvyError):
+        w.take("a")
+    clock.now += CONTENDED_S  # no one refused or served beside the heavy for CONTENDED_S: over
+    w.take("a")
+    assert w.slots.held["a"] == 6 and w.in_flight == 16
+
+
 def test_one_key_is_one_client_however_the_header_spells_it() -> None:
     spellings = ["Bearer k", "bearer k", "BEARER  k ", "Bearer k\t"]  # what authorize accepts as key k
     clients = {client_of(bearer_token(s), {}) for s in spellings}
