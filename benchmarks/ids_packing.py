@@ -1,6 +1,6 @@
 """`python -m benchmarks.ids_packing`: Ivy's work on a request of token ids before it leaves for Tulip.
 
-Per request of N ids (N = 128, 512, 4096): the vocabulary check (ivy.tokenization._check_vocab, which returns
+Per request of N ids (N = 128, 512, 4096): the vocabulary check (ivy.tokenization.check_vocab, which returns
 the ids as an int32 array) and the EmbedRequest built from the checked arrays (ivy.encode.packed_ids joins
 them), against the same request built from the client's Python lists (read a second time, as before the
 arrays were kept). Median µs of 2000 rounds after 200 of warm-up, both paths in one process; prints a table.
@@ -14,7 +14,7 @@ import numpy as np
 
 from benchmarks.bert_normalizer import median_us
 from ivy.encode import embed_request
-from ivy.tokenization import _check_vocab
+from ivy.tokenization import check_vocab
 
 VOCAB = 151_669
 
@@ -25,11 +25,11 @@ def main() -> int:
         ids = [int(t) for t in np.random.default_rng(n).integers(1000, 30000, n)]
 
         def from_lists(ids=ids, n=n) -> None:
-            _check_vocab(ids, "input[0]", VOCAB)
+            check_vocab(ids, "input[0]", VOCAB)
             embed_request([ids], n, dimensions=0, normalize=None, encoding=0, request_id="r")
 
         def from_arrays(ids=ids, n=n) -> None:
-            checked = _check_vocab(ids, "input[0]", VOCAB)
+            checked = check_vocab(ids, "input[0]", VOCAB)
             embed_request([checked], n, dimensions=0, normalize=None, encoding=0, request_id="r")
 
         a, b = [], []

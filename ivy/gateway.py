@@ -30,6 +30,7 @@ from ivy.errors import IvyError, Problem
 from ivy.inputs import ItemLimits, item_limits, too_many
 from ivy.lanes import lane_value, parse_key_lanes, resolve
 from ivy.replicas import Expected, ReplicaPool
+from ivy.token_texts import TokenTexts
 from ivy.tokenization import InputEncoder, request_deadline
 from rose.head import Encoding
 from rose.spec import bundled_model_dir, load_spec
@@ -68,6 +69,7 @@ class Gateway:
             inline_chars=config.tokenize_inline_chars, warm_inline=config.tokenize_warm_inline,
             split_chars=config.tokenize_split_chars,
             piece_chars=config.tokenize_piece_chars)
+        self.token_texts = TokenTexts(self.encoder)  # /tokenize, /decode, texts cut to k tokens
         expected = Expected(model_ids=frozenset(self.model_names), fingerprint=self.tokenizer.fingerprint,
                             dimensions=self.spec.dimensions, max_length=self.spec.max_length, tasks=self.spec.tasks)
         self.pool = ReplicaPool(config.replica_entries(), expected, health_interval_s=config.health_interval_s,

@@ -136,7 +136,7 @@ async def _rerank(request: Request, schema, route: str) -> Response:
         raise IvyError(Problem.INVALID_PARAMETER, "truncate: false contradicts max_tokens_per_doc; send one of them",
                        param="truncate")
     if per_doc is not None:
-        gw.encoder.check_cut("max_tokens_per_doc")
+        gw.token_texts.check_cut("max_tokens_per_doc")
     instruction = None if tei else body.instruction
     check_instruction(gw, instruction)  # before any work (it is checked again where the pairs are made)
     truncate, max_tokens = _truncation(gw, mode, body.truncate_prompt_tokens, truncate)
@@ -146,7 +146,7 @@ async def _rerank(request: Request, schema, route: str) -> Response:
         gw.check_count(len(documents), gw.config.max_inputs_per_request, names[1])
         scored = documents  # echoed as sent, scored as cut
         if per_doc is not None:
-            scored = await gw.encoder.cut_to_tokens(documents, per_doc, body.truncation_side, names[1])
+            scored = await gw.token_texts.cut_to_tokens(documents, per_doc, body.truncation_side, names[1])
         scores, tokens = await _scores(request, gw, mode, [body.query], scored, truncate=truncate,
                                        side=body.truncation_side, deadline=deadline, instruction=instruction,
                                        names=names, lane=lane, max_tokens=max_tokens, raw=raw)

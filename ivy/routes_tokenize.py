@@ -39,8 +39,8 @@ async def tokenize(request: Request) -> Response:
     if isinstance(body, TeiTokenizeRequest):
         return await _tei_tokenize(gw, body)
     with gw.admit():
-        ids = await gw.encoder.tokenize(body.prompt, body.add_special_tokens)
-        strs = await gw.encoder.token_strs(ids) if body.return_token_strs else None
+        ids = await gw.token_texts.tokenize(body.prompt, body.add_special_tokens)
+        strs = await gw.token_texts.token_strs(ids) if body.return_token_strs else None
     return json_response({"count": len(ids), "max_model_len": gw.spec.max_length, "tokens": ids,
                           "token_strs": strs})
 
@@ -51,7 +51,7 @@ async def _tei_tokenize(gw: Gateway, body: TeiTokenizeRequest) -> Response:
     prompt = gw.encoder.prompt_for(None, body.prompt_name)
     with gw.admit():
         gw.check_count(len(texts), gw.config.max_inputs_per_request, "inputs")
-        answer = await gw.encoder.tokenize_spans(texts, body.add_special_tokens, prompt, names)  # its JSON bytes
+        answer = await gw.token_texts.tokenize_spans(texts, body.add_special_tokens, prompt, names)  # its JSON bytes
         return Response(answer, media_type="application/json")
 
 
@@ -60,7 +60,7 @@ async def detokenize(request: Request) -> Response:
     gw = gateway_of(request)
     body, _, _ = await gw.open_request(request, DetokenizeRequest)
     with gw.admit():
-        (text,) = await gw.encoder.decode([body.tokens], False, ["tokens"])  # vLLM keeps them
+        (text,) = await gw.token_texts.decode([body.tokens], False, ["tokens"])  # vLLM keeps them
     return json_response({"prompt": text})
 
 
@@ -73,5 +73,5 @@ async def decode(request: Request) -> Response:
     names = [f"ids[{i}]" for i in range(len(seqs))] if several else ["ids"]
     with gw.admit():
         gw.check_count(len(seqs), gw.config.max_inputs_per_request, "ids")
-        texts = await gw.encoder.decode(seqs, body.skip_special_tokens, names)
+        texts = await gw.token_texts.decode(seqs, body.skip_special_tokens, names)
     return json_response(texts)

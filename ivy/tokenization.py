@@ -26,7 +26,6 @@ from typing import TypeVar
 
 import numpy as np
 
-from ivy import offsets
 from ivy.errors import IvyError, Problem
 from ivy.pairs import PairEncoder, Pairs
 from ivy.split_encode import SplitEncoder
@@ -60,7 +59,7 @@ def too_long(param: str, n: int, limit: int, hint: str = CUT_HINT) -> IvyError:
                     param=param, limit=limit)
 
 
-def _check_vocab(seq: Sequence[int], where: str, vocab: int) -> np.ndarray:
+def check_vocab(seq: Sequence[int], where: str, vocab: int) -> np.ndarray:
     """`seq` as int32 ids (what the wire carries: ivy.encode.embed_request packs such arrays without reading
     Python ints a second time), or a 422 naming `where[j]` for its first id outside 0..vocab - 1."""
     try:
@@ -83,7 +82,7 @@ def _where(param: str | tuple[str, ...], one: bool, i: int) -> str:
     return param if one else f"{param}[{i}]"
 
 
-def _size(items, limit: int, extra: int = 0) -> int:
+def text_size(items, limit: int, extra: int = 0) -> int:
     """Total length of `items` (each plus `extra`), counting only until it passes `limit`."""
     total = 0
     for item in items:
@@ -102,7 +101,6 @@ class InputEncoder:
         self.tokenizer = tokenizer
         self.max_length = spec.max_length
         self.char_cap = char_cap
-        self.tokenize_cap = 64 * char_cap  # /tokenize's (and /decode's) characters a request: see tokenize
         self._prefixes = {"query": query_prefix, "document": document_prefix}
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ivy-tokenize")
         self._observe = observe
@@ -117,13 +115,13 @@ class InputEncoder:
         table = config_vocab_size(spec.config)
         self.vocab_limit = min(tokenizer.vocab_size, table) if table else tokenizer.vocab_size
         sep = spec.chunk_separator
-        self._separator_ids = self._content_ids([sep])[0] if sep else []
+        self._separator_ids = self.content_ids([sep])[0] if sep else []
         self.pairs = PairEncoder(spec, tokenizer, char_cap) if spec.score_head is not None else None
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _run(self, fn: Callable[..., T], *args, size: int | None = None,
+    async def run(self, fn: Callable[..., T], *args, size: int | None = None,
                    first: Callable[..., T | None] | None = None) -> T:
         """fn(*args) in the pool, or on the loop when `size` (characters or ids) is at most inline_chars; `first`,
         tried on the loop before the pool, answers instead when it returns anything but None."""
@@ -178,8 +176,8 @@ class InputEncoder:
         one: `param` is a single text sent as itself, not a list (errors name it without an index).
         max_tokens: cut to this many tokens, the special tokens included (vLLM's truncate_prompt_tokens), not the
         model's max_length; only with truncate."""
-        size = _size(texts, self.inline_chars, extra=len(prompt))
-        return await self._run(self._encode_texts, texts, truncate, side, prompt, param, one, max_tokens, size=size,
+        size = text_size(texts, self.inline_chars, extra=len(prompt))
+        return await self.run(self._encode_texts, texts, truncate, side, prompt, param, one, max_tokens, size=size,
                                first=self._encode_warm if self.warm_inline else None)
 
     def _encode_texts(self, texts: Sequence[str], truncate: bool, side: str, prompt: str,
@@ -195,7 +193,7 @@ class InputEncoder:
         in a thread, less the two hand-offs (~0.3 ms for 4096 tokens on this project's CPU). A request over the
         warm path's characters is handed on before any text is copied (a bulk request's capping stays in the pool)."""
         bound = self.tokenizer.warm_chars
-        if _size(texts, bound, extra=len(prompt)) > bound:
+        if text_size(texts, bound, extra=len(prompt)) > bound:
             return None
         capped = self._capped(texts, truncate, side, prompt, param, one)
         encoded = self.tokenizer.encode_warm(capped, max_tokens or self.max_length, side)
@@ -230,8 +228,8 @@ class InputEncoder:
                            instruction: str | None, names: tuple, max_tokens: int | None = None) -> Pairs:
         """One sequence per pair (ivy.pairs); only for a cross-encoder or a classifier (self.pairs is set).
         max_tokens: what a pair is cut to with truncate (vLLM's truncate_prompt_tokens), not the model's length."""
-        size = _size(queries, self.inline_chars) + _size(docs, self.inline_chars)
-        return await self._run(self.pairs.encode, queries, docs, truncate, side, instruction, names, max_tokens,
+        size = text_size(queries, self.inline_chars) + text_size(docs, self.inline_chars)
+        return await self.run(self.pairs.encode, queries, docs, truncate, side, instruction, names, max_tokens,
                                size=size)
 
     # ---- token ids ----
@@ -240,7 +238,7 @@ class InputEncoder:
                         param: str = "input", flat: bool = False, max_tokens: int | None = None) -> list[np.ndarray]:
         # On the loop whatever the size: reading Python ints into an array holds the GIL, so a pool thread would
         # block the loop as long and add two thread hand-offs (benchmarks/NOTES.md, "Token ids in the gateway").
-        return await self._run(self._check_ids, seqs, truncate, side, param, flat, max_tokens, size=0)
+        return await self.run(self._check_ids, seqs, truncate, side, param, flat, max_tokens, size=0)
 
     def _check_ids(self, seqs: list[list[int]], truncate: bool, side: str, param: str,
                    flat: bool = False, max_tokens: int | None = None) -> list[np.ndarray]:
@@ -252,7 +250,7 @@ class InputEncoder:
         out = []
         for i, seq in enumerate(seqs):
             where = param if flat else f"{param}[{i}]"
-            seq = _check_vocab(seq, where, vocab)
+            seq = check_vocab(seq, where, vocab)
             if len(seq) > limit:
                 if not truncate:
                     raise too_long(where, len(seq), limit)
@@ -263,8 +261,8 @@ class InputEncoder:
     # ---- documents of chunks (late chunking) ----
 
     async def encode_documents(self, docs: list[list[str]]) -> Documents:
-        size = _size((chunk for doc in docs for chunk in doc), self.inline_chars)
-        return await self._run(self._encode_documents, docs, size=size)
+        size = text_size((chunk for doc in docs for chunk in doc), self.inline_chars)
+        return await self.run(self._encode_documents, docs, size=size)
 
     def _encode_documents(self, docs: list[list[str]]) -> Documents:
         """Each document's chunks joined into one sequence (separator tokens between them, the model's
@@ -276,7 +274,7 @@ class InputEncoder:
                 raise IvyError(Problem.INPUT_TOO_LONG, f"input[{i}] has {chars} characters; the limit is {cap}",
                                param=f"input[{i}]", limit=cap)
         flat = [chunk for doc in docs for chunk in doc]
-        pieces = iter(self._content_ids(flat))
+        pieces = iter(self.content_ids(flat))
         sequences, spans = [], []
         for i, doc in enumerate(docs):
             seq = list(self._prefix_ids)
@@ -297,94 +295,7 @@ class InputEncoder:
             spans.append(doc_spans)
         return Documents(sequences, spans)
 
-    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Every token of `text`, never truncated (POST /tokenize: counting before chunking a document), up
-        to 64 times the per-input character cap (MiniLM: 262144 characters): a document beyond that is split
-        before anyway, and a bigger one would hold a tokenizer thread for seconds."""
-        self._tokenize_cap(text, "prompt")
-        return await self._run(self._tokenize, text, add_special_tokens, size=len(text))
-
-    def _tokenize_cap(self, text: str, name: str) -> None:
-        cap = self.tokenize_cap
-        if len(text) > cap:
-            raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(text)} characters; /tokenize takes at most "
-                           f"{cap}", param=name, limit=cap)
-
-    def check_cut(self, param: str) -> None:
-        """cut_to_tokens reads `tokenizers`' offsets: a 400 naming `param` for a SentencePiece model without
-        tokenizer.json, before any work."""
-        if self.tokenizer.hf is None:
-            raise IvyError(Problem.UNSUPPORTED_TASK, f"{param}: this model's tokenizer is a SentencePiece model "
-                           "without tokenizer.json, whose token offsets Ivy does not read; send truncate or "
-                           "truncate_prompt_tokens instead", param=param)
-
-    async def cut_to_tokens(self, texts: Sequence[str], k: int, side: str, param: str) -> list[str]:
-        """Each text cut to its first k tokens (its last k with side "left"), special tokens not counted, as text:
-        the span its k tokens cover (Cohere v2's rerank `max_tokens_per_doc`, which cuts every document rather
-        than refusing it). A text over the per-input character cap is cut to the cap first, as truncate=true
-        cuts it, so that no text costs more than the cap to tokenize here. Callers check_cut first."""
-        cap = self.char_cap
-        capped = [t if len(t) <= cap else (t[:cap] if side == "right" else t[-cap:]) for t in texts]
-        return await self._run(self._cut_to_tokens, capped, k, side, size=_size(capped, self.inline_chars))
-
-    def _cut_to_tokens(self, texts: list[str], k: int, side: str) -> list[str]:
-        return offsets.cut_to_tokens(self.tokenizer.encodings_with_offsets(texts, add_special_tokens=False), texts,
-                                     k, side)
-
-    async def token_strs(self, ids: Sequence[int]) -> list[str]:
-        """Each id's token as the vocabulary writes it (vLLM's /tokenize return_token_strs: transformers'
-        convert_ids_to_tokens)."""
-        return await self._run(self.tokenizer.id_to_tokens, ids, size=len(ids))
-
-    async def tokenize_spans(self, texts: Sequence[str], add_special_tokens: bool, prompt: str,
-                             names: Sequence[str]) -> bytes:
-        """POST /tokenize's text-embeddings-inference answer: per text (`prompt` before it, as TEI prepends its
-        prompt_name's), each token as {"id", "text", "special", "start", "stop"}, never truncated, each text up
-        to /tokenize's cap (names[i]: texts[i]'s field, for errors). As TEI's into_tokens: a special token's
-        text is its vocabulary string and start / stop null; another's text is the span of the (prompted) text
-        it covers, start / stop its UTF-8 byte offsets there (Rust `tokenizers`' offsets; Python's are characters).
-        The answer's JSON bytes, made on the tokenizer thread (ivy.offsets.simple_tokens_json). All the texts
-        together (their prompts included) take /tokenize's cap for one text: ~67 bytes are answered for a
-        one-character token, and 2 MB of such texts were a 141 MB answer."""
-        for text, name in zip(texts, names):
-            self._tokenize_cap(text, name)
-        total, cap = sum(map(len, texts)) + len(prompt) * len(texts), self.tokenize_cap
-        if total > cap:
-            raise IvyError(Problem.INPUT_TOO_LONG, f"inputs hold {total} characters in all (prompts included); "
-                           f"/tokenize takes at most {cap} a request", param="inputs", limit=cap)
-        if self.tokenizer.hf is None:
-            raise IvyError(Problem.UNSUPPORTED_TASK, "this model's tokenizer is a SentencePiece model without "
-                           "tokenizer.json: /tokenize answers text-embeddings-inference's `inputs` body with "
-                           "offsets from `tokenizers` only; send vLLM's `prompt` body", param=names[0])
-        size = _size(texts, self.inline_chars, extra=len(prompt))
-        return await self._run(self._tokenize_spans, texts, add_special_tokens, prompt, size=size)
-
-    def _tokenize_spans(self, texts: Sequence[str], add_special_tokens: bool, prompt: str) -> bytes:
-        full = [prompt + text for text in texts] if prompt else list(texts)
-        encodings = self.tokenizer.encodings_with_offsets(full, add_special_tokens)
-        return b"[" + b",".join(offsets.simple_tokens_json(enc, text) for enc, text in zip(encodings, full)) + b"]"
-
-    async def decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
-        """The text of each id list (POST /decode, /detokenize); names[i] is seqs[i]'s field, for errors: at most
-        64 times the per-input character cap ids each (what /tokenize takes in characters, so its ids come back),
-        every id in the vocabulary (a 422 naming `names[i][j]`)."""
-        return await self._run(self._decode, seqs, skip_special_tokens, names, size=_size(seqs, self.inline_chars))
-
-    def _decode(self, seqs: list[list[int]], skip_special_tokens: bool, names: Sequence[str]) -> list[str]:
-        vocab, cap = self.vocab_limit, self.tokenize_cap  # /tokenize's own cap, in characters
-        for seq, name in zip(seqs, names):
-            if len(seq) > cap:
-                raise IvyError(Problem.INPUT_TOO_LONG, f"{name} has {len(seq)} ids; at most {cap} are decoded (the "
-                               "characters /tokenize takes)", param=name, limit=cap)
-            _check_vocab(seq, name, vocab)
-        return self.tokenizer.decode_batch(seqs, skip_special_tokens)
-
-    def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        if add_special_tokens:
-            return self.splitter.encode_batch([text], 1 << 30)[0].ids
-        return self._content_ids([text])[0]
-
-    def _content_ids(self, texts: Sequence[str]) -> list[list[int]]:
+    def content_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids without the special tokens the tokenizer's post-processor adds."""
         head, tail = len(self._prefix_ids), len(self._suffix_ids)
         huge = 1 << 30

@@ -358,12 +358,12 @@ def test_score_sides_skip_nulls_and_refuse_a_mix_of_namings(client) -> None:
 
 
 def test_max_tokens_per_doc_cuts_nothing_before_the_request_is_checked(client, fake, monkeypatch) -> None:
-    from ivy.tokenization import InputEncoder
+    from ivy.token_texts import TokenTexts
 
     async def no_cut(*args, **kwargs):
         raise AssertionError("documents tokenized before the request was checked")
 
-    monkeypatch.setattr(InputEncoder, "cut_to_tokens", no_cut)
+    monkeypatch.setattr(TokenTexts, "cut_to_tokens", no_cut)
     body = {"query": QUERY, "documents": DOCS * 25, "max_tokens_per_doc": 1, "instruction": "x"}
     assert _error(client.post("/v2/rerank", json=body))[:2] == (422, "instruction")
     assert fake.calls == []

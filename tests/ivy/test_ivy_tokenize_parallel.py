@@ -21,6 +21,7 @@ from tokenizers import Regex, Tokenizer as HFTokenizer
 
 from ivy import split_encode
 from ivy.split_encode import SplitEncoder, cut, split_rule
+from ivy.token_texts import TokenTexts
 from ivy.tokenization import InputEncoder
 from rose.spec import bundled_model_dir, load_spec
 from rose.tokenizer import Tokenizer
@@ -233,7 +234,7 @@ def test_input_encoder_spreads_a_long_text_and_batches_short_ones(monkeypatch) -
         got = await encode([long_text], "left")
         assert len(calls) == 4 and sum(n for _, n in calls) == 4
         assert got == [_reference(tok, long_text, spec.max_length, "left")]
-        assert await enc.tokenize(long_text) == _reference(tok, long_text, 10**6, "right")
+        assert await TokenTexts(enc).tokenize(long_text) == _reference(tok, long_text, 10**6, "right")
         # Many long requests at once on a 4-thread pool: no deadlock, every answer exact.
         outs = await asyncio.wait_for(asyncio.gather(*(
             encode([long_text, "x"], "right") for _ in range(12))), 60)
