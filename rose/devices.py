@@ -1,4 +1,5 @@
-"""Which device and dtype an engine runs on, from what a caller or a flag names (None: the machine's default)."""
+"""Which device and dtype an engine runs on, from what a caller or a flag names (None: the machine's default), and
+whether that device still runs work."""
 
 from __future__ import annotations
 
@@ -30,3 +31,18 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return DTYPES[dtype]
     except KeyError:
         raise ValueError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}") from None
+
+
+def device_runs(device: torch.device) -> bool:
+    """Whether `device` still runs work: a tiny step and its copy back on a stream of their own, waited for by that
+    stream alone (no device-wide synchronize, which a graph capture on another thread must not meet). After a CUDA
+    error that poisons the context (an illegal address, a device-side assert, an uncorrectable ECC error, a GPU
+    gone from the bus) every later call fails, this one too; an error of one batch's own (out of memory, a bad
+    input) leaves it True. A CPU always runs (tulip.device_check, RELIABILITY 62)."""
+    if device.type != "cuda":
+        return True
+    try:
+        with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+            return float((torch.ones(1, device=device) + 1).cpu()) == 2.0
+    except Exception:  # noqa: BLE001 - whatever the runtime raises, the device did not run the step
+        return False

@@ -25,7 +25,7 @@ import torch
 
 from rose import kernel_ahead
 from rose.batch import Batch
-from rose.devices import resolve_device, resolve_dtype
+from rose.devices import device_runs, resolve_device, resolve_dtype
 from rose.head import OutputOptions, apply_head
 from rose.kernel_cache import use_kernel_cache
 from rose.kernel_manifest import Recorder
@@ -134,6 +134,11 @@ class Engine:
         once on a GPU; waits (or raises PinnedPoolExhausted) while the pinned pool is at its cap. express: on
         the express lane, beside whatever the bulk lane runs (rose.express)."""
         return self.runner.step(batch, express=express)
+
+    def device_ok(self) -> bool:
+        """Whether the engine's device still runs work after a batch failed (rose.devices.device_runs): False once
+        a CUDA error poisoned the context, which only a new process clears (Tulip then exits: tulip.device_check)."""
+        return device_runs(self.runner.device)
 
     def step_layered(self, batch: Batch, ahead: int) -> LazyTensor:
         """step(batch), one decoder layer at a time (per-layer CUDA graphs on a GPU: rose.layer_graphs), at most

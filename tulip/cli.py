@@ -2,7 +2,9 @@
 `tulip health [flags]`: ask a replica's grpc.health.v1 service whether it serves (container health checks).
 
 Exit codes of `serve`: 0 after a clean shutdown (SIGTERM/SIGINT, all accepted work answered), 1 when the
-model fails to load or verify, or shutdown timed out with work unanswered; 2 when the address cannot be bound.
+model fails to load or verify, or shutdown timed out with work unanswered; 2 when the address cannot be bound; 3
+after a batch left the device unable to run work (tulip.device_check: the replica refused new work, answered what
+it held UNAVAILABLE "device_lost" and drained; a restart, a new CUDA context, is what serves again).
 Exit codes of `health`: 0 when the answer is SERVING; 1 for anything else (NOT_SERVING while loading or
 draining, unknown service, nothing listening, no answer within the timeout), with one line saying which.
 """
@@ -28,6 +30,7 @@ T = TypeVar("T")
 log = logging.getLogger("tulip")
 HEALTH_ENV_PREFIX = "TULIP_HEALTH"
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+DEVICE_LOST_EXIT = 3
 
 
 @dataclass(frozen=True)
@@ -177,8 +180,15 @@ async def serve(config: TulipConfig) -> int:
         stopping.cancel()
         await server.stop()
         return 1
-    await stopping
-    return 0 if await server.drain() else 1
+    lost = asyncio.ensure_future(server.lost_device.wait())
+    await asyncio.wait({stopping, lost}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    lost.cancel()
+    drained = await server.drain()
+    if server.device_lost is not None:  # tulip.device_check: a restart (a new CUDA context) is what can serve
+        log.critical("exiting with status %d: the device was lost (%s)", DEVICE_LOST_EXIT, server.device_lost)
+        return DEVICE_LOST_EXIT
+    return 0 if drained else 1
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:

@@ -4,7 +4,8 @@ and hands the answers to the event loop in one call (tulip.job.Handoff).
 
 A mixin of tulip.worker.Worker, whose launcher fills what it reads: `_launched` (the FIFO of Launched and
 FailedBatch items, STOP last), `_count_lock`, `_inflight`, `_clock`, `_slots`, `_holding`, `queue`,
-`device_times`, `metrics`, `_native_int8` and `_default_normalize`. Only the completer touches Job state.
+`device_times`, `device_check`, `metrics`, `_native_int8` and `_default_normalize`. Only the completer touches Job
+state.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class Completer:
                     finished.append(seq.ticket)
         except Exception as exc:
             log.exception("a batch of %d sequences failed on the engine", len(item.packed.sequences))
-            self._fail_jobs(jobs_of(item.packed.sequences), engine_error(exc))
+            self._fail_jobs(jobs_of(item.packed.sequences), self.device_check.error_for(exc))
             finished = []
         finally:
             release_lazy(item.lazy)

@@ -136,6 +136,16 @@ class EngineFailed(TulipError):
     reason = "engine_failed"
 
 
+class DeviceLost(TulipError):
+    """A batch failed and the device no longer runs work (a CUDA error that poisons the context: an illegal
+    address, a device-side assert, an uncorrectable ECC error, a GPU gone from the bus): every later batch would
+    fail too. The replica refuses new work, answers what it holds with this, and exits (tulip.server,
+    RELIABILITY 62); the caller retries on another replica."""
+
+    status = "UNAVAILABLE"
+    reason = "device_lost"
+
+
 class EngineOverloaded(TulipError):
     """The engine ran out of memory (pinned pool at its cap past its timeout, or device OOM) on this
     request's batch; the replica stays up and the caller may retry."""

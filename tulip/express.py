@@ -42,10 +42,11 @@ class ExpressWorker(Worker):
     name = "tulip-express"
 
     def __init__(self, engine, queue, *, express_tokens: int, max_inflight: int = 2, metrics=None,
-                 main_lane: bool = False, busy_spans=None) -> None:
+                 main_lane: bool = False, busy_spans=None, device_check=None) -> None:
         """main_lane: step on ROSE's main lane, between the layers of the bulk batch the main worker steps layer
         by layer (its layers_ahead), instead of on the express lane (module docstring)."""
-        super().__init__(engine, queue, max_inflight=max_inflight, metrics=metrics, busy_spans=busy_spans)
+        super().__init__(engine, queue, max_inflight=max_inflight, metrics=metrics, busy_spans=busy_spans,
+                         device_check=device_check)
         self.express_tokens = express_tokens
         self.express_lane = not main_lane
         self.prewarm_failed = False

@@ -26,8 +26,9 @@ from rose import gc_pauses
 from tulip.channel_options import CLIENT_CHANNEL_OPTIONS, server_options
 from tulip.config import TulipConfig
 from tulip.engine_loader import build_engine, probe_full_budget, run_in_daemon_thread, vocab_size
-from tulip.errors import (DeadlineExpired, DeadlineUnmeetable, InvalidRequest, NotReady, QueueFull, ShuttingDown,
-                          Stalled, TulipError)
+from tulip.device_check import DeviceCheck
+from tulip.errors import (DeadlineExpired, DeadlineUnmeetable, DeviceLost, InvalidRequest, NotReady, QueueFull,
+                          ShuttingDown, Stalled, TulipError)
 from tulip.job import Job
 from tulip.lanes import check_deadline, lane_of
 from tulip.metrics import TulipMetrics
@@ -61,6 +62,8 @@ class TulipServer:
         self.worker: Worker | None = None
         self.express: ExpressWorker | None = None  # tulip.express, when on and the engine has an express lane
         self.watchdog: Watchdog | None = None
+        self.device_check: DeviceCheck | None = None  # made with the workers (tulip.device_check)
+        self.lost_device = asyncio.Event()  # set once the device runs no work: `tulip serve` drains and exits 3
         self._watchdog_task: asyncio.Task | None = None
         self.limits: RequestLimits | None = None
         self.batch_tokens = 0  # the effective token budget, known once the engine's device is
@@ -80,7 +83,7 @@ class TulipServer:
             lane_depth=lambda lane: self.queue.lane_tokens(lane) if self.queue else 0,
             inflight=lambda: sum(w.inflight for w in (self.worker, self.express) if w is not None),
             device_busy=self.busy_spans.total,
-            ready=lambda: self.ready and not self.stalled,
+            ready=lambda: self.ready and not self.stalled and self.device_lost is None,
             engine_stats=self._engine_stats)
 
     def _engine_stats(self) -> dict:
@@ -154,16 +157,19 @@ class TulipServer:
                                    interactive_batch_tokens=config.interactive_batch_tokens,
                                    interactive_recent_s=config.interactive_recent_ms / 1e3)
         heartbeat = _heartbeat(config.activity_file, str(info.device))
+        self.device_check = DeviceCheck(self.engine, on_lost=self._device_lost_from_thread)
         layered = config.bulk_layers_ahead if config.bulk_by_layers and getattr(self.engine, "layer_steps", 0) else 0
         self.worker = Worker(self.engine, self.queue, max_inflight=config.max_inflight_batches,
                              metrics=self.metrics, idle_capture_s=config.idle_capture_ms / 1e3,
                              pack_ahead_s=config.pack_ahead_ms / 1e3, inline_launch=config.inline_launch,
-                             heartbeat=heartbeat, layers_ahead=layered, busy_spans=self.busy_spans)
+                             heartbeat=heartbeat, layers_ahead=layered, busy_spans=self.busy_spans,
+                             device_check=self.device_check)
         self.worker.start()
         if config.express_batch_tokens and config.lanes and (layered or getattr(self.engine, "express", False)):
             express_tokens = min(config.express_batch_tokens, self.batch_tokens)  # the engine is sized by the budget
             self.express = ExpressWorker(self.engine, self.queue, express_tokens=express_tokens,
-                                         metrics=self.metrics, main_lane=bool(layered), busy_spans=self.busy_spans)
+                                         metrics=self.metrics, main_lane=bool(layered), busy_spans=self.busy_spans,
+                                         device_check=self.device_check)
             self.express.heartbeat = heartbeat
             self.express.start()  # prewarms its lane's graphs, then turns express on (tulip/express.py)
         if config.watchdog_s > 0:
@@ -181,12 +187,29 @@ class TulipServer:
                  info.device, getattr(info, "attention_backend", "?"), self.batch_tokens)
 
     @property
+    def device_lost(self) -> str | None:
+        """What failed, once a batch left the device unable to run work (tulip.device_check); else None."""
+        return self.device_check.lost if self.device_check is not None else None
+
+    def _device_lost_from_thread(self, detail: str) -> None:
+        """DeviceCheck's on_lost, on a worker's thread (or the loop's, for an inline launch): on the loop, health
+        NOT_SERVING and the event `tulip serve` waits on beside SIGTERM (it drains, then exits with status 3)."""
+        self._loop.call_soon_threadsafe(self._on_device_lost)
+
+    def _on_device_lost(self) -> None:
+        self.ready = False
+        self.lost_device.set()
+        for service in ("", SERVICE_NAME):
+            asyncio.ensure_future(self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING))
+
+    @property
     def stalled(self) -> bool:
         return self.watchdog is not None and self.watchdog.stalled
 
     async def _on_stall(self, stalled: bool) -> None:
-        """The watchdog's verdict (tulip.watchdog) as health; a draining replica stays NOT_SERVING."""
-        if self.draining:
+        """The watchdog's verdict (tulip.watchdog) as health; a draining replica, or one whose device was lost, stays
+        NOT_SERVING."""
+        if self.draining or self.device_lost is not None:
             return
         status = health_pb2.HealthCheckResponse.NOT_SERVING if stalled else health_pb2.HealthCheckResponse.SERVING
         for service in ("", SERVICE_NAME):
@@ -273,6 +296,8 @@ class TulipServer:
         Job, counted as accepted until `settled()`. Raises TulipError (not ready, draining, invalid, queue full,
         deadline passed)."""
         self.calls_seen += 1
+        if self.device_lost is not None:
+            raise DeviceLost(f"this replica's GPU no longer runs work ({self.device_lost}); retry on another replica")
         if self.draining:
             raise ShuttingDown("tulip is shutting down and takes no new work; retry on another replica")
         if not self.ready:

@@ -35,7 +35,8 @@ import threading
 import time
 
 from tulip.completer import STOP, Completer
-from tulip.errors import DeadlineExpired, engine_error
+from tulip.device_check import DeviceCheck
+from tulip.errors import DeadlineExpired
 from tulip.pacing import BusySpans, DeviceClock, DeviceTimes
 from tulip.packing import FailedBatch, Launched, build_batch, jobs_of
 from tulip.scheduler import BULK, REHOLD, PackedBatch, SequenceQueue
@@ -50,12 +51,15 @@ class Worker(Completer):
 
     def __init__(self, engine, queue: SequenceQueue, *, max_inflight: int = 2, metrics=None,
                  idle_capture_s: float = 0.0, pack_ahead_s: float = 0.0, inline_launch: bool = False,
-                 heartbeat=None, layers_ahead: int = 0, busy_spans: BusySpans | None = None) -> None:
+                 heartbeat=None, layers_ahead: int = 0, busy_spans: BusySpans | None = None,
+                 device_check: DeviceCheck | None = None) -> None:
         """layers_ahead: batches with bulk work are stepped one decoder layer at a time with at most this many
         layers on the device ahead of the launcher (engine.step_layered), so the express worker's interactive
         batches run between two of them; 0 = whole steps. busy_spans: the device's busy time shared with the
-        other worker (tulip.pacing.BusySpans)."""
+        other worker (tulip.pacing.BusySpans). device_check: whether a failed batch left the device able to run
+        work, shared with the other worker (tulip.device_check)."""
         self.engine = engine
+        self.device_check = device_check or DeviceCheck(engine)
         self.layers_ahead = layers_ahead
         self._layer_steps = int(getattr(engine, "layer_steps", 0) or 0) if layers_ahead > 0 else 0
         self.heartbeat = heartbeat  # protos.heartbeat.Heartbeat: counts launched batches for `ivy up`; None = off
@@ -178,7 +182,7 @@ class Worker(Completer):
                 self.queue.cancel(job)
             if packed.lane_tokens[BULK]:
                 self.queue.bulk_done()  # it never reached the device
-            self._launched.put(FailedBatch(jobs, engine_error(exc)))
+            self._launched.put(FailedBatch(jobs, self.device_check.error_for(exc)))
             self._slots.release()
 
     def _hold_until_late(self) -> None:

@@ -93,14 +93,20 @@ class FakeLazy:
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
 
+ILLEGAL_ADDRESS = "CUDA error: an illegal memory access was encountered"
+
+
 class FakeEngine:
     def __init__(self, info: FakeInfo | None = None, *, step_seconds: float = 0.0, gated: bool = False,
                  fail_when: Callable[[Batch], bool] | None = None,
                  raise_in_step: Callable[[Batch], BaseException | None] | None = None,
                  express: bool = False, express_gated: bool = False,
                  replays_when: Callable[[Batch], bool] | None = None,
-                 poison_when: Callable[[Batch], bool] | None = None) -> None:
+                 poison_when: Callable[[Batch], bool] | None = None,
+                 break_when: Callable[[Batch], bool] | None = None) -> None:
         self.info = info or FakeInfo()
+        self.break_when = break_when  # a batch that poisons the device: it fails, and so does every later call
+        self.broken = False
         self.poison_when = poison_when  # batches whose rows come back NaN (a stalled persistent kernel's)
         self.replays_when = replays_when  # Engine.replays: which batches count as captured-graph replays
         self.step_threads: list[str] = []  # the thread each step ran on, in launch order
@@ -140,7 +146,13 @@ class FakeEngine:
         """rose.Engine.replays: only the batches replays_when names (none without it)."""
         return bool(self.replays_when is not None and self.replays_when(batch))
 
+    def device_ok(self) -> bool:
+        """rose.Engine.device_ok: False once a batch broke the device (break_when)."""
+        return not self.broken
+
     def step(self, batch: Batch, express: bool = False) -> FakeLazy:
+        if self.broken:  # as a launch on a poisoned CUDA context raises
+            raise RuntimeError(ILLEGAL_ADDRESS)
         if express and not self.express:
             raise RuntimeError("express step without an express lane")
         error = self.raise_in_step(batch) if self.raise_in_step is not None else None
@@ -194,6 +206,9 @@ class FakeEngine:
             if self.step_seconds:
                 threading.Event().wait(self.step_seconds)  # simulated device time
             try:
+                if self.broken or (self.break_when is not None and self.break_when(batch)):
+                    self.broken = True
+                    raise RuntimeError(ILLEGAL_ADDRESS)
                 failure = self.fail_when(batch) if self.fail_when is not None else None
                 if isinstance(failure, BaseException):
                     raise failure
@@ -212,6 +227,11 @@ class FakeEngine:
 
 class PinnedPoolExhausted(RuntimeError):
     """Named like rose.lazy's error: Tulip recognises it by name as an overload."""
+
+
+def breaking_factory(model_dir: str, **kwargs) -> FakeEngine:
+    """A factory whose engine loses its device on a batch whose first token is 999 (RELIABILITY 62)."""
+    return FakeEngine(break_when=lambda batch: int(batch.token_ids[0]) == 999)
 
 
 def broken_factory(model_dir: str, **kwargs) -> FakeEngine:

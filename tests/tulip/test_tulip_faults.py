@@ -50,6 +50,33 @@ def test_non_finite_rows_fail_their_request_not_the_next() -> None:
         np.testing.assert_array_equal(decode_response(s.stub.Embed(after, timeout=30)), solo_embedding(after))
 
 
+def test_a_batch_that_loses_the_device_fails_over_what_the_replica_holds() -> None:
+    """RELIABILITY 62: a batch fails and the device runs no more work (a CUDA error that poisons the context):
+    that batch's request and the one queued behind it are answered UNAVAILABLE "device_lost" (Ivy retries them on
+    another replica), not INTERNAL; new work is refused the same way and health turns NOT_SERVING, for good (the
+    process then exits 3: test_tulip_process). A failure that leaves the device running keeps the replica
+    serving (test_failed_batch_cancels_the_rest_of_its_request)."""
+    engine = FakeEngine(gated=True, break_when=lambda b: int(b.token_ids[0]) == 999)
+    with ServerThread(make_config(max_batch_tokens=32, max_inflight_batches=1), engine) as s:
+        doomed = s.stub.Embed.future(encode_request([marked_sequence(999, 30)]), timeout=30)
+        wait_until(lambda: engine.launched == 1, what="the breaking batch launched")
+        queued = s.stub.Embed.future(encode_request([marked_sequence(3, 30)]), timeout=30)
+        wait_until(lambda: s.server.queue.depth()[0] == 1, what="a request queued behind it")
+        engine.release(100)
+        for future in (doomed, queued):
+            with pytest.raises(grpc.RpcError) as err:
+                future.result()
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
+            assert "no longer runs work (RuntimeError: CUDA error: an illegal memory" in err.value.details()
+            assert ("tulip-reason", "device_lost") in err.value.trailing_metadata()
+        wait_until(s.server.lost_device.is_set, what="the server told")
+        wait_until(lambda: _status(s) == health_pb2.HealthCheckResponse.NOT_SERVING, what="health")
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(encode_request([[1, 2]]), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "no longer runs work" in err.value.details()
+    assert first_tokens(engine) == [999]  # the queued request never reached the device: its launch raised
+
+
 def _status(s: ServerThread) -> int:
     return health_pb2_grpc.HealthStub(s.channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
 

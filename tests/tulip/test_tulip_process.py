@@ -110,6 +110,28 @@ def test_sigterm_under_load_answers_everything_accepted() -> None:
 
 
 @pytest.mark.slow
+def test_a_lost_device_answers_unavailable_then_exits_3() -> None:
+    """RELIABILITY 62: once a batch leaves the device unable to run work, `tulip serve` drains and exits 3 for the
+    orchestrator to restart it (a new CUDA context), rather than serve errors with its health SERVING."""
+    server = TulipProcess("--engine-factory", f"{FAKE_ENGINE_PATH}:breaking_factory")
+    try:
+        port = int(server.wait_for_line(r"tulip listening on 127\.0\.0\.1:(\d+)").group(1))
+        server.wait_for_line(r"tulip ready")
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=CLIENT_CHANNEL_OPTIONS)
+        stub = embed_pb2_grpc.EmbedderStub(channel)
+        request = encode_request([marked_sequence(5, 8)])
+        np.testing.assert_array_equal(decode_response(stub.Embed(request, timeout=30)), solo_embedding(request))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Embed(encode_request([marked_sequence(999, 8)]), timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "no longer runs work" in err.value.details()
+        assert server.proc.wait(30) == 3
+        channel.close()
+    finally:
+        server.kill()
+    wait_until(lambda: "exiting with status 3: the device was lost" in server.log(), timeout=10, what="the log")
+
+
+@pytest.mark.slow
 def test_failed_model_load_exits_non_zero_with_the_reason() -> None:
     server = TulipProcess("--engine-factory", f"{FAKE_ENGINE_PATH}:broken_factory", "--model", "/nowhere")
     try:
