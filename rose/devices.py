@@ -44,5 +44,7 @@ def device_runs(device: torch.device) -> bool:
     try:
         with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
             return float((torch.ones(1, device=device) + 1).cpu()) == 2.0
-    except Exception:  # noqa: BLE001 - whatever the runtime raises, the device did not run the step
+    except torch.OutOfMemoryError:  # memory is full, not the context poisoned: a later batch may fit
+        return True
+    except Exception:  # noqa: BLE001 - whatever else the runtime raises, the device did not run the step
         return False
