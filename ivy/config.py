@@ -79,11 +79,13 @@ class IvyConfig:
         "A client's share of a worker's request slots (--max-concurrent-requests over the workers), a fraction "
         "above 0, rounded down to whole slots (at least 1): once a client holding less is refused as full, a "
         "client holding its share or more gets 429 with Retry-After for a few seconds rather than take the last "
-        "eighth of the slots (the reserve), so clients flooding the cap cannot shut the others out (while "
-        "contended, a client's share is at most all but the reserve split evenly among the clients wanting "
-        "slots); while no one is refused, any client may fill the cap. A client is its key where Ivy checks keys, else its address as uvicorn reads "
-        "it (behind a proxy uvicorn does not trust, FORWARDED_ALLOW_IPS, every request is the proxy's: one "
-        "client). 1 = off."))
+        "eighth of the slots (the reserve), so clients flooding the cap cannot shut the others out. While so "
+        "contended a client's share is at most all but the reserve split evenly among the clients wanting "
+        "slots (at least 1: with as many clients as slots, each may take the reserve with none in flight); "
+        "contention ends 3 s after the refused client stops coming back, and while no one is refused any "
+        "client may fill the cap. A client is its key where Ivy checks keys, else its address as uvicorn "
+        "reads it (behind a proxy uvicorn does not trust, FORWARDED_ALLOW_IPS, every request is the proxy's: "
+        "one client). 1 = off."))
     body_bytes_in_flight: int = field(default=256 * 1024 * 1024, metadata=_help(
         "Bytes of request bodies one worker holds while reading them (before parsing; the concurrency cap counts "
         "requests only once their bodies are in): a body that would pass it gets 429 with Retry-After, so many "

@@ -3,6 +3,8 @@ whether that device still runs work."""
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,17 +36,38 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def device_runs(device: torch.device) -> bool:
-    """Whether `device` still runs work: a tiny step and its copy back on a stream of their own, waited for by that
-    stream alone (no device-wide synchronize, which a graph capture on another thread must not meet). After a CUDA
-    error that poisons the context (an illegal address, a device-side assert, an uncorrectable ECC error, a GPU
-    gone from the bus) every later call fails, this one too; an error of one batch's own (out of memory, a bad
-    input) leaves it True. A CPU always runs (tulip.device_check, RELIABILITY 62)."""
+    """Whether `device` still runs work: a tiny step and its copy back on a stream made for this alone (torch's
+    pooled streams are shared, a graph capture's among them), waited for by that stream only (a device-wide
+    synchronize must not meet a capture on another thread). After a CUDA error that poisons the context (an illegal
+    address, a device-side assert, an uncorrectable ECC error, a GPU gone from the bus) every later call fails, this
+    one too; an error of one batch's own (a bad input, out of memory, here too) leaves it True, and so does a graph
+    capture in progress (it is not asked then: the next failure asks again). A CPU always runs (tulip.device_check,
+    RELIABILITY 62)."""
     if device.type != "cuda":
         return True
+    from rose.graphs import capturing  # rose.graphs imports torch's CUDA graph machinery: only where a GPU is
+
+    if capturing():
+        return True
     try:
-        with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+        with torch.cuda.device(device), torch.cuda.stream(_probe_stream(device)):
             return float((torch.ones(1, device=device) + 1).cpu()) == 2.0
     except torch.OutOfMemoryError:  # memory is full, not the context poisoned: a later batch may fit
         return True
     except Exception:  # noqa: BLE001 - whatever else the runtime raises, the device did not run the step
         return False
+
+
+_probe_streams: dict[int, torch.cuda.ExternalStream] = {}
+
+
+def _probe_stream(device: torch.device) -> torch.cuda.ExternalStream:
+    """device_runs' own stream on `device`, made once (cudaStreamCreate: no pool shares it)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _probe_streams.get(index)
+    if stream is None:
+        handle = ctypes.c_void_p()
+        with torch.cuda.device(index):
+            torch.cuda.check_error(torch.cuda.cudart().cudaStreamCreate(ctypes.addressof(handle)))
+        stream = _probe_streams[index] = torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))
+    return stream

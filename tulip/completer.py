@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from tulip.errors import engine_error
+from tulip.errors import TulipError, engine_error
 from tulip.job import Handoff
 from tulip.packing import FailedBatch, Launched, jobs_of, release_lazy
 from tulip.scheduler import BULK
@@ -48,7 +48,10 @@ class Completer:
             if item is STOP:
                 return
             if isinstance(item, FailedBatch):
-                self._fail_jobs(item.jobs, item.error)
+                error = item.error
+                if not isinstance(error, TulipError):  # what a launch raised (tulip.packing.FailedBatch)
+                    error = self.device_check.error_for(error)
+                self._fail_jobs(item.jobs, error)
                 continue
             self._deliver(item)
 

@@ -5,7 +5,8 @@ batch's requests with the error and serves on (RELIABILITY 36). Some CUDA errors
 (an illegal address, a device-side assert, an uncorrectable ECC error, a GPU gone from the bus): every later call
 fails the same way, so a replica that served on would answer every request it took with an error while its health
 said SERVING, and nothing would restart it. So after a batch fails (other than out of memory) the engine's own
-`device_ok()` runs a tiny step on the device; when that fails too, the device is lost: the failed batch, and every
+`device_ok()` runs a tiny step on the device (on the completer's thread: a launch that raised is handed to it,
+so the event loop never waits on the device); when that fails too, the device is lost: the failed batch, and every
 batch after it, is answered DeviceLost (UNAVAILABLE, which Ivy retries on another replica), and `on_lost` tells
 the server, which refuses new work, drains and exits with status 3 for the orchestrator to restart it. An engine
 without `device_ok` (a fake, a CPU engine) is never found lost.
@@ -35,10 +36,17 @@ class DeviceCheck:
         of memory, and only until the device is found lost."""
         if self.lost is None:
             error = engine_error(exc)
-            if isinstance(error, EngineOverloaded) or self._probe is None or self._probe():
+            if isinstance(error, EngineOverloaded) or self._probe is None or self._runs():
                 return error
             self._lose(exc)
         return DeviceLost(f"this replica's GPU no longer runs work ({self.lost}); retry on another replica")
+
+    def _runs(self) -> bool:
+        try:
+            return bool(self._probe())
+        except Exception:  # noqa: BLE001 - a probe that cannot even ask the device has found it lost
+            log.exception("the device probe raised")
+            return False
 
     def _lose(self, exc: BaseException) -> None:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -53,7 +53,8 @@ class Launched:
 
 @dataclass
 class FailedBatch:
-    """Jobs to fail (a launch failed, or their deadline passed in the queue)."""
+    """Jobs to fail (a launch failed, or their deadline passed in the queue): `error` a TulipError, or what the
+    launch raised, which the completer maps (tulip.device_check: a probe of the device, on its thread alone)."""
 
     jobs: list
     error: BaseException

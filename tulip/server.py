@@ -282,7 +282,9 @@ class TulipServer:
         if self.express is not None:
             await asyncio.to_thread(self.express.stop, 2.0)
         close = getattr(self.engine, "close", None)
-        if callable(close):  # ROSE records its hot graph layouts (the prewarm manifest) on close
+        if self.device_lost is not None:  # its CUDA calls could hang; what it would record came from a broken run
+            log.warning("engine close skipped: the device was lost")
+        elif callable(close):  # ROSE records its hot graph layouts (the prewarm manifest) on close
             try:
                 await asyncio.to_thread(close)
             except Exception:  # noqa: BLE001 - shutting down anyway

@@ -182,7 +182,7 @@ class Worker(Completer):
                 self.queue.cancel(job)
             if packed.lane_tokens[BULK]:
                 self.queue.bulk_done()  # it never reached the device
-            self._launched.put(FailedBatch(jobs, self.device_check.error_for(exc)))
+            self._launched.put(FailedBatch(jobs, exc))  # the completer maps it (and probes the device, never here)
             self._slots.release()
 
     def _hold_until_late(self) -> None:

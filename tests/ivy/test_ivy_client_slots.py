@@ -104,7 +104,7 @@ def test_several_flooding_clients_are_each_held_to_an_even_split() -> None:
     w.take("d")
     w.take("e")  # a newcomer under its split of 14 // 5 takes the reserve's other slot
     assert w.in_flight == 16 and w.slots.held == {"a": 5, "b": 4, "c": 5, "d": 1, "e": 1}
-    w.give("d")  # d between two requests still wants a slot: served while contended, it counts for CONTENDED_S
+    w.give("d")  # d between two requests still wants a slot: shut out, then served, it counts for CONTENDED_S
     assert w.slots.bound("f") == 14 // 6
     w.slots.refused_as_full("f")
     w.give("b")
@@ -118,6 +118,28 @@ def test_several_flooding_clients_are_each_held_to_an_even_split() -> None:
     clock.now += CONTENDED_S  # no one refused or served beside the heavy for CONTENDED_S: over
     w.take("a")
     assert w.slots.held["a"] == 6 and w.in_flight == 16
+
+
+def test_contention_ends_once_the_refused_client_stops_coming_back() -> None:
+    clock = _Clock()
+    w = _Worker(16, 0.5, clock)  # a share of 8, a reserve of 2
+    for _ in range(5):
+        for c in "abc":
+            w.take(c)  # 15 in flight, none at its share
+    w.take("d")
+    w.slots.refused_as_full("d")  # d under its split of 14 // 4: contended
+    w.give("d")
+    clock.now += 0.5
+    w.take("d")  # back and served beside the heavy ones: contended from now
+    w.give("d")  # d stops here
+    for _ in range(3):
+        w.give("a")
+    clock.now += 1
+    w.take("a")  # a under its split of 14 // 4, b and c over it: not shut out, so it keeps nothing contended
+    clock.now += CONTENDED_S - 0.4  # CONTENDED_S and a bit since d was served
+    for _ in range(3):
+        w.take("a")  # the cap full again with no one refused since: nothing is kept back
+    assert w.in_flight == 16 and w.slots.held["a"] == 6
 
 
 def test_one_key_is_one_client_however_the_header_spells_it() -> None:

@@ -77,6 +77,33 @@ def test_a_batch_that_loses_the_device_fails_over_what_the_replica_holds() -> No
     assert first_tokens(engine) == [999]  # the queued request never reached the device: its launch raised
 
 
+def test_the_device_is_probed_on_the_completer_and_a_probe_that_raises_means_lost() -> None:
+    """RELIABILITY 62: a launch that raised (on the event loop, for an inline launch) is probed on the completer's
+    thread, never the loop's; a failure whose probe finds the device running stays the batch's own (INTERNAL), and
+    a probe that itself raises counts as a lost device."""
+    import threading
+
+    engine = FakeEngine(raise_in_step=lambda b: RuntimeError("launch failed"), replays_when=lambda b: True)
+    probed: list[str] = []
+
+    def probe() -> bool:
+        probed.append(threading.current_thread().name)
+        if len(probed) > 1:
+            raise RuntimeError("the driver is gone")
+        return True
+
+    engine.device_ok = probe
+    with ServerThread(make_config(), engine) as s:
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(encode_request([[1, 2]]), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INTERNAL and "RuntimeError" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            s.stub.Embed(encode_request([[1, 2]]), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "no longer runs work" in err.value.details()
+        assert s.server.worker.inline_launches == 2 and len(probed) == 2, probed
+        assert all(name.endswith("-completer") for name in probed), probed
+
+
 def _status(s: ServerThread) -> int:
     return health_pb2_grpc.HealthStub(s.channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
 
