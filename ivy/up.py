@@ -39,8 +39,8 @@ from ivy.up_checks import (
     _tulip_serving,
 )
 from ivy.up_process import Child
-from ivy.up_tulips import (cpu_only, framed_ports, kernel_compile_env, port_variable, tulip_child, tulip_drain_s,
-                           visible_gpus)
+from ivy.up_tulips import (DEVICE_LOST_EXIT, DEVICE_LOST_RESTARTS, cpu_only, framed_ports, kernel_compile_env,
+                           port_variable, tulip_child, tulip_drain_s, visible_gpus)
 from rose.flags import config_to_env
 from rose.spec import ModelFolderError, load_spec
 
@@ -187,12 +187,15 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     warm_dir = tempfile.mkdtemp(prefix="ivy-up-warm-") if warm else ""  # removed once the counters are open
     counters = [os.path.join(warm_dir, f"tulip{k}.count") if warm else "" for k in range(len(devices))]
     cpu = cpu_only(up.gpus)
-    for k, device in enumerate(devices):
+
+    def start_tulip(k: int, activity_file: str) -> Child:
+        return Child(*tulip_child(model, config, ports[k], metrics_port=mports[k], framed_port=fports[k],
+                                  framed_fixed=bool(env_framed_port and env_framed_port > 0), device=devices[k],
+                                  cpu=cpu, activity_file=activity_file, compile_env=compile_env))
+
+    for k in range(len(devices)):
         port, mport = ports[k], mports[k]
-        tulips.append(Child(*tulip_child(model, config, port, metrics_port=mport, framed_port=fports[k],
-                                         framed_fixed=bool(env_framed_port and env_framed_port > 0),
-                                         device=device, cpu=cpu, activity_file=counters[k],
-                                         compile_env=compile_env)))
+        tulips.append(start_tulip(k, counters[k]))
         if mport:
             metrics_urls.append(f"http://{shown_host}:{mport}/metrics")
         addresses.append(f"{host}:{port}")
@@ -258,9 +261,17 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         if controller is not None:
             spinners.extend(controller.loops)
     _print_banner(url, config, addresses, metrics_urls)
+    restarts = [0] * len(tulips)
     while not stop.wait(warm_cores.POLL_S if controller else 0.5):
         if controller is not None:
             controller.tick(time.monotonic())
+        for k, tulip in enumerate(tulips):  # a Tulip whose GPU stopped running work: a new one, a new context
+            if tulip.exited() == DEVICE_LOST_EXIT and restarts[k] < DEVICE_LOST_RESTARTS:
+                restarts[k] += 1
+                print(f"ivy up: {tulip.name} lost its GPU (exit {DEVICE_LOST_EXIT}); starting it again "
+                      f"({restarts[k]} of {DEVICE_LOST_RESTARTS})", file=sys.stderr, flush=True)
+                tulips[k] = start_tulip(k, "")  # its warm-cores counter was for the old process: none
+        children = [*tulips, gateway]
         for child in children:
             if child.exited() is not None:
                 print(child.failure("unexpectedly"), file=sys.stderr, flush=True)

@@ -81,6 +81,10 @@ def framed_ports(config: IvyConfig, ports: list[int], fixed: int | None) -> list
     return [fixed + k if fixed + k < 65536 else 0 for k in range(len(ports))]
 
 
+DEVICE_LOST_EXIT = 3  # tulip.cli's: its GPU stopped running work (RELIABILITY 62); imported there, not here (torch)
+DEVICE_LOST_RESTARTS = 3  # `ivy up` starts such a Tulip again this many times, then stops the stack
+
+
 def tulip_child(model: str, config: IvyConfig, port: int, *, metrics_port: int, framed_port: int,
                 framed_fixed: bool, device: str | None, cpu: bool, activity_file: str = "",
                 compile_env: dict[str, str] | None = None,

@@ -13,7 +13,9 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +67,38 @@ def test_tulip_served_model_name_is_used_by_both_and_sighup_stops_the_stack() ->
         assert any("my-embedder" in line for line in proc.out)  # the banner's curl names it
         assert proc.stop(signal.SIGHUP) == 0, proc.output()
         assert _wait_gone(children) == []
+    finally:
+        proc.stop(signal.SIGKILL)
+
+
+def _post(port: int, body: dict) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_tulip_that_lost_its_gpu_is_started_again() -> None:
+    """RELIABILITY 62 under `ivy up`: a Tulip whose device stopped running work exits 3 after its drain, and
+    `ivy up` starts it again (a new process, a new CUDA context) instead of stopping the stack; the stack serves
+    again once it is ready."""
+    from breakable_engine import BREAK_TOKEN
+
+    factory = f"{Path(__file__).with_name('breakable_engine.py')}:factory"
+    proc, port = _start({"TULIP_ENGINE_FACTORY": factory})
+    try:
+        assert _post(port, {"input": "before"}) == 200
+        assert _post(port, {"input": [[BREAK_TOKEN, 1000, 1001]]}) in (200, 503), proc.output()
+        proc.wait_for(lambda: any("lost its GPU (exit 3); starting it again (1 of 3)" in line for line in proc.err),
+                      "the Tulip started again", timeout=60)
+        deadline = time.monotonic() + 120
+        while _post(port, {"input": "after"}) != 200:
+            assert time.monotonic() < deadline, proc.output()
+            time.sleep(0.5)
+        assert proc.proc.poll() is None  # the stack never stopped
     finally:
         proc.stop(signal.SIGKILL)
 
