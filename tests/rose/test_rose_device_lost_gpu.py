@@ -5,6 +5,7 @@ made in a process of its own: it leaves that process's CUDA context unusable."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,9 +43,12 @@ print("after", device_runs(device), flush=True)
 """
 
 
-def test_an_illegal_address_leaves_the_device_unable_to_run_work() -> None:
-    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300,
-                         check=False)
+def test_an_illegal_address_leaves_the_device_unable_to_run_work(tmp_path) -> None:
+    script = tmp_path / "wild_store.py"  # Triton reads a kernel's source from its file
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # rose, by path
+    out = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
     print(out.stdout)
     assert "before True" in out.stdout, out.stdout + out.stderr
     assert "synchronize raised" in out.stdout and "after False" in out.stdout, out.stdout + out.stderr[-2000:]
