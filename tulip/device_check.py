@@ -39,6 +39,10 @@ class DeviceCheck:
             if isinstance(error, EngineOverloaded) or self._probe is None or self._runs():
                 return error
             self._lose(exc)
+        return self.error()
+
+    def error(self) -> DeviceLost:
+        """What every request gets once the device is lost."""
         return DeviceLost(f"this replica's GPU no longer runs work ({self.lost}); retry on another replica")
 
     def _runs(self) -> bool:

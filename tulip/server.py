@@ -27,8 +27,8 @@ from tulip.channel_options import CLIENT_CHANNEL_OPTIONS, server_options
 from tulip.config import TulipConfig
 from tulip.engine_loader import build_engine, probe_full_budget, run_in_daemon_thread, vocab_size
 from tulip.device_check import DeviceCheck
-from tulip.errors import (DeadlineExpired, DeadlineUnmeetable, DeviceLost, InvalidRequest, NotReady, QueueFull,
-                          ShuttingDown, Stalled, TulipError)
+from tulip.errors import (DeadlineExpired, DeadlineUnmeetable, InvalidRequest, NotReady, QueueFull, ShuttingDown,
+                          Stalled, TulipError)
 from tulip.job import Job
 from tulip.lanes import check_deadline, lane_of
 from tulip.metrics import TulipMetrics
@@ -299,7 +299,7 @@ class TulipServer:
         deadline passed)."""
         self.calls_seen += 1
         if self.device_lost is not None:
-            raise DeviceLost(f"this replica's GPU no longer runs work ({self.device_lost}); retry on another replica")
+            raise self.device_check.error()
         if self.draining:
             raise ShuttingDown("tulip is shutting down and takes no new work; retry on another replica")
         if not self.ready:
