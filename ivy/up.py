@@ -4,7 +4,9 @@ One `tulip serve` per visible GPU (CUDA_VISIBLE_DEVICES set per child, consecuti
 machine; then `ivy serve` pointed at all of them, with the same model. Ready means every Tulip answers
 grpc.health.v1 SERVING and the gateway's /ready is 200 (which also checks the model and tokenizer match).
 Children's output is relayed to stderr with a prefix; if a child exits during startup its last lines are
-printed and `ivy up` exits 1. Ctrl-C, SIGTERM or SIGHUP stops the gateway first, then the Tulips (they drain),
+printed and `ivy up` exits 1. Once ready, a Tulip that fails (a non-zero exit: 3 after its GPU stopped running work,
+RELIABILITY 62, or a crash) is started again, up to TULIP_RESTARTS times each, as a container's restart policy
+would; the gateway's exit, or a Tulip's past that, stops the stack (exit 1). Ctrl-C, SIGTERM or SIGHUP stops the gateway first, then the Tulips (they drain),
 and `ivy up` exits 0, ready or not yet, as `tulip serve` does. `--gpus none` runs its Tulip on the CPU whatever
 the environment says. TULIP_FRAMED_PORT is honoured: 0 = no framed stream, N = the first Tulip's (Tulip k's N + k).
 Before anything starts, the model folder is read and every port is checked: a port another stack holds
@@ -39,7 +41,7 @@ from ivy.up_checks import (
     _tulip_serving,
 )
 from ivy.up_process import Child
-from ivy.up_tulips import (DEVICE_LOST_EXIT, DEVICE_LOST_RESTARTS, cpu_only, framed_ports, kernel_compile_env,
+from ivy.up_tulips import (DEVICE_LOST_EXIT, TULIP_RESTARTS, cpu_only, framed_ports, kernel_compile_env,
                            port_variable, tulip_child, tulip_drain_s, visible_gpus)
 from rose.flags import config_to_env
 from rose.spec import ModelFolderError, load_spec
@@ -265,11 +267,13 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     while not stop.wait(warm_cores.POLL_S if controller else 0.5):
         if controller is not None:
             controller.tick(time.monotonic())
-        for k, tulip in enumerate(tulips):  # a Tulip whose GPU stopped running work: a new one, a new context
-            if tulip.exited() == DEVICE_LOST_EXIT and restarts[k] < DEVICE_LOST_RESTARTS:
+        for k, tulip in enumerate(tulips):  # a Tulip that failed while serving (its GPU lost, a crash): a new one
+            code = tulip.exited()
+            if code not in (None, 0) and restarts[k] < TULIP_RESTARTS:
                 restarts[k] += 1
-                print(f"ivy up: {tulip.name} lost its GPU (exit {DEVICE_LOST_EXIT}); starting it again "
-                      f"({restarts[k]} of {DEVICE_LOST_RESTARTS})", file=sys.stderr, flush=True)
+                why = f"lost its GPU (exit {code})" if code == DEVICE_LOST_EXIT else f"exited with code {code}"
+                print(f"{tulip.failure('while serving')}\nivy up: {tulip.name} {why}; starting it again "
+                      f"({restarts[k]} of {TULIP_RESTARTS})", file=sys.stderr, flush=True)
                 tulips[k] = start_tulip(k, "")  # its warm-cores counter was for the old process: none
         children = [*tulips, gateway]
         for child in children:

@@ -82,7 +82,7 @@ def framed_ports(config: IvyConfig, ports: list[int], fixed: int | None) -> list
 
 
 DEVICE_LOST_EXIT = 3  # tulip.cli's: its GPU stopped running work (RELIABILITY 62); imported there, not here (torch)
-DEVICE_LOST_RESTARTS = 3  # `ivy up` starts such a Tulip again this many times, then stops the stack
+TULIP_RESTARTS = 3  # `ivy up` starts a Tulip that failed while serving again this many times, then stops the stack
 
 
 def tulip_child(model: str, config: IvyConfig, port: int, *, metrics_port: int, framed_port: int,

@@ -103,6 +103,27 @@ def test_a_tulip_that_lost_its_gpu_is_started_again() -> None:
         proc.stop(signal.SIGKILL)
 
 
+def test_a_tulip_killed_while_serving_is_started_again() -> None:
+    """A Tulip that dies while serving (SIGKILL here, as the kernel's OOM killer sends) is started again, as
+    docker-compose's and Kubernetes' restart policies would, and the stack serves again; at start-up a Tulip's
+    failure still stops the stack (test_a_model_mismatch_is_reported_at_once_not_after_the_startup_timeout)."""
+    proc, port = _start()
+    try:
+        assert _post(port, {"input": "before"}) == 200
+        tulip_pid = next(pid for pid in _children(proc.proc.pid)
+                         if b"tulip" in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[2])
+        os.kill(tulip_pid, signal.SIGKILL)
+        proc.wait_for(lambda: any("exited with code -9; starting it again (1 of 3)" in line for line in proc.err),
+                      "the Tulip started again", timeout=60)
+        deadline = time.monotonic() + 120
+        while _post(port, {"input": "after"}) != 200:
+            assert time.monotonic() < deadline, proc.output()
+            time.sleep(0.5)
+        assert proc.proc.poll() is None
+    finally:
+        proc.stop(signal.SIGKILL)
+
+
 @pytest.mark.skipif(shutil.which("nohup") is None, reason="needs nohup")
 def test_under_nohup_a_closed_terminal_does_not_stop_the_stack() -> None:
     port = free_port()
