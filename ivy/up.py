@@ -4,11 +4,12 @@ One `tulip serve` per visible GPU (CUDA_VISIBLE_DEVICES set per child, consecuti
 machine; then `ivy serve` pointed at all of them, with the same model. Ready means every Tulip answers
 grpc.health.v1 SERVING and the gateway's /ready is 200 (which also checks the model and tokenizer match).
 Children's output is relayed to stderr with a prefix; if a child exits during startup its last lines are
-printed and `ivy up` exits 1. Once ready, a Tulip that fails (a non-zero exit: 3 after its GPU stopped running work,
-RELIABILITY 62, or a crash) is started again, up to TULIP_RESTARTS times each, as a container's restart policy
-would; the gateway's exit, or a Tulip's past that, stops the stack (exit 1). Ctrl-C, SIGTERM or SIGHUP stops the gateway first, then the Tulips (they drain),
-and `ivy up` exits 0, ready or not yet, as `tulip serve` does. `--gpus none` runs its Tulip on the CPU whatever
-the environment says. TULIP_FRAMED_PORT is honoured: 0 = no framed stream, N = the first Tulip's (Tulip k's N + k).
+printed and `ivy up` exits 1. Once ready, a Tulip that fails (a non-zero exit: 3 after its GPU stopped running
+work, RELIABILITY 62, or a crash) is started again, up to TULIP_RESTARTS times each, as a container's restart
+policy would; the gateway's exit, or a Tulip's past that, stops the stack (exit 1). Ctrl-C, SIGTERM or SIGHUP
+stops the gateway first, then the Tulips (they drain), and `ivy up` exits 0, ready or not yet, as `tulip serve`
+does. `--gpus none` runs its Tulip on the CPU whatever the environment says. TULIP_FRAMED_PORT is honoured: 0 = no
+framed stream, N = the first Tulip's (Tulip k's N + k).
 Before anything starts, the model folder is read and every port is checked: a port another stack holds
 would otherwise let `ivy up` report that stack's readiness as its own (exit 1, naming the port).
 Here: UpConfig, the start-up order and the banner; each Tulip's devices, ports, argv and environment are
