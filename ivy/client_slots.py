@@ -5,11 +5,11 @@ cap full (a flood, a runaway retry loop, an indexer with more connections than i
 client nothing but 429s. So the slots each client holds are counted. Once a client under its bound (below) is
 refused as full, it is shut out and the worker is contended for CONTENDED_S: meanwhile a client that holds its bound
 or more is refused (429, Retry-After) rather than take the last `reserve` free slots (an eighth of the worker's, at
-least 1), so the shut-out client finds room when it comes back; each time it is served beside a client at its
-bound, the time runs again, so contention lasts while it keeps coming back and ends CONTENDED_S after it stops. The
-heavy clients keep all but the reserve: the device stays as busy. What a client has in flight always finishes.
-Nothing is refused while slots are free and no one was refused: a client alone, or beside light traffic, may fill
-the cap as before.
+least 1), so the shut-out client finds room when it comes back; each time it is served from the reserve beside a
+client at its bound, the time runs again, so contention lasts while it keeps coming back to a nearly full worker
+and ends CONTENDED_S after it stops (or finds free slots beyond the reserve). The heavy clients keep all but the
+reserve: the device stays as busy. What a client has in flight always finishes. Nothing is refused while slots are
+free and no one was refused: a client alone, or beside light traffic, may fill the cap as before.
 
 A client's bound is its share (`share` of the worker's slots), or less where more clients want slots: all but the
 reserve split evenly among those holding slots, those refused or served while contended within CONTENDED_S (a
@@ -117,7 +117,8 @@ class ClientSlots:
             bound = self.bound(client)
             if held < bound:
                 self.wanting.note(client, now)
-                if client in self.shut_out.seen:  # back and served: it finds room while contended
+                if client in self.shut_out.seen and self.slots - in_flight <= self.reserve:
+                    # back, and served from the reserve kept for it: still contending for the last slots
                     self.shut_out.note(client, now)
                     if max(self.held.values(), default=0) >= bound:
                         self.contended_until = now + CONTENDED_S  # beside a heavy client

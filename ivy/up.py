@@ -5,8 +5,9 @@ machine; then `ivy serve` pointed at all of them, with the same model. Ready mea
 grpc.health.v1 SERVING and the gateway's /ready is 200 (which also checks the model and tokenizer match).
 Children's output is relayed to stderr with a prefix; if a child exits during startup its last lines are
 printed and `ivy up` exits 1. Once ready, a Tulip that fails (a non-zero exit: 3 after its GPU stopped running
-work, RELIABILITY 62, or a crash) is started again, up to TULIP_RESTARTS times each, as a container's restart
-policy would; the gateway's exit, or a Tulip's past that, stops the stack (exit 1). Ctrl-C, SIGTERM or SIGHUP
+work, RELIABILITY 62, or a crash) is started again after a growing delay, up to TULIP_RESTARTS times in a row
+(ivy.up_process.Restarts), as a container's restart policy would; past that it is left down while another serves.
+The gateway's exit, or the last Tulip given up, stops the stack (exit 1). Ctrl-C, SIGTERM or SIGHUP
 stops the gateway first, then the Tulips (they drain), and `ivy up` exits 0, ready or not yet, as `tulip serve`
 does. `--gpus none` runs its Tulip on the CPU whatever the environment says. TULIP_FRAMED_PORT is honoured: 0 = no
 framed stream, N = the first Tulip's (Tulip k's N + k).
@@ -41,7 +42,7 @@ from ivy.up_checks import (
     _tulip_connect_host,
     _tulip_serving,
 )
-from ivy.up_process import Child
+from ivy.up_process import Child, Restarts
 from ivy.up_tulips import (DEVICE_LOST_EXIT, TULIP_RESTARTS, cpu_only, framed_ports, kernel_compile_env,
                            port_variable, tulip_child, tulip_drain_s, visible_gpus)
 from rose.flags import config_to_env
@@ -264,19 +265,31 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         if controller is not None:
             spinners.extend(controller.loops)
     _print_banner(url, config, addresses, metrics_urls)
-    restarts = [0] * len(tulips)
+    restarts = Restarts(len(tulips), TULIP_RESTARTS, time.monotonic())
     while not stop.wait(warm_cores.POLL_S if controller else 0.5):
+        now = time.monotonic()
         if controller is not None:
-            controller.tick(time.monotonic())
+            controller.tick(now)
         for k, tulip in enumerate(tulips):  # a Tulip that failed while serving (its GPU lost, a crash): a new one
             code = tulip.exited()
-            if code not in (None, 0) and restarts[k] < TULIP_RESTARTS:
-                restarts[k] += 1
+            if code in (None, 0) or k in restarts.gone:
+                continue
+            if restarts.due[k] is None:
                 why = f"lost its GPU (exit {code})" if code == DEVICE_LOST_EXIT else f"exited with code {code}"
-                print(f"{tulip.failure('while serving')}\nivy up: {tulip.name} {why}; starting it again "
-                      f"({restarts[k]} of {TULIP_RESTARTS})", file=sys.stderr, flush=True)
+                delay = restarts.failed(k, now)
+                then = f"giving it up after {TULIP_RESTARTS} restarts" if delay is None else \
+                    f"starting it again in {delay:g} s ({restarts.count[k]} of {TULIP_RESTARTS})"
+                print(f"{tulip.failure('while serving')}\nivy up: {tulip.name} {why}; {then}", file=sys.stderr,
+                      flush=True)
+            elif now >= restarts.due[k]:
                 tulips[k] = start_tulip(k, "")  # its warm-cores counter was for the old process: none
-        children = [*tulips, gateway]
+                restarts.started_again(k, now)
+        if len(restarts.gone) == len(tulips):
+            print("ivy up: no Tulip left serving; stopping", file=sys.stderr, flush=True)
+            shutdown()
+            return 1
+        waiting = {k for k, due in enumerate(restarts.due) if due is not None} | restarts.gone
+        children = [*(t for k, t in enumerate(tulips) if k not in waiting), gateway]
         for child in children:
             if child.exited() is not None:
                 print(child.failure("unexpectedly"), file=sys.stderr, flush=True)

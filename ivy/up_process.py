@@ -82,3 +82,36 @@ def _parent_death_signal(sig: int = signal.SIGTERM):
             os._exit(1)
 
     return preexec
+
+
+class Restarts:
+    """When `ivy up` starts again a Tulip that failed while serving (a non-zero exit: its GPU lost, a crash): after
+    1 s, then 2, 4 ... (at most MAX_BACKOFF_S), at most `most` times in a row; one that served SERVED_RESET_S
+    since it was last started counts afresh (crashes weeks apart are not a crash loop). Past `most` it is given up
+    (left down: the others serve on). Each Tulip's state: `due[k]` when it starts again (None: running), `gone`."""
+
+    MAX_BACKOFF_S = 60.0
+    SERVED_RESET_S = 600.0
+
+    def __init__(self, tulips: int, most: int, now: float) -> None:
+        self.most = most
+        self.count = [0] * tulips
+        self.started = [now] * tulips
+        self.due: list[float | None] = [None] * tulips
+        self.gone: set[int] = set()
+
+    def failed(self, k: int, now: float) -> float | None:
+        """Tulip k was found exited: the delay before it starts again, or None when it is given up."""
+        if now - self.started[k] >= self.SERVED_RESET_S:
+            self.count[k] = 0
+        if self.count[k] >= self.most:
+            self.gone.add(k)
+            return None
+        self.count[k] += 1
+        delay = min(self.MAX_BACKOFF_S, 2.0 ** (self.count[k] - 1))
+        self.due[k] = now + delay
+        return delay
+
+    def started_again(self, k: int, now: float) -> None:
+        self.due[k] = None
+        self.started[k] = now

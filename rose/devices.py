@@ -4,8 +4,12 @@ whether that device still runs work."""
 from __future__ import annotations
 
 import ctypes
+import logging
+import threading
 
 import torch
+
+log = logging.getLogger("rose.devices")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,11 +42,12 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def device_runs(device: torch.device) -> bool:
     """Whether `device` still runs work: a tiny step and its copy back on a stream made for this alone (torch's
     pooled streams are shared, a graph capture's among them), waited for by that stream only (a device-wide
-    synchronize must not meet a capture on another thread). After a CUDA error that poisons the context (an illegal
-    address, a device-side assert, an uncorrectable ECC error, a GPU gone from the bus) every later call fails, this
-    one too; an error of one batch's own (a bad input, out of memory, here too) leaves it True, and so does a graph
-    capture in progress (it is not asked then: the next failure asks again). A CPU always runs (tulip.device_check,
-    RELIABILITY 62)."""
+    synchronize must not meet a capture on another thread; the stream is a blocking one, so the step also waits for
+    work already on the legacy default stream, the bulk lane's batch in flight). After a CUDA error that poisons the
+    context (an illegal address, a device-side assert, an uncorrectable ECC error, a GPU gone from the bus) every
+    later call fails, this one too; an error of one batch's own (a bad input, out of memory, here too) leaves it
+    True, and so does a graph capture in progress (it is not asked then: the next failure asks again). A CPU always
+    runs (tulip.device_check, RELIABILITY 62)."""
     if device.type != "cuda":
         return True
     from rose.graphs import capturing  # rose.graphs imports torch's CUDA graph machinery: only where a GPU is
@@ -59,15 +64,29 @@ def device_runs(device: torch.device) -> bool:
 
 
 _probe_streams: dict[int, torch.cuda.ExternalStream] = {}
+_probe_lock = threading.Lock()
+
+
+def prepare_probe(device: torch.device) -> None:
+    """Make device_runs' stream now (an engine's warm-up), not on the failure path, where a recoverable error (memory
+    full) could fail its making and be read as a lost device; a failure here only logs (device_runs tries again)."""
+    if device.type != "cuda":
+        return
+    try:
+        _probe_stream(device)
+    except Exception:  # noqa: BLE001
+        log.warning("could not make the device probe's stream now; it is made when first needed", exc_info=True)
 
 
 def _probe_stream(device: torch.device) -> torch.cuda.ExternalStream:
     """device_runs' own stream on `device`, made once (cudaStreamCreate: no pool shares it)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _probe_streams.get(index)
-    if stream is None:
-        handle = ctypes.c_void_p()
-        with torch.cuda.device(index):
-            torch.cuda.check_error(torch.cuda.cudart().cudaStreamCreate(ctypes.addressof(handle)))
-        stream = _probe_streams[index] = torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))
+    with _probe_lock:  # the bulk and express workers' completers may both probe first
+        stream = _probe_streams.get(index)
+        if stream is None:
+            handle = ctypes.c_void_p()
+            with torch.cuda.device(index):
+                torch.cuda.check_error(torch.cuda.cudart().cudaStreamCreate(ctypes.addressof(handle)))
+            stream = torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))
+            _probe_streams[index] = stream
     return stream

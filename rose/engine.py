@@ -25,7 +25,7 @@ import torch
 
 from rose import kernel_ahead
 from rose.batch import Batch
-from rose.devices import device_runs, resolve_device, resolve_dtype
+from rose.devices import device_runs, prepare_probe, resolve_device, resolve_dtype
 from rose.head import OutputOptions, apply_head
 from rose.kernel_cache import use_kernel_cache
 from rose.kernel_manifest import Recorder
@@ -231,6 +231,7 @@ class Engine:
         self.wait_for_kernels()
         verified = self._warmup()
         self.save_kernel_manifest()
+        prepare_probe(self.runner.device)  # device_ok's stream, made while the device runs (rose.devices)
         return verified
 
     def wait_for_kernels(self) -> dict | None:

@@ -92,7 +92,7 @@ def test_a_tulip_that_lost_its_gpu_is_started_again() -> None:
     try:
         assert _post(port, {"input": "before"}) == 200
         assert _post(port, {"input": [[BREAK_TOKEN, 1000, 1001]]}) in (200, 503), proc.output()
-        proc.wait_for(lambda: any("lost its GPU (exit 3); starting it again (1 of 3)" in line for line in proc.err),
+        proc.wait_for(lambda: any("lost its GPU (exit 3); starting it again in 1 s (1 of 3)" in line for line in proc.err),
                       "the Tulip started again", timeout=60)
         deadline = time.monotonic() + 120
         while _post(port, {"input": "after"}) != 200:
@@ -113,7 +113,7 @@ def test_a_tulip_killed_while_serving_is_started_again() -> None:
         tulip_pid = next(pid for pid in _children(proc.proc.pid)
                          if b"tulip" in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[2])
         os.kill(tulip_pid, signal.SIGKILL)
-        proc.wait_for(lambda: any("exited with code -9; starting it again (1 of 3)" in line for line in proc.err),
+        proc.wait_for(lambda: any("exited with code -9; starting it again in 1 s (1 of 3)" in line for line in proc.err),
                       "the Tulip started again", timeout=60)
         deadline = time.monotonic() + 120
         while _post(port, {"input": "after"}) != 200:

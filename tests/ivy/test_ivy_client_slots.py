@@ -142,6 +142,25 @@ def test_contention_ends_once_the_refused_client_stops_coming_back() -> None:
     assert w.in_flight == 16 and w.slots.held["a"] == 6
 
 
+def test_contention_ends_when_the_refused_client_is_served_beyond_the_reserve() -> None:
+    clock = _Clock()
+    w = _Worker(16, 0.5, clock)  # a share of 8, a reserve of 2
+    clients = [f"c{i}" for i in range(10)]
+    for i, c in enumerate(clients):
+        for _ in range(2 if i < 6 else 1):
+            w.take(c)  # the cap full, no client near its share
+    w.slots.refused_as_full("z")  # z under its split of 14 // 11: contended
+    for c in clients[:4]:
+        w.give(c)  # 12 in flight: slots to spare beyond the reserve
+    for _ in range(3):
+        clock.now += 1
+        w.take("z")  # served, but not from the reserve: it no longer contends for the last slots
+        w.give("z")
+    for c in clients[:3]:
+        w.take(c)  # the third at 14 in flight, into the reserve: no one refused for 3 s, nothing kept back
+    assert w.in_flight == 15
+
+
 def test_one_key_is_one_client_however_the_header_spells_it() -> None:
     spellings = ["Bearer k", "bearer k", "BEARER  k ", "Bearer k\t"]  # what authorize accepts as key k
     clients = {client_of(bearer_token(s), {}) for s in spellings}

@@ -49,3 +49,24 @@ def test_a_child_past_its_drain_is_killed_with_the_processes_it_started() -> Non
     finally:
         if _alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_restarts_back_off_give_up_after_most_and_count_afresh_after_serving() -> None:
+    """ivy.up_process.Restarts: a Tulip that fails while serving is started again after 1, 2, 4 s; a fourth failure
+    in a row gives it up (left down while others serve); one that served SERVED_RESET_S counts afresh."""
+    from ivy.up_process import Restarts
+
+    r = Restarts(2, most=3, now=0.0)
+    delays = []
+    now = 10.0
+    for _ in range(3):
+        delays.append(r.failed(0, now))
+        assert r.due[0] == now + delays[-1] and r.due[1] is None
+        now += delays[-1]
+        r.started_again(0, now)
+        now += 1  # fails again a second later
+    assert delays == [1.0, 2.0, 4.0]
+    assert r.failed(0, now) is None and r.gone == {0}  # a crash loop: given up
+    assert r.failed(1, 5.0) == 1.0  # the other Tulip's count is its own
+    r.started_again(1, 6.0)
+    assert r.failed(1, 6.0 + Restarts.SERVED_RESET_S) == 1.0  # served ten minutes: counted afresh

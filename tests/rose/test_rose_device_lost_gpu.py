@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rose.devices import device_runs
+from rose.devices import device_runs, prepare_probe
 
 
 @triton.jit
@@ -32,6 +32,7 @@ def wild_store(ptr):
 
 device = torch.device("cuda")
 x = torch.zeros(1, device=device)
+prepare_probe(device)  # as Engine.warmup does
 print("before", device_runs(device), flush=True)
 wild_store[(1,)](x)
 try:
