@@ -81,6 +81,16 @@ def _post(port: int, body: dict) -> int:
         return exc.code
 
 
+def _serves_again(proc: Proc, port: int, says: str) -> None:
+    """`ivy up` says `says` of its Tulip, starts it again, and the stack serves again without having stopped."""
+    proc.wait_for(lambda: any(says in line for line in proc.err), "the Tulip started again", timeout=60)
+    deadline = time.monotonic() + 120
+    while _post(port, {"input": "after"}) != 200:
+        assert time.monotonic() < deadline, proc.output()
+        time.sleep(0.5)
+    assert proc.proc.poll() is None
+
+
 def test_a_tulip_that_lost_its_gpu_is_started_again() -> None:
     """RELIABILITY 62 under `ivy up`: a Tulip whose device stopped running work exits 3 after its drain, and
     `ivy up` starts it again (a new process, a new CUDA context) instead of stopping the stack; the stack serves
@@ -92,13 +102,7 @@ def test_a_tulip_that_lost_its_gpu_is_started_again() -> None:
     try:
         assert _post(port, {"input": "before"}) == 200
         assert _post(port, {"input": [[BREAK_TOKEN, 1000, 1001]]}) in (200, 503), proc.output()
-        proc.wait_for(lambda: any("lost its GPU (exit 3); starting it again in 1 s (1 of 3)" in line for line in proc.err),
-                      "the Tulip started again", timeout=60)
-        deadline = time.monotonic() + 120
-        while _post(port, {"input": "after"}) != 200:
-            assert time.monotonic() < deadline, proc.output()
-            time.sleep(0.5)
-        assert proc.proc.poll() is None  # the stack never stopped
+        _serves_again(proc, port, "lost its GPU (exit 3); starting it again in 1 s (1 of 3)")
     finally:
         proc.stop(signal.SIGKILL)
 
@@ -113,13 +117,7 @@ def test_a_tulip_killed_while_serving_is_started_again() -> None:
         tulip_pid = next(pid for pid in _children(proc.proc.pid)
                          if b"tulip" in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[2])
         os.kill(tulip_pid, signal.SIGKILL)
-        proc.wait_for(lambda: any("exited with code -9; starting it again in 1 s (1 of 3)" in line for line in proc.err),
-                      "the Tulip started again", timeout=60)
-        deadline = time.monotonic() + 120
-        while _post(port, {"input": "after"}) != 200:
-            assert time.monotonic() < deadline, proc.output()
-            time.sleep(0.5)
-        assert proc.proc.poll() is None
+        _serves_again(proc, port, "exited with code -9; starting it again in 1 s (1 of 3)")
     finally:
         proc.stop(signal.SIGKILL)
 
