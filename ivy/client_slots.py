@@ -17,14 +17,16 @@ client between two requests still wants slots) and the one asking (at least 1), 
 each holds no more than its bound. Several clients flooding at once are held alike: three that split a 16-slot cap
 five each are over their bound of (16 - 2) // 4 once a fourth is refused, and while it comes back.
 
-A client is the key it sends where Ivy checks keys (the token authorize accepted), else the peer's address as
-uvicorn reads it (X-Forwarded-For from a proxy it trusts: FORWARDED_ALLOW_IPS, 127.0.0.1 by default); behind a proxy
-it does not trust, every request is the proxy's, one client. A request outside open_request's path (no client set)
-is not counted.
+A client is the key it sends where Ivy checks keys (the token authorize accepted), else the peer's address (an IPv6
+one's /64) as uvicorn reads it (X-Forwarded-For from a proxy it trusts: FORWARDED_ALLOW_IPS, 127.0.0.1 by default);
+behind a proxy it does not trust, every request is the proxy's, one client. A request outside open_request's path (no
+client set) is not counted.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import time
 from contextvars import ContextVar
 
@@ -39,11 +41,25 @@ CONTENDED_S = 3.0  # past the 429's Retry-After of 1 s: a refused client that co
 
 def client_of(key: str | None, scope) -> str:
     """The request's client: `key`, the Bearer token Ivy accepted where it checks keys (one key, however the header
-    spells "Bearer"; ivy.gateway.bearer_token), else the ASGI scope's peer address ("" when the server gives none)."""
+    spells "Bearer"; ivy.gateway.bearer_token), else the ASGI scope's peer address ("" when the server gives none):
+    an IPv4 address, or an IPv6 address's /64 (one host or subscriber's, whose addresses it may rotate through to
+    pass for many clients), an IPv4-mapped one as its IPv4 address."""
     if key is not None:
         return key
     peer = scope.get("client")
-    return peer[0] if peer else ""
+    host = peer[0] if peer else ""
+    return _ipv6_client(host) if ":" in host else host
+
+
+@functools.lru_cache(maxsize=4096)
+def _ipv6_client(host: str) -> str:
+    try:
+        address = ipaddress.IPv6Address(host.split("%", 1)[0])  # a link-local address's zone is the same host's
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 class _Recent:

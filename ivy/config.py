@@ -83,9 +83,9 @@ class IvyConfig:
         "contended a client's share is at most all but the reserve split evenly among the clients wanting "
         "slots (at least 1: with as many clients as slots, each may take the reserve with none in flight); "
         "contention ends 3 s after the refused client stops coming back, and while no one is refused any "
-        "client may fill the cap. A client is its key where Ivy checks keys, else its address as uvicorn "
-        "reads it (behind a proxy uvicorn does not trust, FORWARDED_ALLOW_IPS, every request is the proxy's: "
-        "one client). 1 = off."))
+        "client may fill the cap. A client is its key where Ivy checks keys, else its address (an IPv6 "
+        "address's /64) as uvicorn reads it (behind a proxy uvicorn does not trust, FORWARDED_ALLOW_IPS, "
+        "every request is the proxy's: one client). 1 = off."))
     body_bytes_in_flight: int = field(default=256 * 1024 * 1024, metadata=_help(
         "Bytes of request bodies one worker holds while reading them (before parsing; the concurrency cap counts "
         "requests only once their bodies are in): a body that would pass it gets 429 with Retry-After, so many "

@@ -169,6 +169,17 @@ def test_one_key_is_one_client_however_the_header_spells_it() -> None:
     assert client_of(None, {"client": None}) == ""
 
 
+def test_an_ipv6_peer_is_its_slash_64() -> None:
+    """A host rotating through its /64's addresses (or a subscriber's) is one client, not a fresh one each time,
+    each fresh one free to take the reserve; an IPv4-mapped peer is its IPv4 address."""
+    rotated = {client_of(None, {"client": (f"2001:db8:0:7::{i:x}", 5)}) for i in range(1, 300)}
+    assert rotated == {"2001:db8:0:7::/64"}
+    assert client_of(None, {"client": ("2001:db8:0:8::1", 5)}) == "2001:db8:0:8::/64"
+    assert client_of(None, {"client": ("::ffff:10.0.0.7", 5)}) == "10.0.0.7"
+    assert client_of(None, {"client": ("fe80::1%eth0", 5)}) == "fe80::/64"
+    assert client_of(None, {"client": ("not:an address", 5)}) == "not:an address"
+
+
 def test_through_the_gateway_a_flooding_key_leaves_room_for_another(monkeypatch) -> None:
     monkeypatch.setattr(client_slots, "CONTENDED_S", 1.5)
     fake = FakeTulip()
