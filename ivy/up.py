@@ -43,10 +43,11 @@ from ivy.up_checks import (
     _tulip_serving,
 )
 from ivy.up_process import Child, Restarts
-from ivy.up_tulips import (DEVICE_LOST_EXIT, TULIP_RESTARTS, cpu_only, framed_ports, kernel_compile_env,
-                           port_variable, tulip_child, tulip_drain_s, visible_gpus)
+from ivy.up_tulips import (TULIP_RESTARTS, cpu_only, framed_ports, kernel_compile_env, port_variable, tulip_child,
+                           tulip_drain_s, visible_gpus)
 from rose.flags import config_to_env
 from rose.spec import ModelFolderError, load_spec
+from tulip.errors import DEVICE_LOST_EXIT
 
 log = logging.getLogger("ivy.up")
 UP_ENV_PREFIX = "IVY_UP"

@@ -81,7 +81,6 @@ def framed_ports(config: IvyConfig, ports: list[int], fixed: int | None) -> list
     return [fixed + k if fixed + k < 65536 else 0 for k in range(len(ports))]
 
 
-DEVICE_LOST_EXIT = 3  # tulip.cli's: its GPU stopped running work (RELIABILITY 62); imported there, not here (torch)
 TULIP_RESTARTS = 3  # `ivy up` starts a Tulip that failed while serving again this many times, then stops the stack
 
 

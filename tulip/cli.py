@@ -24,13 +24,13 @@ from typing import Any, TypeVar
 from rose import log_format
 from rose.flags import add_config_arguments, config_from_args
 from tulip.config import ENV_PREFIX, TulipConfig
+from tulip.errors import DEVICE_LOST_EXIT
 
 T = TypeVar("T")
 
 log = logging.getLogger("tulip")
 HEALTH_ENV_PREFIX = "TULIP_HEALTH"
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
-DEVICE_LOST_EXIT = 3
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from tulip.metrics import TulipMetrics
 from tulip.pacing import BusySpans
 from tulip.request import RequestLimits, parse_embed_request
 from tulip.scheduler import INTERACTIVE, SequenceQueue
-from tulip.servicer import TulipEmbedderServicer
-from tulip.decoding import UndecodableRequest, decode_embed_request, decode_stream_request
+from tulip.servicer import SERVICE_NAME, TulipEmbedderServicer, add_embedder
+from tulip.decoding import UndecodableRequest
 from tulip.watchdog import Watchdog
 from tulip.express import ExpressWorker
 from tulip.framed_listener import FramedListener
@@ -45,9 +45,6 @@ from tulip.worker import Worker
 __all__ = ["CLIENT_CHANNEL_OPTIONS", "SERVICE_NAME", "TulipServer", "server_options"]
 
 log = logging.getLogger("tulip.server")
-
-SERVICE_NAME = embed_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name  # "tulip.v1.Embedder"
-
 
 class TulipServer:
     def __init__(self, config: TulipConfig, engine: Any = None, metrics: TulipMetrics | None = None) -> None:
@@ -99,7 +96,7 @@ class TulipServer:
         self._loop = asyncio.get_running_loop()
         self._idle = asyncio.Event()
         server = grpc.aio.server(options=server_options(self.config))
-        _add_embedder(TulipEmbedderServicer(self), server)
+        add_embedder(TulipEmbedderServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -346,27 +343,6 @@ class TulipServer:
         quiet = isinstance(exc, (NotReady, ShuttingDown, QueueFull, Stalled, DeadlineUnmeetable))
         log.log(logging.DEBUG if quiet else logging.INFO, "Embed %s rejected: %s: %s",
                 request_id or "-", exc.status, exc.message)
-
-
-def _add_embedder(servicer: TulipEmbedderServicer, server: grpc.aio.Server) -> None:
-    """embed_pb2_grpc.add_EmbedderServicer_to_server, but Embed's and EmbedStream's requests decoded by
-    tulip.decoding's deserializers: a message that fails to decode (a string field not UTF-8) is then answered
-    INVALID_ARGUMENT by Tulip, where the generated FromString raised and grpc ended the call UNKNOWN (on a
-    stream, with every other request on it unanswered)."""
-    handlers = {
-        "Embed": grpc.unary_unary_rpc_method_handler(
-            servicer.Embed, request_deserializer=decode_embed_request,
-            response_serializer=embed_pb2.EmbedResponse.SerializeToString),
-        "EmbedStream": grpc.stream_stream_rpc_method_handler(
-            servicer.EmbedStream, request_deserializer=decode_stream_request,
-            response_serializer=embed_pb2.StreamResponse.SerializeToString),
-        "Info": grpc.unary_unary_rpc_method_handler(
-            servicer.Info, request_deserializer=embed_pb2.InfoRequest.FromString,
-            response_serializer=embed_pb2.InfoResponse.SerializeToString),
-    }
-    assert set(handlers) == set(embed_pb2.DESCRIPTOR.services_by_name["Embedder"].methods_by_name)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def _heartbeat(path: str, device: str) -> Heartbeat | None:

@@ -2,7 +2,8 @@
 
 Admission, drain bookkeeping and metrics are the server's (TulipServer.admit / settled / rejected), so a
 unary call and a streamed request (tulip.stream) are admitted the same way; this module only awaits the
-job, maps a TulipError to its gRPC status and builds the Info reply.
+job, maps a TulipError to its gRPC status and builds the Info reply; add_embedder registers it with tulip.decoding's
+deserializers.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import grpc
 
 from protos import embed_pb2, embed_pb2_grpc
 from tulip import framed
+from tulip.decoding import decode_embed_request, decode_stream_request
 from tulip.errors import TulipError, error_metadata
 from tulip.stream import EmbedStreamSession
 from tulip.version import __version__
 
 if TYPE_CHECKING:
     from tulip.server import TulipServer
+
+SERVICE_NAME = embed_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name  # "tulip.v1.Embedder"
 
 
 class TulipEmbedderServicer(embed_pb2_grpc.EmbedderServicer):
@@ -67,3 +71,24 @@ class TulipEmbedderServicer(embed_pb2_grpc.EmbedderServicer):
             attention_backend=str(getattr(info, "attention_backend", "")), device=str(info.device),
             version=__version__, tasks=list(getattr(info, "tasks", ("embed",))), framed_port=server.framed.port,
             outputs=[o.name for o in server.limits.outputs])
+
+
+def add_embedder(servicer: TulipEmbedderServicer, server: grpc.aio.Server) -> None:
+    """embed_pb2_grpc.add_EmbedderServicer_to_server, but Embed's and EmbedStream's requests decoded by
+    tulip.decoding's deserializers: a message that fails to decode (a string field not UTF-8) is then answered
+    INVALID_ARGUMENT by Tulip, where the generated FromString raised and grpc ended the call UNKNOWN (on a
+    stream, with every other request on it unanswered)."""
+    handlers = {
+        "Embed": grpc.unary_unary_rpc_method_handler(
+            servicer.Embed, request_deserializer=decode_embed_request,
+            response_serializer=embed_pb2.EmbedResponse.SerializeToString),
+        "EmbedStream": grpc.stream_stream_rpc_method_handler(
+            servicer.EmbedStream, request_deserializer=decode_stream_request,
+            response_serializer=embed_pb2.StreamResponse.SerializeToString),
+        "Info": grpc.unary_unary_rpc_method_handler(
+            servicer.Info, request_deserializer=embed_pb2.InfoRequest.FromString,
+            response_serializer=embed_pb2.InfoResponse.SerializeToString),
+    }
+    assert set(handlers) == set(embed_pb2.DESCRIPTOR.services_by_name["Embedder"].methods_by_name)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
