@@ -45,9 +45,9 @@ from ivy.up_checks import (
 from ivy.up_process import Child, Restarts
 from ivy.up_tulips import (TULIP_RESTARTS, cpu_only, framed_ports, kernel_compile_env, port_variable, tulip_child,
                            tulip_drain_s, visible_gpus)
+from protos.exit_status import DEVICE_LOST_EXIT
 from rose.flags import config_to_env
 from rose.spec import ModelFolderError, load_spec
-from tulip.errors import DEVICE_LOST_EXIT
 
 log = logging.getLogger("ivy.up")
 UP_ENV_PREFIX = "IVY_UP"

@@ -21,10 +21,10 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from protos.exit_status import DEVICE_LOST_EXIT
 from rose import log_format
 from rose.flags import add_config_arguments, config_from_args
 from tulip.config import ENV_PREFIX, TulipConfig
-from tulip.errors import DEVICE_LOST_EXIT
 
 T = TypeVar("T")
 

@@ -136,9 +136,6 @@ class EngineFailed(TulipError):
     reason = "engine_failed"
 
 
-DEVICE_LOST_EXIT = 3  # `tulip serve`'s exit status once its device is lost; `ivy up` starts such a Tulip again
-
-
 class DeviceLost(TulipError):
     """A batch failed and the device no longer runs work (a CUDA error that poisons the context: an illegal
     address, a device-side assert, an uncorrectable ECC error, a GPU gone from the bus): every later batch would

@@ -124,7 +124,7 @@ def test_a_lost_device_answers_unavailable_then_exits_3() -> None:
         with pytest.raises(grpc.RpcError) as err:
             stub.Embed(encode_request([marked_sequence(999, 8)]), timeout=30)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "no longer runs work" in err.value.details()
-        from tulip.errors import DEVICE_LOST_EXIT
+        from protos.exit_status import DEVICE_LOST_EXIT
 
         assert server.proc.wait(30) == DEVICE_LOST_EXIT == 3
         channel.close()
