@@ -189,7 +189,9 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             fports[k] = 0
     compile_env = kernel_compile_env(len(devices))
     warm = up.warm_cores != "off" and up_warm_cores.allowed(up.warm_cores, any(d is not None for d in devices))
-    warm_dir = tempfile.mkdtemp(prefix="ivy-up-warm-") if warm else ""  # removed once the counters are open
+    # Each replica slot's batch counter, kept until the stack stops: a Tulip started again opens its slot's counter,
+    # which the controller reads through the descriptor it opened once the first Tulips were ready.
+    warm_dir = tempfile.mkdtemp(prefix="ivy-up-warm-") if warm else ""
     counters = [os.path.join(warm_dir, f"tulip{k}.count") if warm else "" for k in range(len(devices))]
     cpu = cpu_only(up.gpus)
 
@@ -262,7 +264,6 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     controller = None
     if warm:
         controller = up_warm_cores.start(counters, up.warm_cores, up.warm_cores_hold_s)
-        shutil.rmtree(warm_dir, ignore_errors=True)  # the Tulips map their files, ivy up holds descriptors
         if controller is not None:
             spinners.extend(controller.loops)
     _print_banner(url, config, addresses, metrics_urls)
@@ -283,7 +284,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
                 print(f"{tulip.failure('while serving')}\nivy up: {tulip.name} {why}; {then}", file=sys.stderr,
                       flush=True)
             elif now >= restarts.due[k]:
-                tulips[k] = start_tulip(k, "")  # its warm-cores counter was for the old process: none
+                tulips[k] = start_tulip(k, counters[k])  # its slot's counter, still read by the controller
                 restarts.started_again(k, now)
         if len(restarts.gone) == len(tulips):
             print("ivy up: no Tulip left serving; stopping", file=sys.stderr, flush=True)

@@ -35,8 +35,9 @@ class Heartbeat:
 
 
 class CountReader:
-    """A count read through a descriptor opened once: it survives the file's name being removed (`ivy up` removes
-    its counters' folder as soon as it has them open)."""
+    """A count read through a descriptor opened once: it survives the file's name being removed. `ivy up` keeps its
+    counters' folder until the stack stops: a Tulip it starts again opens its slot's file, so its batches move the
+    count this reader reads (a Heartbeat goes on from the file's count)."""
 
     def __init__(self, path: str) -> None:
         self._fd = os.open(path, os.O_RDONLY)

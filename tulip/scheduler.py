@@ -121,6 +121,23 @@ class SequenceQueue(LanePacker):
             self._handed.append(packed)
             self._cond.notify()
 
+    def drop_waiting(self, who: int) -> list[Ticket]:
+        """Once the device is lost (tulip.device_check): drop every waiting request worker `who` answers (those it
+        owns and the unowned ones), packing none, and return them for its completer to fail at once. The other
+        worker's requests stay for it."""
+        with self._cond:
+            dropped: dict[int, Ticket] = {}
+            for flows in self._lanes:
+                for key, flow in list(flows.items()):
+                    for ticket in {id(s.ticket): s.ticket for s in flow if not s.ticket.cancelled}.values():
+                        if ticket.owner in (None, who):
+                            ticket.owner = who  # its completer alone settles it
+                            self._drop_locked(ticket)
+                            dropped[id(ticket)] = ticket
+                    if not flow:
+                        del flows[key]
+            return list(dropped.values())
+
     def wake(self) -> None:
         """Wake the main launcher (after a push with wake=False that take_parked did not follow)."""
         with self._cond:

@@ -23,8 +23,9 @@ requests/s); there the launcher's wake-up gathers them, and everything goes thro
 same reason a launcher woken while an inline batch runs paces first (REHOLD: holds until shortly before
 that batch ends) and takes what arrived meanwhile as one batch behind it.
 Only the completer touches Job state, so a Job needs no lock. Engine errors fail only that batch's jobs,
-and drop those jobs' sequences still queued. The completer's half is tulip.completer; this module is the
-launcher's.
+and drop those jobs' sequences still queued. Once the device is lost (tulip.device_check) nothing more is launched:
+what waits is answered DeviceLost at once, unpacked, and so is a batch taken but not yet launched. The completer's
+half is tulip.completer; this module is the launcher's.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from tulip.device_check import DeviceCheck
 from tulip.errors import DeadlineExpired
 from tulip.pacing import BusySpans, DeviceClock, DeviceTimes
 from tulip.packing import FailedBatch, Launched, build_batch, jobs_of
-from tulip.scheduler import BULK, REHOLD, PackedBatch, SequenceQueue
+from tulip.scheduler import BULK, EXPRESS, MAIN, REHOLD, PackedBatch, SequenceQueue
 
 log = logging.getLogger("tulip.worker")
 
@@ -125,6 +126,8 @@ class Worker(Completer):
         while True:
             self._slots.acquire()
             self._hold_until_late()
+            if self.device_check.lost is not None:
+                self._fail_waiting()
             packed = self._next_batch()
             if packed is None:  # closed and drained
                 self._launched.put(STOP)
@@ -135,7 +138,8 @@ class Worker(Completer):
         """On the event loop, right after a push made with wake=False (module docstring): take the batch and
         launch it here when nothing is in flight, the launcher is parked and the batch replays a captured
         graph; else the launcher gets it (woken, or handed the batch as taken). True when launched here."""
-        if self._inflight or self._last_requests > 1 or not self._slots.acquire(blocking=False):
+        if (self._inflight or self._last_requests > 1 or self.device_check.lost is not None
+                or not self._slots.acquire(blocking=False)):
             self.queue.wake()
             return False
         packed = self.queue.take_parked()
@@ -169,6 +173,9 @@ class Worker(Completer):
         if packed.expired:
             self._launched.put(FailedBatch(packed.expired, DeadlineExpired(
                 "deadline exceeded while queued; the request never reached the engine")))
+        if packed.sequences and self.device_check.lost is not None:  # nothing more is launched onto a dead device
+            self._fail_unlaunched(packed, self.device_check.error())
+            return
         if not packed.sequences:
             self._slots.release()
             return
@@ -177,17 +184,29 @@ class Worker(Completer):
         except Exception as exc:  # a failing batch must not take the replica down
             log.exception("engine.step failed on a batch of %d sequences / %d tokens",
                           len(packed.sequences), packed.tokens)
-            jobs = jobs_of(packed.sequences)
-            for job in jobs:  # before the slot frees: the next batch must not take their other sequences
-                self.queue.cancel(job)
-            if packed.lane_tokens[BULK]:
-                self.queue.bulk_done()  # it never reached the device
-            self._launched.put(FailedBatch(jobs, exc))  # the completer maps it (and probes the device, never here)
-            self._slots.release()
+            self._fail_unlaunched(packed, exc)  # the completer maps exc (and probes the device, never here)
+
+    def _fail_unlaunched(self, packed: PackedBatch, error: BaseException) -> None:
+        """A taken batch that never reached the device (its launch raised, or the device is lost): its requests
+        fail on the completer with `error`, their other sequences leave the queue, its slot frees."""
+        jobs = jobs_of(packed.sequences)
+        for job in jobs:  # before the slot frees: the next batch must not take their other sequences
+            self.queue.cancel(job)
+        if packed.lane_tokens[BULK]:
+            self.queue.bulk_done()  # it never reached the device
+        self._launched.put(FailedBatch(jobs, error))
+        self._slots.release()
+
+    def _fail_waiting(self) -> None:
+        """The device is lost (tulip.device_check): every request waiting for this worker is answered DeviceLost at
+        once, on its completer, none packed or launched (RELIABILITY 62)."""
+        dropped = self.queue.drop_waiting(EXPRESS if self.express else MAIN)
+        if dropped:
+            self._launched.put(FailedBatch(dropped, self.device_check.error()))
 
     def _hold_until_late(self) -> None:
         """With a batch on the device, wait until shortly before it is expected to finish (tulip.pacing)."""
-        if self.pack_ahead_s <= 0:
+        if self.pack_ahead_s <= 0 or self.device_check.lost is not None:
             return
         with self._count_lock:
             if not self._inflight:
@@ -208,7 +227,7 @@ class Worker(Completer):
         eagerly but has no graph yet, so the layout's next batch replays instead of capturing on the
         request path. A request that arrives meanwhile waits for that one capture."""
         capture = getattr(self.engine, "capture_pending", None)
-        while self.idle_capture_s > 0 and capture is not None:
+        while self.idle_capture_s > 0 and capture is not None and self.device_check.lost is None:
             packed = self.queue.next_batch(timeout=self.idle_capture_s)
             if packed is not None or self.queue.closed:
                 return packed

@@ -74,7 +74,68 @@ def test_a_batch_that_loses_the_device_fails_over_what_the_replica_holds() -> No
         with pytest.raises(grpc.RpcError) as err:
             s.stub.Embed(encode_request([[1, 2]]), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "no longer runs work" in err.value.details()
-    assert first_tokens(engine) == [999]  # the queued request never reached the device: its launch raised
+    assert first_tokens(engine) == [999]  # the queued request never reached the device
+
+
+class LaunchCountingEngine(FakeEngine):
+    """A fake engine that records the first token of every batch handed to step(), a launch that raised too
+    (FakeEngine.launched counts only the launches that reached its device)."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.launch_attempts: list[int] = []
+
+    def step(self, batch, express: bool = False):
+        self.launch_attempts.append(int(batch.token_ids[0]))
+        return super().step(batch, express=express)
+
+
+def test_once_the_device_is_lost_queued_requests_are_answered_without_a_launch() -> None:
+    """RELIABILITY 62: once a batch's failure and the probe after it find the device lost, the requests still
+    queued behind it are answered UNAVAILABLE "device_lost" without being packed or launched onto the dead
+    device (each such launch only fails), and nothing reaches the engine while the replica drains."""
+    engine = LaunchCountingEngine(gated=True, break_when=lambda b: int(b.token_ids[0]) == 999)
+    with ServerThread(make_config(max_batch_tokens=32, max_inflight_batches=1), engine) as s:
+        doomed = s.stub.Embed.future(encode_request([marked_sequence(999, 30)]), timeout=30)
+        wait_until(lambda: engine.launched == 1, what="the breaking batch launched")
+        queued = [s.stub.Embed.future(encode_request([marked_sequence(marker, 30)]), timeout=30)
+                  for marker in (3, 4, 5)]  # one batch each: 30 tokens of a 32-token budget
+        wait_until(lambda: s.server.queue.depth()[0] == 3, what="three requests queued behind it")
+        engine.release(100)
+        for future in (doomed, *queued):
+            with pytest.raises(grpc.RpcError) as err:
+                future.result()
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
+            assert ("tulip-reason", "device_lost") in err.value.trailing_metadata()
+        assert s.server.queue.depth() == (0, 0)
+        s.run(s.server.drain())
+    assert engine.launch_attempts == [999], engine.launch_attempts
+
+
+def test_a_batch_taken_before_the_device_was_lost_is_failed_not_launched() -> None:
+    """RELIABILITY 62: a batch packed while the device was still running (taken on the event loop and handed
+    over, or packed by the launcher as the loss was found) is answered DeviceLost on the completer, its slot
+    freed, and never handed to engine.step()."""
+    import numpy as np
+
+    from tulip.errors import DeviceLost
+    from tulip.packing import FailedBatch
+    from tulip.scheduler import QueuedSequence, SequenceQueue, Ticket
+    from tulip.worker import Worker
+
+    engine = LaunchCountingEngine()
+    queue = SequenceQueue(max_batch_tokens=32, max_batch_seqs=4, max_queue_tokens=1024)
+    worker = Worker(engine, queue, max_inflight=1)  # threads not started: the test is the launcher
+    ticket = Ticket()
+    queue.push(ticket, [QueuedSequence(ticket=ticket, tokens=np.full(8, 7, np.int32),
+                                       spans=np.array([[0, 8]], np.int32), rows=np.array([0]))])
+    packed = queue.next_batch(timeout=0)
+    worker.device_check.lost = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    worker._slots.acquire()
+    worker._run(packed)
+    failed = worker._launched.get_nowait()
+    assert isinstance(failed, FailedBatch) and failed.jobs == [ticket] and isinstance(failed.error, DeviceLost)
+    assert engine.launch_attempts == [] and worker._slots.acquire(blocking=False)
 
 
 def test_the_device_is_probed_on_the_completer_and_a_probe_that_raises_means_lost() -> None:

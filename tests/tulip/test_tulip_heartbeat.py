@@ -30,7 +30,7 @@ def test_a_reader_keeps_reading_after_the_name_is_removed(tmp_path) -> None:
     path = str(tmp_path / "count")
     beat = Heartbeat(path)
     reader = CountReader(path)
-    os.unlink(path)  # `ivy up` removes its counters' folder once it holds them open
+    os.unlink(path)  # `ivy up` removes its counters' folder when it stops, the readers still open
     beat.beat()
     assert reader.read() == 1
     reader.close()

@@ -110,6 +110,21 @@ def test_queue_bound_in_tokens_rejects_whole_request() -> None:
     assert q.depth() == (2, 100)
 
 
+def test_drop_waiting_takes_a_workers_requests_and_leaves_the_others() -> None:
+    """Once the device is lost (tulip.worker's _fail_waiting): every request the worker answers, its own and the
+    unowned ones, leaves the queue unpacked; a request the other worker owns stays for it."""
+    from tulip.scheduler import EXPRESS, MAIN
+
+    q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=10, max_queue_tokens=1000)
+    unowned, mine, theirs = push(q, 40, 30), push(q, 20), push(q, 10)
+    mine.owner, theirs.owner = MAIN, EXPRESS
+    dropped = q.drop_waiting(MAIN)
+    assert set(map(id, dropped)) == {id(unowned), id(mine)} and len(dropped) == 2
+    assert all(t.cancelled and t.owner == MAIN for t in dropped) and not theirs.cancelled
+    assert q.depth() == (1, 10) and q.drop_waiting(MAIN) == []
+    assert q.drop_waiting(EXPRESS) == [theirs] and q.depth() == (0, 0)
+
+
 def test_close_drains_then_ends_and_refuses_new_work() -> None:
     q = SequenceQueue(max_batch_tokens=100, max_batch_seqs=10, max_queue_tokens=1000)
     push(q, 10, first_marker=1)
