@@ -61,17 +61,13 @@ def _rates(c: torch.Tensor) -> torch.Tensor:
     return (c[:, -1, :, 3] - c[:, 0, :, 2]) / (c[:, -1, :, 1] - c[:, 0, :, 0])
 
 
-def per_kind(steps: dict[str, torch.Tensor], layers: int, names: list[str],
-             prologue: int = 0) -> dict[str, dict[str, float]]:
-    """split_steps' per-step stats -> {phase name: {stat: mean over the layers}}; a folded forward's step 0 first
-    (`prologue` steps before the layers', Tiles.fold), the final norm, then the forward's total of each stat (the sum
-    of the steps' medians), last."""
+def per_kind(steps: dict[str, torch.Tensor], layers: int, names: list[str]) -> dict[str, dict[str, float]]:
+    """split_steps' per-step stats -> {phase name: {stat: mean over the layers}}; the final norm, then the
+    forward's total of each stat (the sum of the steps' medians), last."""
     phases = len(names)
-    table = {name: {} for name in [*["step 0"] * prologue, *names, "final norm", "total"]}
+    table = {name: {} for name in [*names, "final norm", "total"]}
     for stat, values in steps.items():
-        if prologue:
-            table["step 0"][stat] = float(values[0])
-        means = values[prologue:-1].view(layers, phases).mean(0).tolist()
+        means = values[:-1].view(layers, phases).mean(0).tolist()
         for name, mean in zip(names, means):
             table[name][stat] = mean
         table["final norm"][stat] = float(values[-1])
@@ -94,7 +90,7 @@ def measure(model, decoder, tokens: int, vocab: int, runs: int) -> tuple[dict[st
             samples.append(clock.cpu())
     names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in decoder.kinds(tokens)]
     clocks = torch.stack(samples)
-    return per_kind(split_steps(clocks), decoder.layers, names, decoder.prologue(tokens)), sm_ghz(clocks)
+    return per_kind(split_steps(clocks), decoder.layers, names), sm_ghz(clocks)
 
 
 def main() -> None:

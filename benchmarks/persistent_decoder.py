@@ -66,11 +66,7 @@ SWEEP = [  # (tokens, changes to the fitted tiles): stages, queries per attentio
     (16, {"k": 256}), (64, {"k": 256}), (16, {"k": 256, "stages": 4}), (16, {"stages": 5}), (64, {"stages": 5}),
     (32, {"prefetch": "off"}), (32, {"prefetch": "first", "stages": 4}),  # 32 tokens: "first" by default (e30f6f9)
     (32, {"heads": False}), (32, {"prefetch": "first", "heads": False}),
-    (128, {"queries": 32}), (16, {"stages": 3}),  # the fitted tiles where BLOCK_CHANGES changes them by default
-    # the add + norms folded into the GEMMs (Tiles.fold) beside not, each block's own tiles otherwise
-    *[(tokens, {**own, "fold": fold}) for tokens, own in (
-        (16, {"stages": 4, "prefetch": "first", "heads": False}), (32, {"prefetch": "first"}),
-        (64, {"prefetch": "first"}), (128, {"queries": 16, "stages": 4})) for fold in ("off", "load", "weights")]]
+    (128, {"queries": 32}), (16, {"stages": 3})]  # the fitted tiles where BLOCK_CHANGES changes them by default
 
 
 try:
@@ -212,11 +208,10 @@ def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[st
         torch.cuda.synchronize()
         samples.append(clock.diff().cpu())
     steps = torch.stack(samples[3:]).median(0).values.double() / 1e3
-    kinds, prologue = decoder.kinds(tokens), decoder.prologue(tokens)  # (a folded forward's step 0 first)
-    per_phase = steps[prologue:-1].view(decoder.layers, len(kinds)).mean(0).tolist()
+    kinds = decoder.kinds(tokens)
+    per_phase = steps[:-1].view(decoder.layers, len(kinds)).mean(0).tolist()
     names = [(POST_PHASE_NAMES if decoder.w.post else PHASE_NAMES)[kind] for kind in kinds]
-    first = {"step 0": float(steps[0])} if prologue else {}
-    return {**first, **dict(zip(names, per_phase)), "final norm": float(steps[-1]), "total": float(steps.sum())}
+    return {**dict(zip(names, per_phase)), "final norm": float(steps[-1]), "total": float(steps.sum())}
 
 
 def forwards(model, decoder, backend, meta) -> dict:

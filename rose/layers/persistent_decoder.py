@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import torch
 
 from rose.layers.persistent_models import shapes, stack, unsupported
-from rose.layers.persistent_tiles import BLOCK_CHANGES, FOLDS, PREFETCHES, Tiles, block_tiles, fit_tiles
+from rose.layers.persistent_tiles import BLOCK_CHANGES, PREFETCHES, Tiles, block_tiles, fit_tiles
 from rose.persistent_routing import MAX_TOKENS
 
 try:
@@ -80,11 +80,10 @@ POST_PHASE_NAMES = ("out add+LN", "qkv", "attention", "o", "attn add+LN", "up+GE
 HEADS_KIND = 7
 
 
-def layer_kinds(heads: bool, fold: bool = False) -> tuple[int, ...]:
+def layer_kinds(heads: bool) -> tuple[int, ...]:
     """A layer's phases in the kernel's order, by kind (PHASE_NAMES): with the heads step (Tiles.heads) its 8,
-    else 7 (attention computes its heads itself); folded (Tiles.fold) the two add + norms (kinds 0 and 4) left out."""
-    kinds = (0, 1, HEADS_KIND, 2, 3, 4, 5, 6) if heads else (0, 1, 2, 3, 4, 5, 6)
-    return tuple(k for k in kinds if k not in (0, 4)) if fold else kinds
+    else 7 (attention computes its heads itself)."""
+    return (0, 1, HEADS_KIND, 2, 3, 4, 5, 6) if heads else (0, 1, 2, 3, 4, 5, 6)
 
 
 SPIN_LIMIT = 1 << 21  # reads a barrier waits before it calls the grid stalled: ~1-2 s on the H200, ~1000 x a forward
@@ -125,12 +124,9 @@ class PersistentDecoder:
         if programs is None:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.programs = programs
-        # a slot a program, the stall word, and at the next power of two the counter form's word; a line on, the
-        # fold's count a column tile (zeroed with the barrier's words: one memset a launch)
-        self.flags = torch.zeros(flags_words(programs) + ARRIVALS_AFTER + self.hidden // 32, dtype=torch.int32,
-                                 device=device)
+        # a slot a program, the stall word, and at the next power of two the counter form's word
+        self.flags = torch.zeros(flags_words(programs), dtype=torch.int32, device=device)
         self.spins = SPIN_LIMIT
-        self._scaled: tuple[torch.Tensor, torch.Tensor] | None = None  # Tiles.fold "weights" (_scaled_weights)
 
     @property
     def tiles(self) -> Tiles:
@@ -192,26 +188,17 @@ class PersistentDecoder:
         return work.out
 
     def kinds(self, tokens: int) -> tuple[int, ...]:
-        """A layer's phases in order for a batch of `tokens`, by kind (layer_kinds: its token block's Tiles.heads and
-        Tiles.fold)."""
-        tiles = self.tiles_at(tokens)
-        return layer_kinds(tiles.heads, tiles.fold != "off")
-
-    def prologue(self, tokens: int) -> int:
-        """Steps before the first layer's: folded (Tiles.fold), step 0 writes the embeddings' sums of squares."""
-        return int(self.tiles_at(tokens).fold != "off")
+        """A layer's phases in order for a batch of `tokens`, by kind (layer_kinds: its token block's Tiles.heads)."""
+        return layer_kinds(self.tiles_at(tokens).heads)
 
     def steps(self, tokens: int) -> int:
-        """Steps of a forward over `tokens`: the prologue, a layer's phases (kinds) per layer, then the final norm."""
-        return self.prologue(tokens) + self.layers * len(self.kinds(tokens)) + 1
+        """Steps of a forward over `tokens`: a layer's phases (kinds) per layer, then the final norm."""
+        return self.layers * len(self.kinds(tokens)) + 1
 
     def step_kind(self, step: int, tokens: int) -> tuple[int, int]:
-        """(layer, kind) of a step of a forward over `tokens`; the final norm is (layers, 0), a folded forward's step
-        0 (0, 0)."""
-        kinds, first = self.kinds(tokens), self.prologue(tokens)
-        if step < first or step == self.steps(tokens) - 1:
-            return (0 if step < first else self.layers), 0
-        layer, phase = divmod(step - first, len(kinds))
+        """(layer, kind) of a step of a forward over `tokens`; the final norm is (layers, 0)."""
+        kinds = self.kinds(tokens)
+        layer, phase = divmod(step, len(kinds))
         return layer, kinds[phase]
 
     def from_ids(self, ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
@@ -246,8 +233,7 @@ class PersistentDecoder:
                          heads=new(t, self.qkv_size) if tiles.heads else residual[:1],  # (unread without)
                          attn=new(t, self.heads * d), od=new(tiles.split_od, t, self.hidden, dtype=torch.float32),
                          act=new(t, self.inner), out=new(t, self.hidden),
-                         rope=new(2, t, d // 2, dtype=torch.float32),
-                         ss=new(self.hidden // 32, t, dtype=torch.float32) if tiles.fold != "off" else None)
+                         rope=new(2, t, d // 2, dtype=torch.float32))
 
     def run(self, work: Workspace, first: int, last: int, persistent: bool = True,
             clock: torch.Tensor | None = None) -> None:
@@ -273,13 +259,8 @@ class PersistentDecoder:
         last = steps if last is None else last
         tiles, block_m = self.tiles_at(t), self.block_m(t)
         w = self.w
-        if tiles.fold != "off" and (w.post or w.layer_norm):
-            raise ValueError("Tiles.fold folds RMSNorm into a pre-norm decoder's GEMMs (Qwen3), not a post-norm "
-                             "LayerNorm encoder's")
-        ss = work.od if work.ss is None else work.ss  # (unread unless folded)
-        wqkv, wgu = self._scaled_weights() if tiles.fold == "weights" else (w.wqkv, w.wgu)
-        args = (work.residual, work.h, work.qkv, work.heads, work.attn, work.od, work.act, work.out, ss, wqkv, w.wo,
-                wgu, w.wd, w.bqkv, w.bo, w.bgu, w.bd, w.ln1, w.ln1b, w.ln2, w.ln2b, w.final, w.final_b, w.qn, w.kn,
+        args = (work.residual, work.h, work.qkv, work.heads, work.attn, work.od, work.act, work.out, w.wqkv, w.wo,
+                w.wgu, w.wd, w.bqkv, w.bo, w.bgu, w.bd, w.ln1, w.ln1b, w.ln2, w.ln2b, w.final, w.final_b, w.qn, w.kn,
                 work.positions, work.seq_ids, w.inv_freq, work.rope, self.flags,
                 self.flags if clock is None else clock, *self._embed_args(work), t, self.eps, self.scale, steps - 1)
         meta = {"H": self.hidden, "BLOCK_H": triton.next_power_of_2(self.hidden), "NH": self.heads,
@@ -294,18 +275,9 @@ class PersistentDecoder:
                 "PHASES": len(self.kinds(t)), "SPINS": self.spins, "STALL_EVERY": tiles.stall_every,
                 "HEADS": tiles.heads, "BR": tiles.head_rows,
                 "PREFETCH": 0 if INTERPRETED or w.wqkv.element_size() != 2 else PREFETCHES.index(tiles.prefetch),
-                "EMBED": work.ids is not None, "TYPES": w.token_types, "FOLD": FOLDS.index(tiles.fold),
-                "num_warps": tiles.warps, "num_stages": tiles.stages}
+                "EMBED": work.ids is not None, "TYPES": w.token_types, "num_warps": tiles.warps,
+                "num_stages": tiles.stages}
         return args, meta
-
-    def _scaled_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tiles.fold "weights": the QKV and gate-up weights with each column (K) scaled by the norm before them, w
-        of input_layernorm and post_attention_layernorm (rounded once; made on first use, then kept)."""
-        if self._scaled is None:
-            w = self.w
-            self._scaled = tuple((weight.float() * norm.float()[:, None, :]).to(weight.dtype)
-                                 for weight, norm in ((w.wqkv, w.ln1), (w.wgu, w.ln2)))
-        return self._scaled
 
     def _clock_kind(self, clock: torch.Tensor | None, persistent: bool, first: int, last: int, steps: int) -> int:
         """The kernel's CLOCK for `clock` (__call__) in a forward of `steps`: 0 none, 1 program 0's [steps + 1], 2
@@ -342,7 +314,6 @@ def flags_words(programs: int) -> int:
     return (1 << programs.bit_length()) + 1  # 1 << (n - 1).bit_length() is n's next power of two, n = programs + 1
 
 
-ARRIVALS_AFTER = 32  # the fold's counts start a 128-byte line after the barrier's words (the kernel's arrivals_ptr)
 FENCES = {"acquire": 2, "fence": 1, "counter": 4}  # Tiles.barrier -> grid_barrier's FENCE (compiled)
 
 
@@ -359,8 +330,7 @@ class Workspace:
     """One forward's buffers: the residual (updated in place), the norms' output h (the residual itself when
     post-norm), the QKV's and the o and down projections' float32 partials per slice of K ([slices, T, N]),
     attention's output, the MLP's activations (SiLU(gate) * up, or GELU(up)), the final norm's output, and the
-    RoPE table (float32 cos and sin [2, T, head_dim / 2]), the heads step's q, k and v [T, QKV] (Tiles.heads), and
-    folded the rows' sums of squares (Tiles.fold)."""
+    RoPE table (float32 cos and sin [2, T, head_dim / 2]), and the heads step's q, k and v [T, QKV] (Tiles.heads)."""
 
     residual: torch.Tensor
     positions: torch.Tensor
@@ -373,6 +343,5 @@ class Workspace:
     out: torch.Tensor
     rope: torch.Tensor
     heads: torch.Tensor
-    ss: torch.Tensor | None = None  # folded (Tiles.fold): the rows' sums of squares by column tile [hidden / 32, T]
     ids: torch.Tensor | None = None  # from_ids: step 0 embeds these (BERT), with these token types
     types: torch.Tensor | None = None

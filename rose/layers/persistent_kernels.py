@@ -5,7 +5,6 @@ import triton.language as tl
 
 from rose.layers.grid_sync import globaltimer, grid_barrier, sm_cycles
 from rose.layers.persistent_attention import _attention, _attention_ready, _heads, _rope_rows
-from rose.layers.persistent_fold import fold_tile, normed_block, rows_rstd, sum_squares_rows
 
 
 @triton.jit
@@ -117,24 +116,16 @@ def _embed_rows(ids_ptr, types_ptr, pos_ptr, wemb_ptr, temb_ptr, pemb_ptr, w_ptr
 
 @triton.jit
 def _gemm(a_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-          BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, ACT: tl.constexpr,
-          ss_ptr, g_ptr, eps, res_ptr, arrivals_ptr, NORM_IN: tl.constexpr, NORM_LOAD: tl.constexpr,
-          FOLD_OUT: tl.constexpr, BIAS: tl.constexpr):
+          BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, ACT: tl.constexpr):
     """a[T, K] @ w[N, K]^T, the work cut into (column tile, slice of K) items spread over the programs.
     ACT 0: dst [SPLIT, T, N] float32, item (tile, s) storing the s-th slice's partial product (the phase that
     reads dst sums the slices and adds a bias). ACT 1 (SPLIT 1): w is [2N, K] (gate rows, then up rows) and
     dst [T, N] = SiLU(a @ gate^T) * (a @ up^T) in dst's dtype, each product rounded first as the unfused path
-    does. ACT 2 (SPLIT 1): dst = GELU(a @ w^T + b) (erf), the product rounded first. Tiles.fold
-    (rose.layers.persistent_fold): NORM_IN (the slots of sums of squares, ss [NORM_IN, T]) a is the residual, normed
-    with weight g as it is loaded (NORM_LOAD), or its product scaled by the rows' 1 / RMS (w's columns already scaled
-    by the norm's weight); FOLD_OUT (ACT 0) each tile's last item adds the slices into res_ptr and writes the rows'
-    sums of squares."""
+    does. ACT 2 (SPLIT 1): dst = GELU(a @ w^T + b) (erf), the product rounded first."""
     KS: tl.constexpr = K // SPLIT
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BK)
     row_ok = rm < T
-    if NORM_IN:
-        rstd = rows_rstd(ss_ptr, rm, row_ok, T, eps, K, NORM_IN)
     for item in range(pid, (N // BN) * SPLIT, nprog):
         tile = item // SPLIT
         k_lo = (item % SPLIT) * KS
@@ -144,18 +135,12 @@ def _gemm(a_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.co
         for k0 in range(k_lo, k_lo + KS, BK):
             a = tl.load(a_ptr + rm[:, None] * K + k0 + rk[None, :], mask=row_ok[:, None], other=0.0,
                         cache_modifier=".cg")
-            if NORM_IN and NORM_LOAD:
-                a = normed_block(a, rstd, g_ptr, k0, BK)
             w = tl.load(w_ptr + rn[:, None] * K + k0 + rk[None, :])
             acc = tl.dot(a, tl.trans(w), acc)
             if ACT == 1:
                 u = tl.load(w_ptr + (rn[:, None] + N) * K + k0 + rk[None, :])
                 acc_up = tl.dot(a, tl.trans(u), acc_up)
         dt = dst_ptr.dtype.element_ty
-        if NORM_IN and not NORM_LOAD:  # RMSNorm's 1 / RMS as a row scale (its weight is in w)
-            acc *= rstd[:, None]
-            if ACT == 1:
-                acc_up *= rstd[:, None]
         if ACT == 1:
             g = acc.to(dt).to(tl.float32)
             y = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)
@@ -167,14 +152,11 @@ def _gemm(a_ptr, w_ptr, b_ptr, dst_ptr, T, pid, nprog, N: tl.constexpr, K: tl.co
         else:
             part = dst_ptr + (item % SPLIT) * T * N
             tl.store(part + rm[:, None] * N + rn[None, :], acc, mask=row_ok[:, None])
-            if FOLD_OUT:
-                fold_tile(dst_ptr, b_ptr, res_ptr, ss_ptr, arrivals_ptr, tile, rm, rn, row_ok, T, N, BLOCK_M, BN,
-                          SPLIT, BIAS)
 
 # One compile per token block, not per count; nor per alignment of positions and sequence ids, views into a packed
 # buffer that are 16-byte aligned only for an even count (warm-up's own tensors always are)
 @triton.jit(do_not_specialize=["T", "final", "first", "last"], do_not_specialize_on_alignment=["pos_ptr", "seq_ptr"])
-def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr, out_ptr, ss_ptr,
+def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr, out_ptr,
                    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, bqkv_ptr, bo_ptr, bgu_ptr, bd_ptr,
                    ln1_ptr, ln1b_ptr, ln2_ptr, ln2b_ptr, fin_ptr, finb_ptr, qn_ptr, kn_ptr,
                    pos_ptr, seq_ptr, inv_freq_ptr, rope_ptr, flags_ptr, clock_ptr,
@@ -188,7 +170,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
                    ACT: tl.constexpr, ROPE: tl.constexpr, NPROG_P2: tl.constexpr, CLOCK: tl.constexpr,
                    PERSISTENT: tl.constexpr, FENCE: tl.constexpr, PHASES: tl.constexpr, SPINS: tl.constexpr,
                    PREFETCH: tl.constexpr, EMBED: tl.constexpr, TYPES: tl.constexpr, HEADS: tl.constexpr,
-                   BR: tl.constexpr, STALL_EVERY: tl.constexpr, FOLD: tl.constexpr):
+                   BR: tl.constexpr, STALL_EVERY: tl.constexpr):
     """Steps [first, last) of the decoder: step = layer * PHASES + phase (module docstring); the step after the
     last layer's is the final norm. HEADS (PHASES 8): the heads step (_heads) is the third step of a layer and
     attention over its ready heads the fourth, the later ones a step on; `phase` below holds the step's kind
@@ -205,10 +187,7 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
     phase's weights are asked into L2 a phase early, where no weights stream (the norms for the QKV and gate-up,
     attention for o) or after the gate-up's own work (for down); 2 ("idle"): the same phases but down's, by the
     programs with no work in them (_prefetch_lines); 3 ("first"): only each item's first K step, down's too, by
-    the programs with no item in the gate-up. FOLD (Tiles.fold, rose.layers.persistent_fold; 1 "load", 2 "weights"):
-    a layer's steps are its kinds but the two add + norms (PHASES 6, or 5 without the heads step) after a step 0 that
-    writes the embeddings' sums of squares into ss_ptr; the final step norms the residual, the last down having added
-    into it."""
+    the programs with no item in the gate-up."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     D: tl.constexpr = 2 * HALF
@@ -217,41 +196,27 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
     if CLOCK == 1 and pid == 0:
         tl.store(clock_ptr + first, globaltimer())
     passed = 0  # barriers passed in this launch (BERT's step 0 without the embeddings has none)
-    arrivals_ptr = flags_ptr + NPROG_P2 + 32  # the fold's counts a column tile (a line after the barrier's words)
-    NT_O: tl.constexpr = H // BN_O  # the fold's slots of sums of squares a row: the o's column tiles, the down's
-    NT_D: tl.constexpr = H // BN_D
     for step in range(first, last):
         if CLOCK == 2:
             slot = clock_ptr + (tl.cast(step, tl.int64) * nprog + pid) * 4
             tl.store(slot, globaltimer())
             tl.store(slot + 2, sm_cycles())
-        if FOLD:  # step 0 and the final norm of kind 0; between them the layers' steps, kinds 4 and 0 left out
-            inner = tl.maximum(step - 1, 0)
-            layer = tl.cast(inner // PHASES, tl.int64)
-            phase = inner % PHASES + 1
-            if HEADS:
-                phase = tl.where(phase == 2, 7, tl.where(phase > 2, phase - 1, phase))
-            phase = tl.where((phase >= 4) & (phase < 7), phase + 1, phase)
-            phase = tl.where((step == 0) | (step == final), 0, phase)
-        else:
-            layer = tl.cast(step // PHASES, tl.int64)
-            phase = step % PHASES
-            if HEADS and phase >= 2:  # the same kinds of work with and without the heads step: 7 is the heads step
-                phase = tl.where(phase == 2, 7, phase - 1)
+        layer = tl.cast(step // PHASES, tl.int64)
+        phase = step % PHASES
+        if HEADS and phase >= 2:  # the same kinds of work with and without the heads step: 7 is the heads step
+            phase = tl.where(phase == 2, 7, phase - 1)
         if phase == 0:
             if step == final:
                 stalled = tl.load(flags_ptr + nprog, volatile=True) != 0
                 _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, fin_ptr, finb_ptr, out_ptr, T, pid, nprog,
-                           eps, FOLD == 0, stalled, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
+                           eps, True, stalled, H, BLOCK_H, S_OD, LAYER_NORM, POST, BIAS)
             else:
                 if PREFETCH == 1:
                     _prefetch(wqkv_ptr + layer * (QKV_N * H), pid, nprog, QKV_N, H, BN_QKV, S_QKV, False)
                 elif PREFETCH >= 2:  # the rows' programs busy; 2 the whole weight, 3 each item's first K step
                     _prefetch_lines(wqkv_ptr + layer * (QKV_N * H), tl.minimum(T, nprog), pid, nprog, QKV_N, H,
                                     1 if PREFETCH == 2 else S_QKV, H if PREFETCH == 2 else BK)
-                if FOLD:  # step 0: the embeddings' sums of squares, for the first QKV to norm them as it loads them
-                    sum_squares_rows(res_ptr, ss_ptr, T, pid, nprog, H, BLOCK_H, NT_D)
-                elif POST:  # layer l - 1's output norm; at layer 0 the embeddings (EMBED), else they come normed
+                if POST:  # layer l - 1's output norm; at layer 0 the embeddings (EMBED), else they come normed
                     if layer > 0:
                         _norm_rows(res_ptr, od_ptr, bd_ptr + (layer - 1) * H, ln1_ptr + (layer - 1) * H,
                                    ln1b_ptr + (layer - 1) * H, h_ptr, T, pid, nprog, eps, True, False, H, BLOCK_H,
@@ -265,9 +230,8 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
                 if ROPE and step == 0:
                     _rope_rows(pos_ptr, inv_freq_ptr, rope_ptr, T, pid, nprog, attn_ptr.dtype.element_ty, HALF)
         elif phase == 1:
-            _gemm(res_ptr if FOLD else h_ptr, wqkv_ptr + layer * (QKV_N * H), bqkv_ptr, qkv_ptr, T, pid, nprog, QKV_N,
-                  H, BLOCK_M, BN_QKV, BK, S_QKV, 0, ss_ptr, ln1_ptr + layer * H, eps, res_ptr, arrivals_ptr,
-                  NT_D if FOLD else 0, FOLD == 1, False, False)
+            _gemm(h_ptr, wqkv_ptr + layer * (QKV_N * H), bqkv_ptr, qkv_ptr, T, pid, nprog, QKV_N, H, BLOCK_M,
+                  BN_QKV, BK, S_QKV, 0)
         elif phase == 2:
             if PREFETCH == 1:
                 _prefetch(wo_ptr + layer * (H * NH * D), pid, nprog, H, NH * D, BN_O, S_OD, False)
@@ -281,8 +245,8 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
                            rope_ptr, seq_ptr, T, pid, nprog, eps, scale, NH, NKV, HALF, BLOCK_M, BQ, BKEY, CAUSAL,
                            S_QKV, BIAS, ROPE)
         elif phase == 3:
-            _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), bo_ptr + layer * H, od_ptr, T, pid, nprog, H, NH * D,
-                  BLOCK_M, BN_O, BK, S_OD, 0, ss_ptr, ln2_ptr, eps, res_ptr, arrivals_ptr, 0, False, FOLD > 0, BIAS)
+            _gemm(attn_ptr, wo_ptr + layer * (H * NH * D), bo_ptr, od_ptr, T, pid, nprog, H, NH * D, BLOCK_M,
+                  BN_O, BK, S_OD, 0)
         elif phase == 4:
             if PREFETCH == 1:
                 _prefetch(wgu_ptr + layer * (GU_N * H), pid, nprog, INNER, H, BN_GU, 1, ACT == 1)
@@ -295,14 +259,13 @@ def decoder_kernel(res_ptr, h_ptr, qkv_ptr, heads_ptr, attn_ptr, od_ptr, act_ptr
             if PREFETCH == 3:  # the gate-up's items busy (one a program): the rest ask for down's first K steps
                 _prefetch_lines(wd_ptr + layer * (H * INNER), tl.minimum(INNER // BN_GU, nprog), pid, nprog, H, INNER,
                                 S_OD, BK)
-            _gemm(res_ptr if FOLD else h_ptr, wgu_ptr + layer * (GU_N * H), bgu_ptr + layer * INNER, act_ptr, T,
-                  pid, nprog, INNER, H, BLOCK_M, BN_GU, BK, 1, ACT, ss_ptr, ln2_ptr + layer * H, eps, res_ptr,
-                  arrivals_ptr, NT_O if FOLD else 0, FOLD == 1, False, False)
+            _gemm(h_ptr, wgu_ptr + layer * (GU_N * H), bgu_ptr + layer * INNER, act_ptr, T, pid, nprog, INNER, H,
+                  BLOCK_M, BN_GU, BK, 1, ACT)
             if PREFETCH == 1:
                 _prefetch(wd_ptr + layer * (H * INNER), pid, nprog, H, INNER, BN_D, S_OD, False)
         elif phase == 6:
-            _gemm(act_ptr, wd_ptr + layer * (H * INNER), bd_ptr + layer * H, od_ptr, T, pid, nprog, H, INNER, BLOCK_M,
-                  BN_D, BK, S_OD, 0, ss_ptr, ln1_ptr, eps, res_ptr, arrivals_ptr, 0, False, FOLD > 0, BIAS)
+            _gemm(act_ptr, wd_ptr + layer * (H * INNER), bd_ptr, od_ptr, T, pid, nprog, H, INNER, BLOCK_M, BN_D,
+                  BK, S_OD, 0)
         else:
             _heads(qkv_ptr, bqkv_ptr + layer * QKV_N, heads_ptr, qn_ptr + layer * D, kn_ptr + layer * D, rope_ptr,
                    T, pid, nprog, eps, NH, NKV, HALF, BR, S_QKV, BIAS, ROPE)

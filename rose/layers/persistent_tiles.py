@@ -8,8 +8,7 @@ from dataclasses import dataclass, replace
 
 BARRIERS = ("acquire", "fence", "counter")  # the grid barrier's forms (rose.layers.grid_sync)
 PREFETCHES = ("off", "own", "idle", "first")  # who asks a GEMM phase's weights into L2 a phase early (Tiles.prefetch)
-FOLDS = ("off", "load", "weights")  # how the add + RMSNorm steps are folded into the GEMMs (Tiles.fold)
-WORDS = {"barrier": BARRIERS, "prefetch": PREFETCHES, "fold": FOLDS}  # the fields that take a word, and their words
+WORDS = {"barrier": BARRIERS, "prefetch": PREFETCHES}  # the fields that take a word, and their words
 
 
 @dataclass(frozen=True)
@@ -42,13 +41,6 @@ class Tiles:
     # the counter form's polls that also read the stall word: one in so many (a power of two; 64: a barrier 1.12 ->
     # 1.03 µs, a replay -0.007 to -0.014 ms at 16-128 tokens on an H100, NOTES "The barrier's counter form")
     stall_every: int = 64
-    # the two add + RMSNorm steps of a pre-norm layer folded away (rose.layers.persistent_fold): the o and down
-    # projections' last-arriving item of each column tile sums its slices into the residual and writes the rows' sums
-    # of squares for it, and the next GEMM (gate-up, the next layer's QKV) norms the rows: "load", as it loads them
-    # (w * round(x * rstd), rounded); "weights", by RMS in its epilogue, its weight's columns scaled by the norm's w
-    # (a second copy of the QKV and gate-up weights). A layer is two steps and two grid barriers shorter (Qwen3
-    # only: BERT's post-norm LayerNorm keeps its steps)
-    fold: str = "off"
 
     def check(self, hidden: int, qkv_size: int, q_size: int, inner: int) -> None:
         """Raise unless every projection's N is whole column tiles and its K whole slices of whole K steps

@@ -81,13 +81,6 @@ def main() -> int:
                 expected = model(meta, backend)
                 label = f"causal={causal} lens={lens} tokens={host.layout.tokens} hidden={hidden}"
                 failed += against(model, tiles, model.embed_tokens(meta.input_ids), meta, expected, label)
-                for fold in ("load", "weights") if lens != [1] else ():  # the add + norms folded into the GEMMs
-                    failed += against(model, dataclasses.replace(tiles, fold=fold), model.embed_tokens(
-                        meta.input_ids), meta, expected, f"{label} folded ({fold})")  # (Tiles.fold)
-                    if lens == [3, 9, 1, 6]:  # attention computing its own heads
-                        failed += against(model, dataclasses.replace(tiles, fold=fold, heads=False),
-                                          model.embed_tokens(meta.input_ids), meta, expected,
-                                          f"{label} folded ({fold}), own heads")
                 if lens in ([3, 9, 1, 6], [30, 12]):  # attention computing its own heads (no heads step)
                     failed += against(model, dataclasses.replace(tiles, heads=False), model.embed_tokens(
                         meta.input_ids), meta, expected, f"{label} own heads")
