@@ -17,7 +17,7 @@ from starlette.responses import Response
 from ivy.gateway import Gateway
 from ivy.inputs import sent_as_one
 from ivy.responses import TeiTokenizeResponse, TokenizeResponse
-from ivy.schemas import DecodeRequest, DetokenizeRequest, TeiTokenizeRequest, TokenizeRequest
+from ivy.token_schemas import DecodeRequest, DetokenizeRequest, TeiTokenizeRequest, TokenizeRequest
 from ivy.web import gateway_of, json_response, request_body
 
 router = APIRouter()

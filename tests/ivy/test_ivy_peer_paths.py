@@ -209,7 +209,7 @@ def test_decode_ids_are_checked_in_c_not_per_id_on_the_event_loop() -> None:
     and its `ids` were checked with a Python call or two per id: 2 MB of ids (a million) held the loop ~180 ms
     before any cap was checked, 18 times what the same ids cost /v1/embeddings (ivy.inputs._all_ints, in C).
     Now a few calls per sequence; an error still names the first bad element."""
-    from ivy.schemas import DecodeRequest
+    from ivy.token_schemas import DecodeRequest
 
     for ids in ([1] * 100_000, [[1] * 400] * 250):
         assert _python_calls(lambda ids=ids: DecodeRequest.model_validate({"ids": ids})) < 5_000, len(ids)
