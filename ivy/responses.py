@@ -75,10 +75,23 @@ class TeiRerankResult(BaseModel):
     text: str | None = Field(default=None, description="The text, with return_text.")
 
 
+class VoyageRerankResult(BaseModel):
+    """One of Voyage's rerank answers (`data`, by score): the document as a string, with return_documents only."""
+
+    index: int
+    relevance_score: float
+    document: str | None = None
+
+
 class RerankResponse(BaseModel):
+    """Cohere's, Jina's and vLLM's answer (`results`), with Voyage's beside it (`object` and `data`: the voyageai
+    SDK reads those), the same order and scores."""
+
     id: str
+    object: str = "list"
     model: str
     results: list[RerankResult]
+    data: list[VoyageRerankResult]
     usage: Usage
 
 

@@ -161,14 +161,13 @@ async def _rerank(request: Request, schema, route: str) -> Response:
         echo = body.return_documents
         if echo is None:  # vLLM returns every document, Jina by default; Cohere v2 has no such field
             echo = not cohere_v2
-        results = []
+        results, data = [], []
         for i in order:
             item = {"index": int(i), "relevance_score": float(scores[i])}
-            if echo:
-                item["document"] = {"text": documents[i]}
-            results.append(item)
-        return json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": gw.model_name, "results": results,
-                              "usage": usage(tokens)})
+            results.append({**item, "document": {"text": documents[i]}} if echo else item)
+            data.append({**item, "document": documents[i]} if body.return_documents else item)  # Voyage's shape
+        return json_response({"id": f"rerank-{uuid.uuid4().hex}", "object": "list", "model": gw.model_name,
+                              "results": results, "data": data, "usage": usage(tokens)})
 
 
 def _refuse_cohere_v1(body: RerankRequest, truncate: bool | None) -> None:

@@ -49,6 +49,21 @@ def test_rerank_top_n_objects_and_documents_by_default(client) -> None:
     # top_n 0 is vLLM's default, every document (tests/ivy/test_ivy_peer_paths.py)
 
 
+def test_rerank_answers_voyages_shape_beside(client) -> None:
+    """The voyageai SDK sends top_k and truncation, and reads `data` (each result's index and relevance_score) and
+    usage.total_tokens: they are in every answer beside `results`, the same order and scores; a document there (a
+    string, Voyage's) only with return_documents, as Voyage answers."""
+    body = client.post("/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": DOCS, "top_k": 2,
+                                           "truncation": True}).json()
+    assert body["object"] == "list" and len(body["data"]) == 2
+    assert [(d["index"], d["relevance_score"]) for d in body["data"]] == [
+        (r["index"], r["relevance_score"]) for r in body["results"]]
+    assert all("document" not in d for d in body["data"]) and body["usage"]["total_tokens"] > 0
+    echoed = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS, "return_documents": True}).json()
+    assert [d["document"] for d in echoed["data"]] == [DOCS[d["index"]] for d in echoed["data"]]
+    assert len(echoed["data"]) == len(DOCS)
+
+
 def test_score_one_against_many_and_pairwise(client) -> None:
     body = client.post("/v1/score", json={"text_1": QUERY, "text_2": DOCS}).json()
     assert [d["index"] for d in body["data"]] == [0, 1, 2, 3]
