@@ -106,7 +106,8 @@ async def score(request: Request) -> Response:
 async def rerank(request: Request) -> Response:
     """Documents ordered by relevance to the query: cosine, MaxSim (`scoring`; a BGE-M3 defaults to cosine, a
     multi-vector-only model to MaxSim) or the cross-encoder's score; `top_n` keeps the best n;
-    `return_documents` echoes each document as {"text": ...} (Cohere's and Jina's response shape)."""
+    `return_documents` echoes each document as {"text": ...} (Cohere's and Jina's response shape, `results`); beside
+    it Voyage's (`object` list and `data`, its document a string with return_documents only), which its SDK reads."""
     return await _rerank(request, RerankRequest, "/v1/rerank")
 
 

@@ -3,7 +3,8 @@
 Requests follow the APIs clients already use: OpenAI embeddings (plus TEI/vLLM-style extensions),
 Perplexity contextualized embeddings, vLLM's score and Cohere/Jina rerank. `input`-like fields are parsed
 by hand in ivy.inputs, so that errors name the exact element (`input[3]`) and the limit.
-vLLM's /pooling, whose request refuses many vLLM-only fields by name, has its models in ivy.pooling.
+vLLM's /pooling, whose request refuses many vLLM-only fields by name, has its models in ivy.pooling; the token
+routes' bodies (/tokenize, /detokenize, /decode) are in ivy.token_schemas.
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ class Completer:
                 if not isinstance(error, TulipError):  # what a launch raised (tulip.packing.FailedBatch)
                     error = self.device_check.error_for(error)
                 self._fail_jobs(item.jobs, error)
+                if item.slot:
+                    self._slots.release()
                 continue
             self._deliver(item)
 
@@ -103,8 +105,9 @@ class Completer:
 
     def _fail_jobs(self, jobs: list, error: BaseException) -> None:
         """Fail `jobs` with `error` and drop their sequences still queued (RELIABILITY 36): a request that
-        is answered with an error must not keep the device busy with the rest of its work. Runs before
-        the failed batch's slot is released, so the next batch cannot take those sequences."""
+        is answered with an error must not keep the device busy with the rest of its work. A batch's slot is
+        released after this (here, or by the launcher once it has dropped them itself: tulip.worker), so the
+        next batch cannot take those sequences."""
         handoff = Handoff()
         for job in jobs:
             self.queue.cancel(job)

@@ -8,7 +8,7 @@ said SERVING, and nothing would restart it. So after a batch fails (other than o
 `device_ok()` runs a tiny step on the device (on the completer's thread: a launch that raised is handed to it,
 so the event loop never waits on the device); when that fails too, the device is lost: the failed batch, and every
 request after it, is answered DeviceLost (UNAVAILABLE, which Ivy retries on another replica; those still queued at
-once, none launched onto the dead device: tulip.worker), and `on_lost` tells the server, which refuses new work,
+once, none launched once the loss is known: tulip.worker), and `on_lost` tells the server, which refuses new work,
 drains and exits with status 3 for the orchestrator to restart it. An engine without `device_ok` (a fake, a CPU
 engine) is never found lost.
 """

@@ -53,11 +53,14 @@ class Launched:
 
 @dataclass
 class FailedBatch:
-    """Jobs to fail (a launch failed, or their deadline passed in the queue): `error` a TulipError, or what the
-    launch raised, which the completer maps (tulip.device_check: a probe of the device, on its thread alone)."""
+    """Jobs to fail (a launch failed, their deadline passed in the queue, or the device is lost: requests waiting
+    or taken but not launched): `error` a TulipError, or what the launch raised, which the completer maps
+    (tulip.device_check: a probe of the device, on its thread alone). `slot`: the batch's launch slot, which the
+    completer frees once the jobs are failed (after the probe: no batch is launched while it asks)."""
 
     jobs: list
     error: BaseException
+    slot: bool = False
 
 
 def jobs_of(sequences: list[QueuedSequence]) -> list:

@@ -126,17 +126,13 @@ class SequenceQueue(LanePacker):
         owns and the unowned ones), packing none, and return them for its completer to fail at once. The other
         worker's requests stay for it."""
         with self._cond:
-            dropped: dict[int, Ticket] = {}
-            for flows in self._lanes:
-                for key, flow in list(flows.items()):
-                    for ticket in {id(s.ticket): s.ticket for s in flow if not s.ticket.cancelled}.values():
-                        if ticket.owner in (None, who):
-                            ticket.owner = who  # its completer alone settles it
-                            self._drop_locked(ticket)
-                            dropped[id(ticket)] = ticket
-                    if not flow:
-                        del flows[key]
-            return list(dropped.values())
+            dropped = [ticket for flows in self._lanes for flow in list(flows.values())
+                       for ticket in {id(s.ticket): s.ticket for s in flow if not s.ticket.cancelled}.values()
+                       if ticket.owner in (None, who)]
+            for ticket in dropped:
+                ticket.owner = who  # its completer alone settles it
+                self._discard_locked(ticket)
+            return dropped
 
     def wake(self) -> None:
         """Wake the main launcher (after a push with wake=False that take_parked did not follow)."""
@@ -147,14 +143,20 @@ class SequenceQueue(LanePacker):
         """Drop a request's queued sequences (client gone or deadline hit): they free queue space and leave
         the lanes now (_drop_locked), and never reach the engine."""
         with self._cond:
-            self._drop_locked(ticket)
-            flows = self._lanes[ticket.lane]
-            key = ticket.flow or ticket
-            if key in flows and not flows[key]:
-                del flows[key]  # the packer, which removes the flows it empties, is not walking them now
-            if self.express_tokens:  # a dropped head may uncover a request the other worker takes
-                self._cond.notify()
-                self._express_cond.notify()
+            self._discard_locked(ticket)
+
+    def _discard_locked(self, ticket: Ticket) -> None:
+        """cancel and drop_waiting's work, under the lock: drop the ticket (_drop_locked), remove its flow if that
+        emptied it (the packer, which removes the flows it empties, is not walking them now), and wake the workers
+        when the drop may uncover a request the other one takes."""
+        self._drop_locked(ticket)
+        flows = self._lanes[ticket.lane]
+        key = ticket.flow or ticket
+        if key in flows and not flows[key]:
+            del flows[key]
+        if self.express_tokens:
+            self._cond.notify()
+            self._express_cond.notify()
 
     # -- consumer side (launcher thread) --------------------------------------------------------
 

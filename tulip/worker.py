@@ -23,9 +23,10 @@ requests/s); there the launcher's wake-up gathers them, and everything goes thro
 same reason a launcher woken while an inline batch runs paces first (REHOLD: holds until shortly before
 that batch ends) and takes what arrived meanwhile as one batch behind it.
 Only the completer touches Job state, so a Job needs no lock. Engine errors fail only that batch's jobs,
-and drop those jobs' sequences still queued. Once the device is lost (tulip.device_check) nothing more is launched:
-what waits is answered DeviceLost at once, unpacked, and so is a batch taken but not yet launched. The completer's
-half is tulip.completer; this module is the launcher's.
+and drop those jobs' sequences still queued. Once the device is known lost (tulip.device_check) nothing more is
+launched: what waits is answered DeviceLost at once, unpacked, and so is a batch taken but not yet launched (a
+launch that raised keeps its slot until the completer has probed the device). The completer's half is
+tulip.completer; this module is the launcher's.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import time
 
 from tulip.completer import STOP, Completer
 from tulip.device_check import DeviceCheck
-from tulip.errors import DeadlineExpired
+from tulip.errors import DeadlineExpired, TulipError
 from tulip.pacing import BusySpans, DeviceClock, DeviceTimes
 from tulip.packing import FailedBatch, Launched, build_batch, jobs_of
 from tulip.scheduler import BULK, EXPRESS, MAIN, REHOLD, PackedBatch, SequenceQueue
@@ -188,14 +189,18 @@ class Worker(Completer):
 
     def _fail_unlaunched(self, packed: PackedBatch, error: BaseException) -> None:
         """A taken batch that never reached the device (its launch raised, or the device is lost): its requests
-        fail on the completer with `error`, their other sequences leave the queue, its slot frees."""
+        fail on the completer with `error`, their other sequences leave the queue. Its slot frees here when the
+        error is known (a TulipError), else on the completer after it probed the device, so that no batch is
+        launched while the probe asks whether the device still runs."""
         jobs = jobs_of(packed.sequences)
         for job in jobs:  # before the slot frees: the next batch must not take their other sequences
             self.queue.cancel(job)
         if packed.lane_tokens[BULK]:
             self.queue.bulk_done()  # it never reached the device
-        self._launched.put(FailedBatch(jobs, error))
-        self._slots.release()
+        known = isinstance(error, TulipError)
+        self._launched.put(FailedBatch(jobs, error, slot=not known))
+        if known:
+            self._slots.release()
 
     def _fail_waiting(self) -> None:
         """The device is lost (tulip.device_check): every request waiting for this worker is answered DeviceLost at
@@ -233,6 +238,8 @@ class Worker(Completer):
                 return packed
             if self._inflight:
                 continue
+            if self.device_check.lost is not None:  # lost while this worker waited: nothing more on the device
+                break
             try:
                 captured = capture()
             except Exception:  # it would fail again at every idle moment: stop trying, keep serving

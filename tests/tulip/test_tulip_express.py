@@ -294,3 +294,24 @@ def test_a_failing_express_batch_fails_its_request_only(where) -> None:
         engine.release(10)
         assert bulk.result().rows == 1
         wait_until(lambda: s.server.queue._bulk_inflight == 0, what="bulk accounted as done")
+
+
+def test_requests_dropped_for_a_lost_device_wake_the_worker_whose_request_they_uncover() -> None:
+    """RELIABILITY 62: once the device is lost the main worker drops what waits for it (drop_waiting); a chunk the
+    express worker owns behind one of them, in the same flow, is then at the head, and the express launcher,
+    waiting with no timeout because the main worker's chunk was there, is woken to take it (as cancel wakes it)."""
+    q = express_queue(express_tokens=10)
+    push(q, BULK, 10, marker=500)
+    assert markers(q.next_batch(timeout=0)) == [500]  # bulk on the device: express time
+    mains, theirs = push_flow(q, "req-1", 10, marker=1), push_flow(q, "req-1", 10, marker=3)
+    mains.owner, theirs.owner = MAIN, EXPRESS
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(q.next_express()), daemon=True)  # only a wake-up ends it
+    waiting.start()
+    wait_until(lambda: q._express_cond._waiters, what="the express launcher waiting")  # main's chunk at the head
+    assert q.drop_waiting(MAIN) == [mains]
+    waiting.join(10)
+    stranded = waiting.is_alive()
+    q.close()  # frees the thread if it was stranded
+    assert not stranded, "the express launcher was never woken for the request it takes"
+    assert markers(got[0]) == [3]

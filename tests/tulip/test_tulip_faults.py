@@ -138,6 +138,44 @@ def test_a_batch_taken_before_the_device_was_lost_is_failed_not_launched() -> No
     assert engine.launch_attempts == [] and worker._slots.acquire(blocking=False)
 
 
+def test_a_launch_that_raised_keeps_its_slot_until_the_completer_has_probed_the_device() -> None:
+    """RELIABILITY 62: a launch that raised (not an error Tulip knows) hands its slot to the completer, which frees it
+    only after the probe has said whether the device still runs, so the launcher cannot launch the next batch onto
+    a device that may be lost while the probe asks (before, the launcher freed it at once)."""
+    from tulip.completer import STOP
+    from tulip.packing import FailedBatch
+    from tulip.scheduler import QueuedSequence, SequenceQueue, Ticket
+    from tulip.worker import Worker
+
+    class RaisingEngine(FakeEngine):
+        def step(self, batch, express: bool = False):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        def device_ok(self) -> bool:
+            assert not worker._slots.acquire(blocking=False), "the slot freed before the probe asked"
+            probes.append(True)
+            return True
+
+    class Failing(Ticket):
+        def fail(self, error, handoff) -> None:
+            failures.append(error)
+
+    probes, failures = [], []
+    queue = SequenceQueue(max_batch_tokens=32, max_batch_seqs=4, max_queue_tokens=1024)
+    worker = Worker(RaisingEngine(), queue, max_inflight=1)  # threads not started: the test is both of them
+    ticket = Failing()
+    queue.push(ticket, [QueuedSequence(ticket=ticket, tokens=np.full(8, 7, np.int32),
+                                       spans=np.array([[0, 8]], np.int32), rows=np.array([0]))])
+    worker._slots.acquire()
+    worker._run(queue.next_batch(timeout=0))
+    failed = worker._launched.get_nowait()
+    assert isinstance(failed, FailedBatch) and failed.slot and not worker._slots.acquire(blocking=False)
+    worker._launched.put(failed)
+    worker._launched.put(STOP)
+    worker._complete_loop()  # the completer: maps the error (the probe), fails the request, then frees the slot
+    assert probes == [True] and len(failures) == 1 and worker._slots.acquire(blocking=False)
+
+
 def test_the_device_is_probed_on_the_completer_and_a_probe_that_raises_means_lost() -> None:
     """RELIABILITY 62: a launch that raised (on the event loop, for an inline launch) is probed on the completer's
     thread, never the loop's; a failure whose probe finds the device running stays the batch's own (INTERNAL), and
@@ -278,3 +316,32 @@ def test_busy_spans_settle_what_is_older_than_their_horizon() -> None:
     assert 8.0 < settled_to < 9.0 and settled_s == pytest.approx(0.05 * round(settled_to / 0.1 + 0.5))
     spans.add(0.0, 10.0)  # the settled past is not counted again: it covers the rest from the settled time on
     assert spans.total() == pytest.approx(settled_s + 10.0 - settled_to)
+
+
+def test_idle_capture_never_runs_once_the_device_is_lost() -> None:
+    """RELIABILITY 62: the device lost while the launcher waited for work with idle capture on (the failed batch
+    already delivered): no graph is captured on it (its CUDA calls could hang); the launcher waits for work as
+    without idle capture."""
+    from tulip.scheduler import SequenceQueue
+    from tulip.worker import Worker
+
+    captures = []
+
+    class CapturingEngine(FakeEngine):
+        def capture_pending(self) -> bool:
+            captures.append(True)
+            return True
+
+    queue = SequenceQueue(max_batch_tokens=32, max_batch_seqs=4, max_queue_tokens=1024)
+    worker = Worker(CapturingEngine(), queue, max_inflight=1, idle_capture_s=0.001)  # threads not started
+    waits = iter(["lost while it waited", "closed"])
+
+    def next_batch(timeout=None, rehold=None):
+        if next(waits) == "closed":
+            queue.close()
+            return None
+        worker.device_check.lost = "RuntimeError: CUDA error: an illegal memory access was encountered"
+        return None  # the idle wait timed out
+
+    queue.next_batch = next_batch
+    assert worker._next_batch() is None and captures == []
