@@ -229,77 +229,82 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         for tulip in tulips:
             tulip.stop(timeout=max(60.0, tulip_drain_s() + 5))
 
-    deadline = time.monotonic() + up.startup_timeout_s
-    serving: set[str] = set()
-    while True:
-        for child in children:
-            if child.exited() is not None:
-                print(child.failure("during startup"), file=sys.stderr, flush=True)
+    try:
+        deadline = time.monotonic() + up.startup_timeout_s
+        serving: set[str] = set()
+        while True:
+            for child in children:
+                if child.exited() is not None:
+                    print(child.failure("during startup"), file=sys.stderr, flush=True)
+                    shutdown()
+                    return 1
+            if stop.is_set():
+                # A stop asked for and carried out exits 0 whichever signal asked and whether ready or not, as
+                # `tulip serve` does on SIGTERM / SIGINT while loading or serving (and the gateway): supervisors
+                # (systemd, Docker, the benchmarks' harness) read a routine stop as a success. Not 128 + signal:
+                # that would mark every stop a failure; failures (a child's exit, a refusal, a timeout) exit 1.
+                print("ivy up: stopping before ready", file=sys.stderr, flush=True)
+                shutdown()
+                return 0
+            serving |= {a for a in addresses if a not in serving and _tulip_serving(a)}
+            if len(serving) == len(addresses):
+                ready, mismatch = _ivy_ready(url)
+                if ready:
+                    break
+                if mismatch:
+                    print(f"ivy up: the gateway refuses the replicas: {mismatch}; stopping", file=sys.stderr,
+                          flush=True)
+                    shutdown()
+                    return 1
+            if time.monotonic() > deadline:
+                print(f"ivy up: not ready after {up.startup_timeout_s:.0f} s (Tulips serving: {len(serving)}/"
+                      f"{len(addresses)}); stopping", file=sys.stderr, flush=True)
                 shutdown()
                 return 1
-        if stop.is_set():
-            # A stop asked for and carried out exits 0 whichever signal asked and whether ready or not, as
-            # `tulip serve` does on SIGTERM / SIGINT while loading or serving (and the gateway): supervisors
-            # (systemd, Docker, the benchmarks' harness) read a routine stop as a success. Not 128 + signal:
-            # that would mark every stop a failure; failures (a child's exit, a refusal, a timeout) exit 1.
-            print("ivy up: stopping before ready", file=sys.stderr, flush=True)
-            shutdown()
-            return 0
-        serving |= {a for a in addresses if a not in serving and _tulip_serving(a)}
-        if len(serving) == len(addresses):
-            ready, mismatch = _ivy_ready(url)
-            if ready:
-                break
-            if mismatch:
-                print(f"ivy up: the gateway refuses the replicas: {mismatch}; stopping", file=sys.stderr, flush=True)
-                shutdown()
-                return 1
-        if time.monotonic() > deadline:
-            print(f"ivy up: not ready after {up.startup_timeout_s:.0f} s (Tulips serving: {len(serving)}/"
-                  f"{len(addresses)}); stopping", file=sys.stderr, flush=True)
-            shutdown()
-            return 1
-        stop.wait(0.25)
+            stop.wait(0.25)
 
-    controller = None
-    if warm:
-        controller = up_warm_cores.start(counters, up.warm_cores, up.warm_cores_hold_s)
-        if controller is not None:
-            spinners.extend(controller.loops)
-    _print_banner(url, config, addresses, metrics_urls)
-    restarts = Restarts(len(tulips), TULIP_RESTARTS, time.monotonic())
-    while not stop.wait(warm_cores.POLL_S if controller else 0.5):
-        now = time.monotonic()
-        if controller is not None:
-            controller.tick(now)
-        for k, tulip in enumerate(tulips):  # a Tulip that failed while serving (its GPU lost, a crash): a new one
-            code = tulip.exited()
-            if code in (None, 0) or k in restarts.gone:
-                continue
-            if restarts.due[k] is None:
-                why = f"lost its GPU (exit {code})" if code == DEVICE_LOST_EXIT else f"exited with code {code}"
-                delay = restarts.failed(k, now)
-                then = f"giving it up after {TULIP_RESTARTS} restarts" if delay is None else \
-                    f"starting it again in {delay:g} s ({restarts.count[k]} of {TULIP_RESTARTS})"
-                print(f"{tulip.failure('while serving')}\nivy up: {tulip.name} {why}; {then}", file=sys.stderr,
-                      flush=True)
-            elif now >= restarts.due[k]:
-                tulips[k] = start_tulip(k, counters[k])  # its slot's counter, still read by the controller
-                restarts.started_again(k, now)
-        if len(restarts.gone) == len(tulips):
-            print("ivy up: no Tulip left serving; stopping", file=sys.stderr, flush=True)
-            shutdown()
-            return 1
-        waiting = {k for k, due in enumerate(restarts.due) if due is not None} | restarts.gone
-        children = [*(t for k, t in enumerate(tulips) if k not in waiting), gateway]
-        for child in children:
-            if child.exited() is not None:
-                print(child.failure("unexpectedly"), file=sys.stderr, flush=True)
+        controller = None
+        if warm:
+            controller = up_warm_cores.start(counters, up.warm_cores, up.warm_cores_hold_s)
+            if controller is not None:
+                spinners.extend(controller.loops)
+        _print_banner(url, config, addresses, metrics_urls)
+        restarts = Restarts(len(tulips), TULIP_RESTARTS, time.monotonic())
+        while not stop.wait(warm_cores.POLL_S if controller else 0.5):
+            now = time.monotonic()
+            if controller is not None:
+                controller.tick(now)
+            for k, tulip in enumerate(tulips):  # a Tulip that failed while serving (its GPU lost, a crash): a new one
+                code = tulip.exited()
+                if code in (None, 0) or k in restarts.gone:
+                    continue
+                if restarts.due[k] is None:
+                    why = f"lost its GPU (exit {code})" if code == DEVICE_LOST_EXIT else f"exited with code {code}"
+                    delay = restarts.failed(k, now)
+                    then = f"giving it up after {TULIP_RESTARTS} restarts" if delay is None else \
+                        f"starting it again in {delay:g} s ({restarts.count[k]} of {TULIP_RESTARTS})"
+                    print(f"{tulip.failure('while serving')}\nivy up: {tulip.name} {why}; {then}", file=sys.stderr,
+                          flush=True)
+                elif now >= restarts.due[k]:
+                    tulips[k] = start_tulip(k, counters[k])  # its slot's counter, still read by the controller
+                    restarts.started_again(k, now)
+            if len(restarts.gone) == len(tulips):
+                print("ivy up: no Tulip left serving; stopping", file=sys.stderr, flush=True)
                 shutdown()
                 return 1
-    print("ivy up: stopping", file=sys.stderr, flush=True)
-    shutdown()
-    return 0  # the same rule as a stop before ready (above)
+            waiting = {k for k, due in enumerate(restarts.due) if due is not None} | restarts.gone
+            children = [*(t for k, t in enumerate(tulips) if k not in waiting), gateway]
+            for child in children:
+                if child.exited() is not None:
+                    print(child.failure("unexpectedly"), file=sys.stderr, flush=True)
+                    shutdown()
+                    return 1
+        print("ivy up: stopping", file=sys.stderr, flush=True)
+        shutdown()
+        return 0  # the same rule as a stop before ready (above)
+    except BaseException:  # an unexpected error (a restart that cannot start): the children and the counters go too
+        shutdown()
+        raise
 
 
 def _banner_auth(config: IvyConfig, environ: Mapping[str, str]) -> str:

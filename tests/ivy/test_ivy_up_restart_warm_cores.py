@@ -100,3 +100,37 @@ def test_a_restarted_tulip_gets_the_counter_the_warm_cores_controller_reads(monk
     seen = [read() for read in controller.readers]
     restarted.counter.beat()  # the new process launches a batch
     assert [read() for read in controller.readers] != seen, "the controller does not see the restarted Tulip"
+
+
+def test_an_error_while_serving_stops_the_children_and_removes_the_counters(monkeypatch) -> None:
+    """An unexpected error in `ivy up`'s serving loop (here a restart whose process cannot be started) stops the
+    children and removes the counters' folder before it propagates (before, both were left behind)."""
+    started: list[RecordedTulip] = []
+    stopped: list[str] = []
+
+    def child(name: str, argv: list[str], env: dict[str, str]) -> RecordedTulip:
+        if name.startswith("tulip:") and started:
+            raise OSError("cannot start the Tulip again")
+        recorded = RecordedTulip(name, argv, env)
+        recorded.stop = lambda timeout, name=name: stopped.append(name)
+        if name.startswith("tulip:"):
+            started.append(recorded)
+        return recorded
+
+    def ready_then_lose_the_gpu(*_args) -> None:
+        started[0].code = DEVICE_LOST_EXIT
+
+    for name, fake in (("Child", child), ("_taken_port", lambda *a: ""), ("_port_free", lambda *a: True),
+                       ("_tulip_serving", lambda address: True), ("_ivy_ready", lambda url: (True, "")),
+                       ("_print_banner", ready_then_lose_the_gpu)):
+        monkeypatch.setattr(up, name, fake)
+    monkeypatch.setattr(up_warm_cores, "allowed", lambda mode, gpus: True)
+    monkeypatch.setattr(up_warm_cores, "start_loops", list)
+    monkeypatch.setattr(up.Restarts, "MAX_BACKOFF_S", 0.0)
+
+    config = up.UpConfig(gpus="0", tulip_port=free_port(), tulip_metrics_port=0, warm_cores="on")
+    with pytest.raises(OSError, match="cannot start the Tulip again"):
+        up.run_stack(IvyConfig(port=free_port(), workers=1), config)
+    folder = os.path.dirname(started[0].env["TULIP_ACTIVITY_FILE"])
+    assert not os.path.exists(folder), "the counters' folder was left behind"
+    assert "ivy" in stopped and any(name.startswith("tulip:") for name in stopped)
