@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ivy import (__version__, connections, docs, metrics, routes_classify, routes_cohere, routes_embeddings,
-                 routes_retrieval, routes_scoring, routes_tokenize)
+from ivy import (__version__, connections, docs, metrics, request_trace, routes_classify, routes_cohere,
+                 routes_embeddings, routes_retrieval, routes_scoring, routes_tokenize)
 from ivy.body import configure as configure_bodies
 from ivy.config import ENV_PREFIX, IvyConfig
 from ivy.errors import IvyError, Problem, from_validation_errors
@@ -83,7 +83,7 @@ def create_app(config: IvyConfig) -> FastAPI:
         # that is not allowed fails the whole browser request. Retry-After and X-Request-Id readable by scripts.
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"], expose_headers=["Retry-After", "X-Request-Id"])
-    app.add_middleware(metrics.RequestMetrics)
+    app.add_middleware(request_trace.RequestMetrics)
     if not config.cors_origins:  # CORS answers preflights and adds headers: its requests take the full stack
         app.serve_hot(routers)
     return app
@@ -104,7 +104,7 @@ class IvyApp(FastAPI):
     def serve_hot(self, routers) -> None:
         """POST at exactly these paths (no path parameters) skips the stack; under a root_path it does not."""
         self._hot = {r.path: r.endpoint for r in _post_routes(routers) if "{" not in r.path}
-        self._hot_app = metrics.RequestMetrics(self._serve_hot)
+        self._hot_app = request_trace.RequestMetrics(self._serve_hot)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def setup_logging(config: IvyConfig) -> None:
     """This process's logs in config.log_format, each JSON line with the request id being served."""
-    from ivy.metrics import REQUEST_ID
+    from ivy.request_trace import REQUEST_ID
 
     log_format.setup(config.log_level, config.log_format, "ivy", lambda: {"request_id": REQUEST_ID.get()},
                      access_log=config.access_log)

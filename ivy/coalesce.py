@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ivy import metrics
+from ivy import metrics, request_trace
 from ivy.encode import checked_rows, embed_request
 from ivy.errors import IvyError, Problem
 from protos import embed_pb2
@@ -48,7 +48,8 @@ class _Member:
     deadline: float
     request_id: str
     future: asyncio.Future
-    response: embed_pb2.EmbedResponse | None = None  # the shared call's (its cold flag and timings: metrics.note_backend)
+    # the shared call's (its cold flag and timings: request_trace.note_backend)
+    response: embed_pb2.EmbedResponse | None = None
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Coalescer:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 rows = await asyncio.shield(member.future)
             if member.response is not None:
-                metrics.note_backend(member.response)
+                request_trace.note_backend(member.response)
             return rows
         except TimeoutError:
             raise IvyError(Problem.DEADLINE_EXCEEDED, "the request did not finish within its deadline") from None

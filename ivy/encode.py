@@ -61,7 +61,7 @@ def embed_request(seqs: Sequence[Sequence[int]], tokens: int, *, dimensions: int
     """One Embed call's request: `seqs` (holding `tokens` ids) packed little-endian int32, with optional
     (sequence, start, end) span triples and token types (one uint8 per id, cross-encoder pairs); `output`: which
     of the model's outputs (rose.spec ModelSpec.outputs; "" = its first); `flow`: the calls that share it wait as one
-    request in Tulip's queue (ivy.metrics.request_flow; "" = this call alone)."""
+    request in Tulip's queue (ivy.request_trace.request_flow; "" = this call alone)."""
     req = embed_pb2.EmbedRequest(
         token_ids=packed_ids(seqs, tokens),
         seq_lens=np.fromiter(map(len, seqs), dtype="<i4", count=len(seqs)).tobytes(),

@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ivy import metrics
+from ivy import metrics, request_trace
 from ivy.body import M, read_model
 from ivy.chunking import plan_chunks
 from ivy.client_slots import CLIENT, ClientSlots, client_of
@@ -65,7 +65,7 @@ class Gateway:
         self.encoder = InputEncoder(
             self.spec, self.tokenizer, threads=threads,
             char_cap=config.char_cap(self.spec.max_length), query_prefix=config.query_prefix,
-            document_prefix=config.document_prefix, observe=metrics.observe_tokenize,
+            document_prefix=config.document_prefix, observe=request_trace.observe_tokenize,
             inline_chars=config.tokenize_inline_chars, warm_inline=config.tokenize_warm_inline,
             split_chars=config.tokenize_split_chars,
             piece_chars=config.tokenize_piece_chars)
@@ -241,14 +241,14 @@ class Gateway:
         chunks = plan_chunks(lengths, rows_per_seq, self.config.chunk_max_tokens, self.config.chunk_max_seqs)
         if not await self.pool.any_serving_now(deadline):
             raise IvyError(Problem.UNAVAILABLE, "no model replica is available; retry later")
-        request_id = metrics.REQUEST_ID.get() or uuid.uuid4().hex
+        request_id = request_trace.REQUEST_ID.get() or uuid.uuid4().hex
         if (self.coalescer is not None and spans is None and token_types is None and not output and len(chunks) == 1
                 and (self.coalescer.has_open_group() or self.pool.busy())  # alone: straight out, no extra turn
                 and not self.pool.all_framed()):  # framed calls are cheap: each request its own (ivy/coalesce.py)
             return await self.coalescer.embed(sequences, chunks[0].tokens, deadline=deadline, dimensions=dimensions,
                                               normalize=normalize, encoding=encoding, request_id=request_id,
                                               lane=wire_lane)
-        flow = metrics.request_flow()
+        flow = request_trace.request_flow()
         requests = [embed_request(sequences[c.first: c.first + c.count], c.tokens, dimensions=dimensions,
                                   normalize=normalize, encoding=encoding, request_id=request_id, flow=flow,
                                   lane=wire_lane,
@@ -262,7 +262,7 @@ class Gateway:
             calls = [lambda r=r, c=c: self.pool.call(r, c.tokens, deadline) for r, c in zip(requests, chunks)]
             results = await _gather_or_fail(calls, self.chunks_in_flight())
         for response in results:
-            metrics.note_backend(response)
+            request_trace.note_backend(response)
         parts = [checked_rows(response, c.rows) for c, response in zip(chunks, results)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 

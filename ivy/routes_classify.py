@@ -23,7 +23,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ivy import metrics
+from ivy import request_trace
 from ivy.gateway import Gateway
 from ivy.inputs import PredictInputs
 from ivy.pooling import input_truncation
@@ -65,7 +65,7 @@ async def tei_predict(request: Request) -> Response:
         labels = head.labels or (RERANKER_LABEL,)
         answers = [[{"score": float(row[j]), "label": labels[j]} for j in np.argsort(row, kind="stable")[::-1]]
                    for row in scores]
-        metrics.count_usage("/predict", len(seqs), sum(map(len, seqs)))  # counted once answered 2xx
+        request_trace.count_usage("/predict", len(seqs), sum(map(len, seqs)))  # counted once answered 2xx
         return json_response(answers if inputs.shape == "batch" else answers[0])
 
 

@@ -16,7 +16,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ivy import metrics
+from ivy import metrics, request_trace
 from ivy.embed_dtypes import value_bytes, wire_dtype
 from ivy.encode import WIRE_ENCODING, default_format, row_value
 from ivy.errors import IvyError, Problem
@@ -79,7 +79,7 @@ async def _late_chunked(request: Request, gw, body: EmbeddingsRequest, deadline:
             raise
         message = exc.message.replace("input[0]", "the input (its chunks as one sequence)", 1)
         raise IvyError(exc.problem, message, param="input", limit=exc.limit) from None
-    metrics.count_usage("/v1/embeddings", len(texts), len(docs.sequences[0]))
+    request_trace.count_usage("/v1/embeddings", len(texts), len(docs.sequences[0]))
     rows = await unless_disconnected(request, gw.embed(
         docs.sequences, spans=docs.spans, deadline=deadline, dimensions=dims, normalize=body.normalize,
         encoding=WIRE_ENCODING[fmt], lane=lane))
@@ -118,7 +118,7 @@ async def vllm_pooling(request: Request) -> Response:
                                            truncate=truncate, side=body.truncation_side or "right", prompt=(None, None),
                                            dimensions=body.dimensions, normalize=body.normalize, lane=lane,
                                            max_tokens=max_tokens)
-        rid = metrics.REQUEST_ID.get() or uuid.uuid4().hex  # X-Request-Id when the client sent a sane one
+        rid = request_trace.REQUEST_ID.get() or uuid.uuid4().hex  # X-Request-Id when the client sent a sane one
         if body.request_id is not None and rid != request.headers.get("x-request-id"):
             rid = body.request_id
         if fmt in RAW_FORMATS:
@@ -150,7 +150,7 @@ async def encode_inputs(gw, inputs, *, route: str, param: str, truncate: bool | 
                         prompt: tuple[str | None, str | None], max_tokens: int | None = None) -> list[list[int]]:
     """Texts (templated by `prompt` = (input_type, prompt_name), tokenized) or token ids (checked) -> the
     sequences to send, counted in the route's input and token metrics once the request is answered (a request
-    the replicas fail counts none: metrics.count_usage); the caller checks the input count.
+    the replicas fail counts none: request_trace.count_usage); the caller checks the input count.
     max_tokens: the length to cut to when truncating (vLLM's truncate_prompt_tokens); None = the model's."""
     truncate = gw.config.truncate if truncate is None else truncate
     if inputs.texts is not None:
@@ -160,7 +160,7 @@ async def encode_inputs(gw, inputs, *, route: str, param: str, truncate: bool | 
     else:
         seqs = await gw.encoder.check_ids(inputs.ids, truncate=truncate, side=side, param=param, flat=inputs.flat,
                                           max_tokens=max_tokens)
-    metrics.count_usage(route, len(seqs), sum(map(len, seqs)))
+    request_trace.count_usage(route, len(seqs), sum(map(len, seqs)))
     return seqs
 
 

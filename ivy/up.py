@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -229,40 +229,10 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
         for tulip in tulips:
             tulip.stop(timeout=max(60.0, tulip_drain_s() + 5))
 
-    try:
-        deadline = time.monotonic() + up.startup_timeout_s
-        serving: set[str] = set()
-        while True:
-            for child in children:
-                if child.exited() is not None:
-                    print(child.failure("during startup"), file=sys.stderr, flush=True)
-                    shutdown()
-                    return 1
-            if stop.is_set():
-                # A stop asked for and carried out exits 0 whichever signal asked and whether ready or not, as
-                # `tulip serve` does on SIGTERM / SIGINT while loading or serving (and the gateway): supervisors
-                # (systemd, Docker, the benchmarks' harness) read a routine stop as a success. Not 128 + signal:
-                # that would mark every stop a failure; failures (a child's exit, a refusal, a timeout) exit 1.
-                print("ivy up: stopping before ready", file=sys.stderr, flush=True)
-                shutdown()
-                return 0
-            serving |= {a for a in addresses if a not in serving and _tulip_serving(a)}
-            if len(serving) == len(addresses):
-                ready, mismatch = _ivy_ready(url)
-                if ready:
-                    break
-                if mismatch:
-                    print(f"ivy up: the gateway refuses the replicas: {mismatch}; stopping", file=sys.stderr,
-                          flush=True)
-                    shutdown()
-                    return 1
-            if time.monotonic() > deadline:
-                print(f"ivy up: not ready after {up.startup_timeout_s:.0f} s (Tulips serving: {len(serving)}/"
-                      f"{len(addresses)}); stopping", file=sys.stderr, flush=True)
-                shutdown()
-                return 1
-            stop.wait(0.25)
-
+    try:  # every way out stops the children and removes the counters, an unexpected error's too
+        code = _until_ready(children, addresses, url, stop, up.startup_timeout_s)
+        if code is not None:
+            return code
         controller = None
         if warm:
             controller = up_warm_cores.start(counters, up.warm_cores, up.warm_cores_hold_s)
@@ -274,37 +244,72 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             now = time.monotonic()
             if controller is not None:
                 controller.tick(now)
-            for k, tulip in enumerate(tulips):  # a Tulip that failed while serving (its GPU lost, a crash): a new one
-                code = tulip.exited()
-                if code in (None, 0) or k in restarts.gone:
-                    continue
-                if restarts.due[k] is None:
-                    why = f"lost its GPU (exit {code})" if code == DEVICE_LOST_EXIT else f"exited with code {code}"
-                    delay = restarts.failed(k, now)
-                    then = f"giving it up after {TULIP_RESTARTS} restarts" if delay is None else \
-                        f"starting it again in {delay:g} s ({restarts.count[k]} of {TULIP_RESTARTS})"
-                    print(f"{tulip.failure('while serving')}\nivy up: {tulip.name} {why}; {then}", file=sys.stderr,
-                          flush=True)
-                elif now >= restarts.due[k]:
-                    tulips[k] = start_tulip(k, counters[k])  # its slot's counter, still read by the controller
-                    restarts.started_again(k, now)
+            # each restart opens its slot's counter, still read by the controller
+            _restart_failed(tulips, restarts, lambda k: start_tulip(k, counters[k]), now)
             if len(restarts.gone) == len(tulips):
                 print("ivy up: no Tulip left serving; stopping", file=sys.stderr, flush=True)
-                shutdown()
                 return 1
             waiting = {k for k, due in enumerate(restarts.due) if due is not None} | restarts.gone
-            children = [*(t for k, t in enumerate(tulips) if k not in waiting), gateway]
-            for child in children:
+            for child in [*(t for k, t in enumerate(tulips) if k not in waiting), gateway]:
                 if child.exited() is not None:
                     print(child.failure("unexpectedly"), file=sys.stderr, flush=True)
-                    shutdown()
                     return 1
         print("ivy up: stopping", file=sys.stderr, flush=True)
+        return 0  # the same rule as a stop before ready (_until_ready)
+    finally:
         shutdown()
-        return 0  # the same rule as a stop before ready (above)
-    except BaseException:  # an unexpected error (a restart that cannot start): the children and the counters go too
-        shutdown()
-        raise
+
+
+def _until_ready(children: list[Child], addresses: list[str], url: str, stop: StopFlag,
+                 timeout_s: float) -> int | None:
+    """Wait until every Tulip serves and the gateway is ready (None), or return the status `ivy up` stops with:
+    1 when a child exits, the gateway refuses the replicas or `timeout_s` passes; 0 when a stop is asked for."""
+    deadline = time.monotonic() + timeout_s
+    serving: set[str] = set()
+    while True:
+        for child in children:
+            if child.exited() is not None:
+                print(child.failure("during startup"), file=sys.stderr, flush=True)
+                return 1
+        if stop.is_set():
+            # A stop asked for and carried out exits 0 whichever signal asked and whether ready or not, as
+            # `tulip serve` does on SIGTERM / SIGINT while loading or serving (and the gateway): supervisors
+            # (systemd, Docker, the benchmarks' harness) read a routine stop as a success. Not 128 + signal:
+            # that would mark every stop a failure; failures (a child's exit, a refusal, a timeout) exit 1.
+            print("ivy up: stopping before ready", file=sys.stderr, flush=True)
+            return 0
+        serving |= {a for a in addresses if a not in serving and _tulip_serving(a)}
+        if len(serving) == len(addresses):
+            ready, mismatch = _ivy_ready(url)
+            if ready:
+                return None
+            if mismatch:
+                print(f"ivy up: the gateway refuses the replicas: {mismatch}; stopping", file=sys.stderr, flush=True)
+                return 1
+        if time.monotonic() > deadline:
+            print(f"ivy up: not ready after {timeout_s:.0f} s (Tulips serving: {len(serving)}/{len(addresses)}); "
+                  "stopping", file=sys.stderr, flush=True)
+            return 1
+        stop.wait(0.25)
+
+
+def _restart_failed(tulips: list[Child], restarts: Restarts, start: Callable[[int], Child], now: float) -> None:
+    """One poll of the Tulips that failed while serving (a non-zero exit: its GPU lost, a crash): each new failure
+    reported with when it starts again or that it is given up (ivy.up_process.Restarts), and those due started
+    again (`start(k)`: Tulip k's new process, put in its place)."""
+    for k, tulip in enumerate(tulips):
+        code = tulip.exited()
+        if code in (None, 0) or k in restarts.gone:
+            continue
+        if restarts.due[k] is None:
+            why = f"lost its GPU (exit {code})" if code == DEVICE_LOST_EXIT else f"exited with code {code}"
+            delay = restarts.failed(k, now)
+            then = f"giving it up after {TULIP_RESTARTS} restarts" if delay is None else \
+                f"starting it again in {delay:g} s ({restarts.count[k]} of {TULIP_RESTARTS})"
+            print(f"{tulip.failure('while serving')}\nivy up: {tulip.name} {why}; {then}", file=sys.stderr, flush=True)
+        elif now >= restarts.due[k]:
+            tulips[k] = start(k)
+            restarts.started_again(k, now)
 
 
 def _banner_auth(config: IvyConfig, environ: Mapping[str, str]) -> str:

@@ -60,7 +60,7 @@ class Sample:
     client_cpu_s: float | None = None  # this client thread's CPU time for the request (encode, parse, decode)
 
 
-# The server's timing headers (ivy.metrics.RequestTrace; text-embeddings-inference sends the first four), as the
+# The server's timing headers (ivy.request_trace.RequestTrace; text-embeddings-inference sends the first four), as the
 # record's `server_timing_p50_ms` keys: Ivy's whole time, its tokenizing, and Tulip's queue, inference and whole.
 TIMING_HEADERS = {"ivy_total": "x-total-time", "tokenization": "x-tokenization-time", "queue": "x-queue-time",
                   "inference": "x-inference-time", "batcher": "x-batcher-time"}

@@ -249,11 +249,11 @@ def test_over_framed_replicas_each_request_is_its_own_call() -> None:
 
 
 def test_every_member_of_a_shared_call_gets_its_cold_flag_and_timings() -> None:
-    from ivy import metrics
+    from ivy import request_trace
 
     async def member(c: Coalescer, seq) -> tuple[bool, int, int, int]:
-        trace = metrics.RequestTrace(time.perf_counter())
-        metrics._TRACE.set(trace)  # what RequestMetrics does for each request's task
+        trace = request_trace.RequestTrace(time.perf_counter())
+        request_trace._TRACE.set(trace)  # what RequestMetrics does for each request's task
         await _embed(c, [seq])
         return trace.cold, trace.queue_us, trace.inference_us, trace.batcher_us
 

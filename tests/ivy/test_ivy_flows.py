@@ -6,7 +6,7 @@ from __future__ import annotations
 from fake_tulip import FakeTulip
 from ivy_testkit import gateway
 
-from ivy import metrics
+from ivy import request_trace
 
 
 def _flows_by_request(client, fake, headers_list) -> list[set[str]]:
@@ -32,4 +32,4 @@ def test_one_flow_a_request_whatever_request_id_the_client_sends() -> None:
 
 
 def test_outside_a_request_each_call_is_its_own_flow() -> None:
-    assert metrics.request_flow() != metrics.request_flow()
+    assert request_trace.request_flow() != request_trace.request_flow()
