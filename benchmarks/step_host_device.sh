@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# ROSE's host time per step, phase by phase (benchmarks.step_host): this tree alone for each of MODELS (default qwen3-0.6b), or, when .base is carried, an older tree's ROSE (BASE_COMMIT) beside this tree's on the first model, alternating twice.
+# ROSE's host time per step, phase by phase (benchmarks.step_host): this tree alone for each of MODELS (default qwen3-0.6b), or, when .base is carried, an older tree's ROSE (BASE_COMMIT) beside this tree's on each model, alternating twice.
 # Carry .whl (and .base for the A/B). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) MODELS=qwen3-0.6b,minilm-l6 bash benchmarks/device.sh step-host
 #   BASE=75cbcfc; rm -rf .base && mkdir .base && git archive $BASE ivy tulip rose protos | tar -x -C .base
 #   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh step-host
-# Results: $OUT/step_host_<model>.json (this tree alone) or $OUT/step_host_{base,head}{1,2}.json (the A/B);
+# Results: $OUT/step_host_<model>.json (this tree alone) or $OUT/step_host_<model>_{base,head}{1,2}.json (the A/B);
 # prints each run's table. In the A/B each round runs base first, then head.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
@@ -33,11 +33,14 @@ if [ ! -f .base/rose/__init__.py ]; then  # this tree alone, each model
   exit $status
 fi
 for round in 1 2; do
-  for side in base head; do
-    path=$head; [ $side = base ] && path=$head/.base
-    commit=$GIT_COMMIT; [ $side = base ] && commit=${BASE_COMMIT:-?}
-    echo "== $side$round ($commit, ${models[0]})"
-    one_run "$path" "$commit" "${models[0]}" "$OUT/step_host_$side$round.json" || { echo "step_host $side$round failed"; status=1; }
+  for model in "${models[@]}"; do
+    for side in base head; do
+      path=$head; [ $side = base ] && path=$head/.base
+      commit=$GIT_COMMIT; [ $side = base ] && commit=${BASE_COMMIT:-?}
+      echo "== $side$round ($commit, $model)"
+      one_run "$path" "$commit" "$model" "$OUT/step_host_${model}_$side$round.json" \
+        || { echo "step_host $model $side$round failed"; status=1; }
+    done
   done
 done
 exit $status

@@ -52,8 +52,19 @@ class PinnedBuffer:
     event: Any = None  # the CUDA event a step records after its copy out; recorded again by the buffer's next
     # step, which can only have it once the pool saw this one complete (release(after=event))
 
+    words: dict = field(default_factory=dict, repr=False)  # (start, end) byte range -> (numpy, torch) int64 views
+
     def __post_init__(self) -> None:
         self.array = self.tensor.numpy()
+
+    def int64_views(self, start: int, end: int) -> tuple[np.ndarray, torch.Tensor]:
+        """Bytes [start, end) as int64, numpy and torch: a step's staging area, made once per range (four slices
+        and views every step before: ~3 of the 4.3 us its staging took on the CPU VM)."""
+        views = self.words.get((start, end))
+        if views is None:
+            views = self.words[(start, end)] = (self.array[start:end].view(np.int64),
+                                                self.tensor[start:end].view(torch.int64))
+        return views
 
     def done_event(self) -> Any:
         """This buffer's CUDA event, created at its first step."""

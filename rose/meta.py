@@ -14,12 +14,19 @@ span pool into the dummy row Pb, which the pooler drops. Rows P..Pb-1 have count
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from rose.batch import Batch
+
+
+# lone sequences' words kept (_lone_words): one key per (layout, length, span, pad id), for layouts of up to
+# LONE_WORDS_TOKENS tokens (where the host's share of a step is largest): <= 41 KB each, <= 10.5 MB in all
+LONE_WORDS_TOKENS = 1024
+LONE_WORDS_CACHED = 256
 
 
 class BatchError(ValueError):
@@ -128,14 +135,14 @@ def pack_batch(batch: Batch, layout: MetaLayout | None = None, *, pad_id: int = 
     layout = layout or MetaLayout(t, s, p)
     if not layout.fits(t, s, p):
         raise BatchError(f"batch of {t} tokens, {s} sequences, {p} rows does not fit {layout}")
-    ids = batch.token_ids
-    if t and vocab_size is not None and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+    ids = batch.token_ids  # int32 (Batch checks): a negative id reads as >= 2**31 through a uint32 view
+    if t and vocab_size is not None and int(ids.view(np.uint32).max()) >= vocab_size:
         bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
         raise BatchError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
     types = batch.token_types
-    if types is not None and t and (int(types.min()) < 0 or int(types.max()) >= type_vocab_size):
+    if types is not None and t and int(types.view(np.uint32).max()) >= type_vocab_size:
         raise BatchError(f"token types must lie in [0, {type_vocab_size}) for this model")
-    longest = int(batch.seq_lens.max()) if s else 0
+    longest = t if s == 1 else int(batch.seq_lens.max()) if s else 0
     if max_length is not None and longest > max_length:
         raise BatchError(f"a sequence has {longest} tokens; the model takes at most {max_length}")
     if s == 1 and p == 1 and types is None:
@@ -175,15 +182,28 @@ def _pack_general(batch: Batch, layout: MetaLayout, pad_id: int, longest: int) -
 
 
 def _pack_one(batch: Batch, layout: MetaLayout, pad_id: int) -> HostMeta:
-    """pack_batch for one sequence pooled into one row (a lone query: what latency is made of), writing the
-    packed words directly instead of through the general rule's ~40 array operations: the same array
-    (tests/rose/test_rose_batching.py holds the two equal)."""
-    t, tb = batch.num_tokens, layout.tokens
+    """pack_batch for one sequence pooled into one row (a lone query: what latency is made of): a copy of the
+    words every lone sequence of its length, span and layout shares (_lone_words, made once), then its ids. The
+    same array as the general rule's (tests/rose/test_rose_batching.py holds the two equal)."""
+    t = batch.num_tokens
     start, end = int(batch.spans[0, 0]), int(batch.spans[0, 1])
     if not 0 <= start < end <= t:
         raise BatchError(f"spans must be non-empty [start, end) ranges within the batch's {t} tokens")
-    packed = np.zeros(layout.words, dtype=np.int64)
+    make = _lone_words if layout.tokens <= LONE_WORDS_TOKENS else _lone_words.__wrapped__
+    words, cu = make(layout, t, start, end, pad_id)
+    packed = words.copy()
     packed[0:t] = batch.token_ids
+    return HostMeta(layout=layout, packed=packed, num_tokens=t, num_seqs=1, num_rows=1,
+                    max_seqlen=max(t, layout.tokens - t), cu_seqlens=cu)
+
+
+@functools.lru_cache(maxsize=LONE_WORDS_CACHED)
+def _lone_words(layout: MetaLayout, t: int, start: int, end: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The packed words of a lone sequence of `t` tokens pooling [start, end) at `layout`, its ids left 0, and its
+    cu_seqlens; both read-only (shared by every batch of that key). ~15 array writes once instead of every step:
+    7.9 -> ~2 us of _pack_one on the CPU VM (benchmarks/NOTES.md, "ROSE's host time per step")."""
+    tb = layout.tokens
+    packed = np.zeros(layout.words, dtype=np.int64)
     packed[t:tb] = pad_id
     packed[tb:tb + t] = np.arange(t, dtype=np.int64)  # positions; padding's stay 0
     packed[2 * tb + t:3 * tb] = 1  # seq ids: 0 for the sequence (already), 1 for the padding pseudo-sequence
@@ -198,8 +218,9 @@ def _pack_one(batch: Batch, layout: MetaLayout, pad_id: int) -> HostMeta:
     counts = packed[count_at:count_at + layout.count_words].view(np.float32)[: layout.rows]
     counts[:] = 1.0
     counts[0] = end - start
-    return HostMeta(layout=layout, packed=packed, num_tokens=t, num_seqs=1, num_rows=1,
-                    max_seqlen=max(t, tb - t), cu_seqlens=cu.copy())
+    cu = cu.copy()
+    packed.flags.writeable = cu.flags.writeable = False
+    return packed, cu
 
 
 def _span_index(spans: np.ndarray, seq_ids: np.ndarray, t: int, layout: MetaLayout,

@@ -30,7 +30,6 @@ import time
 from collections import Counter
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 
 from rose.attention import make_backend
@@ -218,9 +217,9 @@ class ModelRunner:
         if not self.on_cuda:
             return torch.from_numpy(host.packed)
         at = self._staging_at(host)
-        end = at + host.layout.nbytes
-        buf.array[at:end].view(np.int64)[:] = host.packed
-        return buf.tensor[at:end].view(torch.int64)
+        words, staged = buf.int64_views(at, at + host.layout.nbytes)
+        words[:] = host.packed
+        return staged
 
     def _dispatch(self, graphs: CudaGraphs | None, host: HostMeta, staged: torch.Tensor,
                   backend=None) -> tuple[torch.Tensor, str]:
@@ -233,7 +232,8 @@ class ModelRunner:
     def _copy_back(self, out: torch.Tensor, host: HostMeta, buf: PinnedBuffer):
         """4. The one copy out: the real rows into the pinned buffer, then an event after it (CUDA)."""
         rows = buf.tensor[: self._out_bytes(host)].view(torch.float32).view(host.num_rows, self.dimensions)
-        rows.copy_(out[: host.num_rows, : self.dimensions], non_blocking=self.on_cuda)  # the served width (truncate_dim)
+        # the served width (truncate_dim)
+        rows.copy_(out[: host.num_rows, : self.dimensions], non_blocking=self.on_cuda)
         if not self.on_cuda:
             return None
         event = buf.done_event()

@@ -197,3 +197,38 @@ def test_one_sequence_packs_as_the_general_rule():
         assert np.array_equal(general.cu_seqlens, fast.cu_seqlens)
         assert (general.num_tokens, general.num_seqs, general.num_rows, general.max_seqlen, general.layout) == \
             (fast.num_tokens, fast.num_seqs, fast.num_rows, fast.max_seqlen, fast.layout)
+
+
+def test_lone_sequences_of_one_shape_share_only_their_fixed_words():
+    """_pack_one copies the words its (layout, length, span) key shares (rose.meta._lone_words) and writes its own
+    ids: two batches of one key each get their own ids, the shared words stay unwritten, and a layout past
+    LONE_WORDS_TOKENS is packed without being kept."""
+    from rose import meta
+
+    layout = MetaLayout(16, 2, 2)
+    first, second = (Batch.from_sequences([np.full(10, v, np.int32)]) for v in (5, 9))
+    meta._lone_words.cache_clear()
+    a, b = pack_batch(first, layout), pack_batch(second, layout)
+    assert meta._lone_words.cache_info().hits == 1
+    assert (a.packed[:10] == 5).all() and (b.packed[:10] == 9).all()
+    assert a.packed.flags.writeable and not np.shares_memory(a.packed, b.packed)
+    shared, _ = meta._lone_words(layout, 10, 0, 10, 0)
+    assert (shared[:10] == 0).all() and not shared.flags.writeable
+    kept = meta._lone_words.cache_info().currsize
+    big = MetaLayout(meta.LONE_WORDS_TOKENS * 2, 2, 2)
+    packed = pack_batch(Batch.from_sequences([np.ones(40, np.int32)]), big)
+    assert meta._lone_words.cache_info().currsize == kept and packed.packed[:40].sum() == 40
+
+
+def test_negative_token_ids_and_types_are_refused_like_ids_past_the_vocabulary():
+    """pack_batch checks ids and token types through one unsigned max each: a negative value is refused too."""
+    with pytest.raises(BatchError, match="token id -3 is outside the vocabulary"):
+        pack_batch(Batch.from_sequences([np.array([4, -3, 2], np.int32)]), vocab_size=100)
+    with pytest.raises(BatchError, match="token id 100 is outside"):
+        pack_batch(Batch.from_sequences([np.array([4, 100], np.int32)]), vocab_size=100)
+    ids, lens = np.array([1, 2], np.int32), np.array([2], np.int32)
+    spans = np.array([[0, 2]], np.int32)
+    with pytest.raises(BatchError, match="token types"):
+        pack_batch(Batch(ids, lens, spans, np.array([0, -1], np.int32)), vocab_size=10, type_vocab_size=2)
+    assert pack_batch(Batch(ids, lens, spans, np.array([0, 1], np.int32)), vocab_size=10,
+                      type_vocab_size=2).num_tokens == 2

@@ -255,3 +255,40 @@ def test_replays_says_whether_a_step_would_replay_its_own_captured_layout(engine
     assert dict(runner.runs) == before and runner.graphs.substituted == {}
     assert engine.replays(batch_of(engine, lengths=(60, 20))) is False  # another layout, not captured
     assert engine.replays(Batch.from_sequences([], engine.spec.pooling)) is False
+
+
+def test_layout_for_keeps_each_shapes_answer_within_its_bound(engine, monkeypatch):
+    """CudaGraphs.layout_for answers as rose.buckets.choose_layout does, for shapes seen and new, and keeps at most
+    LAYOUTS_KEPT shapes' answers."""
+    import rose.graphs
+    from rose.buckets import choose_layout
+    from rose.meta import MetaLayout
+
+    attach_graphs(engine.runner, monkeypatch)
+    graphs = engine.runner.graphs
+    monkeypatch.setattr(rose.graphs, "LAYOUTS_KEPT", 8)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        for _ in range(40):
+            seqs = int(rng.integers(1, 6))
+            tokens = int(rng.integers(seqs, 300))
+            shape = (tokens, seqs, seqs, int(rng.integers(1, tokens + 1)))
+            found = choose_layout(graphs.token_buckets, graphs.seq_buckets, *shape)
+            assert graphs.layout_for(*shape) == (None if found is None else MetaLayout(*found))
+            assert len(graphs._layouts) <= 8
+
+
+def test_lone_queries_of_one_length_replay_their_own_rows(engine, monkeypatch):
+    """Lone queries of one length share their packed words' fixed part (rose.meta._lone_words) and, through the
+    pool, staging views of one pinned buffer: each replay still embeds its own ids."""
+    runner = engine.runner
+    attach_graphs(runner, monkeypatch)
+    rng = np.random.default_rng(5)
+    queries = [Batch.from_sequences([rng.integers(1, 200, 30).astype(np.int32)], engine.spec.pooling)
+               for _ in range(5)]
+    before = dict(runner.runs)
+    rows = [runner.step(q).result() for q in queries]
+    assert hows(runner, before) == ["eager", "capture", "replay", "replay", "replay"]
+    for q, got in zip(queries, rows):
+        assert np.allclose(got, runner.step(q, use_graphs=False).result(), atol=1e-5)
+    assert not np.allclose(rows[2], rows[3], atol=1e-3)

@@ -182,3 +182,17 @@ def test_eviction_leaves_the_host_cache_alone_while_a_graph_is_captured(monkeypa
     pool.acquire(16384)  # over the cap with the cached buffer: it is evicted
     assert pool.stats()["bytes_allocated"] == 16384
     assert calls == ([] if capturing else [1])
+
+
+def test_a_buffers_staging_views_are_made_once_and_alias_its_bytes():
+    """PinnedBuffer.int64_views: the same numpy and torch views for the same byte range every step (made once),
+    both over the buffer's own bytes; another range gets views of its own."""
+    pool = PinnedPool(1 << 16, pin=False)
+    buf = pool.acquire(4096)
+    words, staged = buf.int64_views(64, 64 + 8 * 10)
+    assert buf.int64_views(64, 64 + 8 * 10)[1] is staged
+    words[:] = np.arange(10)
+    assert staged.tolist() == list(range(10))
+    assert buf.array[64:72].view(np.int64)[0] == 0 and buf.array[72:80].view(np.int64)[0] == 1
+    other, _ = buf.int64_views(0, 16)
+    assert other.shape == (2,) and not np.shares_memory(other, words)
