@@ -27,7 +27,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -191,7 +190,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
     warm = up.warm_cores != "off" and up_warm_cores.allowed(up.warm_cores, any(d is not None for d in devices))
     # Each replica slot's batch counter, kept until the stack stops: a Tulip started again opens its slot's counter,
     # which the controller reads through the descriptor it opened once the first Tulips were ready.
-    warm_dir = tempfile.mkdtemp(prefix="ivy-up-warm-") if warm else ""
+    warm_dir = up_warm_cores.counters_dir() if warm else ""
     counters = [os.path.join(warm_dir, f"tulip{k}.count") if warm else "" for k in range(len(devices))]
     cpu = cpu_only(up.gpus)
 

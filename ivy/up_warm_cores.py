@@ -4,9 +4,13 @@ and their Controller (the loop itself and the Controller are ivy/warm_cores.py's
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from ivy import warm_cores
 from ivy.up_process import _parent_death_signal
@@ -14,6 +18,42 @@ from protos.heartbeat import CountReader
 from rose.host_cpus import cgroup_cpu_quota
 
 log = logging.getLogger("ivy.up")
+COUNTERS_PREFIX = "ivy-up-warm-"  # + the owning `ivy up`'s pid + "-" + mkdtemp's letters, in the temp folder
+
+
+def counters_dir() -> str:
+    """A fresh folder for the replica slots' batch counters, named for this process (remove_stale reads the pid)."""
+    remove_stale()
+    return tempfile.mkdtemp(prefix=f"{COUNTERS_PREFIX}{os.getpid()}-")
+
+
+def remove_stale(root: str | None = None) -> list[str]:
+    """Remove the counters' folders an `ivy up` left when it was SIGKILLed (its `finally` never ran): this user's
+    folders whose pid no process has. A folder of a live process, another user's, or a name without a pid stays.
+    Returns what was removed."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{COUNTERS_PREFIX}*-*"):
+        pid = path.name[len(COUNTERS_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.stat().st_uid != os.getuid() or _alive(int(pid)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(str(path))
+    if removed:
+        log.info("removed %d warm-cores counter folder(s) of stopped `ivy up` runs", len(removed))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def allowed(mode: str, gpus: bool) -> bool:

@@ -134,3 +134,28 @@ def test_an_error_while_serving_stops_the_children_and_removes_the_counters(monk
     folder = os.path.dirname(started[0].env["TULIP_ACTIVITY_FILE"])
     assert not os.path.exists(folder), "the counters' folder was left behind"
     assert "ivy" in stopped and any(name.startswith("tulip:") for name in stopped)
+
+
+def test_counter_folders_of_killed_runs_are_removed_at_the_next_start(tmp_path, monkeypatch):
+    """A SIGKILLed `ivy up` never runs its `finally`: its counters' folder stays. The next start removes this user's
+    folders whose pid is gone, and leaves a live run's, a name without a pid, and what is not a counters' folder."""
+    import subprocess
+    import sys
+    import tempfile
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    prefix = up_warm_cores.COUNTERS_PREFIX
+    stale = tmp_path / f"{prefix}{dead.pid}-abc"
+    live = tmp_path / f"{prefix}{os.getpid()}-def"
+    odd = tmp_path / f"{prefix}x-ghi"
+    other = tmp_path / "something-else"
+    for folder in (stale, live, odd, other):
+        folder.mkdir()
+        (folder / "tulip0.count").write_bytes(b"\0" * 8)
+    assert up_warm_cores.remove_stale(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and odd.exists() and other.exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = up_warm_cores.counters_dir()
+    assert os.path.basename(made).startswith(f"{prefix}{os.getpid()}-") and os.path.isdir(made)
+    assert up_warm_cores.remove_stale(str(tmp_path)) == []  # this process is alive: its folder stays
