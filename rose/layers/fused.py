@@ -1,4 +1,5 @@
-"""Fused elementwise kernels for the decoder layers (Triton on CUDA, the same math in torch elsewhere).
+"""Fused elementwise kernels for the decoder layers and the encoders' add + LayerNorm (Triton on CUDA, the same math
+in torch elsewhere).
 
 Why: inside a whole-model CUDA graph the launch overhead is gone, but each kernel node still costs
 ~2-3 µs of GPU time and every unfused elementwise op re-reads its tensor from memory. The unfused Qwen3
@@ -73,6 +74,22 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     new_residual = torch.empty_like(x)
     _launch_add_rms(x, residual, weight, out, new_residual, eps, gemma)
     return out, new_residual
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   eps: float) -> torch.Tensor:
+    """x, residual [T, hidden] (rows may be strided) -> LayerNorm(x + residual), contiguous as the BERT family's output layers compute it (HF's BertSelfOutput / BertOutput): the
+    sum rounded to x's dtype, the norm in float32, one rounding at the end. One kernel where torch runs two (the add,
+    then layer_norm), and one pass less over the activations."""
+    if not _use_triton(x):
+        return torch.nn.functional.layer_norm(x + residual, (x.shape[-1],), weight, bias, eps)
+    rows, cols = x.shape
+    out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
+    block = triton.next_power_of_2(cols)
+    _add_layer_norm_kernel[(rows,)](x, residual, weight, bias if bias is not None else weight, out, cols,
+                                    x.stride(0), residual.stride(0), eps, HAS_BIAS=bias is not None,
+                                    BLOCK=block, num_warps=4 if block <= 2048 else 8)
+    return out
 
 
 def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
@@ -198,6 +215,23 @@ if triton is not None:
         else:  # w * round(x), as HF's Qwen3/Llama RMSNorm
             y = (h * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * w
         tl.store(out_ptr + row * stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _add_layer_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, cols, x_stride, res_stride, eps,
+                               HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < cols
+        x = tl.load(x_ptr + row * x_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(res_ptr + row * res_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        h = (x + r).to(out_ptr.dtype.element_ty).to(tl.float32)  # the sum rounded as torch's add rounds it
+        mean = tl.sum(h, axis=0) / cols
+        d = tl.where(mask, h - mean, 0.0)
+        rstd = tl.rsqrt(tl.sum(d * d, axis=0) / cols + eps)
+        y = d * rstd * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * cols + offs, y.to(out_ptr.dtype.element_ty), mask=mask)  # out: contiguous
 
     @triton.jit
     def _norm_rope_heads(qkv_ptr, dst_ptr, w_ptr, pos_ptr, inv_freq_ptr, stride, tokens, col0, heads, eps,

@@ -5,9 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rose.layers.fused import add_layer_norm
+
 
 class LayerNorm(nn.LayerNorm):
     """torch's LayerNorm; weight/bias names match HF checkpoints."""
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """self(x + residual), the add and the norm in one kernel on a GPU (rose.layers.fused.add_layer_norm)."""
+        return add_layer_norm(x, residual, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):

@@ -63,7 +63,7 @@ class BertDenseNorm(nn.Module):
         self.LayerNorm = LayerNorm(hidden, eps=eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(x) + residual)
+        return self.LayerNorm.add_forward(self.dense(x), residual)
 
 
 class BertAttention(nn.Module):

@@ -63,8 +63,8 @@ class TransformerBlock(nn.Module):
         q, k, v = self.attention.qkv_proj.forward_split(x)
         shape = (t, self.num_heads, self.head_dim)
         a = attn(q.view(shape), k.view(shape), v.view(shape)).reshape(t, -1)
-        x = self.sa_layer_norm(self.attention.out_lin(a) + x)
-        return self.output_layer_norm(self.ffn(x) + x)
+        x = self.sa_layer_norm.add_forward(self.attention.out_lin(a), x)
+        return self.output_layer_norm.add_forward(self.ffn(x), x)
 
 
 class Transformer(nn.Module):

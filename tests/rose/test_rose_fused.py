@@ -166,3 +166,17 @@ def test_warmup_compiles_the_qk_kernel_of_each_decoder(tiny_decoders):
         attn = engine.runner.model.layers[0].self_attn
         assert attn.qk_norm == mode and fused.precompile_qk_norm_rope(attn) == 4
         engine.close()
+
+
+@pytest.mark.parametrize("tokens,hidden,bias", [(1, 384, True), (128, 384, True), (300, 1024, False), (77, 768, True)])
+def test_add_layer_norm(tokens, hidden, bias, monkeypatch):
+    """The encoders' add + LayerNorm kernel against torch's layer_norm of the bf16 sum."""
+    g = torch.Generator("cuda").manual_seed(tokens + hidden)
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    r = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
+    b = (0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16() if bias else None
+    fast, ref = _both(fused.add_layer_norm, x, r, w, b, 1e-12, monkeypatch=monkeypatch)
+    assert fast.shape == ref.shape and fast.dtype == ref.dtype
+    _close(fast, ref, rel=1e-2)
+    assert (fast.float() - ref.float()).abs().max() <= 2 * 2 ** -7 * ref.float().abs().max()  # a rounding step or two

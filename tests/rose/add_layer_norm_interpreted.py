@@ -1,0 +1,52 @@
+"""rose.layers.fused.add_layer_norm's kernel under Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU) against
+torch's LayerNorm(x + residual), the BERT output layers' definition; run by test_rose_fused_encoders.py in a process of
+its own (the interpreter is chosen when the kernel module is imported). Prints one line per case and exits 1 on a
+mismatch."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+
+def check(rows: int, cols: int, dtype, bias: bool, strided: bool) -> bool:
+    import torch
+    import torch.nn.functional as F
+
+    from rose.layers import fused
+
+    g = torch.Generator().manual_seed(rows * 7 + cols)
+    wide = torch.randn(2, rows, cols + 40, generator=g).to(dtype)
+    x, residual = (wide[i, :, 7:7 + cols] if strided else wide[i, :, :cols].contiguous() for i in (0, 1))
+    x = x * 3 + 1 if not strided else x  # strided: both rows' strides cols + 40
+    weight = (1 + 0.2 * torch.randn(cols, generator=g)).to(dtype)
+    b = (0.1 * torch.randn(cols, generator=g)).to(dtype) if bias else None
+    got = fused.add_layer_norm(x, residual, weight, b, 1e-12)
+    want = F.layer_norm(x + residual, (cols,), weight, b, 1e-12)
+    # bf16 / fp16: at most a rounding step of the output apart (the mean and variance summed in another order)
+    eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-6
+    off = (got.float() - want.float()).abs() / (eps * want.float().abs().clamp_min(1.0))
+    ok = got.shape == want.shape and got.dtype == dtype and float(off.max()) <= 1.0
+    print(f"add_layer_norm rows={rows} cols={cols} {dtype} bias={bias} strided={strided}: "
+          f"max {float(off.max()):.2f} steps {'ok' if ok else 'MISMATCH'}")
+    return ok
+
+
+def main() -> int:
+    import torch
+
+    from rose.layers import fused
+
+    fused._use_triton = lambda x: True  # CPU tensors: the interpreter runs the kernel on them
+    failed = 0
+    for dtype in (torch.float32, torch.float16):
+        for rows, cols in ((1, 64), (5, 384), (3, 1000)):  # one row; MiniLM's width; a width past a power of two
+            for bias, strided in ((True, False), (False, True)):
+                failed += not check(rows, cols, dtype, bias, strided)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
