@@ -78,9 +78,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    eps: float) -> torch.Tensor:
-    """x, residual [T, hidden] (rows may be strided) -> LayerNorm(x + residual), contiguous as the BERT family's output layers compute it (HF's BertSelfOutput / BertOutput): the
-    sum rounded to x's dtype, the norm in float32, one rounding at the end. One kernel where torch runs two (the add,
-    then layer_norm), and one pass less over the activations."""
+    """x, residual [T, hidden] (rows may be strided) -> LayerNorm(x + residual), contiguous, as the BERT family's
+    output layers compute it (HF's BertSelfOutput / BertOutput): the sum rounded to x's dtype, the norm in float32,
+    one rounding at the end. One kernel where torch runs two (the add, then layer_norm), and one pass less over the
+    activations."""
     if not _use_triton(x):
         return torch.nn.functional.layer_norm(x + residual, (x.shape[-1],), weight, bias, eps)
     rows, cols = x.shape
@@ -89,6 +90,30 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     _add_layer_norm_kernel[(rows,)](x, residual, weight, bias if bias is not None else weight, out, cols,
                                     x.stride(0), residual.stride(0), eps, HAS_BIAS=bias is not None,
                                     BLOCK=block, num_warps=4 if block <= 2048 else 8)
+    return out
+
+
+def embed_layer_norm(ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None, word: torch.Tensor,
+                     position: torch.Tensor, token_type: torch.Tensor | None, weight: torch.Tensor,
+                     bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """The BERT family's embeddings [T, hidden]: LayerNorm(word[ids] + token_type[types] + position[positions]) as HF
+    sums them (word + type, then + position, each sum rounded to the tables' dtype); `types` None reads the type
+    table's row 0, `token_type` None (DistilBERT, MPNet) has no type term. One kernel where torch runs five."""
+    if not _use_triton(word):
+        x = torch.nn.functional.embedding(ids, word)
+        if token_type is not None:
+            x = x + (token_type[0] if types is None else torch.nn.functional.embedding(types, token_type))
+        x = x + torch.nn.functional.embedding(positions, position)
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    rows, cols = ids.shape[0], word.shape[1]
+    out = torch.empty((rows, cols), dtype=word.dtype, device=word.device)
+    block = triton.next_power_of_2(cols)
+    mode = 0 if token_type is None else 1 if types is None else 2
+    _embed_layer_norm_kernel[(rows,)](ids, positions, types if mode == 2 else ids, word, position,
+                                      token_type if mode else word, weight, bias if bias is not None else weight,
+                                      out, cols, word.stride(0), position.stride(0),
+                                      token_type.stride(0) if mode else 0, eps, TYPES=mode,
+                                      HAS_BIAS=bias is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8)
     return out
 
 
@@ -217,6 +242,17 @@ if triton is not None:
         tl.store(out_ptr + row * stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _layer_norm_row(h, offs, mask, cols, w_ptr, b_ptr, eps, HAS_BIAS: tl.constexpr):
+        """One row's LayerNorm in float32: (h - mean) * rstd * w (+ b)."""
+        mean = tl.sum(h, axis=0) / cols
+        d = tl.where(mask, h - mean, 0.0)
+        rstd = tl.rsqrt(tl.sum(d * d, axis=0) / cols + eps)
+        y = d * rstd * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        return y
+
+    @triton.jit
     def _add_layer_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, cols, x_stride, res_stride, eps,
                                HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
@@ -225,13 +261,30 @@ if triton is not None:
         x = tl.load(x_ptr + row * x_stride + offs, mask=mask, other=0.0).to(tl.float32)
         r = tl.load(res_ptr + row * res_stride + offs, mask=mask, other=0.0).to(tl.float32)
         h = (x + r).to(out_ptr.dtype.element_ty).to(tl.float32)  # the sum rounded as torch's add rounds it
-        mean = tl.sum(h, axis=0) / cols
-        d = tl.where(mask, h - mean, 0.0)
-        rstd = tl.rsqrt(tl.sum(d * d, axis=0) / cols + eps)
-        y = d * rstd * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = _layer_norm_row(h, offs, mask, cols, w_ptr, b_ptr, eps, HAS_BIAS)
         tl.store(out_ptr + row * cols + offs, y.to(out_ptr.dtype.element_ty), mask=mask)  # out: contiguous
+
+    @triton.jit
+    def _embed_layer_norm_kernel(ids_ptr, pos_ptr, types_ptr, word_ptr, position_ptr, type_ptr, w_ptr, b_ptr,
+                                 out_ptr, cols, word_stride, position_stride, type_stride, eps,
+                                 TYPES: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < cols
+        dtype = out_ptr.dtype.element_ty
+        token = tl.load(ids_ptr + row).to(tl.int64)
+        h = tl.load(word_ptr + token * word_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        if TYPES == 1:  # no token types given: the type table's row 0
+            h = (h + tl.load(type_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+        if TYPES == 2:
+            kind = tl.load(types_ptr + row).to(tl.int64)
+            t = tl.load(type_ptr + kind * type_stride + offs, mask=mask, other=0.0).to(tl.float32)
+            h = (h + t).to(dtype).to(tl.float32)
+        at = tl.load(pos_ptr + row).to(tl.int64)
+        h = (h + tl.load(position_ptr + at * position_stride + offs, mask=mask, other=0.0).to(tl.float32))
+        h = h.to(dtype).to(tl.float32)
+        y = _layer_norm_row(h, offs, mask, cols, w_ptr, b_ptr, eps, HAS_BIAS)
+        tl.store(out_ptr + row * cols + offs, y.to(dtype), mask=mask)
 
     @triton.jit
     def _norm_rope_heads(qkv_ptr, dst_ptr, w_ptr, pos_ptr, inv_freq_ptr, stride, tokens, col0, heads, eps,

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
-from rose.layers import LayerNorm, MergedLinear, get_activation
+from rose.layers import LayerNorm, MergedLinear, embed_layer_norm, get_activation
 from rose.meta import ForwardMeta
 
 
@@ -42,10 +42,10 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 token_types: torch.Tensor | None = None) -> torch.Tensor:
-        types = self.token_type_embeddings.weight[0] if token_types is None else self.token_type_embeddings(token_types)
-        x = self.word_embeddings(input_ids) + types
-        x = x + self.position_embeddings(positions)
-        return self.LayerNorm(x)
+        norm = self.LayerNorm  # word + type, then + position, then the norm: one kernel on a GPU
+        return embed_layer_norm(input_ids, positions, token_types, self.word_embeddings.weight,
+                                self.position_embeddings.weight, self.token_type_embeddings.weight, norm.weight,
+                                norm.bias, norm.eps)
 
 
 class BertSelfAttention(nn.Module):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
-from rose.layers import LayerNorm, MergedLinear, get_activation
+from rose.layers import LayerNorm, MergedLinear, embed_layer_norm, get_activation
 from rose.meta import ForwardMeta
 
 EPS = 1e-12
@@ -27,7 +27,9 @@ class Embeddings(nn.Module):
         self.LayerNorm = LayerNorm(cfg["dim"], eps=EPS)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
+        norm = self.LayerNorm  # word + position, then the norm: one kernel on a GPU
+        return embed_layer_norm(input_ids, positions, None, self.word_embeddings.weight,
+                                self.position_embeddings.weight, None, norm.weight, norm.bias, norm.eps)
 
 
 class DistilBertSelfAttention(nn.Module):

@@ -21,7 +21,7 @@ from torch import nn
 
 from rose.attention.banded import banded_attention, biased_band
 from rose.attention.base import AttentionBackend
-from rose.layers import LayerNorm, MergedLinear, get_activation
+from rose.layers import LayerNorm, MergedLinear, embed_layer_norm, get_activation
 from rose.meta import ForwardMeta
 from rose.models.bert import BertDenseNorm, BertIntermediate, fairseq_positions
 
@@ -51,7 +51,9 @@ class MPNetEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         positions = fairseq_positions(input_ids, positions, PADDING_IDX)
-        return self.LayerNorm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
+        norm = self.LayerNorm  # word + position, then the norm: one kernel on a GPU
+        return embed_layer_norm(input_ids, positions, None, self.word_embeddings.weight,
+                                self.position_embeddings.weight, None, norm.weight, norm.bias, norm.eps)
 
 
 class MPNetSelfAttention(nn.Module):

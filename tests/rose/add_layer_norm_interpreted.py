@@ -1,6 +1,7 @@
-"""rose.layers.fused.add_layer_norm's kernel under Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU) against
-torch's LayerNorm(x + residual), the BERT output layers' definition; run by test_rose_fused_encoders.py in a process of
-its own (the interpreter is chosen when the kernel module is imported). Prints one line per case and exits 1 on a
+"""rose.layers.fused's encoder kernels under Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU): add_layer_norm
+against torch's LayerNorm(x + residual) (the BERT output layers' definition), embed_layer_norm against HF's embeddings
+(word + type, then + position, each sum rounded, then LayerNorm); run by test_rose_fused_encoders.py in a process of its
+own (the interpreter is chosen when the kernel module is imported). Prints one line per case and exits 1 on a
 mismatch."""
 
 from __future__ import annotations
@@ -34,6 +35,32 @@ def check(rows: int, cols: int, dtype, bias: bool, strided: bool) -> bool:
     return ok
 
 
+def check_embed(rows: int, cols: int, dtype, types: str) -> bool:
+    """types: none (no type table: DistilBERT, MPNet), row0 (a table, no types given) or given (a type per token)."""
+    import torch
+    import torch.nn.functional as F
+
+    from rose.layers import fused
+
+    g = torch.Generator().manual_seed(rows * 5 + cols)
+    word, position = torch.randn(50, cols, generator=g).to(dtype), torch.randn(40, cols, generator=g).to(dtype)
+    table = torch.randn(2, cols, generator=g).to(dtype) if types != "none" else None
+    ids, at = torch.randint(0, 50, (rows,), generator=g), torch.randint(0, 40, (rows,), generator=g)
+    kinds = torch.randint(0, 2, (rows,), generator=g) if types == "given" else None
+    weight, b = (1 + 0.2 * torch.randn(cols, generator=g)).to(dtype), (0.1 * torch.randn(cols, generator=g)).to(dtype)
+    got = fused.embed_layer_norm(ids, at, kinds, word, position, table, weight, b, 1e-12)
+    x = word[ids]
+    if table is not None:
+        x = x + (table[kinds] if kinds is not None else table[0])
+    want = F.layer_norm(x + position[at], (cols,), weight, b, 1e-12)
+    eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-6
+    off = (got.float() - want.float()).abs() / (eps * want.float().abs().clamp_min(1.0))
+    ok = got.shape == want.shape and got.dtype == dtype and float(off.max()) <= 1.0
+    print(f"embed_layer_norm rows={rows} cols={cols} {dtype} types={types}: "
+          f"max {float(off.max()):.2f} steps {'ok' if ok else 'MISMATCH'}")
+    return ok
+
+
 def main() -> int:
     import torch
 
@@ -45,6 +72,8 @@ def main() -> int:
         for rows, cols in ((1, 64), (5, 384), (3, 1000)):  # one row; MiniLM's width; a width past a power of two
             for bias, strided in ((True, False), (False, True)):
                 failed += not check(rows, cols, dtype, bias, strided)
+        for types in ("none", "row0", "given"):
+            failed += not check_embed(6, 384, dtype, types)
     return 1 if failed else 0
 
 

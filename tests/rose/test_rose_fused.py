@@ -180,3 +180,23 @@ def test_add_layer_norm(tokens, hidden, bias, monkeypatch):
     assert fast.shape == ref.shape and fast.dtype == ref.dtype
     _close(fast, ref, rel=1e-2)
     assert (fast.float() - ref.float()).abs().max() <= 2 * 2 ** -7 * ref.float().abs().max()  # a rounding step or two
+
+
+@pytest.mark.parametrize("types", ["none", "row0", "given"])
+def test_embed_layer_norm(types, monkeypatch):
+    """The encoders' embeddings kernel against torch's gathers, bf16 sums and layer_norm."""
+    g = torch.Generator("cuda").manual_seed(3)
+    tokens, hidden = 130, 384
+    word = torch.randn(1000, hidden, device="cuda", generator=g).bfloat16()
+    position = torch.randn(512, hidden, device="cuda", generator=g).bfloat16()
+    table = torch.randn(2, hidden, device="cuda", generator=g).bfloat16() if types != "none" else None
+    ids = torch.randint(0, 1000, (tokens,), device="cuda", generator=g)
+    at = torch.randint(0, 512, (tokens,), device="cuda", generator=g)
+    kinds = torch.randint(0, 2, (tokens,), device="cuda", generator=g) if types == "given" else None
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
+    b = (0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
+    fast, ref = _both(fused.embed_layer_norm, ids, at, kinds, word, position, table, w, b, 1e-12,
+                      monkeypatch=monkeypatch)
+    assert fast.shape == ref.shape == (tokens, hidden) and fast.dtype == ref.dtype
+    _close(fast, ref, rel=1e-2)
+    assert (fast.float() - ref.float()).abs().max() <= 2 * 2 ** -7 * ref.float().abs().max()
