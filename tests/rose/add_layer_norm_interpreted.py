@@ -26,12 +26,18 @@ def check(rows: int, cols: int, dtype, bias: bool, strided: bool) -> bool:
     b = (0.1 * torch.randn(cols, generator=g)).to(dtype) if bias else None
     got = fused.add_layer_norm(x, residual, weight, b, 1e-12)
     want = F.layer_norm(x + residual, (cols,), weight, b, 1e-12)
-    # bf16 / fp16: at most a rounding step of the output apart (the mean and variance summed in another order)
-    eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-6
+    return report(f"add_layer_norm rows={rows} cols={cols} {dtype} bias={bias} strided={strided}", got, want)
+
+
+def report(label: str, got, want) -> bool:
+    """Prints the case's line; ok when within a rounding step of the output (fp16: the mean and variance summed in
+    another order; float32: 1e-6 relative)."""
+    import torch
+
+    eps = torch.finfo(want.dtype).eps if want.dtype != torch.float32 else 1e-6
     off = (got.float() - want.float()).abs() / (eps * want.float().abs().clamp_min(1.0))
-    ok = got.shape == want.shape and got.dtype == dtype and float(off.max()) <= 1.0
-    print(f"add_layer_norm rows={rows} cols={cols} {dtype} bias={bias} strided={strided}: "
-          f"max {float(off.max()):.2f} steps {'ok' if ok else 'MISMATCH'}")
+    ok = got.shape == want.shape and got.dtype == want.dtype and float(off.max()) <= 1.0
+    print(f"{label}: max {float(off.max()):.2f} steps {'ok' if ok else 'MISMATCH'}")
     return ok
 
 
@@ -53,12 +59,7 @@ def check_embed(rows: int, cols: int, dtype, types: str) -> bool:
     if table is not None:
         x = x + (table[kinds] if kinds is not None else table[0])
     want = F.layer_norm(x + position[at], (cols,), weight, b, 1e-12)
-    eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-6
-    off = (got.float() - want.float()).abs() / (eps * want.float().abs().clamp_min(1.0))
-    ok = got.shape == want.shape and got.dtype == dtype and float(off.max()) <= 1.0
-    print(f"embed_layer_norm rows={rows} cols={cols} {dtype} types={types}: "
-          f"max {float(off.max()):.2f} steps {'ok' if ok else 'MISMATCH'}")
-    return ok
+    return report(f"embed_layer_norm rows={rows} cols={cols} {dtype} types={types}", got, want)
 
 
 def main() -> int:
