@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The encoders' norms in one kernel each (rose.layers.fused: the residual add + LayerNorm, the embeddings' sums + LayerNorm) against torch's ops (ROSE_FUSED_KERNELS=0): the kernel's and the BERT-family GPU tests first, then benchmarks.rose_gpu's rose-graphs rows of AB_MODELS (minilm-l6,mpnet-base,distilbert-base) at bs1-128 and docs-100, 0 and 1 alternating ROUNDS (2) times.
+# The encoders' norms in one kernel each (rose.layers.fused: the residual add + LayerNorm, the embeddings' sums + LayerNorm) against torch's ops (ROSE_ENCODER_NORMS 0 and 1): the kernel's and the BERT-family GPU tests first, then benchmarks.rose_gpu's rose-graphs rows of AB_MODELS (minilm-l6,mpnet-base,distilbert-base) at bs1-128 and docs-100, 0 and 1 alternating ROUNDS (2) times.
 # Carry .whl; ~5-6 min (TESTS_TIMEOUT 220 s for the tests). Writes $OUT/encoder_norms_tests.log and
 # $OUT/rose_gpu_encoder_norms.tar (each run's JSON and log); prints each run's rows.
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh encoder-norms
@@ -8,10 +8,10 @@ source "$(dirname "$0")/device_env.sh" || exit 1
 require_carried .whl
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$(date +%s)
-timeout ${TESTS_TIMEOUT:-220} python3 -m pytest -q -m gpu tests/rose/test_rose_fused.py tests/rose/test_rose_gpu.py \
+ROSE_ENCODER_NORMS=1 timeout ${TESTS_TIMEOUT:-220} python3 -m pytest -q -m gpu tests/rose/test_rose_fused.py tests/rose/test_rose_gpu.py \
   tests/rose/test_rose_encoder_gpu.py tests/rose/test_rose_cross_encoders_gpu.py tests/rose/test_rose_retrieval_gpu.py \
   -p no:cacheprovider > $OUT/encoder_norms_tests.log 2>&1
 rc=$?
 echo "GPU tests rc=$rc in $(( $(date +%s) - t0 )) s"; tail -3 $OUT/encoder_norms_tests.log
 [ $rc -eq 0 ] || exit $rc
-AB_TIMEOUT=${AB_TIMEOUT:-200} AB_MODELS=${AB_MODELS:-minilm-l6,mpnet-base,distilbert-base} engine_ab encoder_norms ROSE_FUSED_KERNELS "0 1" bs1-128,docs-100
+AB_TIMEOUT=${AB_TIMEOUT:-200} AB_MODELS=${AB_MODELS:-minilm-l6,mpnet-base,distilbert-base} engine_ab encoder_norms ROSE_ENCODER_NORMS "0 1" bs1-128,docs-100

@@ -29,6 +29,9 @@ except ImportError:  # pragma: no cover - depends on the torch build
     triton = None
 
 ENABLED = os.environ.get("ROSE_FUSED_KERNELS", "1") not in ("0", "false", "off")
+# The encoders' norm kernels (add_layer_norm, embed_layer_norm): opt-in until a GPU run has held the BERT families'
+# parity with them and measured them (benchmarks/NOTES.md, "The encoders' norms in one kernel each")
+ENCODER_NORMS = ENABLED and os.environ.get("ROSE_ENCODER_NORMS", "0") in ("1", "true", "on")
 QK_NORMS = {None: 0, "rms": 1, "gemma": 2}  # the QK step's norm -> the kernel's NORM mode
 GATE_ACTS = {"silu": 0, "gelu_tanh": 1}  # gate activation -> the kernel's ACT mode
 
@@ -82,7 +85,7 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     output layers compute it (HF's BertSelfOutput / BertOutput): the sum rounded to x's dtype, the norm in float32,
     one rounding at the end. One kernel where torch runs two (the add, then layer_norm), and one pass less over the
     activations."""
-    if not _use_triton(x):
+    if not (ENCODER_NORMS and _use_triton(x)):
         return torch.nn.functional.layer_norm(x + residual, (x.shape[-1],), weight, bias, eps)
     rows, cols = x.shape
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
@@ -99,7 +102,7 @@ def embed_layer_norm(ids: torch.Tensor, positions: torch.Tensor, types: torch.Te
     """The BERT family's embeddings [T, hidden]: LayerNorm(word[ids] + token_type[types] + position[positions]) as HF
     sums them (word + type, then + position, each sum rounded to the tables' dtype); `types` None reads the type
     table's row 0, `token_type` None (DistilBERT, MPNet) has no type term. One kernel where torch runs five."""
-    if not _use_triton(word):
+    if not (ENCODER_NORMS and _use_triton(word)):
         x = torch.nn.functional.embedding(ids, word)
         if token_type is not None:
             x = x + (token_type[0] if types is None else torch.nn.functional.embedding(types, token_type))

@@ -68,6 +68,7 @@ def main() -> int:
     from rose.layers import fused
 
     fused._use_triton = lambda x: True  # CPU tensors: the interpreter runs the kernel on them
+    fused.ENCODER_NORMS = True  # opt-in (ROSE_ENCODER_NORMS): the kernels are what is checked here
     failed = 0
     for dtype in (torch.float32, torch.float16):
         for rows, cols in ((1, 64), (5, 384), (3, 1000)):  # one row; MiniLM's width; a width past a power of two

@@ -13,8 +13,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
 
 def _both(fn, *args, monkeypatch):
     monkeypatch.setattr(fused, "ENABLED", True)
+    monkeypatch.setattr(fused, "ENCODER_NORMS", True)  # opt-in (ROSE_ENCODER_NORMS): its kernels are tested here
     fast = fn(*args)
     monkeypatch.setattr(fused, "ENABLED", False)
+    monkeypatch.setattr(fused, "ENCODER_NORMS", False)
     ref = fn(*args)
     return fast, ref
 
