@@ -1,5 +1,5 @@
-"""Fused elementwise kernels for the decoder layers and the encoders' add + LayerNorm (Triton on CUDA, the same math
-in torch elsewhere).
+"""Fused elementwise kernels for the decoder layers and the encoders' norms (Triton on CUDA, the same math in torch
+elsewhere; the encoders' opt-in: ROSE_ENCODER_NORMS).
 
 Why: inside a whole-model CUDA graph the launch overhead is gone, but each kernel node still costs
 ~2-3 µs of GPU time and every unfused elementwise op re-reads its tensor from memory. The unfused Qwen3

@@ -12,7 +12,8 @@ class LayerNorm(nn.LayerNorm):
     """torch's LayerNorm; weight/bias names match HF checkpoints."""
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """self(x + residual), the add and the norm in one kernel on a GPU (rose.layers.fused.add_layer_norm)."""
+        """self(x + residual); the add and the norm in one kernel on a GPU with ROSE_ENCODER_NORMS=1
+        (rose.layers.fused.add_layer_norm)."""
         return add_layer_norm(x, residual, self.weight, self.bias, self.eps)
 
 

@@ -42,7 +42,7 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 token_types: torch.Tensor | None = None) -> torch.Tensor:
-        norm = self.LayerNorm  # word + type, then + position, then the norm: one kernel on a GPU
+        norm = self.LayerNorm  # word + type, then + position, then the norm (one kernel: ROSE_ENCODER_NORMS)
         return embed_layer_norm(input_ids, positions, token_types, self.word_embeddings.weight,
                                 self.position_embeddings.weight, self.token_type_embeddings.weight, norm.weight,
                                 norm.bias, norm.eps)

@@ -27,7 +27,7 @@ class Embeddings(nn.Module):
         self.LayerNorm = LayerNorm(cfg["dim"], eps=EPS)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        norm = self.LayerNorm  # word + position, then the norm: one kernel on a GPU
+        norm = self.LayerNorm  # word + position, then the norm (one kernel: ROSE_ENCODER_NORMS)
         return embed_layer_norm(input_ids, positions, None, self.word_embeddings.weight,
                                 self.position_embeddings.weight, None, norm.weight, norm.bias, norm.eps)
 

@@ -51,7 +51,7 @@ class MPNetEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         positions = fairseq_positions(input_ids, positions, PADDING_IDX)
-        norm = self.LayerNorm  # word + position, then the norm: one kernel on a GPU
+        norm = self.LayerNorm  # word + position, then the norm (one kernel: ROSE_ENCODER_NORMS)
         return embed_layer_norm(input_ids, positions, None, self.word_embeddings.weight,
                                 self.position_embeddings.weight, None, norm.weight, norm.bias, norm.eps)
 
