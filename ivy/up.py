@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -219,7 +218,7 @@ def run_stack(config: IvyConfig, up: UpConfig) -> int:
             spinner.kill()  # SIGKILL ends a stopped loop too
             spinner.wait()
         if warm_dir:
-            shutil.rmtree(warm_dir, ignore_errors=True)
+            up_warm_cores.remove_counters(warm_dir)
         # SIGKILL only past a drain: the gateway's delay and its longest request, then each Tulip's own
         gateway.stop(timeout=config.drain_delay_s + config.request_timeout_s + 5)
         for tulip in tulips:  # signal all first so they drain in parallel

@@ -3,10 +3,12 @@ and their Controller (the loop itself and the Controller are ivy/warm_cores.py's
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -19,41 +21,60 @@ from rose.host_cpus import cgroup_cpu_quota
 
 log = logging.getLogger("ivy.up")
 COUNTERS_PREFIX = "ivy-up-warm-"  # + the owning `ivy up`'s pid + "-" + mkdtemp's letters, in the temp folder
+OWNER_LOCK = "owner.lock"  # in each counters' folder: flocked by its `ivy up` for as long as it lives
+_owned: dict[str, object] = {}  # this process's counters' folders -> their open, locked owner files
 
 
 def counters_dir() -> str:
-    """A fresh folder for the replica slots' batch counters, named for this process (remove_stale reads the pid)."""
+    """A fresh folder for the replica slots' batch counters, its owner lock held by this process until
+    remove_counters (or its death: the kernel drops a dead process's flocks); stale folders removed first."""
     remove_stale()
-    return tempfile.mkdtemp(prefix=f"{COUNTERS_PREFIX}{os.getpid()}-")
+    path = tempfile.mkdtemp(prefix=f"{COUNTERS_PREFIX}{os.getpid()}-")
+    lock = open(os.path.join(path, OWNER_LOCK + ".new"), "w")  # noqa: SIM115 - held open while the stack lives
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(lock.name, os.path.join(path, OWNER_LOCK))  # seen by remove_stale only once locked
+    _owned[path] = lock
+    return path
+
+
+def remove_counters(path: str) -> None:
+    """The stack stops: its counters' folder removed, its owner lock let go."""
+    shutil.rmtree(path, ignore_errors=True)
+    lock = _owned.pop(path, None)
+    if lock is not None:
+        lock.close()
 
 
 def remove_stale(root: str | None = None) -> list[str]:
     """Remove the counters' folders an `ivy up` left when it was SIGKILLed (its `finally` never ran): this user's
-    folders whose pid no process has. A folder of a live process, another user's, or a name without a pid stays.
-    Returns what was removed."""
+    folders whose owner lock no process holds (whatever pid namespace it ran in). A folder without the lock file
+    (being made, or an older run's) stays, as do another user's, links and what is not a folder. Returns what was
+    removed."""
     removed = []
-    for path in Path(root or tempfile.gettempdir()).glob(f"{COUNTERS_PREFIX}*-*"):
-        pid = path.name[len(COUNTERS_PREFIX):].split("-", 1)[0]
+    for path in Path(root or tempfile.gettempdir()).glob(f"{COUNTERS_PREFIX}*"):
         try:
-            if not pid.isdigit() or path.stat().st_uid != os.getuid() or _alive(int(pid)):
+            info = path.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or not _unowned(path / OWNER_LOCK):
                 continue
         except OSError:
             continue
         shutil.rmtree(path, ignore_errors=True)
-        removed.append(str(path))
+        if not path.exists():
+            removed.append(str(path))
     if removed:
         log.info("removed %d warm-cores counter folder(s) of stopped `ivy up` runs", len(removed))
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
+def _unowned(lock_path: Path) -> bool:
+    """Whether no process holds `lock_path`'s flock (False when the file is not there)."""
+    with open(lock_path) as lock:  # FileNotFoundError: an OSError, the caller's "stays"
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(lock, fcntl.LOCK_UN)
         return True
-    return True
 
 
 def allowed(mode: str, gpus: bool) -> bool:

@@ -23,6 +23,7 @@ import torch
 from rose.graphs import capturing
 
 MIN_CLASS_BYTES = 4096
+VIEWS_KEPT = 64  # staging ranges a buffer keeps views of (PinnedBuffer.int64_views), ~0.5 KB each
 
 
 class PinnedPoolExhausted(RuntimeError):
@@ -62,6 +63,8 @@ class PinnedBuffer:
         and views every step before: ~3 of the 4.3 us its staging took on the CPU VM)."""
         views = self.words.get((start, end))
         if views is None:
+            if len(self.words) >= VIEWS_KEPT:  # exact-size eager batches make a range each: a bound for a long life
+                self.words.clear()
             views = self.words[(start, end)] = (self.array[start:end].view(np.int64),
                                                 self.tensor[start:end].view(torch.int64))
         return views

@@ -183,15 +183,19 @@ def _pack_general(batch: Batch, layout: MetaLayout, pad_id: int, longest: int) -
 
 def _pack_one(batch: Batch, layout: MetaLayout, pad_id: int) -> HostMeta:
     """pack_batch for one sequence pooled into one row (a lone query: what latency is made of): a copy of the
-    words every lone sequence of its length, span and layout shares (_lone_words, made once), then its ids. The
-    same array as the general rule's (tests/rose/test_rose_batching.py holds the two equal)."""
+    words every lone sequence of its length, span and layout shares (_lone_words, made once; layouts past
+    LONE_WORDS_TOKENS are filled in place), then its ids. The same array as the general rule's
+    (tests/rose/test_rose_batching.py holds the two equal)."""
     t = batch.num_tokens
     start, end = int(batch.spans[0, 0]), int(batch.spans[0, 1])
     if not 0 <= start < end <= t:
         raise BatchError(f"spans must be non-empty [start, end) ranges within the batch's {t} tokens")
-    make = _lone_words if layout.tokens <= LONE_WORDS_TOKENS else _lone_words.__wrapped__
-    words, cu = make(layout, t, start, end, pad_id)
-    packed = words.copy()
+    if layout.tokens <= LONE_WORDS_TOKENS:
+        words, cu = _lone_words(layout, t, start, end, pad_id)
+        packed = words.copy()
+    else:
+        packed = np.zeros(layout.words, dtype=np.int64)
+        cu = _fill_lone(packed, layout, t, start, end, pad_id).copy()
     packed[0:t] = batch.token_ids
     return HostMeta(layout=layout, packed=packed, num_tokens=t, num_seqs=1, num_rows=1,
                     max_seqlen=max(t, layout.tokens - t), cu_seqlens=cu)
@@ -202,8 +206,15 @@ def _lone_words(layout: MetaLayout, t: int, start: int, end: int, pad_id: int) -
     """The packed words of a lone sequence of `t` tokens pooling [start, end) at `layout`, its ids left 0, and its
     cu_seqlens; both read-only (shared by every batch of that key). ~15 array writes once instead of every step:
     7.9 -> ~2 us of _pack_one on the CPU VM (benchmarks/NOTES.md, "ROSE's host time per step")."""
-    tb = layout.tokens
     packed = np.zeros(layout.words, dtype=np.int64)
+    cu = _fill_lone(packed, layout, t, start, end, pad_id).copy()
+    packed.flags.writeable = cu.flags.writeable = False
+    return packed, cu
+
+
+def _fill_lone(packed: np.ndarray, layout: MetaLayout, t: int, start: int, end: int, pad_id: int) -> np.ndarray:
+    """Write a lone sequence's words but its ids into zeroed `packed`; returns its cu_seqlens (a view into it)."""
+    tb = layout.tokens
     packed[t:tb] = pad_id
     packed[tb:tb + t] = np.arange(t, dtype=np.int64)  # positions; padding's stay 0
     packed[2 * tb + t:3 * tb] = 1  # seq ids: 0 for the sequence (already), 1 for the padding pseudo-sequence
@@ -218,9 +229,7 @@ def _lone_words(layout: MetaLayout, t: int, start: int, end: int, pad_id: int) -
     counts = packed[count_at:count_at + layout.count_words].view(np.float32)[: layout.rows]
     counts[:] = 1.0
     counts[0] = end - start
-    cu = cu.copy()
-    packed.flags.writeable = cu.flags.writeable = False
-    return packed, cu
+    return cu
 
 
 def _span_index(spans: np.ndarray, seq_ids: np.ndarray, t: int, layout: MetaLayout,

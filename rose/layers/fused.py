@@ -85,7 +85,7 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     output layers compute it (HF's BertSelfOutput / BertOutput): the sum rounded to x's dtype, the norm in float32,
     one rounding at the end. One kernel where torch runs two (the add, then layer_norm), and one pass less over the
     activations."""
-    if not (ENCODER_NORMS and _use_triton(x)):
+    if not (ENCODER_NORMS and _use_triton(x)) or x.stride(-1) != 1 or residual.stride(-1) != 1:
         return torch.nn.functional.layer_norm(x + residual, (x.shape[-1],), weight, bias, eps)
     rows, cols = x.shape
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
@@ -101,8 +101,13 @@ def embed_layer_norm(ids: torch.Tensor, positions: torch.Tensor, types: torch.Te
                      bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """The BERT family's embeddings [T, hidden]: LayerNorm(word[ids] + token_type[types] + position[positions]) as HF
     sums them (word + type, then + position, each sum rounded to the tables' dtype); `types` None reads the type
-    table's row 0, `token_type` None (DistilBERT, MPNet) has no type term. One kernel where torch runs five."""
-    if not (ENCODER_NORMS and _use_triton(word)):
+    table's row 0, `token_type` None (DistilBERT, MPNet) has no type term. One kernel where torch runs five. The
+    indices are the engine's, checked against the tables on the host (rose.meta.pack_batch): the kernel reads what
+    they point at, where torch would assert on one out of range."""
+    tables = (word, position) if token_type is None else (word, position, token_type)
+    indices = (ids, positions) if types is None else (ids, positions, types)
+    if not (ENCODER_NORMS and _use_triton(word)) or any(t.stride(-1) != 1 for t in tables) \
+            or not all(i.is_contiguous() for i in indices):
         x = torch.nn.functional.embedding(ids, word)
         if token_type is not None:
             x = x + (token_type[0] if types is None else torch.nn.functional.embedding(types, token_type))

@@ -87,7 +87,7 @@ class MPNetLayer(nn.Module):
         q, k, v = attn.qkv_proj.forward_split(x)
         shape = (t, self.num_heads, self.head_dim)
         a = attend(q.view(shape), k.view(shape), v.view(shape)).reshape(t, -1)
-        x = self.attention.LayerNorm(attn.o(a) + x)
+        x = self.attention.LayerNorm.add_forward(attn.o(a), x)
         return self.output(self.act(self.intermediate.dense(x)), x)
 
 

@@ -137,25 +137,29 @@ def test_an_error_while_serving_stops_the_children_and_removes_the_counters(monk
 
 
 def test_counter_folders_of_killed_runs_are_removed_at_the_next_start(tmp_path, monkeypatch):
-    """A SIGKILLed `ivy up` never runs its `finally`: its counters' folder stays. The next start removes this user's
-    folders whose pid is gone, and leaves a live run's, a name without a pid, and what is not a counters' folder."""
-    import subprocess
-    import sys
+    """A SIGKILLed `ivy up` never runs its `finally`: its counters' folder stays, its owner lock dropped with it. The
+    next start removes this user's folders whose lock nobody holds, and leaves a live run's (locked), a folder being
+    made or of an older run (no lock file), a link, and what is not a counters' folder."""
+    import fcntl
     import tempfile
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
     prefix = up_warm_cores.COUNTERS_PREFIX
-    stale = tmp_path / f"{prefix}{dead.pid}-abc"
-    live = tmp_path / f"{prefix}{os.getpid()}-def"
-    odd = tmp_path / f"{prefix}x-ghi"
-    other = tmp_path / "something-else"
-    for folder in (stale, live, odd, other):
+    stale, live, bare, other = (tmp_path / name for name in (f"{prefix}123-abc", f"{prefix}456-def",
+                                                             f"{prefix}789-ghi", "something-else"))
+    for folder in (stale, live, bare, other):
         folder.mkdir()
         (folder / "tulip0.count").write_bytes(b"\0" * 8)
-    assert up_warm_cores.remove_stale(str(tmp_path)) == [str(stale)]
-    assert not stale.exists() and live.exists() and odd.exists() and other.exists()
+    for folder in (stale, live, other):
+        (folder / up_warm_cores.OWNER_LOCK).write_text("")
+    (tmp_path / f"{prefix}999-link").symlink_to(stale)
+    with open(live / up_warm_cores.OWNER_LOCK) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a live `ivy up`, in any pid namespace
+        assert up_warm_cores.remove_stale(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and bare.exists() and other.exists()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    made = up_warm_cores.counters_dir()
+    made = up_warm_cores.counters_dir()  # removes the stale first: `live`, its lock now let go
     assert os.path.basename(made).startswith(f"{prefix}{os.getpid()}-") and os.path.isdir(made)
-    assert up_warm_cores.remove_stale(str(tmp_path)) == []  # this process is alive: its folder stays
+    assert not live.exists() and bare.exists()
+    assert up_warm_cores.remove_stale(str(tmp_path)) == []  # this run's own folder is locked: it stays
+    up_warm_cores.remove_counters(made)
+    assert not os.path.exists(made) and made not in up_warm_cores._owned

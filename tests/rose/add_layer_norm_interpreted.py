@@ -12,7 +12,9 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 
 
-def check(rows: int, cols: int, dtype, bias: bool, strided: bool) -> bool:
+def check(rows: int, cols: int, dtype, bias: bool, strided: str) -> bool:
+    """strided: "" (both contiguous), "both" or "residual" (row strides of their own: x's cols, the residual's
+    cols + 40)."""
     import torch
     import torch.nn.functional as F
 
@@ -20,8 +22,12 @@ def check(rows: int, cols: int, dtype, bias: bool, strided: bool) -> bool:
 
     g = torch.Generator().manual_seed(rows * 7 + cols)
     wide = torch.randn(2, rows, cols + 40, generator=g).to(dtype)
-    x, residual = (wide[i, :, 7:7 + cols] if strided else wide[i, :, :cols].contiguous() for i in (0, 1))
-    x = x * 3 + 1 if not strided else x  # strided: both rows' strides cols + 40
+    x, residual = (wide[i, :, :cols].contiguous() for i in (0, 1))
+    if strided == "both":
+        x = wide[0, :, 7:7 + cols]
+    if strided:
+        residual = wide[1, :, 7:7 + cols]
+    x = x * 3 + 1 if strided != "both" else x
     weight = (1 + 0.2 * torch.randn(cols, generator=g)).to(dtype)
     b = (0.1 * torch.randn(cols, generator=g)).to(dtype) if bias else None
     got = fused.add_layer_norm(x, residual, weight, b, 1e-12)
@@ -72,7 +78,7 @@ def main() -> int:
     failed = 0
     for dtype in (torch.float32, torch.float16):
         for rows, cols in ((1, 64), (5, 384), (3, 1000)):  # one row; MiniLM's width; a width past a power of two
-            for bias, strided in ((True, False), (False, True)):
+            for bias, strided in ((True, ""), (False, "both"), (True, "residual")):
                 failed += not check(rows, cols, dtype, bias, strided)
         for types in ("none", "row0", "given"):
             failed += not check_embed(6, 384, dtype, types)

@@ -216,8 +216,11 @@ def test_lone_sequences_of_one_shape_share_only_their_fixed_words():
     assert (shared[:10] == 0).all() and not shared.flags.writeable
     kept = meta._lone_words.cache_info().currsize
     big = MetaLayout(meta.LONE_WORDS_TOKENS * 2, 2, 2)
-    packed = pack_batch(Batch.from_sequences([np.ones(40, np.int32)]), big)
-    assert meta._lone_words.cache_info().currsize == kept and packed.packed[:40].sum() == 40
+    lone = Batch.from_sequences([np.arange(1, 41, dtype=np.int32)])
+    packed = pack_batch(lone, big)
+    assert meta._lone_words.cache_info().currsize == kept
+    general = meta._pack_general(lone, big, 0, 40)
+    assert np.array_equal(packed.packed, general.packed) and np.array_equal(packed.cu_seqlens, general.cu_seqlens)
 
 
 def test_negative_token_ids_and_types_are_refused_like_ids_past_the_vocabulary():

@@ -268,19 +268,23 @@ def test_layout_for_keeps_each_shapes_answer_within_its_bound(engine, monkeypatc
     graphs = engine.runner.graphs
     monkeypatch.setattr(rose.graphs, "LAYOUTS_KEPT", 8)
     rng = np.random.default_rng(3)
-    for _ in range(3):
-        for _ in range(40):
-            seqs = int(rng.integers(1, 6))
-            tokens = int(rng.integers(seqs, 300))
-            shape = (tokens, seqs, seqs, int(rng.integers(1, tokens + 1)))
-            found = choose_layout(graphs.token_buckets, graphs.seq_buckets, *shape)
-            assert graphs.layout_for(*shape) == (None if found is None else MetaLayout(*found))
-            assert len(graphs._layouts) <= 8
+    shapes = []
+    for _ in range(40):
+        seqs = int(rng.integers(1, 6))
+        tokens = int(rng.integers(seqs, 300))
+        shapes.append((tokens, seqs, seqs, int(rng.integers(1, tokens + 1))))
+    shapes.append((20000, 1, 1, 20000))  # above the largest bucket: None, kept as such
+    for shape in shapes[:5] * 3 + shapes * 2:  # the first five seen again while kept, then every one twice
+        found = choose_layout(graphs.token_buckets, graphs.seq_buckets, *shape)
+        assert graphs.layout_for(*shape) == (None if found is None else MetaLayout(*found))
+        assert len(graphs._layouts) <= 8
+    assert graphs._layouts[shapes[-1]] is None
 
 
 def test_lone_queries_of_one_length_replay_their_own_rows(engine, monkeypatch):
-    """Lone queries of one length share their packed words' fixed part (rose.meta._lone_words) and, through the
-    pool, staging views of one pinned buffer: each replay still embeds its own ids."""
+    """Lone queries of one length share their packed words' fixed part (rose.meta._lone_words): each replay still
+    embeds its own ids. (A CPU runner stages from the packed array itself; the pinned buffer's staging views are
+    tests/rose/test_rose_lazy.py's, and the GPU tests' through the real path.)"""
     runner = engine.runner
     attach_graphs(runner, monkeypatch)
     rng = np.random.default_rng(5)

@@ -11,7 +11,7 @@ import pytest
 from rose_parity import random_seqs
 
 from rose import Batch
-from rose.lazy import LazyTensor, LazyTensorReleased, PinnedPool, PinnedPoolExhausted, size_class
+from rose.lazy import VIEWS_KEPT, LazyTensor, LazyTensorReleased, PinnedPool, PinnedPoolExhausted, size_class
 
 
 def test_size_classes_are_powers_of_two():
@@ -196,3 +196,6 @@ def test_a_buffers_staging_views_are_made_once_and_alias_its_bytes():
     assert buf.array[64:72].view(np.int64)[0] == 0 and buf.array[72:80].view(np.int64)[0] == 1
     other, _ = buf.int64_views(0, 16)
     assert other.shape == (2,) and not np.shares_memory(other, words)
+    for end in range(24, 8 * 200, 8):  # exact-size eager batches: a range each, kept within the bound
+        buf.int64_views(0, end)
+        assert len(buf.words) <= VIEWS_KEPT
