@@ -4,6 +4,7 @@
 #   GIT_COMMIT=$(git rev-parse --short HEAD) MODELS=qwen3-0.6b,minilm-l6 bash benchmarks/device.sh step-host
 #   BASE=75cbcfc; rm -rf .base && mkdir .base && git archive $BASE ivy tulip rose protos | tar -x -C .base
 #   GIT_COMMIT=$(git rev-parse --short HEAD) BASE_COMMIT=$BASE bash benchmarks/device.sh step-host
+# then, here: python -m benchmarks.step_host_compare FOLDER [FOLDER ...] (the rounds side by side, medians)
 # Results: $OUT/step_host_<model>.json (this tree alone) or $OUT/step_host_<model>_{base,head}{1,2}.json (the A/B);
 # prints each run's table. In the A/B each round runs base first, then head.
 set -u
