@@ -16,7 +16,7 @@ import pytest
 
 from ivy_testkit import model_copy, stop_process
 from fake_tulip import FakeTulip
-from ivy import up
+from ivy import up, up_tulips
 from ivy.config import IvyConfig
 from rose.flags import config_from_args, env_name
 
@@ -106,7 +106,7 @@ def test_visible_gpus(monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert up.visible_gpus("all") == [None]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(up.shutil, "which", lambda name: None)
+    monkeypatch.setattr(up_tulips.shutil, "which", lambda name: None)  # where visible_gpus looks for nvidia-smi
     assert up.visible_gpus("all") == [None]
 
 
