@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The encoders' norms in one kernel each (rose.layers.fused: the residual add + LayerNorm, the embeddings' sums + LayerNorm) against torch's ops (ROSE_ENCODER_NORMS 0 and 1): the kernel's and the BERT-family GPU tests first, then benchmarks.rose_gpu's rose-graphs rows of AB_MODELS (minilm-l6,mpnet-base,distilbert-base) at bs1-128 and docs-100, 0 and 1 alternating ROUNDS (2) times.
+# The encoders' norms in one kernel each (rose.layers.encoder_norms: the residual add + LayerNorm, the embeddings' sums + LayerNorm) against torch's ops (ROSE_ENCODER_NORMS 0 and 1): the kernel's and the BERT-family GPU tests first, then benchmarks.rose_gpu's rose-graphs rows of AB_MODELS (minilm-l6,mpnet-base,distilbert-base) at bs1-128 and docs-100, 0 and 1 alternating ROUNDS (2) times.
 # Carry .whl; ~5-6 min (TESTS_TIMEOUT 220 s for the tests). Writes $OUT/encoder_norms_tests.log and
 # $OUT/rose_gpu_encoder_norms.tar (each run's JSON and log); prints each run's rows.
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh encoder-norms

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rose.layers.fused import add_layer_norm
+from rose.layers.encoder_norms import add_layer_norm
 
 
 class LayerNorm(nn.LayerNorm):
@@ -13,7 +13,7 @@ class LayerNorm(nn.LayerNorm):
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """self(x + residual); the add and the norm in one kernel on a GPU with ROSE_ENCODER_NORMS=1
-        (rose.layers.fused.add_layer_norm)."""
+        (rose.layers.encoder_norms)."""
         return add_layer_norm(x, residual, self.weight, self.bias, self.eps)
 
 

@@ -1,4 +1,4 @@
-"""rose.layers.fused's encoder kernels under Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU): add_layer_norm
+"""rose.layers.encoder_norms' kernels under Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU): add_layer_norm
 against torch's LayerNorm(x + residual) (the BERT output layers' definition), embed_layer_norm against HF's embeddings
 (word + type, then + position, each sum rounded, then LayerNorm); run by test_rose_fused_encoders.py in a process of its
 own (the interpreter is chosen when the kernel module is imported). Prints one line per case and exits 1 on a
@@ -18,7 +18,7 @@ def check(rows: int, cols: int, dtype, bias: bool, strided: str) -> bool:
     import torch
     import torch.nn.functional as F
 
-    from rose.layers import fused
+    from rose.layers import encoder_norms
 
     g = torch.Generator().manual_seed(rows * 7 + cols)
     wide = torch.randn(2, rows, cols + 40, generator=g).to(dtype)
@@ -30,7 +30,7 @@ def check(rows: int, cols: int, dtype, bias: bool, strided: str) -> bool:
     x = x * 3 + 1 if strided != "both" else x
     weight = (1 + 0.2 * torch.randn(cols, generator=g)).to(dtype)
     b = (0.1 * torch.randn(cols, generator=g)).to(dtype) if bias else None
-    got = fused.add_layer_norm(x, residual, weight, b, 1e-12)
+    got = encoder_norms.add_layer_norm(x, residual, weight, b, 1e-12)
     want = F.layer_norm(x + residual, (cols,), weight, b, 1e-12)
     return report(f"add_layer_norm rows={rows} cols={cols} {dtype} bias={bias} strided={strided}", got, want)
 
@@ -52,7 +52,7 @@ def check_embed(rows: int, cols: int, dtype, types: str) -> bool:
     import torch
     import torch.nn.functional as F
 
-    from rose.layers import fused
+    from rose.layers import encoder_norms
 
     g = torch.Generator().manual_seed(rows * 5 + cols)
     word, position = torch.randn(50, cols, generator=g).to(dtype), torch.randn(40, cols, generator=g).to(dtype)
@@ -60,7 +60,7 @@ def check_embed(rows: int, cols: int, dtype, types: str) -> bool:
     ids, at = torch.randint(0, 50, (rows,), generator=g), torch.randint(0, 40, (rows,), generator=g)
     kinds = torch.randint(0, 2, (rows,), generator=g) if types == "given" else None
     weight, b = (1 + 0.2 * torch.randn(cols, generator=g)).to(dtype), (0.1 * torch.randn(cols, generator=g)).to(dtype)
-    got = fused.embed_layer_norm(ids, at, kinds, word, position, table, weight, b, 1e-12)
+    got = encoder_norms.embed_layer_norm(ids, at, kinds, word, position, table, weight, b, 1e-12)
     x = word[ids]
     if table is not None:
         x = x + (table[kinds] if kinds is not None else table[0])
@@ -71,10 +71,10 @@ def check_embed(rows: int, cols: int, dtype, types: str) -> bool:
 def main() -> int:
     import torch
 
-    from rose.layers import fused
+    from rose.layers import encoder_norms, fused
 
     fused._use_triton = lambda x: True  # CPU tensors: the interpreter runs the kernel on them
-    fused.ENCODER_NORMS = True  # opt-in (ROSE_ENCODER_NORMS): the kernels are what is checked here
+    encoder_norms.ENCODER_NORMS = True  # opt-in (ROSE_ENCODER_NORMS): the kernels are what is checked here
     failed = 0
     for dtype in (torch.float32, torch.float16):
         for rows, cols in ((1, 64), (5, 384), (3, 1000)):  # one row; MiniLM's width; a width past a power of two

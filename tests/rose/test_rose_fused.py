@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rose.layers import fused
+from rose.layers import encoder_norms, fused
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or fused.triton is None,
                                                   reason="needs CUDA and Triton")]
@@ -13,10 +13,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
 
 def _both(fn, *args, monkeypatch):
     monkeypatch.setattr(fused, "ENABLED", True)
-    monkeypatch.setattr(fused, "ENCODER_NORMS", True)  # opt-in (ROSE_ENCODER_NORMS): its kernels are tested here
+    monkeypatch.setattr(encoder_norms, "ENCODER_NORMS", True)  # opt-in (ROSE_ENCODER_NORMS): tested here
     fast = fn(*args)
     monkeypatch.setattr(fused, "ENABLED", False)
-    monkeypatch.setattr(fused, "ENCODER_NORMS", False)
+    monkeypatch.setattr(encoder_norms, "ENCODER_NORMS", False)
     ref = fn(*args)
     return fast, ref
 
@@ -178,7 +178,7 @@ def test_add_layer_norm(tokens, hidden, bias, monkeypatch):
     r = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
     w = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
     b = (0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16() if bias else None
-    fast, ref = _both(fused.add_layer_norm, x, r, w, b, 1e-12, monkeypatch=monkeypatch)
+    fast, ref = _both(encoder_norms.add_layer_norm, x, r, w, b, 1e-12, monkeypatch=monkeypatch)
     assert fast.shape == ref.shape and fast.dtype == ref.dtype
     _close(fast, ref, rel=1e-2)
     assert (fast.float() - ref.float()).abs().max() <= 2 * 2 ** -7 * ref.float().abs().max()  # a rounding step or two
@@ -197,7 +197,7 @@ def test_embed_layer_norm(types, monkeypatch):
     kinds = torch.randint(0, 2, (tokens,), device="cuda", generator=g) if types == "given" else None
     w = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
     b = (0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
-    fast, ref = _both(fused.embed_layer_norm, ids, at, kinds, word, position, table, w, b, 1e-12,
+    fast, ref = _both(encoder_norms.embed_layer_norm, ids, at, kinds, word, position, table, w, b, 1e-12,
                       monkeypatch=monkeypatch)
     assert fast.shape == ref.shape == (tokens, hidden) and fast.dtype == ref.dtype
     _close(fast, ref, rel=1e-2)

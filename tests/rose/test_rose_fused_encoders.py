@@ -1,4 +1,4 @@
-"""The encoders' norms in one kernel each (rose.layers.fused: add_layer_norm, the BERT, RoBERTa, XLM-R, MPNet and
+"""The encoders' norms in one kernel each (rose.layers.encoder_norms: add_layer_norm, the BERT, RoBERTa, XLM-R, MPNet and
 DistilBERT output layers' add + LayerNorm; embed_layer_norm, their embeddings' sums + LayerNorm) on a CPU: under
 Triton's interpreter against torch's definitions (float32 and float16; one row, MiniLM's width, a width past a power of
 two; with and without a bias, strided rows; no type table, its row 0, a type per token). On the GPU, bf16:
