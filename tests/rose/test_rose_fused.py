@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rose.layers import encoder_norms, fused
+from rose.layers import encoder_norms, fused, pooling
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or fused.triton is None,
                                                   reason="needs CUDA and Triton")]
@@ -14,9 +14,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
 def _both(fn, *args, monkeypatch):
     monkeypatch.setattr(fused, "ENABLED", True)
     monkeypatch.setattr(encoder_norms, "ENCODER_NORMS", True)  # opt-in (ROSE_ENCODER_NORMS): tested here
+    monkeypatch.setattr(pooling, "FUSED_POOLING", True)  # opt-in (ROSE_FUSED_POOLING): tested here
     fast = fn(*args)
     monkeypatch.setattr(fused, "ENABLED", False)
     monkeypatch.setattr(encoder_norms, "ENCODER_NORMS", False)
+    monkeypatch.setattr(pooling, "FUSED_POOLING", False)
     ref = fn(*args)
     return fast, ref
 
@@ -202,3 +204,23 @@ def test_embed_layer_norm(types, monkeypatch):
     assert fast.shape == ref.shape == (tokens, hidden) and fast.dtype == ref.dtype
     _close(fast, ref, rel=1e-2)
     assert (fast.float() - ref.float()).abs().max() <= 2 * 2 ** -7 * ref.float().abs().max()
+
+
+@pytest.mark.parametrize("pooling_kind", ["mean", "cls", "padded"])
+def test_segment_mean(pooling_kind, monkeypatch):
+    """The pooling kernel against index_add_ and the division: means of several sequences, one token of each into
+    its row (the rest into the dummy row), one sequence and a layout's padding; a filler row stays 0."""
+    g = torch.Generator("cuda").manual_seed(5)
+    tokens, hidden = 300, 1024
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    starts = [0, 1, 60, 190] if pooling_kind != "padded" else [0]
+    ends = starts[1:] + [tokens] if pooling_kind != "padded" else [211]
+    rows = len(starts) + 1  # a filler row, as a layout's rows past the batch's
+    index = torch.full((tokens,), rows, dtype=torch.int64)
+    count = torch.ones(rows)
+    for row, (start, end) in enumerate(zip(starts, ends)):
+        end = start + 1 if pooling_kind == "cls" else end
+        index[start:end], count[row] = row, end - start
+    fast, ref = _both(pooling.segment_mean, x, index.cuda(), count.cuda(), monkeypatch=monkeypatch)
+    assert fast.shape == ref.shape == (rows, hidden) and fast.dtype == ref.dtype == torch.float32
+    assert (fast - ref).abs().max() <= 1e-5 * ref.abs().max() and not fast[-1].any()
