@@ -81,20 +81,22 @@ DEFAULT_ROUTE = GateUpConfig(block_n=128, warps=8, stages=3, load="tma")
 Route = tuple[tuple[int, GateUpConfig], ...]  # (least tokens, configuration) bands, the largest floor first
 
 
-def engine_route(env: dict[str, str] | None = None) -> Route:
+def engine_route(env: dict[str, str] | None = None, var: str = "ROSE_GATE_UP_SILU",
+                 default: str | None = None) -> Route:
     """The layers' use of the fused kernel: its bands of batch sizes, each (least tokens, configuration), from
     ROSE_GATE_UP_SILU (a configuration's label, DEFAULT_ROUTE's by default, from ROSE_GATE_UP_SILU_MIN tokens, 2048;
     or labels with their own floors of at least one token, `m128n128k64w8p3g8-tma@4096,m128n64k64w4p4g8-tma@2048`;
-    or off: no band); a value it cannot read is a warning and the route off."""
+    or off: no band); a value it cannot read is a warning and the route off. Another kernel of these tiles reads its
+    own `var` (and var_MIN) the same way, with its own `default` (rose.layers.up_gelu)."""
     env = os.environ if env is None else env
-    value = env.get("ROSE_GATE_UP_SILU", DEFAULT_ROUTE.label()).strip()
+    value = env.get(var, DEFAULT_ROUTE.label() if default is None else default).strip()
     try:
         if value.lower() in ("", "0", "off", "false"):
             return ()
         bands = []
         for part in filter(None, (p.strip() for p in value.split(","))):
             label, at, floor = part.partition("@")
-            least = int(floor if at else env.get("ROSE_GATE_UP_SILU_MIN", "2048"))
+            least = int(floor if at else env.get(f"{var}_MIN", "2048"))
             if least < 1:
                 raise ValueError(f"a band's floor must be at least one token, not {least}")
             bands.append((least, GateUpConfig.parse(label)))
@@ -102,7 +104,7 @@ def engine_route(env: dict[str, str] | None = None) -> Route:
             raise ValueError(f"two bands share a floor in {value!r}")
         return tuple(sorted(bands, key=lambda band: -band[0]))
     except ValueError as exc:
-        log.warning("ROSE_GATE_UP_SILU / ROSE_GATE_UP_SILU_MIN: %s; the unfused gate-up and SiLU·mul serve", exc)
+        log.warning("%s / %s_MIN: %s; the unfused kernels serve", var, var, exc)
         return ()
 
 

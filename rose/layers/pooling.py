@@ -3,10 +3,11 @@
 One segment mean serves mean, CLS, last-token and late-chunking spans alike (see rose/batch.py). torch's form sums
 in float32 with index_add_ (fixed shapes, no host sync: capturable), then divides by the span's count: four kernels
 (the zeroed sums, the cast, the add, the division). On CUDA with ROSE_FUSED_POOLING=1 (opt-in until a GPU run has
-measured it: benchmarks/NOTES.md, "Pooling in one kernel") one Triton kernel after the zeroed sums reads each token
-block once, divides by its span's count and adds the block's rows into theirs: one add a block where the block lies in
-one span (a long sequence's mean), one a token otherwise. Both add in an order the GPU's atomics choose, as
-index_add_ does; the kernel divides before it adds, a rounding step of float32 from torch's order.
+measured it: benchmarks/NOTES.md, "Pooling in one kernel"; `device.sh encoder-pooling`) one Triton kernel after the
+zeroed sums reads each token block once, divides by its span's count and adds the block's rows into theirs: one add
+a block where the block lies in one span (a long sequence's mean), one a token otherwise. Both add in an order the
+GPU's atomics choose, as index_add_ does; the kernel divides before it adds, a rounding step of float32 from torch's
+order.
 """
 
 from __future__ import annotations
