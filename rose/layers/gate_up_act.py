@@ -140,8 +140,14 @@ def _index(device: torch.device) -> int:
 def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
     """The configuration to run x through the fused kernel with, or None for the unfused pair: a CUDA batch, in one
     of ROUTE's bands (the one with the largest floor its tokens reach), that it is `launchable` on."""
-    band = max(((floor, config) for floor, config in ROUTE if x.shape[0] >= floor), key=lambda b: b[0], default=None)
-    return band[1] if band is not None and launchable(x, weight, band[1]) else None
+    config = band_for(ROUTE, x.shape[0])
+    return config if config is not None and launchable(x, weight, config) else None
+
+
+def band_for(route: Route, tokens: int) -> GateUpConfig | None:
+    """The configuration of the band with the largest floor `tokens` reaches, or None."""
+    band = max(((floor, config) for floor, config in route if tokens >= floor), key=lambda b: b[0], default=None)
+    return band[1] if band is not None else None
 
 
 def launchable(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:

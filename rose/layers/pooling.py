@@ -19,7 +19,7 @@ import torch
 from rose.layers import fused
 from rose.layers.fused import triton
 
-FUSED_POOLING = fused.ENABLED and os.environ.get("ROSE_FUSED_POOLING", "0") in ("1", "true", "on")
+FUSED_POOLING = fused.ENABLED and os.environ.get("ROSE_FUSED_POOLING", "0").strip().lower() in ("1", "true", "on")
 BLOCK_TOKENS, BLOCK_COLS = 32, 128
 
 

@@ -29,7 +29,7 @@ from rose.layers.tma import TensorDescriptor, describable
 
 log = logging.getLogger("rose.up_gelu")
 
-DEFAULT = GateUpConfig(block_n=128, warps=8, stages=3, load="tma")  # gate-up's measured tiles, one product a tile
+DEFAULT = gate_up_act.DEFAULT_ROUTE  # gate-up's measured tiles (128 x 128 x 64, 8 warps, 3 stages, descriptors)
 
 
 def engine_route(env: dict[str, str] | None = None) -> Route:
@@ -40,7 +40,12 @@ def engine_route(env: dict[str, str] | None = None) -> Route:
     value = env.get("ROSE_UP_GELU", "off").strip()
     if value.lower() in ("1", "on", "true"):
         env = {**env, "ROSE_UP_GELU": DEFAULT.label()}
-    return gate_up_act.engine_route(env, var="ROSE_UP_GELU", default="off")
+    route = gate_up_act.engine_route(env, var="ROSE_UP_GELU", default="off")
+    if any(config.load == "tma-sms" for _, config in route):
+        log.warning("ROSE_UP_GELU: %r: the up + GELU kernel runs a program a tile (no -tma-sms); F.linear and GELU "
+                    "serve", value)
+        return ()
+    return route
 
 
 ROUTE = engine_route()  # read once, at import; give_up() turns it off
@@ -72,13 +77,16 @@ def fits(x: torch.Tensor, dense: nn.Linear, config: GateUpConfig) -> bool:
 
 def routed(x: torch.Tensor, dense: nn.Linear) -> GateUpConfig | None:
     """The configuration for x, or None for the unfused pair: a CUDA batch in one of ROUTE's bands that fits."""
-    band = max(((floor, config) for floor, config in ROUTE if x.shape[0] >= floor), key=lambda b: b[0], default=None)
-    if band is None or triton is None or not x.is_cuda:
-        return None
-    config = band[1]
-    if config.load != "ptr" and not _tma_fits(_index(x.device)):
-        return None
-    return config if fits(x, dense, config) else None
+    config = gate_up_act.band_for(ROUTE, x.shape[0])
+    return config if config is not None and launchable(x, dense, config) else None
+
+
+def launchable(x: torch.Tensor, dense: nn.Linear, config: GateUpConfig) -> bool:
+    """Whether `config` can run x through the kernel here: Triton present, a CUDA batch, a GPU the tensor-descriptor
+    form fits (rose.layers.gate_up_act's rule), shapes it `fits`."""
+    if triton is None or not x.is_cuda or (config.load != "ptr" and not _tma_fits(_index(x.device))):
+        return False
+    return fits(x, dense, config)
 
 
 def dense_act(dense: nn.Linear, act, x: torch.Tensor) -> torch.Tensor:
@@ -116,6 +124,10 @@ def up_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, config: G
     if inner % config.block_n or k % config.block_k or config.load == "tma-sms":
         raise ValueError(f"I = {inner} and K = {k} must be whole blocks of {config.block_n} and {config.block_k}, "
                          "one program a tile")
+    if not (x.is_contiguous() and weight.is_contiguous() and bias.is_contiguous()):
+        raise ValueError("x, weight and bias must be contiguous")
+    if not x.dtype == weight.dtype == bias.dtype:
+        raise ValueError(f"x, weight and bias must share a dtype, not {x.dtype}, {weight.dtype}, {bias.dtype}")
     out = torch.empty(m, inner, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(m, config.block_m) * (inner // config.block_n)
     meta = {"INNER": inner, "K": k, "BM": config.block_m, "BN": config.block_n, "BK": config.block_k,
@@ -126,7 +138,8 @@ def up_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, config: G
         _up_gelu_tma_kernel[(tiles,)](
             TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
             _weight_descriptor(weight, [config.block_n, config.block_k]), bias,
-            TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]), m, **meta)
+            TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]), m, DT=gate_up_act._DTYPES[x.dtype],
+            **meta)
     return out
 
 
@@ -136,8 +149,7 @@ def precompile(dense: nn.Linear) -> int:
     x = torch.zeros(8, dense.weight.shape[1], dtype=dense.weight.dtype, device=dense.weight.device)
     launched = 0
     for config in dict.fromkeys(config for _, config in ROUTE):
-        if triton is None or not x.is_cuda or not fits(x, dense, config) or (
-                config.load != "ptr" and not _tma_fits(_index(x.device))):
+        if not launchable(x, dense, config):
             continue
         try:
             up_gelu(x, dense.weight, dense.bias, config)
@@ -161,14 +173,15 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M"])
     def _up_gelu_tma_kernel(x_desc, w_desc, b_ptr, o_desc, M, INNER: tl.constexpr, K: tl.constexpr,
-                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                            DT: tl.constexpr):
         pid_m, pid_n = _tile(tl.program_id(0), M, INNER, BM, BN, GROUP_M)
         off_m, off_n = pid_m * BM, pid_n * BN
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k in range(0, K, BK):
             acc = tl.dot(x_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
         bias = tl.load(b_ptr + off_n + tl.arange(0, BN)).to(tl.float32)
-        o_desc.store([off_m, off_n], _bias_gelu(acc, bias, b_ptr.dtype.element_ty))
+        o_desc.store([off_m, off_n], _bias_gelu(acc, bias, DT))
 
     @triton.jit(do_not_specialize=["M"])
     def _up_gelu_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,

@@ -32,6 +32,7 @@ def test_what_routes_a_layer_to_it(monkeypatch):
         (4096, DEFAULT), (512, small))
     assert engine_route({"ROSE_UP_GELU": "m64n128"}) == () and engine_route({"ROSE_UP_GELU": "on",
                                                                               "ROSE_UP_GELU_MIN": "many"}) == ()
+    assert engine_route({"ROSE_UP_GELU": "m128n128k64w8p3g8-tma-sms"}) == ()  # a program a tile only: refused
     dense = nn.Linear(384, 1536).bfloat16()
     x = torch.zeros(4096, 384, dtype=torch.bfloat16)
     assert fits(x, dense, DEFAULT) and fits(x, dense, small)
@@ -74,3 +75,7 @@ def test_shapes_it_cannot_tile_are_refused():
         up_gelu(x, torch.zeros(96, 64), torch.zeros(96), config)
     with pytest.raises(ValueError, match="do not fit"):
         up_gelu(x, torch.zeros(128, 32), torch.zeros(128), config)
+    with pytest.raises(ValueError, match="contiguous"):
+        up_gelu(torch.zeros(4, 128)[:, ::2], torch.zeros(128, 64), torch.zeros(128), config)
+    with pytest.raises(ValueError, match="share a dtype"):
+        up_gelu(x, torch.zeros(128, 64), torch.zeros(128, dtype=torch.float16), config)

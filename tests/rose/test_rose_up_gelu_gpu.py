@@ -70,7 +70,9 @@ def test_a_graph_replay_gives_the_eager_bits():
 def test_a_layer_routed_through_it_is_its_unfused_self(monkeypatch):
     x, dense = _operands(3000, *SHAPES["minilm"])
     with torch.inference_mode():
-        pair = up_gelu.dense_act(dense, F.gelu, x)  # the route off (the default)
+        monkeypatch.setattr(up_gelu, "ROUTE", ())  # off, whatever ROSE_UP_GELU says (the device script turns it on)
+        pair = up_gelu.dense_act(dense, F.gelu, x)
+        assert torch.equal(pair, F.gelu(dense(x)))
         monkeypatch.setattr(up_gelu, "ROUTE", ((2048, DEFAULT),))
         assert up_gelu.routed(x, dense) == DEFAULT and up_gelu.routed(x[:2000], dense) is None
         assert up_gelu.precompile_layer(dense, F.gelu) == 1
