@@ -286,17 +286,22 @@ if triton is not None:
                 acc_u = tl.dot(a, w_desc.load([INNER + off_n, k]).T, acc_u)
             o_desc.store([off_m, off_n], _silu_times(acc_g, acc_u, DT))
 
-    @triton.jit(do_not_specialize=["M"])
-    def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
-                             BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    @triton.jit
+    def _pointer_tile(x_ptr, w_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      BK: tl.constexpr, GROUP_M: tl.constexpr):
+        """This program's tile in the pointer form: its rows, its columns, which rows are real, and the first K step's
+        pointers into x [M, K] and into the weight's rows read as Wᵀ [BK, BN]."""
         pid_m, pid_n = _tile(tl.program_id(0), M, INNER, BM, BN, GROUP_M)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
-        row_ok = rm < M
-        a_ptrs = x_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]
-        g_ptrs = w_ptr + rn[None, :] * K + rk[:, None]  # [BK, BN]: gate rows read as Wᵀ
-        u_ptrs = g_ptrs + INNER * K
+        return rm, rn, rm < M, x_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :], w_ptr + rn[None, :] * K + rk[:, None]
+
+    @triton.jit(do_not_specialize=["M"])
+    def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
+                             BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+        rm, rn, row_ok, a_ptrs, g_ptrs = _pointer_tile(x_ptr, w_ptr, M, INNER, K, BM, BN, BK, GROUP_M)
+        u_ptrs = g_ptrs + INNER * K  # the up rows
         acc_g = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
         for _ in range(0, K, BK):

@@ -163,7 +163,7 @@ def precompile(dense: nn.Linear) -> int:
 if triton is not None:
     import triton.language as tl
 
-    from rose.layers.gate_up_act import _tile
+    from rose.layers.gate_up_act import _pointer_tile, _tile
 
     @triton.jit
     def _bias_gelu(acc, bias, dt: tl.constexpr):
@@ -186,13 +186,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M"])
     def _up_gelu_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-        pid_m, pid_n = _tile(tl.program_id(0), M, INNER, BM, BN, GROUP_M)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        row_ok = rm < M
-        a_ptrs = x_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]
-        w_ptrs = w_ptr + rn[None, :] * K + rk[:, None]  # [BK, BN]: the weight read as Wᵀ
+        rm, rn, row_ok, a_ptrs, w_ptrs = _pointer_tile(x_ptr, w_ptr, M, INNER, K, BM, BN, BK, GROUP_M)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for _ in range(0, K, BK):
             acc = tl.dot(tl.load(a_ptrs, mask=row_ok[:, None], other=0.0), tl.load(w_ptrs), acc)
