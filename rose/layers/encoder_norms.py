@@ -17,7 +17,7 @@ import torch
 from rose.layers import fused
 from rose.layers.fused import triton
 
-ENCODER_NORMS = fused.ENABLED and os.environ.get("ROSE_ENCODER_NORMS", "0").strip().lower() in ("1", "true", "on")
+ENCODER_NORMS = fused.ENABLED and os.environ.get("ROSE_ENCODER_NORMS", "1").strip().lower() in ("1", "true", "on")
 
 
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
