@@ -32,9 +32,7 @@ RUNS=(
   "soak|soak_device.sh||.whl|soak at 70 % of saturation on Qwen3-0.6B: RSS, pinned bytes, p99 flat, 0 errors (one whole call ~9.5 min; STEP=start then STEP=finish: 10 min over two calls)"
   "index|index_device.sh||.whl|ivy index through ivy up vs the engine in-process on Qwen3-0.6B, SIGKILL + --resume (~4 min)"
   "green-contexts|green_contexts_device.sh|||CUDA green contexts: GEMMs and graphs confined to a green stream's SMs, a small GEMM chain beside bulk held to fewer SMs (~20 s)"
-  "encoder-norms|encoder_norms_device.sh|STEP=norms|.whl|the encoders' kernels' GPU tests (TESTS=0: none), then the add + LayerNorm and embeddings kernels against torch's ops (ROSE_ENCODER_NORMS 0/1) on MiniLM, MPNet and DistilBERT (~5-6 min)"
-  "encoder-pooling|encoder_norms_device.sh|STEP=pooling|.whl|as encoder-norms: pooling in one kernel against index_add_ (ROSE_FUSED_POOLING 0/1) on MiniLM and Qwen3-0.6B"
-  "encoder-up-gelu|encoder_norms_device.sh|STEP=up-gelu|.whl|as encoder-norms: the up projection with GELU in its epilogue (ROSE_UP_GELU off/on) on the encoders' 100 documents"
+  "encoder-norms|encoder_norms_device.sh||.whl|the encoders' add + LayerNorm and embeddings kernels: the BERT families' GPU tests (TESTS=0: none), then the engine A/B (ROSE_ENCODER_NORMS 0/1) of MiniLM, MPNet and DistilBERT (~4 min)"
   "heads|heads_device.sh||.whl|the cross-encoders, SPLADE and BGE-M3 of issue 16 in benchmarks.rose_gpu beside HF (bs1-128, docs-100)"
   "remote-families|heads_device.sh|TAG=_remote MODELS=gte-base-en-v1.5,nomic-embed-text-v1.5 VARIANTS=rose-eager,rose-graphs|.whl|GTE v1.5 and NomicBERT in benchmarks.rose_gpu, ROSE rows only (no HF class offline; ~1-2 min)"
 )

@@ -3,9 +3,10 @@ residual add + LayerNorm (HF's BertSelfOutput / BertOutput; RoBERTa, XLM-R, MPNe
 embeddings' gathers, sums and LayerNorm. Two and five kernels before, one each now, HF's rounding kept (each sum
 rounded to the activation dtype, the norm in float32, one rounding at the end).
 
-Opt-in (ROSE_ENCODER_NORMS=1; off too with ROSE_FUSED_KERNELS=0) until a GPU run has held the BERT families' parity
-with them and measured them (benchmarks/NOTES.md, "The encoders' norms in one kernel each"). The decoders' fused
-kernels, whose switch and Triton import these share, are rose.layers.fused.
+On by default (ROSE_ENCODER_NORMS=0 turns them off, as does ROSE_FUSED_KERNELS=0): on an H100 at 573725c the BERT
+families' GPU parity held with them and all-MiniLM's 1 x 128 fell 0.326 -> 0.282 ms, its 100 documents +15 to +28 %
+tokens/s (benchmarks/NOTES.md, "The encoders' norms in one kernel each"). The decoders' fused kernels, whose switch
+and Triton import these share, are rose.layers.fused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from rose.layers import fused
 from rose.layers.fused import triton
 
-ENCODER_NORMS = fused.ENABLED and os.environ.get("ROSE_ENCODER_NORMS", "1").strip().lower() in ("1", "true", "on")
+ENCODER_NORMS = fused.ENABLED and os.environ.get("ROSE_ENCODER_NORMS", "1").strip().lower() not in ("0", "false", "off")
 
 
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -81,22 +81,20 @@ DEFAULT_ROUTE = GateUpConfig(block_n=128, warps=8, stages=3, load="tma")
 Route = tuple[tuple[int, GateUpConfig], ...]  # (least tokens, configuration) bands, the largest floor first
 
 
-def engine_route(env: dict[str, str] | None = None, var: str = "ROSE_GATE_UP_SILU",
-                 default: str | None = None) -> Route:
+def engine_route(env: dict[str, str] | None = None) -> Route:
     """The layers' use of the fused kernel: its bands of batch sizes, each (least tokens, configuration), from
     ROSE_GATE_UP_SILU (a configuration's label, DEFAULT_ROUTE's by default, from ROSE_GATE_UP_SILU_MIN tokens, 2048;
     or labels with their own floors of at least one token, `m128n128k64w8p3g8-tma@4096,m128n64k64w4p4g8-tma@2048`;
-    or off: no band); a value it cannot read is a warning and the route off. Another kernel of these tiles reads its
-    own `var` (and var_MIN) the same way, with its own `default` (rose.layers.up_gelu)."""
+    or off: no band); a value it cannot read is a warning and the route off."""
     env = os.environ if env is None else env
-    value = env.get(var, DEFAULT_ROUTE.label() if default is None else default).strip()
+    value = env.get("ROSE_GATE_UP_SILU", DEFAULT_ROUTE.label()).strip()
     try:
         if value.lower() in ("", "0", "off", "false"):
             return ()
         bands = []
         for part in filter(None, (p.strip() for p in value.split(","))):
             label, at, floor = part.partition("@")
-            least = int(floor if at else env.get(f"{var}_MIN", "2048"))
+            least = int(floor if at else env.get("ROSE_GATE_UP_SILU_MIN", "2048"))
             if least < 1:
                 raise ValueError(f"a band's floor must be at least one token, not {least}")
             bands.append((least, GateUpConfig.parse(label)))
@@ -104,7 +102,7 @@ def engine_route(env: dict[str, str] | None = None, var: str = "ROSE_GATE_UP_SIL
             raise ValueError(f"two bands share a floor in {value!r}")
         return tuple(sorted(bands, key=lambda band: -band[0]))
     except ValueError as exc:
-        log.warning("%s / %s_MIN: %s; the unfused kernels serve", var, var, exc)
+        log.warning("ROSE_GATE_UP_SILU / ROSE_GATE_UP_SILU_MIN: %s; the unfused gate-up and SiLU·mul serve", exc)
         return ()
 
 
@@ -140,14 +138,8 @@ def _index(device: torch.device) -> int:
 def routed(x: torch.Tensor, weight: torch.Tensor) -> GateUpConfig | None:
     """The configuration to run x through the fused kernel with, or None for the unfused pair: a CUDA batch, in one
     of ROUTE's bands (the one with the largest floor its tokens reach), that it is `launchable` on."""
-    config = band_for(ROUTE, x.shape[0])
-    return config if config is not None and launchable(x, weight, config) else None
-
-
-def band_for(route: Route, tokens: int) -> GateUpConfig | None:
-    """The configuration of the band with the largest floor `tokens` reaches, or None."""
-    band = max(((floor, config) for floor, config in route if tokens >= floor), key=lambda b: b[0], default=None)
-    return band[1] if band is not None else None
+    band = max(((floor, config) for floor, config in ROUTE if x.shape[0] >= floor), key=lambda b: b[0], default=None)
+    return band[1] if band is not None and launchable(x, weight, band[1]) else None
 
 
 def launchable(x: torch.Tensor, weight: torch.Tensor, config: GateUpConfig) -> bool:
@@ -286,22 +278,17 @@ if triton is not None:
                 acc_u = tl.dot(a, w_desc.load([INNER + off_n, k]).T, acc_u)
             o_desc.store([off_m, off_n], _silu_times(acc_g, acc_u, DT))
 
-    @triton.jit
-    def _pointer_tile(x_ptr, w_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, GROUP_M: tl.constexpr):
-        """This program's tile in the pointer form: its rows, its columns, which rows are real, and the first K step's
-        pointers into x [M, K] and into the weight's rows read as Wᵀ [BK, BN]."""
+    @triton.jit(do_not_specialize=["M"])
+    def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
+                             BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
         pid_m, pid_n = _tile(tl.program_id(0), M, INNER, BM, BN, GROUP_M)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
-        return rm, rn, rm < M, x_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :], w_ptr + rn[None, :] * K + rk[:, None]
-
-    @triton.jit(do_not_specialize=["M"])
-    def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, INNER: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
-                             BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-        rm, rn, row_ok, a_ptrs, g_ptrs = _pointer_tile(x_ptr, w_ptr, M, INNER, K, BM, BN, BK, GROUP_M)
-        u_ptrs = g_ptrs + INNER * K  # the up rows
+        row_ok = rm < M
+        a_ptrs = x_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]
+        g_ptrs = w_ptr + rn[None, :] * K + rk[:, None]  # [BK, BN]: gate rows read as Wᵀ
+        u_ptrs = g_ptrs + INNER * K
         acc_g = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
         for _ in range(0, K, BK):

@@ -12,7 +12,7 @@ class LayerNorm(nn.LayerNorm):
     """torch's LayerNorm; weight/bias names match HF checkpoints."""
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """self(x + residual); the add and the norm in one kernel on a GPU with ROSE_ENCODER_NORMS=1
+        """self(x + residual); the add and the norm in one kernel on a GPU (ROSE_ENCODER_NORMS, on by default)
         (rose.layers.encoder_norms)."""
         return add_layer_norm(x, residual, self.weight, self.bias, self.eps)
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
-from rose.layers import LayerNorm, MergedLinear, embed_layer_norm, get_activation, up_gelu
+from rose.layers import LayerNorm, MergedLinear, embed_layer_norm, get_activation
 from rose.meta import ForwardMeta
 
 
@@ -96,7 +96,7 @@ class BertLayer(nn.Module):
         shape = (t, self.num_heads, self.head_dim)
         a = attn(q.view(shape), k.view(shape), v.view(shape)).reshape(t, -1)
         x = self.attention.output(a, x)
-        return self.output(up_gelu.dense_act(self.intermediate.dense, self.act, x), x)
+        return self.output(self.act(self.intermediate.dense(x)), x)
 
 
 class BertEncoder(nn.Module):
@@ -126,11 +126,6 @@ class BertModel(nn.Module):
     # default auto): every layer of a batch of up to its routed bound in one kernel, for forwards with its backend
     # (the runner's)
     persistent = None
-
-    def precompile_kernels(self) -> int:
-        """The up + GELU kernel's variants where ROSE_UP_GELU routes (rose.layers.up_gelu), compiled before serving."""
-        layer = self.encoder.layer[0]
-        return up_gelu.precompile_layer(layer.intermediate.dense, layer.act)
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         positions = (fairseq_positions(meta.input_ids, meta.positions, self.position_offset - 1)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rose.attention.base import AttentionBackend, AttentionContext
-from rose.layers import LayerNorm, MergedLinear, embed_layer_norm, get_activation, up_gelu
+from rose.layers import LayerNorm, MergedLinear, embed_layer_norm, get_activation
 from rose.meta import ForwardMeta
 
 EPS = 1e-12
@@ -47,7 +47,7 @@ class FFN(nn.Module):
         self.act = get_activation(cfg.get("activation", "gelu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin2(up_gelu.dense_act(self.lin1, self.act, x))
+        return self.lin2(self.act(self.lin1(x)))
 
 
 class TransformerBlock(nn.Module):
@@ -87,11 +87,6 @@ class DistilBertModel(nn.Module):
         self.scale = (cfg["dim"] // cfg["n_heads"]) ** -0.5
         self.embeddings = Embeddings(cfg)
         self.transformer = Transformer(cfg)
-
-    def precompile_kernels(self) -> int:
-        """The up + GELU kernel's variants where ROSE_UP_GELU routes (rose.layers.up_gelu), compiled before serving."""
-        ffn = self.transformer.layer[0].ffn
-        return up_gelu.precompile_layer(ffn.lin1, ffn.act)
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         x = self.embeddings(meta.input_ids, meta.positions)

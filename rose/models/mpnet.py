@@ -21,7 +21,7 @@ from torch import nn
 
 from rose.attention.banded import banded_attention, biased_band
 from rose.attention.base import AttentionBackend
-from rose.layers import LayerNorm, MergedLinear, embed_layer_norm, get_activation, up_gelu
+from rose.layers import LayerNorm, MergedLinear, embed_layer_norm, get_activation
 from rose.meta import ForwardMeta
 from rose.models.bert import BertDenseNorm, BertIntermediate, fairseq_positions
 
@@ -88,7 +88,7 @@ class MPNetLayer(nn.Module):
         shape = (t, self.num_heads, self.head_dim)
         a = attend(q.view(shape), k.view(shape), v.view(shape)).reshape(t, -1)
         x = self.attention.LayerNorm.add_forward(attn.o(a), x)
-        return self.output(up_gelu.dense_act(self.intermediate.dense, self.act, x), x)
+        return self.output(self.act(self.intermediate.dense(x)), x)
 
 
 class MPNetEncoder(nn.Module):
@@ -127,11 +127,6 @@ class MPNetModel(nn.Module):
             if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
                 self._distance_bias[device] = bias
         return bias
-
-    def precompile_kernels(self) -> int:
-        """The up + GELU kernel's variants where ROSE_UP_GELU routes (rose.layers.up_gelu), compiled before serving."""
-        layer = self.encoder.layer[0]
-        return up_gelu.precompile_layer(layer.intermediate.dense, layer.act)
 
     def forward(self, meta: ForwardMeta, backend: AttentionBackend) -> torch.Tensor:
         x = self.embeddings(meta.input_ids, meta.positions)

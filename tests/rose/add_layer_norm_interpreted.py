@@ -74,7 +74,7 @@ def main() -> int:
     from rose.layers import encoder_norms, fused
 
     fused._use_triton = lambda x: True  # CPU tensors: the interpreter runs the kernel on them
-    encoder_norms.ENCODER_NORMS = True  # opt-in (ROSE_ENCODER_NORMS): the kernels are what is checked here
+    encoder_norms.ENCODER_NORMS = True  # whatever ROSE_ENCODER_NORMS says: the kernels are checked here
     failed = 0
     for dtype in (torch.float32, torch.float16):
         for rows, cols in ((1, 64), (5, 384), (3, 1000)):  # one row; MiniLM's width; a width past a power of two

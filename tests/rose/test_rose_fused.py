@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rose.layers import encoder_norms, fused, pooling
+from rose.layers import encoder_norms, fused
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or fused.triton is None,
                                                   reason="needs CUDA and Triton")]
@@ -13,12 +13,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
 
 def _both(fn, *args, monkeypatch):
     monkeypatch.setattr(fused, "ENABLED", True)
-    monkeypatch.setattr(encoder_norms, "ENCODER_NORMS", True)  # opt-in (ROSE_ENCODER_NORMS): tested here
-    monkeypatch.setattr(pooling, "FUSED_POOLING", True)  # opt-in (ROSE_FUSED_POOLING): tested here
+    monkeypatch.setattr(encoder_norms, "ENCODER_NORMS", True)  # whatever ROSE_ENCODER_NORMS says: tested here
     fast = fn(*args)
     monkeypatch.setattr(fused, "ENABLED", False)
     monkeypatch.setattr(encoder_norms, "ENCODER_NORMS", False)
-    monkeypatch.setattr(pooling, "FUSED_POOLING", False)
     ref = fn(*args)
     return fast, ref
 
@@ -204,44 +202,3 @@ def test_embed_layer_norm(types, monkeypatch):
     assert fast.shape == ref.shape == (tokens, hidden) and fast.dtype == ref.dtype
     _close(fast, ref, rel=1e-2)
     assert (fast.float() - ref.float()).abs().max() <= 2 * 2 ** -7 * ref.float().abs().max()
-
-
-@pytest.mark.parametrize("pooling_kind,tokens", [("mean", 300), ("cls", 300), ("padded", 300), ("mean", 20000)])
-def test_segment_mean(pooling_kind, tokens, monkeypatch):
-    """The pooling kernel against index_add_ and the division: means of several sequences (at 20 000 tokens hundreds
-    of blocks add into one row), one token of each into its row (the rest into the dummy row), one sequence and a
-    layout's padding; a filler row stays 0."""
-    g = torch.Generator("cuda").manual_seed(5)
-    hidden = 1024
-    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
-    starts = [0, 1, 60, 190 * tokens // 300] if pooling_kind != "padded" else [0]
-    ends = starts[1:] + [tokens] if pooling_kind != "padded" else [211]
-    rows = len(starts) + 1  # a filler row, as a layout's rows past the batch's
-    index = torch.full((tokens,), rows, dtype=torch.int64)
-    count = torch.ones(rows)
-    for row, (start, end) in enumerate(zip(starts, ends)):
-        end = start + 1 if pooling_kind == "cls" else end
-        index[start:end], count[row] = row, end - start
-    fast, ref = _both(pooling.segment_mean, x, index.cuda(), count.cuda(), monkeypatch=monkeypatch)
-    assert fast.shape == ref.shape == (rows, hidden) and fast.dtype == ref.dtype == torch.float32
-    assert (fast - ref).abs().max() <= 1e-5 * ref.abs().max() and not fast[-1].any()
-
-
-def test_segment_mean_in_a_graph_replay(monkeypatch):
-    """The pooling kernel captured in a CUDA graph gives, replayed on new inputs, what it gives called eagerly on them
-    (within the atomics' order: float32 adds)."""
-    monkeypatch.setattr(pooling, "FUSED_POOLING", True)
-    g = torch.Generator("cuda").manual_seed(6)
-    x = torch.randn(4096, 384, device="cuda", generator=g).bfloat16()
-    index = torch.repeat_interleave(torch.arange(3, device="cuda"), torch.tensor([100, 3000, 996], device="cuda"))
-    count = torch.tensor([100.0, 3000.0, 996.0], device="cuda")
-    pooling.segment_mean(x, index, count)  # compiled before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = pooling.segment_mean(x, index, count)
-    x.copy_(torch.randn(4096, 384, device="cuda", generator=g).bfloat16())
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = pooling.segment_mean(x, index, count)
-    assert (out - eager).abs().max() <= 1e-5 * eager.abs().max()
