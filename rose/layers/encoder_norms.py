@@ -31,10 +31,9 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
         return torch.nn.functional.layer_norm(x + residual, (x.shape[-1],), weight, bias, eps)
     rows, cols = x.shape
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
-    block = triton.next_power_of_2(cols)
     _add_layer_norm_kernel[(rows,)](x, residual, weight, bias if bias is not None else weight, out, cols,
                                     x.stride(0), residual.stride(0), eps, HAS_BIAS=bias is not None,
-                                    BLOCK=block, num_warps=4 if block <= 2048 else 8)
+                                    **fused.row_launch(cols))
     return out
 
 
@@ -55,13 +54,12 @@ def embed_layer_norm(ids: torch.Tensor, positions: torch.Tensor, types: torch.Te
         return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     rows, cols = ids.shape[0], word.shape[1]
     out = torch.empty((rows, cols), dtype=word.dtype, device=word.device)
-    block = triton.next_power_of_2(cols)
     mode = 0 if token_type is None else 1 if types is None else 2
     _embed_layer_norm_kernel[(rows,)](ids, positions, types if mode == 2 else ids, word, position,
                                       token_type if mode else word, weight, bias if bias is not None else weight,
                                       out, cols, word.stride(0), position.stride(0),
                                       token_type.stride(0) if mode else 0, eps, TYPES=mode,
-                                      HAS_BIAS=bias is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8)
+                                      HAS_BIAS=bias is not None, **fused.row_launch(cols))
     return out
 
 

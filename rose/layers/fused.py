@@ -169,13 +169,18 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 # -- Triton kernels ------------------------------------------------------------------------------------
+def row_launch(cols: int) -> dict:
+    """A one-program-a-row norm kernel's launch shape for rows of `cols` values: the whole row in one block (the next
+    power of two), 4 warps up to 2048 values, 8 past (the RMS and the encoders' LayerNorm kernels alike)."""
+    block = triton.next_power_of_2(cols)
+    return {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8}
+
+
 def _launch_add_rms(x, residual, weight, out, res_out, eps: float, gemma: bool = False) -> None:
     rows, cols = x.shape[0], x.shape[-1]
-    block = triton.next_power_of_2(cols)
     has_res = residual is not None
     _add_rms_kernel[(rows,)](x, residual if has_res else x, weight, out, res_out if has_res else out,
-                             cols, x.stride(0), eps, HAS_RES=has_res, GEMMA=gemma, BLOCK=block,
-                             num_warps=4 if block <= 2048 else 8)
+                             cols, x.stride(0), eps, HAS_RES=has_res, GEMMA=gemma, **row_launch(cols))
 
 
 if triton is not None:
