@@ -33,12 +33,15 @@ QWEN3_CONFIGS = {
 # Encoder families (issue 16): (transformers config and model class, the published config's values over the
 # class defaults, sentence-transformers max_seq_length). ModernBERT-base's config is ModernBertConfig's defaults
 # (22 layers, local window 128 every layer but each third, RoPE 160k/10k); all-mpnet-base-v2 and
-# distilbert-base-uncased as published.
+# distilbert-base-uncased as published; bert-large is bert-large-uncased's shape, the shape of bge-large-en-v1.5,
+# e5-large-v2 and mxbai-embed-large-v1 (width 1 024, 24 layers).
 ENCODER_CONFIGS = {
     "modernbert-base": ("ModernBertConfig", "ModernBertModel", {}, 8192),
     "mpnet-base": ("MPNetConfig", "MPNetModel", dict(vocab_size=30527, max_position_embeddings=514,
                                                      layer_norm_eps=1e-5), 384),
     "distilbert-base": ("DistilBertConfig", "DistilBertModel", {}, 512),
+    "bert-large": ("BertConfig", "BertModel", dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                                   intermediate_size=4096), 512),
 }
 BERT_LIKE = ("minilm-l6", *ENCODER_CONFIGS)  # short-context encoders: benchmarked on bs1-128 and docs-100
 GEMMA3_LAYERS = ["sliding_attention"] * 5 + ["full_attention"]
@@ -241,7 +244,7 @@ def make_encoder_folder(name: str, out: Path, dtype: str = "bfloat16", seed: int
     """An ENCODER_CONFIGS model with random weights (std 0.02), MiniLM's tokenizer (its ids fit every one of
     these vocabularies) and sentence-transformers files: mean pooling, normalized (as all-mpnet-base-v2)."""
     config_cls, model_cls, values, max_seq = ENCODER_CONFIGS[name]
-    extra = {"add_pooling_layer": False} if model_cls == "MPNetModel" else {}
+    extra = {"add_pooling_layer": False} if model_cls in ("MPNetModel", "BertModel") else {}
     config = save_random_model(out, config_cls, model_cls, values, dtype, seed, on_gpu=False, **extra)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The stack's layers apart on the Qwen3-0.6B config (random bf16): STEP=layers (default) runs ROSE's GPU tests, then ivy-text, ivy-ids, tulip-grpc and in-process on the same requests in one run; STEP=ab runs stack A/Bs (stream vs unary, idle capture, Tulips per GPU); STEP=commits runs an older commit's services beside this tree's.
+# The stack's layers apart on the Qwen3-0.6B config (random bf16; MODEL=minilm-l6 or another benchmarks.model_zoo name: that one): STEP=layers (default) runs ROSE's GPU tests, then ivy-text, ivy-ids, tulip-grpc and in-process on the same requests in one run; STEP=ab runs stack A/Bs (stream vs unary, idle capture, Tulips per GPU); STEP=commits runs an older commit's services beside this tree's.
 # Carry .whl (STEP=commits: .whl and .base). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-layers     # STEP=layers (GPU_TESTS=0: no tests; SUITES=embed-latency,concurrency: those only)
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-ab         # STEP=ab
@@ -22,7 +22,7 @@ require_carried .whl
 export TULIP_GRAPH_MANIFEST=off  # Ivy's workers: the default (auto: 4 on the 16-core host) unless IVY_WORKERS is set
 echo "ivy workers: ${IVY_WORKERS:-auto = $(python3 -c 'from ivy.config import auto_workers; print(auto_workers())')}"
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-tokenizer=${TOKENIZER:-wordpiece} model=qwen3-0.6b
+tokenizer=${TOKENIZER:-wordpiece} model=${MODEL:-qwen3-0.6b}
 name=$model; [ "$tokenizer" = wordpiece ] || name=$model-${tokenizer#qwen-}  # the served name: the folder's
 dir=/tmp/m/$name
 if [ ! -f $dir/config.json ]; then

@@ -22,7 +22,7 @@ def tiny_zoo(monkeypatch):
     return shrunk
 
 
-@pytest.mark.parametrize("name", ["modernbert-base", "mpnet-base", "distilbert-base"])
+@pytest.mark.parametrize("name", ["modernbert-base", "mpnet-base", "distilbert-base", "bert-large"])
 def test_encoder_folders_load_in_rose_and_transformers_alike(name, tiny_zoo, tmp_path):
     import torch
     from transformers import AutoModel
