@@ -84,13 +84,14 @@ except ImportError:  # pragma: no cover - a CPU build of torch without Triton
     triton = None
 
 
-def random_bert(layers: int | None = None, seed: int = 0, device: str = "cuda"):
-    """A BertModel of all-MiniLM-L6-v2's config (`layers` of them) with random bf16 weights on `device`."""
+def random_bert(layers: int | None = None, seed: int = 0, device: str = "cuda", **widths):
+    """A BertModel of all-MiniLM-L6-v2's config (`layers` of them; `widths` over its hidden_size,
+    num_attention_heads, intermediate_size: bert-large's 1024, 16, 4096, say) with random bf16 weights on `device`."""
     from benchmarks.model_zoo import MINILM_SKELETON
     from rose.models.bert import BertModel
 
     cfg = json.loads((MINILM_SKELETON / "config.json").read_text())
-    cfg.update({"num_hidden_layers": layers} if layers else {})
+    cfg.update({"num_hidden_layers": layers} if layers else {}, **widths)
     with torch.device("meta"):
         model = BertModel(cfg)
     return _randomized(model.to_empty(device=device).to(torch.bfloat16), seed, "LayerNorm.weight", 0.05)

@@ -260,6 +260,7 @@ def test_bert_encoders_are_taken_and_their_tiles_fitted():
     assert (tiles.k, tiles.split_qkv, tiles.split_od) == (128, 3, 3)
     tiles.check(384, 1152, 384, 1536)
     fit_tiles(768, 2304, 768, 3072).check(768, 2304, 768, 3072)  # BERT-base, BGE-base, E5-base
+    fit_tiles(1024, 3072, 1024, 4096).check(1024, 3072, 1024, 4096)  # bert-large, bge-large, XLM-R large (BGE-M3)
 
 
 def test_the_engine_routes_to_the_kernel_only_once_its_warm_up_launched_it(tiny_models, caplog):

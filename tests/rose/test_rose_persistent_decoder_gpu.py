@@ -5,7 +5,7 @@ phases launched one by one and on every call; the same under CUDA-graph capture 
 routing through Qwen3Model.forward; the kernel's own clock; weights prefetched into L2 and the barrier's fence and
 counter forms changing no bits; a grid that cannot all be resident ending stalled in NaN rows with each barrier
 form; attention computing its own heads (no heads step) as close to the layers. BERT-style
-encoders at all-MiniLM's shape against their layers, and through the engine against transformers."""
+encoders at all-MiniLM's shape and bert-large's against their layers, and through the engine against transformers."""
 
 from __future__ import annotations
 
@@ -199,8 +199,13 @@ def test_every_programs_clock_shows_the_barrier_holding():
     assert bool((steps["release"][:-1] >= 0).all()) and 0 < float(steps["step"].sum()) < 1e6  # µs
 
 
-@pytest.mark.parametrize("batch", ["one-128", "ragged", "one-1", "padded-64"])
-def test_bert_matches_its_layers(batch):
+BERT_LARGE = dict(hidden_size=1024, num_attention_heads=16, intermediate_size=4096)  # bge-large's, e5-large's
+
+
+@pytest.mark.parametrize("width, batch", [("minilm", "one-128"), ("minilm", "ragged"), ("minilm", "one-1"),
+                                          ("minilm", "padded-64"), ("large", "one-128"), ("large", "ragged")])
+def test_bert_matches_its_layers(width, batch):
+    """All-MiniLM's shape (heads of 32, width 384) and bert-large's (heads of 64, width 1 024, inner 4 096)."""
     import dataclasses
 
     from benchmarks.persistent_decoder import device_meta, random_bert
@@ -209,8 +214,9 @@ def test_bert_matches_its_layers(batch):
     from rose.meta import MetaLayout
 
     lens = BATCHES[batch]
-    model = random_bert(layers=3, seed=len(lens))
-    shape = AttentionShape(12, 12, 32, causal=False)
+    widths = BERT_LARGE if width == "large" else {}
+    model = random_bert(layers=3, seed=len(lens), **widths)
+    shape = AttentionShape(16, 16, 64, causal=False) if widths else AttentionShape(12, 12, 32, causal=False)
     backend = make_backend("triton", torch.device("cuda"), torch.bfloat16, shape=shape)
     layout = MetaLayout(tokens=64, seqs=4, rows=4) if batch == "padded-64" else None
     meta = device_meta(lens, 1000, seed=sum(lens), layout=layout)
