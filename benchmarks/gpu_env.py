@@ -35,3 +35,21 @@ def collect() -> dict[str, Any]:
     except ImportError:
         pass
     return env
+
+
+def copy_bandwidth() -> float:
+    """The card's device-to-device copy rate, bytes read + written per second (what a weight-read floor is read
+    at): a 1 GiB copy, three warm-ups, then ten timed by CUDA events."""
+    import torch
+
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * 10 * a.numel() / (start.elapsed_time(end) / 1e3)

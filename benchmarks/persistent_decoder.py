@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.attention_ab import replay_times
+from benchmarks.gpu_env import copy_bandwidth
 from benchmarks.model_zoo import QWEN3_CONFIGS
 from rose import Batch
 from rose.attention import make_backend
@@ -181,21 +182,6 @@ def barrier_cost_us(programs: int, count: int = 1000, fence: int = FENCES["acqui
     graph, _ = capture(lambda: run(count))
     base, _ = capture(lambda: run(1))
     return (statistics.median(replay_times(graph, 20)) - statistics.median(replay_times(base, 20))) / (count - 1) * 1e3
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second (the weight-read floor's bandwidth)."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * 10 * a.numel() / (start.elapsed_time(end) / 1e3)
 
 
 def phase_us(model, decoder, tokens: int, vocab: int, runs: int = 20) -> dict[str, float]:

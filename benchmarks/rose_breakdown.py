@@ -10,7 +10,7 @@ For each model and one sequence of each length, with whole-model CUDA graphs (ca
 - the idle share: host->host minus GPU busy, i.e. what the host (packing, launch, copies' latency, the
   event wait) adds;
 - the weight-read floor (the bytes of every weight but the embedding tables, whose rows a forward only
-  gathers, / the card's copy bandwidth) beside it.
+  gathers, / the card's own copy rate, measured at the start: `copy_bandwidth_gbs` in the JSON) beside it.
 Writes DIR/rose_breakdown.json and prints a table last. `--device cpu` smoke-tests the script.
 """
 
@@ -29,7 +29,6 @@ import torch
 from benchmarks import gpu_env
 from benchmarks.model_zoo import make_folder
 
-COPY_BANDWIDTH_B_PER_S = 4.2e12  # H200, measured (benchmarks/NOTES.md)
 CATEGORIES = (  # first match wins; kernel names of cuBLAS/cutlass/Triton/FlashInfer/torch
     ("persistent", r"^decoder_kernel"),  # rose.layers.persistent_kernels: every layer of a small batch, one kernel
     # attention first: torch's flash kernels (pytorch_flash::flash_fwd_kernel<...cutlass::bfloat16_t...>),
@@ -89,7 +88,9 @@ def breakdown(engine, batch, steps: int, device: str) -> dict:
                                for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:8]}}
 
 
-def run_model(name: str, root: Path, tokens: list[int], device: str, iters: int) -> list[dict]:
+def run_model(name: str, root: Path, tokens: list[int], device: str, iters: int,
+              bandwidth: float | None) -> list[dict]:
+    """bandwidth: the card's copy rate in bytes a second (gpu_env.copy_bandwidth), None on a CPU (no floor)."""
     from rose import Batch, Engine
 
     model_dir = make_folder(name, root / name, "bfloat16")
@@ -113,7 +114,7 @@ def run_model(name: str, root: Path, tokens: list[int], device: str, iters: int)
         p50 = float(np.percentile(np.asarray(times) * 1e3, 50))
         row = {"model": name, "tokens": n, "host_to_host_p50_ms": round(p50, 4),
                "weight_bytes": weights, "embedding_bytes": embedding,
-               "weight_read_floor_ms": round(weights / COPY_BANDWIDTH_B_PER_S * 1e3, 4),
+               "weight_read_floor_ms": round(weights / bandwidth * 1e3, 4) if bandwidth else None,
                "runs": {f"{k[0]}:{k[1]}": v for k, v in engine.stats()["runs"].items()}}
         row.update(breakdown(engine, batch, 20, device))
         row["host_side_ms"] = round(p50 - row["gpu_busy_ms"], 4)
@@ -136,16 +137,18 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = []
+    bandwidth = gpu_env.copy_bandwidth() if args.device == "cuda" else None
     for name in args.models.split(","):
         print(f"== {name}", flush=True)
-        rows += run_model(name, args.root, tokens, args.device, args.iters)
-    (args.out / "rose_breakdown.json").write_text(json.dumps({"env": gpu_env.collect(), "rows": rows}, indent=1))
+        rows += run_model(name, args.root, tokens, args.device, args.iters, bandwidth)
+    env = {**gpu_env.collect(), "copy_bandwidth_gbs": round(bandwidth / 1e9, 1) if bandwidth else None}
+    (args.out / "rose_breakdown.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     print(f"\n{'model':11s} {'tok':>5s} {'h2h ms':>8s} {'gpu ms':>8s} {'host ms':>8s} {'floor':>7s} "
           f"{'gemm':>7s} {'attn':>7s} {'norm':>7s} {'copy':>7s} {'other':>7s} {'kern':>5s}")
     for r in rows:
         g = r["gpu_ms"]
         print(f"{r['model']:11s} {r['tokens']:5d} {r['host_to_host_p50_ms']:8.3f} {r['gpu_busy_ms']:8.3f} "
-              f"{r['host_side_ms']:8.3f} {r['weight_read_floor_ms']:7.3f} {g.get('gemm', 0):7.3f} "
+              f"{r['host_side_ms']:8.3f} {r['weight_read_floor_ms'] or float('nan'):7.3f} {g.get('gemm', 0):7.3f} "
               f"{g.get('attention', 0):7.3f} {g.get('norm', 0):7.3f} {g.get('copy', 0):7.3f} "
               f"{g.get('other', 0) + g.get('rope', 0) + g.get('activation', 0):7.3f} "
               f"{sum(r['kernels_per_step'].values()):5.0f}")
