@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that). STEP=spin: the stack pinned to PIN with and without SCHED_IDLE busy loops on its cores (is the host's idle the cost?); STEP=warm: `ivy up` beside `ivy up --warm-cores`; STEP=warm-load: the same at 4 and 16 clients.
+# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that). STEP=spin: the stack pinned to PIN with and without SCHED_IDLE busy loops on its cores (is the host's idle the cost?); STEP=warm: `ivy up` beside `ivy up --warm-cores`; STEP=warm-load: the same at 4 and 16 clients. STEP=load-profile: Tulip's threads and py-spy while CLIENTS (16) closed-loop clients load it directly (LAYER, tulip-framed). MODEL: another benchmarks.model_zoo name (MODEL=minilm-l6).
 # Carry .whl and .whl_prof (py-spy's wheel: pip download py-spy --no-deps -d .whl_prof --platform
 # manylinux2014_x86_64 --only-binary=:all:). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-profile
@@ -17,7 +17,7 @@ export TULIP_GRAPH_MANIFEST=off
 export SECONDS_EACH=${SECONDS_EACH:-12} RATE=${RATE:-997}
 secs=$SECONDS_EACH rate=$RATE
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-dir=${MODEL_DIR:-/tmp/m/qwen3-0.6b} model=qwen3-0.6b  # MODEL_DIR: another folder (a dry run on a CPU)
+model=${MODEL:-qwen3-0.6b} dir=${MODEL_DIR:-/tmp/m/${MODEL:-qwen3-0.6b}}  # MODEL: a zoo name; MODEL_DIR: a folder (a dry run on a CPU)
 [ -n "${MODEL_DIR:-}" ] || zoo_folder $model $dir || exit 1
 mkdir -p /tmp/sp && rm -rf /tmp/sp/* && mkdir -p /tmp/gcx
 # GCX_THRESHOLD (a variant's env): gc.set_threshold for every process of the stack, from a sitecustomize
@@ -46,7 +46,7 @@ run_layer() {  # run_layer LABEL LAYER SECONDS: one client, 1 x 128 token ids; p
     --server-metrics http://127.0.0.1:50151/metrics >> $OUT/stack_profile.log 2>&1
   python3 -c "
 import json, sys
-r = [r for r in json.load(open('/tmp/sp/stack_layers_qwen3-0.6b_$1_$2.json'))['records'] if not r.get('error')][0]
+r = [r for r in json.load(open('/tmp/sp/stack_layers_${model}_$1_$2.json'))['records'] if not r.get('error')][0]
 s = r.get('server') or {}
 print(f\"{r['p50_ms']:.3f} {r['p99_ms']:.3f} {int(s.get('batches') or r['rps'] * $3)}\")"
 }
@@ -61,7 +61,37 @@ measure() {  # measure LABEL LAYER: the per-thread table of Tulip and Ivy's work
     --label "$1 $2 (tulip $tulip_pid)" --json /tmp/sp/threads_$1_$2.json
 }
 
-if [ "${STEP:-profile}" = warm-load ]; then
+if [ "${STEP:-profile}" = load-profile ]; then
+  # Tulip under load: CLIENTS (16) closed-loop clients on lognormal documents straight to Tulip over LAYER
+  # (tulip-framed), its threads' CPU over the run and py-spy on it (all-MiniLM's ceiling: ~2 500 requests a second
+  # on an H100 host with the device 40 % busy, benchmarks/NOTES.md "all-MiniLM-L6-v2, the bundled model").
+  start_up load
+  run_layer load warm-up 2 > /dev/null
+  python3 -m benchmarks.thread_cpu snap $tulip_pid > /tmp/sp/before.json
+  native=(--nonblocking); [ "${SPY_NATIVE:-0}" = 1 ] && native=(--native)
+  $spy record --pid $tulip_pid --rate $rate --duration $((secs - 4)) --format raw "${native[@]}" --threads \
+    -o /tmp/sp/spy_tulip_load.txt > /dev/null 2>> $OUT/stack_profile.log &
+  spy_pid=$!
+  python3 -m benchmarks.stack.layers --url http://127.0.0.1:8080 --tulip 127.0.0.1:50051 --model-dir $dir \
+    --model $model --out /tmp/sp --label load --layers ${LAYER:-tulip-framed} --suite concurrency \
+    --concurrency-levels ${CLIENTS:-16} --skip-verify true --client-cpus ${CLIENT_CPUS:-8-15} --gpus 1 \
+    --duration-s $secs --server-metrics http://127.0.0.1:50151/metrics >> $OUT/stack_profile.log 2>&1
+  python3 -m benchmarks.thread_cpu snap $tulip_pid > /tmp/sp/after.json
+  wait $spy_pid
+  read -r rps line <<< "$(python3 -c "
+import json
+from benchmarks.stack.server_counters import describe
+r = [r for r in json.load(open('/tmp/sp/stack_layers_${model}_load.json'))['records'] if not r.get('error')][0]
+print(r['rps'], f\"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f}, {r['rps']:.0f} requests/s;\", describe(r.get('server') or {}))")"
+  echo "-- load: $line ($(el) s)"
+  n=$(python3 -c "print(int($rps * $secs))")
+  python3 -m benchmarks.thread_cpu diff /tmp/sp/before.json /tmp/sp/after.json --requests $n \
+    --label "load (tulip $tulip_pid)" --json /tmp/sp/threads_load.json
+  python3 -m benchmarks.profile_summary /tmp/sp/spy_tulip_load.txt --rate $rate \
+    --requests $(( n * (secs - 4) / secs )) --top ${TOP:-30} --json /tmp/sp/spy_summary_load.json \
+    $([ "${SPY_NATIVE:-0}" = 1 ] && echo --drop-idle)
+  stop_up load
+elif [ "${STEP:-profile}" = warm-load ]; then
   # The same two under load: 4 and 16 closed-loop clients on lognormal documents with token ids, one round.
   for side in plain warm; do
     flags=(IVY_UP_WARM_CORES=off); [ $side = warm ] && flags=(IVY_UP_WARM_CORES=on)
@@ -73,7 +103,7 @@ if [ "${STEP:-profile}" = warm-load ]; then
       >> $OUT/stack_profile.log 2>&1
     python3 -c "
 import json
-for r in json.load(open('/tmp/sp/stack_layers_qwen3-0.6b_${side}_load.json'))['records']:
+for r in json.load(open('/tmp/sp/stack_layers_${model}_${side}_load.json'))['records']:
     print(f\"-- $side {r['suite']} {r['param']}: \" + (r.get('error') or f\"{r['tokens_per_s'] / 1e3:.1f} k tok/s, p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms\"))"
     stop_up $side
   done
