@@ -17,7 +17,7 @@ export TULIP_GRAPH_MANIFEST=off
 export SECONDS_EACH=${SECONDS_EACH:-12} RATE=${RATE:-997}
 secs=$SECONDS_EACH rate=$RATE
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-model=${MODEL:-qwen3-0.6b} dir=${MODEL_DIR:-/tmp/m/${MODEL:-qwen3-0.6b}}  # MODEL: a zoo name; MODEL_DIR: a folder (a dry run on a CPU)
+model=${MODEL:-qwen3-0.6b} dir=${MODEL_DIR:-/tmp/m/$model}  # MODEL: a zoo name; MODEL_DIR: a folder (a dry run on a CPU)
 [ -n "${MODEL_DIR:-}" ] || zoo_folder $model $dir || exit 1
 mkdir -p /tmp/sp && rm -rf /tmp/sp/* && mkdir -p /tmp/gcx
 # GCX_THRESHOLD (a variant's env): gc.set_threshold for every process of the stack, from a sitecustomize
@@ -61,6 +61,12 @@ measure() {  # measure LABEL LAYER: the per-thread table of Tulip and Ivy's work
     --label "$1 $2 (tulip $tulip_pid)" --json /tmp/sp/threads_$1_$2.json
 }
 
+spy_start() {  # spy_start PID FILE: py-spy on PID for SECONDS_EACH - 4 s, in the background (its pid: $!)
+  local native=(--nonblocking); [ "${SPY_NATIVE:-0}" = 1 ] && native=(--native)  # native: C frames, pauses each sample
+  $spy record --pid $1 --rate $rate --duration $((secs - 4)) --format raw "${native[@]}" --threads -o $2 \
+    > /dev/null 2>> $OUT/stack_profile.log &
+}
+
 if [ "${STEP:-profile}" = load-profile ]; then
   # Tulip under load: CLIENTS (16) closed-loop clients on lognormal documents straight to Tulip over LAYER
   # (tulip-framed), its threads' CPU over the run and py-spy on it (all-MiniLM's ceiling: ~2 500 requests a second
@@ -68,9 +74,7 @@ if [ "${STEP:-profile}" = load-profile ]; then
   start_up load
   run_layer load warm-up 2 > /dev/null
   python3 -m benchmarks.thread_cpu snap $tulip_pid > /tmp/sp/before.json
-  native=(--nonblocking); [ "${SPY_NATIVE:-0}" = 1 ] && native=(--native)
-  $spy record --pid $tulip_pid --rate $rate --duration $((secs - 4)) --format raw "${native[@]}" --threads \
-    -o /tmp/sp/spy_tulip_load.txt > /dev/null 2>> $OUT/stack_profile.log &
+  spy_start $tulip_pid /tmp/sp/spy_tulip_load.txt
   spy_pid=$!
   python3 -m benchmarks.stack.layers --url http://127.0.0.1:8080 --tulip 127.0.0.1:50051 --model-dir $dir \
     --model $model --out /tmp/sp --label load --layers ${LAYER:-tulip-framed} --suite concurrency \
@@ -78,13 +82,12 @@ if [ "${STEP:-profile}" = load-profile ]; then
     --duration-s $secs --server-metrics http://127.0.0.1:50151/metrics >> $OUT/stack_profile.log 2>&1
   python3 -m benchmarks.thread_cpu snap $tulip_pid > /tmp/sp/after.json
   wait $spy_pid
-  read -r rps line <<< "$(python3 -c "
+  read -r n line <<< "$(python3 -c "
 import json
 from benchmarks.stack.server_counters import describe
 r = [r for r in json.load(open('/tmp/sp/stack_layers_${model}_load.json'))['records'] if not r.get('error')][0]
-print(r['rps'], f\"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f}, {r['rps']:.0f} requests/s;\", describe(r.get('server') or {}))")"
+print(int(r['rps'] * $secs), f\"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f}, {r['rps']:.0f} requests/s;\", describe(r.get('server') or {}))")"
   echo "-- load: $line ($(el) s)"
-  n=$(python3 -c "print(int($rps * $secs))")
   python3 -m benchmarks.thread_cpu diff /tmp/sp/before.json /tmp/sp/after.json --requests $n \
     --label "load (tulip $tulip_pid)" --json /tmp/sp/threads_load.json
   python3 -m benchmarks.profile_summary /tmp/sp/spy_tulip_load.txt --rate $rate \
@@ -153,11 +156,9 @@ for variant in "${variants[@]}"; do
   measure $label tulip-grpc
   if [ $label = base ]; then  # py-spy on Tulip and every Ivy worker (the connection lands on any of them)
     spies=()
-    native=(--nonblocking); [ "${SPY_NATIVE:-0}" = 1 ] && native=(--native)  # native: C frames, pauses each sample
     for pid in $tulip_pid $ivy_pids; do
       name=ivy$pid; [ $pid = $tulip_pid ] && name=tulip
-      $spy record --pid $pid --rate $rate --duration $((secs - 4)) --format raw "${native[@]}" --threads \
-        -o /tmp/sp/spy_$name.txt > /dev/null 2>> $OUT/stack_profile.log &
+      spy_start $pid /tmp/sp/spy_$name.txt
       spies+=($!)
     done
     read -r p50 p99 n <<< "$(run_layer spy ivy-ids $secs)"
