@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that). STEP=spin: the stack pinned to PIN with and without SCHED_IDLE busy loops on its cores (is the host's idle the cost?); STEP=warm: `ivy up` beside `ivy up --warm-cores`; STEP=warm-load: the same at 4 and 16 clients. STEP=load-profile: Tulip's threads and py-spy while CLIENTS (16) closed-loop clients load it directly (LAYER, tulip-framed). MODEL: another benchmarks.model_zoo name (MODEL=minilm-l6).
+# Where the harness's CPU goes on the H200 host, one client at 1 x 128 token ids through `ivy up` (Qwen3-0.6B config, random bf16) and straight to Tulip: each thread's user / kernel / run-queue time per request (benchmarks.thread_cpu), then py-spy on Tulip and the busy Ivy worker (benchmarks.profile_summary), then the same with the collector's thresholds raised (GC=0 skips that). STEP=spin: the stack pinned to PIN with and without SCHED_IDLE busy loops on its cores (is the host's idle the cost?); STEP=warm: `ivy up` beside `ivy up --warm-cores`; STEP=warm-load: the same at 4 and 16 clients. STEP=load-profile: Tulip's threads and py-spy while CLIENTS (16) closed-loop clients load it directly (LAYER, tulip-framed), one stack per LOAD_VARIANTS entry. SPY_IDLE=1: py-spy records the threads' waits too. MODEL: another benchmarks.model_zoo name (MODEL=minilm-l6).
 # Carry .whl and .whl_prof (py-spy's wheel: pip download py-spy --no-deps -d .whl_prof --platform
 # manylinux2014_x86_64 --only-binary=:all:). From the repository root:
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh stack-profile
@@ -20,8 +20,9 @@ t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 model=${MODEL:-qwen3-0.6b} dir=${MODEL_DIR:-/tmp/m/$model}  # MODEL: a zoo name; MODEL_DIR: a folder (a dry run on a CPU)
 [ -n "${MODEL_DIR:-}" ] || zoo_folder $model $dir || exit 1
 mkdir -p /tmp/sp && rm -rf /tmp/sp/* && mkdir -p /tmp/gcx
-# GCX_THRESHOLD (a variant's env): gc.set_threshold for every process of the stack, from a sitecustomize
-printf 'import gc, os\nt = os.environ.get("GCX_THRESHOLD")\nif t:\n    gc.set_threshold(*map(int, t.split(",")))\n' > /tmp/gcx/sitecustomize.py
+# A variant's env, applied to every process of the stack from a sitecustomize: GCX_THRESHOLD, gc.set_threshold;
+# GCX_SWITCH_MS, Python's thread switch interval (sys.setswitchinterval; Python's default is 5 ms).
+printf 'import gc, os, sys\nt = os.environ.get("GCX_THRESHOLD")\nif t:\n    gc.set_threshold(*map(int, t.split(",")))\nw = os.environ.get("GCX_SWITCH_MS")\nif w:\n    sys.setswitchinterval(float(w) / 1e3)\n' > /tmp/gcx/sitecustomize.py
 
 # Its steps compare cores kept warm by hand (STEP=spin) or by the flag (warm, warm-load) with a stack without them:
 # `ivy up`'s own loops (--warm-cores auto, the default on this host) stay off unless a step turns them on.
@@ -63,6 +64,7 @@ measure() {  # measure LABEL LAYER: the per-thread table of Tulip and Ivy's work
 
 spy_start() {  # spy_start PID FILE: py-spy on PID for SECONDS_EACH - 4 s, in the background (its pid: $!)
   local native=(--nonblocking); [ "${SPY_NATIVE:-0}" = 1 ] && native=(--native)  # native: C frames, pauses each sample
+  [ "${SPY_IDLE:-0}" = 1 ] && native+=(--idle)  # idle: the threads' waits too (the GIL's, the driver's, the queues')
   $spy record --pid $1 --rate $rate --duration $((secs - 4)) --format raw "${native[@]}" --threads -o $2 \
     > /dev/null 2>> $OUT/stack_profile.log &
 }
@@ -71,29 +73,36 @@ if [ "${STEP:-profile}" = load-profile ]; then
   # Tulip under load: CLIENTS (16) closed-loop clients on lognormal documents straight to Tulip over LAYER
   # (tulip-framed), its threads' CPU over the run and py-spy on it (all-MiniLM's ceiling: ~2 500 requests a second
   # on an H100 host with the device 40 % busy, benchmarks/NOTES.md "all-MiniLM-L6-v2, the bundled model").
-  start_up load
-  run_layer load warm-up 2 > /dev/null
-  python3 -m benchmarks.thread_cpu snap $tulip_pid > /tmp/sp/before.json
-  spy_start $tulip_pid /tmp/sp/spy_tulip_load.txt
-  spy_pid=$!
-  python3 -m benchmarks.stack.layers --url http://127.0.0.1:8080 --tulip 127.0.0.1:50051 --model-dir $dir \
-    --model $model --out /tmp/sp --label load --layers ${LAYER:-tulip-framed} --suite concurrency \
-    --concurrency-levels ${CLIENTS:-16} --skip-verify true --client-cpus ${CLIENT_CPUS:-8-15} --gpus 1 \
-    --duration-s $secs --server-metrics http://127.0.0.1:50151/metrics >> $OUT/stack_profile.log 2>&1
-  python3 -m benchmarks.thread_cpu snap $tulip_pid > /tmp/sp/after.json
-  wait $spy_pid
-  read -r n line <<< "$(python3 -c "
+  # LOAD_VARIANTS: "label [VAR=value ...];label2 ..." (default "load"), one stack each, in turn (an A/B of
+  # GCX_SWITCH_MS, say: "base;switch05 GCX_SWITCH_MS=0.5;base2;switch05b GCX_SWITCH_MS=0.5").
+  IFS=';' read -ra variants <<< "${LOAD_VARIANTS:-load}"
+  for variant in "${variants[@]}"; do
+    read -ra words <<< "$variant"
+    label=${words[0]}
+    start_up $label "${words[@]:1}"
+    run_layer $label warm-up 2 > /dev/null
+    python3 -m benchmarks.thread_cpu snap $tulip_pid > /tmp/sp/before.json
+    spy_start $tulip_pid /tmp/sp/spy_tulip_$label.txt
+    spy_pid=$!
+    python3 -m benchmarks.stack.layers --url http://127.0.0.1:8080 --tulip 127.0.0.1:50051 --model-dir $dir \
+      --model $model --out /tmp/sp --label $label --layers ${LAYER:-tulip-framed} --suite concurrency \
+      --concurrency-levels ${CLIENTS:-16} --skip-verify true --client-cpus ${CLIENT_CPUS:-8-15} --gpus 1 \
+      --duration-s $secs --server-metrics http://127.0.0.1:50151/metrics >> $OUT/stack_profile.log 2>&1
+    python3 -m benchmarks.thread_cpu snap $tulip_pid > /tmp/sp/after.json
+    wait $spy_pid
+    read -r n line <<< "$(python3 -c "
 import json
 from benchmarks.stack.server_counters import describe
-r = [r for r in json.load(open('/tmp/sp/stack_layers_${model}_load.json'))['records'] if not r.get('error')][0]
+r = [r for r in json.load(open('/tmp/sp/stack_layers_${model}_$label.json'))['records'] if not r.get('error')][0]
 print(int(r['rps'] * $secs), f\"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f}, {r['rps']:.0f} requests/s;\", describe(r.get('server') or {}))")"
-  echo "-- load: $line ($(el) s)"
-  python3 -m benchmarks.thread_cpu diff /tmp/sp/before.json /tmp/sp/after.json --requests $n \
-    --label "load (tulip $tulip_pid)" --json /tmp/sp/threads_load.json
-  python3 -m benchmarks.profile_summary /tmp/sp/spy_tulip_load.txt --rate $rate \
-    --requests $(( n * (secs - 4) / secs )) --top ${TOP:-30} --json /tmp/sp/spy_summary_load.json \
-    $([ "${SPY_NATIVE:-0}" = 1 ] && echo --drop-idle)
-  stop_up load
+    echo "-- $variant: $line ($(el) s)"
+    python3 -m benchmarks.thread_cpu diff /tmp/sp/before.json /tmp/sp/after.json --requests $n \
+      --label "$label (tulip $tulip_pid)" --json /tmp/sp/threads_$label.json
+    python3 -m benchmarks.profile_summary /tmp/sp/spy_tulip_$label.txt --rate $rate \
+      --requests $(( n * (secs - 4) / secs )) --top ${TOP:-30} --json /tmp/sp/spy_summary_$label.json \
+      $([ "${SPY_NATIVE:-0}" = 1 ] && echo --drop-idle)
+    stop_up $label
+  done
 elif [ "${STEP:-profile}" = warm-load ]; then
   # The same two under load: 4 and 16 closed-loop clients on lognormal documents with token ids, one round.
   for side in plain warm; do
