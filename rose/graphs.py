@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -61,6 +61,15 @@ class _Graph:
     static_in: torch.Tensor  # int64 [layout.words] on the device
     static_out: torch.Tensor  # float32 [Pb, dim] produced by the replay
     meta: ForwardMeta  # views into static_in (graph=True, max_seqlen = the layout's bound)
+    views: dict = field(default_factory=dict, repr=False)  # (rows, dims) -> static_out[:rows, :dims]
+
+    def out_rows(self, rows: int, dims: int | None) -> torch.Tensor:
+        """static_out's first `rows` rows (and `dims` columns): a replay's real rows, sliced once per shape (a slice
+        is a torch call, which gives up the GIL: PinnedBuffer.float_rows). At most layout.rows entries."""
+        view = self.views.get((rows, dims))
+        if view is None:
+            view = self.views[(rows, dims)] = self.static_out[:rows, :dims]
+        return view
 
 
 class CudaGraphs:
@@ -129,15 +138,17 @@ class CudaGraphs:
             return found
 
     # -- running ---------------------------------------------------------------------------------
-    def run(self, host: HostMeta, staged: torch.Tensor) -> tuple[torch.Tensor, str]:
-        """Run the padded batch `host` whose packed words sit in pinned `staged`; returns ([Pb, dim], how)
-        with how = "replay" | "capture" | "eager". Everything is enqueued on the current stream."""
+    def run(self, host: HostMeta, staged: torch.Tensor, dims: int | None = None) -> tuple[torch.Tensor, str]:
+        """Run the padded batch `host` whose packed words sit in pinned `staged`; returns (rows, how) with how =
+        "replay" | "capture" | "eager", rows the real [P, dims] (dims: all the width by default) for a replay
+        and [>= P, dim] otherwise. Everything is enqueued on the current stream."""
         layout = host.layout
         with self._lock:
             self._note(host)
             entry = self.graphs.get(layout)
             if entry is not None:
-                return self._replay(entry, host, staged), "replay"
+                self._replay(entry, host, staged)
+                return entry.out_rows(host.num_rows, dims), "replay"
             if layout in self.eager_only or self.seen[layout] <= self.capture_after:  # warm-up, or no graph
                 return self.eager(host, staged), "eager"
             try:

@@ -54,6 +54,7 @@ class PinnedBuffer:
     # step, which can only have it once the pool saw this one complete (release(after=event))
 
     words: dict = field(default_factory=dict, repr=False)  # (start, end) byte range -> (numpy, torch) int64 views
+    rows: dict = field(default_factory=dict, repr=False)  # (rows, dims) -> the float32 [rows, dims] copy-out view
 
     def __post_init__(self) -> None:
         self.array = self.tensor.numpy()
@@ -68,6 +69,17 @@ class PinnedBuffer:
             views = self.words[(start, end)] = (self.array[start:end].view(np.int64),
                                                 self.tensor[start:end].view(torch.int64))
         return views
+
+    def float_rows(self, rows: int, dims: int) -> torch.Tensor:
+        """The buffer's first rows * dims float32 as [rows, dims], where a step copies its rows out: made once per
+        shape. Every torch call releases the GIL and takes it back (three views a step before); beside a thread
+        running Python each take-back waits for that thread to let go (benchmarks/NOTES.md, "GIL take-backs")."""
+        view = self.rows.get((rows, dims))
+        if view is None:
+            if len(self.rows) >= VIEWS_KEPT:
+                self.rows.clear()
+            view = self.rows[(rows, dims)] = self.tensor[: rows * dims * 4].view(torch.float32).view(rows, dims)
+        return view
 
     def done_event(self) -> Any:
         """This buffer's CUDA event, created at its first step."""
@@ -199,6 +211,7 @@ class LazyTensor:
         self.padded_tokens: int | None = None  # tokens the device ran (the bucket), set by the runner
         self._lock = threading.Lock()
         self._released = False
+        self._complete = event is None  # the copy is known done: release() then makes no CUDA call (the GIL's)
         nbytes = int(np.prod(self.shape, dtype=np.int64)) * 4
         if buffer is None:
             self._array = np.zeros(self.shape, dtype=np.float32)
@@ -211,13 +224,15 @@ class LazyTensor:
         return int(self._array.nbytes)
 
     def ready(self) -> bool:
-        return self._released or self._event is None or bool(self._event.query())
+        if not (self._released or self._complete):
+            self._complete = bool(self._event.query())
+        return self._released or self._complete
 
     def wait(self, timeout: float | None = None) -> np.ndarray:
         """Block until the copy is complete; a float32 numpy view of the rows, valid until release()."""
         if self._released:
             raise LazyTensorReleased("LazyTensor was released")
-        if self._event is not None and not self._event.query():
+        if not self._complete:  # one CUDA call when no timeout: each gives up the GIL (PinnedBuffer.float_rows)
             if timeout is None:
                 self._event.synchronize()
             else:
@@ -226,6 +241,7 @@ class LazyTensor:
                     if time.monotonic() >= deadline:
                         raise TimeoutError(f"LazyTensor not ready after {timeout} s")
                     time.sleep(0.0002)
+            self._complete = True
         return self._array
 
     def result(self, timeout: float | None = None) -> np.ndarray:
@@ -242,7 +258,7 @@ class LazyTensor:
                 return
             self._released = True
         if self._pool is not None and self._buffer is not None:
-            self._pool.release(self._buffer, after=self._event, poll=poll)
+            self._pool.release(self._buffer, after=None if self._complete else self._event, poll=poll)
         self._buffer = None
         self._array = None  # type: ignore[assignment]
 

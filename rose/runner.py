@@ -226,14 +226,17 @@ class ModelRunner:
         """3. Rows [>= P, dimensions] on the device and how they were made (replay | capture | eager):
         through `graphs` for a graph layout, else eagerly at the exact size."""
         if graphs is not None:
-            return graphs.run(host, staged)
+            return graphs.run(host, staged, self.dimensions)
         return self.eager(host, staged, backend), "eager"
 
     def _copy_back(self, out: torch.Tensor, host: HostMeta, buf: PinnedBuffer):
-        """4. The one copy out: the real rows into the pinned buffer, then an event after it (CUDA)."""
-        rows = buf.tensor[: self._out_bytes(host)].view(torch.float32).view(host.num_rows, self.dimensions)
-        # the served width (truncate_dim)
-        rows.copy_(out[: host.num_rows, : self.dimensions], non_blocking=self.on_cuda)
+        """4. The one copy out: the real rows at the served width (truncate_dim) into the pinned buffer, then an event
+        after it (CUDA). A replay's rows come sliced already and the buffer's view is made once per shape: each
+        torch call gives up the GIL (PinnedBuffer.float_rows)."""
+        rows = buf.float_rows(host.num_rows, self.dimensions)
+        if out.shape != rows.shape:
+            out = out[: host.num_rows, : self.dimensions]
+        rows.copy_(out, non_blocking=self.on_cuda)
         if not self.on_cuda:
             return None
         event = buf.done_event()

@@ -296,3 +296,22 @@ def test_lone_queries_of_one_length_replay_their_own_rows(engine, monkeypatch):
     for q, got in zip(queries, rows):
         assert np.allclose(got, runner.step(q, use_graphs=False).result(), atol=1e-5)
     assert not np.allclose(rows[2], rows[3], atol=1e-3)
+
+
+def test_replays_copy_out_their_own_rows_through_views_made_once(engine, monkeypatch):
+    """A replay's real rows are sliced from its graph's output once per row count (CudaGraphs' out_rows: a torch
+    slice gives up the GIL); batches of 3 and 4 sequences each get their own rows, as eagerly."""
+    runner = engine.runner
+    attach_graphs(runner, monkeypatch)
+    three, four = (20, 12, 8), (20, 12, 8, 5)
+    for i in range(3):  # each shape's layout warmed up and captured
+        runner.step(batch_of(engine, three, seed=i)).result()
+        runner.step(batch_of(engine, four, seed=i)).result()
+    before = dict(runner.runs)
+    for lengths, seed in [(three, 3), (four, 4), (three, 5), (four, 6)]:
+        got = runner.step(batch_of(engine, lengths, seed=seed)).result()
+        want = runner.step(batch_of(engine, lengths, seed=seed), use_graphs=False).result()
+        assert got.shape == (len(lengths), runner.dimensions) and np.allclose(got, want, atol=1e-5)
+    assert [how for how in hows(runner, before) if how != "eager"] == ["replay"] * 4
+    views = [key for entry in runner.graphs.graphs.values() for key in entry.views]
+    assert sorted(views) == [(3, runner.dimensions), (4, runner.dimensions)], "one view per row count"

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import torch
 from rose_parity import random_seqs
 
 from rose import Batch
@@ -199,3 +200,58 @@ def test_a_buffers_staging_views_are_made_once_and_alias_its_bytes():
     for end in range(24, 8 * 200, 8):  # exact-size eager batches: a range each, kept within the bound
         buf.int64_views(0, end)
         assert len(buf.words) <= VIEWS_KEPT
+
+
+def test_a_buffers_copy_out_view_is_made_once_per_shape_over_its_bytes():
+    """PinnedBuffer.float_rows: a step's [rows, dims] float32 target, the same tensor every step of that shape
+    (each torch view a step gives up the GIL), over the buffer's first bytes, where the LazyTensor reads them."""
+    pool = PinnedPool(1 << 16, pin=False)
+    buf = pool.acquire(4096)
+    rows = buf.float_rows(3, 4)
+    assert buf.float_rows(3, 4) is rows and rows.shape == (3, 4)
+    rows.copy_(torch.arange(12, dtype=torch.float32).view(3, 4))
+    assert LazyTensor(pool, buf, (3, 4)).wait().tolist() == rows.tolist()
+    assert buf.float_rows(2, 4) is not rows and buf.float_rows(2, 4).tolist() == rows[:2].tolist()
+    for n in range(1, 200):  # many shapes: kept within the bound
+        buf.float_rows(n, 4)
+    assert len(buf.rows) <= VIEWS_KEPT
+
+
+class CountingEvent:
+    """A CUDA event that counts its calls (each gives up the GIL on a GPU) and is done after `done_after` queries."""
+
+    def __init__(self, done_after: int = 0):
+        self.queries = self.synchronizes = 0
+        self.done_after = done_after
+
+    def query(self):
+        self.queries += 1
+        return self.queries > self.done_after
+
+    def synchronize(self):
+        self.synchronizes += 1
+
+
+def test_a_waited_lazy_tensor_makes_one_cuda_call_and_none_to_release():
+    """wait() synchronizes once (no query first); the copy is then known done, so release() frees the buffer at
+    once without asking the event again (the completer's CUDA calls a batch: 3 -> 1)."""
+    pool = PinnedPool(1 << 20, pin=False)
+    event = CountingEvent(done_after=5)
+    lazy = LazyTensor(pool, pool.acquire(4096), (1, 4), event)
+    lazy.wait()
+    lazy.wait()
+    assert (event.queries, event.synchronizes) == (0, 1)
+    lazy.release()
+    assert event.queries == 0 and pool.bytes_in_use == 0, "freed at once: its copy is done"
+
+
+def test_an_unwaited_lazy_tensor_still_holds_its_buffer_until_the_event_passes():
+    pool = PinnedPool(1 << 20, pin=False)
+    event = CountingEvent(done_after=2)
+    LazyTensor(pool, pool.acquire(4096), (1, 4), event).release()
+    assert pool.stats()["bytes_in_use"] == 4096, "the copy may still be writing into it"
+    assert pool.stats()["bytes_in_use"] == 0  # the event's next query says done
+    ready = LazyTensor(pool, pool.acquire(4096), (1, 4), CountingEvent(done_after=0))
+    assert ready.ready()
+    ready.release()
+    assert pool.bytes_in_use == 0, "ready() saw the copy done: released at once"
