@@ -10,6 +10,11 @@ Load it with `tulip serve --engine-factory benchmarks/zero_engine.py:ZeroEngine.
 another as on one CUDA stream: step() still returns at once, and wait() sleeps until the batch's end
 without the GIL, as a thread blocked on a CUDA event does. The harness's thread hand-offs then cost what
 they cost beside a GPU (a completer asleep, not handed a finished result).
+
+`ZERO_ENGINE_GIL_CALLS` (default 0): step() gives up the GIL and takes it back that many times, as ROSE's step
+does once per torch call (benchmarks.gil_takebacks): each a numpy copy of 4 000 words (~2 µs alone), which releases
+the GIL as a torch call does (no system call), so what it adds is the wait for the GIL back while Tulip's other
+threads run Python.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ class ZeroEngine:
         self.steps = 0
         self.device_s = float(os.environ.get("ZERO_ENGINE_DEVICE_MS", "0")) / 1e3
         self.token_s = float(os.environ.get("ZERO_ENGINE_US_PER_TOKEN", "0")) / 1e6
+        self.gil_calls = int(os.environ.get("ZERO_ENGINE_GIL_CALLS", "0"))
+        self._words, self._scratch = np.arange(4000, dtype=np.int64), np.zeros(4000, dtype=np.int64)
         self._device_free_at = 0.0  # when the last batch leaves the fake device
         self._lock = threading.Lock()
 
@@ -90,6 +97,8 @@ class ZeroEngine:
 
     def step(self, batch) -> DoneLazy:
         self.steps += 1
+        for _ in range(self.gil_calls):
+            self._scratch[:] = self._words  # the GIL given up and taken back, as by a torch call
         n = batch.num_rows
         rows = self._rows[:n] if n <= self._rows.shape[0] else np.resize(self._rows, (n, self.info.dimensions))
         device_s = self.device_s + self.token_s * batch.num_tokens

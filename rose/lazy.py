@@ -11,6 +11,7 @@ allocator rounds the same way) and are reused through per-class free lists.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections import defaultdict
@@ -24,6 +25,11 @@ from rose.graphs import capturing
 
 MIN_CLASS_BYTES = 4096
 VIEWS_KEPT = 64  # staging ranges a buffer keeps views of (PinnedBuffer.int64_views), ~0.5 KB each
+# How wait() waits for a step's copy out: "spin" (CUDA's default: the waiting thread polls, a core busy) or "block"
+# (cudaEventBlockingSync: it sleeps until the driver wakes it, freeing the core and the driver for the launcher).
+COPY_WAIT = os.environ.get("ROSE_COPY_WAIT", "spin").strip().lower()
+if COPY_WAIT not in ("spin", "block"):
+    raise ValueError(f"ROSE_COPY_WAIT must be spin or block, got {COPY_WAIT!r}")
 
 
 class PinnedPoolExhausted(RuntimeError):
@@ -84,7 +90,7 @@ class PinnedBuffer:
     def done_event(self) -> Any:
         """This buffer's CUDA event, created at its first step."""
         if self.event is None:
-            self.event = torch.cuda.Event()
+            self.event = torch.cuda.Event(blocking=COPY_WAIT == "block")
         return self.event
 
 

@@ -255,3 +255,16 @@ def test_an_unwaited_lazy_tensor_still_holds_its_buffer_until_the_event_passes()
     assert ready.ready()
     ready.release()
     assert pool.bytes_in_use == 0, "ready() saw the copy done: released at once"
+
+
+@pytest.mark.parametrize("mode, blocking", [("spin", False), ("block", True)])
+def test_a_buffers_copy_event_waits_as_rose_copy_wait_says(monkeypatch, mode, blocking):
+    """ROSE_COPY_WAIT: the copy-out's event spins (CUDA's default) or blocks (cudaEventBlockingSync) in wait();
+    made once per buffer."""
+    import rose.lazy
+
+    made = []
+    monkeypatch.setattr(rose.lazy, "COPY_WAIT", mode)
+    monkeypatch.setattr(torch.cuda, "Event", lambda **kw: made.append(kw) or object())
+    buf = PinnedPool(1 << 16, pin=False).acquire(4096)
+    assert buf.done_event() is buf.done_event() and made == [{"blocking": blocking}]
