@@ -84,6 +84,8 @@ def build_app(model: str = ""):
 
 def variants(gateway: Gateway, count: int = 32, tokens: int = 128, model: str = "") -> dict[str, Variant]:
     """`count` documents of `tokens` tokens by the served tokenizer (`model`'s folder; MiniLM's when empty)."""
+    if tokens > gateway.spec.max_length:
+        raise SystemExit(f"--tokens {tokens} is over the model's max length {gateway.spec.max_length}")
     maker = DocumentMaker(Corpus.load(), TokenCounter(model or bundled_model_dir()))
     docs = maker.documents(random.Random(f"ivy-text-path:{tokens}"), [tokens] * count)
     ids = [gateway.tokenizer.encode(d).ids for d in docs]

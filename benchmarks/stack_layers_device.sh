@@ -43,7 +43,8 @@ probe() {  # probe TOKENS PER_ROUND: one line of medians, appended with its outp
   { echo "== $1 tokens"; cat $log; } >> $OUT/host_probe.txt
 }
 probe 128 500
-probe 4096 200
+# the long probe at 4096 tokens or the model's max length, whichever is less (all-MiniLM: 512)
+probe $(python3 -c "from rose.spec import load_spec; print(min(4096, load_spec('$dir').max_length))") 200
 # The exchange around the app (sockets and wake-ups: a host whose app probe read faster than the VM still gave Ivy
 # 0.49-0.64 ms of its own a request at 2bf6598): the framed and gRPC hops with no work behind them (VM: 0.127 / 0.401 ms).
 timeout 60 python3 -m benchmarks.transport_floor --requests 1000 --inflight 1 --transports framed,grpc \
