@@ -16,7 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -68,30 +68,32 @@ class PinnedBuffer:
     def int64_views(self, start: int, end: int) -> tuple[np.ndarray, torch.Tensor]:
         """Bytes [start, end) as int64, numpy and torch: a step's staging area, made once per range (four slices
         and views every step before: ~3 of the 4.3 us its staging took on the CPU VM)."""
-        views = self.words.get((start, end))
-        if views is None:
-            if len(self.words) >= VIEWS_KEPT:  # exact-size eager batches make a range each: a bound for a long life
-                self.words.clear()
-            views = self.words[(start, end)] = (self.array[start:end].view(np.int64),
-                                                self.tensor[start:end].view(torch.int64))
-        return views
+        return _kept(self.words, (start, end), lambda: (self.array[start:end].view(np.int64),
+                                                        self.tensor[start:end].view(torch.int64)))
 
     def float_rows(self, rows: int, dims: int) -> torch.Tensor:
         """The buffer's first rows * dims float32 as [rows, dims], where a step copies its rows out: made once per
         shape. Every torch call releases the GIL and takes it back (three views a step before); beside a thread
         running Python each take-back waits for that thread to let go (benchmarks/NOTES.md, "GIL take-backs")."""
-        view = self.rows.get((rows, dims))
-        if view is None:
-            if len(self.rows) >= VIEWS_KEPT:
-                self.rows.clear()
-            view = self.rows[(rows, dims)] = self.tensor[: rows * dims * 4].view(torch.float32).view(rows, dims)
-        return view
+        return _kept(self.rows, (rows, dims),
+                     lambda: self.tensor[: rows * dims * 4].view(torch.float32).view(rows, dims))
 
     def done_event(self) -> Any:
         """This buffer's CUDA event, created at its first step."""
         if self.event is None:
             self.event = torch.cuda.Event(blocking=COPY_WAIT == "block")
         return self.event
+
+
+def _kept(views: dict, key: tuple, make: Callable[[], Any]) -> Any:
+    """views[key], made by make() the first time; past VIEWS_KEPT keys the dict starts again (exact-size eager
+    batches make a key each: a bound for a long life)."""
+    view = views.get(key)
+    if view is None:
+        if len(views) >= VIEWS_KEPT:
+            views.clear()
+        view = views[key] = make()
+    return view
 
 
 class PinnedPool:
