@@ -313,5 +313,8 @@ def test_replays_copy_out_their_own_rows_through_views_made_once(engine, monkeyp
         want = runner.step(batch_of(engine, lengths, seed=seed), use_graphs=False).result()
         assert got.shape == (len(lengths), runner.dimensions) and np.allclose(got, want, atol=1e-5)
     assert [how for how in hows(runner, before) if how != "eager"] == ["replay"] * 4
-    views = [key for entry in runner.graphs.graphs.values() for key in entry.views]
+    views = {key: view for entry in runner.graphs.graphs.values() for key, view in entry.views.items()}
     assert sorted(views) == [(3, runner.dimensions), (4, runner.dimensions)], "one view per row count"
+    for entry in runner.graphs.graphs.values():  # a later replay of that row count copies out of the same view
+        for (rows, dims), view in entry.views.items():
+            assert entry.out_rows(rows, dims) is view

@@ -251,10 +251,12 @@ def test_an_unwaited_lazy_tensor_still_holds_its_buffer_until_the_event_passes()
     LazyTensor(pool, pool.acquire(4096), (1, 4), event).release()
     assert pool.stats()["bytes_in_use"] == 4096, "the copy may still be writing into it"
     assert pool.stats()["bytes_in_use"] == 0  # the event's next query says done
-    ready = LazyTensor(pool, pool.acquire(4096), (1, 4), CountingEvent(done_after=0))
+    seen = CountingEvent(done_after=0)
+    ready = LazyTensor(pool, pool.acquire(4096), (1, 4), seen)
     assert ready.ready()
     ready.release()
     assert pool.bytes_in_use == 0, "ready() saw the copy done: released at once"
+    assert seen.queries == 1, "ready()'s query only: the release asked the event nothing"
 
 
 @pytest.mark.parametrize("mode, blocking", [("spin", False), ("block", True)])
